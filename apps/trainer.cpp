@@ -1,0 +1,178 @@
+// trainer: the command line. Training is the default action; subcommands prepare data, export weights,
+// list config keys and measure the CPU's FMA peak.
+//
+//   trainer --config configs/cpu_bench.json --set optimizer.learning_rate=3e-4 --data tokens.npy
+//   trainer prepare-data --tokenizer bytes a.txt b.txt -o tokens.bin
+//   trainer export --checkpoint runs/x/step100 -o model.safetensors
+//
+// Every user error ends as one `error: ...` line on stderr and a non-zero exit (1; 2 for bad flags).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "core/checkpoint.h"
+#include "core/common.h"
+#include "core/config.h"
+#include "core/data.h"
+#include "core/hf_names.h"
+#include "core/layout.h"
+#include "core/metrics.h"
+#include "core/safetensors.h"
+#include "core/tokenizer.h"
+#include "core/train.h"
+
+namespace {
+
+using trainer::Json;
+
+// A named CLI shortcut for a config key: its value is typed and checked by the schema, and errors name
+// the flag.
+void set_from_flag(Json& doc, const std::string& flag, const std::string& key, const std::string& text) {
+    try {
+        trainer::apply_override(doc, key + "=" + text);
+    } catch (const trainer::UserError& e) {
+        throw trainer::UserError(flag + ": " + e.what());
+    }
+}
+
+int run_main(int argc, char** argv) {
+    CLI::App app{"trainer: decoder-only language model trainer (OLMo / GPT-2 shapes) with pluggable data-parallel "
+                 "strategies. Training is the default action."};
+    app.set_help_all_flag("--help-all", "help for every subcommand");
+
+    std::string config_path;
+    std::vector<std::string> sets, data_paths;
+    std::string device, save_folder, load_path, init_from, metrics_file, seed, strategy, sharding, wrapping, precision,
+        threads, max_duration;
+    app.add_option("--config", config_path, "JSON config file (OLMo key names; configs/README.md lists every key)");
+    app.add_option("--set", sets, "override any config key: --set key.path=value (repeatable)");
+    app.add_option("--device", device, "auto | cpu | cuda (config: device)");
+    app.add_option("--data", data_paths, "token files (config: data.paths)");
+    app.add_option("--save-folder", save_folder, "checkpoint folder (config: save_folder)");
+    app.add_option("--load-path", load_path, "resume from a checkpoint folder or \"latest\" (config: load_path)");
+    app.add_option("--init-from", init_from, "initial weights, safetensors with Hugging Face names (config: init_from)");
+    app.add_option("--metrics-file", metrics_file, "JSON lines of per-step metrics (config: metrics_file)");
+    app.add_option("--seed", seed, "run seed (config: seed)");
+    app.add_option("--max-duration", max_duration, "steps, tokens (2e9T) or epochs (1ep) (config: max_duration)");
+    app.add_option("--threads", threads, "compute threads, 0 = one per core (config: threads)");
+    app.add_option("--strategy", strategy, "single | ddp | fsdp (config: distributed_strategy)");
+    app.add_option("--sharding-strategy", sharding, "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD (config: fsdp.sharding_strategy)");
+    app.add_option("--wrapping-strategy", wrapping, "FSDP wrap policy, OLMo's names (config: fsdp.wrapping_strategy)");
+    app.add_option("--precision", precision, "fp32 | amp_bf16 (config: precision)");
+
+    auto* prep = app.add_subcommand("prepare-data", "turn text files into a token file (one document per input)");
+    std::string tokenizer = "bytes", out_path, dtype = "uint16", format = "raw";
+    std::vector<std::string> inputs;
+    int eos = 256;
+    prep->add_option("--tokenizer", tokenizer, "bytes: each byte is a token id 0..255, EOS 256 (vocab 257)")
+        ->check(CLI::IsMember({"bytes"}));
+    prep->add_option("inputs", inputs, "input text files")->required();
+    prep->add_option("-o,--output", out_path, "output token file")->required();
+    prep->add_option("--dtype", dtype, "uint16 | uint32")->check(CLI::IsMember({"uint16", "uint32"}));
+    prep->add_option("--format", format, "raw (OLMo memmap) | npy | llmc (llm.c .bin shard)")
+        ->check(CLI::IsMember({"raw", "npy", "llmc"}));
+    prep->add_option("--eos", eos, "end-of-document token id appended after each input");
+
+    auto* exp = app.add_subcommand("export", "write a checkpoint's weights as safetensors with Hugging Face names");
+    std::string ckpt, export_out;
+    exp->add_option("--checkpoint", ckpt, "checkpoint folder (save_folder/step<N>)")->required();
+    exp->add_option("-o,--output", export_out, "output .safetensors file")->required();
+
+    auto* keys = app.add_subcommand("config-keys", "print every config key as a markdown table");
+    auto* peak = app.add_subcommand("peak-flops", "measure this CPU's fp32 FMA throughput (the MFU denominator)");
+    int peak_threads = 0;
+    double peak_seconds = 3.0;
+    peak->add_option("--threads", peak_threads, "threads (0: one per core)");
+    peak->add_option("--seconds", peak_seconds, "measurement time");
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForAllHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        std::fprintf(stderr, "error: %s (see trainer --help)\n", e.what());
+        return 2;
+    }
+
+    if (*prep) {
+        const auto summary = trainer::prepare_data_bytes(inputs, out_path, trainer::parse_token_dtype(dtype, "--dtype"),
+                                                         format, eos);
+        std::printf("%s\n", summary.to_string().c_str());
+        return 0;
+    }
+    if (*exp) {
+        trainer::TrainConfig config;
+        std::vector<std::vector<float>> units;
+        trainer::read_checkpoint_params(ckpt, &config, &units);
+        const trainer::ParamLayout layout(config);
+        const auto tensors = trainer::to_hf_tensors(config, layout, units);
+        std::vector<trainer::TensorRef> refs;
+        for (const auto& [name, t] : tensors) refs.push_back({name, t.shape, t.data.data()});
+        const std::string family = trainer::hf_family(config.model, "export");
+        trainer::write_safetensors(export_out, refs,
+                                   {{"format", "pt"}, {"architecture", family == "gpt2" ? "GPT2LMHeadModel" : "OlmoForCausalLM"}});
+        std::printf("%s: %zu tensors (%s names)\n", export_out.c_str(), refs.size(),
+                    family == "gpt2" ? "GPT2LMHeadModel" : "OlmoForCausalLM");
+        return 0;
+    }
+    if (*keys) {
+        std::fputs(trainer::config_keys_markdown().c_str(), stdout);
+        return 0;
+    }
+    if (*peak) {
+        const int n = trainer::configure_threads(peak_threads);
+        const double measured = trainer::measure_fma_peak(n, peak_seconds);
+        const auto detected = trainer::cpu_peak_flops(n, std::nullopt);
+        std::printf("{\"threads\": %d, \"measured_fma_flops\": %.4g, \"detected_flops\": %.4g, \"detected_how\": \"%s\"}\n",
+                    n, measured, detected.flops, detected.how.c_str());
+        return 0;
+    }
+
+    // Training: schema defaults <- config file <- --set overrides <- named shortcuts.
+    if (config_path.empty()) trainer::user_error("--config: required (a JSON config file, see configs/)");
+    Json doc = trainer::read_config_file(config_path);
+    for (const auto& s : sets) trainer::apply_override(doc, s);
+    if (!device.empty()) set_from_flag(doc, "--device", "device", device);
+    if (!data_paths.empty()) trainer::set_config_value(doc, "data.paths", Json(data_paths));
+    if (!save_folder.empty()) set_from_flag(doc, "--save-folder", "save_folder", save_folder);
+    if (!load_path.empty()) set_from_flag(doc, "--load-path", "load_path", load_path);
+    if (!init_from.empty()) set_from_flag(doc, "--init-from", "init_from", init_from);
+    if (!metrics_file.empty()) set_from_flag(doc, "--metrics-file", "metrics_file", metrics_file);
+    if (!seed.empty()) set_from_flag(doc, "--seed", "seed", seed);
+    if (!max_duration.empty()) set_from_flag(doc, "--max-duration", "max_duration", max_duration);
+    if (!threads.empty()) set_from_flag(doc, "--threads", "threads", threads);
+    if (!strategy.empty()) set_from_flag(doc, "--strategy", "distributed_strategy", strategy);
+    if (!sharding.empty()) set_from_flag(doc, "--sharding-strategy", "fsdp.sharding_strategy", sharding);
+    if (!wrapping.empty()) set_from_flag(doc, "--wrapping-strategy", "fsdp.wrapping_strategy", wrapping);
+    if (!precision.empty()) set_from_flag(doc, "--precision", "precision", precision);
+    trainer::TrainConfig config;
+    try {
+        config = trainer::validate_config(doc);
+    } catch (const trainer::UserError& e) {
+        throw trainer::UserError(std::string(e.what()) + " [in " + config_path + "]");
+    }
+    return trainer::run_training(config);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return run_main(argc, argv);
+    } catch (const trainer::UserError& e) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    } catch (const std::bad_alloc&) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "error: out of memory\n");
+        return 1;
+    } catch (const std::exception& e) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 70;
+    }
+}

@@ -1,0 +1,365 @@
+// Sharded checkpoints written atomically (see checkpoint.h).
+#include "core/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "core/common.h"
+
+namespace trainer {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr int kFormatVersion = 1;
+
+// 64-bit checksum over 8-byte words (4 independent multiply-xor lanes, so it runs at memory speed),
+// plus the tail bytes and the length.
+struct Checksum {
+    uint64_t lanes[4] = {0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull, 0x27d4eb2f165667c5ull};
+    uint64_t length = 0;
+    unsigned char tail[32];
+    size_t tail_len = 0;
+
+    static uint64_t mix(uint64_t h, uint64_t w) {
+        h ^= w * 0x87c37b91114253d5ull;
+        h = (h << 31) | (h >> 33);
+        return h * 0x4cf5ad432745937full;
+    }
+    void block(const unsigned char* p) {
+        for (int i = 0; i < 4; ++i) {
+            uint64_t w;
+            std::memcpy(&w, p + 8 * i, 8);
+            lanes[i] = mix(lanes[i], w);
+        }
+    }
+    void update(const void* data, size_t n) {
+        const unsigned char* p = static_cast<const unsigned char*>(data);
+        length += n;
+        while (n > 0 && tail_len > 0) {
+            tail[tail_len++] = *p++;
+            --n;
+            if (tail_len == 32) {
+                block(tail);
+                tail_len = 0;
+            }
+        }
+        while (n >= 32) {
+            block(p);
+            p += 32;
+            n -= 32;
+        }
+        std::memcpy(tail + tail_len, p, n);
+        tail_len += n;
+    }
+    std::string hex() const {
+        uint64_t h = length * 0x9e3779b97f4a7c15ull;
+        for (uint64_t l : lanes) h = mix(h, l);
+        for (size_t i = 0; i < tail_len; ++i) h = mix(h, tail[i]);
+        h ^= h >> 33;
+        return fmt::format("{:016x}", h);
+    }
+};
+
+std::string checksum_file(const std::string& path, uint64_t* bytes) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) user_error("checkpoint file {}: cannot be read ({})", path, std::strerror(errno));
+    Checksum c;
+    std::vector<unsigned char> buf(1 << 22);
+    size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) c.update(buf.data(), n);
+    std::fclose(f);
+    *bytes = c.length;
+    return c.hex();
+}
+
+void fsync_path(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd >= 0) {
+        ::fsync(fd);
+        ::close(fd);
+    }
+}
+
+class Writer {
+   public:
+    explicit Writer(const std::string& path) : path_(path), f_(std::fopen(path.c_str(), "wb")) {
+        if (!f_) user_error("checkpoint: cannot write {} ({})", path, std::strerror(errno));
+    }
+    ~Writer() {
+        if (f_) std::fclose(f_);
+    }
+    void write(const void* data, size_t bytes) {
+        if (std::fwrite(data, 1, bytes, f_) != bytes) {
+            user_error("checkpoint: writing {} failed ({}); the previous checkpoints are untouched", path_,
+                       std::strerror(errno));
+        }
+    }
+    void close() {
+        if (std::fflush(f_) != 0 || ::fsync(fileno(f_)) != 0 || std::fclose(f_) != 0) {
+            f_ = nullptr;
+            user_error("checkpoint: writing {} failed ({}); the previous checkpoints are untouched", path_,
+                       std::strerror(errno));
+        }
+        f_ = nullptr;
+    }
+
+   private:
+    std::string path_;
+    std::FILE* f_;
+};
+
+Json read_json_file(const std::string& path) {
+    std::ifstream f(path);
+    if (!f) user_error("checkpoint {}: cannot be read ({})", path, std::strerror(errno));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    try {
+        return Json::parse(ss.str());
+    } catch (const Json::exception& e) {
+        user_error("checkpoint {}: metadata is not valid JSON ({})", path, e.what());
+    }
+}
+
+std::vector<std::pair<long, std::string>> complete_checkpoints(const std::string& folder) {
+    std::vector<std::pair<long, std::string>> out;
+    std::error_code ec;
+    if (!fs::is_directory(folder, ec)) return out;
+    static const std::regex step_re("step([0-9]+)");
+    for (const auto& entry : fs::directory_iterator(folder, ec)) {
+        const std::string name = entry.path().filename().string();
+        std::smatch m;
+        if (!std::regex_match(name, m, step_re)) continue;  // skips .step<N>.tmp-* of interrupted saves
+        if (!fs::exists(entry.path() / "metadata.json", ec)) continue;
+        out.emplace_back(std::stol(m[1].str()), entry.path().string());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+// Reads and verifies a checkpoint's metadata and file checksums.
+Json verified_metadata(const std::string& path) {
+    const std::string meta_path = (fs::path(path) / "metadata.json").string();
+    std::error_code ec;
+    if (!fs::is_directory(path, ec)) user_error("checkpoint {}: no such folder", path);
+    if (!fs::exists(meta_path, ec)) {
+        user_error("checkpoint {}: no metadata.json, so it is not a complete checkpoint (an interrupted save?)", path);
+    }
+    Json meta = read_json_file(meta_path);
+    if (meta.value("format", "") != "trainer-checkpoint" || meta.value("version", 0) != kFormatVersion) {
+        user_error("checkpoint {}: metadata.json is not a trainer checkpoint of format version {}", path,
+                   kFormatVersion);
+    }
+    for (auto& [name, info] : meta["files"].items()) {
+        const std::string file = (fs::path(path) / name).string();
+        uint64_t bytes = 0;
+        const std::string sum = checksum_file(file, &bytes);
+        if (bytes != info["bytes"].get<uint64_t>() || sum != info["checksum"].get<std::string>()) {
+            user_error("checkpoint {}: file {} fails its checksum ({} bytes, checksum {}; metadata says {} bytes, {}); "
+                       "the checkpoint is corrupt",
+                       path, name, bytes, sum, info["bytes"].get<uint64_t>(), info["checksum"].get<std::string>());
+        }
+    }
+    return meta;
+}
+
+// Assembles unit `u` (params, exp_avg, exp_avg_sq: which = 0, 1, 2) from every rank file.
+void read_unit_state(const std::string& path, const Json& meta, int u, int which, std::vector<float>& out) {
+    const Json& unit = meta["units"][u];
+    const size_t numel = unit["numel"].get<size_t>();
+    out.assign(numel, 0.0f);
+    const int world = meta["world_size"].get<int>();
+    for (int r = 0; r < world; ++r) {
+        const Json& shard = unit["shards"][r];
+        const size_t begin = shard[0].get<size_t>(), end = shard[1].get<size_t>();
+        const size_t file_offset = shard[2].get<size_t>();  // bytes to this unit's block in rank<r>.bin
+        const std::string file = (fs::path(path) / fmt::format("rank{}.bin", r)).string();
+        std::FILE* f = std::fopen(file.c_str(), "rb");
+        if (!f) user_error("checkpoint {}: cannot read {} ({})", path, file, std::strerror(errno));
+        const size_t n = end - begin;
+        const long off = static_cast<long>(file_offset + which * n * sizeof(float));
+        const size_t copy = std::min(end, numel) > begin ? std::min(end, numel) - begin : 0;  // drop padding
+        bool ok = std::fseek(f, off, SEEK_SET) == 0 && std::fread(out.data() + begin, sizeof(float), copy, f) == copy;
+        std::fclose(f);
+        if (!ok) user_error("checkpoint {}: {} is shorter than its metadata says", path, file);
+    }
+}
+
+void check_model_matches(const Json& saved_config, const TrainConfig& config, const std::string& path) {
+    const Json& a = saved_config["model"];
+    const Json& b = config.json["model"];
+    for (auto it = b.begin(); it != b.end(); ++it) {
+        if (it.key() == "init_fn" || it.key() == "init_std" || it.key() == "init_cutoff_factor") continue;
+        if (!a.contains(it.key()) || a[it.key()] != it.value()) {
+            user_error("checkpoint {}: model.{} is {} in the checkpoint but {} in this run's config", path, it.key(),
+                       a.contains(it.key()) ? a[it.key()].dump() : "absent", it.value().dump());
+        }
+    }
+}
+
+}  // namespace
+
+std::optional<long> latest_checkpoint_step(const std::string& save_folder) {
+    auto all = complete_checkpoints(save_folder);
+    if (all.empty()) return std::nullopt;
+    return all.back().first;
+}
+
+std::string resolve_checkpoint(const TrainConfig& config, const std::string& load_path) {
+    if (load_path != "latest") return load_path;
+    auto all = complete_checkpoints(*config.save_folder);
+    if (all.empty()) {
+        user_error("load_path \"latest\": no complete checkpoint in save_folder {}", *config.save_folder);
+    }
+    return all.back().second;
+}
+
+std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy& strategy,
+                            long step) {
+    const std::string folder = *config.save_folder;
+    std::error_code ec;
+    fs::create_directories(folder, ec);
+    if (ec) user_error("save_folder {}: cannot be created ({})", folder, ec.message());
+    const std::string final_dir = (fs::path(folder) / fmt::format("step{}", step)).string();
+    const std::string tmp_dir = (fs::path(folder) / fmt::format(".step{}.tmp-{}", step, ::getpid())).string();
+    fs::remove_all(tmp_dir, ec);
+    fs::create_directories(tmp_dir, ec);
+    if (ec) user_error("checkpoint: cannot create {} ({})", tmp_dir, ec.message());
+
+    const int rank = strategy.rank(), world = strategy.world_size();
+    const std::vector<ShardView> shards = strategy.owned_shards();
+    Json units = Json::array();
+    {
+        const std::string file = (fs::path(tmp_dir) / fmt::format("rank{}.bin", rank)).string();
+        Writer w(file);
+        std::vector<float> host;
+        size_t offset = 0;
+        for (const ShardView& s : shards) {
+            const size_t n = s.end - s.begin;
+            host.resize(n);
+            Json unit = {{"name", layout.units()[s.unit].name}, {"numel", layout.units()[s.unit].numel}};
+            unit["shards"] = Json::array({Json::array({s.begin, s.end, offset})});
+            for (const float* src : {s.param, s.exp_avg, s.exp_avg_sq}) {
+                backend->copy_device_to_host(host.data(), src, n * sizeof(float));
+                w.write(host.data(), n * sizeof(float));
+            }
+            offset += 3 * n * sizeof(float);
+            units.push_back(unit);
+        }
+        w.close();
+    }
+    TRAINER_CHECK(world == 1, "multi-rank checkpoints need the strategy's gather of shard ranges");
+    if (const char* kill = std::getenv("TRAINER_DEBUG_KILL_IN_SAVE"); kill && std::atol(kill) == step) {
+        ::raise(SIGKILL);  // test hook: dies between the shard files and the metadata
+    }
+
+    Json meta;
+    meta["format"] = "trainer-checkpoint";
+    meta["version"] = kFormatVersion;
+    meta["step"] = step;
+    meta["world_size"] = world;
+    meta["units"] = units;
+    meta["data"] = {{"global_train_batch_size", config.global_train_batch_size},
+                    {"instances_consumed", step * config.global_train_batch_size},
+                    {"seed", config.data.seed},
+                    {"shuffle", config.data.shuffle}};
+    meta["rng"] = {{"seed", config.seed}};
+    meta["config"] = config.json;
+    Json files = Json::object();
+    for (int r = 0; r < world; ++r) {
+        const std::string name = fmt::format("rank{}.bin", r);
+        uint64_t bytes = 0;
+        const std::string sum = checksum_file((fs::path(tmp_dir) / name).string(), &bytes);
+        files[name] = {{"bytes", bytes}, {"checksum", sum}};
+    }
+    meta["files"] = files;
+    {
+        const std::string text = meta.dump(2);
+        Writer w((fs::path(tmp_dir) / "metadata.json").string());
+        w.write(text.data(), text.size());
+        w.close();
+    }
+    fsync_path(tmp_dir);
+
+    // Publish: an existing step<N>/ (save_overwrite) is moved aside first and removed only afterwards.
+    std::string trash;
+    if (fs::exists(final_dir, ec)) {
+        trash = (fs::path(folder) / fmt::format(".step{}.old-{}", step, ::getpid())).string();
+        fs::rename(final_dir, trash, ec);
+        if (ec) user_error("checkpoint: cannot replace {} ({})", final_dir, ec.message());
+    }
+    fs::rename(tmp_dir, final_dir, ec);
+    if (ec) user_error("checkpoint: cannot rename {} to {} ({})", tmp_dir, final_dir, ec.message());
+    fsync_path(folder);
+    if (!trash.empty()) fs::remove_all(trash, ec);
+
+    // `latest` symlink for people and scripts (loading does not rely on it), replaced atomically.
+    const std::string link_tmp = (fs::path(folder) / fmt::format(".latest.tmp-{}", ::getpid())).string();
+    fs::remove(link_tmp, ec);
+    fs::create_directory_symlink(fmt::format("step{}", step), link_tmp, ec);
+    if (!ec) fs::rename(link_tmp, fs::path(folder) / "latest", ec);
+
+    if (config.save_num_checkpoints_to_keep > 0) {
+        auto all = complete_checkpoints(folder);
+        const long excess = static_cast<long>(all.size()) - config.save_num_checkpoints_to_keep;
+        for (long i = 0; i < excess; ++i) fs::remove_all(all[i].second, ec);
+    }
+    return final_dir;
+}
+
+CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& layout, Backend* backend,
+                               Strategy& strategy, const std::string& path) {
+    const Json meta = verified_metadata(path);
+    check_model_matches(meta["config"], config, path);
+    const Json& data = meta["data"];
+    if (data["global_train_batch_size"].get<long>() != config.global_train_batch_size ||
+        data["seed"].get<unsigned long long>() != config.data.seed || data["shuffle"].get<bool>() != config.data.shuffle) {
+        user_error("checkpoint {}: written with global_train_batch_size {}, data.seed {}, data.shuffle {}; this run "
+                   "has {}, {}, {}: the data stream would not continue where it stopped",
+                   path, data["global_train_batch_size"].get<long>(), data["seed"].get<unsigned long long>(),
+                   data["shuffle"].get<bool>(), config.global_train_batch_size, config.data.seed, config.data.shuffle);
+    }
+    if (meta["units"].size() != layout.units().size()) {
+        user_error("checkpoint {}: {} units, but this model has {}", path, meta["units"].size(), layout.units().size());
+    }
+    std::vector<float> full;
+    for (const ShardView& s : strategy.owned_shards()) {
+        const Unit& unit = layout.units()[s.unit];
+        if (meta["units"][s.unit]["numel"].get<size_t>() != unit.numel) {
+            user_error("checkpoint {}: unit {} has {} parameters, this model {}", path, unit.name,
+                       meta["units"][s.unit]["numel"].get<size_t>(), unit.numel);
+        }
+        float* dst[3] = {s.param, s.exp_avg, s.exp_avg_sq};
+        for (int which = 0; which < 3; ++which) {
+            read_unit_state(path, meta, s.unit, which, full);
+            full.resize(std::max(full.size(), s.end), 0.0f);  // padding of a sharded unit reads as zero
+            backend->copy_host_to_device(dst[which], full.data() + s.begin, (s.end - s.begin) * sizeof(float));
+        }
+    }
+    CheckpointInfo info;
+    info.path = path;
+    info.step = meta["step"].get<long>();
+    info.instances_consumed = data["instances_consumed"].get<long>();
+    return info;
+}
+
+void read_checkpoint_params(const std::string& path, TrainConfig* config, std::vector<std::vector<float>>* units) {
+    const Json meta = verified_metadata(path);
+    *config = validate_config(meta["config"]);
+    units->resize(meta["units"].size());
+    for (size_t u = 0; u < units->size(); ++u) read_unit_state(path, meta, static_cast<int>(u), 0, (*units)[u]);
+}
+
+}  // namespace trainer

@@ -1,0 +1,44 @@
+// Checkpoints: model parameters, AdamW moments, step, data position and seeds, sharded by rank.
+//
+// Layout of save_folder/step<N>/:
+//   rank<r>.bin     for each unit in order, this rank's owned shard: params, exp_avg, exp_avg_sq (fp32)
+//   metadata.json   format version, step, world size, each unit's numel and every rank's shard range,
+//                   each file's size and checksum, data position, seeds, the full config
+// A save writes into save_folder/.step<N>.tmp-<pid>/ and renames it to step<N>/ only when every file is
+// written, synced and checksummed, so an interrupted save never leaves a folder that looks complete:
+// loading requires metadata.json, and `latest` resolves to the newest complete step<N>/. Loading verifies
+// every checksum and that the model shape matches, and reassembles units from any number of shards, so a
+// checkpoint reloads on a different world size.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "core/config.h"
+#include "core/layout.h"
+#include "kernels/backend.h"
+#include "parallel/strategy.h"
+
+namespace trainer {
+
+struct CheckpointInfo {
+    std::string path;
+    long step = 0;
+    long instances_consumed = 0;
+};
+
+// Writes step<step>/ under config.save_folder; returns its path. Old checkpoints beyond
+// save_num_checkpoints_to_keep are removed after the new one is complete.
+std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy& strategy,
+                            long step);
+// Resolves load_path ("latest" or a folder) to a complete checkpoint folder; UserError when there is none.
+std::string resolve_checkpoint(const TrainConfig& config, const std::string& load_path);
+// Loads parameters and optimizer state into the strategy's owned shards; returns the step and data position.
+CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& layout, Backend* backend,
+                               Strategy& strategy, const std::string& path);
+// Reads the full parameters of every unit (host) and the config a checkpoint was written with (for export).
+void read_checkpoint_params(const std::string& path, TrainConfig* config, std::vector<std::vector<float>>* units);
+// Newest complete checkpoint step in a folder, if any (interrupted saves are ignored).
+std::optional<long> latest_checkpoint_step(const std::string& save_folder);
+
+}  // namespace trainer

@@ -1,0 +1,663 @@
+// The configuration schema and its validation (see config.h).
+#include "core/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "core/common.h"
+
+namespace trainer {
+namespace {
+
+enum class KeyType { kInt, kFloat, kBool, kString, kStringList, kFloatPair, kDuration, kObjectList };
+
+// One key of the schema. `path` uses dots; keys inside the items of an object list use "list[].key".
+struct KeySpec {
+    std::string path;
+    KeyType type;
+    Json default_value;  // null with nullable: absent means null
+    bool nullable = false;
+    std::vector<std::string> choices;  // for strings: the allowed values
+    double min = -std::numeric_limits<double>::infinity();
+    double max = std::numeric_limits<double>::infinity();
+    std::string doc;
+};
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+const std::vector<KeySpec>& schema() {
+    static const std::vector<KeySpec> keys = {
+        {"run_name", KeyType::kString, "run", false, {}, -kInf, kInf, "name of the run, used in logs"},
+        {"seed", KeyType::kInt, 6198, false, {}, 0, 9.2e18, "seed of the initialisation (and the data order unless data.seed is set)"},
+        {"model.d_model", KeyType::kInt, nullptr, false, {}, 1, 1 << 20, "model width C (required)"},
+        {"model.n_heads", KeyType::kInt, nullptr, false, {}, 1, 4096, "attention heads; must divide d_model (required)"},
+        {"model.n_layers", KeyType::kInt, nullptr, false, {}, 1, 4096, "transformer blocks (required)"},
+        {"model.mlp_ratio", KeyType::kInt, 4, false, {}, 1, 1024, "ff_proj width = mlp_ratio * d_model unless mlp_hidden_size is set"},
+        {"model.mlp_hidden_size", KeyType::kInt, nullptr, true, {}, 1, 1 << 24, "ff_proj output width (before SwiGLU halves it); null: mlp_ratio * d_model"},
+        {"model.activation_type", KeyType::kString, "swiglu", false, {"swiglu", "gelu", "gelu_tanh"}, -kInf, kInf, "MLP activation: swiglu (silu(gate) * x, x = first half), gelu (erf), gelu_tanh (GPT-2)"},
+        {"model.rope", KeyType::kBool, false, false, {}, -kInf, kInf, "rotary position embeddings; false: learned positional embedding (wpe)"},
+        {"model.rope_theta", KeyType::kFloat, 10000.0, false, {}, 1, kInf, "RoPE base"},
+        {"model.layer_norm_type", KeyType::kString, "default", false, {"default", "low_precision", "rms"}, -kInf, kInf, "LayerNorm flavour (low_precision equals default in fp32; rms is refused for now)"},
+        {"model.layer_norm_with_affine", KeyType::kBool, false, false, {}, -kInf, kInf, "LayerNorm has a weight (and a bias if bias_for_layer_norm)"},
+        {"model.bias_for_layer_norm", KeyType::kBool, nullptr, true, {}, -kInf, kInf, "LayerNorm bias (with affine); null: same as include_bias"},
+        {"model.include_bias", KeyType::kBool, false, false, {}, -kInf, kInf, "biases in every Linear (att_proj, attn_out, ff_proj, ff_out, LM head)"},
+        {"model.weight_tying", KeyType::kBool, true, false, {}, -kInf, kInf, "LM head shares the token embedding"},
+        {"model.vocab_size", KeyType::kInt, nullptr, false, {}, 1, 1 << 28, "tokenizer vocabulary; every token id must be below it (required)"},
+        {"model.embedding_size", KeyType::kInt, nullptr, true, {}, 1, 1 << 28, "embedding rows, >= vocab_size (padded for speed); null: vocab_size"},
+        {"model.max_sequence_length", KeyType::kInt, nullptr, false, {}, 2, 1 << 20, "tokens per instance L (L-1 predictions) (required)"},
+        {"model.init_fn", KeyType::kString, "normal", false, {"normal", "mitchell"}, -kInf, kInf, "initialisation (OLMo's): normal(init_std) or mitchell (1/sqrt(fan_in), outputs /sqrt(2(layer+1)), +-3 sigma)"},
+        {"model.init_std", KeyType::kFloat, 0.02, false, {}, 0, kInf, "standard deviation of init_fn normal"},
+        {"model.init_cutoff_factor", KeyType::kFloat, nullptr, true, {}, 0, kInf, "normal init truncated at +-factor * std; null: not truncated"},
+        {"model.eos_token_id", KeyType::kInt, 0, false, {}, 0, 1 << 28, "end-of-document token id"},
+        {"model.pad_token_id", KeyType::kInt, 1, false, {}, 0, 1 << 28, "padding token id (recorded for export)"},
+        {"optimizer.name", KeyType::kString, "adamw", false, {"adamw"}, -kInf, kInf, "optimizer"},
+        {"optimizer.learning_rate", KeyType::kFloat, 4e-4, false, {}, 0, kInf, "peak learning rate"},
+        {"optimizer.betas", KeyType::kFloatPair, Json::array({0.9, 0.95}), false, {}, 0, 1, "AdamW (beta1, beta2), each in [0, 1)"},
+        {"optimizer.eps", KeyType::kFloat, 1e-5, false, {}, 0, kInf, "AdamW epsilon"},
+        {"optimizer.weight_decay", KeyType::kFloat, 0.0, false, {}, 0, kInf, "decoupled weight decay (applied to Linear weights, see decay_*)"},
+        {"optimizer.decay_norm_and_bias", KeyType::kBool, false, false, {}, -kInf, kInf, "also decay LayerNorm weights and all biases"},
+        {"optimizer.decay_embeddings", KeyType::kBool, false, false, {}, -kInf, kInf, "also decay the token and position embeddings"},
+        {"scheduler.name", KeyType::kString, "cosine_with_warmup", false, {"constant", "linear_with_warmup", "cosine_with_warmup", "inverse_sqrt_with_warmup"}, -kInf, kInf, "learning-rate schedule (OLMo's formulas)"},
+        {"scheduler.t_warmup", KeyType::kInt, 0, false, {}, 0, 9e18, "warmup steps (linear from warmup_min_lr to learning_rate)"},
+        {"scheduler.t_max", KeyType::kInt, nullptr, true, {}, 1, 9e18, "steps of the decay; null: the run's total steps"},
+        {"scheduler.alpha_f", KeyType::kFloat, 0.1, false, {}, 0, 1, "final learning rate as a fraction of learning_rate"},
+        {"scheduler.warmup_min_lr", KeyType::kFloat, nullptr, true, {}, 0, kInf, "learning rate at step 0 of warmup; null: 0.1 * learning_rate"},
+        {"scheduler.grad_clip_warmup_steps", KeyType::kInt, nullptr, true, {}, 0, 9e18, "steps during which max_grad_norm is multiplied by grad_clip_warmup_factor"},
+        {"scheduler.grad_clip_warmup_factor", KeyType::kFloat, nullptr, true, {}, 0, kInf, "factor on max_grad_norm during the clip warmup"},
+        {"max_grad_norm", KeyType::kFloat, 1.0, true, {}, 0, kInf, "global gradient-norm clipping threshold; null: no clipping"},
+        {"global_train_batch_size", KeyType::kInt, nullptr, false, {}, 1, 1e12, "instances per optimizer step, all ranks together (required)"},
+        {"device_train_microbatch_size", KeyType::kInt, nullptr, false, {}, 1, 1e9, "instances per forward/backward on one rank (required)"},
+        {"device_eval_batch_size", KeyType::kInt, nullptr, true, {}, 1, 1e9, "instances per evaluation forward; null: device_train_microbatch_size"},
+        {"max_duration", KeyType::kDuration, nullptr, false, {}, -kInf, kInf, "length of the run: steps (1000), tokens (\"2e12T\") or epochs (\"1ep\") (required)"},
+        {"data.paths", KeyType::kStringList, nullptr, false, {}, -kInf, kInf, "token files (raw uint16/uint32, .npy, llm.c .bin), concatenated in order (required)"},
+        {"data.memmap_dtype", KeyType::kString, "uint16", false, {"uint16", "uint32"}, -kInf, kInf, "token type of raw files without a header"},
+        {"data.shuffle", KeyType::kBool, true, false, {}, -kInf, kInf, "seeded permutation of instances per epoch; false: file order"},
+        {"data.seed", KeyType::kInt, nullptr, true, {}, 0, 9.2e18, "seed of the data order; null: the run's seed"},
+        {"evaluators", KeyType::kObjectList, Json::array(), false, {}, -kInf, kInf, "validation sets, each {label, data: {paths, memmap_dtype}, subset_num_batches}"},
+        {"evaluators[].label", KeyType::kString, "val", false, {}, -kInf, kInf, "name of the validation set in logs"},
+        {"evaluators[].data.paths", KeyType::kStringList, nullptr, false, {}, -kInf, kInf, "validation token files (required in each evaluator)"},
+        {"evaluators[].data.memmap_dtype", KeyType::kString, "uint16", false, {"uint16", "uint32"}, -kInf, kInf, "token type of raw validation files"},
+        {"evaluators[].subset_num_batches", KeyType::kInt, -1, false, {}, -1, 1e12, "evaluate this many batches; -1: all"},
+        {"eval_interval", KeyType::kInt, 0, false, {}, 0, 9e18, "evaluate every N steps (and after the last); 0: never"},
+        {"save_folder", KeyType::kString, nullptr, true, {}, -kInf, kInf, "folder of checkpoints step<N>/ (created)"},
+        {"save_interval", KeyType::kInt, 0, false, {}, 0, 9e18, "checkpoint every N steps; 0: only at the end (when save_folder is set)"},
+        {"save_overwrite", KeyType::kBool, false, false, {}, -kInf, kInf, "allow a fresh run to write into a save_folder that already holds checkpoints"},
+        {"save_num_checkpoints_to_keep", KeyType::kInt, -1, false, {}, -1, 9e18, "keep the newest N checkpoints; -1: all"},
+        {"load_path", KeyType::kString, nullptr, true, {}, -kInf, kInf, "resume from this checkpoint folder, or \"latest\" in save_folder"},
+        {"init_from", KeyType::kString, nullptr, true, {}, -kInf, kInf, "initial weights: a safetensors file with Hugging Face names (GPT2LMHeadModel / OlmoForCausalLM)"},
+        {"metrics_file", KeyType::kString, nullptr, true, {}, -kInf, kInf, "write one JSON object per step here (and a final summary)"},
+        {"console_log_interval", KeyType::kInt, 1, false, {}, 1, 9e18, "print a console line every N steps"},
+        {"device", KeyType::kString, "auto", false, {"auto", "cpu", "cuda"}, -kInf, kInf, "where to train: auto picks cuda when a GPU is present"},
+        {"precision", KeyType::kString, "fp32", false, {"fp32", "amp_bf16"}, -kInf, kInf, "compute precision (amp_bf16 needs the CUDA backend)"},
+        {"distributed_strategy", KeyType::kString, "single", false, {"single", "ddp", "fsdp"}, -kInf, kInf, "data-parallel strategy (single: one process owns full parameters)"},
+        {"fsdp.sharding_strategy", KeyType::kString, "FULL_SHARD", false, {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}, -kInf, kInf, "FSDP sharding (PyTorch's names)"},
+        {"fsdp.wrapping_strategy", KeyType::kString, nullptr, true, {"by_block", "by_block_and_size", "by_block_group", "by_block_group_and_size", "size_based", "one_in_two", "one_in_three", "one_in_four", "one_in_five"}, -kInf, kInf, "FSDP units (OLMo's); null: the whole model is one unit"},
+        {"fsdp.block_group_size", KeyType::kInt, 1, false, {}, 1, 4096, "blocks per unit for by_block_group*"},
+        {"fsdp.precision", KeyType::kString, "mixed", false, {"fp32", "mixed", "pure"}, -kInf, kInf, "FSDP precision: mixed (bf16 params, fp32 reduction), pure (bf16 reduction too), fp32"},
+        {"fsdp.grad_sync_mode", KeyType::kString, "batch", false, {"batch", "micro_batch"}, -kInf, kInf, "reduce gradients once per step (batch) or on every micro-batch"},
+        {"ddp.grad_sync_mode", KeyType::kString, "batch", false, {"batch", "micro_batch"}, -kInf, kInf, "all-reduce once per step (batch) or on every micro-batch"},
+        {"peak_flops_per_device", KeyType::kFloat, nullptr, true, {}, 1, kInf, "peak FLOP/s used for MFU; null: detected (CPU: cores x clock x FMA width)"},
+        {"threads", KeyType::kInt, 0, false, {}, 0, 4096, "compute threads (OpenMP and BLAS); 0: one per available core"},
+    };
+    return keys;
+}
+
+const char* type_name(KeyType t) {
+    switch (t) {
+        case KeyType::kInt: return "an integer";
+        case KeyType::kFloat: return "a number";
+        case KeyType::kBool: return "true or false";
+        case KeyType::kString: return "a string";
+        case KeyType::kStringList: return "a list of strings";
+        case KeyType::kFloatPair: return "a list of two numbers";
+        case KeyType::kDuration: return "steps (integer) or a string like \"2e12T\" (tokens) or \"1ep\" (epochs)";
+        case KeyType::kObjectList: return "a list of objects";
+    }
+    return "?";
+}
+
+const KeySpec* find_spec(const std::string& path) {
+    for (const auto& k : schema()) {
+        if (k.path == path) return &k;
+    }
+    return nullptr;
+}
+
+// True when some schema key lies below `prefix` (so `prefix` names an object).
+bool is_object_prefix(const std::string& prefix) {
+    const std::string p = prefix + ".";
+    for (const auto& k : schema()) {
+        if (k.path.compare(0, p.size(), p) == 0) return true;
+    }
+    return false;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+        cur[0] = i;
+        for (size_t j = 1; j <= b.size(); ++j) {
+            const size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+            cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+        }
+        std::swap(prev, cur);
+    }
+    return prev[b.size()];
+}
+
+
+[[noreturn]] void unknown_key(const std::string& path, const std::string& where) {
+    const std::string near = closest_config_key(path);
+    std::string msg = fmt::format("{}unknown config key \"{}\"", where, path);
+    if (!near.empty()) msg += fmt::format("; did you mean \"{}\"?", near);
+    msg += " (configs/README.md lists every key)";
+    throw UserError(msg);
+}
+
+std::string short_json(const Json& v) {
+    std::string s = v.dump();
+    if (s.size() > 80) s = s.substr(0, 77) + "...";
+    return s;
+}
+
+// Checks one value against its spec; `shown` is the path as the user wrote it (with list indices).
+void check_value(const KeySpec& spec, const Json& v, const std::string& shown) {
+    if (v.is_null()) {
+        if (spec.nullable) return;
+        user_error("config {}: null is not allowed; expected {}", shown, type_name(spec.type));
+    }
+    auto bad_type = [&]() {
+        user_error("config {}: {} has the wrong type; expected {}", shown, short_json(v), type_name(spec.type));
+    };
+    auto check_range = [&](double x) {
+        if (x < spec.min || x > spec.max) {
+            user_error("config {}: {} is out of range; expected a value in [{}, {}]", shown, short_json(v), spec.min,
+                       spec.max);
+        }
+    };
+    switch (spec.type) {
+        case KeyType::kInt:
+            if (!v.is_number_integer()) {
+                // Allow 1e3-style floats that are whole numbers (JSON writers emit them).
+                if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
+                    check_range(v.get<double>());
+                    return;
+                }
+                bad_type();
+            }
+            check_range(static_cast<double>(v.get<long long>()));
+            return;
+        case KeyType::kFloat:
+            if (!v.is_number()) bad_type();
+            if (!std::isfinite(v.get<double>())) bad_type();
+            check_range(v.get<double>());
+            return;
+        case KeyType::kBool:
+            if (!v.is_boolean()) bad_type();
+            return;
+        case KeyType::kString:
+            if (!v.is_string()) bad_type();
+            if (!spec.choices.empty()) {
+                const auto s = v.get<std::string>();
+                if (std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
+                    std::string allowed;
+                    for (size_t i = 0; i < spec.choices.size(); ++i) {
+                        allowed += (i == 0 ? "" : (i + 1 == spec.choices.size() ? " or " : ", ")) + spec.choices[i];
+                    }
+                    if (spec.nullable) allowed += " or null";
+                    user_error("config {}: \"{}\"; expected {}", shown, s, allowed);
+                }
+            }
+            return;
+        case KeyType::kStringList:
+            if (v.is_string()) return;  // a single path is accepted as a one-element list
+            if (!v.is_array() || v.empty()) bad_type();
+            for (const auto& e : v) {
+                if (!e.is_string()) bad_type();
+            }
+            return;
+        case KeyType::kFloatPair:
+            if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) bad_type();
+            for (const auto& e : v) {
+                const double x = e.get<double>();
+                if (!(x >= 0.0 && x < 1.0)) {
+                    user_error("config {}: {} is out of range; expected each in [0, 1)", shown, short_json(v));
+                }
+            }
+            return;
+        case KeyType::kDuration:
+            if (v.is_number_integer()) {
+                if (v.get<long long>() < 1) user_error("config {}: {}; expected at least 1 step", shown, short_json(v));
+                return;
+            }
+            if (!v.is_string()) bad_type();
+            return;  // parsed (and checked) by parse_duration
+        case KeyType::kObjectList:
+            if (!v.is_array()) bad_type();
+            return;
+    }
+}
+
+// Walks a user document: every leaf must be a schema key of the right type.
+void check_object(const Json& obj, const std::string& schema_prefix, const std::string& shown_prefix) {
+    if (!obj.is_object()) {
+        user_error("config {}: expected an object, got {}", shown_prefix.empty() ? "<top level>" : shown_prefix,
+                   short_json(obj));
+    }
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+        const std::string path = schema_prefix.empty() ? it.key() : schema_prefix + "." + it.key();
+        const std::string shown = shown_prefix.empty() ? it.key() : shown_prefix + "." + it.key();
+        if (const KeySpec* spec = find_spec(path)) {
+            check_value(*spec, it.value(), shown);
+            if (spec->type == KeyType::kObjectList) {
+                for (size_t i = 0; i < it.value().size(); ++i) {
+                    check_object(it.value()[i], path + "[]", fmt::format("{}[{}]", shown, i));
+                }
+            }
+        } else if (is_object_prefix(path)) {
+            check_object(it.value(), path, shown);
+        } else {
+            unknown_key(shown, "");
+        }
+    }
+}
+
+// Fills the defaults of every non-list key below `schema_prefix` into `obj`.
+void fill_defaults(Json& obj, const std::string& schema_prefix) {
+    const std::string p = schema_prefix.empty() ? "" : schema_prefix + ".";
+    for (const auto& k : schema()) {
+        if (k.path.compare(0, p.size(), p) != 0) continue;
+        const std::string rest = k.path.substr(p.size());
+        if (rest.find("[]") != std::string::npos) continue;  // keys inside list items
+        Json* cur = &obj;
+        size_t start = 0;
+        for (;;) {
+            const size_t dot = rest.find('.', start);
+            const std::string part = rest.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+            if (dot == std::string::npos) {
+                if (!cur->contains(part)) (*cur)[part] = k.default_value;
+                break;
+            }
+            if (!cur->contains(part)) (*cur)[part] = Json::object();
+            cur = &(*cur)[part];
+            start = dot + 1;
+        }
+    }
+}
+
+const Json& at_path(const Json& doc, const std::string& path) {
+    const Json* cur = &doc;
+    size_t start = 0;
+    for (;;) {
+        const size_t dot = path.find('.', start);
+        const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        cur = &cur->at(part);
+        if (dot == std::string::npos) return *cur;
+        start = dot + 1;
+    }
+}
+
+Json* at_path_create(Json& doc, const std::string& path) {
+    Json* cur = &doc;
+    size_t start = 0;
+    for (;;) {
+        const size_t dot = path.find('.', start);
+        const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        if (!cur->is_object()) *cur = Json::object();
+        cur = &(*cur)[part];
+        if (dot == std::string::npos) return cur;
+        start = dot + 1;
+    }
+}
+
+void require(const Json& doc, const std::string& path) {
+    if (at_path(doc, path).is_null()) user_error("config {}: required, not set", path);
+}
+
+std::vector<std::string> string_list(const Json& v) {
+    if (v.is_string()) return {v.get<std::string>()};
+    return v.get<std::vector<std::string>>();
+}
+
+template <typename T>
+std::optional<T> opt(const Json& v) {
+    if (v.is_null()) return std::nullopt;
+    return v.get<T>();
+}
+
+long get_long(const Json& v) { return v.is_number_integer() ? v.get<long>() : static_cast<long>(v.get<double>()); }
+
+// Parses an override's text by the key's type: "8" for integers, "3e-4" for numbers, "true"/"false",
+// "null" where nullable, a JSON literal for lists (or a comma-separated list of strings), strings as is.
+Json parse_typed(const KeySpec& spec, const std::string& path, const std::string& text) {
+    if (text == "null") return nullptr;
+    auto fail = [&]() -> Json {
+        user_error("--set {}={}: \"{}\" is not {}", path, text, text, type_name(spec.type));
+    };
+    switch (spec.type) {
+        case KeyType::kInt: {
+            errno = 0;
+            char* end = nullptr;
+            const long long x = std::strtoll(text.c_str(), &end, 10);
+            if (end != text.c_str() && *end == '\0' && errno == 0) return x;
+            const double d = std::strtod(text.c_str(), &end);  // 1e6
+            if (end != text.c_str() && *end == '\0' && std::floor(d) == d && std::fabs(d) < 9.2e18) {
+                return static_cast<long long>(d);
+            }
+            return fail();
+        }
+        case KeyType::kFloat: {
+            char* end = nullptr;
+            const double d = std::strtod(text.c_str(), &end);
+            if (end != text.c_str() && *end == '\0') return d;
+            return fail();
+        }
+        case KeyType::kBool:
+            if (text == "true") return true;
+            if (text == "false") return false;
+            return fail();
+        case KeyType::kString: return text;
+        case KeyType::kDuration: {
+            char* end = nullptr;
+            const long long x = std::strtoll(text.c_str(), &end, 10);
+            if (end != text.c_str() && *end == '\0') return x;
+            return text;
+        }
+        case KeyType::kStringList:
+        case KeyType::kFloatPair:
+        case KeyType::kObjectList: {
+            if (!text.empty() && text[0] == '[') {
+                try {
+                    return Json::parse(text);
+                } catch (const Json::exception&) {
+                    return fail();
+                }
+            }
+            if (spec.type != KeyType::kStringList) return fail();
+            Json list = Json::array();
+            std::stringstream ss(text);
+            std::string item;
+            while (std::getline(ss, item, ',')) list.push_back(item);
+            return list;
+        }
+    }
+    return fail();
+}
+
+}  // namespace
+
+std::string closest_config_key(const std::string& path) {
+    std::string best;
+    size_t best_d = std::numeric_limits<size_t>::max();
+    // Compare with and without list indices so "evaluators[0].lable" finds "evaluators[].label".
+    std::string normalized;
+    for (size_t i = 0; i < path.size(); ++i) {
+        if (path[i] == '[') {
+            normalized += "[]";
+            while (i < path.size() && path[i] != ']') ++i;
+        } else {
+            normalized += path[i];
+        }
+    }
+    for (const auto& k : schema()) {
+        size_t d = edit_distance(normalized, k.path);
+        // A key typed without its section ("learning_rate") is close to "optimizer.learning_rate".
+        const size_t dot = k.path.rfind('.');
+        if (dot != std::string::npos) {
+            const std::string leaf = k.path.substr(dot + 1);
+            const size_t ndot = normalized.rfind('.');
+            const std::string nleaf = ndot == std::string::npos ? normalized : normalized.substr(ndot + 1);
+            d = std::min(d, edit_distance(nleaf, leaf) + 1);
+        }
+        if (d < best_d) {
+            best_d = d;
+            best = k.path;
+        }
+    }
+    const size_t limit = std::max<size_t>(3, normalized.size() / 3);
+    return best_d <= limit ? best : "";
+}
+
+Json read_config_file(const std::string& path) {
+    std::ifstream f(path);
+    if (!f) user_error("config file {}: cannot be read ({})", path, std::strerror(errno));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    try {
+        Json doc = Json::parse(ss.str());
+        if (!doc.is_object()) user_error("config file {}: expected a JSON object at the top level", path);
+        return doc;
+    } catch (const Json::parse_error& e) {
+        user_error("config file {}: not valid JSON at byte {}: {}", path, e.byte, e.what());
+    }
+}
+
+void set_config_value(Json& doc, const std::string& path, const Json& value) {
+    const KeySpec* spec = find_spec(path);
+    if (!spec) unknown_key(path, "--set: ");
+    check_value(*spec, value, path);
+    *at_path_create(doc, path) = value;
+}
+
+void apply_override(Json& doc, const std::string& assignment) {
+    const size_t eq = assignment.find('=');
+    if (eq == std::string::npos || eq == 0) {
+        user_error("--set \"{}\": expected key.path=value, e.g. --set optimizer.learning_rate=3e-4", assignment);
+    }
+    const std::string path = assignment.substr(0, eq);
+    const std::string text = assignment.substr(eq + 1);
+    const KeySpec* spec = find_spec(path);
+    if (!spec) unknown_key(path, "--set: ");
+    set_config_value(doc, path, parse_typed(*spec, path, text));
+}
+
+long TrainConfig::total_steps(long instances_per_epoch) const {
+    const std::string& d = max_duration;
+    const long tokens_per_step = global_train_batch_size * model.max_sequence_length;
+    char* end = nullptr;
+    auto parse_number = [&](const std::string& num) {
+        const double x = std::strtod(num.c_str(), &end);
+        if (num.empty() || end != num.c_str() + num.size() || !(x > 0) || !std::isfinite(x)) {
+            user_error("config max_duration: \"{}\"; expected steps (1000), tokens (\"2e12T\") or epochs (\"1ep\")",
+                       d);
+        }
+        return x;
+    };
+    if (d.size() > 2 && d.compare(d.size() - 2, 2, "ep") == 0) {
+        const double epochs = parse_number(d.substr(0, d.size() - 2));
+        const long batches_per_epoch = instances_per_epoch / global_train_batch_size;
+        return std::max<long>(1, static_cast<long>(std::ceil(epochs * static_cast<double>(batches_per_epoch))));
+    }
+    if (!d.empty() && d.back() == 'T') {
+        const double tokens = parse_number(d.substr(0, d.size() - 1));
+        return std::max<long>(1, static_cast<long>(std::ceil(tokens / static_cast<double>(tokens_per_step))));
+    }
+    const double steps = parse_number(d);
+    if (std::floor(steps) != steps) user_error("config max_duration: \"{}\"; a step count must be whole", d);
+    return static_cast<long>(steps);
+}
+
+TrainConfig validate_config(const Json& user_doc) {
+    check_object(user_doc, "", "");
+    Json doc = user_doc;
+    fill_defaults(doc, "");
+    for (auto& ev : doc["evaluators"]) fill_defaults(ev, "evaluators[]");
+
+    for (const char* key : {"model.d_model", "model.n_heads", "model.n_layers", "model.vocab_size",
+                            "model.max_sequence_length", "global_train_batch_size", "device_train_microbatch_size",
+                            "max_duration", "data.paths"}) {
+        require(doc, key);
+    }
+
+    TrainConfig c;
+    c.run_name = doc["run_name"].get<std::string>();
+    c.seed = doc["seed"].get<unsigned long long>();
+
+    const Json& m = doc["model"];
+    ModelConfig& mc = c.model;
+    mc.d_model = m["d_model"].get<int>();
+    mc.n_heads = m["n_heads"].get<int>();
+    mc.n_layers = m["n_layers"].get<int>();
+    mc.mlp_ratio = m["mlp_ratio"].get<int>();
+    mc.mlp_hidden_size = opt<int>(m["mlp_hidden_size"]);
+    mc.activation_type = m["activation_type"].get<std::string>();
+    mc.rope = m["rope"].get<bool>();
+    mc.rope_theta = m["rope_theta"].get<double>();
+    mc.layer_norm_type = m["layer_norm_type"].get<std::string>();
+    mc.layer_norm_with_affine = m["layer_norm_with_affine"].get<bool>();
+    mc.include_bias = m["include_bias"].get<bool>();
+    mc.bias_for_layer_norm = opt<bool>(m["bias_for_layer_norm"]).value_or(mc.include_bias);
+    mc.weight_tying = m["weight_tying"].get<bool>();
+    mc.vocab_size = m["vocab_size"].get<int>();
+    mc.embedding_size = opt<int>(m["embedding_size"]).value_or(mc.vocab_size);
+    mc.max_sequence_length = m["max_sequence_length"].get<int>();
+    mc.init_fn = m["init_fn"].get<std::string>();
+    mc.init_std = m["init_std"].get<double>();
+    mc.init_cutoff_factor = opt<double>(m["init_cutoff_factor"]);
+    mc.eos_token_id = m["eos_token_id"].get<int>();
+
+    if (mc.d_model % mc.n_heads != 0) {
+        user_error("config model.n_heads: {} does not divide model.d_model {}", mc.n_heads, mc.d_model);
+    }
+    if (mc.rope && mc.head_size() % 2 != 0) {
+        user_error("config model.rope: RoPE needs an even head size; d_model {} / n_heads {} = {}", mc.d_model,
+                   mc.n_heads, mc.head_size());
+    }
+    if (mc.embedding_size < mc.vocab_size) {
+        user_error("config model.embedding_size: {} is smaller than model.vocab_size {}; expected >= vocab_size",
+                   mc.embedding_size, mc.vocab_size);
+    }
+    if (mc.eos_token_id >= mc.vocab_size) {
+        user_error("config model.eos_token_id: {} is not below model.vocab_size {}", mc.eos_token_id, mc.vocab_size);
+    }
+    if (mc.activation_type == "swiglu" && mc.ff_proj_size() % 2 != 0) {
+        user_error("config model.mlp_hidden_size: {} must be even with activation_type swiglu (it is split in two)",
+                   mc.ff_proj_size());
+    }
+    if (mc.layer_norm_type == "rms") {
+        user_error("config model.layer_norm_type: \"rms\" is not supported yet; expected default or low_precision");
+    }
+
+    const Json& o = doc["optimizer"];
+    c.optimizer.name = o["name"].get<std::string>();
+    c.optimizer.learning_rate = o["learning_rate"].get<double>();
+    c.optimizer.beta1 = o["betas"][0].get<double>();
+    c.optimizer.beta2 = o["betas"][1].get<double>();
+    c.optimizer.eps = o["eps"].get<double>();
+    c.optimizer.weight_decay = o["weight_decay"].get<double>();
+    c.optimizer.decay_norm_and_bias = o["decay_norm_and_bias"].get<bool>();
+    c.optimizer.decay_embeddings = o["decay_embeddings"].get<bool>();
+
+    const Json& s = doc["scheduler"];
+    c.scheduler.name = s["name"].get<std::string>();
+    c.scheduler.t_warmup = get_long(s["t_warmup"]);
+    if (!s["t_max"].is_null()) c.scheduler.t_max = get_long(s["t_max"]);
+    c.scheduler.alpha_f = s["alpha_f"].get<double>();
+    c.scheduler.warmup_min_lr = opt<double>(s["warmup_min_lr"]);
+    if (!s["grad_clip_warmup_steps"].is_null()) c.scheduler.grad_clip_warmup_steps = get_long(s["grad_clip_warmup_steps"]);
+    c.scheduler.grad_clip_warmup_factor = opt<double>(s["grad_clip_warmup_factor"]);
+    if (c.scheduler.grad_clip_warmup_steps.has_value() != c.scheduler.grad_clip_warmup_factor.has_value()) {
+        user_error("config scheduler.grad_clip_warmup_steps and scheduler.grad_clip_warmup_factor: set both or neither");
+    }
+    if (c.scheduler.name != "constant" && c.scheduler.name != "inverse_sqrt_with_warmup" && c.scheduler.t_max &&
+        *c.scheduler.t_max <= c.scheduler.t_warmup) {
+        user_error("config scheduler.t_max: {} must exceed scheduler.t_warmup {}", *c.scheduler.t_max,
+                   c.scheduler.t_warmup);
+    }
+    if (c.scheduler.name == "inverse_sqrt_with_warmup" && c.scheduler.t_warmup < 1) {
+        user_error("config scheduler.t_warmup: inverse_sqrt_with_warmup needs t_warmup >= 1");
+    }
+
+    c.max_grad_norm = opt<double>(doc["max_grad_norm"]);
+    c.global_train_batch_size = get_long(doc["global_train_batch_size"]);
+    c.device_train_microbatch_size = get_long(doc["device_train_microbatch_size"]);
+    c.device_eval_batch_size =
+        doc["device_eval_batch_size"].is_null() ? c.device_train_microbatch_size : get_long(doc["device_eval_batch_size"]);
+    if (c.global_train_batch_size % c.device_train_microbatch_size != 0) {
+        user_error("config global_train_batch_size: {} is not a multiple of device_train_microbatch_size {} "
+                   "(global = micro-batch x accumulation steps x ranks)",
+                   c.global_train_batch_size, c.device_train_microbatch_size);
+    }
+    const Json& md = doc["max_duration"];
+    c.max_duration = md.is_string() ? md.get<std::string>() : std::to_string(md.get<long long>());
+    c.total_steps(1 << 30);  // checks the syntax now; the real count needs the dataset size
+
+    const Json& d = doc["data"];
+    c.data.paths = string_list(d["paths"]);
+    c.data.memmap_dtype = d["memmap_dtype"].get<std::string>();
+    c.data.shuffle = d["shuffle"].get<bool>();
+    c.data.seed = d["seed"].is_null() ? c.seed : d["seed"].get<unsigned long long>();
+
+    for (size_t i = 0; i < doc["evaluators"].size(); ++i) {
+        const Json& e = doc["evaluators"][i];
+        if (e["data"]["paths"].is_null()) user_error("config evaluators[{}].data.paths: required, not set", i);
+        EvaluatorConfig ec;
+        ec.label = e["label"].get<std::string>();
+        ec.paths = string_list(e["data"]["paths"]);
+        ec.memmap_dtype = e["data"]["memmap_dtype"].get<std::string>();
+        ec.subset_num_batches = get_long(e["subset_num_batches"]);
+        if (ec.subset_num_batches == 0) user_error("config evaluators[{}].subset_num_batches: 0; expected -1 or >= 1", i);
+        c.evaluators.push_back(ec);
+    }
+    c.eval_interval = get_long(doc["eval_interval"]);
+    if (c.eval_interval > 0 && c.evaluators.empty()) {
+        user_error("config eval_interval: {} but no evaluators are configured; add evaluators[].data.paths",
+                   c.eval_interval);
+    }
+
+    c.save_folder = opt<std::string>(doc["save_folder"]);
+    c.save_interval = get_long(doc["save_interval"]);
+    c.save_overwrite = doc["save_overwrite"].get<bool>();
+    c.save_num_checkpoints_to_keep = get_long(doc["save_num_checkpoints_to_keep"]);
+    c.load_path = opt<std::string>(doc["load_path"]);
+    c.init_from = opt<std::string>(doc["init_from"]);
+    c.metrics_file = opt<std::string>(doc["metrics_file"]);
+    c.console_log_interval = get_long(doc["console_log_interval"]);
+    if (c.save_interval > 0 && !c.save_folder) {
+        user_error("config save_interval: {} but save_folder is not set", c.save_interval);
+    }
+    if (c.load_path && *c.load_path == "latest" && !c.save_folder) {
+        user_error("config load_path: \"latest\" needs save_folder (the folder to look in)");
+    }
+    if (c.load_path && c.init_from) {
+        user_error("config load_path and init_from are both set: resume from a checkpoint or start from weights, "
+                   "not both");
+    }
+
+    c.device = doc["device"].get<std::string>();
+    c.precision = doc["precision"].get<std::string>();
+    c.distributed_strategy = doc["distributed_strategy"].get<std::string>();
+    c.fsdp.sharding_strategy = doc["fsdp"]["sharding_strategy"].get<std::string>();
+    c.fsdp.wrapping_strategy = opt<std::string>(doc["fsdp"]["wrapping_strategy"]);
+    c.fsdp.block_group_size = doc["fsdp"]["block_group_size"].get<int>();
+    c.fsdp.precision = doc["fsdp"]["precision"].get<std::string>();
+    c.fsdp.grad_sync_mode = doc["fsdp"]["grad_sync_mode"].get<std::string>();
+    c.ddp_grad_sync_mode = doc["ddp"]["grad_sync_mode"].get<std::string>();
+    c.peak_flops_per_device = opt<double>(doc["peak_flops_per_device"]);
+    c.threads = doc["threads"].get<int>();
+    c.json = doc;
+    return c;
+}
+
+std::string config_keys_markdown() {
+    std::string out = "| key | type | default | meaning |\n|---|---|---|---|\n";
+    for (const auto& k : schema()) {
+        std::string type = type_name(k.type);
+        if (!k.choices.empty()) {
+            type = "";
+            for (size_t i = 0; i < k.choices.size(); ++i) type += (i ? " \\| " : "") + k.choices[i];
+        }
+        if (k.nullable) type += " or null";
+        std::string def = k.default_value.is_null() ? (k.nullable ? "null" : "required") : k.default_value.dump();
+        out += fmt::format("| `{}` | {} | {} | {} |\n", k.path, type, def, k.doc);
+    }
+    return out;
+}
+
+}  // namespace trainer

@@ -1,0 +1,147 @@
+// The validated run configuration.
+//
+// A run's configuration is one JSON document (OLMo's key names and semantics where OLMo has the
+// concept), built from: the schema's defaults <- the --config file <- --set key.path=value overrides
+// <- named CLI shortcuts. Every key is declared once in the schema (config.cpp), with its type,
+// default, allowed values and one line of documentation; configs/README.md is generated from it.
+// Validation happens once, before anything is allocated: unknown keys (with the closest known key
+// suggested), wrong types, out-of-range values and every cross-field rule (batch sizes, shapes).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trainer {
+
+using Json = nlohmann::json;
+
+struct ModelConfig {
+    int d_model = 0;
+    int n_heads = 0;
+    int n_layers = 0;
+    int mlp_ratio = 4;
+    std::optional<int> mlp_hidden_size;  // overrides mlp_ratio * d_model when set
+    std::string activation_type;         // swiglu | gelu | gelu_tanh
+    bool rope = false;                   // false: learned positional embedding (GPT-2)
+    double rope_theta = 10000.0;
+    std::string layer_norm_type;  // default | low_precision (identical in fp32)
+    bool layer_norm_with_affine = false;
+    bool bias_for_layer_norm = false;  // resolved: defaults to include_bias
+    bool include_bias = false;
+    bool weight_tying = true;
+    int vocab_size = 0;
+    int embedding_size = 0;  // resolved: defaults to vocab_size
+    int max_sequence_length = 0;
+    std::string init_fn;  // normal | mitchell
+    double init_std = 0.02;
+    std::optional<double> init_cutoff_factor;
+    int eos_token_id = 0;
+
+    int head_size() const { return d_model / n_heads; }
+    // Output width of ff_proj (OLMo's hidden_size): mlp_hidden_size or mlp_ratio * d_model.
+    int ff_proj_size() const { return mlp_hidden_size ? *mlp_hidden_size : mlp_ratio * d_model; }
+    // Input width of ff_out: SwiGLU halves ff_proj's output.
+    int ff_hidden_size() const { return activation_type == "swiglu" ? ff_proj_size() / 2 : ff_proj_size(); }
+    bool norm_has_weight() const { return layer_norm_with_affine; }
+    bool norm_has_bias() const { return layer_norm_with_affine && bias_for_layer_norm; }
+};
+
+struct OptimizerConfig {
+    std::string name;  // adamw
+    double learning_rate = 0.0;
+    double beta1 = 0.9, beta2 = 0.95;
+    double eps = 1e-5;
+    double weight_decay = 0.0;
+    bool decay_norm_and_bias = false;
+    bool decay_embeddings = false;
+};
+
+struct SchedulerConfig {
+    std::string name;  // constant | linear_with_warmup | cosine_with_warmup | inverse_sqrt_with_warmup
+    long t_warmup = 0;
+    std::optional<long> t_max;  // defaults to the run's total steps
+    double alpha_f = 0.1;
+    std::optional<double> warmup_min_lr;  // defaults to 0.1 * learning_rate
+    std::optional<long> grad_clip_warmup_steps;
+    std::optional<double> grad_clip_warmup_factor;
+};
+
+struct DataConfig {
+    std::vector<std::string> paths;
+    std::string memmap_dtype;  // uint16 | uint32
+    bool shuffle = true;
+    unsigned long long seed = 0;  // resolved: defaults to the run's seed
+};
+
+struct EvaluatorConfig {
+    std::string label;
+    std::vector<std::string> paths;
+    std::string memmap_dtype;
+    long subset_num_batches = -1;  // -1: the whole set
+};
+
+struct FsdpConfig {
+    std::string sharding_strategy;  // FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD
+    std::optional<std::string> wrapping_strategy;
+    int block_group_size = 1;
+    std::string precision;       // fp32 | mixed | pure
+    std::string grad_sync_mode;  // batch | micro_batch
+};
+
+struct TrainConfig {
+    std::string run_name;
+    unsigned long long seed = 0;
+    ModelConfig model;
+    OptimizerConfig optimizer;
+    SchedulerConfig scheduler;
+    std::optional<double> max_grad_norm;  // null: no clipping
+    long global_train_batch_size = 0;
+    long device_train_microbatch_size = 0;
+    long device_eval_batch_size = 0;  // resolved: defaults to device_train_microbatch_size
+    std::string max_duration;         // as written: steps ("1000"), tokens ("2e12T") or epochs ("2ep")
+    DataConfig data;
+    std::vector<EvaluatorConfig> evaluators;
+    long eval_interval = 0;  // 0: no evaluation
+    std::optional<std::string> save_folder;
+    long save_interval = 0;  // 0: no periodic checkpoints (a final one is still written when save_folder is set)
+    bool save_overwrite = false;
+    long save_num_checkpoints_to_keep = -1;
+    std::optional<std::string> load_path;  // a checkpoint folder, or "latest" in save_folder
+    std::optional<std::string> init_from;  // a safetensors file with Hugging Face names
+    std::optional<std::string> metrics_file;
+    long console_log_interval = 1;
+    std::string device;     // auto | cpu | cuda
+    std::string precision;  // fp32 | amp_bf16
+    std::string distributed_strategy;  // single | ddp | fsdp
+    FsdpConfig fsdp;
+    std::string ddp_grad_sync_mode;  // batch | micro_batch
+    std::optional<double> peak_flops_per_device;
+    int threads = 0;  // 0: one per available core
+
+    Json json;  // the full validated document (defaults filled in), as saved in checkpoints
+
+    // Instances (sequences) per micro-batch and micro-batches per step on `world` ranks.
+    long accumulation_steps(int world) const {
+        return global_train_batch_size / (device_train_microbatch_size * world);
+    }
+    // Total optimizer steps of the run, from max_duration (tokens and epochs need the dataset size).
+    long total_steps(long instances_per_epoch) const;
+};
+
+// Reads a config file (JSON); a bad file is a UserError naming it and the position.
+Json read_config_file(const std::string& path);
+// Applies one `key.path=value` override, typed by the schema (UserError on unknown key or bad value).
+void apply_override(Json& doc, const std::string& assignment);
+// Sets `key.path` to a JSON value (used by named CLI shortcuts), checked against the schema.
+void set_config_value(Json& doc, const std::string& path, const Json& value);
+// Validates `doc` against the schema, fills defaults, checks every cross-field rule and returns the config.
+TrainConfig validate_config(const Json& doc);
+// Markdown table of every key (configs/README.md's key list).
+std::string config_keys_markdown();
+// The closest schema key to `path` (for "did you mean"), or "" when none is close.
+std::string closest_config_key(const std::string& path);
+
+}  // namespace trainer

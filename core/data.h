@@ -1,0 +1,163 @@
+// Token files, the dataset of fixed-length instances over them, and the order instances are read in.
+//
+// OLMo's data model (REFERENCE.md, "OLMo's enums" -> Data), kept exactly so an OLMo user's data and
+// expectations carry over:
+//  * A token file is a flat array of token ids, documents concatenated with EOS. Three layouts are
+//    read, told apart by the first bytes of the file:
+//      - llm.c shard: int32[256] header {20240520, 1, token count, 0...}, then exactly `count` uint16
+//        tokens. llm.c's own loader refuses any other file size, so do we: a shorter file is
+//        "truncated", a longer one "has trailing bytes".
+//      - .npy (starts with "\x93NUMPY", versions 1, 2 and 3): 'descr' '<u2' or '<u4', 'fortran_order'
+//        False, 'shape' (n,) or (a, b) read flattened in C order; the data must be exactly
+//        numel * itemsize bytes. The header's dtype is used; `memmap_dtype` does not apply.
+//      - anything else: a raw array of `memmap_dtype` (OLMo's data.memmap_dtype) with no header; the
+//        size must be a whole number of tokens.
+//    A file holding zero tokens is refused in every layout (OLMo's np.memmap and llm.c both refuse).
+//  * Files are mapped read-only (mmap, no copy); all reads are const and safe from many threads.
+//  * Instances are consecutive max_sequence_length chunks of each file, the remainder of each file
+//    dropped; the instance index is the global offset across the files in the order given.
+//  * InstanceOrder: epoch e reads a permutation of all instances seeded by `seed + e`; each epoch
+//    uses floor(N / G) * G of them so every global batch is whole; global batch `step` is positions
+//    [step * G, (step + 1) * G) of the concatenated epoch orders. It depends on (seed, step) only,
+//    never on the world size: rank r of W takes entries r, r + W, ... of the global batch.
+// Token ids are assumed little-endian, as numpy, llm.c and OLMo write them on every common machine.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace trainer {
+
+// The element type of a raw token file (OLMo's data.memmap_dtype).
+enum class TokenDtype { kUint16, kUint32 };
+
+// "uint16" -> kUint16, "uint32" -> kUint32 (OLMo's spellings); anything else is a UserError naming
+// the value and `key` (the config key it came from).
+TokenDtype parse_token_dtype(const std::string& name, const std::string& key = "data.memmap_dtype");
+
+// "uint16" or "uint32".
+const char* token_dtype_name(TokenDtype dtype);
+
+// Bytes per token: 2 or 4.
+int64_t token_dtype_size(TokenDtype dtype);
+
+// How a token file is laid out (see the file comment).
+enum class TokenFileFormat { kRaw, kNpy, kLlmc };
+
+// "raw", "npy" or "llm.c".
+const char* token_file_format_name(TokenFileFormat format);
+
+// The magic number and header size of llm.c token shards (llm.c dev/data/data_common.py).
+constexpr int32_t kLlmcMagic = 20240520;
+constexpr int32_t kLlmcVersion = 1;
+constexpr int64_t kLlmcHeaderInts = 256;
+constexpr int64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
+
+// One token file mapped read-only. The layout is detected from the header on open; every problem
+// with the file (missing, unreadable, a directory, empty, malformed header, size not matching) is a
+// UserError naming the path. Move-only: it owns the mapping.
+class TokenFile {
+   public:
+    // Opens and maps `path`; `memmap_dtype` is the element type used when the file has no header.
+    TokenFile(const std::string& path, TokenDtype memmap_dtype);
+    ~TokenFile();
+    TokenFile(TokenFile&& other) noexcept;
+    TokenFile& operator=(TokenFile&& other) noexcept;
+    TokenFile(const TokenFile&) = delete;
+    TokenFile& operator=(const TokenFile&) = delete;
+
+    // Number of tokens in the file (> 0).
+    int64_t num_tokens() const { return num_tokens_; }
+    // Token `i`, 0 <= i < num_tokens() (checked: an index outside is a bug in the caller).
+    uint32_t token(int64_t i) const;
+    // Copies tokens [begin, begin + count) into `out` (range checked as token()).
+    void read_tokens(int64_t begin, int64_t count, uint32_t* out) const;
+    // The path as given.
+    const std::string& path() const { return path_; }
+    // The detected layout, and its name for messages.
+    TokenFileFormat format() const { return format_; }
+    const char* format_name() const { return token_file_format_name(format_); }
+    // The element type of the tokens (from the header for npy and llm.c files).
+    TokenDtype dtype() const { return dtype_; }
+    // Byte offset of token `i` in the file (for messages).
+    int64_t byte_offset(int64_t i) const { return data_offset_ + i * token_dtype_size(dtype_); }
+
+   private:
+    void close_mapping();
+
+    std::string path_;
+    TokenFileFormat format_ = TokenFileFormat::kRaw;
+    TokenDtype dtype_ = TokenDtype::kUint16;
+    const unsigned char* map_ = nullptr;  // the whole file, PROT_READ
+    int64_t map_size_ = 0;                // file size in bytes
+    int64_t data_offset_ = 0;             // bytes before token 0 (the header)
+    int64_t num_tokens_ = 0;
+};
+
+// The training instances: consecutive seq_len-token chunks of each file, the remainder of each file
+// dropped, indexed globally across the files in order. read_instance is const and thread-safe.
+class TokenDataset {
+   public:
+    // Opens every path (plain files: no globs, no directories). UserError when `paths` is empty,
+    // when seq_len or vocab_size is not positive, on any bad file, or when no file holds a full
+    // instance; `paths_key` is the config key named in those messages (an evaluator's differs).
+    // Token ids are checked against vocab_size as instances are read, not here, so opening a
+    // multi-GB dataset costs nothing.
+    TokenDataset(std::vector<std::string> paths, TokenDtype memmap_dtype, int64_t seq_len, int64_t vocab_size,
+                 const std::string& paths_key = "data.paths");
+
+    // Total instances across all files (> 0).
+    int64_t num_instances() const { return num_instances_; }
+    // Tokens per instance (max_sequence_length).
+    int64_t seq_len() const { return seq_len_; }
+    // The token files, in the order given.
+    const std::vector<TokenFile>& files() const { return files_; }
+    // Copies the seq_len tokens of instance `index` (0 <= index < num_instances(), checked) into
+    // `out`. A token id >= vocab_size is a UserError naming the file, the token and byte offset, the
+    // id and the vocabulary size.
+    void read_instance(int64_t index, int32_t* out) const;
+
+   private:
+    std::vector<TokenFile> files_;
+    std::vector<int64_t> first_instance_;  // first global instance index of each file; size files + 1
+    int64_t seq_len_ = 0;
+    int64_t vocab_size_ = 0;
+    int64_t num_instances_ = 0;
+};
+
+// Which instances make up each global batch. Not thread-safe: global_batch caches the current
+// epoch's permutation (8 bytes per instance) and recomputes it only when the epoch changes.
+//
+// The shuffle is specified exactly, so the order is the same on every platform and compiler:
+// epoch e uses splitmix64 (Steele, Lea and Flood 2014) with its state set to seed + e; Fisher-Yates
+// from the back: for i = n-1 down to 1, j = uniform(i + 1), swap(order[i], order[j]) starting from
+// the identity; uniform(k) draws r = next() until r >= (2^64 - k) mod k and returns r mod k, which
+// is exactly uniform (std::shuffle and std::uniform_int_distribution are implementation-defined).
+class InstanceOrder {
+   public:
+    // UserError when global_batch_size < 1 or num_instances < global_batch_size (both named).
+    InstanceOrder(int64_t num_instances, int64_t global_batch_size, uint64_t seed, bool shuffle);
+
+    // Whole global batches per epoch: floor(num_instances / global_batch_size).
+    int64_t batches_per_epoch() const { return batches_per_epoch_; }
+    int64_t num_instances() const { return num_instances_; }
+    int64_t global_batch_size() const { return global_batch_size_; }
+    // The global_batch_size instance indices of global batch `step` (0-based, any epoch) into `out`.
+    void global_batch(int64_t step, std::vector<int64_t>& out) const;
+    // Entries rank, rank + world, ... of `global` (rank r's share, as OLMo's indices[r::world]).
+    static void rank_slice(const std::vector<int64_t>& global, int rank, int world, std::vector<int64_t>& out);
+    // The shuffled order of [0, n) for `seed` (the epoch order is permutation(n, seed + e)).
+    static void permutation(int64_t n, uint64_t seed, std::vector<int64_t>& out);
+
+   private:
+    int64_t num_instances_ = 0;
+    int64_t global_batch_size_ = 0;
+    int64_t batches_per_epoch_ = 0;
+    uint64_t seed_ = 0;
+    bool shuffle_ = true;
+    mutable int64_t cached_epoch_ = -1;
+    mutable std::vector<int64_t> order_;  // the cached epoch's order (only when shuffling)
+};
+
+}  // namespace trainer

@@ -1,0 +1,32 @@
+// Hugging Face names for import (--init-from) and export (trainer export): GPT2LMHeadModel for the
+// GPT-2 shape (learned positions, affine LayerNorm with bias, biases, GELU, tied head) and
+// OlmoForCausalLM for the OLMo shape (RoPE, SwiGLU, non-parametric LayerNorm, no biases).
+// The trainer's fused tensors are split and transposed on the way out and joined on the way in:
+// att_proj = [q_proj; k_proj; v_proj], ff_proj = [up_proj; gate_proj] (OLMo's x, gate order), and GPT-2's
+// Conv1D weights are stored (in, out), the transpose of a Linear's (out, in).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/layout.h"
+#include "core/safetensors.h"
+
+namespace trainer {
+
+// "gpt2" or "olmo"; a model matching neither has no Hugging Face class and is refused with the keys
+// that differ, naming `what` ("--init-from", "export").
+std::string hf_family(const ModelConfig& m, const std::string& what);
+
+// Full unit buffers (host) -> Hugging Face tensors.
+std::vector<std::pair<std::string, Tensor>> to_hf_tensors(const TrainConfig& config, const ParamLayout& layout,
+                                                          const std::vector<std::vector<float>>& units);
+// Hugging Face tensors (read from `file`) -> full unit buffers (host, already sized). Refuses a missing,
+// extra or mis-shaped tensor by name. A token embedding of vocab_size rows (GPT-2's 50257) fills the
+// first rows of an embedding_size-row wte; the padded rows keep their initial values.
+void from_hf_tensors(const TrainConfig& config, const ParamLayout& layout, const std::map<std::string, Tensor>& tensors,
+                     const std::string& file, std::vector<std::vector<float>>& units);
+
+}  // namespace trainer

@@ -1,0 +1,77 @@
+// Parameter initialisation as OLMo's init_weights (see model.h: init_unit_params).
+//
+// mitchell: every Linear weight ~ N(0, 1/fan_in) truncated at +-3 sigma; the block output projections
+// (attn_out, ff_out) further divided by sqrt(2 (layer + 1)); embeddings and the untied LM head use
+// 1/sqrt(d_model). normal: N(0, init_std), truncated at +-init_cutoff_factor * std when set.
+// Biases are zero, LayerNorm weights one.
+//
+// Random numbers come from a counter-based generator: element i of parameter `name` draws from
+// splitmix64(hash(seed, name), i, attempt), so any thread count or unit order gives the same weights.
+#include <cmath>
+#include <cstdint>
+
+#include "core/common.h"
+#include "core/model.h"
+
+namespace trainer {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+uint64_t hash_name(const std::string& s) {
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+    return h;
+}
+
+// Standard normal from two uniforms of (key, index, attempt) by Box-Muller, in double.
+double normal_at(uint64_t key, uint64_t index, uint64_t attempt) {
+    const uint64_t a = splitmix64(key ^ splitmix64(index * 2 + 0x1234567ull + (attempt << 40)));
+    const uint64_t b = splitmix64(a ^ 0x5851f42d4c957f2dull);
+    const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;          // [0, 1)
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+}  // namespace
+
+void init_unit_params(const TrainConfig& config, const Unit& unit, float* host) {
+    const ModelConfig& m = config.model;
+    for (const ParamSpec& p : unit.params) {
+        float* out = host + p.offset;
+        if (p.kind == ParamKind::kLinearBias || p.kind == ParamKind::kNormBias) {
+            for (size_t i = 0; i < p.numel; ++i) out[i] = 0.0f;
+            continue;
+        }
+        if (p.kind == ParamKind::kNormWeight) {
+            for (size_t i = 0; i < p.numel; ++i) out[i] = 1.0f;
+            continue;
+        }
+        double std = m.init_std;
+        double cutoff = m.init_cutoff_factor ? *m.init_cutoff_factor : 0.0;  // in sigmas; 0: none
+        if (m.init_fn == "mitchell") {
+            const bool is_block_out = p.layer >= 0 && (p.name.find(".attn_out.") != std::string::npos ||
+                                                       p.name.find(".ff_out.") != std::string::npos);
+            const double fan_in = p.kind == ParamKind::kEmbedding ? m.d_model : static_cast<double>(p.shape[1]);
+            std = 1.0 / std::sqrt(fan_in);
+            if (is_block_out) std /= std::sqrt(2.0 * (p.layer + 1));
+            cutoff = 3.0;
+        }
+        const uint64_t key = splitmix64(config.seed) ^ hash_name(p.name);
+#pragma omp parallel for schedule(static)
+        for (long long i = 0; i < static_cast<long long>(p.numel); ++i) {
+            double z = normal_at(key, static_cast<uint64_t>(i), 0);
+            for (uint64_t attempt = 1; cutoff > 0.0 && std::fabs(z) > cutoff; ++attempt) {
+                z = normal_at(key, static_cast<uint64_t>(i), attempt);  // rejection: truncated normal
+            }
+            out[i] = static_cast<float>(z * std);
+        }
+    }
+}
+
+}  // namespace trainer

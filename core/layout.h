@@ -1,0 +1,68 @@
+// ParamLayout: the ordered list of named parameters with shapes, grouped into units.
+//
+// Units are the granularity at which a data-parallel strategy moves parameters: "embedding" (wte, and
+// wpe without RoPE), "block.<i>" for each transformer block, and "head" (final norm, and the LM head
+// when it is not tied to wte). Each unit's parameters are packed into one flat buffer in the order
+// listed here; a strategy may pad a unit's buffer so it splits evenly across ranks (padding follows
+// the last parameter and is never read by the model). Names are OLMo's (transformer.blocks.N.att_proj
+// ...); Hugging Face names are mapped in hf_names.cpp for import and export.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+
+namespace trainer {
+
+enum class ParamKind { kEmbedding, kNormWeight, kNormBias, kLinearWeight, kLinearBias };
+
+struct ParamSpec {
+    std::string name;            // OLMo name, e.g. transformer.blocks.3.att_proj.weight
+    std::vector<int64_t> shape;  // PyTorch shape: Linear weights are (out, in)
+    size_t offset = 0;           // elements from the start of the unit's flat buffer
+    size_t numel = 0;
+    ParamKind kind = ParamKind::kLinearWeight;
+    bool decay = false;  // in the weight-decay group (OLMo's rules, see optimizer config)
+    int layer = -1;      // block index, -1 outside blocks
+};
+
+struct Unit {
+    std::string name;
+    std::vector<ParamSpec> params;
+    size_t numel = 0;  // sum of the parameters' numel (no padding)
+};
+
+// A contiguous range of a unit's flat buffer with one weight-decay setting.
+struct DecaySegment {
+    size_t begin = 0, end = 0;
+    bool decay = false;
+};
+
+class ParamLayout {
+   public:
+    explicit ParamLayout(const TrainConfig& config);
+
+    const std::vector<Unit>& units() const { return units_; }
+    int num_units() const { return static_cast<int>(units_.size()); }
+    int embedding_unit() const { return 0; }
+    int block_unit(int layer) const { return 1 + layer; }
+    int head_unit() const { return num_units() - 1; }
+    // Maximal runs of a unit's buffer with the same decay flag, in order.
+    std::vector<DecaySegment> decay_segments(int unit) const;
+    // Finds a parameter by OLMo name; returns false when absent.
+    bool find(const std::string& name, int* unit, const ParamSpec** spec) const;
+    size_t total_numel() const;
+    // Parameters that take part in matmuls: everything but the position embedding, and but the token
+    // embedding when it is not also the LM head (a lookup costs no FLOPs). The N of 6N.
+    size_t matmul_numel() const;
+
+   private:
+    std::vector<Unit> units_;
+    size_t wte_numel_ = 0, wpe_numel_ = 0;
+    bool tied_ = true;
+};
+
+}  // namespace trainer

@@ -1,0 +1,42 @@
+// Memory accounting: every buffer the trainer allocates is counted under one category, so the step log
+// and the run summary can say where each byte of a rank's memory went (parameters, gradients,
+// optimizer state, gathered units, activations, communication buffers), measured, not guessed.
+// Counters are process-wide and thread-safe; peaks are high-water marks of the live bytes.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace trainer {
+
+enum class MemCategory : int {
+    kParameters = 0,
+    kGradients,
+    kOptimizerState,
+    kGatheredUnits,
+    kActivations,
+    kCommunication,
+    kOther,
+    kCount
+};
+constexpr int kNumMemCategories = static_cast<int>(MemCategory::kCount);
+
+// JSON/console name of a category ("parameters", "gradients", ...).
+const char* mem_category_name(MemCategory c);
+
+struct MemorySnapshot {
+    std::array<int64_t, kNumMemCategories> current{};
+    std::array<int64_t, kNumMemCategories> peak{};
+    int64_t total_current = 0;
+    int64_t total_peak = 0;  // high-water mark of the sum (not the sum of peaks)
+};
+
+void memory_record_alloc(MemCategory c, int64_t bytes);
+void memory_record_free(MemCategory c, int64_t bytes);
+MemorySnapshot memory_snapshot();
+// Peak resident set size of this process in bytes (VmHWM from /proc/self/status), 0 if unknown.
+int64_t process_peak_resident_bytes();
+
+}  // namespace trainer

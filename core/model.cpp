@@ -1,0 +1,275 @@
+// Forward and backward of the transformer over Backend ops (see model.h).
+#include "core/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/common.h"
+
+namespace trainer {
+
+// Pointers into a block unit's flat buffer (parameters or gradients); null where the config has none.
+struct Model::BlockParams {
+    float *attn_norm_w = nullptr, *attn_norm_b = nullptr;
+    float *att_proj_w = nullptr, *att_proj_b = nullptr;    // (3C, C), (3C)
+    float *attn_out_w = nullptr, *attn_out_b = nullptr;    // (C, C), (C)
+    float *ff_norm_w = nullptr, *ff_norm_b = nullptr;
+    float *ff_proj_w = nullptr, *ff_proj_b = nullptr;      // (P, C), (P)
+    float *ff_out_w = nullptr, *ff_out_b = nullptr;        // (C, H), (C)
+};
+
+Model::BlockParams Model::block_params(const float* base, int layer) const {
+    BlockParams p;
+    const Unit& u = layout_.units()[layout_.block_unit(layer)];
+    float* b = const_cast<float*>(base);
+    for (const auto& s : u.params) {
+        const std::string& n = s.name;
+        const size_t dot = n.rfind('.');
+        const std::string leaf = n.substr(n.rfind('.', dot - 1) + 1);  // e.g. "att_proj.weight"
+        float* ptr = b + s.offset;
+        if (leaf == "attn_norm.weight") p.attn_norm_w = ptr;
+        else if (leaf == "attn_norm.bias") p.attn_norm_b = ptr;
+        else if (leaf == "att_proj.weight") p.att_proj_w = ptr;
+        else if (leaf == "att_proj.bias") p.att_proj_b = ptr;
+        else if (leaf == "attn_out.weight") p.attn_out_w = ptr;
+        else if (leaf == "attn_out.bias") p.attn_out_b = ptr;
+        else if (leaf == "ff_norm.weight") p.ff_norm_w = ptr;
+        else if (leaf == "ff_norm.bias") p.ff_norm_b = ptr;
+        else if (leaf == "ff_proj.weight") p.ff_proj_w = ptr;
+        else if (leaf == "ff_proj.bias") p.ff_proj_b = ptr;
+        else if (leaf == "ff_out.weight") p.ff_out_w = ptr;
+        else if (leaf == "ff_out.bias") p.ff_out_b = ptr;
+        else TRAINER_CHECK(false, "unexpected block parameter {}", n);
+    }
+    return p;
+}
+
+Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy* strategy,
+             int max_batch)
+    : config_(config),
+      m_(config.model),
+      layout_(layout),
+      backend_(backend),
+      strategy_(strategy),
+      max_batch_(max_batch) {
+    T_ = m_.max_sequence_length - 1;
+    C_ = m_.d_model;
+    NH_ = m_.n_heads;
+    HS_ = m_.head_size();
+    P_ = m_.ff_proj_size();
+    H_ = m_.ff_hidden_size();
+    V_ = m_.embedding_size;
+    L_ = m_.n_layers;
+    const size_t N = static_cast<size_t>(max_batch_) * T_;
+    // Head chunk: enough rows to keep the GEMMs efficient, few enough that a chunk of logits stays
+    // around 16 MiB (it is written and read back while still in the last-level cache where possible).
+    head_chunk_rows_ = static_cast<int>(std::clamp<size_t>((size_t(4) << 20) / static_cast<size_t>(V_), 16, N));
+
+    size_t off = 0;
+    auto take = [&](size_t n) {
+        const size_t o = off;
+        off += (n + 15) / 16 * 16;  // 64-byte alignment of every activation
+        return o;
+    };
+    const size_t NC = N * C_;
+    for (int l = 0; l < L_; ++l) {
+        Plan p;
+        p.resid = take(NC);
+        p.ln1 = take(NC);
+        p.ln1_mean = take(N);
+        p.ln1_rstd = take(N);
+        p.qkv = take(3 * NC);
+        p.att = take(NC);
+        p.lse = take(static_cast<size_t>(max_batch_) * NH_ * T_);
+        p.resid_mid = take(NC);
+        p.ln2 = take(NC);
+        p.ln2_mean = take(N);
+        p.ln2_rstd = take(N);
+        p.fch = take(N * P_);
+        p.fch_act = take(N * H_);
+        layers_.push_back(p);
+    }
+    resid_final_ = take(NC);
+    lnf_ = take(NC);
+    lnf_mean_ = take(N);
+    lnf_rstd_ = take(N);
+    logits_ = take(static_cast<size_t>(head_chunk_rows_) * V_);
+    losses_ = take(N);
+    scratch_ = take(NC);
+    // Backward scratch, shared by all layers.
+    dresid_ = take(NC);
+    dln_ = take(NC);
+    dqkv_ = take(3 * NC);
+    datt_ = take(NC);
+    dfch_ = take(N * P_);
+    dfch_act_ = take(N * H_);
+    arena_ = DeviceBuffer(backend_, off * sizeof(float), MemCategory::kActivations);
+    tokens_dev_ = DeviceBuffer(backend_, 2 * N * sizeof(int32_t), MemCategory::kActivations);
+    tokens_host_.resize(2 * N);
+}
+
+void Model::upload_tokens(const int32_t* tokens, int batch) {
+    TRAINER_CHECK(batch >= 1 && batch <= max_batch_, "batch {} outside [1, {}]", batch, max_batch_);
+    const int L = m_.max_sequence_length;
+    const size_t N = static_cast<size_t>(batch) * T_;
+    for (int b = 0; b < batch; ++b) {
+        std::memcpy(&tokens_host_[b * T_], tokens + static_cast<size_t>(b) * L, T_ * sizeof(int32_t));
+        std::memcpy(&tokens_host_[N + b * T_], tokens + static_cast<size_t>(b) * L + 1, T_ * sizeof(int32_t));
+    }
+    backend_->copy_host_to_device(tokens_dev_.data(), tokens_host_.data(), 2 * N * sizeof(int32_t));
+}
+
+void Model::forward_blocks(int batch) {
+    const int N = batch * T_;
+    const size_t NC = static_cast<size_t>(N) * C_;
+    const float eps = 1e-5f;
+    const float theta = static_cast<float>(m_.rope_theta);
+    const bool tanh_gelu = m_.activation_type == "gelu_tanh";
+
+    // Embedding.
+    const int emb = layout_.embedding_unit();
+    strategy_->before_forward(emb);
+    const float* wte = strategy_->unit_params(emb);
+    const float* wpe = m_.rope ? nullptr : wte + static_cast<size_t>(V_) * C_;
+    backend_->embedding_forward(act(layers_.empty() ? resid_final_ : layers_[0].resid), tokens_dev_.i32(), wte, wpe,
+                                N, T_, C_);
+    strategy_->after_forward(emb);
+
+    for (int l = 0; l < L_; ++l) {
+        const Plan& a = layers_[l];
+        const size_t next_resid = (l + 1 < L_) ? layers_[l + 1].resid : resid_final_;
+        const int u = layout_.block_unit(l);
+        strategy_->before_forward(u);
+        const BlockParams w = block_params(strategy_->unit_params(u), l);
+        backend_->layernorm_forward(act(a.ln1), act(a.ln1_mean), act(a.ln1_rstd), act(a.resid), w.attn_norm_w,
+                                    w.attn_norm_b, N, C_, eps);
+        backend_->matmul_forward(act(a.qkv), act(a.ln1), w.att_proj_w, w.att_proj_b, N, C_, 3 * C_);
+        if (m_.rope) backend_->rope_forward(act(a.qkv), batch, T_, NH_, HS_, theta);
+        backend_->attention_forward(act(a.att), act(a.lse), act(a.qkv), batch, T_, NH_, HS_);
+        backend_->matmul_forward(act(scratch_), act(a.att), w.attn_out_w, w.attn_out_b, N, C_, C_);
+        backend_->residual_forward(act(a.resid_mid), act(a.resid), act(scratch_), NC);
+        backend_->layernorm_forward(act(a.ln2), act(a.ln2_mean), act(a.ln2_rstd), act(a.resid_mid), w.ff_norm_w,
+                                    w.ff_norm_b, N, C_, eps);
+        backend_->matmul_forward(act(a.fch), act(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
+        if (m_.activation_type == "swiglu") {
+            backend_->swiglu_forward(act(a.fch_act), act(a.fch), N, H_);
+        } else {
+            backend_->gelu_forward(act(a.fch_act), act(a.fch), static_cast<size_t>(N) * H_, tanh_gelu);
+        }
+        backend_->matmul_forward(act(scratch_), act(a.fch_act), w.ff_out_w, w.ff_out_b, N, H_, C_);
+        backend_->residual_forward(act(next_resid), act(a.resid_mid), act(scratch_), NC);
+        strategy_->after_forward(u);
+    }
+}
+
+double Model::head(int batch, float dloss_scale, bool backward) {
+    const int N = batch * T_;
+    const int hu = layout_.head_unit();
+    const int emb = layout_.embedding_unit();
+    strategy_->before_forward(hu);
+    if (m_.weight_tying) strategy_->before_forward(emb);
+    if (backward) {
+        strategy_->before_backward(hu);
+        if (m_.weight_tying) strategy_->before_backward(emb);
+    }
+    const float* hp = strategy_->unit_params(hu);
+    float* hg = backward ? strategy_->unit_grads(hu) : nullptr;
+    const Unit& unit = layout_.units()[hu];
+    const float *norm_w = nullptr, *norm_b = nullptr, *head_w = nullptr, *head_b = nullptr;
+    float *dnorm_w = nullptr, *dnorm_b = nullptr, *dhead_w = nullptr, *dhead_b = nullptr;
+    for (const auto& s : unit.params) {
+        const float* p = hp + s.offset;
+        float* g = hg ? hg + s.offset : nullptr;
+        if (s.name == "transformer.ln_f.weight") norm_w = p, dnorm_w = g;
+        else if (s.name == "transformer.ln_f.bias") norm_b = p, dnorm_b = g;
+        else if (s.name == "transformer.ff_out.weight") head_w = p, dhead_w = g;
+        else if (s.name == "transformer.ff_out.bias") head_b = p, dhead_b = g;
+    }
+    if (m_.weight_tying) {
+        head_w = strategy_->unit_params(emb);  // wte (V, C) is the first parameter of the embedding unit
+        dhead_w = backward ? strategy_->unit_grads(emb) : nullptr;
+    }
+
+    backend_->layernorm_forward(act(lnf_), act(lnf_mean_), act(lnf_rstd_), act(resid_final_), norm_w, norm_b, N, C_,
+                                1e-5f);
+    for (int r0 = 0; r0 < N; r0 += head_chunk_rows_) {
+        const int rows = std::min(head_chunk_rows_, N - r0);
+        float* logits = act(logits_);
+        const float* x = act(lnf_) + static_cast<size_t>(r0) * C_;
+        backend_->matmul_forward(logits, x, head_w, head_b, rows, C_, V_);
+        backend_->classifier_forward_backward(logits, act(losses_) + r0, tokens_dev_.i32() + N + r0, rows, V_,
+                                              dloss_scale, backward);
+        if (backward) {
+            backend_->matmul_backward(act(dln_) + static_cast<size_t>(r0) * C_, dhead_w, dhead_b, logits, x, head_w,
+                                      rows, C_, V_, false);
+        }
+    }
+    const double loss_sum = backend_->sum(act(losses_), N);
+    if (backward) {
+        backend_->fill_zero(act(dresid_), static_cast<size_t>(N) * C_ * sizeof(float));
+        backend_->layernorm_backward(act(dresid_), dnorm_w, dnorm_b, act(dln_), act(resid_final_), norm_w,
+                                     act(lnf_mean_), act(lnf_rstd_), N, C_);
+        strategy_->after_backward(hu);
+    }
+    if (m_.weight_tying) strategy_->after_forward(emb);
+    strategy_->after_forward(hu);
+    return loss_sum;
+}
+
+void Model::backward_blocks(int batch) {
+    const int N = batch * T_;
+    const float theta = static_cast<float>(m_.rope_theta);
+    const bool tanh_gelu = m_.activation_type == "gelu_tanh";
+    for (int l = L_ - 1; l >= 0; --l) {
+        const Plan& a = layers_[l];
+        const int u = layout_.block_unit(l);
+        strategy_->before_backward(u);
+        const BlockParams w = block_params(strategy_->unit_params(u), l);
+        const BlockParams g = block_params(strategy_->unit_grads(u), l);
+        // MLP: x_out = resid_mid + ff_out(act(ff_proj(LN2(resid_mid)))); dresid holds d(x_out).
+        backend_->matmul_backward(act(dfch_act_), g.ff_out_w, g.ff_out_b, act(dresid_), act(a.fch_act), w.ff_out_w, N,
+                                  H_, C_, false);
+        if (m_.activation_type == "swiglu") {
+            backend_->swiglu_backward(act(dfch_), act(a.fch), act(dfch_act_), N, H_);
+        } else {
+            backend_->gelu_backward(act(dfch_), act(a.fch), act(dfch_act_), static_cast<size_t>(N) * H_, tanh_gelu);
+        }
+        backend_->matmul_backward(act(dln_), g.ff_proj_w, g.ff_proj_b, act(dfch_), act(a.ln2), w.ff_proj_w, N, C_, P_,
+                                  false);
+        backend_->layernorm_backward(act(dresid_), g.ff_norm_w, g.ff_norm_b, act(dln_), act(a.resid_mid), w.ff_norm_w,
+                                     act(a.ln2_mean), act(a.ln2_rstd), N, C_);
+        // Attention: resid_mid = resid + attn_out(attn(rope(att_proj(LN1(resid))))); dresid holds d(resid_mid).
+        backend_->matmul_backward(act(datt_), g.attn_out_w, g.attn_out_b, act(dresid_), act(a.att), w.attn_out_w, N, C_,
+                                  C_, false);
+        backend_->attention_backward(act(dqkv_), act(datt_), act(a.qkv), act(a.att), act(a.lse), batch, T_, NH_, HS_);
+        if (m_.rope) backend_->rope_backward(act(dqkv_), batch, T_, NH_, HS_, theta);
+        backend_->matmul_backward(act(dln_), g.att_proj_w, g.att_proj_b, act(dqkv_), act(a.ln1), w.att_proj_w, N, C_,
+                                  3 * C_, false);
+        backend_->layernorm_backward(act(dresid_), g.attn_norm_w, g.attn_norm_b, act(dln_), act(a.resid), w.attn_norm_w,
+                                     act(a.ln1_mean), act(a.ln1_rstd), N, C_);
+        strategy_->after_backward(u);
+    }
+    const int emb = layout_.embedding_unit();
+    if (!m_.weight_tying) strategy_->before_backward(emb);  // a tied head already opened it
+    float* dwte = strategy_->unit_grads(emb);
+    float* dwpe = m_.rope ? nullptr : dwte + static_cast<size_t>(V_) * C_;
+    backend_->embedding_backward(dwte, dwpe, act(dresid_), tokens_dev_.i32(), N, T_, C_);
+    strategy_->after_backward(emb);
+}
+
+double Model::forward_backward(const int32_t* tokens, int batch, float dloss_scale) {
+    upload_tokens(tokens, batch);
+    forward_blocks(batch);
+    const double loss = head(batch, dloss_scale, true);
+    backward_blocks(batch);
+    return loss;
+}
+
+double Model::forward_loss(const int32_t* tokens, int batch) {
+    upload_tokens(tokens, batch);
+    forward_blocks(batch);
+    return head(batch, 0.0f, false);
+}
+
+}  // namespace trainer

@@ -1,0 +1,76 @@
+// The model: a fixed decoder-only transformer (OLMo / GPT-2 shapes) with explicit forward and backward
+// per layer over Backend ops, and activations in one arena planned for a micro-batch before the first
+// step. No autograd (as llm.c).
+//
+// Data flow for one micro-batch of B instances of L tokens: inputs are tokens[:, :-1], targets
+// tokens[:, 1:], so the model runs on T = L-1 positions (the L-th position would predict nothing).
+//   x0 = wte[in] (+ wpe[t]);  per block l: x += attn_out(attn(rope(att_proj(LN(x)))));
+//   x += ff_out(act(ff_proj(LN(x))));  logits = LN_f(x) @ W_head^T;  loss = CE(logits, targets)
+// The LM head is fused with the loss and its backward, chunked over rows, so the full (N, V) logits are
+// never materialised: a chunk's logits become its dlogits in place, then feed dx and dW_head at once.
+//
+// Parameters come from the Strategy per unit (unit_params / unit_grads, inside its hooks); parameter
+// gradients accumulate (+=) so micro-batches sum; activations are overwritten.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/config.h"
+#include "core/layout.h"
+#include "kernels/backend.h"
+#include "parallel/strategy.h"
+
+namespace trainer {
+
+class Model {
+   public:
+    // Plans and allocates the activation arena for micro-batches of up to `max_batch` instances.
+    Model(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy* strategy, int max_batch);
+
+    // Forward, loss and backward of one micro-batch: `tokens` is (batch, L) on the host. Each predicted
+    // token's loss gradient is scaled by dloss_scale (1 / tokens of the global batch, so micro-batch
+    // gradients sum to the gradient of the global mean). Returns the sum of the token losses.
+    double forward_backward(const int32_t* tokens, int batch, float dloss_scale);
+    // Forward and loss only (evaluation): the sum of the token losses of (batch, L) tokens.
+    double forward_loss(const int32_t* tokens, int batch);
+
+    int max_batch() const { return max_batch_; }
+    int positions() const { return T_; }  // T = L - 1
+    size_t activation_bytes() const { return arena_.bytes(); }
+
+   private:
+    struct BlockParams;
+    BlockParams block_params(const float* base, int layer) const;
+    void upload_tokens(const int32_t* tokens, int batch);
+    void forward_blocks(int batch);
+    double head(int batch, float dloss_scale, bool backward);
+    void backward_blocks(int batch);
+    float* act(size_t offset) const { return arena_.f32() + offset; }
+
+    const TrainConfig& config_;
+    const ModelConfig& m_;
+    const ParamLayout& layout_;
+    Backend* backend_;
+    Strategy* strategy_;
+    int max_batch_, T_, C_, NH_, HS_, P_, H_, V_, L_;
+    int head_chunk_rows_;
+
+    // Arena offsets (in floats) of each activation, per layer where it is saved for backward.
+    struct Plan {
+        size_t resid, ln1, ln1_mean, ln1_rstd, qkv, att, lse, resid_mid, ln2, ln2_mean, ln2_rstd, fch, fch_act;
+    };
+    std::vector<Plan> layers_;
+    size_t resid_final_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, scratch_;
+    size_t dresid_, dln_, dqkv_, datt_, dfch_, dfch_act_;
+    DeviceBuffer arena_;
+    DeviceBuffer tokens_dev_;  // inputs (N) then targets (N), int32
+    std::vector<int32_t> tokens_host_;
+};
+
+// Initialises every parameter of a unit into `host` (unit.numel floats) as OLMo does (init_fn normal or
+// mitchell), from a counter-based generator keyed by (seed, parameter name, element): the result is
+// independent of thread count and of the order units are initialised in.
+void init_unit_params(const TrainConfig& config, const Unit& unit, float* host);
+
+}  // namespace trainer

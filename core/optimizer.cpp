@@ -1,0 +1,79 @@
+// AdamW with global-norm clipping and OLMo's schedules (see optimizer.h).
+#include "core/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/common.h"
+
+namespace trainer {
+
+double scheduled_lr(const OptimizerConfig& opt, const SchedulerConfig& sched, long step, long total_steps) {
+    const double lr = opt.learning_rate;
+    if (sched.name == "constant") return lr;
+    const long warmup = sched.t_warmup;
+    const double warmup_min = sched.warmup_min_lr ? *sched.warmup_min_lr : 0.1 * lr;
+    if (step < warmup) {
+        return warmup_min + (lr - warmup_min) * static_cast<double>(std::min(step, warmup)) / static_cast<double>(warmup);
+    }
+    if (sched.name == "inverse_sqrt_with_warmup") {
+        return lr * std::sqrt(static_cast<double>(warmup) / static_cast<double>(std::max(warmup, step)));
+    }
+    const long t_max = sched.t_max ? *sched.t_max : total_steps;
+    const double eta_min = lr * sched.alpha_f;
+    if (step >= t_max) return eta_min;
+    const double s = static_cast<double>(step - warmup);
+    const double span = static_cast<double>(t_max - warmup);
+    if (sched.name == "linear_with_warmup") return lr - (lr - eta_min) * (s / span);
+    TRAINER_CHECK(sched.name == "cosine_with_warmup", "unknown scheduler {}", sched.name);
+    return eta_min + (lr - eta_min) * (1.0 + std::cos(M_PI * s / span)) / 2.0;
+}
+
+double scheduled_max_grad_norm(const TrainConfig& config, long step) {
+    if (!config.max_grad_norm) return -1.0;
+    const auto& s = config.scheduler;
+    if (s.grad_clip_warmup_steps && step <= *s.grad_clip_warmup_steps) {
+        return *config.max_grad_norm * *s.grad_clip_warmup_factor;
+    }
+    return *config.max_grad_norm;
+}
+
+double clip_coefficient(double grad_norm, double max_norm) {
+    if (max_norm < 0.0) return 1.0;
+    return std::min(1.0, max_norm / (grad_norm + 1e-6));
+}
+
+AdamW::AdamW(const TrainConfig& config, const ParamLayout& layout, Backend* backend)
+    : config_(config), layout_(layout), backend_(backend) {}
+
+OptimizerStepResult AdamW::step(Strategy& strategy, long step, long total_steps) {
+    const std::vector<ShardView> shards = strategy.owned_shards();
+    double local_sq = 0.0;
+    for (const auto& s : shards) local_sq += backend_->squared_norm(s.grad, s.end - s.begin);
+    OptimizerStepResult r;
+    r.grad_norm = std::sqrt(strategy.all_reduce_sum(local_sq));
+    r.clip_coef = clip_coefficient(r.grad_norm, scheduled_max_grad_norm(config_, step));
+    r.lr = scheduled_lr(config_.optimizer, config_.scheduler, step, total_steps);
+    if (!std::isfinite(r.grad_norm)) {
+        user_error("step {}: the gradient norm is {} (the loss diverged); lower optimizer.learning_rate or check "
+                   "the data",
+                   step, r.grad_norm);
+    }
+    const auto& o = config_.optimizer;
+    for (const auto& s : shards) {
+        for (const DecaySegment& seg : layout_.decay_segments(s.unit)) {
+            // Intersect the parameter range with the shard: a parameter split across ranks keeps its group.
+            const size_t b = std::max(seg.begin, s.begin), e = std::min(seg.end, s.end);
+            if (b >= e) continue;
+            const size_t o0 = b - s.begin;
+            backend_->adamw_update(s.param + o0, s.grad + o0, s.exp_avg + o0, s.exp_avg_sq + o0, e - b,
+                                   static_cast<float>(r.lr), static_cast<float>(o.beta1), static_cast<float>(o.beta2),
+                                   static_cast<float>(o.eps), seg.decay ? static_cast<float>(o.weight_decay) : 0.0f,
+                                   step, static_cast<float>(r.clip_coef));
+        }
+    }
+    strategy.after_optimizer_step();
+    return r;
+}
+
+}  // namespace trainer

@@ -1,0 +1,41 @@
+// The optimizer step: global gradient norm, clipping, AdamW on the locally owned shards, and OLMo's
+// learning-rate schedules. It sees shards through the Strategy, never the strategy's kind.
+#pragma once
+
+#include "core/config.h"
+#include "core/layout.h"
+#include "kernels/backend.h"
+#include "parallel/strategy.h"
+
+namespace trainer {
+
+// Learning rate at 1-based step `step` of a run of `total_steps` (OLMo's formulas; t_max defaults to
+// total_steps; warmup rises linearly from warmup_min_lr, 0.1 x lr by default).
+double scheduled_lr(const OptimizerConfig& opt, const SchedulerConfig& sched, long step, long total_steps);
+// Clipping threshold at `step` (x grad_clip_warmup_factor while step <= grad_clip_warmup_steps), or a
+// negative number when clipping is off.
+double scheduled_max_grad_norm(const TrainConfig& config, long step);
+// Clipping coefficient min(1, max_norm / (norm + 1e-6)) (OLMo / PyTorch clip_grad_norm_).
+double clip_coefficient(double grad_norm, double max_norm);
+
+struct OptimizerStepResult {
+    double grad_norm = 0.0;  // global, before clipping
+    double clip_coef = 1.0;
+    double lr = 0.0;
+};
+
+class AdamW {
+   public:
+    AdamW(const TrainConfig& config, const ParamLayout& layout, Backend* backend);
+    // One optimizer step at 1-based `step`: the global gradient norm (sum of squares of every owned
+    // shard, all-reduced), the clipping coefficient, then AdamW on every owned shard with the decay group
+    // of each parameter range.
+    OptimizerStepResult step(Strategy& strategy, long step, long total_steps);
+
+   private:
+    const TrainConfig& config_;
+    const ParamLayout& layout_;
+    Backend* backend_;
+};
+
+}  // namespace trainer

@@ -1,0 +1,53 @@
+// The byte tokenizer and the data preparation that writes token files for the trainer.
+//
+// Byte tokenizer: token ids 0..255 are the bytes themselves; the EOS id follows each document
+// (default 256, so the vocabulary is 257). It needs no vocabulary file, which makes it the tokenizer
+// of the tests, the golden loss curve and any corpus that is not yet tokenized.
+//
+// prepare_data_bytes writes one token file from whole input files, each input file one document:
+// bytes of document 1, EOS, bytes of document 2, EOS, ... in one of the layouts TokenFile reads
+// (raw memmap, .npy version 1.0, llm.c shard). It writes OUTPUT.tmp and renames it over OUTPUT, so a
+// failure never leaves a half-written OUTPUT (an existing OUTPUT is replaced: it is regenerated).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/data.h"
+
+namespace trainer {
+
+// The byte tokenizer's EOS id and vocabulary size with that EOS.
+constexpr int kByteEosTokenId = 256;
+constexpr int kByteVocabSize = 257;
+
+// Token ids of `text`: one per byte, 0..255. No EOS is added.
+std::vector<int32_t> byte_encode(const std::string& text);
+
+// Text of `ids`: ids 0..255 become their byte, `eos_token_id` becomes "<|endoftext|>" and any other
+// id "<|N|>" (a sampled id the byte tokenizer does not know, shown rather than dropped).
+std::string byte_decode(const std::vector<int32_t>& ids, int eos_token_id = kByteEosTokenId);
+
+// What prepare_data_bytes wrote.
+struct PrepareDataSummary {
+    int64_t documents = 0;      // input files
+    int64_t tokens = 0;         // token ids written, EOS included
+    int64_t bytes_written = 0;  // size of the output file, header included
+    std::string output;         // the output path
+    std::string format;         // "raw", "npy" or "llmc"
+    TokenDtype dtype = TokenDtype::kUint16;
+
+    // One line for the log: "wrote OUT (npy, uint16): 3 documents, 1234 tokens, 2596 bytes".
+    std::string to_string() const;
+};
+
+// Tokenizes each input file with the byte tokenizer into one token file at `output`.
+// `format` is "raw", "npy" or "llmc"; llmc requires uint16 and at most INT32_MAX tokens.
+// UserError, before anything is written, when there are no inputs, an input is missing or not a
+// regular file (named), the format or EOS id is not allowed (EOS must be >= 256 and fit `dtype`);
+// UserError naming the path on any read or write failure, with OUTPUT.tmp removed.
+PrepareDataSummary prepare_data_bytes(const std::vector<std::string>& inputs, const std::string& output,
+                                      TokenDtype dtype, const std::string& format, int eos_token_id = kByteEosTokenId);
+
+}  // namespace trainer

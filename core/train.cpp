@@ -1,0 +1,296 @@
+// The step loop (see train.h). Step order (torchtitan's): zero grads -> forward/backward per micro-batch
+// -> reduce grads -> global grad norm -> clip -> AdamW on the owned shard -> LR schedule (inside step()).
+#include "core/train.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "core/checkpoint.h"
+#include "core/common.h"
+#include "core/data.h"
+#include "core/hf_names.h"
+#include "core/layout.h"
+#include "core/metrics.h"
+#include "core/model.h"
+#include "core/optimizer.h"
+#include "core/safetensors.h"
+#include "kernels/backend.h"
+#include "parallel/strategy.h"
+
+namespace trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string human_count(double x) {
+    if (x >= 1e9) return fmt::format("{:.2f}B", x / 1e9);
+    if (x >= 1e6) return fmt::format("{:.2f}M", x / 1e6);
+    if (x >= 1e3) return fmt::format("{:.1f}K", x / 1e3);
+    return fmt::format("{:.0f}", x);
+}
+
+// The strategy flags are parsed and validated now; values that need more than one rank are refused until
+// the data-parallel backend lands.
+void check_strategy_supported(const TrainConfig& c) {
+    if (c.distributed_strategy != "single") {
+        user_error("distributed_strategy \"{}\" (--strategy) needs the data-parallel backend over several ranks, "
+                   "which is not in this build yet; use --strategy single",
+                   c.distributed_strategy);
+    }
+    if (c.precision == "amp_bf16") {
+        user_error("precision \"amp_bf16\" needs the CUDA backend; on CPU use --precision fp32");
+    }
+}
+
+std::string resolve_device(const std::string& device) { return device == "auto" ? "cpu" : device; }
+
+// Mean loss of one evaluator over its batches (file order).
+double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& model, long batch) {
+    const long L = data.seq_len();
+    long batches = (data.num_instances() + batch - 1) / batch;
+    if (ev.subset_num_batches > 0) batches = std::min(batches, ev.subset_num_batches);
+    std::vector<int32_t> tokens(static_cast<size_t>(batch) * L);
+    double loss = 0.0;
+    long predicted = 0;
+    for (long b = 0; b < batches; ++b) {
+        const long first = b * batch;
+        const int n = static_cast<int>(std::min(batch, data.num_instances() - first));
+        for (int i = 0; i < n; ++i) data.read_instance(first + i, tokens.data() + static_cast<size_t>(i) * L);
+        loss += model.forward_loss(tokens.data(), n);
+        predicted += static_cast<long>(n) * (L - 1);
+    }
+    return loss / static_cast<double>(predicted);
+}
+
+class ProgressBar {
+   public:
+    ProgressBar(long total) : total_(total), enabled_(::isatty(fileno(stdout)) != 0) {}
+    void clear() {
+        if (enabled_ && drawn_) std::printf("\r\033[K");
+        drawn_ = false;
+    }
+    void draw(long step, double eta_s) {
+        if (!enabled_) return;
+        const int width = 30;
+        const int filled = static_cast<int>(width * static_cast<double>(step) / static_cast<double>(total_));
+        std::printf("\r[%.*s%*s] %ld/%ld  eta %.0fs", filled, "==============================", width - filled, "", step,
+                    total_, eta_s);
+        std::fflush(stdout);
+        drawn_ = true;
+    }
+
+   private:
+    long total_;
+    bool enabled_;
+    bool drawn_ = false;
+};
+
+}  // namespace
+
+int configure_threads(int threads) {
+    if (threads <= 0) {
+        cpu_set_t set;
+        threads = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+        if (threads <= 0) threads = 1;
+    }
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+    return threads;
+}
+
+int run_training(const TrainConfig& config) {
+    // ---- everything that can refuse the run, before any large allocation ----
+    check_strategy_supported(config);
+    const std::string device = resolve_device(config.device);
+    const ModelConfig& m = config.model;
+    const TokenDataset train_data(config.data.paths, parse_token_dtype(config.data.memmap_dtype),
+                                  m.max_sequence_length, m.vocab_size);
+    std::vector<std::unique_ptr<TokenDataset>> eval_data;
+    for (size_t i = 0; i < config.evaluators.size(); ++i) {
+        const auto& ev = config.evaluators[i];
+        eval_data.push_back(std::make_unique<TokenDataset>(
+            ev.paths, parse_token_dtype(ev.memmap_dtype, fmt::format("evaluators[{}].data.memmap_dtype", i)),
+            m.max_sequence_length, m.vocab_size, fmt::format("evaluators[{}].data.paths", i)));
+    }
+    const InstanceOrder order(train_data.num_instances(), config.global_train_batch_size, config.data.seed,
+                              config.data.shuffle);
+    const long total_steps = config.total_steps(train_data.num_instances());
+    std::optional<std::string> resume_path;
+    if (config.load_path) resume_path = resolve_checkpoint(config, *config.load_path);
+    if (config.save_folder && !resume_path && !config.save_overwrite) {
+        if (auto last = latest_checkpoint_step(*config.save_folder)) {
+            user_error("save_folder {} already holds checkpoints (newest step{}); resume with --load-path latest, "
+                       "choose another folder, or set save_overwrite=true",
+                       *config.save_folder, *last);
+        }
+    }
+    std::map<std::string, Tensor> init_tensors;
+    if (config.init_from) {
+        hf_family(m, "--init-from " + *config.init_from);
+        init_tensors = read_safetensors(*config.init_from);
+    }
+    const int threads = configure_threads(config.threads);
+    const int world = 1;
+    const long micro = config.device_train_microbatch_size;
+    const long accumulation = config.accumulation_steps(world);
+
+    // ---- build ----
+    auto backend = make_backend(device);
+    const ParamLayout layout(config);
+    auto strategy = make_single_strategy(backend.get(), layout);
+    {
+        std::vector<std::vector<float>> host(layout.num_units());
+        for (int u = 0; u < layout.num_units(); ++u) {
+            host[u].resize(layout.units()[u].numel);
+            init_unit_params(config, layout.units()[u], host[u].data());
+        }
+        if (config.init_from) from_hf_tensors(config, layout, init_tensors, *config.init_from, host);
+        init_tensors.clear();
+        for (int u = 0; u < layout.num_units(); ++u) strategy->load_full_unit_params(u, host[u].data());
+    }
+    long start_step = 0;
+    if (resume_path) {
+        const CheckpointInfo info = load_checkpoint(config, layout, backend.get(), *strategy, *resume_path);
+        start_step = info.step;
+        std::printf("resumed from %s at step %ld\n", resume_path->c_str(), start_step);
+    }
+    const long eval_batch = config.device_eval_batch_size;
+    Model model(config, layout, backend.get(), strategy.get(), static_cast<int>(std::max(micro, eval_batch)));
+    AdamW optimizer(config, layout, backend.get());
+
+    const long L = m.max_sequence_length;
+    const double fpt = flops_per_token(m, layout);
+    const PeakFlops peak = cpu_peak_flops(threads, config.peak_flops_per_device);
+    const double tokens_per_step = static_cast<double>(config.global_train_batch_size) * L;  // OLMo counts L per instance
+    const double flops_per_step = fpt * static_cast<double>(config.global_train_batch_size) * (L - 1);
+    std::printf("run %s: %s parameters (%s in matmuls) in %d units, strategy %s, device %s, %d threads\n",
+                config.run_name.c_str(), human_count(static_cast<double>(layout.total_numel())).c_str(),
+                human_count(static_cast<double>(layout.matmul_numel())).c_str(), layout.num_units(),
+                strategy->name().c_str(), backend->name().c_str(), threads);
+    std::printf("data: %ld instances of %ld tokens; %ld steps of %ld instances (micro-batch %ld x %ld accumulation)\n",
+                static_cast<long>(train_data.num_instances()), L, total_steps, config.global_train_batch_size, micro,
+                accumulation);
+    std::printf("FLOPs per token = 6N + 12*L*d*T = 6*%zu + 12*%d*%d*%ld = %.4g (N: matmul parameters, T = %ld "
+                "predicted positions)\n",
+                layout.matmul_numel(), m.n_layers, m.d_model, L - 1, fpt, L - 1);
+    std::printf("MFU peak: %.1f GFLOP/s = %s\n", peak.flops / 1e9, peak.how.c_str());
+    std::fflush(stdout);
+
+    MetricsWriter metrics(config.metrics_file, resume_path.has_value());
+    ProgressBar bar(total_steps);
+    std::vector<int64_t> global_batch, local;
+    std::vector<int32_t> tokens(static_cast<size_t>(micro) * L);
+    const float dloss_scale = static_cast<float>(1.0 / (static_cast<double>(config.global_train_batch_size) * (L - 1)));
+    double total_time = 0.0, last_loss = 0.0;
+    long timed_steps = 0;
+    const auto run_t0 = Clock::now();
+
+    auto run_evals = [&](long step, Json& record) {
+        Json all = Json::object();
+        for (size_t i = 0; i < eval_data.size(); ++i) {
+            const double v = evaluate(*eval_data[i], config.evaluators[i], model, eval_batch);
+            all[config.evaluators[i].label] = v;
+            if (i == 0) record["val_loss"] = v;
+            bar.clear();
+            std::printf("step %ld | eval %s | loss %.4f\n", step, config.evaluators[i].label.c_str(), v);
+        }
+        if (eval_data.size() > 1) record["val_losses"] = all;
+    };
+
+    for (long step = start_step + 1; step <= total_steps; ++step) {
+        const auto t0 = Clock::now();
+        order.global_batch(step - 1, global_batch);
+        InstanceOrder::rank_slice(global_batch, strategy->rank(), world, local);
+        strategy->zero_grads();
+        strategy->begin_step(static_cast<int>(accumulation));
+        double loss_sum = 0.0;
+        for (long k = 0; k < accumulation; ++k) {
+            strategy->begin_micro_batch(static_cast<int>(k));
+            for (long i = 0; i < micro; ++i) {
+                train_data.read_instance(local[k * micro + i], tokens.data() + static_cast<size_t>(i) * L);
+            }
+            loss_sum += model.forward_backward(tokens.data(), static_cast<int>(micro), dloss_scale);
+        }
+        strategy->finish_backward();
+        const double loss = strategy->all_reduce_sum(loss_sum) / (static_cast<double>(config.global_train_batch_size) * (L - 1));
+        if (!std::isfinite(loss)) user_error("step {}: the loss is {} (diverged); lower optimizer.learning_rate", step, loss);
+        const OptimizerStepResult opt = optimizer.step(*strategy, step, total_steps);
+        backend->synchronize();
+        const double dt = seconds_since(t0);
+        if (step > start_step + 1 || total_steps - start_step == 1) {  // the first step warms caches
+            total_time += dt;
+            ++timed_steps;
+        }
+        last_loss = loss;
+        const double tps = tokens_per_step / world / dt;
+        const double mfu = flops_per_step / world / dt / peak.flops;
+        Json record = {{"step", step},
+                       {"loss", loss},
+                       {"lr", opt.lr},
+                       {"grad_norm", opt.grad_norm},
+                       {"tokens_per_second_per_device", tps},
+                       {"mfu", mfu},
+                       {"step_time_ms", dt * 1e3}};
+        if (config.eval_interval > 0 && (step % config.eval_interval == 0 || step == total_steps)) {
+            run_evals(step, record);
+        }
+        if (step % config.console_log_interval == 0 || step == total_steps) {
+            bar.clear();
+            std::printf("step %ld/%ld | loss %.4f | lr %.3e | grad_norm %.4f | tok/s/dev %.0f | mfu %.1f%% | step %.1f ms\n",
+                        step, total_steps, loss, opt.lr, opt.grad_norm, tps, 100.0 * mfu, dt * 1e3);
+        }
+        metrics.write(record);
+        if (config.save_folder && ((config.save_interval > 0 && step % config.save_interval == 0) || step == total_steps)) {
+            const std::string path = save_checkpoint(config, layout, backend.get(), *strategy, step);
+            bar.clear();
+            std::printf("saved checkpoint %s\n", path.c_str());
+        }
+        bar.draw(step, (total_steps - step) * (total_time / std::max<long>(1, timed_steps)));
+        std::fflush(stdout);
+    }
+    bar.clear();
+
+    const MemorySnapshot mem = memory_snapshot();
+    Json peak_mem = Json::object();
+    for (int c = 0; c < kNumMemCategories; ++c) peak_mem[mem_category_name(static_cast<MemCategory>(c))] = mem.peak[c];
+    peak_mem["total"] = mem.total_peak;
+    peak_mem["resident"] = process_peak_resident_bytes();
+    const double mean_step = timed_steps > 0 ? total_time / timed_steps : 0.0;
+    const double tps = mean_step > 0 ? tokens_per_step / world / mean_step : 0.0;
+    const double mfu = mean_step > 0 ? flops_per_step / world / mean_step / peak.flops : 0.0;
+    Json summary = {{"event", "summary"},
+                    {"steps", total_steps - start_step},
+                    {"final_step", total_steps},
+                    {"final_loss", last_loss},
+                    {"tokens_per_second_per_device", tps},
+                    {"mfu", mfu},
+                    {"mean_step_time_ms", mean_step * 1e3},
+                    {"wall_time_s", seconds_since(run_t0)},
+                    {"flops_per_token", fpt},
+                    {"peak_flops_per_device", peak.flops},
+                    {"peak_memory_bytes", peak_mem},
+                    {"peak_memory_bytes_per_rank", Json::array({peak_mem})}};
+    metrics.write(summary);
+    if (total_steps > start_step) {
+        std::printf("done: %ld steps | final loss %.4f | %.0f tokens/s/device | MFU %.1f%% | mean step %.1f ms | peak "
+                    "memory %.1f MiB (params %.1f, grads %.1f, optimizer %.1f, activations %.1f), resident %.1f MiB\n",
+                    total_steps - start_step, last_loss, tps, 100.0 * mfu, mean_step * 1e3, mem.total_peak / 1048576.0,
+                    mem.peak[0] / 1048576.0, mem.peak[1] / 1048576.0, mem.peak[2] / 1048576.0,
+                    mem.peak[4] / 1048576.0, process_peak_resident_bytes() / 1048576.0);
+    } else {
+        std::printf("nothing to do: the checkpoint is already at step %ld of %ld\n", start_step, total_steps);
+    }
+    return 0;
+}
+
+}  // namespace trainer

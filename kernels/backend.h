@@ -1,0 +1,102 @@
+// The Backend seam: every operation the model and the optimizer need, forward and backward, on views of
+// device memory. The CPU backend (kernels/cpu) is the reference; a CUDA backend implements the same
+// interface. Ops take raw device pointers and the shape letters of kernels/cpu/ops.h (B, T, C, NH, HS,
+// H, V, N = B*T); semantics (what accumulates, what is overwritten, what may be null) are those of the
+// CPU kernels, documented there once. Every member is required unless it says otherwise.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/memory.h"
+
+namespace trainer {
+
+class Backend {
+   public:
+    virtual ~Backend() = default;
+    // "cpu" or "cuda".
+    virtual std::string name() const = 0;
+
+    // ---- memory (device memory; on the CPU backend, host memory) ----
+    // 64-byte aligned, uninitialised; throws UserError when the device is out of memory.
+    virtual void* alloc(size_t bytes) = 0;
+    virtual void free(void* ptr) = 0;
+    virtual void copy_host_to_device(void* dst, const void* src, size_t bytes) = 0;
+    virtual void copy_device_to_host(void* dst, const void* src, size_t bytes) = 0;
+    virtual void copy_device_to_device(void* dst, const void* src, size_t bytes) = 0;
+    virtual void fill_zero(void* ptr, size_t bytes) = 0;
+    // Waits for all queued work (a no-op on the CPU backend). Default: nothing to wait for.
+    virtual void synchronize() {}
+
+    // ---- forward/backward ops (float; see kernels/cpu/ops.h for each op's contract) ----
+    virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M, int K,
+                                int N) = 0;
+    virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                 const float* weight, int M, int K, int N, bool accumulate_dinp) = 0;
+    virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N,
+                                   int T, int C) = 0;
+    virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,
+                                    int C) = 0;
+    virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                   const float* bias, int N, int C, float eps) = 0;
+    virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                    const float* weight, const float* mean, const float* rstd, int N, int C) = 0;
+    virtual void rope_forward(float* qkv, int B, int T, int NH, int HS, float theta) = 0;
+    virtual void rope_backward(float* dqkv, int B, int T, int NH, int HS, float theta) = 0;
+    virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS) = 0;
+    virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                    const float* lse, int B, int T, int NH, int HS) = 0;
+    virtual void gelu_forward(float* out, const float* inp, size_t n, bool tanh_approx) = 0;
+    virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx) = 0;
+    virtual void swiglu_forward(float* out, const float* inp, int N, int H) = 0;
+    virtual void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H) = 0;
+    virtual void residual_forward(float* out, const float* a, const float* b, size_t n) = 0;
+    virtual void scale_inplace(float* x, size_t n, float s) = 0;
+    virtual void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int N, int V,
+                                             float dloss_scale, bool compute_grad) = 0;
+
+    // ---- optimizer ----
+    virtual void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+                              float beta2, float eps, float weight_decay, long step, float grad_scale) = 0;
+    // Sum of squares of x, accumulated in double; the result is returned to the host.
+    virtual double squared_norm(const float* x, size_t n) = 0;
+    // Sum of x (device) returned to the host, accumulated in double.
+    virtual double sum(const float* x, size_t n) = 0;
+
+    // ---- casts ----
+    virtual void cast_float_to_bf16(uint16_t* out, const float* in, size_t n) = 0;
+    virtual void cast_bf16_to_float(float* out, const uint16_t* in, size_t n) = 0;
+};
+
+// Builds the backend for a device name: "cpu" (always available) or "cuda". Refuses other names and a
+// device this build or machine does not have, naming it and what is available.
+std::unique_ptr<Backend> make_backend(const std::string& device);
+
+// Owning view of one device allocation, counted in the memory accounting under its category.
+class DeviceBuffer {
+   public:
+    DeviceBuffer() = default;
+    DeviceBuffer(Backend* backend, size_t bytes, MemCategory category);
+    ~DeviceBuffer();
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    DeviceBuffer(DeviceBuffer&& o) noexcept;
+    DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+
+    void* data() const { return ptr_; }
+    float* f32() const { return static_cast<float*>(ptr_); }
+    int32_t* i32() const { return static_cast<int32_t*>(ptr_); }
+    size_t bytes() const { return bytes_; }
+    void reset();
+
+   private:
+    Backend* backend_ = nullptr;
+    void* ptr_ = nullptr;
+    size_t bytes_ = 0;
+    MemCategory category_ = MemCategory::kOther;
+};
+
+}  // namespace trainer

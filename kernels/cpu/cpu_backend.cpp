@@ -1,0 +1,148 @@
+// The CPU backend: the Backend interface over the templated CPU kernels (instantiated for float) and
+// aligned host memory. Also hosts make_backend and DeviceBuffer, which are device-independent.
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/common.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/ops.h"
+
+namespace trainer {
+namespace {
+
+class CpuBackend final : public Backend {
+   public:
+    std::string name() const override { return "cpu"; }
+
+    void* alloc(size_t bytes) override {
+        const size_t rounded = (bytes + 63) / 64 * 64;
+        void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+        if (!p) user_error("out of host memory allocating {} bytes", bytes);
+        return p;
+    }
+    void free(void* ptr) override { std::free(ptr); }
+    void copy_host_to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+    void copy_device_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+    void copy_device_to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+    void fill_zero(void* ptr, size_t bytes) override { std::memset(ptr, 0, bytes); }
+
+    void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M, int K,
+                        int N) override {
+        cpu::matmul_forward(out, inp, weight, bias, M, K, N);
+    }
+    void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                         const float* weight, int M, int K, int N, bool accumulate_dinp) override {
+        cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, M, K, N, accumulate_dinp);
+    }
+    void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
+                           int C) override {
+        cpu::embedding_forward(out, tokens, wte, wpe, N, T, C);
+    }
+    void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,
+                            int C) override {
+        cpu::embedding_backward(dwte, dwpe, dout, tokens, N, T, C);
+    }
+    void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                           const float* bias, int N, int C, float eps) override {
+        cpu::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
+    }
+    void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                            const float* weight, const float* mean, const float* rstd, int N, int C) override {
+        cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    }
+    void rope_forward(float* qkv, int B, int T, int NH, int HS, float theta) override {
+        cpu::rope_forward(qkv, B, T, NH, HS, theta);
+    }
+    void rope_backward(float* dqkv, int B, int T, int NH, int HS, float theta) override {
+        cpu::rope_backward(dqkv, B, T, NH, HS, theta);
+    }
+    void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS) override {
+        cpu::attention_forward(out, lse, qkv, B, T, NH, HS);
+    }
+    void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                            int B, int T, int NH, int HS) override {
+        cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS);
+    }
+    void gelu_forward(float* out, const float* inp, size_t n, bool tanh_approx) override {
+        cpu::gelu_forward(out, inp, n, tanh_approx);
+    }
+    void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx) override {
+        cpu::gelu_backward(dinp, inp, dout, n, tanh_approx);
+    }
+    void swiglu_forward(float* out, const float* inp, int N, int H) override { cpu::swiglu_forward(out, inp, N, H); }
+    void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H) override {
+        cpu::swiglu_backward(dinp, inp, dout, N, H);
+    }
+    void residual_forward(float* out, const float* a, const float* b, size_t n) override {
+        cpu::residual_forward(out, a, b, n);
+    }
+    void scale_inplace(float* x, size_t n, float s) override { cpu::scale_inplace(x, n, s); }
+    void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int N, int V,
+                                     float dloss_scale, bool compute_grad) override {
+        cpu::classifier_forward_backward(logits, losses, targets, N, V, dloss_scale, compute_grad);
+    }
+    void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+                      float beta2, float eps, float weight_decay, long step, float grad_scale) override {
+        cpu::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+    }
+    double squared_norm(const float* x, size_t n) override { return cpu::squared_norm(x, n); }
+    double sum(const float* x, size_t n) override {
+        double s = 0.0;
+        for (size_t i = 0; i < n; ++i) s += x[i];
+        return s;
+    }
+    void cast_float_to_bf16(uint16_t* out, const float* in, size_t n) override { cpu::cast_float_to_bf16(out, in, n); }
+    void cast_bf16_to_float(float* out, const uint16_t* in, size_t n) override { cpu::cast_bf16_to_float(out, in, n); }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend(const std::string& device) {
+    if (device == "cpu") return std::make_unique<CpuBackend>();
+    if (device == "cuda") {
+        user_error("device \"cuda\": this build has no CUDA backend yet (it lands with the CUDA backend issue); "
+                   "use --device cpu");
+    }
+    user_error("device \"{}\": expected cpu, cuda or auto", device);
+}
+
+DeviceBuffer::DeviceBuffer(Backend* backend, size_t bytes, MemCategory category)
+    : backend_(backend), ptr_(backend->alloc(bytes)), bytes_(bytes), category_(category) {
+    memory_record_alloc(category_, static_cast<int64_t>(bytes_));
+}
+
+DeviceBuffer::~DeviceBuffer() { reset(); }
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : backend_(o.backend_), ptr_(o.ptr_), bytes_(o.bytes_), category_(o.category_) {
+    o.backend_ = nullptr;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+        reset();
+        backend_ = o.backend_;
+        ptr_ = o.ptr_;
+        bytes_ = o.bytes_;
+        category_ = o.category_;
+        o.backend_ = nullptr;
+        o.ptr_ = nullptr;
+        o.bytes_ = 0;
+    }
+    return *this;
+}
+
+void DeviceBuffer::reset() {
+    if (ptr_) {
+        backend_->free(ptr_);
+        memory_record_free(category_, static_cast<int64_t>(bytes_));
+    }
+    backend_ = nullptr;
+    ptr_ = nullptr;
+    bytes_ = 0;
+}
+
+}  // namespace trainer

@@ -1,0 +1,78 @@
+// The Strategy seam: owns where parameters, gradients and optimizer state live, and moves them around
+// the model's compute through per-unit hooks. The model and the optimizer never ask which strategy runs.
+//
+// Hook order for one optimizer step (torchtitan's):
+//   zero_grads(); begin_step(k)
+//   for each of the k micro-batches: begin_micro_batch(i)
+//     forward:  before_forward(u) ... after_forward(u) for u = embedding, blocks, head
+//     backward: before_backward(u) ... after_backward(u) for u = head, blocks reversed, embedding
+//   finish_backward()   (every gradient reduction complete)
+//   optimizer over owned_shards(); after_optimizer_step()
+// A tied LM head reads the embedding's parameters and accumulates into its gradients: the model then
+// calls before_forward/after_forward(embedding) around the head's forward and before_backward(embedding)
+// at the head's backward; the embedding's after_backward comes at the very end, as usual.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/layout.h"
+#include "kernels/backend.h"
+
+namespace trainer {
+
+// The part of one unit this rank updates: elements [begin, end) of the unit's flat buffer, with the
+// matching gradient and AdamW moments (all device pointers to element `begin`).
+struct ShardView {
+    int unit = 0;
+    size_t begin = 0, end = 0;
+    float* param = nullptr;
+    float* grad = nullptr;
+    float* exp_avg = nullptr;
+    float* exp_avg_sq = nullptr;
+};
+
+class Strategy {
+   public:
+    virtual ~Strategy() = default;
+    // Short name for logs ("single", "ddp", "fsdp FULL_SHARD").
+    virtual std::string name() const = 0;
+    virtual int rank() const { return 0; }
+    virtual int world_size() const { return 1; }
+
+    // Full parameters of unit u (device), valid between before_forward(u) and after_forward(u) and between
+    // before_backward(u) and after_backward(u).
+    virtual float* unit_params(int u) = 0;
+    // Full gradient buffer of unit u (device), valid between before_backward(u) and after_backward(u);
+    // backward kernels accumulate into it.
+    virtual float* unit_grads(int u) = 0;
+
+    // Hooks (see the order above). Default: nothing to do (a full replica on one process).
+    virtual void begin_step(int num_micro_batches) { (void)num_micro_batches; }
+    virtual void begin_micro_batch(int index) { (void)index; }
+    virtual void before_forward(int u) { (void)u; }
+    virtual void after_forward(int u) { (void)u; }
+    virtual void before_backward(int u) { (void)u; }
+    virtual void after_backward(int u) { (void)u; }
+    virtual void finish_backward() {}
+    virtual void after_optimizer_step() {}
+
+    // Zeroes the gradients this rank accumulates into.
+    virtual void zero_grads() = 0;
+    // The shards this rank's optimizer updates, one per unit.
+    virtual std::vector<ShardView> owned_shards() = 0;
+    // Sum of a host scalar over all ranks (grad-norm squares, loss sums). Default: one rank.
+    virtual double all_reduce_sum(double x) { return x; }
+
+    // Checkpoint and initialisation: copy a full unit's parameters from the host into this rank's storage,
+    // and read this rank's view of a full unit back to the host (all ranks see the full unit).
+    virtual void load_full_unit_params(int u, const float* host) = 0;
+    virtual void read_full_unit_params(int u, float* host) = 0;
+};
+
+// The single-process strategy: one replica owns full parameters, gradients and optimizer state.
+std::unique_ptr<Strategy> make_single_strategy(Backend* backend, const ParamLayout& layout);
+
+}  // namespace trainer

@@ -1,0 +1,16 @@
+# Registers each TEST_CASE of a Catch2 v2 executable as its own CTest test, read from the sources
+# at configure time (Catch2 v2's ParseAndAddCatchTests is deprecated and not shipped by Debian).
+function(trainer_discover_catch_tests target)
+  get_target_property(sources ${target} SOURCES)
+  foreach(src ${sources})
+    get_filename_component(abs ${src} ABSOLUTE BASE_DIR ${CMAKE_CURRENT_SOURCE_DIR})
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${abs})
+    file(STRINGS ${abs} lines REGEX "^TEST_CASE\\(\"")
+    foreach(line ${lines})
+      string(REGEX MATCH "^TEST_CASE\\(\"([^\"]+)\"" _ ${line})
+      set(name ${CMAKE_MATCH_1})
+      add_test(NAME "${name}" COMMAND ${target} "${name}")
+      set_tests_properties("${name}" PROPERTIES TIMEOUT 300)
+    endforeach()
+  endforeach()
+endfunction()
