@@ -37,8 +37,9 @@ void set_from_flag(Json& doc, const std::string& flag, const std::string& key, c
 }
 
 int run_main(int argc, char** argv) {
-    CLI::App app{"trainer: decoder-only language model trainer (OLMo / GPT-2 shapes) with pluggable data-parallel "
-                 "strategies. Training is the default action."};
+    CLI::App app{
+        "trainer: decoder-only language model trainer (OLMo / GPT-2 shapes) with pluggable data-parallel "
+        "strategies. Training is the default action."};
     app.set_help_all_flag("--help-all", "help for every subcommand");
 
     std::string config_path;
@@ -51,13 +52,15 @@ int run_main(int argc, char** argv) {
     app.add_option("--data", data_paths, "token files (config: data.paths)");
     app.add_option("--save-folder", save_folder, "checkpoint folder (config: save_folder)");
     app.add_option("--load-path", load_path, "resume from a checkpoint folder or \"latest\" (config: load_path)");
-    app.add_option("--init-from", init_from, "initial weights, safetensors with Hugging Face names (config: init_from)");
+    app.add_option("--init-from", init_from,
+                   "initial weights, safetensors with Hugging Face names (config: init_from)");
     app.add_option("--metrics-file", metrics_file, "JSON lines of per-step metrics (config: metrics_file)");
     app.add_option("--seed", seed, "run seed (config: seed)");
     app.add_option("--max-duration", max_duration, "steps, tokens (2e9T) or epochs (1ep) (config: max_duration)");
     app.add_option("--threads", threads, "compute threads, 0 = one per core (config: threads)");
     app.add_option("--strategy", strategy, "single | ddp | fsdp (config: distributed_strategy)");
-    app.add_option("--sharding-strategy", sharding, "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD (config: fsdp.sharding_strategy)");
+    app.add_option("--sharding-strategy", sharding,
+                   "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD (config: fsdp.sharding_strategy)");
     app.add_option("--wrapping-strategy", wrapping, "FSDP wrap policy, OLMo's names (config: fsdp.wrapping_strategy)");
     app.add_option("--precision", precision, "fp32 | amp_bf16 (config: precision)");
 
@@ -98,8 +101,8 @@ int run_main(int argc, char** argv) {
     }
 
     if (*prep) {
-        const auto summary = trainer::prepare_data_bytes(inputs, out_path, trainer::parse_token_dtype(dtype, "--dtype"),
-                                                         format, eos);
+        const auto summary =
+            trainer::prepare_data_bytes(inputs, out_path, trainer::parse_token_dtype(dtype, "--dtype"), format, eos);
         std::printf("%s\n", summary.to_string().c_str());
         return 0;
     }
@@ -112,8 +115,9 @@ int run_main(int argc, char** argv) {
         std::vector<trainer::TensorRef> refs;
         for (const auto& [name, t] : tensors) refs.push_back({name, t.shape, t.data.data()});
         const std::string family = trainer::hf_family(config.model, "export");
-        trainer::write_safetensors(export_out, refs,
-                                   {{"format", "pt"}, {"architecture", family == "gpt2" ? "GPT2LMHeadModel" : "OlmoForCausalLM"}});
+        trainer::write_safetensors(
+            export_out, refs,
+            {{"format", "pt"}, {"architecture", family == "gpt2" ? "GPT2LMHeadModel" : "OlmoForCausalLM"}});
         std::printf("%s: %zu tensors (%s names)\n", export_out.c_str(), refs.size(),
                     family == "gpt2" ? "GPT2LMHeadModel" : "OlmoForCausalLM");
         return 0;
@@ -126,8 +130,9 @@ int run_main(int argc, char** argv) {
         const int n = trainer::configure_threads(peak_threads);
         const double measured = trainer::measure_fma_peak(n, peak_seconds);
         const auto detected = trainer::cpu_peak_flops(n, std::nullopt);
-        std::printf("{\"threads\": %d, \"measured_fma_flops\": %.4g, \"detected_flops\": %.4g, \"detected_how\": \"%s\"}\n",
-                    n, measured, detected.flops, detected.how.c_str());
+        std::printf(
+            "{\"threads\": %d, \"measured_fma_flops\": %.4g, \"detected_flops\": %.4g, \"detected_how\": \"%s\"}\n", n,
+            measured, detected.flops, detected.how.c_str());
         return 0;
     }
 

@@ -167,9 +167,10 @@ Json verified_metadata(const std::string& path) {
         uint64_t bytes = 0;
         const std::string sum = checksum_file(file, &bytes);
         if (bytes != info["bytes"].get<uint64_t>() || sum != info["checksum"].get<std::string>()) {
-            user_error("checkpoint {}: file {} fails its checksum ({} bytes, checksum {}; metadata says {} bytes, {}); "
-                       "the checkpoint is corrupt",
-                       path, name, bytes, sum, info["bytes"].get<uint64_t>(), info["checksum"].get<std::string>());
+            user_error(
+                "checkpoint {}: file {} fails its checksum ({} bytes, checksum {}; metadata says {} bytes, {}); "
+                "the checkpoint is corrupt",
+                path, name, bytes, sum, info["bytes"].get<uint64_t>(), info["checksum"].get<std::string>());
         }
     }
     return meta;
@@ -325,11 +326,13 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
     check_model_matches(meta["config"], config, path);
     const Json& data = meta["data"];
     if (data["global_train_batch_size"].get<long>() != config.global_train_batch_size ||
-        data["seed"].get<unsigned long long>() != config.data.seed || data["shuffle"].get<bool>() != config.data.shuffle) {
-        user_error("checkpoint {}: written with global_train_batch_size {}, data.seed {}, data.shuffle {}; this run "
-                   "has {}, {}, {}: the data stream would not continue where it stopped",
-                   path, data["global_train_batch_size"].get<long>(), data["seed"].get<unsigned long long>(),
-                   data["shuffle"].get<bool>(), config.global_train_batch_size, config.data.seed, config.data.shuffle);
+        data["seed"].get<unsigned long long>() != config.data.seed ||
+        data["shuffle"].get<bool>() != config.data.shuffle) {
+        user_error(
+            "checkpoint {}: written with global_train_batch_size {}, data.seed {}, data.shuffle {}; this run "
+            "has {}, {}, {}: the data stream would not continue where it stopped",
+            path, data["global_train_batch_size"].get<long>(), data["seed"].get<unsigned long long>(),
+            data["shuffle"].get<bool>(), config.global_train_batch_size, config.data.seed, config.data.shuffle);
     }
     if (meta["units"].size() != layout.units().size()) {
         user_error("checkpoint {}: {} units, but this model has {}", path, meta["units"].size(), layout.units().size());

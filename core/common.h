@@ -36,10 +36,10 @@ template <typename... Args>
 
 }  // namespace trainer
 
-#define TRAINER_CHECK(cond, ...)                                                                           \
-    do {                                                                                                   \
-        if (!(cond)) {                                                                                     \
-            throw ::trainer::InternalError(fmt::format("internal error at {}:{}: check `{}` failed: {}",    \
-                                                       __FILE__, __LINE__, #cond, fmt::format(__VA_ARGS__))); \
-        }                                                                                                  \
+#define TRAINER_CHECK(cond, ...)                                                                                   \
+    do {                                                                                                           \
+        if (!(cond)) {                                                                                             \
+            throw ::trainer::InternalError(fmt::format("internal error at {}:{}: check `{}` failed: {}", __FILE__, \
+                                                       __LINE__, #cond, fmt::format(__VA_ARGS__)));                \
+        }                                                                                                          \
     } while (0)

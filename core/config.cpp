@@ -33,90 +33,485 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 const std::vector<KeySpec>& schema() {
     static const std::vector<KeySpec> keys = {
         {"run_name", KeyType::kString, "run", false, {}, -kInf, kInf, "name of the run, used in logs"},
-        {"seed", KeyType::kInt, 6198, false, {}, 0, 9.2e18, "seed of the initialisation (and the data order unless data.seed is set)"},
+        {"seed",
+         KeyType::kInt,
+         6198,
+         false,
+         {},
+         0,
+         9.2e18,
+         "seed of the initialisation (and the data order unless data.seed is set)"},
         {"model.d_model", KeyType::kInt, nullptr, false, {}, 1, 1 << 20, "model width C (required)"},
-        {"model.n_heads", KeyType::kInt, nullptr, false, {}, 1, 4096, "attention heads; must divide d_model (required)"},
+        {"model.n_heads",
+         KeyType::kInt,
+         nullptr,
+         false,
+         {},
+         1,
+         4096,
+         "attention heads; must divide d_model (required)"},
         {"model.n_layers", KeyType::kInt, nullptr, false, {}, 1, 4096, "transformer blocks (required)"},
-        {"model.mlp_ratio", KeyType::kInt, 4, false, {}, 1, 1024, "ff_proj width = mlp_ratio * d_model unless mlp_hidden_size is set"},
-        {"model.mlp_hidden_size", KeyType::kInt, nullptr, true, {}, 1, 1 << 24, "ff_proj output width (before SwiGLU halves it); null: mlp_ratio * d_model"},
-        {"model.activation_type", KeyType::kString, "swiglu", false, {"swiglu", "gelu", "gelu_tanh"}, -kInf, kInf, "MLP activation: swiglu (silu(gate) * x, x = first half), gelu (erf), gelu_tanh (GPT-2)"},
-        {"model.rope", KeyType::kBool, false, false, {}, -kInf, kInf, "rotary position embeddings; false: learned positional embedding (wpe)"},
+        {"model.mlp_ratio",
+         KeyType::kInt,
+         4,
+         false,
+         {},
+         1,
+         1024,
+         "ff_proj width = mlp_ratio * d_model unless mlp_hidden_size is set"},
+        {"model.mlp_hidden_size",
+         KeyType::kInt,
+         nullptr,
+         true,
+         {},
+         1,
+         1 << 24,
+         "ff_proj output width (before SwiGLU halves it); null: mlp_ratio * d_model"},
+        {"model.activation_type",
+         KeyType::kString,
+         "swiglu",
+         false,
+         {"swiglu", "gelu", "gelu_tanh"},
+         -kInf,
+         kInf,
+         "MLP activation: swiglu (silu(gate) * x, x = first half), gelu (erf), gelu_tanh (GPT-2)"},
+        {"model.rope",
+         KeyType::kBool,
+         false,
+         false,
+         {},
+         -kInf,
+         kInf,
+         "rotary position embeddings; false: learned positional embedding (wpe)"},
         {"model.rope_theta", KeyType::kFloat, 10000.0, false, {}, 1, kInf, "RoPE base"},
-        {"model.layer_norm_type", KeyType::kString, "default", false, {"default", "low_precision", "rms"}, -kInf, kInf, "LayerNorm flavour (low_precision equals default in fp32; rms is refused for now)"},
-        {"model.layer_norm_with_affine", KeyType::kBool, false, false, {}, -kInf, kInf, "LayerNorm has a weight (and a bias if bias_for_layer_norm)"},
-        {"model.bias_for_layer_norm", KeyType::kBool, nullptr, true, {}, -kInf, kInf, "LayerNorm bias (with affine); null: same as include_bias"},
-        {"model.include_bias", KeyType::kBool, false, false, {}, -kInf, kInf, "biases in every Linear (att_proj, attn_out, ff_proj, ff_out, LM head)"},
+        {"model.layer_norm_type",
+         KeyType::kString,
+         "default",
+         false,
+         {"default", "low_precision", "rms"},
+         -kInf,
+         kInf,
+         "LayerNorm flavour (low_precision equals default in fp32; rms is refused for now)"},
+        {"model.layer_norm_with_affine",
+         KeyType::kBool,
+         false,
+         false,
+         {},
+         -kInf,
+         kInf,
+         "LayerNorm has a weight (and a bias if bias_for_layer_norm)"},
+        {"model.bias_for_layer_norm",
+         KeyType::kBool,
+         nullptr,
+         true,
+         {},
+         -kInf,
+         kInf,
+         "LayerNorm bias (with affine); null: same as include_bias"},
+        {"model.include_bias",
+         KeyType::kBool,
+         false,
+         false,
+         {},
+         -kInf,
+         kInf,
+         "biases in every Linear (att_proj, attn_out, ff_proj, ff_out, LM head)"},
         {"model.weight_tying", KeyType::kBool, true, false, {}, -kInf, kInf, "LM head shares the token embedding"},
-        {"model.vocab_size", KeyType::kInt, nullptr, false, {}, 1, 1 << 28, "tokenizer vocabulary; every token id must be below it (required)"},
-        {"model.embedding_size", KeyType::kInt, nullptr, true, {}, 1, 1 << 28, "embedding rows, >= vocab_size (padded for speed); null: vocab_size"},
-        {"model.max_sequence_length", KeyType::kInt, nullptr, false, {}, 2, 1 << 20, "tokens per instance L (L-1 predictions) (required)"},
-        {"model.init_fn", KeyType::kString, "normal", false, {"normal", "mitchell"}, -kInf, kInf, "initialisation (OLMo's): normal(init_std) or mitchell (1/sqrt(fan_in), outputs /sqrt(2(layer+1)), +-3 sigma)"},
+        {"model.vocab_size",
+         KeyType::kInt,
+         nullptr,
+         false,
+         {},
+         1,
+         1 << 28,
+         "tokenizer vocabulary; every token id must be below it (required)"},
+        {"model.embedding_size",
+         KeyType::kInt,
+         nullptr,
+         true,
+         {},
+         1,
+         1 << 28,
+         "embedding rows, >= vocab_size (padded for speed); null: vocab_size"},
+        {"model.max_sequence_length",
+         KeyType::kInt,
+         nullptr,
+         false,
+         {},
+         2,
+         1 << 20,
+         "tokens per instance L (L-1 predictions) (required)"},
+        {"model.init_fn",
+         KeyType::kString,
+         "normal",
+         false,
+         {"normal", "mitchell"},
+         -kInf,
+         kInf,
+         "initialisation (OLMo's): normal(init_std) or mitchell (1/sqrt(fan_in), outputs /sqrt(2(layer+1)), +-3 "
+         "sigma)"},
         {"model.init_std", KeyType::kFloat, 0.02, false, {}, 0, kInf, "standard deviation of init_fn normal"},
-        {"model.init_cutoff_factor", KeyType::kFloat, nullptr, true, {}, 0, kInf, "normal init truncated at +-factor * std; null: not truncated"},
+        {"model.init_cutoff_factor",
+         KeyType::kFloat,
+         nullptr,
+         true,
+         {},
+         0,
+         kInf,
+         "normal init truncated at +-factor * std; null: not truncated"},
         {"model.eos_token_id", KeyType::kInt, 0, false, {}, 0, 1 << 28, "end-of-document token id"},
         {"model.pad_token_id", KeyType::kInt, 1, false, {}, 0, 1 << 28, "padding token id (recorded for export)"},
         {"optimizer.name", KeyType::kString, "adamw", false, {"adamw"}, -kInf, kInf, "optimizer"},
         {"optimizer.learning_rate", KeyType::kFloat, 4e-4, false, {}, 0, kInf, "peak learning rate"},
-        {"optimizer.betas", KeyType::kFloatPair, Json::array({0.9, 0.95}), false, {}, 0, 1, "AdamW (beta1, beta2), each in [0, 1)"},
+        {"optimizer.betas",
+         KeyType::kFloatPair,
+         Json::array({0.9, 0.95}),
+         false,
+         {},
+         0,
+         1,
+         "AdamW (beta1, beta2), each in [0, 1)"},
         {"optimizer.eps", KeyType::kFloat, 1e-5, false, {}, 0, kInf, "AdamW epsilon"},
-        {"optimizer.weight_decay", KeyType::kFloat, 0.0, false, {}, 0, kInf, "decoupled weight decay (applied to Linear weights, see decay_*)"},
-        {"optimizer.decay_norm_and_bias", KeyType::kBool, false, false, {}, -kInf, kInf, "also decay LayerNorm weights and all biases"},
-        {"optimizer.decay_embeddings", KeyType::kBool, false, false, {}, -kInf, kInf, "also decay the token and position embeddings"},
-        {"scheduler.name", KeyType::kString, "cosine_with_warmup", false, {"constant", "linear_with_warmup", "cosine_with_warmup", "inverse_sqrt_with_warmup"}, -kInf, kInf, "learning-rate schedule (OLMo's formulas)"},
-        {"scheduler.t_warmup", KeyType::kInt, 0, false, {}, 0, 9e18, "warmup steps (linear from warmup_min_lr to learning_rate)"},
-        {"scheduler.t_max", KeyType::kInt, nullptr, true, {}, 1, 9e18, "steps of the decay; null: the run's total steps"},
-        {"scheduler.alpha_f", KeyType::kFloat, 0.1, false, {}, 0, 1, "final learning rate as a fraction of learning_rate"},
-        {"scheduler.warmup_min_lr", KeyType::kFloat, nullptr, true, {}, 0, kInf, "learning rate at step 0 of warmup; null: 0.1 * learning_rate"},
-        {"scheduler.grad_clip_warmup_steps", KeyType::kInt, nullptr, true, {}, 0, 9e18, "steps during which max_grad_norm is multiplied by grad_clip_warmup_factor"},
-        {"scheduler.grad_clip_warmup_factor", KeyType::kFloat, nullptr, true, {}, 0, kInf, "factor on max_grad_norm during the clip warmup"},
-        {"max_grad_norm", KeyType::kFloat, 1.0, true, {}, 0, kInf, "global gradient-norm clipping threshold; null: no clipping"},
-        {"global_train_batch_size", KeyType::kInt, nullptr, false, {}, 1, 1e12, "instances per optimizer step, all ranks together (required)"},
-        {"device_train_microbatch_size", KeyType::kInt, nullptr, false, {}, 1, 1e9, "instances per forward/backward on one rank (required)"},
-        {"device_eval_batch_size", KeyType::kInt, nullptr, true, {}, 1, 1e9, "instances per evaluation forward; null: device_train_microbatch_size"},
-        {"max_duration", KeyType::kDuration, nullptr, false, {}, -kInf, kInf, "length of the run: steps (1000), tokens (\"2e12T\") or epochs (\"1ep\") (required)"},
-        {"data.paths", KeyType::kStringList, nullptr, false, {}, -kInf, kInf, "token files (raw uint16/uint32, .npy, llm.c .bin), concatenated in order (required)"},
-        {"data.memmap_dtype", KeyType::kString, "uint16", false, {"uint16", "uint32"}, -kInf, kInf, "token type of raw files without a header"},
-        {"data.shuffle", KeyType::kBool, true, false, {}, -kInf, kInf, "seeded permutation of instances per epoch; false: file order"},
+        {"optimizer.weight_decay",
+         KeyType::kFloat,
+         0.0,
+         false,
+         {},
+         0,
+         kInf,
+         "decoupled weight decay (applied to Linear weights, see decay_*)"},
+        {"optimizer.decay_norm_and_bias",
+         KeyType::kBool,
+         false,
+         false,
+         {},
+         -kInf,
+         kInf,
+         "also decay LayerNorm weights and all biases"},
+        {"optimizer.decay_embeddings",
+         KeyType::kBool,
+         false,
+         false,
+         {},
+         -kInf,
+         kInf,
+         "also decay the token and position embeddings"},
+        {"scheduler.name",
+         KeyType::kString,
+         "cosine_with_warmup",
+         false,
+         {"constant", "linear_with_warmup", "cosine_with_warmup", "inverse_sqrt_with_warmup"},
+         -kInf,
+         kInf,
+         "learning-rate schedule (OLMo's formulas)"},
+        {"scheduler.t_warmup",
+         KeyType::kInt,
+         0,
+         false,
+         {},
+         0,
+         9e18,
+         "warmup steps (linear from warmup_min_lr to learning_rate)"},
+        {"scheduler.t_max",
+         KeyType::kInt,
+         nullptr,
+         true,
+         {},
+         1,
+         9e18,
+         "steps of the decay; null: the run's total steps"},
+        {"scheduler.alpha_f",
+         KeyType::kFloat,
+         0.1,
+         false,
+         {},
+         0,
+         1,
+         "final learning rate as a fraction of learning_rate"},
+        {"scheduler.warmup_min_lr",
+         KeyType::kFloat,
+         nullptr,
+         true,
+         {},
+         0,
+         kInf,
+         "learning rate at step 0 of warmup; null: 0.1 * learning_rate"},
+        {"scheduler.grad_clip_warmup_steps",
+         KeyType::kInt,
+         nullptr,
+         true,
+         {},
+         0,
+         9e18,
+         "steps during which max_grad_norm is multiplied by grad_clip_warmup_factor"},
+        {"scheduler.grad_clip_warmup_factor",
+         KeyType::kFloat,
+         nullptr,
+         true,
+         {},
+         0,
+         kInf,
+         "factor on max_grad_norm during the clip warmup"},
+        {"max_grad_norm",
+         KeyType::kFloat,
+         1.0,
+         true,
+         {},
+         0,
+         kInf,
+         "global gradient-norm clipping threshold; null: no clipping"},
+        {"global_train_batch_size",
+         KeyType::kInt,
+         nullptr,
+         false,
+         {},
+         1,
+         1e12,
+         "instances per optimizer step, all ranks together (required)"},
+        {"device_train_microbatch_size",
+         KeyType::kInt,
+         nullptr,
+         false,
+         {},
+         1,
+         1e9,
+         "instances per forward/backward on one rank (required)"},
+        {"device_eval_batch_size",
+         KeyType::kInt,
+         nullptr,
+         true,
+         {},
+         1,
+         1e9,
+         "instances per evaluation forward; null: device_train_microbatch_size"},
+        {"max_duration",
+         KeyType::kDuration,
+         nullptr,
+         false,
+         {},
+         -kInf,
+         kInf,
+         "length of the run: steps (1000), tokens (\"2e12T\") or epochs (\"1ep\") (required)"},
+        {"data.paths",
+         KeyType::kStringList,
+         nullptr,
+         false,
+         {},
+         -kInf,
+         kInf,
+         "token files (raw uint16/uint32, .npy, llm.c .bin), concatenated in order (required)"},
+        {"data.memmap_dtype",
+         KeyType::kString,
+         "uint16",
+         false,
+         {"uint16", "uint32"},
+         -kInf,
+         kInf,
+         "token type of raw files without a header"},
+        {"data.shuffle",
+         KeyType::kBool,
+         true,
+         false,
+         {},
+         -kInf,
+         kInf,
+         "seeded permutation of instances per epoch; false: file order"},
         {"data.seed", KeyType::kInt, nullptr, true, {}, 0, 9.2e18, "seed of the data order; null: the run's seed"},
-        {"evaluators", KeyType::kObjectList, Json::array(), false, {}, -kInf, kInf, "validation sets, each {label, data: {paths, memmap_dtype}, subset_num_batches}"},
+        {"evaluators",
+         KeyType::kObjectList,
+         Json::array(),
+         false,
+         {},
+         -kInf,
+         kInf,
+         "validation sets, each {label, data: {paths, memmap_dtype}, subset_num_batches}"},
         {"evaluators[].label", KeyType::kString, "val", false, {}, -kInf, kInf, "name of the validation set in logs"},
-        {"evaluators[].data.paths", KeyType::kStringList, nullptr, false, {}, -kInf, kInf, "validation token files (required in each evaluator)"},
-        {"evaluators[].data.memmap_dtype", KeyType::kString, "uint16", false, {"uint16", "uint32"}, -kInf, kInf, "token type of raw validation files"},
-        {"evaluators[].subset_num_batches", KeyType::kInt, -1, false, {}, -1, 1e12, "evaluate this many batches; -1: all"},
-        {"eval_interval", KeyType::kInt, 0, false, {}, 0, 9e18, "evaluate every N steps (and after the last); 0: never"},
+        {"evaluators[].data.paths",
+         KeyType::kStringList,
+         nullptr,
+         false,
+         {},
+         -kInf,
+         kInf,
+         "validation token files (required in each evaluator)"},
+        {"evaluators[].data.memmap_dtype",
+         KeyType::kString,
+         "uint16",
+         false,
+         {"uint16", "uint32"},
+         -kInf,
+         kInf,
+         "token type of raw validation files"},
+        {"evaluators[].subset_num_batches",
+         KeyType::kInt,
+         -1,
+         false,
+         {},
+         -1,
+         1e12,
+         "evaluate this many batches; -1: all"},
+        {"eval_interval",
+         KeyType::kInt,
+         0,
+         false,
+         {},
+         0,
+         9e18,
+         "evaluate every N steps (and after the last); 0: never"},
         {"save_folder", KeyType::kString, nullptr, true, {}, -kInf, kInf, "folder of checkpoints step<N>/ (created)"},
-        {"save_interval", KeyType::kInt, 0, false, {}, 0, 9e18, "checkpoint every N steps; 0: only at the end (when save_folder is set)"},
-        {"save_overwrite", KeyType::kBool, false, false, {}, -kInf, kInf, "allow a fresh run to write into a save_folder that already holds checkpoints"},
-        {"save_num_checkpoints_to_keep", KeyType::kInt, -1, false, {}, -1, 9e18, "keep the newest N checkpoints; -1: all"},
-        {"load_path", KeyType::kString, nullptr, true, {}, -kInf, kInf, "resume from this checkpoint folder, or \"latest\" in save_folder"},
-        {"init_from", KeyType::kString, nullptr, true, {}, -kInf, kInf, "initial weights: a safetensors file with Hugging Face names (GPT2LMHeadModel / OlmoForCausalLM)"},
-        {"metrics_file", KeyType::kString, nullptr, true, {}, -kInf, kInf, "write one JSON object per step here (and a final summary)"},
+        {"save_interval",
+         KeyType::kInt,
+         0,
+         false,
+         {},
+         0,
+         9e18,
+         "checkpoint every N steps; 0: only at the end (when save_folder is set)"},
+        {"save_overwrite",
+         KeyType::kBool,
+         false,
+         false,
+         {},
+         -kInf,
+         kInf,
+         "allow a fresh run to write into a save_folder that already holds checkpoints"},
+        {"save_num_checkpoints_to_keep",
+         KeyType::kInt,
+         -1,
+         false,
+         {},
+         -1,
+         9e18,
+         "keep the newest N checkpoints; -1: all"},
+        {"load_path",
+         KeyType::kString,
+         nullptr,
+         true,
+         {},
+         -kInf,
+         kInf,
+         "resume from this checkpoint folder, or \"latest\" in save_folder"},
+        {"init_from",
+         KeyType::kString,
+         nullptr,
+         true,
+         {},
+         -kInf,
+         kInf,
+         "initial weights: a safetensors file with Hugging Face names (GPT2LMHeadModel / OlmoForCausalLM)"},
+        {"metrics_file",
+         KeyType::kString,
+         nullptr,
+         true,
+         {},
+         -kInf,
+         kInf,
+         "write one JSON object per step here (and a final summary)"},
         {"console_log_interval", KeyType::kInt, 1, false, {}, 1, 9e18, "print a console line every N steps"},
-        {"device", KeyType::kString, "auto", false, {"auto", "cpu", "cuda"}, -kInf, kInf, "where to train: auto picks cuda when a GPU is present"},
-        {"precision", KeyType::kString, "fp32", false, {"fp32", "amp_bf16"}, -kInf, kInf, "compute precision (amp_bf16 needs the CUDA backend)"},
-        {"distributed_strategy", KeyType::kString, "single", false, {"single", "ddp", "fsdp"}, -kInf, kInf, "data-parallel strategy (single: one process owns full parameters)"},
-        {"fsdp.sharding_strategy", KeyType::kString, "FULL_SHARD", false, {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}, -kInf, kInf, "FSDP sharding (PyTorch's names)"},
-        {"fsdp.wrapping_strategy", KeyType::kString, nullptr, true, {"by_block", "by_block_and_size", "by_block_group", "by_block_group_and_size", "size_based", "one_in_two", "one_in_three", "one_in_four", "one_in_five"}, -kInf, kInf, "FSDP units (OLMo's); null: the whole model is one unit"},
+        {"device",
+         KeyType::kString,
+         "auto",
+         false,
+         {"auto", "cpu", "cuda"},
+         -kInf,
+         kInf,
+         "where to train: auto picks cuda when a GPU is present"},
+        {"precision",
+         KeyType::kString,
+         "fp32",
+         false,
+         {"fp32", "amp_bf16"},
+         -kInf,
+         kInf,
+         "compute precision (amp_bf16 needs the CUDA backend)"},
+        {"distributed_strategy",
+         KeyType::kString,
+         "single",
+         false,
+         {"single", "ddp", "fsdp"},
+         -kInf,
+         kInf,
+         "data-parallel strategy (single: one process owns full parameters)"},
+        {"fsdp.sharding_strategy",
+         KeyType::kString,
+         "FULL_SHARD",
+         false,
+         {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"},
+         -kInf,
+         kInf,
+         "FSDP sharding (PyTorch's names)"},
+        {"fsdp.wrapping_strategy",
+         KeyType::kString,
+         nullptr,
+         true,
+         {"by_block", "by_block_and_size", "by_block_group", "by_block_group_and_size", "size_based", "one_in_two",
+          "one_in_three", "one_in_four", "one_in_five"},
+         -kInf,
+         kInf,
+         "FSDP units (OLMo's); null: the whole model is one unit"},
         {"fsdp.block_group_size", KeyType::kInt, 1, false, {}, 1, 4096, "blocks per unit for by_block_group*"},
-        {"fsdp.precision", KeyType::kString, "mixed", false, {"fp32", "mixed", "pure"}, -kInf, kInf, "FSDP precision: mixed (bf16 params, fp32 reduction), pure (bf16 reduction too), fp32"},
-        {"fsdp.grad_sync_mode", KeyType::kString, "batch", false, {"batch", "micro_batch"}, -kInf, kInf, "reduce gradients once per step (batch) or on every micro-batch"},
-        {"ddp.grad_sync_mode", KeyType::kString, "batch", false, {"batch", "micro_batch"}, -kInf, kInf, "all-reduce once per step (batch) or on every micro-batch"},
-        {"peak_flops_per_device", KeyType::kFloat, nullptr, true, {}, 1, kInf, "peak FLOP/s used for MFU; null: detected (CPU: cores x clock x FMA width)"},
-        {"threads", KeyType::kInt, 0, false, {}, 0, 4096, "compute threads (OpenMP and BLAS); 0: one per available core"},
+        {"fsdp.precision",
+         KeyType::kString,
+         "mixed",
+         false,
+         {"fp32", "mixed", "pure"},
+         -kInf,
+         kInf,
+         "FSDP precision: mixed (bf16 params, fp32 reduction), pure (bf16 reduction too), fp32"},
+        {"fsdp.grad_sync_mode",
+         KeyType::kString,
+         "batch",
+         false,
+         {"batch", "micro_batch"},
+         -kInf,
+         kInf,
+         "reduce gradients once per step (batch) or on every micro-batch"},
+        {"ddp.grad_sync_mode",
+         KeyType::kString,
+         "batch",
+         false,
+         {"batch", "micro_batch"},
+         -kInf,
+         kInf,
+         "all-reduce once per step (batch) or on every micro-batch"},
+        {"peak_flops_per_device",
+         KeyType::kFloat,
+         nullptr,
+         true,
+         {},
+         1,
+         kInf,
+         "peak FLOP/s used for MFU; null: detected (CPU: cores x clock x FMA width)"},
+        {"threads",
+         KeyType::kInt,
+         0,
+         false,
+         {},
+         0,
+         4096,
+         "compute threads (OpenMP and BLAS); 0: one per available core"},
     };
     return keys;
 }
 
 const char* type_name(KeyType t) {
     switch (t) {
-        case KeyType::kInt: return "an integer";
-        case KeyType::kFloat: return "a number";
-        case KeyType::kBool: return "true or false";
-        case KeyType::kString: return "a string";
-        case KeyType::kStringList: return "a list of strings";
-        case KeyType::kFloatPair: return "a list of two numbers";
-        case KeyType::kDuration: return "steps (integer) or a string like \"2e12T\" (tokens) or \"1ep\" (epochs)";
-        case KeyType::kObjectList: return "a list of objects";
+        case KeyType::kInt:
+            return "an integer";
+        case KeyType::kFloat:
+            return "a number";
+        case KeyType::kBool:
+            return "true or false";
+        case KeyType::kString:
+            return "a string";
+        case KeyType::kStringList:
+            return "a list of strings";
+        case KeyType::kFloatPair:
+            return "a list of two numbers";
+        case KeyType::kDuration:
+            return "steps (integer) or a string like \"2e12T\" (tokens) or \"1ep\" (epochs)";
+        case KeyType::kObjectList:
+            return "a list of objects";
     }
     return "?";
 }
@@ -150,7 +545,6 @@ size_t edit_distance(const std::string& a, const std::string& b) {
     }
     return prev[b.size()];
 }
-
 
 [[noreturn]] void unknown_key(const std::string& path, const std::string& where) {
     const std::string near = closest_config_key(path);
@@ -337,9 +731,7 @@ long get_long(const Json& v) { return v.is_number_integer() ? v.get<long>() : st
 // "null" where nullable, a JSON literal for lists (or a comma-separated list of strings), strings as is.
 Json parse_typed(const KeySpec& spec, const std::string& path, const std::string& text) {
     if (text == "null") return nullptr;
-    auto fail = [&]() -> Json {
-        user_error("--set {}={}: \"{}\" is not {}", path, text, text, type_name(spec.type));
-    };
+    auto fail = [&]() -> Json { user_error("--set {}={}: \"{}\" is not {}", path, text, text, type_name(spec.type)); };
     switch (spec.type) {
         case KeyType::kInt: {
             errno = 0;
@@ -362,7 +754,8 @@ Json parse_typed(const KeySpec& spec, const std::string& path, const std::string
             if (text == "true") return true;
             if (text == "false") return false;
             return fail();
-        case KeyType::kString: return text;
+        case KeyType::kString:
+            return text;
         case KeyType::kDuration: {
             char* end = nullptr;
             const long long x = std::strtoll(text.c_str(), &end, 10);
@@ -464,8 +857,7 @@ long TrainConfig::total_steps(long instances_per_epoch) const {
     auto parse_number = [&](const std::string& num) {
         const double x = std::strtod(num.c_str(), &end);
         if (num.empty() || end != num.c_str() + num.size() || !(x > 0) || !std::isfinite(x)) {
-            user_error("config max_duration: \"{}\"; expected steps (1000), tokens (\"2e12T\") or epochs (\"1ep\")",
-                       d);
+            user_error("config max_duration: \"{}\"; expected steps (1000), tokens (\"2e12T\") or epochs (\"1ep\")", d);
         }
         return x;
     };
@@ -489,9 +881,9 @@ TrainConfig validate_config(const Json& user_doc) {
     fill_defaults(doc, "");
     for (auto& ev : doc["evaluators"]) fill_defaults(ev, "evaluators[]");
 
-    for (const char* key : {"model.d_model", "model.n_heads", "model.n_layers", "model.vocab_size",
-                            "model.max_sequence_length", "global_train_batch_size", "device_train_microbatch_size",
-                            "max_duration", "data.paths"}) {
+    for (const char* key :
+         {"model.d_model", "model.n_heads", "model.n_layers", "model.vocab_size", "model.max_sequence_length",
+          "global_train_batch_size", "device_train_microbatch_size", "max_duration", "data.paths"}) {
         require(doc, key);
     }
 
@@ -560,10 +952,12 @@ TrainConfig validate_config(const Json& user_doc) {
     if (!s["t_max"].is_null()) c.scheduler.t_max = get_long(s["t_max"]);
     c.scheduler.alpha_f = s["alpha_f"].get<double>();
     c.scheduler.warmup_min_lr = opt<double>(s["warmup_min_lr"]);
-    if (!s["grad_clip_warmup_steps"].is_null()) c.scheduler.grad_clip_warmup_steps = get_long(s["grad_clip_warmup_steps"]);
+    if (!s["grad_clip_warmup_steps"].is_null())
+        c.scheduler.grad_clip_warmup_steps = get_long(s["grad_clip_warmup_steps"]);
     c.scheduler.grad_clip_warmup_factor = opt<double>(s["grad_clip_warmup_factor"]);
     if (c.scheduler.grad_clip_warmup_steps.has_value() != c.scheduler.grad_clip_warmup_factor.has_value()) {
-        user_error("config scheduler.grad_clip_warmup_steps and scheduler.grad_clip_warmup_factor: set both or neither");
+        user_error(
+            "config scheduler.grad_clip_warmup_steps and scheduler.grad_clip_warmup_factor: set both or neither");
     }
     if (c.scheduler.name != "constant" && c.scheduler.name != "inverse_sqrt_with_warmup" && c.scheduler.t_max &&
         *c.scheduler.t_max <= c.scheduler.t_warmup) {
@@ -577,12 +971,13 @@ TrainConfig validate_config(const Json& user_doc) {
     c.max_grad_norm = opt<double>(doc["max_grad_norm"]);
     c.global_train_batch_size = get_long(doc["global_train_batch_size"]);
     c.device_train_microbatch_size = get_long(doc["device_train_microbatch_size"]);
-    c.device_eval_batch_size =
-        doc["device_eval_batch_size"].is_null() ? c.device_train_microbatch_size : get_long(doc["device_eval_batch_size"]);
+    c.device_eval_batch_size = doc["device_eval_batch_size"].is_null() ? c.device_train_microbatch_size
+                                                                       : get_long(doc["device_eval_batch_size"]);
     if (c.global_train_batch_size % c.device_train_microbatch_size != 0) {
-        user_error("config global_train_batch_size: {} is not a multiple of device_train_microbatch_size {} "
-                   "(global = micro-batch x accumulation steps x ranks)",
-                   c.global_train_batch_size, c.device_train_microbatch_size);
+        user_error(
+            "config global_train_batch_size: {} is not a multiple of device_train_microbatch_size {} "
+            "(global = micro-batch x accumulation steps x ranks)",
+            c.global_train_batch_size, c.device_train_microbatch_size);
     }
     const Json& md = doc["max_duration"];
     c.max_duration = md.is_string() ? md.get<std::string>() : std::to_string(md.get<long long>());
@@ -602,7 +997,8 @@ TrainConfig validate_config(const Json& user_doc) {
         ec.paths = string_list(e["data"]["paths"]);
         ec.memmap_dtype = e["data"]["memmap_dtype"].get<std::string>();
         ec.subset_num_batches = get_long(e["subset_num_batches"]);
-        if (ec.subset_num_batches == 0) user_error("config evaluators[{}].subset_num_batches: 0; expected -1 or >= 1", i);
+        if (ec.subset_num_batches == 0)
+            user_error("config evaluators[{}].subset_num_batches: 0; expected -1 or >= 1", i);
         c.evaluators.push_back(ec);
     }
     c.eval_interval = get_long(doc["eval_interval"]);
@@ -626,8 +1022,9 @@ TrainConfig validate_config(const Json& user_doc) {
         user_error("config load_path: \"latest\" needs save_folder (the folder to look in)");
     }
     if (c.load_path && c.init_from) {
-        user_error("config load_path and init_from are both set: resume from a checkpoint or start from weights, "
-                   "not both");
+        user_error(
+            "config load_path and init_from are both set: resume from a checkpoint or start from weights, "
+            "not both");
     }
 
     c.device = doc["device"].get<std::string>();

@@ -113,8 +113,8 @@ struct TrainConfig {
     std::optional<std::string> init_from;  // a safetensors file with Hugging Face names
     std::optional<std::string> metrics_file;
     long console_log_interval = 1;
-    std::string device;     // auto | cpu | cuda
-    std::string precision;  // fp32 | amp_bf16
+    std::string device;                // auto | cpu | cuda
+    std::string precision;             // fp32 | amp_bf16
     std::string distributed_strategy;  // single | ddp | fsdp
     FsdpConfig fsdp;
     std::string ddp_grad_sync_mode;  // batch | micro_batch

@@ -87,8 +87,10 @@ void copy_entry(const HfEntry& e, const ParamSpec& p, float* unit, float* hf, bo
         for (int64_t c = 0; c < cols; ++c) {
             float& ours = base[r * cols + c];
             float& theirs = e.transpose ? hf[c * rows + r] : hf[r * cols + c];
-            if (to_hf) theirs = ours;
-            else ours = theirs;
+            if (to_hf)
+                theirs = ours;
+            else
+                ours = theirs;
         }
     }
 }
@@ -172,16 +174,18 @@ void from_hf_tensors(const TrainConfig& config, const ParamLayout& layout, const
     }
     for (const auto& [name, t] : tensors) {
         if (used.count(name)) continue;
-        const bool mask_buffer = family == "gpt2" && (name.size() > 9 && (name.compare(name.size() - 9, 9, "attn.bias") == 0 ||
+        const bool mask_buffer =
+            family == "gpt2" && (name.size() > 9 && (name.compare(name.size() - 9, 9, "attn.bias") == 0 ||
                                                      name.find("attn.masked_bias") != std::string::npos));
         if (mask_buffer) continue;
         if (name == "lm_head.weight" && config.model.weight_tying) {
             // A tied head saved anyway must equal the embedding it is tied to.
             const auto* wte = lookup(family == "gpt2" ? "transformer.wte.weight" : "model.embed_tokens.weight");
             if (wte && wte->second.shape == t.shape && wte->second.data == t.data) continue;
-            user_error("--init-from {}: tensor \"lm_head.weight\" differs from the token embedding, but "
-                       "model.weight_tying is true",
-                       file);
+            user_error(
+                "--init-from {}: tensor \"lm_head.weight\" differs from the token embedding, but "
+                "model.weight_tying is true",
+                file);
         }
         user_error("--init-from {}: unexpected tensor \"{}\" (not a parameter of this model config)", file, name);
     }

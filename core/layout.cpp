@@ -16,11 +16,17 @@ void add(Unit& u, std::string name, std::vector<int64_t> shape, ParamKind kind, 
     p.kind = kind;
     p.layer = layer;
     switch (kind) {
-        case ParamKind::kLinearWeight: p.decay = true; break;
-        case ParamKind::kEmbedding: p.decay = opt.decay_embeddings; break;
+        case ParamKind::kLinearWeight:
+            p.decay = true;
+            break;
+        case ParamKind::kEmbedding:
+            p.decay = opt.decay_embeddings;
+            break;
         case ParamKind::kNormWeight:
         case ParamKind::kNormBias:
-        case ParamKind::kLinearBias: p.decay = opt.decay_norm_and_bias; break;
+        case ParamKind::kLinearBias:
+            p.decay = opt.decay_norm_and_bias;
+            break;
     }
     u.numel += p.numel;
     u.params.push_back(std::move(p));
@@ -103,8 +109,6 @@ size_t ParamLayout::total_numel() const {
     return n;
 }
 
-size_t ParamLayout::matmul_numel() const {
-    return total_numel() - wpe_numel_ - (tied_ ? 0 : wte_numel_);
-}
+size_t ParamLayout::matmul_numel() const { return total_numel() - wpe_numel_ - (tied_ ? 0 : wte_numel_); }
 
 }  // namespace trainer

@@ -14,14 +14,22 @@ MemorySnapshot g_state;
 
 const char* mem_category_name(MemCategory c) {
     switch (c) {
-        case MemCategory::kParameters: return "parameters";
-        case MemCategory::kGradients: return "gradients";
-        case MemCategory::kOptimizerState: return "optimizer_state";
-        case MemCategory::kGatheredUnits: return "gathered_units";
-        case MemCategory::kActivations: return "activations";
-        case MemCategory::kCommunication: return "communication";
-        case MemCategory::kOther: return "other";
-        case MemCategory::kCount: break;
+        case MemCategory::kParameters:
+            return "parameters";
+        case MemCategory::kGradients:
+            return "gradients";
+        case MemCategory::kOptimizerState:
+            return "optimizer_state";
+        case MemCategory::kGatheredUnits:
+            return "gathered_units";
+        case MemCategory::kActivations:
+            return "activations";
+        case MemCategory::kCommunication:
+            return "communication";
+        case MemCategory::kOther:
+            return "other";
+        case MemCategory::kCount:
+            break;
     }
     return "unknown";
 }

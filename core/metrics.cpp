@@ -18,17 +18,23 @@ double flops_per_token(const ModelConfig& m, const ParamLayout& layout) {
 }
 
 PeakFlops cpu_peak_flops(int threads, const std::optional<double>& configured) {
-    if (configured) return {*configured * threads, fmt::format("configured {:.1f} GFLOP/s per core x {} threads", *configured / 1e9, threads)};
+    if (configured)
+        return {*configured * threads,
+                fmt::format("configured {:.1f} GFLOP/s per core x {} threads", *configured / 1e9, threads)};
     std::ifstream f("/proc/cpuinfo");
     std::string line, flags, vendor;
     double mhz = 0.0;
     int family = 0;
     while (std::getline(f, line)) {
         auto value = [&]() { return line.substr(line.find(':') + 1); };
-        if (line.rfind("cpu MHz", 0) == 0) mhz = std::max(mhz, std::atof(value().c_str()));
-        else if (line.rfind("flags", 0) == 0 && flags.empty()) flags = value() + " ";
-        else if (line.rfind("vendor_id", 0) == 0 && vendor.empty()) vendor = value();
-        else if (line.rfind("cpu family", 0) == 0 && family == 0) family = std::atoi(value().c_str());
+        if (line.rfind("cpu MHz", 0) == 0)
+            mhz = std::max(mhz, std::atof(value().c_str()));
+        else if (line.rfind("flags", 0) == 0 && flags.empty())
+            flags = value() + " ";
+        else if (line.rfind("vendor_id", 0) == 0 && vendor.empty())
+            vendor = value();
+        else if (line.rfind("cpu family", 0) == 0 && family == 0)
+            family = std::atoi(value().c_str());
     }
     auto has = [&](const char* flag) { return flags.find(std::string(" ") + flag + " ") != std::string::npos; };
     // FLOP per cycle per core = 2 (FMA) x FMA pipes x fp32 lanes. AVX-512 cores before AMD Zen 5 split
@@ -36,9 +42,12 @@ PeakFlops cpu_peak_flops(int threads, const std::optional<double>& configured) {
     int per_cycle = 8;
     std::string isa = "sse";
     const bool amd = vendor.find("AMD") != std::string::npos;
-    if (has("avx512f") && (!amd || family >= 26)) per_cycle = 64, isa = "avx512f, 2 FMA pipes";
-    else if (has("avx2") && has("fma")) per_cycle = 32, isa = "avx2+fma, 2 FMA pipes";
-    else if (has("avx")) per_cycle = 16, isa = "avx";
+    if (has("avx512f") && (!amd || family >= 26))
+        per_cycle = 64, isa = "avx512f, 2 FMA pipes";
+    else if (has("avx2") && has("fma"))
+        per_cycle = 32, isa = "avx2+fma, 2 FMA pipes";
+    else if (has("avx"))
+        per_cycle = 16, isa = "avx";
     if (mhz <= 0.0) mhz = 2000.0;
     const double peak = threads * mhz * 1e6 * per_cycle;
     return {peak, fmt::format("{} cores x {:.2f} GHz x {} FLOP/cycle ({}); override with peak_flops_per_device",

@@ -12,11 +12,11 @@ namespace trainer {
 // Pointers into a block unit's flat buffer (parameters or gradients); null where the config has none.
 struct Model::BlockParams {
     float *attn_norm_w = nullptr, *attn_norm_b = nullptr;
-    float *att_proj_w = nullptr, *att_proj_b = nullptr;    // (3C, C), (3C)
-    float *attn_out_w = nullptr, *attn_out_b = nullptr;    // (C, C), (C)
+    float *att_proj_w = nullptr, *att_proj_b = nullptr;  // (3C, C), (3C)
+    float *attn_out_w = nullptr, *attn_out_b = nullptr;  // (C, C), (C)
     float *ff_norm_w = nullptr, *ff_norm_b = nullptr;
-    float *ff_proj_w = nullptr, *ff_proj_b = nullptr;      // (P, C), (P)
-    float *ff_out_w = nullptr, *ff_out_b = nullptr;        // (C, H), (C)
+    float *ff_proj_w = nullptr, *ff_proj_b = nullptr;  // (P, C), (P)
+    float *ff_out_w = nullptr, *ff_out_b = nullptr;    // (C, H), (C)
 };
 
 Model::BlockParams Model::block_params(const float* base, int layer) const {
@@ -28,25 +28,37 @@ Model::BlockParams Model::block_params(const float* base, int layer) const {
         const size_t dot = n.rfind('.');
         const std::string leaf = n.substr(n.rfind('.', dot - 1) + 1);  // e.g. "att_proj.weight"
         float* ptr = b + s.offset;
-        if (leaf == "attn_norm.weight") p.attn_norm_w = ptr;
-        else if (leaf == "attn_norm.bias") p.attn_norm_b = ptr;
-        else if (leaf == "att_proj.weight") p.att_proj_w = ptr;
-        else if (leaf == "att_proj.bias") p.att_proj_b = ptr;
-        else if (leaf == "attn_out.weight") p.attn_out_w = ptr;
-        else if (leaf == "attn_out.bias") p.attn_out_b = ptr;
-        else if (leaf == "ff_norm.weight") p.ff_norm_w = ptr;
-        else if (leaf == "ff_norm.bias") p.ff_norm_b = ptr;
-        else if (leaf == "ff_proj.weight") p.ff_proj_w = ptr;
-        else if (leaf == "ff_proj.bias") p.ff_proj_b = ptr;
-        else if (leaf == "ff_out.weight") p.ff_out_w = ptr;
-        else if (leaf == "ff_out.bias") p.ff_out_b = ptr;
-        else TRAINER_CHECK(false, "unexpected block parameter {}", n);
+        if (leaf == "attn_norm.weight")
+            p.attn_norm_w = ptr;
+        else if (leaf == "attn_norm.bias")
+            p.attn_norm_b = ptr;
+        else if (leaf == "att_proj.weight")
+            p.att_proj_w = ptr;
+        else if (leaf == "att_proj.bias")
+            p.att_proj_b = ptr;
+        else if (leaf == "attn_out.weight")
+            p.attn_out_w = ptr;
+        else if (leaf == "attn_out.bias")
+            p.attn_out_b = ptr;
+        else if (leaf == "ff_norm.weight")
+            p.ff_norm_w = ptr;
+        else if (leaf == "ff_norm.bias")
+            p.ff_norm_b = ptr;
+        else if (leaf == "ff_proj.weight")
+            p.ff_proj_w = ptr;
+        else if (leaf == "ff_proj.bias")
+            p.ff_proj_b = ptr;
+        else if (leaf == "ff_out.weight")
+            p.ff_out_w = ptr;
+        else if (leaf == "ff_out.bias")
+            p.ff_out_b = ptr;
+        else
+            TRAINER_CHECK(false, "unexpected block parameter {}", n);
     }
     return p;
 }
 
-Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy* strategy,
-             int max_batch)
+Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy* strategy, int max_batch)
     : config_(config),
       m_(config.model),
       layout_(layout),
@@ -132,8 +144,8 @@ void Model::forward_blocks(int batch) {
     strategy_->before_forward(emb);
     const float* wte = strategy_->unit_params(emb);
     const float* wpe = m_.rope ? nullptr : wte + static_cast<size_t>(V_) * C_;
-    backend_->embedding_forward(act(layers_.empty() ? resid_final_ : layers_[0].resid), tokens_dev_.i32(), wte, wpe,
-                                N, T_, C_);
+    backend_->embedding_forward(act(layers_.empty() ? resid_final_ : layers_[0].resid), tokens_dev_.i32(), wte, wpe, N,
+                                T_, C_);
     strategy_->after_forward(emb);
 
     for (int l = 0; l < L_; ++l) {
@@ -181,10 +193,14 @@ double Model::head(int batch, float dloss_scale, bool backward) {
     for (const auto& s : unit.params) {
         const float* p = hp + s.offset;
         float* g = hg ? hg + s.offset : nullptr;
-        if (s.name == "transformer.ln_f.weight") norm_w = p, dnorm_w = g;
-        else if (s.name == "transformer.ln_f.bias") norm_b = p, dnorm_b = g;
-        else if (s.name == "transformer.ff_out.weight") head_w = p, dhead_w = g;
-        else if (s.name == "transformer.ff_out.bias") head_b = p, dhead_b = g;
+        if (s.name == "transformer.ln_f.weight")
+            norm_w = p, dnorm_w = g;
+        else if (s.name == "transformer.ln_f.bias")
+            norm_b = p, dnorm_b = g;
+        else if (s.name == "transformer.ff_out.weight")
+            head_w = p, dhead_w = g;
+        else if (s.name == "transformer.ff_out.bias")
+            head_b = p, dhead_b = g;
     }
     if (m_.weight_tying) {
         head_w = strategy_->unit_params(emb);  // wte (V, C) is the first parameter of the embedding unit

@@ -14,7 +14,8 @@ double scheduled_lr(const OptimizerConfig& opt, const SchedulerConfig& sched, lo
     const long warmup = sched.t_warmup;
     const double warmup_min = sched.warmup_min_lr ? *sched.warmup_min_lr : 0.1 * lr;
     if (step < warmup) {
-        return warmup_min + (lr - warmup_min) * static_cast<double>(std::min(step, warmup)) / static_cast<double>(warmup);
+        return warmup_min +
+               (lr - warmup_min) * static_cast<double>(std::min(step, warmup)) / static_cast<double>(warmup);
     }
     if (sched.name == "inverse_sqrt_with_warmup") {
         return lr * std::sqrt(static_cast<double>(warmup) / static_cast<double>(std::max(warmup, step)));
@@ -55,9 +56,10 @@ OptimizerStepResult AdamW::step(Strategy& strategy, long step, long total_steps)
     r.clip_coef = clip_coefficient(r.grad_norm, scheduled_max_grad_norm(config_, step));
     r.lr = scheduled_lr(config_.optimizer, config_.scheduler, step, total_steps);
     if (!std::isfinite(r.grad_norm)) {
-        user_error("step {}: the gradient norm is {} (the loss diverged); lower optimizer.learning_rate or check "
-                   "the data",
-                   step, r.grad_norm);
+        user_error(
+            "step {}: the gradient norm is {} (the loss diverged); lower optimizer.learning_rate or check "
+            "the data",
+            step, r.grad_norm);
     }
     const auto& o = config_.optimizer;
     for (const auto& s : shards) {

@@ -43,9 +43,10 @@ std::string human_count(double x) {
 // the data-parallel backend lands.
 void check_strategy_supported(const TrainConfig& c) {
     if (c.distributed_strategy != "single") {
-        user_error("distributed_strategy \"{}\" (--strategy) needs the data-parallel backend over several ranks, "
-                   "which is not in this build yet; use --strategy single",
-                   c.distributed_strategy);
+        user_error(
+            "distributed_strategy \"{}\" (--strategy) needs the data-parallel backend over several ranks, "
+            "which is not in this build yet; use --strategy single",
+            c.distributed_strategy);
     }
     if (c.precision == "amp_bf16") {
         user_error("precision \"amp_bf16\" needs the CUDA backend; on CPU use --precision fp32");
@@ -83,8 +84,8 @@ class ProgressBar {
         if (!enabled_) return;
         const int width = 30;
         const int filled = static_cast<int>(width * static_cast<double>(step) / static_cast<double>(total_));
-        std::printf("\r[%.*s%*s] %ld/%ld  eta %.0fs", filled, "==============================", width - filled, "", step,
-                    total_, eta_s);
+        std::printf("\r[%.*s%*s] %ld/%ld  eta %.0fs", filled, "==============================", width - filled, "",
+                    step, total_, eta_s);
         std::fflush(stdout);
         drawn_ = true;
     }
@@ -100,7 +101,8 @@ class ProgressBar {
 int configure_threads(int threads) {
     if (threads <= 0) {
         cpu_set_t set;
-        threads = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+        threads = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                              : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
         if (threads <= 0) threads = 1;
     }
     omp_set_num_threads(threads);
@@ -113,8 +115,8 @@ int run_training(const TrainConfig& config) {
     check_strategy_supported(config);
     const std::string device = resolve_device(config.device);
     const ModelConfig& m = config.model;
-    const TokenDataset train_data(config.data.paths, parse_token_dtype(config.data.memmap_dtype),
-                                  m.max_sequence_length, m.vocab_size);
+    const TokenDataset train_data(config.data.paths, parse_token_dtype(config.data.memmap_dtype), m.max_sequence_length,
+                                  m.vocab_size);
     std::vector<std::unique_ptr<TokenDataset>> eval_data;
     for (size_t i = 0; i < config.evaluators.size(); ++i) {
         const auto& ev = config.evaluators[i];
@@ -129,9 +131,10 @@ int run_training(const TrainConfig& config) {
     if (config.load_path) resume_path = resolve_checkpoint(config, *config.load_path);
     if (config.save_folder && !resume_path && !config.save_overwrite) {
         if (auto last = latest_checkpoint_step(*config.save_folder)) {
-            user_error("save_folder {} already holds checkpoints (newest step{}); resume with --load-path latest, "
-                       "choose another folder, or set save_overwrite=true",
-                       *config.save_folder, *last);
+            user_error(
+                "save_folder {} already holds checkpoints (newest step{}); resume with --load-path latest, "
+                "choose another folder, or set save_overwrite=true",
+                *config.save_folder, *last);
         }
     }
     std::map<std::string, Tensor> init_tensors;
@@ -171,7 +174,8 @@ int run_training(const TrainConfig& config) {
     const long L = m.max_sequence_length;
     const double fpt = flops_per_token(m, layout);
     const PeakFlops peak = cpu_peak_flops(threads, config.peak_flops_per_device);
-    const double tokens_per_step = static_cast<double>(config.global_train_batch_size) * L;  // OLMo counts L per instance
+    const double tokens_per_step =
+        static_cast<double>(config.global_train_batch_size) * L;  // OLMo counts L per instance
     const double flops_per_step = fpt * static_cast<double>(config.global_train_batch_size) * (L - 1);
     std::printf("run %s: %s parameters (%s in matmuls) in %d units, strategy %s, device %s, %d threads\n",
                 config.run_name.c_str(), human_count(static_cast<double>(layout.total_numel())).c_str(),
@@ -180,9 +184,10 @@ int run_training(const TrainConfig& config) {
     std::printf("data: %ld instances of %ld tokens; %ld steps of %ld instances (micro-batch %ld x %ld accumulation)\n",
                 static_cast<long>(train_data.num_instances()), L, total_steps, config.global_train_batch_size, micro,
                 accumulation);
-    std::printf("FLOPs per token = 6N + 12*L*d*T = 6*%zu + 12*%d*%d*%ld = %.4g (N: matmul parameters, T = %ld "
-                "predicted positions)\n",
-                layout.matmul_numel(), m.n_layers, m.d_model, L - 1, fpt, L - 1);
+    std::printf(
+        "FLOPs per token = 6N + 12*L*d*T = 6*%zu + 12*%d*%d*%ld = %.4g (N: matmul parameters, T = %ld "
+        "predicted positions)\n",
+        layout.matmul_numel(), m.n_layers, m.d_model, L - 1, fpt, L - 1);
     std::printf("MFU peak: %.1f GFLOP/s = %s\n", peak.flops / 1e9, peak.how.c_str());
     std::fflush(stdout);
 
@@ -222,8 +227,10 @@ int run_training(const TrainConfig& config) {
             loss_sum += model.forward_backward(tokens.data(), static_cast<int>(micro), dloss_scale);
         }
         strategy->finish_backward();
-        const double loss = strategy->all_reduce_sum(loss_sum) / (static_cast<double>(config.global_train_batch_size) * (L - 1));
-        if (!std::isfinite(loss)) user_error("step {}: the loss is {} (diverged); lower optimizer.learning_rate", step, loss);
+        const double loss =
+            strategy->all_reduce_sum(loss_sum) / (static_cast<double>(config.global_train_batch_size) * (L - 1));
+        if (!std::isfinite(loss))
+            user_error("step {}: the loss is {} (diverged); lower optimizer.learning_rate", step, loss);
         const OptimizerStepResult opt = optimizer.step(*strategy, step, total_steps);
         backend->synchronize();
         const double dt = seconds_since(t0);
@@ -246,11 +253,13 @@ int run_training(const TrainConfig& config) {
         }
         if (step % config.console_log_interval == 0 || step == total_steps) {
             bar.clear();
-            std::printf("step %ld/%ld | loss %.4f | lr %.3e | grad_norm %.4f | tok/s/dev %.0f | mfu %.1f%% | step %.1f ms\n",
-                        step, total_steps, loss, opt.lr, opt.grad_norm, tps, 100.0 * mfu, dt * 1e3);
+            std::printf(
+                "step %ld/%ld | loss %.4f | lr %.3e | grad_norm %.4f | tok/s/dev %.0f | mfu %.1f%% | step %.1f ms\n",
+                step, total_steps, loss, opt.lr, opt.grad_norm, tps, 100.0 * mfu, dt * 1e3);
         }
         metrics.write(record);
-        if (config.save_folder && ((config.save_interval > 0 && step % config.save_interval == 0) || step == total_steps)) {
+        if (config.save_folder &&
+            ((config.save_interval > 0 && step % config.save_interval == 0) || step == total_steps)) {
             const std::string path = save_checkpoint(config, layout, backend.get(), *strategy, step);
             bar.clear();
             std::printf("saved checkpoint %s\n", path.c_str());
@@ -282,11 +291,12 @@ int run_training(const TrainConfig& config) {
                     {"peak_memory_bytes_per_rank", Json::array({peak_mem})}};
     metrics.write(summary);
     if (total_steps > start_step) {
-        std::printf("done: %ld steps | final loss %.4f | %.0f tokens/s/device | MFU %.1f%% | mean step %.1f ms | peak "
-                    "memory %.1f MiB (params %.1f, grads %.1f, optimizer %.1f, activations %.1f), resident %.1f MiB\n",
-                    total_steps - start_step, last_loss, tps, 100.0 * mfu, mean_step * 1e3, mem.total_peak / 1048576.0,
-                    mem.peak[0] / 1048576.0, mem.peak[1] / 1048576.0, mem.peak[2] / 1048576.0,
-                    mem.peak[4] / 1048576.0, process_peak_resident_bytes() / 1048576.0);
+        std::printf(
+            "done: %ld steps | final loss %.4f | %.0f tokens/s/device | MFU %.1f%% | mean step %.1f ms | peak "
+            "memory %.1f MiB (params %.1f, grads %.1f, optimizer %.1f, activations %.1f), resident %.1f MiB\n",
+            total_steps - start_step, last_loss, tps, 100.0 * mfu, mean_step * 1e3, mem.total_peak / 1048576.0,
+            mem.peak[0] / 1048576.0, mem.peak[1] / 1048576.0, mem.peak[2] / 1048576.0, mem.peak[4] / 1048576.0,
+            process_peak_resident_bytes() / 1048576.0);
     } else {
         std::printf("nothing to do: the checkpoint is already at step %ld of %ld\n", start_step, total_steps);
     }

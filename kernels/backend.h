@@ -36,8 +36,8 @@ class Backend {
                                 int N) = 0;
     virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                  const float* weight, int M, int K, int N, bool accumulate_dinp) = 0;
-    virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N,
-                                   int T, int C) = 0;
+    virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
+                                   int C) = 0;
     virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,
                                     int C) = 0;
     virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,

@@ -18,7 +18,8 @@ class SingleStrategy final : public Strategy {
             s.grads = DeviceBuffer(backend, bytes, MemCategory::kGradients);
             s.exp_avg = DeviceBuffer(backend, bytes, MemCategory::kOptimizerState);
             s.exp_avg_sq = DeviceBuffer(backend, bytes, MemCategory::kOptimizerState);
-            for (DeviceBuffer* b : {&s.params, &s.grads, &s.exp_avg, &s.exp_avg_sq}) backend->fill_zero(b->data(), bytes);
+            for (DeviceBuffer* b : {&s.params, &s.grads, &s.exp_avg, &s.exp_avg_sq})
+                backend->fill_zero(b->data(), bytes);
             units_.push_back(std::move(s));
         }
     }
@@ -35,8 +36,8 @@ class SingleStrategy final : public Strategy {
         std::vector<ShardView> views;
         for (size_t u = 0; u < units_.size(); ++u) {
             auto& s = units_[u];
-            views.push_back({static_cast<int>(u), 0, s.numel, s.params.f32(), s.grads.f32(), s.exp_avg.f32(),
-                             s.exp_avg_sq.f32()});
+            views.push_back(
+                {static_cast<int>(u), 0, s.numel, s.params.f32(), s.grads.f32(), s.exp_avg.f32(), s.exp_avg_sq.f32()});
         }
         return views;
     }

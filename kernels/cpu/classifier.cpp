@@ -2,7 +2,8 @@
 // activation that does not fit in cache, so each row is read from memory once for the loss (an
 // online max + sum over L1-sized chunks) and written once with its gradient, in place.
 // Sums run in double over a fixed chunk order, one row per task: bitwise repeatable for any thread
-// count. Targets < 0 are ignored (loss 0, gradient row 0), as PyTorch's ignore_index.
+// count. The exponentials are element.h's exp_simd, which vectorises where expf would not.
+// Targets < 0 are ignored (loss 0, gradient row 0), as PyTorch's ignore_index.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -10,6 +11,7 @@
 
 #include "core/common.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/element.h"
 
 namespace trainer::cpu {
 
@@ -18,6 +20,40 @@ namespace {
 // Columns per online-softmax chunk: the chunk is read once for its max and again, from L1, for the
 // exponentials, which costs one rescale of the running sum per chunk instead of per element.
 constexpr int kChunk = 1024;
+// Explicit partial sums instead of an omp simd reduction, whose lane assignment would depend on how
+// the compiler peels the loop for alignment and so on where the row happens to start.
+constexpr int kLanes = 16;
+
+// max_j x[j] over n > 0 elements (lane-wise, which vectorises where a max reduction did not).
+template <typename T>
+T max_of(const T* __restrict x, int n) {
+    T lanes[kLanes];
+    for (int l = 0; l < kLanes; ++l) lanes[l] = -std::numeric_limits<T>::infinity();
+    int j = 0;
+    for (; j + kLanes <= n; j += kLanes) {
+#pragma omp simd
+        for (int l = 0; l < kLanes; ++l) lanes[l] = x[j + l] > lanes[l] ? x[j + l] : lanes[l];
+    }
+    for (int l = 0; j < n; ++j, ++l) lanes[l] = x[j] > lanes[l] ? x[j] : lanes[l];
+    T m = lanes[0];
+    for (int l = 1; l < kLanes; ++l) m = lanes[l] > m ? lanes[l] : m;
+    return m;
+}
+
+// sum_j e^(x[j] - m) over n elements.
+template <typename T>
+T sum_exp(const T* __restrict x, int n, T m) {
+    T lanes[kLanes] = {};
+    int j = 0;
+    for (; j + kLanes <= n; j += kLanes) {
+#pragma omp simd
+        for (int l = 0; l < kLanes; ++l) lanes[l] += exp_simd(x[j + l] - m);
+    }
+    for (int l = 0; j < n; ++j, ++l) lanes[l] += exp_simd(x[j] - m);
+    T sum = T(0);
+    for (int l = 0; l < kLanes; ++l) sum += lanes[l];
+    return sum;
+}
 
 }  // namespace
 
@@ -41,23 +77,20 @@ void classifier_forward_backward(T* logits, T* losses, const int32_t* targets, i
         double sum = 0.0;
         for (int c0 = 0; c0 < V; c0 += kChunk) {
             const int c1 = std::min(V, c0 + kChunk);
-            T cm = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : cm)
-            for (int j = c0; j < c1; ++j) cm = std::max(cm, row[j]);
+            const T cm = max_of(row + c0, c1 - c0);
             if (cm > m) {
                 // The first chunk rescales a zero sum; exp(-inf) = 0 keeps it zero.
                 sum *= std::exp(static_cast<double>(m) - static_cast<double>(cm));
                 m = cm;
             }
-            T chunk_sum = T(0);
-            for (int j = c0; j < c1; ++j) chunk_sum += std::exp(row[j] - m);
-            sum += static_cast<double>(chunk_sum);
+            sum += static_cast<double>(sum_exp(row + c0, c1 - c0, m));
         }
         const double lse = static_cast<double>(m) + std::log(sum);
         losses[n] = static_cast<T>(lse - static_cast<double>(row[target]));
         if (compute_grad) {
             const T lse_t = static_cast<T>(lse);
-            for (int j = 0; j < V; ++j) row[j] = std::exp(row[j] - lse_t) * dloss_scale;
+#pragma omp simd
+            for (int j = 0; j < V; ++j) row[j] = exp_simd(row[j] - lse_t) * dloss_scale;
             row[target] -= dloss_scale;
         }
     }

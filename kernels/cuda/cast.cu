@@ -10,13 +10,13 @@
 namespace trainer::cuda {
 namespace {
 
-#define TRAINER_CUDA_CHECK(stmt)                                                                          \
-    do {                                                                                                  \
-        const cudaError_t err_ = (stmt);                                                                  \
-        if (err_ != cudaSuccess) {                                                                        \
-            throw std::runtime_error(std::string("CUDA error at " __FILE__ ": ") + #stmt + ": " +         \
-                                     cudaGetErrorString(err_));                                           \
-        }                                                                                                 \
+#define TRAINER_CUDA_CHECK(stmt)                                                                  \
+    do {                                                                                          \
+        const cudaError_t err_ = (stmt);                                                          \
+        if (err_ != cudaSuccess) {                                                                \
+            throw std::runtime_error(std::string("CUDA error at " __FILE__ ": ") + #stmt + ": " + \
+                                     cudaGetErrorString(err_));                                   \
+        }                                                                                         \
     } while (0)
 
 __global__ void cast_float_to_bf16_kernel(uint16_t* out, const float* in, size_t n) {

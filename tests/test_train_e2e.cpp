@@ -1,0 +1,354 @@
+// End-to-end tests of the trainer binary: parity of 20 training steps with PyTorch, gradient
+// accumulation invariance, bitwise resume after SIGKILL at any step, interrupted and corrupt checkpoints,
+// export/import round trip, the golden loss curve, and one clear `error:` line for every kind of bad input.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <map>
+
+#include "core/safetensors.h"
+#include "test_util.h"
+
+using namespace trainer;
+using Catch::Matchers::Contains;
+using test_util::fixture;
+using test_util::run_trainer;
+using test_util::RunResult;
+using test_util::TempDir;
+
+namespace {
+
+std::vector<std::string> fixture_args(const std::string& name) {
+    return {"--config",    fixture(name + "_tiny.json"),
+            "--init-from", fixture(name + "_tiny_init.safetensors"),
+            "--threads",   "2"};
+}
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+}
+
+void require_ok(const RunResult& r) {
+    INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+    REQUIRE(r.exit_code == 0);
+}
+
+void check_pytorch_parity(const std::string& name) {
+    TempDir dir;
+    const RunResult r = run_trainer(concat(fixture_args(name), {"--metrics-file", dir.path("m.jsonl")}));
+    require_ok(r);
+    const auto rows = test_util::read_metrics(dir.path("m.jsonl"));
+    const Json expected = Json::parse(test_util::read_file(fixture(name + "_tiny_expected.json")));
+    REQUIRE(rows.size() == 20);
+    for (size_t i = 0; i < rows.size(); ++i) {
+        const double loss = rows[i]["loss"], ref = expected["losses"][i];
+        const double gn = rows[i]["grad_norm"], ref_gn = expected["grad_norms"][i];
+        const double lr = rows[i]["lr"], ref_lr = expected["lrs"][i];
+        CAPTURE(i, loss, ref, gn, ref_gn);
+        CHECK(std::fabs(loss - ref) <= 1e-4 * std::fabs(ref));
+        CHECK(std::fabs(gn - ref_gn) <= 1e-4 * std::fabs(ref_gn));
+        CHECK(std::fabs(lr - ref_lr) <= 1e-9 * std::fabs(ref_lr));
+    }
+    CHECK(rows.back()["loss"].get<double>() < rows.front()["loss"].get<double>());
+}
+
+// The tiny config on the committed fixture tokens: fast, deterministic, no download.
+std::vector<std::string> tiny_args(const std::string& steps) {
+    return {"--config",       "configs/tiny.json",
+            "--data",         fixture("olmo_tiny_tokens.u16"),
+            "--threads",      "2",
+            "--max-duration", steps,
+            "--set",          "console_log_interval=1"};
+}
+
+// Last value recorded for each step (a killed run may have logged a step its checkpoint did not keep).
+std::map<long, Json> by_step(const std::vector<Json>& rows) {
+    std::map<long, Json> m;
+    for (const auto& r : rows) {
+        const long s = r["step"];
+        if (m.count(s)) CHECK(m[s]["loss"].get<double>() == r["loss"].get<double>());  // recomputed bitwise
+        m[s] = r;
+    }
+    return m;
+}
+
+// Starts the trainer, waits until its metrics file holds `lines` lines, then SIGKILLs it.
+void run_and_kill(const std::vector<std::string>& args, const std::string& metrics, size_t lines) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        if (::chdir(test_util::source_dir().c_str()) != 0) ::_exit(127);
+        std::freopen("/dev/null", "w", stdout);
+        std::vector<char*> argv;
+        const std::string bin = test_util::trainer_binary();
+        argv.push_back(const_cast<char*>(bin.c_str()));
+        for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        ::execv(bin.c_str(), argv.data());
+        ::_exit(127);
+    }
+    for (int i = 0; i < 6000; ++i) {
+        if (test_util::read_metrics(metrics).size() >= lines) break;
+        int status = 0;
+        if (::waitpid(pid, &status, WNOHANG) == pid) FAIL("the trainer exited before it could be killed");
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    REQUIRE(WIFSIGNALED(status));
+}
+
+// Expects a failed run with exactly one non-empty stderr line, "error: ..." containing `what`.
+void expect_error(const RunResult& r, const std::string& what) {
+    INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+    CHECK(r.exit_code > 0);
+    std::vector<std::string> lines;
+    std::stringstream ss(r.err);
+    std::string line;
+    while (std::getline(ss, line)) {
+        if (!line.empty()) lines.push_back(line);
+    }
+    REQUIRE(lines.size() == 1);
+    CHECK(lines[0].rfind("error: ", 0) == 0);
+    CHECK_THAT(lines[0], Contains(what));
+}
+
+}  // namespace
+
+TEST_CASE("train: 20 steps match the PyTorch losses for the GPT-2 shape") { check_pytorch_parity("gpt2"); }
+
+TEST_CASE("train: 20 steps match the PyTorch losses for the OLMo shape") { check_pytorch_parity("olmo"); }
+
+TEST_CASE("train: k micro-batches of B over k give the losses of one micro-batch of B") {
+    TempDir dir;
+    require_ok(
+        run_trainer(concat(fixture_args("olmo"), {"--metrics-file", dir.path("a.jsonl"), "--max-duration", "5"})));
+    require_ok(run_trainer(concat(fixture_args("olmo"), {"--metrics-file", dir.path("b.jsonl"), "--max-duration", "5",
+                                                         "--set", "device_train_microbatch_size=8"})));
+    const auto a = test_util::read_metrics(dir.path("a.jsonl")), b = test_util::read_metrics(dir.path("b.jsonl"));
+    REQUIRE(a.size() == 5);
+    REQUIRE(b.size() == 5);
+    for (size_t i = 0; i < a.size(); ++i) {
+        const double x = a[i]["loss"], y = b[i]["loss"];
+        CHECK(std::fabs(x - y) <= 1e-5 * std::fabs(x));
+    }
+}
+
+TEST_CASE("train: resume after SIGKILL at any step gives bitwise identical losses") {
+    TempDir dir;
+    const std::string steps = "12";
+    require_ok(run_trainer(concat(tiny_args(steps), {"--save-folder", dir.path("ref"), "--set", "save_interval=1",
+                                                     "--metrics-file", dir.path("ref.jsonl")})));
+    const auto ref = by_step(test_util::read_metrics(dir.path("ref.jsonl")));
+    REQUIRE(ref.size() == 12);
+    for (size_t kill_after : {2u, 7u}) {
+        const std::string folder = dir.path("run" + std::to_string(kill_after));
+        const std::string metrics = folder + ".jsonl";
+        const auto args =
+            concat(tiny_args(steps), {"--save-folder", folder, "--set", "save_interval=1", "--metrics-file", metrics});
+        run_and_kill(args, metrics, kill_after);
+        const RunResult r = run_trainer(concat(args, {"--load-path", "latest"}));
+        require_ok(r);
+        CHECK_THAT(r.out, Contains("resumed from"));
+        const auto got = by_step(test_util::read_metrics(metrics));
+        REQUIRE(got.size() == ref.size());
+        for (const auto& [step, row] : ref) {
+            CAPTURE(kill_after, step);
+            CHECK(got.at(step)["loss"].get<double>() == row["loss"].get<double>());
+            CHECK(got.at(step)["grad_norm"].get<double>() == row["grad_norm"].get<double>());
+        }
+        CHECK(test_util::read_file(folder + "/step12/rank0.bin") ==
+              test_util::read_file(dir.path("ref/step12/rank0.bin")));
+    }
+}
+
+TEST_CASE("train: a checkpoint written by an interrupted save is never loaded") {
+    TempDir dir;
+    const auto args = concat(tiny_args("8"), {"--save-folder", dir.path("ck"), "--set", "save_interval=1",
+                                              "--metrics-file", dir.path("m.jsonl")});
+    const RunResult killed = run_trainer(args, {"TRAINER_DEBUG_KILL_IN_SAVE=5"});
+    REQUIRE(killed.exit_code == -SIGKILL);
+    CHECK(std::filesystem::exists(dir.path("ck/step4/metadata.json")));
+    CHECK_FALSE(std::filesystem::exists(dir.path("ck/step5")));
+    const RunResult resumed = run_trainer(concat(args, {"--load-path", "latest"}));
+    require_ok(resumed);
+    CHECK_THAT(resumed.out, Contains("step4 at step 4"));
+    require_ok(run_trainer(concat(tiny_args("8"), {"--metrics-file", dir.path("ref.jsonl")})));
+    const auto ref = by_step(test_util::read_metrics(dir.path("ref.jsonl")));
+    const auto got = by_step(test_util::read_metrics(dir.path("m.jsonl")));
+    REQUIRE(got.size() == ref.size());
+    for (const auto& [step, row] : ref) CHECK(got.at(step)["loss"].get<double>() == row["loss"].get<double>());
+
+    // A corrupted shard is refused by its checksum, naming the file.
+    const std::string shard = dir.path("ck/step8/rank0.bin");
+    std::string bytes = test_util::read_file(shard);
+    bytes[bytes.size() / 2] ^= 0x40;
+    test_util::write_file(shard, bytes);
+    expect_error(
+        run_trainer(concat(tiny_args("9"), {"--save-folder", dir.path("ck"), "--load-path", dir.path("ck/step8")})),
+        "rank0.bin fails its checksum");
+}
+
+TEST_CASE("train: exported weights import back exactly") {
+    TempDir dir;
+    for (const std::string name : {"gpt2", "olmo"}) {
+        const std::string ck = dir.path(name + "_ck");
+        require_ok(run_trainer(concat(fixture_args(name), {"--max-duration", "2", "--save-folder", ck})));
+        const RunResult ex =
+            run_trainer({"export", "--checkpoint", ck + "/step2", "-o", dir.path(name + "_a.safetensors")});
+        require_ok(ex);
+        // Import, one step with learning rate 0 (AdamW then leaves every weight unchanged), export again.
+        require_ok(
+            run_trainer({"--config", fixture(name + "_tiny.json"), "--init-from", dir.path(name + "_a.safetensors"),
+                         "--max-duration", "1", "--set", "optimizer.learning_rate=0", "--save-folder", ck + "2"}));
+        require_ok(run_trainer({"export", "--checkpoint", ck + "2/step1", "-o", dir.path(name + "_b.safetensors")}));
+        CHECK(test_util::read_file(dir.path(name + "_a.safetensors")) ==
+              test_util::read_file(dir.path(name + "_b.safetensors")));
+        const auto tensors = read_safetensors(dir.path(name + "_a.safetensors"));
+        CHECK(tensors.count(name == "gpt2" ? "transformer.h.1.mlp.c_fc.weight"
+                                           : "model.layers.1.mlp.gate_proj.weight") == 1);
+    }
+}
+
+TEST_CASE("train: golden loss curve of the tiny config") {
+    TempDir dir;
+    require_ok(run_trainer(concat(tiny_args("30"), {"--metrics-file", dir.path("m.jsonl")})));
+    const auto rows = test_util::read_metrics(dir.path("m.jsonl"));
+    std::stringstream golden(test_util::read_file(test_util::source_dir() + "/tests/golden/tiny_losses.txt"));
+    long step = 0;
+    double loss = 0.0;
+    size_t n = 0;
+    while (golden >> step >> loss) {
+        REQUIRE(n < rows.size());
+        CHECK(rows[n]["step"].get<long>() == step);
+        // Bitwise for the same build and thread count; 1e-5 leaves room for another BLAS kernel choice.
+        CHECK(std::fabs(rows[n]["loss"].get<double>() - loss) <= 1e-5 * std::fabs(loss));
+        ++n;
+    }
+    CHECK(n == 30);
+    CHECK(rows.size() == 30);
+}
+
+TEST_CASE("train: metrics file and summary with evaluation and peak memory") {
+    TempDir dir;
+    const RunResult r =
+        run_trainer(concat(tiny_args("4"), {"--metrics-file", dir.path("m.jsonl"), "--set", "eval_interval=2", "--set",
+                                            "evaluators=[{\"label\": \"val\", \"data\": {\"paths\": [\"" +
+                                                fixture("gpt2_tiny_tokens.u16") + "\"]}}]"}));
+    require_ok(r);
+    CHECK_THAT(r.out, Contains("FLOPs per token = 6N + 12*L*d*T"));
+    CHECK_THAT(r.out, Contains("MFU peak"));
+    const auto rows = test_util::read_metrics(dir.path("m.jsonl"));
+    REQUIRE(rows.size() == 4);
+    for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_second_per_device", "mfu", "step_time_ms"}) {
+        CHECK(rows[0].contains(key));
+    }
+    CHECK(rows[1].contains("val_loss"));
+    CHECK_FALSE(rows[0].contains("val_loss"));
+    std::stringstream ss(test_util::read_file(dir.path("m.jsonl")));
+    std::string line, last;
+    while (std::getline(ss, line)) last = line;
+    const Json summary = Json::parse(last);
+    CHECK(summary["event"] == "summary");
+    const Json& mem = summary["peak_memory_bytes_per_rank"][0];
+    CHECK(mem["parameters"].get<long>() > 0);
+    CHECK(mem["optimizer_state"].get<long>() == 2 * mem["parameters"].get<long>());
+    CHECK(mem["activations"].get<long>() > 0);
+    CHECK(mem["resident"].get<long>() >= mem["total"].get<long>());
+}
+
+TEST_CASE("errors: bad config and flags end with one error line") {
+    TempDir dir;
+    auto with_config = [&](const std::string& text) {
+        test_util::write_file(dir.path("c.json"), text);
+        return run_trainer({"--config", dir.path("c.json")});
+    };
+    const std::string base = test_util::read_file(test_util::source_dir() + "/configs/tiny.json");
+    Json doc = Json::parse(base);
+    doc["model"]["d_modle"] = 64;
+    expect_error(with_config(doc.dump()), "did you mean \"model.d_model\"");
+    doc = Json::parse(base);
+    doc["model"]["n_layers"] = "two";
+    expect_error(with_config(doc.dump()), "config model.n_layers: \"two\" has the wrong type; expected an integer");
+    doc = Json::parse(base);
+    doc["optimizer"]["learning_rate"] = -1;
+    expect_error(with_config(doc.dump()), "optimizer.learning_rate: -1 is out of range");
+    expect_error(with_config("{\"model\": {"), "not valid JSON");
+    expect_error(run_trainer({"--config", dir.path("missing.json")}), "missing.json: cannot be read");
+    expect_error(run_trainer(concat(tiny_args("2"), {"--set", "global_train_batch_size=10"})), "not a multiple");
+    expect_error(run_trainer(concat(tiny_args("2"), {"--set", "optimizer.lr=1"})), "unknown config key");
+    expect_error(run_trainer(concat(tiny_args("2"), {"--frobnicate"})), "frobnicate");
+    expect_error(run_trainer(concat(tiny_args("2"), {"--strategy", "ddp"})), "needs the data-parallel backend");
+    expect_error(run_trainer(concat(tiny_args("2"), {"--strategy", "zero3"})), "expected single, ddp or fsdp");
+    expect_error(run_trainer(concat(tiny_args("2"), {"--sharding-strategy", "FULL"})), "expected FULL_SHARD");
+    expect_error(run_trainer(concat(tiny_args("2"), {"--wrapping-strategy", "by_blok"})), "by_block");
+    expect_error(run_trainer(concat(tiny_args("2"), {"--device", "cuda"})), "no CUDA backend");
+    expect_error(run_trainer(concat(tiny_args("2"), {"--precision", "amp_bf16"})), "needs the CUDA backend");
+    expect_error(run_trainer({"export", "--checkpoint", dir.path(), "-o", dir.path("x.safetensors")}),
+                 "no metadata.json");
+    expect_error(run_trainer({"prepare-data", dir.path("nope.txt"), "-o", dir.path("o.bin")}), "nope.txt");
+}
+
+TEST_CASE("errors: bad data files end with one error line") {
+    TempDir dir;
+    auto data_run = [&](const std::string& file, const std::string& bytes) {
+        test_util::write_file(dir.path(file), bytes);
+        return run_trainer({"--config", "configs/tiny.json", "--data", dir.path(file), "--max-duration", "2", "--set",
+                            "data.shuffle=false"});
+    };
+    expect_error(run_trainer({"--config", "configs/tiny.json", "--data", dir.path("absent.bin")}), "absent.bin");
+    expect_error(data_run("odd.u16", std::string(2001, 'a')), "not a whole number");
+    // An llm.c header that promises more tokens than the file holds.
+    std::string header(1024, '\0');
+    const int32_t h[3] = {20240520, 1, 100000};
+    std::memcpy(&header[0], h, sizeof h);
+    expect_error(data_run("short.bin", header + std::string(200, '\1')), "truncated");
+    // A token id beyond the vocabulary (257): id 300 at token 70.
+    std::vector<uint16_t> toks(1000, 65);
+    toks[70] = 300;
+    expect_error(data_run("vocab.u16", std::string(reinterpret_cast<char*>(toks.data()), toks.size() * 2)),
+                 "token id 300 at token offset 70");
+}
+
+TEST_CASE("errors: bad weights and checkpoints end with one error line and damage nothing") {
+    TempDir dir;
+    auto tensors = read_safetensors(fixture("gpt2_tiny_init.safetensors"));
+    auto write = [&](const std::string& name, const std::map<std::string, Tensor>& ts) {
+        std::vector<TensorRef> refs;
+        for (const auto& [n, t] : ts) refs.push_back({n, t.shape, t.data.data()});
+        write_safetensors(dir.path(name), refs, {});
+        return run_trainer({"--config", fixture("gpt2_tiny.json"), "--init-from", dir.path(name)});
+    };
+    auto missing = tensors;
+    missing.erase("transformer.h.1.ln_2.bias");
+    expect_error(write("missing.safetensors", missing), "tensor \"transformer.h.1.ln_2.bias\" is missing");
+    auto extra = tensors;
+    extra["transformer.h.7.ln_2.bias"] = tensors["transformer.h.1.ln_2.bias"];
+    expect_error(write("extra.safetensors", extra), "unexpected tensor \"transformer.h.7.ln_2.bias\"");
+    auto shaped = tensors;
+    shaped["transformer.h.0.attn.c_attn.weight"].shape = {96, 32};
+    expect_error(write("shape.safetensors", shaped), "has shape (96, 32); the config expects (32, 96)");
+    expect_error(
+        run_trainer({"--config", fixture("olmo_tiny.json"), "--init-from", fixture("gpt2_tiny_init.safetensors")}),
+        "is missing");
+    test_util::write_file(dir.path("junk.safetensors"), "not a safetensors file at all");
+    expect_error(run_trainer({"--config", fixture("gpt2_tiny.json"), "--init-from", dir.path("junk.safetensors")}),
+                 "junk.safetensors");
+
+    // Checkpoints: a missing folder, an empty save folder, and a fresh run into a folder with checkpoints.
+    expect_error(run_trainer(concat(tiny_args("2"), {"--load-path", dir.path("nowhere")})), "no such folder");
+    expect_error(run_trainer(concat(tiny_args("2"), {"--save-folder", dir.path("empty"), "--load-path", "latest"})),
+                 "no complete checkpoint");
+    require_ok(run_trainer(concat(tiny_args("2"), {"--save-folder", dir.path("ck")})));
+    const std::string before = test_util::read_file(dir.path("ck/step2/rank0.bin"));
+    expect_error(run_trainer(concat(tiny_args("3"), {"--save-folder", dir.path("ck")})), "already holds checkpoints");
+    CHECK(test_util::read_file(dir.path("ck/step2/rank0.bin")) == before);
+    expect_error(run_trainer(concat(tiny_args("3"), {"--save-folder", dir.path("ck"), "--load-path", "latest", "--set",
+                                                     "model.n_layers=3"})),
+                 "model.n_layers is 2 in the checkpoint but 3");
+    CHECK(test_util::read_file(dir.path("ck/step2/rank0.bin")) == before);
+}
