@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -97,6 +98,9 @@ double measure_fma_peak(int threads, double seconds) {
 
 MetricsWriter::MetricsWriter(const std::optional<std::string>& path, bool append) {
     if (!path) return;
+    const auto parent = std::filesystem::path(*path).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
     f_ = std::fopen(path->c_str(), append ? "a" : "w");
     if (!f_) user_error("metrics_file {}: cannot be written ({})", *path, std::strerror(errno));
 }

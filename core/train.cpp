@@ -142,6 +142,7 @@ int run_training(const TrainConfig& config) {
         hf_family(m, "--init-from " + *config.init_from);
         init_tensors = read_safetensors(*config.init_from);
     }
+    MetricsWriter metrics(config.metrics_file, resume_path.has_value());
     const int threads = configure_threads(config.threads);
     const int world = 1;
     const long micro = config.device_train_microbatch_size;
@@ -191,7 +192,6 @@ int run_training(const TrainConfig& config) {
     std::printf("MFU peak: %.1f GFLOP/s = %s\n", peak.flops / 1e9, peak.how.c_str());
     std::fflush(stdout);
 
-    MetricsWriter metrics(config.metrics_file, resume_path.has_value());
     ProgressBar bar(total_steps);
     std::vector<int64_t> global_batch, local;
     std::vector<int32_t> tokens(static_cast<size_t>(micro) * L);

@@ -25,12 +25,13 @@ TRAINER_HD float exp_simd(float x) {
 #if defined(__CUDA_ARCH__)
     return expf(x);
 #else
-    const float xc = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
     // Adding 1.5 * 2^23 rounds x log2(e) to the nearest integer n and leaves n in the low mantissa
-    // bits, so 2^n is built from bits without a float-to-int conversion (undefined for NaN).
-    const float kn = xc * 1.44269504088896341f + 12582912.0f;
+    // bits, so 2^n is built from bits without a float-to-int conversion (undefined for NaN). Out of
+    // range inputs give garbage that the fix-up below replaces (no clamp first: GCC threads it into
+    // branches).
+    const float kn = x * 1.44269504088896341f + 12582912.0f;
     const float n = kn - 12582912.0f;
-    const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -44,15 +45,26 @@ TRAINER_HD float exp_simd(float x) {
     float scale;
     std::memcpy(&scale, &scale_bits, sizeof scale);
     const float v = y * scale;
-    return x < -87.3f ? 0.0f : (x > 88.3f ? HUGE_VALF : v);
+    // The range fix-up is done on bits so that v is computed unconditionally: selecting between
+    // floats lets GCC sink the whole evaluation into a branch, which it cannot if-convert (the
+    // arithmetic might trap) and so cannot vectorise without AVX-512 masking.
+    const uint32_t under = x < -87.3f ? ~0u : 0u;
+    const uint32_t over = x > 88.3f ? ~0u : 0u;
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    bits = (bits & ~(under | over)) | (over & 0x7F800000u);
+    float out;
+    std::memcpy(&out, &bits, sizeof out);
+    return out;
 #endif
 }
 TRAINER_HD double exp_simd(double x) { return std::exp(x); }
 
 // erfc(x) in a form the host compiler can vectorise (glibc's erff/erfcf are opaque scalar calls):
 // Numerical Recipes' Chebyshev fit erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z/2), z = |x|, whose
-// relative error is below 1.2e-7 everywhere before fp32 rounding. Relative (not absolute) accuracy
-// in the tail is what GELU needs for negative inputs, where 1 + erf is tiny. Device: erfcf.
+// relative error is below 1.2e-7 everywhere (the fp32 rounding of z^2 adds up to 4e-6 once z > 8,
+// where erfc < 1e-29). Relative (not absolute) accuracy in the tail is what GELU needs for negative
+// inputs, where 1 + erf is tiny. Device: erfcf.
 TRAINER_HD float erfc_simd(float x) {
 #if defined(__CUDA_ARCH__)
     return erfcf(x);
@@ -70,7 +82,9 @@ TRAINER_HD float erfc_simd(float x) {
     p = p * t + 1.00002368f;
     p = p * t - 1.26551223f;
     const float r = t * exp_simd(p - z * z);
-    return x >= 0.0f ? r : 2.0f - r;
+    // erfc(-z) = 2 - erfc(z), written without a select between computed values (GCC would compute
+    // 2 - r only under a branch and give up vectorising it).
+    return std::copysign(r, x) + (std::signbit(x) ? 2.0f : 0.0f);
 #endif
 }
 TRAINER_HD double erfc_simd(double x) { return std::erfc(x); }

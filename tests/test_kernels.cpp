@@ -179,7 +179,8 @@ TEST_CASE("kernels: gemm matches a naive product for every transpose") {
                     double acc = 0.0;
                     for (int k = 0; k < K; ++k) {
                         const double a = ta ? A[static_cast<size_t>(k) * lda + i] : A[static_cast<size_t>(i) * lda + k];
-                        const double b = tb ? Bm[static_cast<size_t>(j) * ldb + k] : Bm[static_cast<size_t>(k) * ldb + j];
+                        const double b =
+                            tb ? Bm[static_cast<size_t>(j) * ldb + k] : Bm[static_cast<size_t>(k) * ldb + j];
                         acc += a * b;
                     }
                     ref[static_cast<size_t>(i) * ldc + j] = alpha * acc + beta * Cm[static_cast<size_t>(i) * ldc + j];
@@ -192,42 +193,45 @@ TEST_CASE("kernels: gemm matches a naive product for every transpose") {
 }
 
 TEST_CASE("kernels: matmul backward matches finite differences") {
-    const int M = 7, K = 13, N = 9;
-    for (int with_bias = 0; with_bias < 2; ++with_bias) {
-        for (int accumulate = 0; accumulate < 2; ++accumulate) {
-            CAPTURE(with_bias, accumulate);
-            std::mt19937_64 rng(2 + 2 * with_bias + accumulate);
-            Vec inp = random_vec(rng, static_cast<size_t>(M) * K);
-            Vec weight = random_vec(rng, static_cast<size_t>(N) * K);
-            Vec bias = random_vec(rng, N);
-            const Vec R = random_vec(rng, static_cast<size_t>(M) * N);
-            const double* bias_ptr = with_bias ? bias.data() : nullptr;
-            Vec out(static_cast<size_t>(M) * N);
-            auto loss = [&]() {
-                cpu::matmul_forward<double>(out.data(), inp.data(), weight.data(), bias_ptr, M, K, N);
-                return dot(out, R);
-            };
-            // Start every gradient from random values: parameter gradients accumulate, and dinp does
-            // when asked to.
-            const Vec dinp0 = random_vec(rng, inp.size());
-            const Vec dweight0 = random_vec(rng, weight.size());
-            const Vec dbias0 = random_vec(rng, bias.size());
-            Vec dinp = dinp0, dweight = dweight0, dbias = dbias0;
-            cpu::matmul_backward<double>(dinp.data(), dweight.data(), with_bias ? dbias.data() : nullptr, R.data(),
-                                         inp.data(), weight.data(), M, K, N, accumulate != 0);
-            check_fd("dinp", numeric_grad(inp, loss), accumulate ? minus(dinp, dinp0) : dinp);
-            check_fd("dweight", numeric_grad(weight, loss), minus(dweight, dweight0));
-            if (with_bias) {
-                check_fd("dbias", numeric_grad(bias, loss), minus(dbias, dbias0));
-            } else {
-                check_bitwise("dbias untouched", dbias, dbias0);
-            }
-            // A null dinp skips the input gradient and leaves the parameter gradients unchanged.
-            Vec dweight_only = dweight0;
-            cpu::matmul_backward<double>(nullptr, dweight_only.data(), nullptr, R.data(), inp.data(), weight.data(),
-                                         M, K, N, false);
-            check_close("dweight without dinp", dweight, dweight_only, 0.0, 0.0);
+    struct Case {
+        int M, K, N, with_bias, accumulate;
+    };
+    // N = 70 spans two of the 64-column blocks of the dbias column sums.
+    for (const Case cs : {Case{7, 13, 9, 0, 0}, Case{7, 13, 9, 0, 1}, Case{7, 13, 9, 1, 0}, Case{7, 13, 9, 1, 1},
+                          Case{5, 3, 70, 1, 1}}) {
+        const int M = cs.M, K = cs.K, N = cs.N, with_bias = cs.with_bias, accumulate = cs.accumulate;
+        CAPTURE(M, K, N, with_bias, accumulate);
+        std::mt19937_64 rng(2 + 2 * with_bias + accumulate + N);
+        Vec inp = random_vec(rng, static_cast<size_t>(M) * K);
+        Vec weight = random_vec(rng, static_cast<size_t>(N) * K);
+        Vec bias = random_vec(rng, N);
+        const Vec R = random_vec(rng, static_cast<size_t>(M) * N);
+        const double* bias_ptr = with_bias ? bias.data() : nullptr;
+        Vec out(static_cast<size_t>(M) * N);
+        auto loss = [&]() {
+            cpu::matmul_forward<double>(out.data(), inp.data(), weight.data(), bias_ptr, M, K, N);
+            return dot(out, R);
+        };
+        // Start every gradient from random values: parameter gradients accumulate, and dinp does
+        // when asked to.
+        const Vec dinp0 = random_vec(rng, inp.size());
+        const Vec dweight0 = random_vec(rng, weight.size());
+        const Vec dbias0 = random_vec(rng, bias.size());
+        Vec dinp = dinp0, dweight = dweight0, dbias = dbias0;
+        cpu::matmul_backward<double>(dinp.data(), dweight.data(), with_bias ? dbias.data() : nullptr, R.data(),
+                                     inp.data(), weight.data(), M, K, N, accumulate != 0);
+        check_fd("dinp", numeric_grad(inp, loss), accumulate ? minus(dinp, dinp0) : dinp);
+        check_fd("dweight", numeric_grad(weight, loss), minus(dweight, dweight0));
+        if (with_bias) {
+            check_fd("dbias", numeric_grad(bias, loss), minus(dbias, dbias0));
+        } else {
+            check_bitwise("dbias untouched", dbias, dbias0);
         }
+        // A null dinp skips the input gradient and leaves the parameter gradients unchanged.
+        Vec dweight_only = dweight0;
+        cpu::matmul_backward<double>(nullptr, dweight_only.data(), nullptr, R.data(), inp.data(), weight.data(), M, K,
+                                     N, false);
+        check_close("dweight without dinp", dweight, dweight_only, 0.0, 0.0);
     }
 }
 
@@ -270,12 +274,17 @@ TEST_CASE("kernels: embedding forward and backward match finite differences") {
 }
 
 TEST_CASE("kernels: layernorm backward matches finite differences") {
-    const int N = 7, C = 13;
+    const int C = 13;
     const float eps = 1e-5f;
-    // 0: weight and bias (GPT-2), 1: weight only, 2: non-parametric (OLMo).
-    for (int variant = 0; variant < 3; ++variant) {
-        CAPTURE(variant);
-        std::mt19937_64 rng(20 + variant);
+    // variant 0: weight and bias (GPT-2), 1: weight only, 2: non-parametric (OLMo). N = 75 rows span
+    // three of the fixed row chunks whose partial dweight/dbias sums are reduced at the end.
+    struct Case {
+        int variant, N;
+    };
+    for (const Case cs : {Case{0, 7}, Case{1, 7}, Case{2, 7}, Case{0, 75}}) {
+        const int variant = cs.variant, N = cs.N;
+        CAPTURE(variant, N);
+        std::mt19937_64 rng(20 + variant + N);
         Vec inp = random_vec(rng, static_cast<size_t>(N) * C, -2.0, 3.0);
         Vec weight = random_vec(rng, C, 0.5, 1.5);
         Vec bias = random_vec(rng, C);
@@ -392,8 +401,9 @@ TEST_CASE("kernels: attention backward matches finite differences") {
     struct Shape {
         int B, T, NH, HS;
     };
-    // T = 19 crosses the 16-query block; HS = 32 takes the compile-time head size path.
-    for (const Shape s : {Shape{2, 19, 3, 6}, Shape{1, 21, 2, 32}}) {
+    // T = 35 and 37 span two 32-query blocks (dK and dV gather across blocks); HS = 32 takes the
+    // compile-time head size path, HS = 6 the run-time one.
+    for (const Shape s : {Shape{2, 19, 3, 6}, Shape{1, 37, 2, 6}, Shape{1, 35, 1, 32}}) {
         CAPTURE(s.B, s.T, s.NH, s.HS);
         std::mt19937_64 rng(50 + s.HS);
         const size_t C = static_cast<size_t>(s.NH) * s.HS;
@@ -442,8 +452,10 @@ TEST_CASE("kernels: gelu backward matches finite differences") {
         Vec ref(n);
         for (size_t i = 0; i < n; ++i) {
             const double x = inp[i];
-            ref[i] = tanh_approx ? 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)))
-                                 : 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+            ref[i] =
+                tanh_approx
+                    ? 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)))
+                    : 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
         }
         check_close("gelu forward", ref, out, 1e-15, 1e-14);
         const Vec out_of_place = out;
@@ -462,6 +474,35 @@ TEST_CASE("kernels: gelu backward matches finite differences") {
         cpu::gelu_backward<double>(dinplace.data(), inp.data(), dinplace.data(), n, tanh_approx != 0);
         check_close("gelu backward in place", dinp, dinplace, 0.0, 0.0);
     }
+}
+
+TEST_CASE("kernels: float activations match double") {
+    // The float paths use element.h's vectorisable exp/erfc approximations, the double paths libm.
+    const int N = 37, H = 61;
+    const size_t n = static_cast<size_t>(N) * H;
+    std::mt19937_64 rng(75);
+    const Vec x = random_float_exact(rng, 2 * n, -6.0, 6.0);
+    const Vec g = random_float_exact(rng, 2 * n);
+    const VecF xf = to_float(x), gf = to_float(g);
+    for (int tanh_approx = 0; tanh_approx < 2; ++tanh_approx) {
+        CAPTURE(tanh_approx);
+        Vec out(n), dinp(n);
+        VecF out_f(n), dinp_f(n);
+        cpu::gelu_forward<double>(out.data(), x.data(), n, tanh_approx != 0);
+        cpu::gelu_forward<float>(out_f.data(), xf.data(), n, tanh_approx != 0);
+        cpu::gelu_backward<double>(dinp.data(), x.data(), g.data(), n, tanh_approx != 0);
+        cpu::gelu_backward<float>(dinp_f.data(), xf.data(), gf.data(), n, tanh_approx != 0);
+        check_close("gelu forward", out, out_f, 1e-6, 1e-5);
+        check_close("gelu backward", dinp, dinp_f, 1e-6, 1e-5);
+    }
+    Vec out(n), dinp(2 * n);
+    VecF out_f(n), dinp_f(2 * n);
+    cpu::swiglu_forward<double>(out.data(), x.data(), N, H);
+    cpu::swiglu_forward<float>(out_f.data(), xf.data(), N, H);
+    cpu::swiglu_backward<double>(dinp.data(), x.data(), g.data(), N, H);
+    cpu::swiglu_backward<float>(dinp_f.data(), xf.data(), gf.data(), N, H);
+    check_close("swiglu forward", out, out_f, 1e-6, 1e-5);
+    check_close("swiglu backward", dinp, dinp_f, 1e-6, 1e-5);
 }
 
 TEST_CASE("kernels: swiglu backward matches finite differences") {
@@ -514,7 +555,7 @@ TEST_CASE("kernels: residual add and scale") {
 TEST_CASE("kernels: classifier matches finite differences") {
     const int N = 7, V = 23;
     const std::vector<int32_t> targets = {3, 0, 22, -1, 7, 7, 15};  // row 3 is ignored
-    const double scale = 1.0 / 6.0;                                  // 1 / (counted targets)
+    const double scale = 1.0 / 6.0;                                 // 1 / (counted targets)
     std::mt19937_64 rng(100);
     Vec logits = random_vec(rng, static_cast<size_t>(N) * V, -3.0, 3.0);
     // Forward only: losses against logsumexp - logit, and the logits left exactly as they were.
@@ -572,8 +613,7 @@ TEST_CASE("kernels: adamw matches a double reimplementation of torch AdamW") {
         Vec grad = random_float_exact(rng, n, -2.0, 2.0);
         grad[0] = 0.0;  // a parameter with no gradient yet still decays
         const VecF grad_f = to_float(grad);
-        cpu::adamw_update(p.data(), grad_f.data(), m.data(), v.data(), n, lr, beta1, beta2, eps, wd, step,
-                          grad_scale);
+        cpu::adamw_update(p.data(), grad_f.data(), m.data(), v.data(), n, lr, beta1, beta2, eps, wd, step, grad_scale);
         const double b1 = beta1, b2 = beta2;
         const double bc1 = 1.0 - std::pow(b1, step), bc2 = 1.0 - std::pow(b2, step);
         for (size_t i = 0; i < n; ++i) {

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -45,6 +47,23 @@ constexpr int tile_rows(int width) {
 }
 
 int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+// keep ? v : 0, selected on the bits: with a float select GCC evaluates v (an exp) only under a
+// branch, which it cannot vectorise without AVX-512 masking.
+inline float keep_or_zero(bool keep, float v) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    bits &= keep ? ~0u : 0u;
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+}
+inline double keep_or_zero(bool keep, double v) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    bits &= keep ? ~uint64_t(0) : uint64_t(0);
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+}
 
 // st[k * kQueryBlock + r] = keys[k] . qt[:, r] for k < round_up(nk, kKeys), r < kQueryBlock.
 // Key k is the row at keys + k * ld; rows past nk reuse row nk - 1 (their scores are never used).
@@ -171,7 +190,7 @@ void forward_impl(T* out, T* lse, const T* qkv, int B, const Geometry& g) {
                 T* __restrict sk = st.data() + static_cast<size_t>(k) * kQueryBlock;
 #pragma omp simd
                 for (int r = 0; r < kQueryBlock; ++r) {
-                    const T p = k <= i0 + r ? exp_simd(sk[r] - m[r]) : T(0);
+                    const T p = keep_or_zero(k <= i0 + r, exp_simd(sk[r] - m[r]));
                     sk[r] = p;
                     sum[r] += p;
                 }
@@ -236,8 +255,8 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const T* 
                         }
                         lse_r[r] = lse[static_cast<size_t>(bh) * T_ + i0 + r];
                     } else {
-                        std::fill(qs.begin() + static_cast<size_t>(r) * hs, qs.begin() + static_cast<size_t>(r + 1) * hs,
-                                  T(0));
+                        std::fill(qs.begin() + static_cast<size_t>(r) * hs,
+                                  qs.begin() + static_cast<size_t>(r + 1) * hs, T(0));
                         std::fill(dos.begin() + static_cast<size_t>(r) * hs,
                                   dos.begin() + static_cast<size_t>(r + 1) * hs, T(0));
                         lse_r[r] = T(0);
@@ -258,7 +277,7 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const T* 
                     T* __restrict dsk = dpt.data() + static_cast<size_t>(k) * kQueryBlock;
 #pragma omp simd
                     for (int r = 0; r < kQueryBlock; ++r) {
-                        const T p = (k <= i0 + r && r < nr) ? exp_simd(sk[r] - lse_r[r]) : T(0);
+                        const T p = keep_or_zero(k <= i0 + r && r < nr, exp_simd(sk[r] - lse_r[r]));
                         sk[r] = p;
                         dsk[r] = p * (dsk[r] - delta[r]);
                     }
@@ -267,8 +286,8 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const T* 
                 for (int r0 = 0; r0 < nr; r0 += kRows) {
                     const int n = std::min(i1, i0 + r0 + kRows);
                     combine_tile<T, kHS, kRows>(dhead + (i0 + r0) * g.C3, g.C3, std::min(kRows, nr - r0),
-                                                dpt.data() + r0, 1, kQueryBlock, head + g.C, g.C3, n, scales, false,
-                                                hs, scratch.data());
+                                                dpt.data() + r0, 1, kQueryBlock, head + g.C, g.C3, n, scales, false, hs,
+                                                scratch.data());
                 }
                 // Key j gathers from the queries r >= j - i0; qs is pre-scaled, so dK needs no scale.
                 for (int j0 = 0; j0 < i1; j0 += kRows) {
@@ -277,10 +296,9 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const T* 
                     combine_tile<T, kHS, kRows>(dv.data() + static_cast<size_t>(j0) * hs, hs, kRows, st.data() + a_off,
                                                 kQueryBlock, 1, dos.data() + static_cast<size_t>(r0) * hs, hs, nr - r0,
                                                 nullptr, true, hs, scratch.data());
-                    combine_tile<T, kHS, kRows>(dk.data() + static_cast<size_t>(j0) * hs, hs, kRows,
-                                                dpt.data() + a_off, kQueryBlock, 1,
-                                                qs.data() + static_cast<size_t>(r0) * hs, hs, nr - r0, nullptr, true,
-                                                hs, scratch.data());
+                    combine_tile<T, kHS, kRows>(dk.data() + static_cast<size_t>(j0) * hs, hs, kRows, dpt.data() + a_off,
+                                                kQueryBlock, 1, qs.data() + static_cast<size_t>(r0) * hs, hs, nr - r0,
+                                                nullptr, true, hs, scratch.data());
                 }
             }
             for (int j = 0; j < T_; ++j) {
@@ -312,10 +330,18 @@ void attention_forward(T* out, T* lse, const T* qkv, int B, int T_, int NH, int 
     if (B <= 0 || T_ <= 0) return;
     const Geometry g = make_geometry(T_, NH, HS);
     switch (HS) {
-        case 32: forward_impl<T, 32>(out, lse, qkv, B, g); break;
-        case 64: forward_impl<T, 64>(out, lse, qkv, B, g); break;
-        case 128: forward_impl<T, 128>(out, lse, qkv, B, g); break;
-        default: forward_impl<T, 0>(out, lse, qkv, B, g); break;
+        case 32:
+            forward_impl<T, 32>(out, lse, qkv, B, g);
+            break;
+        case 64:
+            forward_impl<T, 64>(out, lse, qkv, B, g);
+            break;
+        case 128:
+            forward_impl<T, 128>(out, lse, qkv, B, g);
+            break;
+        default:
+            forward_impl<T, 0>(out, lse, qkv, B, g);
+            break;
     }
 }
 
@@ -325,10 +351,18 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
     if (B <= 0 || T_ <= 0) return;
     const Geometry g = make_geometry(T_, NH, HS);
     switch (HS) {
-        case 32: backward_impl<T, 32>(dqkv, dout, qkv, out, lse, B, g); break;
-        case 64: backward_impl<T, 64>(dqkv, dout, qkv, out, lse, B, g); break;
-        case 128: backward_impl<T, 128>(dqkv, dout, qkv, out, lse, B, g); break;
-        default: backward_impl<T, 0>(dqkv, dout, qkv, out, lse, B, g); break;
+        case 32:
+            backward_impl<T, 32>(dqkv, dout, qkv, out, lse, B, g);
+            break;
+        case 64:
+            backward_impl<T, 64>(dqkv, dout, qkv, out, lse, B, g);
+            break;
+        case 128:
+            backward_impl<T, 128>(dqkv, dout, qkv, out, lse, B, g);
+            break;
+        default:
+            backward_impl<T, 0>(dqkv, dout, qkv, out, lse, B, g);
+            break;
     }
 }
 
@@ -336,7 +370,7 @@ template void attention_forward<float>(float*, float*, const float*, int, int, i
 template void attention_forward<double>(double*, double*, const double*, int, int, int, int);
 template void attention_backward<float>(float*, const float*, const float*, const float*, const float*, int, int, int,
                                         int);
-template void attention_backward<double>(double*, const double*, const double*, const double*, const double*, int,
-                                         int, int, int);
+template void attention_backward<double>(double*, const double*, const double*, const double*, const double*, int, int,
+                                         int, int);
 
 }  // namespace trainer::cpu

@@ -2,10 +2,10 @@
 // The backward is the one place a row of dwte gathers from an unknown set of tokens; instead of
 // atomics or per-thread copies of dwte (V x C), each thread owns a slice of channels and walks every
 // row in order, so each dwte element sums its contributions in row order for any thread count.
+#include <omp.h>
+
 #include <algorithm>
 #include <cstddef>
-
-#include <omp.h>
 
 #include "kernels/cpu/ops.h"
 

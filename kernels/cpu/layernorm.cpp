@@ -55,8 +55,8 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
 }
 
 template <typename T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                        const T* mean, const T* rstd, int N, int C) {
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
+                        const T* rstd, int N, int C) {
     const bool params = dweight != nullptr || dbias != nullptr;
     const int nchunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
     std::vector<T> partial(params ? static_cast<size_t>(nchunks) * 2 * C : 0, T(0));
@@ -130,8 +130,8 @@ template void layernorm_forward<float>(float*, float*, float*, const float*, con
                                        float);
 template void layernorm_forward<double>(double*, double*, double*, const double*, const double*, const double*, int,
                                         int, float);
-template void layernorm_backward<float>(float*, float*, float*, const float*, const float*, const float*,
-                                        const float*, const float*, int, int);
+template void layernorm_backward<float>(float*, float*, float*, const float*, const float*, const float*, const float*,
+                                        const float*, int, int);
 template void layernorm_backward<double>(double*, double*, double*, const double*, const double*, const double*,
                                          const double*, const double*, int, int);
 

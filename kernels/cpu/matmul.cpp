@@ -30,8 +30,8 @@ constexpr int kBiasColumns = 64;
 }  // namespace
 
 template <typename T>
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb,
-          T beta, T* C, int ldc) {
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb, T beta,
+          T* C, int ldc) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
         // BLAS rejects a zero leading dimension, and an empty product leaves beta * C.
@@ -42,8 +42,8 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, 
         }
         return;
     }
-    blas_gemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
-              ldb, beta, C, ldc);
+    blas_gemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb,
+              beta, C, ldc);
 }
 
 template <typename T>
@@ -63,8 +63,8 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int M,
 }
 
 template <typename T>
-void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int M, int K,
-                     int N, bool accumulate_dinp) {
+void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int M, int K, int N,
+                     bool accumulate_dinp) {
     if (dinp != nullptr) {
         gemm<T>(false, false, M, K, N, T(1), dout, N, weight, K, accumulate_dinp ? T(1) : T(0), dinp, K);
     }
@@ -95,7 +95,7 @@ template void matmul_forward<float>(float*, const float*, const float*, const fl
 template void matmul_forward<double>(double*, const double*, const double*, const double*, int, int, int);
 template void matmul_backward<float>(float*, float*, float*, const float*, const float*, const float*, int, int, int,
                                      bool);
-template void matmul_backward<double>(double*, double*, double*, const double*, const double*, const double*, int,
-                                      int, int, bool);
+template void matmul_backward<double>(double*, double*, double*, const double*, const double*, const double*, int, int,
+                                      int, bool);
 
 }  // namespace trainer::cpu
