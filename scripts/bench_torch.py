@@ -12,6 +12,13 @@ clipping at max_grad_norm and the config's LR schedule, and prints one JSON line
 Tokens per step = micro_batch * seq_len (L tokens per instance, OLMo's count;
 the model itself runs on L - 1 positions).
 
+Memory allocator: glibc malloc returns PyTorch's large CPU buffers (logits,
+activations) to the OS after every use, so each step page-faults them back in
+(15-25% system time on a 2-core box). Running with
+  MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736
+(or jemalloc / tcmalloc via LD_PRELOAD) keeps them cached; say which was used
+when quoting a figure.
+
 Usage:
   /usr/bin/python3 scripts/bench_torch.py --config CFG.json --steps 3 \
       [--warmup 2] [--micro-batch 8] [--seq-len 256] [--threads 2] [--seed 0]

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# CPU benchmark: this trainer against PyTorch's CPU backend (Debian's python3-torch over OpenBLAS), same
+# model shapes, threads, optimizer (AdamW + clipping + schedule) and batch, alternating the two in one
+# run so machine noise hits both alike. Prints one markdown table: tokens/s of each, the ratio, and MFU
+# against the measured fp32 FMA peak (trainer peak-flops).
+#
+# Usage: scripts/bench_cpu.sh [--steps N] [--rounds R] [--threads T]
+#   shapes: cpu_bench (OLMo style), cpu_bench_gpt2 (same shape, GPT-2 style), gpt2_124m (micro-batch 4, seq 64)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=6 rounds=2 threads=$(nproc)
+while (($#)); do
+    case $1 in
+        --steps) steps=$2; shift 2 ;;
+        --rounds) rounds=$2; shift 2 ;;
+        --threads) threads=$2; shift 2 ;;
+        *) echo "error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+    esac
+done
+bash scripts/install_deps.sh --with-torch
+bash scripts/build.sh >/dev/null
+py=/usr/bin/python3
+trainer=build/bin/trainer
+mkdir -p data
+if [[ ! -f data/bench_tokens.bin ]]; then
+    # Any real text will do for throughput: this repository's own sources.
+    git ls-files '*.cpp' '*.h' '*.md' '*.py' '*.sh' | xargs "$trainer" prepare-data --tokenizer bytes --format llmc \
+        -o data/bench_tokens.bin >/dev/null
+fi
+peak=$("$trainer" peak-flops --threads "$threads" --seconds 3 | $py -c 'import json,sys; print(json.load(sys.stdin)["measured_fma_flops"])')
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# name | config | trainer overrides | torch overrides
+shapes=(
+    "cpu_bench|configs/cpu_bench.json||--micro-batch 8 --seq-len 256"
+    "cpu_bench_gpt2|configs/cpu_bench_gpt2.json||--micro-batch 8 --seq-len 256"
+    "gpt2_124m|configs/gpt2_124m.json|--set model.max_sequence_length=64 --set device_train_microbatch_size=4 --set global_train_batch_size=4 --set data.paths=data/bench_tokens.bin|--micro-batch 4 --seq-len 64"
+)
+for ((r = 1; r <= rounds; r++)); do
+    for s in "${shapes[@]}"; do
+        IFS='|' read -r name config ours theirs <<<"$s"
+        # shellcheck disable=SC2086
+        "$trainer" --config "$config" --threads "$threads" --max-duration "$steps" --set console_log_interval=1000000 \
+            --set peak_flops_per_device="$($py -c "print($peak / $threads)")" $ours \
+            --metrics-file "$tmp/ours_${name}_$r.jsonl" >/dev/null
+        # shellcheck disable=SC2086
+        OMP_NUM_THREADS=$threads $py scripts/bench_torch.py --config "$config" --steps $((steps - 1)) --warmup 1 \
+            --threads "$threads" $theirs >"$tmp/torch_${name}_$r.json"
+    done
+done
+
+$py - "$tmp" "$rounds" "$peak" "$threads" "$steps" <<'PY'
+import json, statistics, sys
+tmp, rounds, peak, threads, steps = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+print(f"CPU benchmark: {threads} threads, {steps} steps per run (first untimed), {rounds} alternating rounds; "
+      f"measured FMA peak {peak/1e9:.0f} GFLOP/s\n")
+print("| shape | trainer tokens/s | PyTorch tokens/s | ratio | trainer MFU | PyTorch MFU |")
+print("|---|---|---|---|---|---|")
+for name in ["cpu_bench", "cpu_bench_gpt2", "gpt2_124m"]:
+    ours, theirs, mfu = [], [], []
+    for r in range(1, rounds + 1):
+        rows = [json.loads(l) for l in open(f"{tmp}/ours_{name}_{r}.jsonl")]
+        summary = rows[-1]
+        ours.append(summary["tokens_per_second_per_device"])
+        mfu.append(summary["mfu"])
+        theirs.append(json.load(open(f"{tmp}/torch_{name}_{r}.json"))["tokens_per_second"])
+    o, t, m = statistics.median(ours), statistics.median(theirs), statistics.median(mfu)
+    print(f"| {name} | {o:.0f} | {t:.0f} | {o/t:.2f}x | {100*m:.1f}% | {100*m*t/o:.1f}% |")
+PY
