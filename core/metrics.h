@@ -22,6 +22,8 @@ struct PeakFlops {
 // Dense fp32 peak of `threads` CPU cores: cores x clock x FLOP/cycle from /proc/cpuinfo (vector width and
 // FMA units of the detected ISA), or the configured peak_flops_per_device.
 PeakFlops cpu_peak_flops(int threads, const std::optional<double>& configured);
+// Core clock in Hz measured with a chain of dependent integer adds (one per cycle); 0 where unsupported.
+double measure_clock_hz();
 // Measures the fp32 FMA throughput of `threads` threads for about `seconds` (independent FMA chains on the
 // widest vectors this build targets): the practical peak of this machine.
 double measure_fma_peak(int threads, double seconds);

@@ -76,7 +76,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     const size_t N = static_cast<size_t>(max_batch_) * T_;
     // Head chunk: enough rows to keep the GEMMs efficient, few enough that a chunk of logits stays
     // around 16 MiB (it is written and read back while still in the last-level cache where possible).
-    head_chunk_rows_ = static_cast<int>(std::clamp<size_t>((size_t(4) << 20) / static_cast<size_t>(V_), 16, N));
+    head_chunk_rows_ = static_cast<int>(std::clamp<size_t>((size_t(64) << 20) / static_cast<size_t>(V_), 16, N));
 
     size_t off = 0;
     auto take = [&](size_t n) {

@@ -190,6 +190,7 @@ int run_training(const TrainConfig& config) {
         "predicted positions)\n",
         layout.matmul_numel(), m.n_layers, m.d_model, L - 1, fpt, L - 1);
     std::printf("MFU peak: %.1f GFLOP/s = %s\n", peak.flops / 1e9, peak.how.c_str());
+    if (backend->name() == "cpu") std::printf("GEMMs: %s\n", cpu_blas_description().c_str());
     std::fflush(stdout);
 
     ProgressBar bar(total_steps);

@@ -75,6 +75,9 @@ class Backend {
 // device this build or machine does not have, naming it and what is available.
 std::unique_ptr<Backend> make_backend(const std::string& device);
 
+// One line on the CPU GEMM library and kernel set in use, with a note when a faster one is available.
+std::string cpu_blas_description();
+
 // Owning view of one device allocation, counted in the memory accounting under its category.
 class DeviceBuffer {
    public:

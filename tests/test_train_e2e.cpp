@@ -48,8 +48,8 @@ void check_pytorch_parity(const std::string& name) {
         const double gn = rows[i]["grad_norm"], ref_gn = expected["grad_norms"][i];
         const double lr = rows[i]["lr"], ref_lr = expected["lrs"][i];
         CAPTURE(i, loss, ref, gn, ref_gn);
-        CHECK(std::fabs(loss - ref) <= 1e-4 * std::fabs(ref));
-        CHECK(std::fabs(gn - ref_gn) <= 1e-4 * std::fabs(ref_gn));
+        CHECK(std::fabs(loss - ref) <= 1e-5 * std::fabs(ref));  // the issue asks 1e-4; we hold 1e-5
+        CHECK(std::fabs(gn - ref_gn) <= 1e-5 * std::fabs(ref_gn));
         CHECK(std::fabs(lr - ref_lr) <= 1e-9 * std::fabs(ref_lr));
     }
     CHECK(rows.back()["loss"].get<double>() < rows.front()["loss"].get<double>());

@@ -23,16 +23,16 @@ namespace trainer::cpu {
 // ---- matmul.cpp: GEMMs through OpenBLAS (cblas_sgemm / cblas_dgemm), row-major. ----
 // C(M,N) = alpha * op(A) @ op(B) + beta * C, op = transpose when trans_*; lda/ldb/ldc row strides.
 template <typename T>
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb,
-          T beta, T* C, int ldc);
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb, T beta,
+          T* C, int ldc);
 // PyTorch Linear: out(M,N) = inp(M,K) @ weight(N,K)^T + bias(N); bias nullable. out overwritten.
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int M, int K, int N);
 // dinp(M,K) = dout(M,N) @ weight(N,K)  (+= when accumulate_dinp); dinp nullable (skipped).
 // dweight(N,K) += dout^T @ inp; dbias(N) += column sums of dout (nullable).
 template <typename T>
-void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int M, int K,
-                     int N, bool accumulate_dinp);
+void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int M, int K, int N,
+                     bool accumulate_dinp);
 
 // ---- embedding.cpp ----
 // out(N,C) = wte[tokens[n]] + wpe[n % T] (wpe nullable: RoPE models have no learned positions).
@@ -48,13 +48,12 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, 
 // LayerNorm has neither; GPT-2's has both). mean(N), rstd(N) = 1/sqrt(var + eps) saved for backward;
 // var is the biased variance, as torch.nn.functional.layer_norm.
 template <typename T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
-                       float eps);
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int N, int C, float eps);
 // dinp(N,C) += (ACCUMULATES: the input is the residual stream, whose gradient also flows around the
 // norm); dweight(C) += and dbias(C) += (both nullable, and null when weight/bias are).
 template <typename T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                        const T* mean, const T* rstd, int N, int C);
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
+                        const T* rstd, int N, int C);
 
 // ---- rope.cpp: rotary embeddings, non-interleaved ("rotate_half"), as OLMo/HF Llama. ----
 // qkv(B,T,3C) holds q | k | v, each (NH,HS). Rotates q and k in place at positions t = 0..T-1:
@@ -113,8 +112,8 @@ void classifier_forward_backward(T* logits, T* losses, const int32_t* targets, i
 // ---- adamw.cpp ----
 // One AdamW step over a flat range (PyTorch semantics, see element.h adamw_element) on grad * grad_scale
 // (grad_scale carries the clipping coefficient). step is 1-based.
-void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, long step, float grad_scale);
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, long step, float grad_scale);
 
 // ---- norm.cpp ----
 // sum of x[i]^2 accumulated in double over fixed partitions (deterministic for a thread count).
