@@ -14,7 +14,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <sstream>
 
 #include "core/common.h"
@@ -137,13 +136,13 @@ std::vector<std::pair<long, std::string>> complete_checkpoints(const std::string
     std::vector<std::pair<long, std::string>> out;
     std::error_code ec;
     if (!fs::is_directory(folder, ec)) return out;
-    static const std::regex step_re("step([0-9]+)");
     for (const auto& entry : fs::directory_iterator(folder, ec)) {
+        // Exactly "step<digits>": skips .step<N>.tmp-* folders of interrupted saves and anything else.
         const std::string name = entry.path().filename().string();
-        std::smatch m;
-        if (!std::regex_match(name, m, step_re)) continue;  // skips .step<N>.tmp-* of interrupted saves
+        if (name.size() <= 4 || name.compare(0, 4, "step") != 0 || name.size() > 22) continue;
+        if (name.find_first_not_of("0123456789", 4) != std::string::npos) continue;
         if (!fs::exists(entry.path() / "metadata.json", ec)) continue;
-        out.emplace_back(std::stol(m[1].str()), entry.path().string());
+        out.emplace_back(std::stol(name.substr(4)), entry.path().string());
     }
     std::sort(out.begin(), out.end());
     return out;

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "core/common.h"
+#include "core/hf_names.h"
 #include "core/model.h"
 
 namespace trainer {
@@ -72,6 +73,17 @@ void init_unit_params(const TrainConfig& config, const Unit& unit, float* host) 
             out[i] = static_cast<float>(z * std);
         }
     }
+}
+
+void load_initial_params(const TrainConfig& config, const ParamLayout& layout, Strategy& strategy,
+                         const std::map<std::string, Tensor>* hf_tensors, const std::string& hf_file) {
+    std::vector<std::vector<float>> host(layout.num_units());
+    for (int u = 0; u < layout.num_units(); ++u) {
+        host[u].resize(layout.units()[u].numel);
+        init_unit_params(config, layout.units()[u], host[u].data());
+    }
+    if (hf_tensors) from_hf_tensors(config, layout, *hf_tensors, hf_file, host);
+    for (int u = 0; u < layout.num_units(); ++u) strategy.load_full_unit_params(u, host[u].data());
 }
 
 }  // namespace trainer

@@ -2,6 +2,7 @@
 #include "core/metrics.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -124,13 +125,19 @@ double measure_fma_peak(int threads, double seconds) {
     return best;
 }
 
-MetricsWriter::MetricsWriter(const std::optional<std::string>& path, bool append) {
+MetricsWriter::MetricsWriter(const std::optional<std::string>& path, bool append) : append_(append) {
     if (!path) return;
-    const auto parent = std::filesystem::path(*path).parent_path();
+    path_ = *path;
+    // Checked now, opened at the first record: a run that fails before its first step leaves an existing
+    // metrics file as it was.
+    const auto parent = std::filesystem::path(path_).parent_path();
     std::error_code ec;
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    f_ = std::fopen(path->c_str(), append ? "a" : "w");
-    if (!f_) user_error("metrics_file {}: cannot be written ({})", *path, std::strerror(errno));
+    const std::string dir = parent.empty() ? "." : parent.string();
+    const bool exists = std::filesystem::exists(path_, ec);
+    if (ec || (exists ? ::access(path_.c_str(), W_OK) : ::access(dir.c_str(), W_OK)) != 0) {
+        user_error("metrics_file {}: cannot be written ({})", path_, std::strerror(errno ? errno : EACCES));
+    }
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -138,7 +145,11 @@ MetricsWriter::~MetricsWriter() {
 }
 
 void MetricsWriter::write(const Json& record) {
-    if (!f_) return;
+    if (path_.empty()) return;
+    if (!f_) {
+        f_ = std::fopen(path_.c_str(), append_ ? "a" : "w");
+        if (!f_) user_error("metrics_file {}: cannot be written ({})", path_, std::strerror(errno));
+    }
     const std::string line = record.dump() + "\n";
     std::fwrite(line.data(), 1, line.size(), f_);
     std::fflush(f_);

@@ -36,6 +36,8 @@ class MetricsWriter {
     void write(const Json& record);
 
    private:
+    std::string path_;
+    bool append_ = false;
     std::FILE* f_ = nullptr;
 };
 

@@ -14,10 +14,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "core/config.h"
 #include "core/layout.h"
+#include "core/safetensors.h"
 #include "kernels/backend.h"
 #include "parallel/strategy.h"
 
@@ -72,5 +75,10 @@ class Model {
 // mitchell), from a counter-based generator keyed by (seed, parameter name, element): the result is
 // independent of thread count and of the order units are initialised in.
 void init_unit_params(const TrainConfig& config, const Unit& unit, float* host);
+
+// The initial parameters of every unit (host): init_unit_params, then, when `hf_tensors` is not null, the
+// Hugging Face tensors read from `hf_file` on top (see from_hf_tensors). Loads them into the strategy.
+void load_initial_params(const TrainConfig& config, const ParamLayout& layout, Strategy& strategy,
+                         const std::map<std::string, Tensor>* hf_tensors, const std::string& hf_file);
 
 }  // namespace trainer

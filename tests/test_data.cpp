@@ -19,6 +19,7 @@
 #include "core/common.h"
 #include "core/data.h"
 #include "core/tokenizer.h"
+#include "test_util.h"
 
 using Catch::Matchers::Contains;
 using trainer::InstanceOrder;
@@ -29,26 +30,6 @@ using trainer::TokenFileFormat;
 using trainer::UserError;
 
 namespace {
-
-// A fresh folder under /tmp, removed with everything in it when the test ends.
-class TempDir {
-   public:
-    TempDir() {
-        char tmpl[] = "/tmp/trainer_test_data_XXXXXX";
-        char* p = ::mkdtemp(tmpl);
-        REQUIRE(p != nullptr);
-        path_ = p;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        std::filesystem::remove_all(path_, ec);
-    }
-    std::string file(const std::string& name) const { return path_ + "/" + name; }
-    const std::string& path() const { return path_; }
-
-   private:
-    std::string path_;
-};
 
 void write_file(const std::string& path, const std::string& bytes) {
     std::ofstream out(path, std::ios::binary);
@@ -137,9 +118,9 @@ TEST_CASE("data: parse token dtype") {
 }
 
 TEST_CASE("data: raw uint16 file") {
-    TempDir dir;
+    test_util::TempDir dir;
     std::vector<uint16_t> tokens = {0, 1, 2, 50279, 65535, 7, 8};
-    std::string path = dir.file("tokens.bin");
+    std::string path = dir.path("tokens.bin");
     write_file(path, bytes_of(tokens));
     TokenFile f(path, TokenDtype::kUint16);
     CHECK(f.format() == TokenFileFormat::kRaw);
@@ -152,9 +133,9 @@ TEST_CASE("data: raw uint16 file") {
 }
 
 TEST_CASE("data: raw uint32 file") {
-    TempDir dir;
+    test_util::TempDir dir;
     std::vector<uint32_t> tokens = {0, 70000, 4000000000u, 5, 100000};
-    std::string path = dir.file("tokens.bin");
+    std::string path = dir.path("tokens.bin");
     write_file(path, bytes_of(tokens));
     TokenFile f(path, TokenDtype::kUint32);
     CHECK(f.format() == TokenFileFormat::kRaw);
@@ -168,12 +149,12 @@ TEST_CASE("data: raw uint32 file") {
 }
 
 TEST_CASE("data: npy files with header v1 v2 and v3") {
-    TempDir dir;
+    test_util::TempDir dir;
     std::vector<uint16_t> t16 = {3, 1, 4, 1, 5, 9, 2, 6, 65535};
     std::vector<uint32_t> t32 = {2, 7, 1, 8, 2, 8, 1828459045u};
 
     SECTION("v1 u2") {
-        std::string path = dir.file("a.npy");
+        std::string path = dir.path("a.npy");
         write_file(path, npy_file(npy_dict("<u2", "(9,)"), bytes_of(t16)));
         // The header's dtype wins over memmap_dtype.
         TokenFile f(path, TokenDtype::kUint32);
@@ -184,7 +165,7 @@ TEST_CASE("data: npy files with header v1 v2 and v3") {
         CHECK(all_tokens(f) == std::vector<uint32_t>(t16.begin(), t16.end()));
     }
     SECTION("v1 u4") {
-        std::string path = dir.file("b.npy");
+        std::string path = dir.path("b.npy");
         write_file(path, npy_file(npy_dict("<u4", "(7,)"), bytes_of(t32)));
         TokenFile f(path, TokenDtype::kUint16);
         CHECK(f.dtype() == TokenDtype::kUint32);
@@ -192,7 +173,7 @@ TEST_CASE("data: npy files with header v1 v2 and v3") {
     }
     SECTION("v2 two dimensional shape read flattened") {
         std::vector<uint16_t> grid = iota16(12, 100);
-        std::string path = dir.file("c.npy");
+        std::string path = dir.path("c.npy");
         write_file(path,
                    npy_file("{\"descr\": \"<u2\", \"fortran_order\": False, \"shape\": (3, 4)}", bytes_of(grid), 2));
         TokenFile f(path, TokenDtype::kUint16);
@@ -205,7 +186,7 @@ TEST_CASE("data: npy files with header v1 v2 and v3") {
         file += '\x03';
         file += '\0';
         file += bytes_of(std::vector<uint32_t>{static_cast<uint32_t>(dict.size())});
-        std::string path = dir.file("d.npy");
+        std::string path = dir.path("d.npy");
         write_file(path, file + dict + bytes_of(t32));
         TokenFile f(path, TokenDtype::kUint16);
         CHECK(f.byte_offset(0) == static_cast<int64_t>(12 + dict.size()));
@@ -214,9 +195,9 @@ TEST_CASE("data: npy files with header v1 v2 and v3") {
 }
 
 TEST_CASE("data: llmc shard") {
-    TempDir dir;
+    test_util::TempDir dir;
     std::vector<uint16_t> tokens = iota16(300, 40000);
-    std::string path = dir.file("shard.bin");
+    std::string path = dir.path("shard.bin");
     write_file(path, llmc_file(tokens, 300));
     // llm.c shards are uint16 whatever memmap_dtype says.
     TokenFile f(path, TokenDtype::kUint32);
@@ -228,10 +209,10 @@ TEST_CASE("data: llmc shard") {
 }
 
 TEST_CASE("data: the remainder of each file is dropped") {
-    TempDir dir;
-    write_file(dir.file("a.bin"), bytes_of(iota16(10, 0)));   // 2 instances of 4, tokens 8 and 9 dropped
-    write_file(dir.file("b.bin"), bytes_of(iota16(7, 100)));  // 1 instance, tokens 104..106 dropped
-    TokenDataset ds({dir.file("a.bin"), dir.file("b.bin")}, TokenDtype::kUint16, 4, 1000);
+    test_util::TempDir dir;
+    write_file(dir.path("a.bin"), bytes_of(iota16(10, 0)));   // 2 instances of 4, tokens 8 and 9 dropped
+    write_file(dir.path("b.bin"), bytes_of(iota16(7, 100)));  // 1 instance, tokens 104..106 dropped
+    TokenDataset ds({dir.path("a.bin"), dir.path("b.bin")}, TokenDtype::kUint16, 4, 1000);
     REQUIRE(ds.num_instances() == 3);
     CHECK(ds.seq_len() == 4);
     CHECK(instance(ds, 0) == range32(0, 4));
@@ -240,17 +221,17 @@ TEST_CASE("data: the remainder of each file is dropped") {
 }
 
 TEST_CASE("data: the instance index runs across files in order") {
-    TempDir dir;
+    test_util::TempDir dir;
     // raw (3 instances), a file shorter than one instance (none), npy (2), llm.c (1), raw uint32 files
     // are covered by the uint32 test: here one memmap_dtype for all raw files.
-    write_file(dir.file("a.bin"), bytes_of(iota16(15, 0)));
-    write_file(dir.file("short.bin"), bytes_of(iota16(3, 500)));
+    write_file(dir.path("a.bin"), bytes_of(iota16(15, 0)));
+    write_file(dir.path("short.bin"), bytes_of(iota16(3, 500)));
     write_file(
-        dir.file("c.npy"),
+        dir.path("c.npy"),
         npy_file(npy_dict("<u4", "(11,)"),
                  bytes_of(std::vector<uint32_t>({1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009, 1010}))));
-    write_file(dir.file("d.bin"), llmc_file(iota16(5, 2000), 5));
-    TokenDataset ds({dir.file("a.bin"), dir.file("short.bin"), dir.file("c.npy"), dir.file("d.bin")},
+    write_file(dir.path("d.bin"), llmc_file(iota16(5, 2000), 5));
+    TokenDataset ds({dir.path("a.bin"), dir.path("short.bin"), dir.path("c.npy"), dir.path("d.bin")},
                     TokenDtype::kUint16, 5, 4000);
     REQUIRE(ds.files().size() == 4);
     REQUIRE(ds.num_instances() == 6);
@@ -263,8 +244,8 @@ TEST_CASE("data: the instance index runs across files in order") {
 }
 
 TEST_CASE("data: truncated or oversized llmc shards are refused") {
-    TempDir dir;
-    std::string path = dir.file("shard.bin");
+    test_util::TempDir dir;
+    std::string path = dir.path("shard.bin");
     SECTION("fewer tokens than the header says") {
         write_file(path, llmc_file(iota16(50, 0), 100));
         REQUIRE_THROWS_AS(TokenFile(path, TokenDtype::kUint16), UserError);
@@ -284,8 +265,8 @@ TEST_CASE("data: truncated or oversized llmc shards are refused") {
 }
 
 TEST_CASE("data: files that look like a format but are not valid are refused") {
-    TempDir dir;
-    std::string path = dir.file("bad.bin");
+    test_util::TempDir dir;
+    std::string path = dir.path("bad.bin");
     SECTION("llmc magic with version 7") {
         write_file(path, llmc_file(iota16(10, 0), 10, 7));
         REQUIRE_THROWS_WITH(TokenFile(path, TokenDtype::kUint16),
@@ -316,8 +297,8 @@ TEST_CASE("data: files that look like a format but are not valid are refused") {
 }
 
 TEST_CASE("data: npy files with a wrong header are refused") {
-    TempDir dir;
-    std::string path = dir.file("bad.npy");
+    test_util::TempDir dir;
+    std::string path = dir.path("bad.npy");
     std::string data = bytes_of(std::vector<uint32_t>{1, 2, 3, 4});
     SECTION("int32 descr") {
         write_file(path, npy_file(npy_dict("<i4", "(4,)"), data));
@@ -371,8 +352,8 @@ TEST_CASE("data: npy files with a wrong header are refused") {
 }
 
 TEST_CASE("data: raw files that are not a whole number of tokens are refused") {
-    TempDir dir;
-    std::string path = dir.file("odd.bin");
+    test_util::TempDir dir;
+    std::string path = dir.path("odd.bin");
     write_file(path, std::string(1001, 'x'));
     REQUIRE_THROWS_AS(TokenFile(path, TokenDtype::kUint16), UserError);
     REQUIRE_THROWS_WITH(TokenFile(path, TokenDtype::kUint16),
@@ -383,9 +364,9 @@ TEST_CASE("data: raw files that are not a whole number of tokens are refused") {
 }
 
 TEST_CASE("data: a token id at or above the vocabulary size names the file and offset") {
-    TempDir dir;
+    test_util::TempDir dir;
     SECTION("raw uint32") {
-        std::string path = dir.file("big.bin");
+        std::string path = dir.path("big.bin");
         write_file(path, bytes_of(std::vector<uint32_t>{1, 2, 3, 4, 5, 70000, 7, 8}));
         TokenDataset ds({path}, TokenDtype::kUint32, 4, 50304);
         CHECK(instance(ds, 0) == range32(1, 5));
@@ -396,7 +377,7 @@ TEST_CASE("data: a token id at or above the vocabulary size names the file and o
                                 Contains("byte offset 20") && Contains("model.vocab_size 50304"));
     }
     SECTION("npy uint16 offsets count the header") {
-        std::string path = dir.file("big.npy");
+        std::string path = dir.path("big.npy");
         write_file(path, npy_file(npy_dict("<u2", "(4,)"), bytes_of(std::vector<uint16_t>{1, 2, 257, 3})));
         TokenDataset ds({path}, TokenDtype::kUint16, 4, 257);
         std::vector<int32_t> out(4);
@@ -407,16 +388,16 @@ TEST_CASE("data: a token id at or above the vocabulary size names the file and o
 }
 
 TEST_CASE("data: missing empty and directory paths are refused") {
-    TempDir dir;
+    test_util::TempDir dir;
     SECTION("missing") {
-        std::string path = dir.file("nope.bin");
+        std::string path = dir.path("nope.bin");
         REQUIRE_THROWS_AS(TokenFile(path, TokenDtype::kUint16), UserError);
         REQUIRE_THROWS_WITH(TokenFile(path, TokenDtype::kUint16),
                             Contains(path) && Contains("No such file or directory"));
         REQUIRE_THROWS_WITH(TokenDataset({path}, TokenDtype::kUint16, 4, 100), Contains(path));
     }
     SECTION("empty") {
-        std::string path = dir.file("empty.bin");
+        std::string path = dir.path("empty.bin");
         write_file(path, "");
         REQUIRE_THROWS_WITH(TokenFile(path, TokenDtype::kUint16), Contains(path) && Contains("empty (0 bytes)"));
     }
@@ -430,14 +411,14 @@ TEST_CASE("data: missing empty and directory paths are refused") {
 }
 
 TEST_CASE("data: a dataset with zero instances is refused") {
-    TempDir dir;
-    write_file(dir.file("a.bin"), bytes_of(iota16(255, 0)));
-    write_file(dir.file("b.bin"), bytes_of(iota16(100, 0)));
-    REQUIRE_THROWS_AS(TokenDataset({dir.file("a.bin"), dir.file("b.bin")}, TokenDtype::kUint16, 256, 50304), UserError);
-    REQUIRE_THROWS_WITH(TokenDataset({dir.file("a.bin"), dir.file("b.bin")}, TokenDtype::kUint16, 256, 50304),
+    test_util::TempDir dir;
+    write_file(dir.path("a.bin"), bytes_of(iota16(255, 0)));
+    write_file(dir.path("b.bin"), bytes_of(iota16(100, 0)));
+    REQUIRE_THROWS_AS(TokenDataset({dir.path("a.bin"), dir.path("b.bin")}, TokenDtype::kUint16, 256, 50304), UserError);
+    REQUIRE_THROWS_WITH(TokenDataset({dir.path("a.bin"), dir.path("b.bin")}, TokenDtype::kUint16, 256, 50304),
                         Contains("data.paths: no file holds a full instance of max_sequence_length=256 tokens") &&
-                            Contains(dir.file("a.bin")) && Contains("255 tokens"));
-    REQUIRE_THROWS_WITH(TokenDataset({dir.file("a.bin")}, TokenDtype::kUint16, 0, 50304),
+                            Contains(dir.path("a.bin")) && Contains("255 tokens"));
+    REQUIRE_THROWS_WITH(TokenDataset({dir.path("a.bin")}, TokenDtype::kUint16, 0, 50304),
                         Contains("max_sequence_length") && Contains("0"));
 }
 
@@ -567,11 +548,11 @@ TEST_CASE("data: byte tokenizer encode and decode") {
 }
 
 TEST_CASE("data: prepare data bytes round trip in every format") {
-    TempDir dir;
+    test_util::TempDir dir;
     std::vector<std::string> docs = {"hello", "", std::string("world\n\xff\x00!", 9)};
     std::vector<std::string> inputs;
     for (size_t i = 0; i < docs.size(); ++i) {
-        inputs.push_back(dir.file("doc" + std::to_string(i) + ".txt"));
+        inputs.push_back(dir.path("doc" + std::to_string(i) + ".txt"));
         write_file(inputs.back(), docs[i]);
     }
     std::vector<int32_t> expected;
@@ -590,7 +571,7 @@ TEST_CASE("data: prepare data bytes round trip in every format") {
                           Case{"npy", TokenDtype::kUint32, TokenFileFormat::kNpy},
                           Case{"llmc", TokenDtype::kUint16, TokenFileFormat::kLlmc}}) {
         INFO("format " << c.format << " dtype " << trainer::token_dtype_name(c.dtype));
-        std::string out = dir.file("out." + c.format + "." + trainer::token_dtype_name(c.dtype));
+        std::string out = dir.path("out." + c.format + "." + trainer::token_dtype_name(c.dtype));
         write_file(out, "stale output from an earlier run");
         trainer::PrepareDataSummary s = trainer::prepare_data_bytes(inputs, out, c.dtype, c.format, 256);
         CHECK(s.documents == 3);
@@ -616,19 +597,19 @@ TEST_CASE("data: prepare data bytes round trip in every format") {
         CHECK(instance(ds, 2) == std::vector<int32_t>(expected.begin() + 10, expected.begin() + 15));
     }
     // Another EOS id.
-    std::string out = dir.file("olmo_eos.bin");
+    std::string out = dir.path("olmo_eos.bin");
     trainer::prepare_data_bytes({inputs[0]}, out, TokenDtype::kUint16, "raw", 50279);
     TokenFile f(out, TokenDtype::kUint16);
     CHECK(all_tokens(f) == std::vector<uint32_t>{'h', 'e', 'l', 'l', 'o', 50279});
 }
 
 TEST_CASE("data: prepare data refuses bad input and leaves no output") {
-    TempDir dir;
-    std::string doc = dir.file("doc.txt");
+    test_util::TempDir dir;
+    std::string doc = dir.path("doc.txt");
     write_file(doc, "abc");
-    std::string out = dir.file("out.bin");
+    std::string out = dir.path("out.bin");
     SECTION("missing input") {
-        std::string missing = dir.file("missing.txt");
+        std::string missing = dir.path("missing.txt");
         REQUIRE_THROWS_AS(trainer::prepare_data_bytes({doc, missing}, out, TokenDtype::kUint16, "raw", 256), UserError);
         REQUIRE_THROWS_WITH(trainer::prepare_data_bytes({doc, missing}, out, TokenDtype::kUint16, "raw", 256),
                             Contains(missing) && Contains("No such file"));
@@ -659,7 +640,7 @@ TEST_CASE("data: prepare data refuses bad input and leaves no output") {
                             Contains("eos_token_id 70000") && Contains("uint16"));
     }
     SECTION("output folder missing") {
-        std::string bad = dir.file("no/such/folder/out.bin");
+        std::string bad = dir.path("no/such/folder/out.bin");
         REQUIRE_THROWS_WITH(trainer::prepare_data_bytes({doc}, bad, TokenDtype::kUint16, "raw", 256),
                             Contains(bad) && Contains("No such file"));
     }

@@ -34,14 +34,9 @@ void check_against_fixture(const std::string& name) {
     auto backend = make_backend("cpu");
     const ParamLayout layout(config);
     auto strategy = make_single_strategy(backend.get(), layout);
-    std::vector<std::vector<float>> host(layout.num_units());
-    for (int u = 0; u < layout.num_units(); ++u) {
-        host[u].resize(layout.units()[u].numel);
-        init_unit_params(config, layout.units()[u], host[u].data());
-    }
-    from_hf_tensors(config, layout, read_safetensors(fixture(name + "_tiny_init.safetensors")),
-                    fixture(name + "_tiny_init.safetensors"), host);
-    for (int u = 0; u < layout.num_units(); ++u) strategy->load_full_unit_params(u, host[u].data());
+    const std::string init = fixture(name + "_tiny_init.safetensors");
+    const auto init_tensors = read_safetensors(init);
+    load_initial_params(config, layout, *strategy, &init_tensors, init);
 
     const long micro = config.device_train_microbatch_size, G = config.global_train_batch_size;
     const long L = config.model.max_sequence_length;

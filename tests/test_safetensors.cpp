@@ -18,30 +18,12 @@
 
 #include "core/common.h"
 #include "core/safetensors.h"
+#include "test_util.h"
 
 using Catch::Matchers::Contains;
 using trainer::UserError;
 
 namespace {
-
-// A fresh folder under /tmp, removed with everything in it when the test ends.
-class TempDir {
-   public:
-    TempDir() {
-        char tmpl[] = "/tmp/trainer_test_safetensors_XXXXXX";
-        char* p = ::mkdtemp(tmpl);
-        REQUIRE(p != nullptr);
-        path_ = p;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        std::filesystem::remove_all(path_, ec);
-    }
-    std::string file(const std::string& name) const { return path_ + "/" + name; }
-
-   private:
-    std::string path_;
-};
 
 void write_file(const std::string& path, const std::string& bytes) {
     std::ofstream out(path, std::ios::binary);
@@ -69,8 +51,8 @@ std::string safetensors_file(const std::string& header, const std::string& data)
 }  // namespace
 
 TEST_CASE("safetensors: F32 round trip keeps order metadata and shapes") {
-    TempDir dir;
-    std::string path = dir.file("model.safetensors");
+    test_util::TempDir dir;
+    std::string path = dir.path("model.safetensors");
     std::vector<float> z = {1.5f, -2.25f, 3.0f, 1e-30f, -0.0f, std::numeric_limits<float>::max()};
     float scalar = 42.0f;
     std::vector<float> a = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f};
@@ -129,8 +111,8 @@ TEST_CASE("safetensors: F32 round trip keeps order metadata and shapes") {
 }
 
 TEST_CASE("safetensors: reads BF16 F16 and F64 tensors as float") {
-    TempDir dir;
-    std::string path = dir.file("mixed.safetensors");
+    test_util::TempDir dir;
+    std::string path = dir.path("mixed.safetensors");
     // bf16: 1.0, -2.5, 0.0078125 (2^-7), 3.140625 (pi rounded to bf16)
     std::vector<uint16_t> bf16 = {0x3f80, 0xc020, 0x3c00, 0x4049};
     // f16: 1.0, -2.0, 65504 (max), 2^-24 (smallest subnormal), +inf, -0.0
@@ -160,8 +142,8 @@ TEST_CASE("safetensors: reads BF16 F16 and F64 tensors as float") {
 }
 
 TEST_CASE("safetensors: malformed files are refused naming the file and value") {
-    TempDir dir;
-    std::string path = dir.file("bad.safetensors");
+    test_util::TempDir dir;
+    std::string path = dir.path("bad.safetensors");
     std::string data8 = bytes_of(std::vector<float>{1.0f, 2.0f});
     auto expect_error = [&](const std::string& bytes, const std::string& what) {
         write_file(path, bytes);
@@ -169,7 +151,7 @@ TEST_CASE("safetensors: malformed files are refused naming the file and value") 
         REQUIRE_THROWS_WITH(trainer::read_safetensors(path), Contains(path) && Contains(what));
     };
     SECTION("missing file") {
-        std::string missing = dir.file("missing.safetensors");
+        std::string missing = dir.path("missing.safetensors");
         REQUIRE_THROWS_WITH(trainer::read_safetensors(missing), Contains(missing) && Contains("No such file"));
     }
     SECTION("shorter than the header length") { expect_error("abcd", "4 bytes is too short"); }
@@ -239,8 +221,8 @@ TEST_CASE("safetensors: malformed files are refused naming the file and value") 
 }
 
 TEST_CASE("safetensors: writing to a missing folder names the path") {
-    TempDir dir;
-    std::string path = dir.file("no/such/dir/model.safetensors");
+    test_util::TempDir dir;
+    std::string path = dir.path("no/such/dir/model.safetensors");
     float x = 1.0f;
     REQUIRE_THROWS_AS(trainer::write_safetensors(path, {{"x", {1}, &x}}, {}), UserError);
     REQUIRE_THROWS_WITH(trainer::write_safetensors(path, {{"x", {1}, &x}}, {}),
