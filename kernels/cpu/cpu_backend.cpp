@@ -24,10 +24,13 @@ class CpuBackend final : public Backend {
         return p;
     }
     void free(void* ptr) override { std::free(ptr); }
-    void copy_host_to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-    void copy_device_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-    void copy_device_to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-    void fill_zero(void* ptr, size_t bytes) override { std::memset(ptr, 0, bytes); }
+    // Empty units (a tied head without norm parameters) pass null pointers with 0 bytes: not memcpy's to see.
+    void copy_host_to_device(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+    void copy_device_to_host(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+    void copy_device_to_device(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+    void fill_zero(void* ptr, size_t bytes) override {
+        if (bytes > 0) std::memset(ptr, 0, bytes);
+    }
 
     void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M, int K,
                         int N) override {
@@ -96,6 +99,11 @@ class CpuBackend final : public Backend {
     }
     void cast_float_to_bf16(uint16_t* out, const float* in, size_t n) override { cpu::cast_float_to_bf16(out, in, n); }
     void cast_bf16_to_float(float* out, const uint16_t* in, size_t n) override { cpu::cast_bf16_to_float(out, in, n); }
+
+   private:
+    static void copy(void* dst, const void* src, size_t bytes) {
+        if (bytes > 0) std::memcpy(dst, src, bytes);
+    }
 };
 
 }  // namespace
