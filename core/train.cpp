@@ -246,7 +246,7 @@ int run_training(const TrainConfig& config) {
         if (config.eval_interval > 0 && (step % config.eval_interval == 0 || step == total_steps)) {
             run_evals(step, record);
         }
-        if (step % config.console_log_interval == 0 || step == total_steps) {
+        if (step % config.console_log_interval == 0 || step == total_steps || step == start_step + 1) {
             bar.clear();
             std::printf(
                 "step %ld/%ld | loss %.4f | lr %.3e | grad_norm %.4f | tok/s/dev %.0f | mfu %.1f%% | step %.1f ms\n",
