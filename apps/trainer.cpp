@@ -44,25 +44,31 @@ int run_main(int argc, char** argv) {
 
     std::string config_path;
     std::vector<std::string> sets, data_paths;
-    std::string device, save_folder, load_path, init_from, metrics_file, seed, strategy, sharding, wrapping, precision,
-        threads, max_duration;
     app.add_option("--config", config_path, "JSON config file (OLMo key names; configs/README.md lists every key)");
     app.add_option("--set", sets, "override any config key: --set key.path=value (repeatable)");
-    app.add_option("--device", device, "auto | cpu | cuda (config: device)");
     app.add_option("--data", data_paths, "token files (config: data.paths)");
-    app.add_option("--save-folder", save_folder, "checkpoint folder (config: save_folder)");
-    app.add_option("--load-path", load_path, "resume from a checkpoint folder or \"latest\" (config: load_path)");
-    app.add_option("--init-from", init_from,
-                   "initial weights, safetensors with Hugging Face names (config: init_from)");
-    app.add_option("--metrics-file", metrics_file, "JSON lines of per-step metrics (config: metrics_file)");
-    app.add_option("--seed", seed, "run seed (config: seed)");
-    app.add_option("--max-duration", max_duration, "steps, tokens (2e9T) or epochs (1ep) (config: max_duration)");
-    app.add_option("--threads", threads, "compute threads, 0 = one per core (config: threads)");
-    app.add_option("--strategy", strategy, "single | ddp | fsdp (config: distributed_strategy)");
-    app.add_option("--sharding-strategy", sharding,
-                   "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD (config: fsdp.sharding_strategy)");
-    app.add_option("--wrapping-strategy", wrapping, "FSDP wrap policy, OLMo's names (config: fsdp.wrapping_strategy)");
-    app.add_option("--precision", precision, "fp32 | amp_bf16 (config: precision)");
+    // Named shortcuts for common keys: each value is typed and checked by the config schema.
+    struct Shortcut {
+        const char* flag;
+        const char* key;
+        const char* help;
+        std::string value;
+    };
+    std::vector<Shortcut> shortcuts = {
+        {"--device", "device", "auto | cpu | cuda", ""},
+        {"--save-folder", "save_folder", "checkpoint folder", ""},
+        {"--load-path", "load_path", "resume from a checkpoint folder or \"latest\"", ""},
+        {"--init-from", "init_from", "initial weights, safetensors with Hugging Face names", ""},
+        {"--metrics-file", "metrics_file", "JSON lines of per-step metrics", ""},
+        {"--seed", "seed", "run seed", ""},
+        {"--max-duration", "max_duration", "steps, tokens (2e9T) or epochs (1ep)", ""},
+        {"--threads", "threads", "compute threads, 0 = one per core", ""},
+        {"--strategy", "distributed_strategy", "single | ddp | fsdp", ""},
+        {"--sharding-strategy", "fsdp.sharding_strategy", "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD", ""},
+        {"--wrapping-strategy", "fsdp.wrapping_strategy", "FSDP wrap policy, OLMo's names", ""},
+        {"--precision", "precision", "fp32 | amp_bf16", ""},
+    };
+    for (auto& s : shortcuts) app.add_option(s.flag, s.value, fmt::format("{} (config: {})", s.help, s.key));
 
     auto* prep = app.add_subcommand("prepare-data", "turn text files into a token file (one document per input)");
     std::string tokenizer = "bytes", out_path, dtype = "uint16", format = "raw";
@@ -140,19 +146,10 @@ int run_main(int argc, char** argv) {
     if (config_path.empty()) trainer::user_error("--config: required (a JSON config file, see configs/)");
     Json doc = trainer::read_config_file(config_path);
     for (const auto& s : sets) trainer::apply_override(doc, s);
-    if (!device.empty()) set_from_flag(doc, "--device", "device", device);
     if (!data_paths.empty()) trainer::set_config_value(doc, "data.paths", Json(data_paths));
-    if (!save_folder.empty()) set_from_flag(doc, "--save-folder", "save_folder", save_folder);
-    if (!load_path.empty()) set_from_flag(doc, "--load-path", "load_path", load_path);
-    if (!init_from.empty()) set_from_flag(doc, "--init-from", "init_from", init_from);
-    if (!metrics_file.empty()) set_from_flag(doc, "--metrics-file", "metrics_file", metrics_file);
-    if (!seed.empty()) set_from_flag(doc, "--seed", "seed", seed);
-    if (!max_duration.empty()) set_from_flag(doc, "--max-duration", "max_duration", max_duration);
-    if (!threads.empty()) set_from_flag(doc, "--threads", "threads", threads);
-    if (!strategy.empty()) set_from_flag(doc, "--strategy", "distributed_strategy", strategy);
-    if (!sharding.empty()) set_from_flag(doc, "--sharding-strategy", "fsdp.sharding_strategy", sharding);
-    if (!wrapping.empty()) set_from_flag(doc, "--wrapping-strategy", "fsdp.wrapping_strategy", wrapping);
-    if (!precision.empty()) set_from_flag(doc, "--precision", "precision", precision);
+    for (const auto& s : shortcuts) {
+        if (!s.value.empty()) set_from_flag(doc, s.flag, s.key, s.value);
+    }
     trainer::TrainConfig config;
     try {
         config = trainer::validate_config(doc);

@@ -31,11 +31,7 @@ using trainer::UserError;
 
 namespace {
 
-void write_file(const std::string& path, const std::string& bytes) {
-    std::ofstream out(path, std::ios::binary);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    REQUIRE(out.good());
-}
+using test_util::write_file;
 
 // The little-endian bytes of `values` (the tests run on little-endian machines, as the reader).
 template <typename T>

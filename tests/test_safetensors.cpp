@@ -25,11 +25,7 @@ using trainer::UserError;
 
 namespace {
 
-void write_file(const std::string& path, const std::string& bytes) {
-    std::ofstream out(path, std::ios::binary);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    REQUIRE(out.good());
-}
+using test_util::write_file;
 
 std::string read_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);

@@ -54,9 +54,10 @@ inline std::string read_file(const std::string& path) {
     return ss.str();
 }
 
-inline void write_file(const std::string& path, const std::string& data) {
-    std::ofstream f(path, std::ios::binary);
-    f << data;
+inline void write_file(const std::string& path, const std::string& bytes) {
+    std::ofstream out(path, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    REQUIRE(out.good());
 }
 
 // Runs the trainer with `args` (no shell), from the source folder, capturing stdout and stderr.
