@@ -1,0 +1,62 @@
+// The Communicator seam: collectives on contiguous buffers across the ranks of a group.
+//
+// Every operation is asynchronous: it is queued and returns a handle to wait on. Operations run in the
+// order they were issued (one FIFO per communicator), so every rank, issuing the same sequence, runs the
+// same collective at the same time. Each has the communicator's timeout; a timeout or a dead peer makes
+// wait() throw a UserError naming the operation and `rank r/W`. Reductions are sums. Buffers are host
+// memory for the Gloo communicator (device memory for NCCL, later); they must stay valid until wait().
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <future>
+#include <memory>
+#include <string>
+
+namespace trainer {
+
+class TcpStore;
+
+enum class CommDType { kFloat32, kBFloat16 };
+size_t comm_dtype_size(CommDType t);
+
+// A queued collective: wait() blocks until it is done and rethrows its error.
+class CommHandle {
+   public:
+    CommHandle() = default;
+    explicit CommHandle(std::shared_future<void> f) : f_(std::move(f)) {}
+    void wait() const {
+        if (f_.valid()) f_.get();
+    }
+    bool ready() const { return !f_.valid() || f_.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
+
+   private:
+    std::shared_future<void> f_;
+};
+
+class Communicator {
+   public:
+    virtual ~Communicator() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+
+    // buf[count] = sum over ranks of buf[count] (in place).
+    virtual CommHandle all_reduce(void* buf, size_t count, CommDType dtype) = 0;
+    // out[count] = sum over ranks of in[rank * count .. (rank + 1) * count); `in` holds size() * count.
+    // `in` may be modified (used as scratch).
+    virtual CommHandle reduce_scatter(void* in, void* out, size_t count, CommDType dtype) = 0;
+    // out[size() * count] = the concatenation of every rank's in[count], in rank order.
+    virtual CommHandle all_gather(const void* in, void* out, size_t count, CommDType dtype) = 0;
+    // buf[count] = root's buf[count].
+    virtual CommHandle broadcast(void* buf, size_t count, CommDType dtype, int root) = 0;
+    virtual CommHandle barrier() = 0;
+};
+
+// A Gloo communicator over TCP for `size` ranks, connected through `store` with keys under `prefix`
+// (distinct prefixes give independent groups, e.g. node-local and cross-node sub-communicators).
+// `timeout` bounds the connection and every operation.
+std::unique_ptr<Communicator> make_gloo_communicator(TcpStore& store, const std::string& prefix, int rank, int size,
+                                                     std::chrono::milliseconds timeout);
+
+}  // namespace trainer

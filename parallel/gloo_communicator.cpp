@@ -1,0 +1,232 @@
+// The Gloo communicator (see communicator.h): Gloo's TCP transport and its collective algorithms
+// (ring/bcube allreduce, halving-doubling reduce-scatter, ring allgather, broadcast, barrier), driven by
+// one worker thread per communicator that runs the queued operations in FIFO order.
+// bf16 travels as 16-bit words on the wire and is summed in fp32, rounded back to bf16 after each add
+// (the element functions of kernels/element.h).
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/reduce_scatter.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "core/common.h"
+#include "kernels/element.h"
+#include "parallel/communicator.h"
+#include "parallel/tcp_store.h"
+
+namespace trainer {
+namespace {
+
+void bf16_sum(uint16_t* x, const uint16_t* y, size_t n) {
+    for (size_t i = 0; i < n; ++i) x[i] = float_to_bf16(bf16_to_float(x[i]) + bf16_to_float(y[i]));
+}
+
+void bf16_sum3(void* c, const void* a, const void* b, size_t n) {
+    uint16_t* out = static_cast<uint16_t*>(c);
+    const uint16_t* x = static_cast<const uint16_t*>(a);
+    const uint16_t* y = static_cast<const uint16_t*>(b);
+    for (size_t i = 0; i < n; ++i) out[i] = float_to_bf16(bf16_to_float(x[i]) + bf16_to_float(y[i]));
+}
+
+const gloo::ReductionFunction<uint16_t>* bf16_sum_function() {
+    static const gloo::ReductionFunction<uint16_t> fn(gloo::SUM, &bf16_sum);
+    return &fn;
+}
+
+class GlooCommunicator final : public Communicator {
+   public:
+    GlooCommunicator(TcpStore& store, const std::string& prefix, int rank, int size, std::chrono::milliseconds timeout)
+        : rank_(rank), size_(size), timeout_(timeout) {
+        gloo::transport::tcp::attr attr;
+        attr.ai_family = AF_INET;
+        try {
+            attr.hostname = hostname_for_transport();
+            device_ = gloo::transport::tcp::CreateDevice(attr);
+            context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
+            context_->setTimeout(timeout);
+            gloo::rendezvous::PrefixStore prefixed(prefix, store);
+            rendezvous_barrier(store, prefix, rank, size);
+            context_->connectFullMesh(prefixed, device_);
+        } catch (const gloo::Exception& e) {
+            user_error("communicator {} rank {}/{}: connecting the full mesh through {} failed: {}", prefix, rank, size,
+                       store.address(), e.what());
+        }
+        worker_ = std::thread([this] { run(); });
+    }
+
+    ~GlooCommunicator() override {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            stopping_ = true;
+        }
+        cv_.notify_all();
+        worker_.join();
+    }
+
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+
+    CommHandle all_reduce(void* buf, size_t count, CommDType dtype) override {
+        return enqueue("all_reduce", [=] {
+            if (size_ == 1 || count == 0) return;
+            gloo::AllreduceOptions opts(context_);
+            opts.setTag(next_tag());
+            opts.setTimeout(timeout_);
+            if (dtype == CommDType::kFloat32) {
+                opts.setOutput(static_cast<float*>(buf), count);
+                opts.setReduceFunction(
+                    static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+            } else {
+                opts.setOutput(static_cast<uint16_t*>(buf), count);
+                opts.setReduceFunction(&bf16_sum3);
+            }
+            gloo::allreduce(opts);
+        });
+    }
+
+    CommHandle reduce_scatter(void* in, void* out, size_t count, CommDType dtype) override {
+        return enqueue("reduce_scatter", [=] {
+            const size_t bytes = count * comm_dtype_size(dtype);
+            if (size_ > 1 && count > 0) {
+                const std::vector<int> recv(size_, static_cast<int>(count));
+                const int total = static_cast<int>(count * size_);
+                if (dtype == CommDType::kFloat32) {
+                    gloo::ReduceScatterHalvingDoubling<float> rs(context_, {static_cast<float*>(in)}, total, recv);
+                    rs.run();
+                } else {
+                    gloo::ReduceScatterHalvingDoubling<uint16_t> rs(context_, {static_cast<uint16_t*>(in)}, total, recv,
+                                                                    bf16_sum_function());
+                    rs.run();
+                }
+            }
+            // Gloo's halving-doubling leaves this rank's reduced block at the start of `in`.
+            std::memmove(out, in, bytes);
+        });
+    }
+
+    CommHandle all_gather(const void* in, void* out, size_t count, CommDType dtype) override {
+        return enqueue("all_gather", [=] {
+            const size_t bytes = count * comm_dtype_size(dtype);
+            if (size_ == 1 || count == 0) {
+                std::memmove(out, in, bytes);
+                return;
+            }
+            gloo::AllgatherOptions opts(context_);
+            opts.setTag(next_tag());
+            opts.setTimeout(timeout_);
+            // Gloo's ring allgather reads the input from the output buffer's own slot when they alias.
+            if (dtype == CommDType::kFloat32) {
+                opts.setInput(const_cast<float*>(static_cast<const float*>(in)), count);
+                opts.setOutput(static_cast<float*>(out), count * size_);
+            } else {
+                opts.setInput(const_cast<uint16_t*>(static_cast<const uint16_t*>(in)), count);
+                opts.setOutput(static_cast<uint16_t*>(out), count * size_);
+            }
+            gloo::allgather(opts);
+        });
+    }
+
+    CommHandle broadcast(void* buf, size_t count, CommDType dtype, int root) override {
+        TRAINER_CHECK(root >= 0 && root < size_, "broadcast root {} outside [0, {})", root, size_);
+        return enqueue("broadcast", [=] {
+            if (size_ == 1 || count == 0) return;
+            gloo::BroadcastOptions opts(context_);
+            opts.setTag(next_tag());
+            opts.setTimeout(timeout_);
+            opts.setRoot(root);
+            if (dtype == CommDType::kFloat32) {
+                opts.setOutput(static_cast<float*>(buf), count);
+            } else {
+                opts.setOutput(static_cast<uint16_t*>(buf), count);
+            }
+            gloo::broadcast(opts);
+        });
+    }
+
+    CommHandle barrier() override {
+        return enqueue("barrier", [=] {
+            if (size_ == 1) return;
+            gloo::BarrierOptions opts(context_);
+            opts.setTag(next_tag());
+            opts.setTimeout(timeout_);
+            gloo::barrier(opts);
+        });
+    }
+
+   private:
+    static std::string hostname_for_transport() {
+        // Gloo binds its pairs to this address and tells peers to connect to it. MASTER_ADDR's machine is
+        // not necessarily ours; TRAINER_GLOO_HOST overrides, loopback is used for single-node groups.
+        if (const char* h = std::getenv("TRAINER_GLOO_HOST")) return h;
+        return "127.0.0.1";
+    }
+
+    uint32_t next_tag() { return tag_++; }
+
+    CommHandle enqueue(const char* what, std::function<void()> op) {
+        auto task = std::make_shared<std::packaged_task<void()>>([this, what, op = std::move(op)] {
+            try {
+                op();
+            } catch (const gloo::Exception& e) {
+                user_error(
+                    "{} failed on rank {}/{}: {} (a peer died, or did not issue the same collective within "
+                    "{} s)",
+                    what, rank_, size_, e.what(), timeout_.count() / 1000.0);
+            }
+        });
+        CommHandle h(task->get_future().share());
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            queue_.push_back([task] { (*task)(); });
+        }
+        cv_.notify_one();
+        return h;
+    }
+
+    void run() {
+        for (;;) {
+            std::function<void()> op;
+            {
+                std::unique_lock<std::mutex> lock(mutex_);
+                cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+                if (queue_.empty()) return;
+                op = std::move(queue_.front());
+                queue_.pop_front();
+            }
+            op();
+        }
+    }
+
+    int rank_, size_;
+    std::chrono::milliseconds timeout_;
+    std::shared_ptr<gloo::transport::Device> device_;
+    std::shared_ptr<gloo::rendezvous::Context> context_;
+    uint32_t tag_ = 1;
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::deque<std::function<void()>> queue_;
+    bool stopping_ = false;
+    std::thread worker_;
+};
+
+}  // namespace
+
+size_t comm_dtype_size(CommDType t) { return t == CommDType::kFloat32 ? 4 : 2; }
+
+std::unique_ptr<Communicator> make_gloo_communicator(TcpStore& store, const std::string& prefix, int rank, int size,
+                                                     std::chrono::milliseconds timeout) {
+    return std::make_unique<GlooCommunicator>(store, prefix, rank, size, timeout);
+}
+
+}  // namespace trainer

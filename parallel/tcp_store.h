@@ -1,0 +1,80 @@
+// The rendezvous store: a TCP key-value store hosted by rank 0 at MASTER_ADDR:MASTER_PORT. Every rank
+// (rank 0 included) is a client; Gloo's full-mesh connection (and later the NCCL unique id) is exchanged
+// through it. Every blocking call has a timeout and fails with an error that names the address and, for
+// a rendezvous, the ranks that never arrived.
+#pragma once
+
+#include <gloo/rendezvous/store.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace trainer {
+
+// The server side: a map of keys to bytes, served to any number of clients, one thread each.
+class TcpStoreServer {
+   public:
+    // Listens on all interfaces at `port` (0: any free port; see port()). UserError if it cannot bind.
+    explicit TcpStoreServer(int port);
+    ~TcpStoreServer();
+    TcpStoreServer(const TcpStoreServer&) = delete;
+    TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+    int port() const { return port_; }
+
+   private:
+    void accept_loop();
+    void serve(int fd);
+
+    int listen_fd_ = -1;
+    int port_ = 0;
+    std::atomic<bool> stopping_{false};
+    std::thread acceptor_;
+    std::mutex mutex_;
+    std::condition_variable changed_;
+    std::map<std::string, std::vector<char>> data_;
+    std::vector<int> client_fds_;
+    std::vector<std::thread> clients_;
+};
+
+// A client connection, usable as Gloo's rendezvous store.
+class TcpStore : public gloo::rendezvous::Store {
+   public:
+    // Connects to host:port, retrying until `timeout` (rank 0 may start last).
+    TcpStore(const std::string& host, int port, std::chrono::milliseconds timeout);
+    ~TcpStore() override;
+
+    void set(const std::string& key, const std::vector<char>& data) override;
+    // Blocks until the key exists or the timeout passes (UserError naming the key and the address).
+    std::vector<char> get(const std::string& key) override;
+    void wait(const std::vector<std::string>& keys) override;
+    void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+    // Which of `keys` exist now (no waiting).
+    std::vector<bool> check(const std::vector<std::string>& keys);
+    std::string address() const;
+    std::chrono::milliseconds timeout() const { return timeout_; }
+
+   private:
+    void send_all(const void* data, size_t n);
+    void recv_all(void* data, size_t n);
+    void send_string(const std::string& s);
+    std::string recv_string();
+
+    std::string host_;
+    int port_;
+    std::chrono::milliseconds timeout_;
+    int fd_ = -1;
+    std::mutex mutex_;
+};
+
+// Joins the rendezvous of `world` ranks: every rank announces itself under `prefix`, then waits for all
+// the others. On timeout the error names the ranks that never arrived and the store's address.
+void rendezvous_barrier(TcpStore& store, const std::string& prefix, int rank, int world);
+
+}  // namespace trainer
