@@ -21,6 +21,7 @@
 #include "core/safetensors.h"
 #include "core/tokenizer.h"
 #include "core/train.h"
+#include "parallel/launcher.h"
 
 namespace {
 
@@ -88,6 +89,15 @@ int run_main(int argc, char** argv) {
     exp->add_option("--checkpoint", ckpt, "checkpoint folder (save_folder/step<N>)")->required();
     exp->add_option("-o,--output", export_out, "output .safetensors file")->required();
 
+    auto* launch_cmd = app.add_subcommand(
+        "launch", "start the local ranks of one node (torchrun-like): trainer launch --nproc-per-node N -- ARGS");
+    trainer::LaunchOptions launch_opts;
+    launch_cmd->add_option("--nproc-per-node", launch_opts.nproc_per_node, "ranks on this node");
+    launch_cmd->add_option("--nnodes", launch_opts.nnodes, "nodes in the job");
+    launch_cmd->add_option("--node-rank", launch_opts.node_rank, "this node's index, 0..nnodes-1");
+    launch_cmd->add_option("--master-addr", launch_opts.master_addr, "address of rank 0's node (rendezvous store)");
+    launch_cmd->add_option("--master-port", launch_opts.master_port, "port of the rendezvous store");
+
     auto* keys = app.add_subcommand("config-keys", "print every config key as a markdown table");
     auto* peak = app.add_subcommand("peak-flops", "measure this CPU's fp32 FMA throughput (the MFU denominator)");
     int peak_threads = 0;
@@ -95,6 +105,16 @@ int run_main(int argc, char** argv) {
     peak->add_option("--threads", peak_threads, "threads (0: one per core)");
     peak->add_option("--seconds", peak_seconds, "measurement time");
 
+    // `trainer launch [options] -- ARGS`: ARGS are the ranks' own arguments, split off before parsing.
+    if (argc > 1 && std::string(argv[1]) == "launch") {
+        for (int i = 2; i < argc; ++i) {
+            if (std::string(argv[i]) == "--") {
+                launch_opts.args.assign(argv + i + 1, argv + argc);
+                argc = i;
+                break;
+            }
+        }
+    }
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
@@ -127,6 +147,12 @@ int run_main(int argc, char** argv) {
         std::printf("%s: %zu tensors (%s names)\n", export_out.c_str(), refs.size(),
                     family == "gpt2" ? "GPT2LMHeadModel" : "OlmoForCausalLM");
         return 0;
+    }
+    if (*launch_cmd) {
+        if (launch_opts.args.empty()) {
+            trainer::user_error("launch: no trainer arguments; usage: trainer launch --nproc-per-node N -- ARGS");
+        }
+        return trainer::launch(launch_opts);
     }
     if (*keys) {
         std::fputs(trainer::config_keys_markdown().c_str(), stdout);

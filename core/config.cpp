@@ -104,7 +104,7 @@ const std::vector<KeySpec>& schema() {
         {"fsdp.grad_sync_mode", KeyType::kString, "batch", false, {"batch", "micro_batch"}, -kInf, kInf, "reduce gradients once per step (batch) or on every micro-batch"},
         {"ddp.grad_sync_mode", KeyType::kString, "batch", false, {"batch", "micro_batch"}, -kInf, kInf, "all-reduce once per step (batch) or on every micro-batch"},
         {"peak_flops_per_device", KeyType::kFloat, nullptr, true, {}, 1, kInf, "peak FLOP/s used for MFU; null: detected (CPU: cores x clock x FMA width)"},
-        {"threads", KeyType::kInt, 0, false, {}, 0, 4096, "compute threads (OpenMP and BLAS); 0: one per available core"},
+        {"threads", KeyType::kInt, 0, false, {}, 0, 4096, "compute threads (OpenMP and BLAS); 0: OMP_NUM_THREADS if set (trainer launch sets each rank's share), else one per available core"},
     };
     // clang-format on
     return keys;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 
@@ -99,6 +100,9 @@ class ProgressBar {
 }  // namespace
 
 int configure_threads(int threads) {
+    if (threads <= 0 && std::getenv("OMP_NUM_THREADS")) {
+        threads = std::atoi(std::getenv("OMP_NUM_THREADS"));  // e.g. the launcher's share of the cores
+    }
     if (threads <= 0) {
         cpu_set_t set;
         threads = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
