@@ -238,7 +238,8 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
     fs::create_directories(tmp_dir, ec);
     if (ec) user_error("checkpoint: cannot create {} ({})", tmp_dir, ec.message());
 
-    const int rank = strategy.rank(), world = strategy.world_size();
+    // A replicated strategy is written by rank 0 alone, as one shard file; sharded strategies write one each.
+    const int rank = strategy.rank(), world = strategy.replicated() ? 1 : strategy.world_size();
     const std::vector<ShardView> shards = strategy.owned_shards();
     Json units = Json::array();
     {
@@ -260,7 +261,7 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
         }
         w.close();
     }
-    TRAINER_CHECK(world == 1, "multi-rank checkpoints need the strategy's gather of shard ranges");
+    TRAINER_CHECK(world == 1, "sharded checkpoints need the sharded strategies' shard ranges");
     if (const char* kill = std::getenv("TRAINER_DEBUG_KILL_IN_SAVE"); kill && std::atol(kill) == step) {
         ::raise(SIGKILL);  // test hook: dies between the shard files and the metadata
     }

@@ -103,6 +103,7 @@ const std::vector<KeySpec>& schema() {
         {"fsdp.precision", KeyType::kString, "mixed", false, {"fp32", "mixed", "pure"}, -kInf, kInf, "FSDP precision: mixed (bf16 params, fp32 reduction), pure (bf16 reduction too), fp32"},
         {"fsdp.grad_sync_mode", KeyType::kString, "batch", false, {"batch", "micro_batch"}, -kInf, kInf, "reduce gradients once per step (batch) or on every micro-batch"},
         {"ddp.grad_sync_mode", KeyType::kString, "batch", false, {"batch", "micro_batch"}, -kInf, kInf, "all-reduce once per step (batch) or on every micro-batch"},
+        {"distributed_timeout_seconds", KeyType::kFloat, 120.0, false, {}, 0.1, 86400, "rendezvous and collective timeout: a rank that never arrives or a collective that never completes ends the run with an error naming it"},
         {"peak_flops_per_device", KeyType::kFloat, nullptr, true, {}, 1, kInf, "peak FLOP/s used for MFU; null: detected (CPU: cores x clock x FMA width)"},
         {"threads", KeyType::kInt, 0, false, {}, 0, 4096, "compute threads (OpenMP and BLAS); 0: OMP_NUM_THREADS if set (trainer launch sets each rank's share), else one per available core"},
     };
@@ -654,6 +655,7 @@ TrainConfig validate_config(const Json& user_doc) {
     c.ddp_grad_sync_mode = doc["ddp"]["grad_sync_mode"].get<std::string>();
     c.peak_flops_per_device = opt<double>(doc["peak_flops_per_device"]);
     c.threads = doc["threads"].get<int>();
+    c.distributed_timeout_seconds = doc["distributed_timeout_seconds"].get<double>();
     c.json = doc;
     return c;
 }

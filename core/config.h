@@ -119,7 +119,8 @@ struct TrainConfig {
     FsdpConfig fsdp;
     std::string ddp_grad_sync_mode;  // batch | micro_batch
     std::optional<double> peak_flops_per_device;
-    int threads = 0;  // 0: one per available core
+    int threads = 0;                             // 0: one per available core
+    double distributed_timeout_seconds = 120.0;  // rendezvous and every collective
 
     Json json;  // the full validated document (defaults filled in), as saved in checkpoints
 

@@ -52,7 +52,7 @@ OptimizerStepResult AdamW::step(Strategy& strategy, long step, long total_steps)
     double local_sq = 0.0;
     for (const auto& s : shards) local_sq += backend_->squared_norm(s.grad, s.end - s.begin);
     OptimizerStepResult r;
-    r.grad_norm = std::sqrt(strategy.all_reduce_sum(local_sq));
+    r.grad_norm = std::sqrt(strategy.global_grad_sq(local_sq));
     r.clip_coef = clip_coefficient(r.grad_norm, scheduled_max_grad_norm(config_, step));
     r.lr = scheduled_lr(config_.optimizer, config_.scheduler, step, total_steps);
     if (!std::isfinite(r.grad_norm)) {

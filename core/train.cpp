@@ -24,7 +24,10 @@
 #include "core/optimizer.h"
 #include "core/safetensors.h"
 #include "kernels/backend.h"
+#include "parallel/communicator.h"
+#include "parallel/rank_env.h"
 #include "parallel/strategy.h"
+#include "parallel/tcp_store.h"
 
 namespace trainer {
 namespace {
@@ -40,14 +43,33 @@ std::string human_count(double x) {
     return fmt::format("{:.0f}", x);
 }
 
-// The strategy flags are parsed and validated now; values that need more than one rank are refused until
-// the data-parallel backend lands.
-void check_strategy_supported(const TrainConfig& c) {
-    if (c.distributed_strategy != "single") {
+// Which strategies this build runs, checked against the rank environment before anything is allocated.
+void check_strategy_supported(const TrainConfig& c, const RankEnv& env) {
+    const std::string& s = c.distributed_strategy;
+    if (s == "single" && env.world_size > 1) {
         user_error(
-            "distributed_strategy \"{}\" (--strategy) needs the data-parallel backend over several ranks, "
-            "which is not in this build yet; use --strategy single",
-            c.distributed_strategy);
+            "distributed_strategy \"single\" runs one process, but {} started {} ranks; use --strategy ddp "
+            "(or fsdp)",
+            env.launcher, env.world_size);
+    }
+    if (s == "fsdp" && c.fsdp.sharding_strategy != "NO_SHARD") {
+        user_error(
+            "fsdp.sharding_strategy \"{}\" (--sharding-strategy) is not in this build yet; use NO_SHARD or "
+            "--strategy ddp",
+            c.fsdp.sharding_strategy);
+    }
+    if (s == "fsdp" && c.fsdp.precision != "fp32") {
+        user_error(
+            "fsdp.precision \"{}\" is not in this build yet; use --set fsdp.precision=fp32 (NO_SHARD then costs "
+            "exactly what DDP costs)",
+            c.fsdp.precision);
+    }
+    const long per_step = c.device_train_microbatch_size * env.world_size;
+    if (c.global_train_batch_size % per_step != 0) {
+        user_error(
+            "global_train_batch_size {} is not a multiple of device_train_microbatch_size {} x {} ranks (global = "
+            "micro-batch x accumulation steps x ranks)",
+            c.global_train_batch_size, c.device_train_microbatch_size, env.world_size);
     }
     if (c.precision == "amp_bf16") {
         user_error("precision \"amp_bf16\" needs the CUDA backend; on CPU use --precision fp32");
@@ -116,7 +138,12 @@ int configure_threads(int threads) {
 
 int run_training(const TrainConfig& config) {
     // ---- everything that can refuse the run, before any large allocation ----
-    check_strategy_supported(config);
+    const RankEnv env = detect_rank_env();
+    check_strategy_supported(config, env);
+    const int world = env.world_size, rank = env.rank;
+    if (rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) {
+        user_error("rank {}: cannot silence stdout", rank);  // rank 0 alone logs; errors still reach stderr
+    }
     const std::string device = resolve_device(config.device);
     const ModelConfig& m = config.model;
     const TokenDataset train_data(config.data.paths, parse_token_dtype(config.data.memmap_dtype), m.max_sequence_length,
@@ -147,16 +174,36 @@ int run_training(const TrainConfig& config) {
         hf_family(m, "--init-from " + *config.init_from);
         init_tensors = read_safetensors(*config.init_from);
     }
-    MetricsWriter metrics(config.metrics_file, resume_path.has_value());
+    MetricsWriter metrics(rank == 0 ? config.metrics_file : std::nullopt, resume_path.has_value());
     const int threads = configure_threads(config.threads);
-    const int world = 1;
     const long micro = config.device_train_microbatch_size;
     const long accumulation = config.accumulation_steps(world);
 
     // ---- build ----
     auto backend = make_backend(device);
     const ParamLayout layout(config);
-    auto strategy = make_single_strategy(backend.get(), layout);
+    // Ranks meet at rank 0's store; Gloo connects them (loopback for one node).
+    std::unique_ptr<TcpStoreServer> store_server;
+    std::unique_ptr<TcpStore> store;
+    std::unique_ptr<Communicator> comm;
+    const auto timeout = std::chrono::milliseconds(static_cast<long>(config.distributed_timeout_seconds * 1000));
+    if (world > 1) {
+        if (rank == 0) store_server = std::make_unique<TcpStoreServer>(env.master_port);
+        store = std::make_unique<TcpStore>(env.master_addr, env.master_port, timeout);
+        comm = make_gloo_communicator(*store, "world", rank, world, timeout);
+    } else {
+        comm = make_local_communicator();
+    }
+    std::unique_ptr<Strategy> strategy;
+    if (config.distributed_strategy == "single") {
+        strategy = make_single_strategy(backend.get(), layout);
+    } else if (config.distributed_strategy == "ddp") {
+        strategy =
+            make_ddp_strategy(backend.get(), layout, comm.get(), config.ddp_grad_sync_mode == "micro_batch", "ddp");
+    } else {
+        strategy = make_ddp_strategy(backend.get(), layout, comm.get(), config.fsdp.grad_sync_mode == "micro_batch",
+                                     "fsdp NO_SHARD");
+    }
     load_initial_params(config, layout, *strategy, use_init_from ? &init_tensors : nullptr,
                         config.init_from.value_or(""));
     init_tensors.clear();
@@ -194,7 +241,10 @@ int run_training(const TrainConfig& config) {
     ProgressBar bar(total_steps);
     std::vector<int64_t> global_batch, local;
     std::vector<int32_t> tokens(static_cast<size_t>(micro) * L);
-    const float dloss_scale = static_cast<float>(1.0 / (static_cast<double>(config.global_train_batch_size) * (L - 1)));
+    // Each rank's loss gradient is scaled so that the strategies' mean reduction yields the gradient of the
+    // global-batch mean loss (world / global tokens).
+    const float dloss_scale =
+        static_cast<float>(world / (static_cast<double>(config.global_train_batch_size) * (L - 1)));
     double total_time = 0.0, last_loss = 0.0;
     long timed_steps = 0;
     const auto run_t0 = Clock::now();
@@ -257,7 +307,8 @@ int run_training(const TrainConfig& config) {
                 step, total_steps, loss, opt.lr, opt.grad_norm, tps, 100.0 * mfu, dt * 1e3);
         }
         metrics.write(record);
-        if (config.save_folder &&
+        // A replicated strategy's state is the same on every rank: rank 0 alone writes it.
+        if (config.save_folder && (rank == 0 || !strategy->replicated()) &&
             ((config.save_interval > 0 && step % config.save_interval == 0) || step == total_steps)) {
             const std::string path = save_checkpoint(config, layout, backend.get(), *strategy, step);
             bar.clear();

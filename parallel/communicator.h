@@ -18,7 +18,7 @@ namespace trainer {
 
 class TcpStore;
 
-enum class CommDType { kFloat32, kBFloat16 };
+enum class CommDType { kFloat32, kBFloat16, kFloat64 };
 size_t comm_dtype_size(CommDType t);
 
 // A queued collective: wait() blocks until it is done and rethrows its error.
@@ -52,6 +52,9 @@ class Communicator {
     virtual CommHandle broadcast(void* buf, size_t count, CommDType dtype, int root) = 0;
     virtual CommHandle barrier() = 0;
 };
+
+// The communicator of a group of one (a single process): every collective completes at once.
+std::unique_ptr<Communicator> make_local_communicator();
 
 // A Gloo communicator over TCP for `size` ranks, connected through `store` with keys under `prefix`
 // (distinct prefixes give independent groups, e.g. node-local and cross-node sub-communicators).

@@ -63,8 +63,13 @@ class Strategy {
     virtual void zero_grads() = 0;
     // The shards this rank's optimizer updates, one per unit.
     virtual std::vector<ShardView> owned_shards() = 0;
-    // Sum of a host scalar over all ranks (grad-norm squares, loss sums). Default: one rank.
+    // Sum of a host scalar over all ranks (loss sums). Default: one rank.
     virtual double all_reduce_sum(double x) { return x; }
+    // Sum of squared gradients over the whole model from this rank's owned shards: summed over ranks when
+    // shards partition the model, local when every rank owns a full replica (the default).
+    virtual double global_grad_sq(double local_sq) { return local_sq; }
+    // True when every rank owns the full state (single, DDP, NO_SHARD): rank 0 alone writes checkpoints.
+    virtual bool replicated() const { return true; }
 
     // Checkpoint and initialisation: copy a full unit's parameters from the host into this rank's storage,
     // and read this rank's view of a full unit back to the host (all ranks see the full unit).
@@ -74,5 +79,11 @@ class Strategy {
 
 // The single-process strategy: one replica owns full parameters, gradients and optimizer state.
 std::unique_ptr<Strategy> make_single_strategy(Backend* backend, const ParamLayout& layout);
+
+class Communicator;
+// DDP (also fsdp NO_SHARD, under `name`): full replicas, unit-bucketed async all-reduce of gradients,
+// once per step or after every micro-batch.
+std::unique_ptr<Strategy> make_ddp_strategy(Backend* backend, const ParamLayout& layout, Communicator* comm,
+                                            bool sync_every_micro_batch, const std::string& name);
 
 }  // namespace trainer

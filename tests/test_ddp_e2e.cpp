@@ -1,0 +1,142 @@
+// Data-parallel runs against the single process: `trainer launch` with 2 and 3 ranks, DDP in both
+// grad_sync modes and fsdp NO_SHARD, must give the single-process losses (1e-5 relative) and final
+// parameters (1e-5 of the largest); a DDP checkpoint resumes on one process; and the strategy / world
+// checks refuse what cannot run.
+#include <cmath>
+#include <cstring>
+
+#include "parallel/tcp_store.h"
+#include "test_util.h"
+
+using namespace trainer;
+using Catch::Matchers::Contains;
+using test_util::run_trainer;
+using test_util::TempDir;
+
+namespace {
+
+std::string free_port() {
+    TcpStoreServer probe(0);
+    return std::to_string(probe.port());
+}
+
+std::vector<float> checkpoint_params(const std::string& folder) {
+    // rank0.bin holds, per unit, params then the two moments; compare the whole file as floats.
+    const std::string bytes = test_util::read_file(folder + "/rank0.bin");
+    std::vector<float> v(bytes.size() / 4);
+    std::memcpy(v.data(), bytes.data(), v.size() * 4);
+    return v;
+}
+
+void compare_runs(const std::string& a_dir, const std::string& b_dir, size_t steps) {
+    const auto a = test_util::read_metrics(a_dir + "/m.jsonl"), b = test_util::read_metrics(b_dir + "/m.jsonl");
+    REQUIRE(a.size() == steps);
+    REQUIRE(b.size() == steps);
+    for (size_t i = 0; i < steps; ++i) {
+        const double x = a[i]["loss"], y = b[i]["loss"];
+        CAPTURE(i, x, y);
+        CHECK(std::fabs(x - y) <= 1e-5 * std::fabs(x));
+    }
+    const auto pa = checkpoint_params(a_dir + "/ck/step" + std::to_string(steps));
+    const auto pb = checkpoint_params(b_dir + "/ck/step" + std::to_string(steps));
+    REQUIRE(pa.size() == pb.size());
+    double max_abs = 0, max_err = 0;
+    for (size_t i = 0; i < pa.size(); ++i) {
+        max_abs = std::max(max_abs, static_cast<double>(std::fabs(pa[i])));
+        max_err = std::max(max_err, static_cast<double>(std::fabs(pa[i] - pb[i])));
+    }
+    CAPTURE(max_err, max_abs);
+    CHECK(max_err <= 1e-5 * max_abs);
+}
+
+std::vector<std::string> run_args(const std::vector<std::string>& base, const std::string& dir) {
+    std::vector<std::string> a = base;
+    for (const std::string& s :
+         std::vector<std::string>{"--metrics-file", dir + "/m.jsonl", "--save-folder", dir + "/ck"}) {
+        a.push_back(s);
+    }
+    return a;
+}
+
+test_util::RunResult launch(int nproc, const std::vector<std::string>& args) {
+    std::vector<std::string> a = {"launch",        "--nproc-per-node", std::to_string(nproc),
+                                  "--master-port", free_port(),        "--"};
+    a.insert(a.end(), args.begin(), args.end());
+    return run_trainer(a);
+}
+
+}  // namespace
+
+TEST_CASE("ddp: 2 ranks in both grad_sync modes and NO_SHARD match the single process") {
+    TempDir dir;
+    const std::vector<std::string> base = {"--config",       test_util::fixture("olmo_tiny.json"),
+                                           "--init-from",    test_util::fixture("olmo_tiny_init.safetensors"),
+                                           "--max-duration", "8"};
+    auto single = run_trainer(run_args(base, dir.path("single")));
+    REQUIRE(single.exit_code == 0);
+    const std::vector<std::vector<std::string>> variants = {
+        {"--strategy", "ddp", "--set", "ddp.grad_sync_mode=batch"},
+        {"--strategy", "ddp", "--set", "ddp.grad_sync_mode=micro_batch"},
+        {"--strategy", "fsdp", "--sharding-strategy", "NO_SHARD", "--set", "fsdp.precision=fp32"},
+    };
+    for (size_t v = 0; v < variants.size(); ++v) {
+        const std::string out = dir.path("v" + std::to_string(v));
+        auto args = run_args(base, out);
+        args.insert(args.end(), variants[v].begin(), variants[v].end());
+        const test_util::RunResult r = launch(2, args);
+        INFO(r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+        CHECK_THAT(r.out, Contains("[rank 0] step 8/8"));
+        compare_runs(dir.path("single"), out, 8);
+    }
+}
+
+TEST_CASE("ddp: 3 ranks match the single process and a DDP checkpoint resumes on one process") {
+    TempDir dir;
+    const std::vector<std::string> base = {"--config",       "configs/tiny.json",
+                                           "--data",         test_util::fixture("olmo_tiny_tokens.u16"),
+                                           "--max-duration", "6",
+                                           "--set",          "global_train_batch_size=12",
+                                           "--set",          "device_train_microbatch_size=2",
+                                           "--set",          "save_interval=3"};
+    REQUIRE(run_trainer(run_args(base, dir.path("single"))).exit_code == 0);
+    auto args = run_args(base, dir.path("ddp3"));
+    args.insert(args.end(), {"--strategy", "ddp"});
+    const test_util::RunResult r = launch(3, args);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    compare_runs(dir.path("single"), dir.path("ddp3"), 6);
+    // Resume the 3-rank run's step-3 checkpoint in one process: steps 4-6 continue the same stream.
+    auto resume = base;
+    resume.insert(resume.end(), {"--metrics-file", dir.path("resumed.jsonl"), "--save-folder", dir.path("resumed_ck"),
+                                 "--load-path", dir.path("ddp3/ck/step3")});
+    REQUIRE(run_trainer(resume).exit_code == 0);
+    const auto ref = test_util::read_metrics(dir.path("single/m.jsonl"));
+    const auto got = test_util::read_metrics(dir.path("resumed.jsonl"));
+    REQUIRE(got.size() == 3);
+    for (size_t i = 0; i < 3; ++i) {
+        CHECK(got[i]["step"].get<long>() == static_cast<long>(4 + i));
+        CHECK(std::fabs(got[i]["loss"].get<double>() - ref[3 + i]["loss"].get<double>()) <=
+              1e-5 * ref[3 + i]["loss"].get<double>());
+    }
+}
+
+TEST_CASE("ddp: strategies that cannot run on this world are refused") {
+    const std::vector<std::string> base = {
+        "--config", "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"), "--max-duration", "2"};
+    auto single = base;
+    test_util::RunResult r = launch(2, single);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Contains("distributed_strategy \"single\" runs one process, but trainer launch started 2"));
+    auto odd = base;
+    odd.insert(odd.end(),
+               {"--strategy", "ddp", "--set", "global_train_batch_size=12", "--set", "device_train_microbatch_size=4"});
+    r = launch(2, odd);  // 12 is not a multiple of 4 x 2... it is 1.5 micro-batches per rank
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Contains("global_train_batch_size 12 is not a multiple of device_train_microbatch_size 4 x 2"));
+    auto full = base;
+    full.insert(full.end(), {"--strategy", "fsdp", "--sharding-strategy", "FULL_SHARD"});
+    r = run_trainer(full);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Contains("\"FULL_SHARD\" (--sharding-strategy) is not in this build yet"));
+}
