@@ -101,6 +101,7 @@ class Writer {
         if (f_) std::fclose(f_);
     }
     void write(const void* data, size_t bytes) {
+        if (bytes == 0) return;
         if (std::fwrite(data, 1, bytes, f_) != bytes) {
             user_error("checkpoint: writing {} failed ({}); the previous checkpoints are untouched", path_,
                        std::strerror(errno));
@@ -233,13 +234,20 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
     fs::create_directories(folder, ec);
     if (ec) user_error("save_folder {}: cannot be created ({})", folder, ec.message());
     const std::string final_dir = (fs::path(folder) / fmt::format("step{}", step)).string();
-    const std::string tmp_dir = (fs::path(folder) / fmt::format(".step{}.tmp-{}", step, ::getpid())).string();
-    fs::remove_all(tmp_dir, ec);
-    fs::create_directories(tmp_dir, ec);
-    if (ec) user_error("checkpoint: cannot create {} ({})", tmp_dir, ec.message());
+    // A replicated strategy is written by rank 0 alone, as one shard file; a sharded one by every rank into
+    // one shared temporary folder, which rank 0 finishes (checksums, metadata, rename) after a barrier.
+    const bool sharded = !strategy.replicated();
+    const int rank = strategy.rank(), files = sharded ? strategy.world_size() : 1;
+    const std::string tmp_dir = (fs::path(folder) / (sharded ? fmt::format(".step{}.tmp", step)
+                                                             : fmt::format(".step{}.tmp-{}", step, ::getpid())))
+                                    .string();
+    if (rank == 0) {
+        fs::remove_all(tmp_dir, ec);
+        fs::create_directories(tmp_dir, ec);
+        if (ec) user_error("checkpoint: cannot create {} ({})", tmp_dir, ec.message());
+    }
+    if (sharded) strategy.barrier();
 
-    // A replicated strategy is written by rank 0 alone, as one shard file; sharded strategies write one each.
-    const int rank = strategy.rank(), world = strategy.replicated() ? 1 : strategy.world_size();
     const std::vector<ShardView> shards = strategy.owned_shards();
     Json units = Json::array();
     {
@@ -251,9 +259,11 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
             const size_t n = s.end - s.begin;
             host.resize(n);
             Json unit = {{"name", layout.units()[s.unit].name}, {"numel", layout.units()[s.unit].numel}};
-            unit["shards"] = Json::array({Json::array({s.begin, s.end, offset})});
+            // Every rank's shard of a unit has the same size and the same offset in its file.
+            unit["shards"] = Json::array();
+            for (int r = 0; r < files; ++r) unit["shards"].push_back(Json::array({r * n, (r + 1) * n, offset}));
             for (const float* src : {s.param, s.exp_avg, s.exp_avg_sq}) {
-                backend->copy_device_to_host(host.data(), src, n * sizeof(float));
+                if (n > 0) backend->copy_device_to_host(host.data(), src, n * sizeof(float));
                 w.write(host.data(), n * sizeof(float));
             }
             offset += 3 * n * sizeof(float);
@@ -261,10 +271,12 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
         }
         w.close();
     }
-    TRAINER_CHECK(world == 1, "sharded checkpoints need the sharded strategies' shard ranges");
     if (const char* kill = std::getenv("TRAINER_DEBUG_KILL_IN_SAVE"); kill && std::atol(kill) == step) {
         ::raise(SIGKILL);  // test hook: dies between the shard files and the metadata
     }
+    if (sharded) strategy.barrier();
+    if (rank != 0) return final_dir;
+    const int world = files;  // shard files in this checkpoint
 
     Json meta;
     meta["format"] = "trainer-checkpoint";
@@ -278,14 +290,14 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
                     {"shuffle", config.data.shuffle}};
     meta["rng"] = {{"seed", config.seed}};
     meta["config"] = config.json;
-    Json files = Json::object();
+    Json file_sums = Json::object();
     for (int r = 0; r < world; ++r) {
         const std::string name = fmt::format("rank{}.bin", r);
         uint64_t bytes = 0;
         const std::string sum = checksum_file((fs::path(tmp_dir) / name).string(), &bytes);
-        files[name] = {{"bytes", bytes}, {"checksum", sum}};
+        file_sums[name] = {{"bytes", bytes}, {"checksum", sum}};
     }
-    meta["files"] = files;
+    meta["files"] = file_sums;
     {
         const std::string text = meta.dump(2);
         Writer w((fs::path(tmp_dir) / "metadata.json").string());

@@ -638,11 +638,6 @@ TrainConfig validate_config(const Json& user_doc) {
     if (c.load_path && *c.load_path == "latest" && !c.save_folder) {
         user_error("config load_path: \"latest\" needs save_folder (the folder to look in)");
     }
-    if (c.load_path && c.init_from) {
-        user_error(
-            "config load_path and init_from are both set: resume from a checkpoint or start from weights, "
-            "not both");
-    }
 
     c.device = doc["device"].get<std::string>();
     c.precision = doc["precision"].get<std::string>();

@@ -52,17 +52,14 @@ void check_strategy_supported(const TrainConfig& c, const RankEnv& env) {
             "(or fsdp)",
             env.launcher, env.world_size);
     }
-    if (s == "fsdp" && c.fsdp.sharding_strategy != "NO_SHARD") {
+    if (s == "fsdp" && c.fsdp.sharding_strategy == "HYBRID_SHARD") {
         user_error(
-            "fsdp.sharding_strategy \"{}\" (--sharding-strategy) is not in this build yet; use NO_SHARD or "
-            "--strategy ddp",
+            "fsdp.sharding_strategy \"{}\" (--sharding-strategy) is not in this build yet; use FULL_SHARD, "
+            "SHARD_GRAD_OP or NO_SHARD",
             c.fsdp.sharding_strategy);
     }
     if (s == "fsdp" && c.fsdp.precision != "fp32") {
-        user_error(
-            "fsdp.precision \"{}\" is not in this build yet; use --set fsdp.precision=fp32 (NO_SHARD then costs "
-            "exactly what DDP costs)",
-            c.fsdp.precision);
+        user_error("fsdp.precision \"{}\" is not in this build yet; use --set fsdp.precision=fp32", c.fsdp.precision);
     }
     const long per_step = c.device_train_microbatch_size * env.world_size;
     if (c.global_train_batch_size % per_step != 0) {
@@ -200,9 +197,14 @@ int run_training(const TrainConfig& config) {
     } else if (config.distributed_strategy == "ddp") {
         strategy =
             make_ddp_strategy(backend.get(), layout, comm.get(), config.ddp_grad_sync_mode == "micro_batch", "ddp");
-    } else {
+    } else if (config.fsdp.sharding_strategy == "NO_SHARD") {
         strategy = make_ddp_strategy(backend.get(), layout, comm.get(), config.fsdp.grad_sync_mode == "micro_batch",
                                      "fsdp NO_SHARD");
+    } else {
+        const bool keep = config.fsdp.sharding_strategy == "SHARD_GRAD_OP";
+        strategy =
+            make_fsdp_strategy(backend.get(), layout, comm.get(), keep, config.fsdp.grad_sync_mode == "micro_batch",
+                               "fsdp " + config.fsdp.sharding_strategy);
     }
     load_initial_params(config, layout, *strategy, use_init_from ? &init_tensors : nullptr,
                         config.init_from.value_or(""));

@@ -70,6 +70,8 @@ class Strategy {
     virtual double global_grad_sq(double local_sq) { return local_sq; }
     // True when every rank owns the full state (single, DDP, NO_SHARD): rank 0 alone writes checkpoints.
     virtual bool replicated() const { return true; }
+    // Waits until every rank reaches this point (checkpoint writing). Default: one rank.
+    virtual void barrier() {}
 
     // Checkpoint and initialisation: copy a full unit's parameters from the host into this rank's storage,
     // and read this rank's view of a full unit back to the host (all ranks see the full unit).
@@ -85,5 +87,10 @@ class Communicator;
 // once per step or after every micro-batch.
 std::unique_ptr<Strategy> make_ddp_strategy(Backend* backend, const ParamLayout& layout, Communicator* comm,
                                             bool sync_every_micro_batch, const std::string& name);
+// FSDP FULL_SHARD (keep_params_for_step false) and SHARD_GRAD_OP (true): parameters, gradients and AdamW
+// moments sharded evenly (units padded), units gathered around their compute, gradients reduce-scattered.
+std::unique_ptr<Strategy> make_fsdp_strategy(Backend* backend, const ParamLayout& layout, Communicator* comm,
+                                             bool keep_params_for_step, bool reduce_every_micro_batch,
+                                             const std::string& name);
 
 }  // namespace trainer

@@ -1,10 +1,13 @@
-// Data-parallel runs against the single process: `trainer launch` with 2 and 3 ranks, DDP in both
-// grad_sync modes and fsdp NO_SHARD, must give the single-process losses (1e-5 relative) and final
+// Data-parallel runs against the single process (DDP, NO_SHARD, FULL_SHARD, SHARD_GRAD_OP): `trainer launch` with 2 and
+// 3 ranks, DDP in both grad_sync modes and fsdp NO_SHARD, must give the single-process losses (1e-5 relative) and final
 // parameters (1e-5 of the largest); a DDP checkpoint resumes on one process; and the strategy / world
 // checks refuse what cannot run.
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <map>
 
+#include "core/safetensors.h"
 #include "parallel/tcp_store.h"
 #include "test_util.h"
 
@@ -135,8 +138,91 @@ TEST_CASE("ddp: strategies that cannot run on this world are refused") {
     CHECK(r.exit_code == 1);
     CHECK_THAT(r.err, Contains("global_train_batch_size 12 is not a multiple of device_train_microbatch_size 4 x 2"));
     auto full = base;
-    full.insert(full.end(), {"--strategy", "fsdp", "--sharding-strategy", "FULL_SHARD"});
+    full.insert(full.end(), {"--strategy", "fsdp", "--sharding-strategy", "HYBRID_SHARD"});
     r = run_trainer(full);
     CHECK(r.exit_code == 1);
-    CHECK_THAT(r.err, Contains("\"FULL_SHARD\" (--sharding-strategy) is not in this build yet"));
+    CHECK_THAT(r.err, Contains("\"HYBRID_SHARD\" (--sharding-strategy) is not in this build yet"));
+}
+
+namespace {
+
+// Final parameters of a checkpoint (any sharding) through `trainer export`.
+std::map<std::string, Tensor> exported(const std::string& checkpoint, const std::string& out) {
+    const auto r = run_trainer({"export", "--checkpoint", checkpoint, "-o", out});
+    REQUIRE(r.exit_code == 0);
+    return read_safetensors(out);
+}
+
+}  // namespace
+
+TEST_CASE("fsdp: FULL_SHARD and SHARD_GRAD_OP on 2 and 3 ranks in both grad_sync modes match the single process") {
+    TempDir dir;
+    const std::vector<std::string> base = {"--config",       test_util::fixture("olmo_tiny.json"),
+                                           "--init-from",    test_util::fixture("olmo_tiny_init.safetensors"),
+                                           "--max-duration", "6",
+                                           "--set",          "global_train_batch_size=24"};
+    REQUIRE(run_trainer(run_args(base, dir.path("single"))).exit_code == 0);
+    const auto ref = exported(dir.path("single/ck/step6"), dir.path("single.safetensors"));
+    for (const std::string sharding : {"FULL_SHARD", "SHARD_GRAD_OP"}) {
+        for (const std::string mode : {"batch", "micro_batch"}) {
+            for (int world : {2, 3}) {
+                const std::string out = dir.path(sharding + "_" + mode + "_" + std::to_string(world));
+                auto args = run_args(base, out);
+                args.insert(args.end(), {"--strategy", "fsdp", "--sharding-strategy", sharding, "--set",
+                                         "fsdp.precision=fp32", "--set", "fsdp.grad_sync_mode=" + mode});
+                const test_util::RunResult r = launch(world, args);
+                INFO(sharding << " " << mode << " " << world << "\n" << r.out << r.err);
+                REQUIRE(r.exit_code == 0);
+                const auto a = test_util::read_metrics(dir.path("single/m.jsonl"));
+                const auto b = test_util::read_metrics(out + "/m.jsonl");
+                REQUIRE(b.size() == a.size());
+                for (size_t i = 0; i < a.size(); ++i) {
+                    CHECK(std::fabs(a[i]["loss"].get<double>() - b[i]["loss"].get<double>()) <=
+                          1e-5 * a[i]["loss"].get<double>());
+                }
+                CHECK(std::filesystem::exists(out + "/ck/step6/rank" + std::to_string(world - 1) + ".bin"));
+                const auto got = exported(out + "/ck/step6", out + ".safetensors");
+                REQUIRE(got.size() == ref.size());
+                for (const auto& [name, t] : ref) {
+                    double max_abs = 0, max_err = 0;
+                    for (size_t i = 0; i < t.data.size(); ++i) {
+                        max_abs = std::max(max_abs, static_cast<double>(std::fabs(t.data[i])));
+                        max_err = std::max(max_err, static_cast<double>(std::fabs(t.data[i] - got.at(name).data[i])));
+                    }
+                    CAPTURE(name);
+                    CHECK(max_err <= 1e-5 * max_abs);
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("fsdp: a FULL_SHARD checkpoint of 3 ranks resumes on 2 ranks DDP and on one process") {
+    TempDir dir;
+    const std::vector<std::string> base = {"--config",       test_util::fixture("olmo_tiny.json"),
+                                           "--init-from",    test_util::fixture("olmo_tiny_init.safetensors"),
+                                           "--max-duration", "8",
+                                           "--set",          "global_train_batch_size=12",
+                                           "--set",          "save_interval=4"};
+    REQUIRE(run_trainer(run_args(base, dir.path("single"))).exit_code == 0);
+    auto sharded = run_args(base, dir.path("fs3"));
+    sharded.insert(sharded.end(), {"--strategy", "fsdp", "--set", "fsdp.precision=fp32"});
+    REQUIRE(launch(3, sharded).exit_code == 0);
+    const auto ref = test_util::read_metrics(dir.path("single/m.jsonl"));
+    for (int world : {1, 2}) {
+        const std::string out = dir.path("resume" + std::to_string(world));
+        auto args = run_args(base, out);
+        args.insert(args.end(), {"--load-path", dir.path("fs3/ck/step4")});
+        if (world > 1) args.insert(args.end(), {"--strategy", "ddp"});
+        const test_util::RunResult r = world > 1 ? launch(world, args) : run_trainer(args);
+        INFO(r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+        const auto got = test_util::read_metrics(out + "/m.jsonl");
+        REQUIRE(got.size() == 4);
+        for (size_t i = 0; i < 4; ++i) {
+            CHECK(got[i]["step"].get<long>() == static_cast<long>(5 + i));
+            CHECK(std::fabs(got[i]["loss"].get<double>() - ref[4 + i]["loss"].get<double>()) <=
+                  1e-5 * ref[4 + i]["loss"].get<double>());
+        }
+    }
 }
