@@ -61,6 +61,13 @@ void check_strategy_supported(const TrainConfig& c, const RankEnv& env) {
     if (s == "fsdp" && c.fsdp.precision != "fp32") {
         user_error("fsdp.precision \"{}\" is not in this build yet; use --set fsdp.precision=fp32", c.fsdp.precision);
     }
+    if (s == "fsdp" && c.fsdp.wrapping_strategy.value_or("null") != "by_block_and_size") {
+        // The units are fixed for now: the embedding, each block, and the head (norm + untied LM head).
+        user_error(
+            "fsdp.wrapping_strategy {} (--wrapping-strategy) is not in this build yet; the FSDP units are the "
+            "embedding, each block and the head: use --wrapping-strategy by_block_and_size",
+            c.fsdp.wrapping_strategy ? "\"" + *c.fsdp.wrapping_strategy + "\"" : "null");
+    }
     const long per_step = c.device_train_microbatch_size * env.world_size;
     if (c.global_train_batch_size % per_step != 0) {
         user_error(

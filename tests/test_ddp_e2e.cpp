@@ -80,7 +80,8 @@ TEST_CASE("ddp: 2 ranks in both grad_sync modes and NO_SHARD match the single pr
     const std::vector<std::vector<std::string>> variants = {
         {"--strategy", "ddp", "--set", "ddp.grad_sync_mode=batch"},
         {"--strategy", "ddp", "--set", "ddp.grad_sync_mode=micro_batch"},
-        {"--strategy", "fsdp", "--sharding-strategy", "NO_SHARD", "--set", "fsdp.precision=fp32"},
+        {"--strategy", "fsdp", "--sharding-strategy", "NO_SHARD", "--set", "fsdp.precision=fp32", "--wrapping-strategy",
+         "by_block_and_size"},
     };
     for (size_t v = 0; v < variants.size(); ++v) {
         const std::string out = dir.path("v" + std::to_string(v));
@@ -168,8 +169,9 @@ TEST_CASE("fsdp: FULL_SHARD and SHARD_GRAD_OP on 2 and 3 ranks in both grad_sync
             for (int world : {2, 3}) {
                 const std::string out = dir.path(sharding + "_" + mode + "_" + std::to_string(world));
                 auto args = run_args(base, out);
-                args.insert(args.end(), {"--strategy", "fsdp", "--sharding-strategy", sharding, "--set",
-                                         "fsdp.precision=fp32", "--set", "fsdp.grad_sync_mode=" + mode});
+                args.insert(args.end(),
+                            {"--strategy", "fsdp", "--sharding-strategy", sharding, "--set", "fsdp.precision=fp32",
+                             "--wrapping-strategy", "by_block_and_size", "--set", "fsdp.grad_sync_mode=" + mode});
                 const test_util::RunResult r = launch(world, args);
                 INFO(sharding << " " << mode << " " << world << "\n" << r.out << r.err);
                 REQUIRE(r.exit_code == 0);
@@ -206,7 +208,8 @@ TEST_CASE("fsdp: a FULL_SHARD checkpoint of 3 ranks resumes on 2 ranks DDP and o
                                            "--set",          "save_interval=4"};
     REQUIRE(run_trainer(run_args(base, dir.path("single"))).exit_code == 0);
     auto sharded = run_args(base, dir.path("fs3"));
-    sharded.insert(sharded.end(), {"--strategy", "fsdp", "--set", "fsdp.precision=fp32"});
+    sharded.insert(sharded.end(),
+                   {"--strategy", "fsdp", "--set", "fsdp.precision=fp32", "--wrapping-strategy", "by_block_and_size"});
     REQUIRE(launch(3, sharded).exit_code == 0);
     const auto ref = test_util::read_metrics(dir.path("single/m.jsonl"));
     for (int world : {1, 2}) {
