@@ -16,6 +16,7 @@
 
 #include "core/common.h"
 #include "parallel/communicator.h"
+#include "parallel/shard_storage.h"
 #include "parallel/strategy.h"
 
 namespace trainer {
@@ -36,13 +37,7 @@ class FsdpStrategy final : public Strategy {
             s.numel = u.numel;
             s.shard = (u.numel + world - 1) / world;
             s.padded = s.shard * world;
-            const size_t bytes = std::max<size_t>(1, s.shard) * sizeof(float);
-            s.params = DeviceBuffer(backend, bytes, MemCategory::kParameters);
-            s.grads = DeviceBuffer(backend, bytes, MemCategory::kGradients);
-            s.exp_avg = DeviceBuffer(backend, bytes, MemCategory::kOptimizerState);
-            s.exp_avg_sq = DeviceBuffer(backend, bytes, MemCategory::kOptimizerState);
-            for (DeviceBuffer* b : {&s.params, &s.grads, &s.exp_avg, &s.exp_avg_sq})
-                backend->fill_zero(b->data(), bytes);
+            s.mine = ShardStorage(backend, s.shard);
             units_.push_back(std::move(s));
         }
     }
@@ -86,16 +81,13 @@ class FsdpStrategy final : public Strategy {
     }
 
     void zero_grads() override {
-        for (auto& s : units_) backend_->fill_zero(s.grads.data(), s.shard * sizeof(float));
+        for (auto& s : units_) backend_->fill_zero(s.mine.grads.data(), s.shard * sizeof(float));
     }
     std::vector<ShardView> owned_shards() override {
         std::vector<ShardView> views;
         const size_t r = static_cast<size_t>(comm_->rank());
-        for (size_t u = 0; u < units_.size(); ++u) {
-            auto& s = units_[u];
-            views.push_back({static_cast<int>(u), r * s.shard, (r + 1) * s.shard, s.params.f32(), s.grads.f32(),
-                             s.exp_avg.f32(), s.exp_avg_sq.f32()});
-        }
+        for (size_t u = 0; u < units_.size(); ++u)
+            views.push_back(units_[u].mine.view(static_cast<int>(u), r * units_[u].shard));
         return views;
     }
     double all_reduce_sum(double x) override {
@@ -109,21 +101,21 @@ class FsdpStrategy final : public Strategy {
         UnitState& s = units_.at(u);
         const size_t begin = static_cast<size_t>(comm_->rank()) * s.shard;
         const size_t n = begin < s.numel ? std::min(s.shard, s.numel - begin) : 0;
-        backend_->fill_zero(s.params.data(), s.shard * sizeof(float));
-        if (n > 0) backend_->copy_host_to_device(s.params.data(), host + begin, n * sizeof(float));
+        backend_->fill_zero(s.mine.params.data(), s.shard * sizeof(float));
+        if (n > 0) backend_->copy_host_to_device(s.mine.params.data(), host + begin, n * sizeof(float));
     }
     void read_full_unit_params(int u, float* host) override {
         UnitState& s = units_.at(u);
         DeviceBuffer full(backend_, s.padded * sizeof(float), MemCategory::kCommunication);
-        comm_->all_gather(s.params.data(), full.data(), s.shard, CommDType::kFloat32).wait();
+        comm_->all_gather(s.mine.params.data(), full.data(), s.shard, CommDType::kFloat32).wait();
         backend_->copy_device_to_host(host, full.data(), s.numel * sizeof(float));
     }
 
    private:
     struct UnitState {
         size_t numel = 0, shard = 0, padded = 0;
-        DeviceBuffer params, grads, exp_avg, exp_avg_sq;  // this rank's shard
-        DeviceBuffer full_params, full_grads;             // while gathered / accumulating
+        ShardStorage mine;                     // this rank's shard
+        DeviceBuffer full_params, full_grads;  // while gathered / accumulating
         int refs = 0;
     };
 
@@ -132,7 +124,7 @@ class FsdpStrategy final : public Strategy {
         ++s.refs;
         if (s.full_params.data()) return;
         s.full_params = DeviceBuffer(backend_, s.padded * sizeof(float), MemCategory::kGatheredUnits);
-        comm_->all_gather(s.params.data(), s.full_params.data(), s.shard, CommDType::kFloat32).wait();
+        comm_->all_gather(s.mine.params.data(), s.full_params.data(), s.shard, CommDType::kFloat32).wait();
     }
     void release_params(int u) {
         UnitState& s = units_[u];
@@ -146,7 +138,7 @@ class FsdpStrategy final : public Strategy {
         comm_->reduce_scatter(s.full_grads.data(), mine.data(), s.shard, CommDType::kFloat32).wait();
         // Mean over ranks, accumulated into the shard's gradient (micro_batch mode adds every micro-batch).
         backend_->scale_inplace(mine.f32(), s.shard, 1.0f / static_cast<float>(comm_->size()));
-        backend_->residual_forward(s.grads.f32(), s.grads.f32(), mine.f32(), s.shard);
+        backend_->residual_forward(s.mine.grads.f32(), s.mine.grads.f32(), mine.f32(), s.shard);
         s.full_grads.reset();
     }
 
