@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Multi-node (or single-node) run under OpenMPI: one trainer process per rank, ranks read from
+# OMPI_COMM_WORLD_*; rank 0's node hosts the rendezvous store at MASTER_ADDR:MASTER_PORT.
+#
+# Usage: scripts/launch_mpirun.sh HOSTFILE NPROC -- TRAINER_ARGS...
+#   HOSTFILE: OpenMPI hostfile ("node1 slots=8" per line); NPROC: total ranks.
+#   MASTER_ADDR defaults to the first host of the hostfile, MASTER_PORT to 29500.
+# Example: scripts/launch_mpirun.sh hosts 16 -- --config configs/olmo_1b.json --strategy fsdp ...
+set -euo pipefail
+if (($# < 4)) || [[ $3 != "--" ]]; then
+    echo "usage: $0 HOSTFILE NPROC -- TRAINER_ARGS..." >&2
+    exit 2
+fi
+hostfile=$1 nproc=$2
+shift 3
+[[ -f $hostfile ]] || { echo "error: hostfile $hostfile not found" >&2; exit 2; }
+master_addr=${MASTER_ADDR:-$(awk 'NF && $1 !~ /^#/ {print $1; exit}' "$hostfile")}
+master_port=${MASTER_PORT:-29500}
+trainer=$(cd "$(dirname "$0")/.." && pwd)/build/bin/trainer
+# --allow-run-as-root: containers often run as root; -x exports the rendezvous address to every rank;
+# --bind-to none lets each rank's OpenMP threads use its share of the cores.
+exec mpirun --allow-run-as-root --hostfile "$hostfile" -np "$nproc" --bind-to none \
+    -x MASTER_ADDR="$master_addr" -x MASTER_PORT="$master_port" -x OMP_NUM_THREADS \
+    "$trainer" "$@"
