@@ -80,6 +80,16 @@ void check_strategy_supported(const TrainConfig& c, const RankEnv& env) {
     }
 }
 
+// Where this rank's Gloo pairs listen: TRAINER_GLOO_HOST when set, loopback on one node, else this
+// machine's hostname (which the other nodes must resolve to a routable address).
+std::string gloo_bind_host(const RankEnv& env) {
+    if (const char* h = std::getenv("TRAINER_GLOO_HOST")) return h;
+    if (env.num_nodes() == 1) return "127.0.0.1";
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) != 0) user_error("rank {}: gethostname failed", env.rank);
+    return name;
+}
+
 std::string resolve_device(const std::string& device) { return device == "auto" ? "cpu" : device; }
 
 // Mean loss of one evaluator over its batches (file order).
@@ -194,7 +204,7 @@ int run_training(const TrainConfig& config) {
     if (world > 1) {
         if (rank == 0) store_server = std::make_unique<TcpStoreServer>(env.master_port);
         store = std::make_unique<TcpStore>(env.master_addr, env.master_port, timeout);
-        comm = make_gloo_communicator(*store, "world", rank, world, timeout);
+        comm = make_gloo_communicator(*store, "world", rank, world, timeout, gloo_bind_host(env));
     } else {
         comm = make_local_communicator();
     }

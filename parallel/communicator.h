@@ -58,8 +58,10 @@ std::unique_ptr<Communicator> make_local_communicator();
 
 // A Gloo communicator over TCP for `size` ranks, connected through `store` with keys under `prefix`
 // (distinct prefixes give independent groups, e.g. node-local and cross-node sub-communicators).
-// `timeout` bounds the connection and every operation.
+// `timeout` bounds the connection and every operation. `bind_host` is the address this rank's Gloo pairs
+// listen on and advertise to the others: loopback on one node, a routable name or address across nodes.
 std::unique_ptr<Communicator> make_gloo_communicator(TcpStore& store, const std::string& prefix, int rank, int size,
-                                                     std::chrono::milliseconds timeout);
+                                                     std::chrono::milliseconds timeout,
+                                                     const std::string& bind_host = "127.0.0.1");
 
 }  // namespace trainer

@@ -46,12 +46,13 @@ const gloo::ReductionFunction<uint16_t>* bf16_sum_function() {
 
 class GlooCommunicator final : public Communicator {
    public:
-    GlooCommunicator(TcpStore& store, const std::string& prefix, int rank, int size, std::chrono::milliseconds timeout)
+    GlooCommunicator(TcpStore& store, const std::string& prefix, int rank, int size, std::chrono::milliseconds timeout,
+                     const std::string& bind_host)
         : rank_(rank), size_(size), timeout_(timeout) {
         gloo::transport::tcp::attr attr;
         attr.ai_family = AF_INET;
         try {
-            attr.hostname = hostname_for_transport();
+            attr.hostname = bind_host;
             device_ = gloo::transport::tcp::CreateDevice(attr);
             context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
             context_->setTimeout(timeout);
@@ -160,13 +161,6 @@ class GlooCommunicator final : public Communicator {
     }
 
    private:
-    static std::string hostname_for_transport() {
-        // Gloo binds its pairs to this address and tells peers to connect to it. MASTER_ADDR's machine is
-        // not necessarily ours; TRAINER_GLOO_HOST overrides, loopback is used for single-node groups.
-        if (const char* h = std::getenv("TRAINER_GLOO_HOST")) return h;
-        return "127.0.0.1";
-    }
-
     uint32_t next_tag() { return tag_++; }
 
     CommHandle enqueue(const char* what, std::function<void()> op) {
@@ -250,8 +244,8 @@ size_t comm_dtype_size(CommDType t) {
 }
 
 std::unique_ptr<Communicator> make_gloo_communicator(TcpStore& store, const std::string& prefix, int rank, int size,
-                                                     std::chrono::milliseconds timeout) {
-    return std::make_unique<GlooCommunicator>(store, prefix, rank, size, timeout);
+                                                     std::chrono::milliseconds timeout, const std::string& bind_host) {
+    return std::make_unique<GlooCommunicator>(store, prefix, rank, size, timeout, bind_host);
 }
 
 }  // namespace trainer
