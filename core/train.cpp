@@ -338,11 +338,25 @@ int run_training(const TrainConfig& config) {
     }
     bar.clear();
 
+    // Every rank's peak memory by category, gathered to every rank (rank 0 writes it).
     const MemorySnapshot mem = memory_snapshot();
-    Json peak_mem = Json::object();
-    for (int c = 0; c < kNumMemCategories; ++c) peak_mem[mem_category_name(static_cast<MemCategory>(c))] = mem.peak[c];
-    peak_mem["total"] = mem.total_peak;
-    peak_mem["resident"] = process_peak_resident_bytes();
+    constexpr int kMemFields = kNumMemCategories + 2;  // the categories, total, resident
+    std::vector<double> mine(kMemFields), all(static_cast<size_t>(kMemFields) * world);
+    for (int c = 0; c < kNumMemCategories; ++c) mine[c] = static_cast<double>(mem.peak[c]);
+    mine[kNumMemCategories] = static_cast<double>(mem.total_peak);
+    mine[kNumMemCategories + 1] = static_cast<double>(process_peak_resident_bytes());
+    comm->all_gather(mine.data(), all.data(), kMemFields, CommDType::kFloat64).wait();
+    Json per_rank = Json::array();
+    for (int r = 0; r < world; ++r) {
+        const double* v = all.data() + static_cast<size_t>(r) * kMemFields;
+        Json m = Json::object();
+        for (int c = 0; c < kNumMemCategories; ++c)
+            m[mem_category_name(static_cast<MemCategory>(c))] = static_cast<int64_t>(v[c]);
+        m["total"] = static_cast<int64_t>(v[kNumMemCategories]);
+        m["resident"] = static_cast<int64_t>(v[kNumMemCategories + 1]);
+        per_rank.push_back(m);
+    }
+    const Json& peak_mem = per_rank[rank];
     const double mean_step = timed_steps > 0 ? total_time / timed_steps : 0.0;
     const double tps = mean_step > 0 ? tokens_per_step / world / mean_step : 0.0;
     const double mfu = mean_step > 0 ? flops_per_step / world / mean_step / peak.flops : 0.0;
@@ -357,7 +371,7 @@ int run_training(const TrainConfig& config) {
                     {"flops_per_token", fpt},
                     {"peak_flops_per_device", peak.flops},
                     {"peak_memory_bytes", peak_mem},
-                    {"peak_memory_bytes_per_rank", Json::array({peak_mem})}};
+                    {"peak_memory_bytes_per_rank", per_rank}};
     metrics.write(summary);
     if (total_steps > start_step) {
         std::printf(

@@ -183,6 +183,20 @@ TEST_CASE("fsdp: FULL_SHARD and SHARD_GRAD_OP on 2 and 3 ranks in both grad_sync
                           1e-5 * a[i]["loss"].get<double>());
                 }
                 CHECK(std::filesystem::exists(out + "/ck/step6/rank" + std::to_string(world - 1) + ".bin"));
+                // The summary carries every rank's peak memory; sharded parameters are 1/world of the model's
+                // (up to the padding of each unit to a multiple of world).
+                std::stringstream lines(test_util::read_file(out + "/m.jsonl")),
+                    single_lines(test_util::read_file(dir.path("single/m.jsonl")));
+                std::string line, last, single_last;
+                while (std::getline(lines, line)) last = line;
+                while (std::getline(single_lines, line)) single_last = line;
+                const Json per_rank = Json::parse(last)["peak_memory_bytes_per_rank"];
+                REQUIRE(per_rank.size() == static_cast<size_t>(world));
+                const double full = Json::parse(single_last)["peak_memory_bytes_per_rank"][0]["parameters"];
+                for (const auto& m : per_rank) {
+                    CHECK(m["parameters"].get<double>() <= full / world + 4.0 * 8 * world);
+                    CHECK(m["parameters"].get<double>() >= full / world);
+                }
                 const auto got = exported(out + "/ck/step6", out + ".safetensors");
                 REQUIRE(got.size() == ref.size());
                 for (const auto& [name, t] : ref) {
