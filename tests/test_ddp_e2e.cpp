@@ -2,6 +2,10 @@
 // 3 ranks, DDP in both grad_sync modes and fsdp NO_SHARD, must give the single-process losses (1e-5 relative) and final
 // parameters (1e-5 of the largest); a DDP checkpoint resumes on one process; and the strategy / world
 // checks refuse what cannot run.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -242,4 +246,79 @@ TEST_CASE("fsdp: a FULL_SHARD checkpoint of 3 ranks resumes on 2 ranks DDP and o
                   1e-5 * ref[4 + i]["loss"].get<double>());
         }
     }
+}
+
+namespace {
+
+// Starts `argv` (absolute program path first) from the source folder with extra environment entries and
+// stdout/stderr to /dev/null; returns its pid. Used where several processes must run at once.
+pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        if (::chdir(test_util::source_dir().c_str()) != 0) ::_exit(127);
+        const int devnull = ::open("/dev/null", O_WRONLY);
+        ::dup2(devnull, STDOUT_FILENO);
+        ::dup2(devnull, STDERR_FILENO);
+        for (const auto& kv : env) ::putenv(const_cast<char*>(kv.c_str()));
+        std::vector<char*> args;
+        for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+        args.push_back(nullptr);
+        ::execv(args[0], args.data());
+        ::_exit(127);
+    }
+    return pid;
+}
+
+int wait_exit(pid_t pid) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+TEST_CASE("launchers: mpirun and a Slurm environment train the same run to the same losses") {
+    TempDir dir;
+    const std::vector<std::string> base = {"--config",       test_util::fixture("olmo_tiny.json"),
+                                           "--init-from",    test_util::fixture("olmo_tiny_init.safetensors"),
+                                           "--max-duration", "6",
+                                           "--threads",      "1"};
+    REQUIRE(run_trainer(run_args(base, dir.path("single"))).exit_code == 0);
+    const auto ref = test_util::read_metrics(dir.path("single/m.jsonl"));
+    auto check_same = [&](const std::string& metrics) {
+        const auto got = test_util::read_metrics(metrics);
+        REQUIRE(got.size() == ref.size());
+        for (size_t i = 0; i < ref.size(); ++i) {
+            CHECK(std::fabs(got[i]["loss"].get<double>() - ref[i]["loss"].get<double>()) <=
+                  1e-5 * ref[i]["loss"].get<double>());
+        }
+    };
+    // OpenMPI (Debian's), as root in CI: the flags it needs are --allow-run-as-root and --oversubscribe.
+    std::vector<std::string> mpi = {"/usr/bin/mpirun",
+                                    "--allow-run-as-root",
+                                    "--oversubscribe",
+                                    "--bind-to",
+                                    "none",
+                                    "-np",
+                                    "2",
+                                    "-x",
+                                    "MASTER_PORT=" + free_port(),
+                                    test_util::trainer_binary()};
+    for (const auto& a : run_args(base, dir.path("mpi"))) mpi.push_back(a);
+    mpi.insert(mpi.end(), {"--strategy", "ddp"});
+    REQUIRE(wait_exit(spawn(mpi, {})) == 0);
+    check_same(dir.path("mpi/m.jsonl"));
+    // Slurm: what srun sets for 2 tasks on one node.
+    std::vector<std::string> args = {test_util::trainer_binary()};
+    for (const auto& a : run_args(base, dir.path("slurm"))) args.push_back(a);
+    args.insert(args.end(), {"--strategy", "ddp"});
+    const std::string port = free_port();
+    std::vector<pid_t> pids;
+    for (int r = 0; r < 2; ++r) {
+        pids.push_back(
+            spawn(args, {"SLURM_PROCID=" + std::to_string(r), "SLURM_NTASKS=2", "SLURM_LOCALID=" + std::to_string(r),
+                         "SLURM_TASKS_PER_NODE=2", "SLURM_JOB_NODELIST=localhost", "MASTER_PORT=" + port}));
+    }
+    for (pid_t p : pids) CHECK(wait_exit(p) == 0);
+    check_same(dir.path("slurm/m.jsonl"));
 }
