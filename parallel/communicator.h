@@ -29,7 +29,6 @@ class CommHandle {
     void wait() const {
         if (f_.valid()) f_.get();
     }
-    bool ready() const { return !f_.valid() || f_.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
 
    private:
     std::shared_future<void> f_;

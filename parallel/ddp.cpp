@@ -71,10 +71,6 @@ class DdpStrategy final : public Strategy {
         const ShardStorage& s = units_.at(u).state;
         if (s.numel > 0) backend_->copy_host_to_device(s.params.data(), host, s.numel * sizeof(float));
     }
-    void read_full_unit_params(int u, float* host) override {
-        const ShardStorage& s = units_.at(u).state;
-        if (s.numel > 0) backend_->copy_device_to_host(host, s.params.data(), s.numel * sizeof(float));
-    }
 
    private:
     void settle(int u) {

@@ -104,12 +104,6 @@ class FsdpStrategy final : public Strategy {
         backend_->fill_zero(s.mine.params.data(), s.shard * sizeof(float));
         if (n > 0) backend_->copy_host_to_device(s.mine.params.data(), host + begin, n * sizeof(float));
     }
-    void read_full_unit_params(int u, float* host) override {
-        UnitState& s = units_.at(u);
-        DeviceBuffer full(backend_, s.padded * sizeof(float), MemCategory::kCommunication);
-        comm_->all_gather(s.mine.params.data(), full.data(), s.shard, CommDType::kFloat32).wait();
-        backend_->copy_device_to_host(host, full.data(), s.numel * sizeof(float));
-    }
 
    private:
     struct UnitState {

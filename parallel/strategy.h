@@ -73,10 +73,8 @@ class Strategy {
     // Waits until every rank reaches this point (checkpoint writing). Default: one rank.
     virtual void barrier() {}
 
-    // Checkpoint and initialisation: copy a full unit's parameters from the host into this rank's storage,
-    // and read this rank's view of a full unit back to the host (all ranks see the full unit).
+    // Initialisation: copy a full unit's parameters from the host into this rank's storage (its shard).
     virtual void load_full_unit_params(int u, const float* host) = 0;
-    virtual void read_full_unit_params(int u, float* host) = 0;
 };
 
 // The single-process strategy: one replica owns full parameters, gradients and optimizer state.
