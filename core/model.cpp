@@ -19,41 +19,30 @@ struct Model::BlockParams {
     float *ff_out_w = nullptr, *ff_out_b = nullptr;    // (C, H), (C)
 };
 
+namespace {
+
+// Each block parameter's name (after "transformer.blocks.N.") and its field in BlockParams.
+constexpr std::pair<const char*, float * Model::BlockParams::*> kBlockFields[] = {
+    {"attn_norm.weight", &Model::BlockParams::attn_norm_w}, {"attn_norm.bias", &Model::BlockParams::attn_norm_b},
+    {"att_proj.weight", &Model::BlockParams::att_proj_w},   {"att_proj.bias", &Model::BlockParams::att_proj_b},
+    {"attn_out.weight", &Model::BlockParams::attn_out_w},   {"attn_out.bias", &Model::BlockParams::attn_out_b},
+    {"ff_norm.weight", &Model::BlockParams::ff_norm_w},     {"ff_norm.bias", &Model::BlockParams::ff_norm_b},
+    {"ff_proj.weight", &Model::BlockParams::ff_proj_w},     {"ff_proj.bias", &Model::BlockParams::ff_proj_b},
+    {"ff_out.weight", &Model::BlockParams::ff_out_w},       {"ff_out.bias", &Model::BlockParams::ff_out_b},
+};
+constexpr size_t kNumBlockFields = sizeof(kBlockFields) / sizeof(kBlockFields[0]);
+constexpr size_t kAbsent = static_cast<size_t>(-1);
+static_assert(kNumBlockFields == 12, "Model::block_offsets_ holds one offset per entry of kBlockFields");
+
+}  // namespace
+
+// Pointers into a block unit's flat buffer from the offsets found once in the constructor.
 Model::BlockParams Model::block_params(const float* base, int layer) const {
     BlockParams p;
-    const Unit& u = layout_.units()[layout_.block_unit(layer)];
     float* b = const_cast<float*>(base);
-    for (const auto& s : u.params) {
-        const std::string& n = s.name;
-        const size_t dot = n.rfind('.');
-        const std::string leaf = n.substr(n.rfind('.', dot - 1) + 1);  // e.g. "att_proj.weight"
-        float* ptr = b + s.offset;
-        if (leaf == "attn_norm.weight")
-            p.attn_norm_w = ptr;
-        else if (leaf == "attn_norm.bias")
-            p.attn_norm_b = ptr;
-        else if (leaf == "att_proj.weight")
-            p.att_proj_w = ptr;
-        else if (leaf == "att_proj.bias")
-            p.att_proj_b = ptr;
-        else if (leaf == "attn_out.weight")
-            p.attn_out_w = ptr;
-        else if (leaf == "attn_out.bias")
-            p.attn_out_b = ptr;
-        else if (leaf == "ff_norm.weight")
-            p.ff_norm_w = ptr;
-        else if (leaf == "ff_norm.bias")
-            p.ff_norm_b = ptr;
-        else if (leaf == "ff_proj.weight")
-            p.ff_proj_w = ptr;
-        else if (leaf == "ff_proj.bias")
-            p.ff_proj_b = ptr;
-        else if (leaf == "ff_out.weight")
-            p.ff_out_w = ptr;
-        else if (leaf == "ff_out.bias")
-            p.ff_out_b = ptr;
-        else
-            TRAINER_CHECK(false, "unexpected block parameter {}", n);
+    const auto& offsets = block_offsets_[layer];
+    for (size_t f = 0; f < kNumBlockFields; ++f) {
+        if (offsets[f] != kAbsent) p.*(kBlockFields[f].second) = b + offsets[f];
     }
     return p;
 }
@@ -73,6 +62,19 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     H_ = m_.ff_hidden_size();
     V_ = m_.embedding_size;
     L_ = m_.n_layers;
+    for (int l = 0; l < L_; ++l) {
+        std::array<size_t, kNumBlockFields> offsets;
+        offsets.fill(kAbsent);
+        const std::string prefix = fmt::format("transformer.blocks.{}.", l);
+        for (const auto& spec : layout_.units()[layout_.block_unit(l)].params) {
+            const std::string leaf = spec.name.substr(prefix.size());
+            size_t f = 0;
+            while (f < kNumBlockFields && leaf != kBlockFields[f].first) ++f;
+            TRAINER_CHECK(f < kNumBlockFields, "unexpected block parameter {}", spec.name);
+            offsets[f] = spec.offset;
+        }
+        block_offsets_.push_back(offsets);
+    }
     const size_t N = static_cast<size_t>(max_batch_) * T_;
     // Head chunk: enough rows to keep the GEMMs efficient, few enough that a chunk of logits stays
     // around 16 MiB (it is written and read back while still in the last-level cache where possible).

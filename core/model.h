@@ -13,6 +13,7 @@
 // gradients accumulate (+=) so micro-batches sum; activations are overwritten.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -42,8 +43,10 @@ class Model {
     int positions() const { return T_; }  // T = L - 1
     size_t activation_bytes() const { return arena_.bytes(); }
 
-   private:
+    // Pointers to one block's parameters (or gradients) in its unit's flat buffer (model.cpp).
     struct BlockParams;
+
+   private:
     BlockParams block_params(const float* base, int layer) const;
     void upload_tokens(const int32_t* tokens, int batch);
     void forward_blocks(int batch);
@@ -64,6 +67,7 @@ class Model {
         size_t resid, ln1, ln1_mean, ln1_rstd, qkv, att, lse, resid_mid, ln2, ln2_mean, ln2_rstd, fch, fch_act;
     };
     std::vector<Plan> layers_;
+    std::vector<std::array<size_t, 12>> block_offsets_;  // per layer: each block parameter's offset in its unit
     size_t resid_final_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, scratch_;
     size_t dresid_, dln_, dqkv_, datt_, dfch_, dfch_act_;
     DeviceBuffer arena_;
