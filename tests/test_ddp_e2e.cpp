@@ -35,25 +35,35 @@ std::vector<float> checkpoint_params(const std::string& folder) {
     return v;
 }
 
-void compare_runs(const std::string& a_dir, const std::string& b_dir, size_t steps) {
-    const auto a = test_util::read_metrics(a_dir + "/m.jsonl"), b = test_util::read_metrics(b_dir + "/m.jsonl");
-    REQUIRE(a.size() == steps);
-    REQUIRE(b.size() == steps);
-    for (size_t i = 0; i < steps; ++i) {
-        const double x = a[i]["loss"], y = b[i]["loss"];
+// `got` continues the reference run from its row `first` on: same steps, losses within 1e-5 relative.
+void check_losses(const std::vector<Json>& ref, const std::vector<Json>& got, size_t first = 0) {
+    REQUIRE(got.size() == ref.size() - first);
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double x = ref[first + i]["loss"], y = got[i]["loss"];
         CAPTURE(i, x, y);
+        CHECK(got[i]["step"].get<long>() == ref[first + i]["step"].get<long>());
         CHECK(std::fabs(x - y) <= 1e-5 * std::fabs(x));
     }
-    const auto pa = checkpoint_params(a_dir + "/ck/step" + std::to_string(steps));
-    const auto pb = checkpoint_params(b_dir + "/ck/step" + std::to_string(steps));
-    REQUIRE(pa.size() == pb.size());
+}
+
+// Two parameter arrays agree to 1e-5 of the larger's largest magnitude.
+void check_close(const std::vector<float>& a, const std::vector<float>& b) {
+    REQUIRE(a.size() == b.size());
     double max_abs = 0, max_err = 0;
-    for (size_t i = 0; i < pa.size(); ++i) {
-        max_abs = std::max(max_abs, static_cast<double>(std::fabs(pa[i])));
-        max_err = std::max(max_err, static_cast<double>(std::fabs(pa[i] - pb[i])));
+    for (size_t i = 0; i < a.size(); ++i) {
+        max_abs = std::max(max_abs, static_cast<double>(std::fabs(a[i])));
+        max_err = std::max(max_err, static_cast<double>(std::fabs(a[i] - b[i])));
     }
     CAPTURE(max_err, max_abs);
     CHECK(max_err <= 1e-5 * max_abs);
+}
+
+void compare_runs(const std::string& a_dir, const std::string& b_dir, size_t steps) {
+    const auto a = test_util::read_metrics(a_dir + "/m.jsonl");
+    REQUIRE(a.size() == steps);
+    check_losses(a, test_util::read_metrics(b_dir + "/m.jsonl"));
+    check_close(checkpoint_params(a_dir + "/ck/step" + std::to_string(steps)),
+                checkpoint_params(b_dir + "/ck/step" + std::to_string(steps)));
 }
 
 std::vector<std::string> run_args(const std::vector<std::string>& base, const std::string& dir) {
@@ -119,14 +129,8 @@ TEST_CASE("ddp: 3 ranks match the single process and a DDP checkpoint resumes on
     resume.insert(resume.end(), {"--metrics-file", dir.path("resumed.jsonl"), "--save-folder", dir.path("resumed_ck"),
                                  "--load-path", dir.path("ddp3/ck/step3")});
     REQUIRE(run_trainer(resume).exit_code == 0);
-    const auto ref = test_util::read_metrics(dir.path("single/m.jsonl"));
-    const auto got = test_util::read_metrics(dir.path("resumed.jsonl"));
-    REQUIRE(got.size() == 3);
-    for (size_t i = 0; i < 3; ++i) {
-        CHECK(got[i]["step"].get<long>() == static_cast<long>(4 + i));
-        CHECK(std::fabs(got[i]["loss"].get<double>() - ref[3 + i]["loss"].get<double>()) <=
-              1e-5 * ref[3 + i]["loss"].get<double>());
-    }
+    check_losses(test_util::read_metrics(dir.path("single/m.jsonl")),
+                 test_util::read_metrics(dir.path("resumed.jsonl")), 3);
 }
 
 TEST_CASE("ddp: strategies that cannot run on this world are refused") {
@@ -179,24 +183,15 @@ TEST_CASE("fsdp: FULL_SHARD and SHARD_GRAD_OP on 2 and 3 ranks in both grad_sync
                 const test_util::RunResult r = launch(world, args);
                 INFO(sharding << " " << mode << " " << world << "\n" << r.out << r.err);
                 REQUIRE(r.exit_code == 0);
-                const auto a = test_util::read_metrics(dir.path("single/m.jsonl"));
-                const auto b = test_util::read_metrics(out + "/m.jsonl");
-                REQUIRE(b.size() == a.size());
-                for (size_t i = 0; i < a.size(); ++i) {
-                    CHECK(std::fabs(a[i]["loss"].get<double>() - b[i]["loss"].get<double>()) <=
-                          1e-5 * a[i]["loss"].get<double>());
-                }
+                check_losses(test_util::read_metrics(dir.path("single/m.jsonl")),
+                             test_util::read_metrics(out + "/m.jsonl"));
                 CHECK(std::filesystem::exists(out + "/ck/step6/rank" + std::to_string(world - 1) + ".bin"));
                 // The summary carries every rank's peak memory; sharded parameters are 1/world of the model's
                 // (up to the padding of each unit to a multiple of world).
-                std::stringstream lines(test_util::read_file(out + "/m.jsonl")),
-                    single_lines(test_util::read_file(dir.path("single/m.jsonl")));
-                std::string line, last, single_last;
-                while (std::getline(lines, line)) last = line;
-                while (std::getline(single_lines, line)) single_last = line;
-                const Json per_rank = Json::parse(last)["peak_memory_bytes_per_rank"];
+                const Json per_rank = test_util::read_summary(out + "/m.jsonl")["peak_memory_bytes_per_rank"];
                 REQUIRE(per_rank.size() == static_cast<size_t>(world));
-                const double full = Json::parse(single_last)["peak_memory_bytes_per_rank"][0]["parameters"];
+                const double full =
+                    test_util::read_summary(dir.path("single/m.jsonl"))["peak_memory_bytes_per_rank"][0]["parameters"];
                 for (const auto& m : per_rank) {
                     CHECK(m["parameters"].get<double>() <= full / world + 4.0 * 8 * world);
                     CHECK(m["parameters"].get<double>() >= full / world);
@@ -204,13 +199,8 @@ TEST_CASE("fsdp: FULL_SHARD and SHARD_GRAD_OP on 2 and 3 ranks in both grad_sync
                 const auto got = exported(out + "/ck/step6", out + ".safetensors");
                 REQUIRE(got.size() == ref.size());
                 for (const auto& [name, t] : ref) {
-                    double max_abs = 0, max_err = 0;
-                    for (size_t i = 0; i < t.data.size(); ++i) {
-                        max_abs = std::max(max_abs, static_cast<double>(std::fabs(t.data[i])));
-                        max_err = std::max(max_err, static_cast<double>(std::fabs(t.data[i] - got.at(name).data[i])));
-                    }
                     CAPTURE(name);
-                    CHECK(max_err <= 1e-5 * max_abs);
+                    check_close(t.data, got.at(name).data);
                 }
             }
         }
@@ -238,13 +228,7 @@ TEST_CASE("fsdp: a FULL_SHARD checkpoint of 3 ranks resumes on 2 ranks DDP and o
         const test_util::RunResult r = world > 1 ? launch(world, args) : run_trainer(args);
         INFO(r.out << r.err);
         REQUIRE(r.exit_code == 0);
-        const auto got = test_util::read_metrics(out + "/m.jsonl");
-        REQUIRE(got.size() == 4);
-        for (size_t i = 0; i < 4; ++i) {
-            CHECK(got[i]["step"].get<long>() == static_cast<long>(5 + i));
-            CHECK(std::fabs(got[i]["loss"].get<double>() - ref[4 + i]["loss"].get<double>()) <=
-                  1e-5 * ref[4 + i]["loss"].get<double>());
-        }
+        check_losses(ref, test_util::read_metrics(out + "/m.jsonl"), 4);
     }
 }
 
@@ -285,14 +269,7 @@ TEST_CASE("launchers: mpirun and a Slurm environment train the same run to the s
                                            "--threads",      "1"};
     REQUIRE(run_trainer(run_args(base, dir.path("single"))).exit_code == 0);
     const auto ref = test_util::read_metrics(dir.path("single/m.jsonl"));
-    auto check_same = [&](const std::string& metrics) {
-        const auto got = test_util::read_metrics(metrics);
-        REQUIRE(got.size() == ref.size());
-        for (size_t i = 0; i < ref.size(); ++i) {
-            CHECK(std::fabs(got[i]["loss"].get<double>() - ref[i]["loss"].get<double>()) <=
-                  1e-5 * ref[i]["loss"].get<double>());
-        }
-    };
+    auto check_same = [&](const std::string& metrics) { check_losses(ref, test_util::read_metrics(metrics)); };
     // OpenMPI (Debian's), as root in CI: the flags it needs are --allow-run-as-root and --oversubscribe.
     std::vector<std::string> mpi = {"/usr/bin/mpirun",
                                     "--allow-run-as-root",

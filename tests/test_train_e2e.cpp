@@ -249,11 +249,7 @@ TEST_CASE("train: metrics file and summary with evaluation and peak memory") {
     }
     CHECK(rows[1].contains("val_loss"));
     CHECK_FALSE(rows[0].contains("val_loss"));
-    std::stringstream ss(test_util::read_file(dir.path("m.jsonl")));
-    std::string line, last;
-    while (std::getline(ss, line)) last = line;
-    const Json summary = Json::parse(last);
-    CHECK(summary["event"] == "summary");
+    const Json summary = test_util::read_summary(dir.path("m.jsonl"));
     const Json& mem = summary["peak_memory_bytes_per_rank"][0];
     CHECK(mem["parameters"].get<long>() > 0);
     CHECK(mem["optimizer_state"].get<long>() == 2 * mem["parameters"].get<long>());

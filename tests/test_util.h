@@ -108,4 +108,16 @@ inline std::vector<trainer::Json> read_metrics(const std::string& path) {
     return rows;
 }
 
+// The final {"event": "summary", ...} line of a metrics file.
+inline trainer::Json read_summary(const std::string& path) {
+    std::stringstream ss(read_file(path));
+    std::string line, last;
+    while (std::getline(ss, line)) {
+        if (!line.empty()) last = line;
+    }
+    trainer::Json j = trainer::Json::parse(last);
+    REQUIRE(j.value("event", "") == "summary");
+    return j;
+}
+
 }  // namespace test_util
