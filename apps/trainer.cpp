@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "core/bench_kernels.h"
 #include "core/checkpoint.h"
 #include "core/common.h"
 #include "core/config.h"
@@ -106,6 +107,15 @@ int run_main(int argc, char** argv) {
     peak->add_option("--threads", peak_threads, "threads (0: one per core)");
     peak->add_option("--seconds", peak_seconds, "measurement time");
 
+    auto* bench = app.add_subcommand(
+        "bench-kernels",
+        "time every kernel of one training step at the config's shapes on its device and print each against "
+        "the device roofline (takes the training flags: --config, --set, --device, --precision)");
+    bench->fallthrough();  // the training options (--config, --set, ...) belong to the main command
+    int bench_reps = 20;
+    bench->add_option("--reps", bench_reps, "timed calls of each kernel (after two warm-up calls)")
+        ->check(CLI::PositiveNumber);
+
     // `trainer launch [options] -- ARGS`: ARGS are the ranks' own arguments, split off before parsing.
     if (argc > 1 && std::string(argv[1]) == "launch") {
         for (int i = 2; i < argc; ++i) {
@@ -171,6 +181,12 @@ int run_main(int argc, char** argv) {
         config = trainer::validate_config(doc);
     } catch (const trainer::UserError& e) {
         throw trainer::UserError(std::string(e.what()) + " [in " + config_path + "]");
+    }
+    if (*bench) {
+        trainer::BackendOptions options;
+        options.bf16_matmuls = config.precision == "amp_bf16";
+        options.attention = config.kernels_attention;
+        return trainer::run_kernel_bench(config, options, bench_reps);
     }
     return trainer::run_training(config);
 }

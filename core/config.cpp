@@ -97,6 +97,8 @@ const std::vector<KeySpec>& schema() {
         {"console_log_interval", KeyType::kInt, 1, false, {}, 1, 9e18, "print a console line every N steps"},
         {"device", KeyType::kString, "auto", false, {"auto", "cpu", "cuda"}, -kInf, kInf, "where to train: auto picks cuda when a GPU is present"},
         {"precision", KeyType::kString, "fp32", false, {"fp32", "amp_bf16"}, -kInf, kInf, "compute precision (amp_bf16 needs the CUDA backend)"},
+        {"kernels.attention", KeyType::kString, "native", false, {"native", "cudnn"}, -kInf, kInf, "CUDA attention kernels: native (hand-written flash-style) or cudnn (cuDNN fused attention)"},
+        {"distributed_backend", KeyType::kString, "auto", false, {"auto", "gloo", "nccl"}, -kInf, kInf, "collectives library: auto is nccl on cuda and gloo on cpu (a lone process needs none); nccl forces an NCCL communicator even for one rank"},
         {"distributed_strategy", KeyType::kString, "single", false, {"single", "ddp", "fsdp"}, -kInf, kInf, "data-parallel strategy (single: one process owns full parameters)"},
         {"fsdp.sharding_strategy", KeyType::kString, "FULL_SHARD", false, {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}, -kInf, kInf, "FSDP sharding (PyTorch's names)"},
         {"fsdp.wrapping_strategy", KeyType::kString, nullptr, true, {"by_block", "by_block_and_size", "by_block_group", "by_block_group_and_size", "size_based", "one_in_two", "one_in_three", "one_in_four", "one_in_five"}, -kInf, kInf, "FSDP units (OLMo's); null: the whole model is one unit"},
@@ -648,6 +650,8 @@ TrainConfig validate_config(const Json& user_doc) {
 
     c.device = doc["device"].get<std::string>();
     c.precision = doc["precision"].get<std::string>();
+    c.kernels_attention = doc["kernels"]["attention"].get<std::string>();
+    c.distributed_backend = doc["distributed_backend"].get<std::string>();
     c.distributed_strategy = doc["distributed_strategy"].get<std::string>();
     c.fsdp.sharding_strategy = doc["fsdp"]["sharding_strategy"].get<std::string>();
     c.fsdp.wrapping_strategy = opt<std::string>(doc["fsdp"]["wrapping_strategy"]);

@@ -119,6 +119,8 @@ struct TrainConfig {
     long console_log_interval = 1;
     std::string device;                // auto | cpu | cuda
     std::string precision;             // fp32 | amp_bf16
+    std::string kernels_attention;     // native | cudnn (CUDA)
+    std::string distributed_backend;   // auto | gloo | nccl
     std::string distributed_strategy;  // single | ddp | fsdp
     FsdpConfig fsdp;
     std::string ddp_grad_sync_mode;  // batch | micro_batch

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 
 #include "core/checkpoint.h"
@@ -77,9 +78,31 @@ void check_strategy_supported(const TrainConfig& c, const RankEnv& env) {
             "micro-batch x accumulation steps x ranks)",
             c.global_train_batch_size, c.device_train_microbatch_size, env.world_size);
     }
-    if (c.precision == "amp_bf16") {
-        user_error("precision \"amp_bf16\" needs the CUDA backend; on CPU use --precision fp32");
+}
+
+// The device after "auto" and what it can run: amp_bf16 and NCCL need the GPU, Gloo carries host memory.
+std::string check_device_supported(const TrainConfig& c, const RankEnv& env) {
+    const std::string device = resolve_device(c.device);
+    if (c.precision == "amp_bf16" && device != "cuda") {
+        user_error("precision \"amp_bf16\" needs the CUDA backend (device is {}); on CPU use --precision fp32", device);
     }
+    if (c.distributed_backend == "nccl" && device != "cuda") {
+        user_error("distributed_backend \"nccl\" needs --device cuda (device is {}); use gloo or auto", device);
+    }
+    if (c.distributed_backend == "gloo" && device == "cuda" && env.world_size > 1) {
+        user_error(
+            "distributed_backend \"gloo\" carries host memory, but the device is cuda; use nccl (or auto) on GPUs");
+    }
+    return device;
+}
+
+// The collectives library for this run: nccl or gloo among several ranks (or nccl when forced), none for
+// a lone process.
+std::string comm_library(const TrainConfig& c, const std::string& device, int world) {
+    if (c.distributed_backend == "nccl") return "nccl";
+    if (world == 1) return "local";
+    if (c.distributed_backend == "gloo") return "gloo";
+    return device == "cuda" ? "nccl" : "gloo";
 }
 
 // Where this rank's Gloo pairs listen: TRAINER_GLOO_HOST when set, loopback on one node, else this
@@ -93,10 +116,11 @@ std::string gloo_bind_host(const RankEnv& env) {
 }
 
 // The strategy the config names, over `comm` (all ranks). HYBRID_SHARD's shard and replica groups are
-// created on `store` and kept in *sub_comms, which must outlive the strategy.
+// created by `make_group` (prefix, rank in the group, group size) and kept in *sub_comms, which must
+// outlive the strategy.
+using GroupFactory = std::function<std::unique_ptr<Communicator>(const std::string& prefix, int rank, int size)>;
 std::unique_ptr<Strategy> make_strategy(const TrainConfig& config, const RankEnv& env, Backend* backend,
-                                        const ParamLayout& layout, Communicator* comm, TcpStore* store,
-                                        std::chrono::milliseconds timeout,
+                                        const ParamLayout& layout, Communicator* comm, const GroupFactory& make_group,
                                         std::vector<std::unique_ptr<Communicator>>* sub_comms) {
     const FsdpConfig& fc = config.fsdp;
     const WirePrecision wire{fc.precision != "fp32", fc.precision == "pure"};
@@ -121,14 +145,12 @@ std::unique_ptr<Strategy> make_strategy(const TrainConfig& config, const RankEnv
         // Shard groups of consecutive ranks; replica groups join the ranks holding the same shard.
         const int n_replicas = hybrid_replicas(config, env), per = env.world_size / n_replicas, rank = env.rank;
         if (n_replicas > 1 && per > 1) {
-            sub_comms->push_back(make_gloo_communicator(*store, fmt::format("shard{}", rank / per), rank % per, per,
-                                                        timeout, gloo_bind_host(env)));
-            sub_comms->push_back(make_gloo_communicator(*store, fmt::format("replica{}", rank % per), rank / per,
-                                                        n_replicas, timeout, gloo_bind_host(env)));
+            sub_comms->push_back(make_group(fmt::format("shard{}", rank / per), rank % per, per));
+            sub_comms->push_back(make_group(fmt::format("replica{}", rank % per), rank / per, n_replicas));
             group = (*sub_comms)[0].get();
             replicas = (*sub_comms)[1].get();
         } else if (n_replicas > 1) {  // shard groups of one: every rank a full replica
-            sub_comms->push_back(make_local_communicator());
+            sub_comms->push_back(make_local_communicator(backend));
             group = (*sub_comms)[0].get();
             replicas = comm;
         }
@@ -137,8 +159,6 @@ std::unique_ptr<Strategy> make_strategy(const TrainConfig& config, const RankEnv
                               fmt::format("fsdp {} {} {} {}", fc.sharding_strategy,
                                           fc.wrapping_strategy.value_or("null"), fc.precision, fc.grad_sync_mode));
 }
-
-std::string resolve_device(const std::string& device) { return device == "auto" ? "cpu" : device; }
 
 // Mean loss of one evaluator over its batches (file order).
 double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& model, long batch) {
@@ -183,13 +203,14 @@ class ProgressBar {
 
 // Every rank's peak memory so far by category, plus total and measured peak resident memory, gathered
 // over `comm` (a collective: every rank calls it).
-Json gather_peak_memory(Communicator& comm, int world) {
+Json gather_peak_memory(Communicator& comm, int world, const Backend& backend) {
     const MemorySnapshot mem = memory_snapshot();
-    constexpr int kMemFields = kNumMemCategories + 2;  // the categories, total, resident
+    constexpr int kMemFields = kNumMemCategories + 3;  // the categories, total, resident, device pool
     std::vector<double> mine(kMemFields), all(static_cast<size_t>(kMemFields) * world);
     for (int c = 0; c < kNumMemCategories; ++c) mine[c] = static_cast<double>(mem.peak[c]);
     mine[kNumMemCategories] = static_cast<double>(mem.total_peak);
     mine[kNumMemCategories + 1] = static_cast<double>(process_peak_resident_bytes());
+    mine[kNumMemCategories + 2] = static_cast<double>(backend.device_peak_bytes());
     comm.all_gather(mine.data(), all.data(), kMemFields, CommDType::kFloat64).wait();
     Json per_rank = Json::array();
     for (int r = 0; r < world; ++r) {
@@ -199,6 +220,7 @@ Json gather_peak_memory(Communicator& comm, int world) {
             m[mem_category_name(static_cast<MemCategory>(c))] = static_cast<int64_t>(v[c]);
         m["total"] = static_cast<int64_t>(v[kNumMemCategories]);
         m["resident"] = static_cast<int64_t>(v[kNumMemCategories + 1]);
+        if (backend.name() != "cpu") m["device_pool"] = static_cast<int64_t>(v[kNumMemCategories + 2]);
         per_rank.push_back(m);
     }
     return per_rank;
@@ -229,7 +251,8 @@ int run_training(const TrainConfig& config) {
     if (rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) {
         user_error("rank {}: cannot silence stdout", rank);  // rank 0 alone logs; errors still reach stderr
     }
-    const std::string device = resolve_device(config.device);
+    const std::string device = check_device_supported(config, env);
+    const std::string library = comm_library(config, device, world);
     const ModelConfig& m = config.model;
     const TokenDataset train_data(config.data.paths, parse_token_dtype(config.data.memmap_dtype), m.max_sequence_length,
                                   m.vocab_size);
@@ -265,23 +288,34 @@ int run_training(const TrainConfig& config) {
     const long accumulation = config.accumulation_steps(world);
 
     // ---- build ----
-    auto backend = make_backend(device);
+    BackendOptions backend_options;
+    backend_options.bf16_matmuls = config.precision == "amp_bf16";
+    backend_options.attention = config.kernels_attention;
+    backend_options.device_index = env.local_rank;
+    if (device != "cuda" && config.kernels_attention != "native") {
+        user_error("kernels.attention \"{}\" is a CUDA kernel; the {} backend has native attention only",
+                   config.kernels_attention, device);
+    }
+    auto backend = make_backend(device, backend_options);
     const ParamLayout layout(config);
-    // Ranks meet at rank 0's store; Gloo connects them (loopback for one node).
+    // Ranks meet at rank 0's store; Gloo (loopback for one node) or NCCL connects them.
     std::unique_ptr<TcpStoreServer> store_server;
     std::unique_ptr<TcpStore> store;
     std::unique_ptr<Communicator> comm;
     const auto timeout = std::chrono::milliseconds(static_cast<long>(config.distributed_timeout_seconds * 1000));
-    if (world > 1) {
+    const GroupFactory make_group = [&](const std::string& prefix, int r, int n) -> std::unique_ptr<Communicator> {
+        if (library == "nccl") return make_nccl_communicator(*store, prefix, r, n, timeout, backend.get());
+        if (library == "gloo") return make_gloo_communicator(*store, prefix, r, n, timeout, gloo_bind_host(env));
+        return make_local_communicator(backend.get());
+    };
+    if (library != "local") {
         if (rank == 0) store_server = std::make_unique<TcpStoreServer>(env.master_port);
         store = std::make_unique<TcpStore>(env.master_addr, env.master_port, timeout);
-        comm = make_gloo_communicator(*store, "world", rank, world, timeout, gloo_bind_host(env));
-    } else {
-        comm = make_local_communicator();
     }
+    comm = make_group("world", rank, world);
     std::vector<std::unique_ptr<Communicator>> sub_comms;  // HYBRID_SHARD's groups, alive with the strategy
     const std::unique_ptr<Strategy> strategy =
-        make_strategy(config, env, backend.get(), layout, comm.get(), store.get(), timeout, &sub_comms);
+        make_strategy(config, env, backend.get(), layout, comm.get(), make_group, &sub_comms);
     load_initial_params(config, layout, *strategy, use_init_from ? &init_tensors : nullptr,
                         config.init_from.value_or(""));
     init_tensors.clear();
@@ -297,14 +331,26 @@ int run_training(const TrainConfig& config) {
 
     const long L = m.max_sequence_length;
     const double fpt = flops_per_token(m, layout);
-    const PeakFlops peak = cpu_peak_flops(threads, config.peak_flops_per_device);
+    PeakFlops peak;
+    if (device == "cuda") {
+        const bool bf16 = config.precision == "amp_bf16";
+        peak.flops = backend->peak_flops(bf16, &peak.how);
+        if (config.peak_flops_per_device) {
+            peak = {*config.peak_flops_per_device,
+                    fmt::format("configured {:.1f} TFLOP/s per device", *config.peak_flops_per_device / 1e12)};
+        }
+    } else {
+        peak = cpu_peak_flops(threads, config.peak_flops_per_device);
+    }
     const double tokens_per_step =
         static_cast<double>(config.global_train_batch_size) * L;  // OLMo counts L per instance
     const double flops_per_step = fpt * static_cast<double>(config.global_train_batch_size) * (L - 1);
-    std::printf("run %s: %s parameters (%s in matmuls) in %d units, strategy %s, device %s, %d threads\n",
-                config.run_name.c_str(), human_count(static_cast<double>(layout.total_numel())).c_str(),
-                human_count(static_cast<double>(layout.matmul_numel())).c_str(), layout.num_units(),
-                strategy->name().c_str(), backend->name().c_str(), threads);
+    std::printf(
+        "run %s: %s parameters (%s in matmuls) in %d units, strategy %s, device %s (%s), collectives %s, %d "
+        "threads\n",
+        config.run_name.c_str(), human_count(static_cast<double>(layout.total_numel())).c_str(),
+        human_count(static_cast<double>(layout.matmul_numel())).c_str(), layout.num_units(), strategy->name().c_str(),
+        backend->name().c_str(), config.precision.c_str(), library.c_str(), threads);
     std::printf("data: %ld instances of %ld tokens; %ld steps of %ld instances (micro-batch %ld x %ld accumulation)\n",
                 static_cast<long>(train_data.num_instances()), L, total_steps, config.global_train_batch_size, micro,
                 accumulation);
@@ -383,7 +429,7 @@ int run_training(const TrainConfig& config) {
             run_evals(step, record);
         }
         // The metrics file's step records carry every rank's peak memory so far (one tiny all-gather).
-        if (config.metrics_file) record["peak_memory_bytes_per_rank"] = gather_peak_memory(*comm, world);
+        if (config.metrics_file) record["peak_memory_bytes_per_rank"] = gather_peak_memory(*comm, world, *backend);
         if (step % config.console_log_interval == 0 || step == total_steps || step == start_step + 1) {
             bar.clear();
             std::printf(
@@ -406,7 +452,7 @@ int run_training(const TrainConfig& config) {
 
     // Every rank's peak memory by category, gathered to every rank (rank 0 writes it).
     const MemorySnapshot mem = memory_snapshot();
-    const Json per_rank = gather_peak_memory(*comm, world);
+    const Json per_rank = gather_peak_memory(*comm, world, *backend);
     const Json& peak_mem = per_rank[rank];
     const double mean_step = timed_steps > 0 ? total_time / timed_steps : 0.0;
     const double tps = mean_step > 0 ? tokens_per_step / world / mean_step : 0.0;

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -28,8 +29,26 @@ class Backend {
     virtual void copy_device_to_host(void* dst, const void* src, size_t bytes) = 0;
     virtual void copy_device_to_device(void* dst, const void* src, size_t bytes) = 0;
     virtual void fill_zero(void* ptr, size_t bytes) = 0;
+    // Copies between any two of host memory and this device's memory, in order with the queued work;
+    // returns once host memory involved may be used. Default: host memory only (memmove).
+    virtual void copy_any(void* dst, const void* src, size_t bytes) {
+        if (bytes > 0) std::memmove(dst, src, bytes);
+    }
     // Waits for all queued work (a no-op on the CPU backend). Default: nothing to wait for.
     virtual void synchronize() {}
+    // Dense peak FLOP/s of the device for MFU (bf16 tensor cores when `bf16`, else fp32) and the formula in
+    // *how; 0 where the backend does not know it (the CPU's peak is measured in core/metrics.cpp).
+    virtual double peak_flops(bool bf16, std::string* how) const {
+        (void)bf16, (void)how;
+        return 0.0;
+    }
+    // Peak memory bandwidth of the device in bytes/s and its formula in *how; 0 where unknown.
+    virtual double peak_bandwidth(std::string* how) const {
+        (void)how;
+        return 0.0;
+    }
+    // High-water mark of the device memory this backend holds (its allocator's pool), 0 where untracked.
+    virtual int64_t device_peak_bytes() const { return 0; }
 
     // ---- forward/backward ops (float; see kernels/cpu/ops.h for each op's contract) ----
     virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M, int K,
@@ -71,9 +90,26 @@ class Backend {
     virtual void cast_bf16_to_float(float* out, const uint16_t* in, size_t n) = 0;
 };
 
+// How a backend computes (the CPU backend has one way and ignores these).
+struct BackendOptions {
+    bool bf16_matmuls = false;         // precision amp_bf16: GEMMs on bf16 copies, fp32 accumulation
+    std::string attention = "native";  // kernels.attention: native | cudnn
+    int device_index = 0;              // which GPU (the rank's LOCAL_RANK modulo the GPUs present)
+};
+
 // Builds the backend for a device name: "cpu" (always available) or "cuda". Refuses other names and a
 // device this build or machine does not have, naming it and what is available.
-std::unique_ptr<Backend> make_backend(const std::string& device);
+std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOptions& options = {});
+
+// GPUs this process can use: 0 in a build without CUDA, without a driver or without a device.
+int cuda_device_count();
+// "auto" -> "cuda" where a GPU is present, else "cpu"; other names unchanged.
+std::string resolve_device(const std::string& device);
+
+#ifdef TRAINER_HAVE_CUDA
+// The CUDA backend (kernels/cuda/cuda_backend.cu); refuses when no GPU is usable, naming why.
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
+#endif
 
 // One line on the CPU GEMM library and kernel set in use, with a note when a faster one is available.
 std::string cpu_blas_description();

@@ -4,12 +4,14 @@
 // order they were issued (one FIFO per communicator), so every rank, issuing the same sequence, runs the
 // same collective at the same time. Each has the communicator's timeout; a timeout or a dead peer makes
 // wait() throw a UserError naming the operation and `rank r/W`. Reductions are sums. Buffers are host
-// memory for the Gloo communicator (device memory for NCCL, later); they must stay valid until wait().
+// memory for the Gloo communicator; device memory for NCCL (host buffers too, staged through the device
+// synchronously); they must stay valid until wait().
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <exception>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -17,17 +19,22 @@
 namespace trainer {
 
 class TcpStore;
+class Backend;
 
 enum class CommDType { kFloat32, kBFloat16, kFloat64 };
 size_t comm_dtype_size(CommDType t);
 
-// A queued collective: wait() blocks until it is done and rethrows its error.
+// A queued collective. wait() returns once the result may be used by what the caller does next and
+// rethrows the collective's error: on the host communicators (Gloo) it blocks until the collective is
+// done; on NCCL it orders the compute stream after the collective (the host does not block).
 class CommHandle {
    public:
     CommHandle() = default;
     explicit CommHandle(std::shared_future<void> f) : f_(std::move(f)) {}
+    explicit CommHandle(std::function<void()> waiter) : waiter_(std::move(waiter)) {}
     void wait() const {
         if (f_.valid()) f_.get();
+        if (waiter_) waiter_();
     }
     // wait(), adding the seconds spent blocked to *waited (a strategy's communication-wait metric).
     void wait(double* waited) const {
@@ -38,6 +45,7 @@ class CommHandle {
 
    private:
     std::shared_future<void> f_;
+    std::function<void()> waiter_;
 };
 
 class Communicator {
@@ -58,8 +66,9 @@ class Communicator {
     virtual CommHandle barrier() = 0;
 };
 
-// The communicator of a group of one (a single process): every collective completes at once.
-std::unique_ptr<Communicator> make_local_communicator();
+// The communicator of a group of one (a single process): every collective completes at once. Copies go
+// through `backend` (device memory) when given, else memmove (host memory).
+std::unique_ptr<Communicator> make_local_communicator(Backend* backend = nullptr);
 
 // A Gloo communicator over TCP for `size` ranks, connected through `store` with keys under `prefix`
 // (distinct prefixes give independent groups, e.g. node-local and cross-node sub-communicators).
@@ -68,5 +77,13 @@ std::unique_ptr<Communicator> make_local_communicator();
 std::unique_ptr<Communicator> make_gloo_communicator(TcpStore& store, const std::string& prefix, int rank, int size,
                                                      std::chrono::milliseconds timeout,
                                                      const std::string& bind_host = "127.0.0.1");
+
+// An NCCL communicator for `size` ranks on the GPU of the CUDA `backend`: rank 0's unique id travels
+// through `store` under `prefix`; collectives run on a communication stream ordered after the backend's
+// compute stream by events. A watchdog aborts the communicator and ends the process (naming the
+// operation and the rank) when an operation outlasts `timeout` or NCCL reports an asynchronous error, so
+// a dead rank never hangs the others. Refuses in a build without CUDA.
+std::unique_ptr<Communicator> make_nccl_communicator(TcpStore& store, const std::string& prefix, int rank, int size,
+                                                     std::chrono::milliseconds timeout, Backend* backend);
 
 }  // namespace trainer

@@ -141,7 +141,7 @@ class DdpStrategy final : public Strategy {
 std::unique_ptr<Strategy> make_single_strategy(Backend* backend, const ParamLayout& layout) {
     // One process is DDP over a group of one: every collective is a no-op.
     return std::make_unique<DdpStrategy>(backend, layout, nullptr, false, "single", WirePrecision{},
-                                         make_local_communicator());
+                                         make_local_communicator(backend));
 }
 
 std::unique_ptr<Strategy> make_ddp_strategy(Backend* backend, const ParamLayout& layout, Communicator* comm,

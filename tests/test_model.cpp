@@ -13,79 +13,14 @@
 #include "core/model.h"
 #include "core/safetensors.h"
 #include "kernels/backend.h"
+#include "model_check.h"
 #include "parallel/strategy.h"
 #include "test_util.h"
 
 using namespace trainer;
+using test_util::check_against_fixture;
 using test_util::fixture;
-
-namespace {
-
-TrainConfig fixture_config(const std::string& name) {
-    Json doc = read_config_file(fixture(name + "_tiny.json"));
-    doc["data"]["paths"] = Json::array({fixture(name + "_tiny_tokens.u16")});
-    return validate_config(doc);
-}
-
-// Loss and gradients of global batch 0 with the fixture's micro-batching, in float32 on the CPU backend.
-void check_against_fixture(const std::string& name) {
-    const TrainConfig config = fixture_config(name);
-    const Json expected = Json::parse(test_util::read_file(fixture(name + "_tiny_expected.json")));
-    auto backend = make_backend("cpu");
-    const ParamLayout layout(config);
-    auto strategy = make_single_strategy(backend.get(), layout);
-    const std::string init = fixture(name + "_tiny_init.safetensors");
-    const auto init_tensors = read_safetensors(init);
-    load_initial_params(config, layout, *strategy, &init_tensors, init);
-
-    const long micro = config.device_train_microbatch_size, G = config.global_train_batch_size;
-    const long L = config.model.max_sequence_length;
-    Model model(config, layout, backend.get(), strategy.get(), static_cast<int>(micro));
-    TokenDataset data(config.data.paths, TokenDtype::kUint16, L, config.model.vocab_size);
-    std::vector<int32_t> tokens(micro * L);
-    strategy->zero_grads();
-    double loss = 0.0;
-    const float scale = static_cast<float>(1.0 / (G * (L - 1)));
-    for (long k = 0; k < G / micro; ++k) {
-        for (long i = 0; i < micro; ++i) data.read_instance(k * micro + i, tokens.data() + i * L);
-        loss += model.forward_backward(tokens.data(), static_cast<int>(micro), scale);
-    }
-    loss /= static_cast<double>(G * (L - 1));
-    const double ref_loss = expected["loss_step1"].get<double>();
-    CAPTURE(loss, ref_loss);
-    CHECK(std::fabs(loss - ref_loss) <= 1e-5 * std::fabs(ref_loss));
-
-    std::vector<std::vector<float>> grads(layout.num_units());
-    for (int u = 0; u < layout.num_units(); ++u) {
-        grads[u].resize(layout.units()[u].numel);
-        backend->copy_device_to_host(grads[u].data(), strategy->unit_grads(u), grads[u].size() * sizeof(float));
-    }
-    const auto ours = to_hf_tensors(config, layout, grads);
-    const auto ref = read_safetensors(fixture(name + "_tiny_grads.safetensors"));
-    REQUIRE(ours.size() == ref.size());
-    for (const auto& [tname, t] : ours) {
-        REQUIRE(ref.count(tname) == 1);
-        const Tensor& r = ref.at(tname);
-        REQUIRE(r.shape == t.shape);
-        // 1e-5 relative to the tensor's scale, element by element: float32 accumulation against a float64
-        // reference leaves errors near 1e-7 of the largest entries, so tiny entries are judged by the scale.
-        double max_ref = 0.0, err2 = 0.0, ref2 = 0.0;
-        for (float x : r.data) max_ref = std::max(max_ref, static_cast<double>(std::fabs(x)));
-        for (size_t i = 0; i < r.data.size(); ++i) {
-            const double d = static_cast<double>(t.data[i]) - r.data[i];
-            err2 += d * d;
-            ref2 += static_cast<double>(r.data[i]) * r.data[i];
-            if (std::fabs(d) > 1e-5 * max_ref + 1e-5 * std::fabs(r.data[i])) {
-                FAIL_CHECK(tname << "[" << i << "]: ref " << r.data[i] << ", got " << t.data[i]);
-                break;
-            }
-        }
-        CAPTURE(tname);
-        CHECK(std::sqrt(err2 / std::max(ref2, 1e-300)) <= 1e-5);
-    }
-}
-
-}  // namespace
+using test_util::fixture_config;
 
 TEST_CASE("model: GPT-2 shape loss and gradients match the PyTorch fixture") { check_against_fixture("gpt2"); }
 

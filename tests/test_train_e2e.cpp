@@ -9,6 +9,7 @@
 #include <map>
 
 #include "core/safetensors.h"
+#include "kernels/backend.h"
 #include "test_util.h"
 
 using namespace trainer;
@@ -283,8 +284,27 @@ TEST_CASE("errors: bad config and flags end with one error line") {
     expect_error(run_trainer(concat(tiny_args("2"), {"--strategy", "zero3"})), "expected single, ddp or fsdp");
     expect_error(run_trainer(concat(tiny_args("2"), {"--sharding-strategy", "FULL"})), "expected FULL_SHARD");
     expect_error(run_trainer(concat(tiny_args("2"), {"--wrapping-strategy", "by_blok"})), "by_block");
-    expect_error(run_trainer(concat(tiny_args("2"), {"--device", "cuda"})), "no CUDA backend");
-    expect_error(run_trainer(concat(tiny_args("2"), {"--precision", "amp_bf16"})), "needs the CUDA backend");
+    if (trainer::cuda_device_count() == 0) {  // a machine without a GPU (a build with or without CUDA)
+        expect_error(run_trainer(concat(tiny_args("2"), {"--device", "cuda"})),
+#ifdef TRAINER_HAVE_CUDA
+                     "device \"cuda\": no usable GPU on this machine"
+#else
+                     "device \"cuda\": this build has no CUDA backend"
+#endif
+        );
+        expect_error(run_trainer(concat(tiny_args("2"), {"--precision", "amp_bf16"})),
+                     "precision \"amp_bf16\" needs the CUDA backend (device is cpu)");
+        expect_error(run_trainer(concat(tiny_args("2"), {"--set", "distributed_backend=nccl"})),
+                     "distributed_backend \"nccl\" needs --device cuda (device is cpu)");
+        expect_error(run_trainer(concat(tiny_args("2"), {"--set", "kernels.attention=cudnn"})),
+                     "kernels.attention \"cudnn\" is a CUDA kernel");
+        // auto picks the CPU here.
+        const auto r = run_trainer(concat(tiny_args("1"), {"--device", "auto"}));
+        CHECK(r.exit_code == 0);
+        CHECK_THAT(r.out, Catch::Matchers::Contains("device cpu (fp32), collectives local"));
+    }
+    expect_error(run_trainer(concat(tiny_args("2"), {"--device", "cpu", "--precision", "amp_bf16"})),
+                 "precision \"amp_bf16\" needs the CUDA backend (device is cpu)");
     expect_error(run_trainer({"export", "--checkpoint", dir.path(), "-o", dir.path("x.safetensors")}),
                  "no metadata.json");
     expect_error(run_trainer({"prepare-data", dir.path("nope.txt"), "-o", dir.path("o.bin")}), "nope.txt");
@@ -348,4 +368,22 @@ TEST_CASE("errors: bad weights and checkpoints end with one error line and damag
                                                      "model.n_layers=3"})),
                  "model.n_layers is 2 in the checkpoint but 3");
     CHECK(test_util::read_file(dir.path("ck/step2/rank0.bin")) == before);
+}
+
+TEST_CASE("bench-kernels: times every op of a step at the config's shapes against the roofline") {
+    const auto r = run_trainer(
+        {"bench-kernels", "--reps", "1", "--config", "configs/tiny.json", "--device", "cpu", "--threads", "2"});
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Contains("shape: micro-batch 4 x T 64, d_model 64, 4 heads of 16"));
+    for (const char* op : {"att_proj GEMM forward", "ff_out GEMM backward", "LM head GEMM (one chunk) forward",
+                           "layernorm backward", "rope forward", "attention backward", "swiglu forward",
+                           "classifier (one chunk)", "embedding backward", "adamw (one block)"}) {
+        CAPTURE(op);
+        CHECK_THAT(r.out, Contains(std::string("| ") + op + " | "));
+    }
+    // Every row ends in a share of the roofline.
+    CHECK_THAT(r.out, Contains("% |"));
+    const auto bad = run_trainer({"bench-kernels", "--reps", "0", "--config", "configs/tiny.json"});
+    CHECK(bad.exit_code != 0);
 }

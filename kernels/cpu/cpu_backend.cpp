@@ -127,15 +127,29 @@ std::string cpu_blas_description() {
     return text;
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device) {
+std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOptions& options) {
     if (device == "cpu") return std::make_unique<CpuBackend>();
     if (device == "cuda") {
+#ifdef TRAINER_HAVE_CUDA
+        return make_cuda_backend(options);
+#else
+        (void)options;
         user_error(
-            "device \"cuda\": this build has no CUDA backend yet (it lands with the CUDA backend issue); "
-            "use --device cpu");
+            "device \"cuda\": this build has no CUDA backend (nvcc was not found when it was configured); "
+            "rebuild with the CUDA toolkit or use --device cpu");
+#endif
     }
     user_error("device \"{}\": expected cpu, cuda or auto", device);
 }
+
+std::string resolve_device(const std::string& device) {
+    if (device != "auto") return device;
+    return cuda_device_count() > 0 ? "cuda" : "cpu";
+}
+
+#ifndef TRAINER_HAVE_CUDA
+int cuda_device_count() { return 0; }
+#endif
 
 DeviceBuffer::DeviceBuffer(Backend* backend, size_t bytes, MemCategory category)
     : backend_(backend), ptr_(backend->alloc(bytes)), bytes_(bytes), category_(category) {

@@ -27,6 +27,16 @@ inline unsigned grid_for(size_t work, unsigned block) {
     return static_cast<unsigned>(blocks == 0 ? 1 : (blocks < 65535 ? blocks : 65535));
 }
 
+// True for host memory (pageable or pinned), false for device or managed memory.
+inline bool is_host_pointer(const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return true;
+    }
+    return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
+}
+
 // True when every pointer is 16-byte aligned, so float4 (128-bit) loads and stores are legal.
 template <typename... P>
 inline bool aligned16(const P*... p) {

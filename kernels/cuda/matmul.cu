@@ -35,13 +35,20 @@ __global__ void column_sum_kernel(float* dbias, const float* dout, int M, int N)
     dbias[c] += s;
 }
 
+void column_sum(float* dbias, const float* dout, int M, int N, cudaStream_t stream) {
+    if (N <= 0) return;
+    constexpr unsigned kBlock = 128;
+    column_sum_kernel<<<(static_cast<unsigned>(N) + kBlock - 1) / kBlock, kBlock, 0, stream>>>(dbias, dout, M, N);
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 struct Gemm::State {
     cublasLtHandle_t handle = nullptr;
     void* workspace = nullptr;
     size_t workspace_bytes = 0;
-    // (transa, transb, m, n, k, lda, ldb, ldc, bias epilogue) -> algorithm, column-major terms.
+    // (transa, transb, m, n, k, lda, ldb, ldc, bias epilogue + 2 x input type) -> algorithm, column-major terms.
     std::map<std::tuple<int, int, int, int, int, int, int, int, int>, cublasLtMatmulAlgo_t> algos;
 };
 
@@ -59,6 +66,17 @@ Gemm::~Gemm() {
 
 void Gemm::run(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
                int ldb, float beta, float* C, int ldc, const float* bias, cudaStream_t stream) {
+    run_typed(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, CUDA_R_32F, beta, C, ldc, bias, stream);
+}
+
+void Gemm::run_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A, int lda,
+                    const uint16_t* B, int ldb, float beta, float* C, int ldc, const float* bias, cudaStream_t stream) {
+    run_typed(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, CUDA_R_16BF, beta, C, ldc, bias, stream);
+}
+
+void Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
+                     const void* B, int ldb, cudaDataType_t ab_type, float beta, float* C, int ldc, const float* bias,
+                     cudaStream_t stream) {
     if (M == 0 || N == 0) return;
     // Column-major: C^T(N, M) = op(B)^T (N, K) x op(A)^T (K, M).
     const cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // on B, the first operand
@@ -76,12 +94,12 @@ void Gemm::run(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
     }
     // Stored shapes (before op): the first operand is B (m x k, or k x m transposed), the second A.
     TRAINER_CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, ldb));
+        cublasLtMatrixLayoutCreate(&la, ab_type, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, ldb));
     TRAINER_CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, lda));
+        cublasLtMatrixLayoutCreate(&lb, ab_type, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, lda));
     TRAINER_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc));
-    const auto key =
-        std::make_tuple(static_cast<int>(ta), static_cast<int>(tb), m, n, k, lda, ldb, ldc, bias != nullptr ? 1 : 0);
+    const auto key = std::make_tuple(static_cast<int>(ta), static_cast<int>(tb), m, n, k, lda, ldb, ldc,
+                                     (bias != nullptr ? 1 : 0) + 2 * static_cast<int>(ab_type));
     auto it = s_->algos.find(key);
     if (it == s_->algos.end()) {
         cublasLtMatmulPreference_t pref = nullptr;
@@ -93,8 +111,9 @@ void Gemm::run(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
         TRAINER_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(s_->handle, op, la, lb, lc, lc, pref, 1, &result, &found));
         cublasLtMatmulPreferenceDestroy(pref);
         if (found == 0) {
-            throw std::runtime_error("cuBLASLt has no fp32 algorithm for a " + std::to_string(M) + " x " +
-                                     std::to_string(N) + " x " + std::to_string(K) + " GEMM");
+            throw std::runtime_error(std::string("cuBLASLt has no ") + (ab_type == CUDA_R_32F ? "fp32" : "bf16") +
+                                     " algorithm for a " + std::to_string(M) + " x " + std::to_string(N) + " x " +
+                                     std::to_string(K) + " GEMM");
         }
         it = s_->algos.emplace(key, result.algo).first;
     }
@@ -121,11 +140,23 @@ void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, cons
                  stream);
     // dweight(N, K) += dout^T (N, M) @ inp(M, K)
     if (dweight != nullptr) gemm.run(true, false, N, K, M, 1.0f, dout, N, inp, K, 1.0f, dweight, K, nullptr, stream);
-    if (dbias != nullptr && N > 0) {
-        constexpr unsigned kBlock = 128;
-        column_sum_kernel<<<(static_cast<unsigned>(N) + kBlock - 1) / kBlock, kBlock, 0, stream>>>(dbias, dout, M, N);
-        TRAINER_CUDA_CHECK(cudaGetLastError());
-    }
+    if (dbias != nullptr) column_sum(dbias, dout, M, N, stream);
+}
+
+void matmul_forward_bf16(Gemm& gemm, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias, int M,
+                         int K, int N, cudaStream_t stream) {
+    gemm.run_bf16(false, true, M, N, K, 1.0f, inp, K, weight, K, 0.0f, out, N, bias, stream);
+}
+
+void matmul_backward_bf16(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
+                          const uint16_t* dout16, const uint16_t* inp16, const uint16_t* weight16, int M, int K, int N,
+                          bool accumulate_dinp, cudaStream_t stream) {
+    if (dinp != nullptr)
+        gemm.run_bf16(false, false, M, K, N, 1.0f, dout16, N, weight16, K, accumulate_dinp ? 1.0f : 0.0f, dinp, K,
+                      nullptr, stream);
+    if (dweight != nullptr)
+        gemm.run_bf16(true, false, N, K, M, 1.0f, dout16, N, inp16, K, 1.0f, dweight, K, nullptr, stream);
+    if (dbias != nullptr) column_sum(dbias, dout, M, N, stream);
 }
 
 }  // namespace trainer::cuda

@@ -21,8 +21,14 @@ class Gemm {
     Gemm& operator=(const Gemm&) = delete;
     void run(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
              int ldb, float beta, float* C, int ldc, const float* bias, cudaStream_t stream);
+    // The same with bf16 A and B, fp32 accumulation and an fp32 C (amp_bf16).
+    void run_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A, int lda,
+                  const uint16_t* B, int ldb, float beta, float* C, int ldc, const float* bias, cudaStream_t stream);
 
    private:
+    void run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda, const void* B,
+                   int ldb, cudaDataType_t ab_type, float beta, float* C, int ldc, const float* bias,
+                   cudaStream_t stream);
     struct State;
     State* s_;
 };
@@ -32,6 +38,13 @@ void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weigh
                     int N, cudaStream_t stream);
 void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int M, int K, int N, bool accumulate_dinp, cudaStream_t stream);
+// The same products from bf16 copies of the operands (amp_bf16): fp32 accumulation and fp32 results;
+// dbias sums the fp32 dout.
+void matmul_forward_bf16(Gemm& gemm, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias, int M,
+                         int K, int N, cudaStream_t stream);
+void matmul_backward_bf16(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
+                          const uint16_t* dout16, const uint16_t* inp16, const uint16_t* weight16, int M, int K, int N,
+                          bool accumulate_dinp, cudaStream_t stream);
 
 // Token (+ learned position, nullable) embedding; the backward adds into dwte/dwpe in row order, with
 // no atomics (embedding.cu).

@@ -1,0 +1,192 @@
+// `trainer bench-kernels`: every Backend op of one training step at a config's shapes, timed on the
+// configured device and set against the roofline of that device (see bench_kernels.h).
+#include "core/bench_kernels.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/common.h"
+#include "core/layout.h"
+#include "core/metrics.h"
+#include "core/train.h"
+#include "kernels/backend.h"
+
+namespace trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Op {
+    std::string name;
+    double flops = 0.0;  // arithmetic of the op (2 per multiply-add)
+    double bytes = 0.0;  // compulsory traffic: its inputs read and outputs written once, at fp32
+    std::function<void()> run;
+};
+
+// Mean seconds per call of `f` over `reps` calls after two warm-up calls, the device drained around them.
+double time_op(Backend& backend, const std::function<void()>& f, int reps) {
+    f();
+    f();
+    backend.synchronize();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < reps; ++i) f();
+    backend.synchronize();
+    return std::chrono::duration<double>(Clock::now() - t0).count() / reps;
+}
+
+}  // namespace
+
+int run_kernel_bench(const TrainConfig& config, const BackendOptions& options, int reps) {
+    const std::string device = resolve_device(config.device);
+    if (config.precision == "amp_bf16" && device != "cuda") {
+        user_error("precision \"amp_bf16\" needs the CUDA backend (device is {})", device);
+    }
+    const int threads = configure_threads(config.threads);
+    auto backend_ptr = make_backend(device, options);
+    Backend& be = *backend_ptr;
+    const ModelConfig& m = config.model;
+    const ParamLayout layout(config);
+    const int B = static_cast<int>(config.device_train_microbatch_size),
+              T = static_cast<int>(m.max_sequence_length - 1);
+    const int C = m.d_model, NH = m.n_heads, HS = m.head_size(), P = m.ff_proj_size(), H = m.ff_hidden_size();
+    const int V = m.embedding_size, N = B * T;
+    // The head's chunk of rows, as the model sizes it (core/model.cpp).
+    const int R = static_cast<int>(std::clamp<size_t>((size_t(64) << 20) / static_cast<size_t>(V), 16, N));
+    const size_t NC = static_cast<size_t>(N) * C;
+    const size_t block_numel = layout.units()[layout.block_unit(0)].numel;
+
+    auto buf = [&](size_t floats) {
+        DeviceBuffer b(&be, std::max<size_t>(floats, 1) * sizeof(float), MemCategory::kOther);
+        be.fill_zero(b.data(), b.bytes());
+        return b;
+    };
+    DeviceBuffer x = buf(NC), y = buf(NC), dx = buf(NC), mean = buf(N), rstd = buf(N), lnw = buf(C), lnb = buf(C),
+                 dlnw = buf(C), dlnb = buf(C);
+    DeviceBuffer qkv = buf(3 * NC), dqkv = buf(3 * NC), att = buf(NC), lse = buf(static_cast<size_t>(B) * NH * T);
+    DeviceBuffer w_qkv = buf(3 * static_cast<size_t>(C) * C), dw_qkv = buf(3 * static_cast<size_t>(C) * C);
+    DeviceBuffer w_fc = buf(static_cast<size_t>(P) * C), dw_fc = buf(static_cast<size_t>(P) * C);
+    DeviceBuffer w_out = buf(static_cast<size_t>(C) * H), dw_out = buf(static_cast<size_t>(C) * H);
+    DeviceBuffer fch = buf(static_cast<size_t>(N) * P), dfch = buf(static_cast<size_t>(N) * P);
+    DeviceBuffer fact = buf(static_cast<size_t>(N) * H), dfact = buf(static_cast<size_t>(N) * H);
+    DeviceBuffer wte = buf(static_cast<size_t>(V) * C), dwte = buf(static_cast<size_t>(V) * C);
+    DeviceBuffer logits = buf(static_cast<size_t>(R) * V), losses = buf(N);
+    DeviceBuffer tokens(&be, 2 * static_cast<size_t>(N) * sizeof(int32_t), MemCategory::kOther);
+    be.fill_zero(tokens.data(), tokens.bytes());
+    DeviceBuffer p = buf(block_numel), g = buf(block_numel), m1 = buf(block_numel), m2 = buf(block_numel);
+
+    const double f4 = 4.0;  // bytes per fp32 element
+    std::vector<Op> ops;
+    auto gemm = [&](const std::string& what, int M, int K, int Nn, float* out, float* in, float* w, float* dout,
+                    float* din, float* dw) {
+        const double mk = double(M) * K, nk = double(Nn) * K, mn = double(M) * Nn;
+        ops.push_back({what + " forward", 2 * mk * Nn, f4 * (mk + nk + mn),
+                       [=, &be] { be.matmul_forward(out, in, w, nullptr, M, K, Nn); }});
+        ops.push_back({what + " backward", 4 * mk * Nn, f4 * (2 * mn + 2 * mk + 3 * nk),
+                       [=, &be] { be.matmul_backward(din, dw, nullptr, dout, in, w, M, K, Nn, false); }});
+    };
+    gemm("att_proj GEMM", N, C, 3 * C, qkv.f32(), x.f32(), w_qkv.f32(), dqkv.f32(), dx.f32(), dw_qkv.f32());
+    gemm("attn_out GEMM", N, C, C, y.f32(), att.f32(), w_qkv.f32(), x.f32(), dx.f32(), dw_qkv.f32());
+    gemm("ff_proj GEMM", N, C, P, fch.f32(), x.f32(), w_fc.f32(), dfch.f32(), dx.f32(), dw_fc.f32());
+    gemm("ff_out GEMM", N, H, C, y.f32(), fact.f32(), w_out.f32(), x.f32(), dfact.f32(), dw_out.f32());
+    gemm("LM head GEMM (one chunk)", R, C, V, logits.f32(), x.f32(), wte.f32(), logits.f32(), dx.f32(), dwte.f32());
+    const float* w = m.layer_norm_with_affine ? lnw.f32() : nullptr;
+    float* dw = m.layer_norm_with_affine ? dlnw.f32() : nullptr;
+    ops.push_back({"layernorm forward", 8.0 * NC, f4 * (2.0 * NC + 2.0 * N),
+                   [&] { be.layernorm_forward(y.f32(), mean.f32(), rstd.f32(), x.f32(), w, nullptr, N, C, 1e-5f); }});
+    ops.push_back({"layernorm backward", 12.0 * NC, f4 * (4.0 * NC + 2.0 * N), [&] {
+                       be.layernorm_backward(dx.f32(), dw, nullptr, y.f32(), x.f32(), w, mean.f32(), rstd.f32(), N, C);
+                   }});
+    const float theta = static_cast<float>(m.rope_theta);
+    if (m.rope) {
+        ops.push_back(
+            {"rope forward", 6.0 * NC, f4 * 4.0 * NC, [&] { be.rope_forward(qkv.f32(), B, T, NH, HS, theta); }});
+        ops.push_back(
+            {"rope backward", 6.0 * NC, f4 * 4.0 * NC, [&] { be.rope_backward(dqkv.f32(), B, T, NH, HS, theta); }});
+    }
+    // Causal attention: QK^T and PV over the lower triangle, 2 x 2 x B NH T^2/2 HS; the backward has 5 such
+    // products to the forward's 2 (FlashAttention's accounting).
+    const double att_flops = 2.0 * B * NH * double(T) * T * HS;
+    ops.push_back({"attention forward", att_flops, f4 * (4.0 * NC + double(B) * NH * T),
+                   [&] { be.attention_forward(att.f32(), lse.f32(), qkv.f32(), B, T, NH, HS); }});
+    ops.push_back({"attention backward", 2.5 * att_flops, f4 * (8.0 * NC + double(B) * NH * T),
+                   [&] { be.attention_backward(dqkv.f32(), y.f32(), qkv.f32(), att.f32(), lse.f32(), B, T, NH, HS); }});
+    const double NHh = double(N) * H;
+    if (m.activation_type == "swiglu") {
+        ops.push_back(
+            {"swiglu forward", 6.0 * NHh, f4 * 3.0 * NHh, [&] { be.swiglu_forward(fact.f32(), fch.f32(), N, H); }});
+        ops.push_back({"swiglu backward", 10.0 * NHh, f4 * 5.0 * NHh,
+                       [&] { be.swiglu_backward(dfch.f32(), fch.f32(), dfact.f32(), N, H); }});
+    } else {
+        const bool tanh_gelu = m.activation_type == "gelu_tanh";
+        ops.push_back({"gelu forward", 10.0 * NHh, f4 * 2.0 * NHh,
+                       [&] { be.gelu_forward(fact.f32(), fch.f32(), static_cast<size_t>(NHh), tanh_gelu); }});
+        ops.push_back({"gelu backward", 20.0 * NHh, f4 * 3.0 * NHh, [&] {
+                           be.gelu_backward(dfch.f32(), fch.f32(), dfact.f32(), static_cast<size_t>(NHh), tanh_gelu);
+                       }});
+    }
+    ops.push_back(
+        {"residual add", 1.0 * NC, f4 * 3.0 * NC, [&] { be.residual_forward(y.f32(), x.f32(), dx.f32(), NC); }});
+    ops.push_back({"classifier (one chunk)", 5.0 * R * double(V), f4 * 2.0 * R * double(V), [&] {
+                       be.classifier_forward_backward(logits.f32(), losses.f32(), tokens.i32() + N, R, V, 1e-3f, true);
+                   }});
+    ops.push_back({"embedding forward", 1.0 * NC, f4 * 2.0 * NC,
+                   [&] { be.embedding_forward(x.f32(), tokens.i32(), wte.f32(), nullptr, N, T, C); }});
+    ops.push_back({"embedding backward", 1.0 * NC, f4 * 3.0 * NC,
+                   [&] { be.embedding_backward(dwte.f32(), nullptr, x.f32(), tokens.i32(), N, T, C); }});
+    const double bn = static_cast<double>(block_numel);
+    ops.push_back({"adamw (one block)", 16.0 * bn, f4 * 7.0 * bn, [&] {
+                       be.adamw_update(p.f32(), g.f32(), m1.f32(), m2.f32(), block_numel, 1e-4f, 0.9f, 0.95f, 1e-8f,
+                                       0.1f, 1, 1.0f);
+                   }});
+    ops.push_back(
+        {"squared norm (one block)", 2.0 * bn, f4 * bn, [&] { (void)be.squared_norm(g.f32(), block_numel); }});
+
+    // Rooflines: the device's stated peaks where the backend knows them, else (CPU) the measured FMA peak;
+    // bandwidth measured by a device-to-device copy as well.
+    const bool bf16 = config.precision == "amp_bf16";
+    std::string flops_how, bw_how;
+    double peak = be.peak_flops(bf16, &flops_how);
+    if (config.peak_flops_per_device) {
+        peak = *config.peak_flops_per_device, flops_how = "configured peak_flops_per_device";
+    }
+    if (peak <= 0.0) {
+        peak = measure_fma_peak(threads, 1.0);
+        flops_how = fmt::format("measured fp32 FMA peak of {} threads", threads);
+    }
+    double bw = be.peak_bandwidth(&bw_how);
+    {
+        const size_t bytes = size_t(256) << 20;
+        DeviceBuffer a(&be, bytes, MemCategory::kOther), b(&be, bytes, MemCategory::kOther);
+        be.fill_zero(a.data(), bytes);
+        const double t = time_op(
+            be, [&] { be.copy_device_to_device(b.data(), a.data(), bytes); }, 5);
+        const double copy_bw = 2.0 * bytes / t;
+        if (bw <= 0.0) bw = copy_bw, bw_how = "measured copy";
+        std::printf(
+            "device %s (%s): FLOP roof %.1f TFLOP/s (%s); bandwidth roof %.0f GB/s (%s); copy measured "
+            "%.0f GB/s\n",
+            be.name().c_str(), config.precision.c_str(), peak / 1e12, flops_how.c_str(), bw / 1e9, bw_how.c_str(),
+            copy_bw / 1e9);
+    }
+    std::printf(
+        "shape: micro-batch %d x T %d, d_model %d, %d heads of %d, ff %d -> %d, vocab %d (head chunk %d rows)\n", B, T,
+        C, NH, HS, P, H, V, R);
+    std::printf(
+        "roofline time = max(FLOPs / FLOP roof, bytes / bandwidth roof); bytes = each input read and output "
+        "written once, at fp32; above 100%%: the op's working set stays in cache, faster than the memory roof\n\n");
+    std::printf(
+        "| op | time us | TFLOP/s | GB/s | bound | roofline us | %% of roofline |\n|---|---|---|---|---|---|---|\n");
+    for (const Op& op : ops) {
+        const double t = time_op(be, op.run, reps);
+        const double t_flops = op.flops / peak, t_bytes = op.bytes / bw, roof = std::max(t_flops, t_bytes);
+        std::printf("| %s | %.1f | %.2f | %.0f | %s | %.1f | %.0f%% |\n", op.name.c_str(), t * 1e6, op.flops / t / 1e12,
+                    op.bytes / t / 1e9, t_flops > t_bytes ? "compute" : "memory", roof * 1e6, 100.0 * roof / t);
+    }
+    return 0;
+}
+
+}  // namespace trainer

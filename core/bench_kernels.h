@@ -1,0 +1,15 @@
+// `trainer bench-kernels`: times every Backend op of one training step at a config's shapes (its
+// micro-batch, sequence, width, heads, MLP and vocabulary) on the configured device and precision, and
+// prints a markdown table: time per call, achieved FLOP/s and bytes/s, and the share of the device's
+// roofline (max of FLOPs over the FLOP peak and compulsory bytes over the bandwidth) each op reaches.
+#pragma once
+
+#include "core/config.h"
+#include "kernels/backend.h"
+
+namespace trainer {
+
+// Runs the benchmark (each op `reps` times after two warm-up calls); returns the process exit code.
+int run_kernel_bench(const TrainConfig& config, const BackendOptions& options, int reps);
+
+}  // namespace trainer

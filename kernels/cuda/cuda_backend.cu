@@ -1,0 +1,355 @@
+// The CUDA backend: the Backend interface over the kernels of kernels/cuda, queued in order on one compute
+// stream.
+//
+// Memory comes from the device's stream-ordered pool (cudaMallocAsync on the compute stream, its release
+// threshold raised so freed blocks stay cached): gathered FSDP units and communication buffers that come
+// and go every step reuse cached blocks without a device synchronisation, and a block freed on the
+// compute stream is reused only after the work queued before the free. The model's activations are one
+// arena (core/model.cpp) sized before the first step. Scratch that kernels need (LayerNorm and attention
+// partials, the bf16 operand copies of amp_bf16, the norm partials) grows on demand and is then reused.
+//
+// Host synchronisation happens only where the interface returns a host value (sum, squared_norm), copies
+// to or from host memory, and synchronize().
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "core/common.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/ops.h"
+
+namespace trainer {
+
+int cuda_device_count() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();  // no driver or no device: clear the sticky-free error, report none
+        return 0;
+    }
+    return n;
+}
+
+namespace cuda {
+namespace {
+
+// Dense FLOP per clock per SM by compute capability: bf16 tensor-core FMA with fp32 accumulation, and
+// fp32 FMA on the CUDA cores (2 FLOP per FMA). 0 where this table does not know the architecture.
+double flop_per_clock_per_sm(int major, int minor, bool bf16) {
+    const int cc = major * 10 + minor;
+    if (bf16) {
+        switch (cc) {
+            case 80:
+                return 2048;  // A100
+            case 86:
+                return 512;  // GA10x (fp32 accumulation runs at half rate)
+            case 87:
+                return 1024;  // Orin
+            case 89:
+                return 1024;  // L40S, RTX 40
+            case 90:
+                return 4096;  // H100, H200
+            case 100:
+                return 8192;  // B200
+            default:
+                return 0;
+        }
+    }
+    switch (cc) {
+        case 80:
+            return 128;
+        case 86:
+        case 87:
+        case 89:
+        case 90:
+        case 100:
+            return 256;
+        default:
+            return 0;
+    }
+}
+
+class CudaBackend final : public Backend {
+   public:
+    explicit CudaBackend(const BackendOptions& options) : options_(options) {
+        TRAINER_CUDA_CHECK(cudaSetDevice(options.device_index));
+        device_ = options.device_index;
+        TRAINER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        // Keep freed blocks cached in the pool instead of returning them to the driver at every sync.
+        TRAINER_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device_));
+        uint64_t threshold = UINT64_MAX;
+        TRAINER_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+        gemm_ = std::make_unique<Gemm>();
+        norm_scratch_ = static_cast<double*>(alloc(kNormScratchDoubles * sizeof(double)));
+    }
+    ~CudaBackend() override {
+        for (auto& [key, t] : rope_tables_) free(t.first), free(t.second);
+        for (Scratch* s : {&ln_scratch_, &att_scratch_, &a16_, &b16_, &c16_}) free(s->ptr);
+        free(norm_scratch_);
+        gemm_.reset();
+        cudaStreamSynchronize(stream_);
+        cudaStreamDestroy(stream_);
+    }
+
+    std::string name() const override { return "cuda"; }
+    cudaStream_t stream() const { return stream_; }
+    int device() const { return device_; }
+
+    void* alloc(size_t bytes) override {
+        void* p = nullptr;
+        const size_t rounded = (bytes + 255) / 256 * 256;
+        const cudaError_t err = cudaMallocAsync(&p, rounded == 0 ? 256 : rounded, stream_);
+        if (err == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();
+            size_t free_b = 0, total_b = 0;
+            cudaMemGetInfo(&free_b, &total_b);
+            user_error(
+                "out of GPU memory on device {} allocating {:.1f} MiB ({:.1f} MiB free of {:.1f} MiB); lower "
+                "device_train_microbatch_size or shard the model with --strategy fsdp",
+                device_, bytes / 1048576.0, free_b / 1048576.0, total_b / 1048576.0);
+        }
+        TRAINER_CUDA_CHECK(err);
+        return p;
+    }
+    void free(void* ptr) override {
+        if (ptr != nullptr) cudaFreeAsync(ptr, stream_);  // no throw: called from destructors
+    }
+    void copy_host_to_device(void* dst, const void* src, size_t bytes) override {
+        if (bytes == 0) return;
+        TRAINER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+        TRAINER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the caller may reuse `src` on return
+    }
+    void copy_device_to_host(void* dst, const void* src, size_t bytes) override {
+        if (bytes == 0) return;
+        TRAINER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+        TRAINER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    void copy_device_to_device(void* dst, const void* src, size_t bytes) override {
+        if (bytes > 0) TRAINER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    }
+    void copy_any(void* dst, const void* src, size_t bytes) override {
+        if (bytes == 0) return;
+        TRAINER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+        if (cuda::is_host_pointer(dst) || cuda::is_host_pointer(src))
+            TRAINER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    void fill_zero(void* ptr, size_t bytes) override {
+        if (bytes > 0) TRAINER_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream_));
+    }
+    void synchronize() override { TRAINER_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+    double peak_flops(bool bf16, std::string* how) const override {
+        int sms = 0, clock_khz = 0, major = 0, minor = 0;
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_);
+        cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device_);
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_);
+        cudaDeviceProp prop{};
+        cudaGetDeviceProperties(&prop, device_);
+        const double per_clock = flop_per_clock_per_sm(major, minor, bf16);
+        const double peak = sms * (clock_khz * 1e3) * per_clock;
+        if (how != nullptr) {
+            *how = per_clock > 0
+                       ? fmt::format(
+                             "{}: {} SMs x {:.3f} GHz (max clock) x {:.0f} FLOP/clock/SM ({} dense, sm_{}{}); "
+                             "override with peak_flops_per_device",
+                             prop.name, sms, clock_khz / 1e6, per_clock, bf16 ? "bf16 tensor cores" : "fp32 FMA", major,
+                             minor)
+                       : fmt::format("{} (sm_{}{}): peak unknown to this build; set peak_flops_per_device", prop.name,
+                                     major, minor);
+        }
+        return peak;
+    }
+    double peak_bandwidth(std::string* how) const override {
+        int mem_khz = 0, bus_bits = 0;
+        cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device_);
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device_);
+        const double bw = 2.0 * mem_khz * 1e3 * bus_bits / 8.0;  // double data rate
+        if (how != nullptr)
+            *how = fmt::format("2 (DDR) x {:.3f} GHz memory clock x {} bits / 8", mem_khz / 1e6, bus_bits);
+        return bw;
+    }
+    int64_t device_peak_bytes() const override {
+        uint64_t high = 0;
+        cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &high);
+        return static_cast<int64_t>(high);
+    }
+
+    void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M, int K,
+                        int N) override {
+        if (!options_.bf16_matmuls) return cuda::matmul_forward(*gemm_, out, inp, weight, bias, M, K, N, stream_);
+        const uint16_t* inp16 = to_bf16(a16_, inp, size_t(M) * K);
+        const uint16_t* w16 = to_bf16(b16_, weight, size_t(N) * K);
+        cuda::matmul_forward_bf16(*gemm_, out, inp16, w16, bias, M, K, N, stream_);
+    }
+    void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                         const float* weight, int M, int K, int N, bool accumulate_dinp) override {
+        if (!options_.bf16_matmuls) {
+            return cuda::matmul_backward(*gemm_, dinp, dweight, dbias, dout, inp, weight, M, K, N, accumulate_dinp,
+                                         stream_);
+        }
+        const uint16_t* dout16 = to_bf16(c16_, dout, size_t(M) * N);
+        const uint16_t* inp16 = dweight != nullptr ? to_bf16(a16_, inp, size_t(M) * K) : nullptr;
+        const uint16_t* w16 = dinp != nullptr ? to_bf16(b16_, weight, size_t(N) * K) : nullptr;
+        cuda::matmul_backward_bf16(*gemm_, dinp, dweight, dbias, dout, dout16, inp16, w16, M, K, N, accumulate_dinp,
+                                   stream_);
+    }
+    void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
+                           int C) override {
+        cuda::embedding_forward(out, tokens, wte, wpe, N, T, C, stream_);
+    }
+    void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,
+                            int C) override {
+        cuda::embedding_backward(dwte, dwpe, dout, tokens, N, T, C, stream_);
+    }
+    void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                           const float* bias, int N, int C, float eps) override {
+        cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps, stream_);
+    }
+    void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                            const float* weight, const float* mean, const float* rstd, int N, int C) override {
+        float* scratch =
+            static_cast<float*>(grow(ln_scratch_, cuda::layernorm_backward_scratch_floats(N, C) * sizeof(float)));
+        cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, scratch, stream_);
+    }
+    void rope_forward(float* qkv, int B, int T, int NH, int HS, float theta) override {
+        const auto& [cos_t, sin_t] = rope_table(T, HS, theta);
+        cuda::rope_forward(qkv, cos_t, sin_t, B, T, NH, HS, stream_);
+    }
+    void rope_backward(float* dqkv, int B, int T, int NH, int HS, float theta) override {
+        const auto& [cos_t, sin_t] = rope_table(T, HS, theta);
+        cuda::rope_backward(dqkv, cos_t, sin_t, B, T, NH, HS, stream_);
+    }
+    void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS) override {
+        cuda::attention_forward(out, lse, qkv, B, T, NH, HS, stream_);
+    }
+    void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
+                            int T, int NH, int HS) override {
+        float* scratch =
+            static_cast<float*>(grow(att_scratch_, cuda::attention_backward_scratch_floats(B, T, NH) * sizeof(float)));
+        cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS, scratch, stream_);
+    }
+    void gelu_forward(float* out, const float* inp, size_t n, bool tanh_approx) override {
+        cuda::gelu_forward(out, inp, n, tanh_approx, stream_);
+    }
+    void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx) override {
+        cuda::gelu_backward(dinp, inp, dout, n, tanh_approx, stream_);
+    }
+    void swiglu_forward(float* out, const float* inp, int N, int H) override {
+        cuda::swiglu_forward(out, inp, N, H, stream_);
+    }
+    void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H) override {
+        cuda::swiglu_backward(dinp, inp, dout, N, H, stream_);
+    }
+    void residual_forward(float* out, const float* a, const float* b, size_t n) override {
+        cuda::residual_forward(out, a, b, n, stream_);
+    }
+    void scale_inplace(float* x, size_t n, float s) override { cuda::scale_inplace(x, n, s, stream_); }
+    void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int N, int V,
+                                     float dloss_scale, bool compute_grad) override {
+        cuda::classifier_forward_backward(logits, losses, targets, N, V, dloss_scale, compute_grad, stream_);
+    }
+    void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
+                      float eps, float weight_decay, long step, float grad_scale) override {
+        cuda::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale, stream_);
+    }
+    double squared_norm(const float* x, size_t n) override { return cuda::squared_norm(x, n, norm_scratch_, stream_); }
+    double sum(const float* x, size_t n) override { return cuda::sum(x, n, norm_scratch_, stream_); }
+    void cast_float_to_bf16(uint16_t* out, const float* in, size_t n) override {
+        cuda::cast_float_to_bf16(out, in, n, stream_);
+    }
+    void cast_bf16_to_float(float* out, const uint16_t* in, size_t n) override {
+        cuda::cast_bf16_to_float(out, in, n, stream_);
+    }
+
+   private:
+    struct Scratch {
+        void* ptr = nullptr;
+        size_t bytes = 0;
+    };
+    // A scratch of at least `bytes`; growing frees the old block in stream order (work already queued on
+    // it runs first) and counts the new size as activation memory.
+    void* grow(Scratch& s, size_t bytes) {
+        if (bytes <= s.bytes) return s.ptr;
+        free(s.ptr);
+        memory_record_free(MemCategory::kActivations, static_cast<int64_t>(s.bytes));
+        s.ptr = alloc(bytes);
+        s.bytes = bytes;
+        memory_record_alloc(MemCategory::kActivations, static_cast<int64_t>(bytes));
+        return s.ptr;
+    }
+    const uint16_t* to_bf16(Scratch& s, const float* x, size_t n) {
+        auto* out = static_cast<uint16_t*>(grow(s, n * sizeof(uint16_t)));
+        cuda::cast_float_to_bf16(out, x, n, stream_);
+        return out;
+    }
+    // The (T, HS/2) cos and sin tables of cpu::rope_table_f32, uploaded once per (T, HS, theta).
+    const std::pair<float*, float*>& rope_table(int T, int HS, float theta) {
+        const auto key = std::make_tuple(T, HS, theta);
+        auto it = rope_tables_.find(key);
+        if (it == rope_tables_.end()) {
+            const size_t n = static_cast<size_t>(T) * (HS / 2);
+            std::vector<float> c(n), s(n);
+            cpu::rope_table_f32(c.data(), s.data(), T, HS, theta);
+            auto* dc = static_cast<float*>(alloc(n * sizeof(float)));
+            auto* ds = static_cast<float*>(alloc(n * sizeof(float)));
+            copy_host_to_device(dc, c.data(), n * sizeof(float));
+            copy_host_to_device(ds, s.data(), n * sizeof(float));
+            it = rope_tables_.emplace(key, std::make_pair(dc, ds)).first;
+        }
+        return it->second;
+    }
+
+    BackendOptions options_;
+    int device_ = 0;
+    cudaStream_t stream_ = nullptr;
+    cudaMemPool_t pool_ = nullptr;
+    std::unique_ptr<Gemm> gemm_;
+    double* norm_scratch_ = nullptr;
+    Scratch ln_scratch_, att_scratch_, a16_, b16_, c16_;
+    std::map<std::tuple<int, int, float>, std::pair<float*, float*>> rope_tables_;
+};
+
+}  // namespace
+
+cudaStream_t backend_stream(Backend* backend) {
+    auto* cb = dynamic_cast<CudaBackend*>(backend);
+    TRAINER_CHECK(cb != nullptr, "backend {} is not the CUDA backend", backend->name());
+    return cb->stream();
+}
+
+int backend_device(Backend* backend) {
+    auto* cb = dynamic_cast<CudaBackend*>(backend);
+    TRAINER_CHECK(cb != nullptr, "backend {} is not the CUDA backend", backend->name());
+    return cb->device();
+}
+
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess || n == 0) {
+        (void)cudaGetLastError();
+        user_error(
+            "device \"cuda\": no usable GPU on this machine ({}); use --device cpu, or --device auto to pick "
+            "what is present",
+            err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device found");
+    }
+    if (options.attention != "native") {
+        user_error(
+            "kernels.attention \"{}\": this build's CUDA backend has the native attention kernels only (the cuDNN "
+            "fused attention path is not built yet); use kernels.attention=native",
+            options.attention);
+    }
+    BackendOptions o = options;
+    o.device_index = options.device_index % n;
+    return std::make_unique<cuda::CudaBackend>(o);
+}
+
+}  // namespace trainer
