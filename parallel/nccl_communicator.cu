@@ -153,8 +153,12 @@ class NcclCommunicator final : public Communicator {
             check(ncclCommGetAsyncError(comm_, &st), what);
             if (st != ncclInProgress) break;
             if (Clock::now() > deadline) {
-                ncclCommAbort(comm_);
-                comm_ = nullptr;
+                {
+                    std::lock_guard<std::mutex> lock(mutex_);  // the watchdog reads comm_ under it
+                    failed_.store(true);
+                    ncclCommAbort(comm_);
+                    comm_ = nullptr;
+                }
                 user_error("NCCL {} on rank {}/{} timed out after {:.0f} s (distributed_timeout_seconds)", what, rank_,
                            size_, timeout_.count() / 1e3);
             }
@@ -225,6 +229,7 @@ class NcclCommunicator final : public Communicator {
         std::unique_lock<std::mutex> lock(mutex_);
         while (!stopping_) {
             cv_.wait_for(lock, std::chrono::milliseconds(100));
+            if (comm_ == nullptr) return;  // aborted by a timed-out call, which reports it
             while (!pending_.empty() && cudaEventQuery(pending_.front().done->e) == cudaSuccess) pending_.pop_front();
             std::string why;
             ncclResult_t st = ncclSuccess;

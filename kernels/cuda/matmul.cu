@@ -35,6 +35,14 @@ __global__ void column_sum_kernel(float* dbias, const float* dout, int M, int N)
     dbias[c] += s;
 }
 
+// The largest power of two (up to 256) dividing the address.
+uint32_t alignment_of(const void* p) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    uint32_t align = 256;
+    while (align > 1 && a % align != 0) align /= 2;
+    return align;
+}
+
 void column_sum(float* dbias, const float* dout, int M, int N, cudaStream_t stream) {
     if (N <= 0) return;
     constexpr unsigned kBlock = 128;
@@ -49,7 +57,8 @@ struct Gemm::State {
     void* workspace = nullptr;
     size_t workspace_bytes = 0;
     // (transa, transb, m, n, k, lda, ldb, ldc, bias epilogue + 2 x input type) -> algorithm, column-major terms.
-    std::map<std::tuple<int, int, int, int, int, int, int, int, int>, cublasLtMatmulAlgo_t> algos;
+    // The key's last entry packs the bias flag, the input type and the operands' alignments.
+    std::map<std::tuple<int, int, int, int, int, int, int, int, long long>, cublasLtMatmulAlgo_t> algos;
 };
 
 Gemm::Gemm(size_t workspace_bytes) : s_(new State) {
@@ -98,14 +107,27 @@ void Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     TRAINER_CUBLAS_CHECK(
         cublasLtMatrixLayoutCreate(&lb, ab_type, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, lda));
     TRAINER_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc));
-    const auto key = std::make_tuple(static_cast<int>(ta), static_cast<int>(tb), m, n, k, lda, ldb, ldc,
-                                     (bias != nullptr ? 1 : 0) + 2 * static_cast<int>(ab_type));
+    // cuBLASLt's heuristic assumes 256-byte aligned operands unless told otherwise; parameters sit at
+    // arbitrary 4-byte offsets of a unit's flat buffer and head chunks start mid-arena, so the real
+    // alignments are passed (and are part of the cache key: an algorithm chosen for aligned operands may
+    // not run on unaligned ones).
+    const uint32_t align_first = alignment_of(B), align_second = alignment_of(A), align_c = alignment_of(C);
+    const long long extra = (bias != nullptr ? 1 : 0) + 2LL * static_cast<int>(ab_type) +
+                            1000LL * (align_first + 512LL * (align_second + 512LL * align_c));
+    const auto key = std::make_tuple(static_cast<int>(ta), static_cast<int>(tb), m, n, k, lda, ldb, ldc, extra);
     auto it = s_->algos.find(key);
     if (it == s_->algos.end()) {
         cublasLtMatmulPreference_t pref = nullptr;
         TRAINER_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         TRAINER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                   &s_->workspace_bytes, sizeof s_->workspace_bytes));
+        const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
+        for (const auto& [attr, value] : aligns)
+            TRAINER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
         cublasLtMatmulHeuristicResult_t result{};
         int found = 0;
         TRAINER_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(s_->handle, op, la, lb, lc, lc, pref, 1, &result, &found));
