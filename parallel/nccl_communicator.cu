@@ -62,8 +62,12 @@ class NcclCommunicator final : public Communicator {
    public:
     NcclCommunicator(TcpStore& store, const std::string& prefix, int rank, int size, std::chrono::milliseconds timeout,
                      Backend* backend)
-        : rank_(rank), size_(size), timeout_(timeout), compute_(cuda::backend_stream(backend)) {
-        TRAINER_CUDA_CHECK(cudaSetDevice(cuda::backend_device(backend)));
+        : rank_(rank),
+          size_(size),
+          device_(cuda::backend_device(backend)),
+          timeout_(timeout),
+          compute_(cuda::backend_stream(backend)) {
+        TRAINER_CUDA_CHECK(cudaSetDevice(device_));
         TRAINER_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority_high()));
         ncclUniqueId id{};
         const std::string key = prefix + "/nccl_unique_id";
@@ -82,9 +86,18 @@ class NcclCommunicator final : public Communicator {
         watchdog_ = std::thread([this] { watch(); });
     }
     ~NcclCommunicator() override {
+        // Collectives still queued (a rank leaving on an error while its peers are gone) could spin for
+        // ever: wait for the stream at most the timeout, then abort them.
+        const auto drain_deadline = Clock::now() + timeout_;
+        while (cudaStreamQuery(stream_) == cudaErrorNotReady && Clock::now() < drain_deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
         {
             std::lock_guard<std::mutex> lock(mutex_);
             stopping_ = true;
+            if (comm_ != nullptr && cudaStreamQuery(stream_) == cudaErrorNotReady) {
+                ncclCommAbort(comm_);
+                comm_ = nullptr;
+            }
         }
         cv_.notify_all();
         if (watchdog_.joinable()) watchdog_.join();
@@ -226,14 +239,22 @@ class NcclCommunicator final : public Communicator {
     // The watchdog: retires finished operations; on a timeout or an asynchronous NCCL error, reports,
     // aborts the communicator and ends the process.
     void watch() {
+        // A new thread starts on device 0: without this, its first CUDA call would open a context on GPU 0
+        // for every rank of the node.
+        if (cudaSetDevice(device_) != cudaSuccess) (void)cudaGetLastError();
         std::unique_lock<std::mutex> lock(mutex_);
         while (!stopping_) {
             cv_.wait_for(lock, std::chrono::milliseconds(100));
             if (comm_ == nullptr) return;  // aborted by a timed-out call, which reports it
-            while (!pending_.empty() && cudaEventQuery(pending_.front().done->e) == cudaSuccess) pending_.pop_front();
+            cudaError_t query = cudaSuccess;
+            while (!pending_.empty() && (query = cudaEventQuery(pending_.front().done->e)) == cudaSuccess)
+                pending_.pop_front();
             std::string why;
             ncclResult_t st = ncclSuccess;
-            if (ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress) {
+            if (query != cudaSuccess && query != cudaErrorNotReady) {
+                // A sticky device error (a faulting kernel) is not a late peer: report it as it is.
+                why = fmt::format("could not complete: the device reported {}", cudaGetErrorString(query));
+            } else if (ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress) {
                 why = fmt::format("failed: {} ({}); a peer rank probably died", ncclGetErrorString(st),
                                   ncclGetLastError(comm_));
             } else if (!pending_.empty() && Clock::now() - pending_.front().issued > timeout_) {
@@ -259,7 +280,7 @@ class NcclCommunicator final : public Communicator {
         Clock::time_point issued;
     };
 
-    int rank_, size_;
+    int rank_, size_, device_;
     std::chrono::milliseconds timeout_;
     cudaStream_t compute_ = nullptr, stream_ = nullptr;
     ncclComm_t comm_ = nullptr;

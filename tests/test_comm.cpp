@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/common.h"
+#include "kernels/backend.h"
 #include "kernels/element.h"
 #include "parallel/communicator.h"
 #include "parallel/rank_env.h"
@@ -235,4 +236,28 @@ TEST_CASE("comm: rank environment of each launcher") {
                                              {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
                                              {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}})),
                         Contains("MASTER_ADDR is not set"));
+}
+
+TEST_CASE("comm: a group of one copies through the backend and a handle's waiter runs on wait") {
+    // The local communicator moves device memory through the backend (the CPU backend here; the CUDA
+    // backend's copies on a GPU), and host memory by memmove without one.
+    auto backend = make_backend("cpu");
+    for (Backend* b : {backend.get(), static_cast<Backend*>(nullptr)}) {
+        auto comm = make_local_communicator(b);
+        REQUIRE(comm->size() == 1);
+        std::vector<float> in = {1.5f, -2.0f, 3.25f}, out(3, 0.0f);
+        comm->reduce_scatter(in.data(), out.data(), 3, CommDType::kFloat32).wait();
+        CHECK(out == in);
+        std::vector<double> gathered(2, 0.0), mine = {7.0, 8.0};
+        comm->all_gather(mine.data(), gathered.data(), 2, CommDType::kFloat64).wait();
+        CHECK(gathered == mine);
+    }
+    // An NCCL-style handle: wait() runs the waiter (each time) and lets its error through.
+    int calls = 0;
+    CommHandle h(std::function<void()>([&] { ++calls; }));
+    h.wait();
+    h.wait();
+    CHECK(calls == 2);
+    CommHandle bad(std::function<void()>([] { user_error("collective failed on rank 1/2"); }));
+    CHECK_THROWS_WITH(bad.wait(), Contains("collective failed on rank 1/2"));
 }

@@ -47,6 +47,9 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
         } else if (weight != nullptr) {
 #pragma omp simd
             for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * rs * weight[c];
+        } else if (bias != nullptr) {  // not a shape the model builds, but the contract allows it
+#pragma omp simd
+            for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * rs + bias[c];
         } else {
 #pragma omp simd
             for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * rs;

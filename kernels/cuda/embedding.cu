@@ -35,14 +35,15 @@ __global__ void embedding_backward_wte_kernel(float* dwte, const float* dout, co
     }
 }
 
-// grid (ceil(C / blockDim.x), T): thread (c, t).
+// grid (ceil(C / blockDim.x), min(T, 65535)): thread (c, t) for t striding over gridDim.y.
 __global__ void embedding_backward_wpe_kernel(float* dwpe, const float* dout, int N, int T, int C) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    const int t = blockIdx.y;
     if (c >= C) return;
-    float acc = dwpe[static_cast<size_t>(t) * C + c];
-    for (int n = t; n < N; n += T) acc += dout[static_cast<size_t>(n) * C + c];
-    dwpe[static_cast<size_t>(t) * C + c] = acc;
+    for (int t = blockIdx.y; t < T; t += gridDim.y) {
+        float acc = dwpe[static_cast<size_t>(t) * C + c];
+        for (int n = t; n < N; n += T) acc += dout[static_cast<size_t>(n) * C + c];
+        dwpe[static_cast<size_t>(t) * C + c] = acc;
+    }
 }
 
 }  // namespace
@@ -64,8 +65,8 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
     embedding_backward_wte_kernel<<<dim3(cblocks, kBuckets), kBlock, 0, stream>>>(dwte, dout, tokens, N, C);
     TRAINER_CUDA_CHECK(cudaGetLastError());
     if (dwpe != nullptr) {
-        embedding_backward_wpe_kernel<<<dim3(cblocks, static_cast<unsigned>(T)), kBlock, 0, stream>>>(dwpe, dout, N, T,
-                                                                                                      C);
+        embedding_backward_wpe_kernel<<<dim3(cblocks, static_cast<unsigned>(T < 65535 ? T : 65535)), kBlock, 0,
+                                        stream>>>(dwpe, dout, N, T, C);
         TRAINER_CUDA_CHECK(cudaGetLastError());
     }
 }

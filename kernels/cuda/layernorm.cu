@@ -4,6 +4,8 @@
 // sums. dweight/dbias: fixed chunks of kRowsPerChunk rows give partial sums (a thread per channel walks
 // the chunk's rows in order), then one thread per channel adds the partials in chunk order: no atomics,
 // the same result on every run.
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -72,17 +74,20 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
 __global__ void layernorm_backward_partials_kernel(float* partial, const float* dout, const float* inp,
                                                    const float* mean, const float* rstd, int N, int C) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    const int chunk = blockIdx.y;
     if (c >= C) return;
-    float dw = 0.0f, db = 0.0f;
-    const int n1 = min(N, (chunk + 1) * kRowsPerChunk);
-    for (int n = chunk * kRowsPerChunk; n < n1; ++n) {
-        const float g = dout[static_cast<size_t>(n) * C + c];
-        dw += g * (inp[static_cast<size_t>(n) * C + c] - mean[n]) * rstd[n];
-        db += g;
+    const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+    // Chunks stride over gridDim.y (capped at 65535); each chunk's sum is the same whatever the grid.
+    for (int chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+        float dw = 0.0f, db = 0.0f;
+        const int n1 = min(N, (chunk + 1) * kRowsPerChunk);
+        for (int n = chunk * kRowsPerChunk; n < n1; ++n) {
+            const float g = dout[static_cast<size_t>(n) * C + c];
+            dw += g * (inp[static_cast<size_t>(n) * C + c] - mean[n]) * rstd[n];
+            db += g;
+        }
+        partial[static_cast<size_t>(chunk) * 2 * C + c] = dw;
+        partial[static_cast<size_t>(chunk) * 2 * C + C + c] = db;
     }
-    partial[static_cast<size_t>(chunk) * 2 * C + c] = dw;
-    partial[static_cast<size_t>(chunk) * 2 * C + C + c] = db;
 }
 
 __global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, const float* partial, int chunks,
@@ -124,8 +129,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     constexpr unsigned kBlock = 128;
     const unsigned cblocks = static_cast<unsigned>((C + kBlock - 1) / kBlock);
     const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
-    layernorm_backward_partials_kernel<<<dim3(cblocks, static_cast<unsigned>(chunks)), kBlock, 0, stream>>>(
-        scratch, dout, inp, mean, rstd, N, C);
+    layernorm_backward_partials_kernel<<<dim3(cblocks, static_cast<unsigned>(std::min(chunks, 65535))), kBlock, 0,
+                                         stream>>>(scratch, dout, inp, mean, rstd, N, C);
     TRAINER_CUDA_CHECK(cudaGetLastError());
     layernorm_backward_params_kernel<<<cblocks, kBlock, 0, stream>>>(dweight, dbias, scratch, chunks, C);
     TRAINER_CUDA_CHECK(cudaGetLastError());

@@ -35,6 +35,24 @@ __global__ void column_sum_kernel(float* dbias, const float* dout, int M, int N)
     dbias[c] += s;
 }
 
+// C(M, N) (leading dimension ldc) = beta C + bias(N) per row (beta 0: C is not read; bias nullable).
+__global__ void scale_add_bias_kernel(float* C, int ldc, int M, int N, float beta, const float* bias) {
+    const size_t total = static_cast<size_t>(M) * N;
+    for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+        const int r = static_cast<int>(i / N), c = static_cast<int>(i % N);
+        float& x = C[static_cast<size_t>(r) * ldc + c];
+        x = (beta == 0.0f ? 0.0f : beta * x) + (bias != nullptr ? bias[c] : 0.0f);
+    }
+}
+
+void scale_add_bias(float* C, int ldc, int M, int N, float beta, const float* bias, cudaStream_t stream) {
+    constexpr unsigned kBlock = 256;
+    scale_add_bias_kernel<<<grid_for(static_cast<size_t>(M) * N, kBlock), kBlock, 0, stream>>>(C, ldc, M, N, beta,
+                                                                                               bias);
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+}
+
 // The largest power of two (up to 256) dividing the address.
 uint32_t alignment_of(const void* p) {
     const auto a = reinterpret_cast<uintptr_t>(p);
@@ -87,6 +105,13 @@ void Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
                      const void* B, int ldb, cudaDataType_t ab_type, float beta, float* C, int ldc, const float* bias,
                      cudaStream_t stream) {
     if (M == 0 || N == 0) return;
+    if (K == 0) {  // an empty product: C = beta C (+ bias), which cuBLASLt's layouts cannot express
+        scale_add_bias(C, ldc, M, N, beta, bias, stream);
+        return;
+    }
+    // The bias epilogue reads the bias with vector loads; cuBLASLt has no alignment preference for it,
+    // so a bias at a 4-byte offset of its unit is added by a separate pass instead.
+    const bool fuse_bias = bias != nullptr && alignment_of(bias) >= 16;
     // Column-major: C^T(N, M) = op(B)^T (N, K) x op(A)^T (K, M).
     const cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // on B, the first operand
     const cublasOperation_t tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // on A, the second
@@ -96,7 +121,7 @@ void Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     TRAINER_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     TRAINER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     TRAINER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    if (bias != nullptr) {
+    if (fuse_bias) {
         const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;  // adds bias(m) to every column: bias(N) per row
         TRAINER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
         TRAINER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
@@ -112,7 +137,7 @@ void Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     // alignments are passed (and are part of the cache key: an algorithm chosen for aligned operands may
     // not run on unaligned ones).
     const uint32_t align_first = alignment_of(B), align_second = alignment_of(A), align_c = alignment_of(C);
-    const long long extra = (bias != nullptr ? 1 : 0) + 2LL * static_cast<int>(ab_type) +
+    const long long extra = (fuse_bias ? 1 : 0) + 2LL * static_cast<int>(ab_type) +
                             1000LL * (align_first + 512LL * (align_second + 512LL * align_c));
     const auto key = std::make_tuple(static_cast<int>(ta), static_cast<int>(tb), m, n, k, lda, ldb, ldc, extra);
     auto it = s_->algos.find(key);
@@ -142,6 +167,7 @@ void Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     // B and A swapped: the column-major product's first operand is B.
     TRAINER_CUBLAS_CHECK(cublasLtMatmul(s_->handle, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &it->second,
                                         s_->workspace, s_->workspace_bytes, stream));
+    if (bias != nullptr && !fuse_bias) scale_add_bias(C, ldc, M, N, 1.0f, bias, stream);
     cublasLtMatrixLayoutDestroy(lc);
     cublasLtMatrixLayoutDestroy(lb);
     cublasLtMatrixLayoutDestroy(la);

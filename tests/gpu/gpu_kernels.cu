@@ -321,6 +321,29 @@ void test_matmul() {
     }
 }
 
+// A bias at a 4-byte offset (where a unit's parameters sit) takes the separate bias pass rather than the
+// epilogue's vector loads, and an empty product (K = 0) gives the bias alone, as on the CPU.
+void test_matmul_unaligned_bias_and_empty_k() {
+    trainer::cuda::Gemm gemm;
+    const int M = 5, N = 12;
+    for (int K : {16, 0}) {
+        const auto x = wave(static_cast<size_t>(M) * K, 1.0f, 0.1f), w = wave(static_cast<size_t>(N) * K, 0.5f, 0.6f);
+        const auto padded = wave(N + 1, 0.3f, 1.2f);
+        std::vector<float> y(static_cast<size_t>(M) * N);
+        if (K > 0) {
+            trainer::cpu::matmul_forward(y.data(), x.data(), w.data(), padded.data() + 1, M, K, N);
+        } else {  // every row is the bias (BLAS refuses K = 0 leading dimensions, so no CPU call)
+            for (int r = 0; r < M; ++r) std::copy(padded.begin() + 1, padded.end(), y.begin() + r * N);
+        }
+        Dev<float> dxin(x), dwt(w), dbias(padded), dy(y.size());
+        trainer::cuda::matmul_forward(gemm, dy.p, dxin.p, dwt.p, dbias.p + 1, M, K, N, nullptr);
+        expect_close(y, dy.host(),
+                     K == 0 ? "matmul_forward with K = 0 gives the bias"
+                            : "matmul_forward with a bias at a 4-byte offset matches the CPU",
+                     1e-5, 1e-4);
+    }
+}
+
 // bf16 GEMMs (amp_bf16) against the CPU GEMM on the same operands rounded to bf16: both accumulate in
 // fp32, so the fp32 GEMM tolerance holds.
 void test_matmul_bf16() {
@@ -378,6 +401,7 @@ int run_gpu_kernel_tests() {
     test_classifier();
     test_attention();
     test_matmul();
+    test_matmul_unaligned_bias_and_empty_k();
     test_matmul_bf16();
     std::printf("%s\n", failures == 0 ? "all GPU kernel tests passed" : "GPU kernel tests FAILED");
     return failures;
