@@ -97,7 +97,7 @@ const std::vector<KeySpec>& schema() {
         {"console_log_interval", KeyType::kInt, 1, false, {}, 1, 9e18, "print a console line every N steps"},
         {"device", KeyType::kString, "auto", false, {"auto", "cpu", "cuda"}, -kInf, kInf, "where to train: auto picks cuda when a GPU is present"},
         {"precision", KeyType::kString, "fp32", false, {"fp32", "amp_bf16"}, -kInf, kInf, "compute precision (amp_bf16 needs the CUDA backend)"},
-        {"kernels.attention", KeyType::kString, "native", false, {"native", "cudnn"}, -kInf, kInf, "CUDA attention kernels: native (hand-written flash-style) or cudnn (cuDNN fused attention)"},
+        {"kernels.attention", KeyType::kString, "native", false, {"native", "cudnn"}, -kInf, kInf, "CUDA attention: native (hand-written, online softmax, deterministic; the reference) or cudnn (cuDNN's fused flash attention in bf16; needs precision amp_bf16; not bitwise reproducible)"},
         {"distributed_backend", KeyType::kString, "auto", false, {"auto", "gloo", "nccl"}, -kInf, kInf, "collectives library: auto is nccl on cuda and gloo on cpu (a lone process needs none); nccl forces an NCCL communicator even for one rank"},
         {"distributed_strategy", KeyType::kString, "single", false, {"single", "ddp", "fsdp"}, -kInf, kInf, "data-parallel strategy (single: one process owns full parameters)"},
         {"fsdp.sharding_strategy", KeyType::kString, "FULL_SHARD", false, {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}, -kInf, kInf, "FSDP sharding (PyTorch's names)"},

@@ -86,6 +86,19 @@ std::string check_device_supported(const TrainConfig& c, const RankEnv& env) {
     if (c.precision == "amp_bf16" && device != "cuda") {
         user_error("precision \"amp_bf16\" needs the CUDA backend (device is {}); on CPU use --precision fp32", device);
     }
+    if (c.kernels_attention == "cudnn" && device == "cuda") {
+        if (c.precision != "amp_bf16") {
+            user_error(
+                "kernels.attention \"cudnn\" computes attention in bf16; use it with --precision amp_bf16 (fp32 "
+                "runs use the native kernels)");
+        }
+        const int T = static_cast<int>(c.model.max_sequence_length - 1), HS = c.model.head_size();
+        const std::string why = cudnn_attention_unsupported(T, HS);
+        if (!why.empty())
+            user_error(
+                "kernels.attention \"cudnn\": cuDNN's fused attention cannot run a {}; use kernels.attention=native",
+                why);
+    }
     if (c.distributed_backend == "nccl" && device != "cuda") {
         user_error("distributed_backend \"nccl\" needs --device cuda (device is {}); use gloo or auto", device);
     }

@@ -106,6 +106,19 @@ int cuda_device_count();
 // "auto" -> "cuda" where a GPU is present, else "cpu"; other names unchanged.
 std::string resolve_device(const std::string& device);
 
+// Empty when cuDNN's fused attention (kernels.attention=cudnn) runs a sequence of T positions with
+// heads of HS channels; else what it cannot run (cuDNN needs HS a multiple of 8 and at most 128 on every
+// GPU generation, and T >= 2 for its backward).
+inline std::string cudnn_attention_unsupported(int T, int HS) {
+    if (HS % 8 != 0 || HS > 128) {
+        return "head size of " + std::to_string(HS) +
+               " (model.d_model / model.n_heads; cuDNN needs a multiple of 8, "
+               "at most 128)";
+    }
+    if (T < 2) return "sequence of " + std::to_string(T) + " positions (cuDNN's backward needs at least 2)";
+    return "";
+}
+
 #ifdef TRAINER_HAVE_CUDA
 // The CUDA backend (kernels/cuda/cuda_backend.cu); refuses when no GPU is usable, naming why.
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);

@@ -85,11 +85,15 @@ class CudaBackend final : public Backend {
         uint64_t threshold = UINT64_MAX;
         TRAINER_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
         gemm_ = std::make_unique<Gemm>();
+        if (options.attention == "cudnn") cudnn_attention_ = std::make_unique<CudnnAttention>();
         norm_scratch_ = static_cast<double*>(alloc(kNormScratchDoubles * sizeof(double)));
     }
     ~CudaBackend() override {
         for (auto& [key, t] : rope_tables_) free(t.first), free(t.second);
-        for (Scratch* s : {&ln_scratch_, &att_scratch_, &a16_, &b16_, &c16_}) free(s->ptr);
+        for (Scratch* s :
+             {&ln_scratch_, &att_scratch_, &a16_, &b16_, &c16_, &att16_[0], &att16_[1], &att16_[2], &att16_[3]})
+            free(s->ptr);
+        cudnn_attention_.reset();
         free(norm_scratch_);
         gemm_.reset();
         cudaStreamSynchronize(stream_);
@@ -226,13 +230,28 @@ class CudaBackend final : public Backend {
         cuda::rope_backward(dqkv, cos_t, sin_t, B, T, NH, HS, stream_);
     }
     void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS) override {
-        cuda::attention_forward(out, lse, qkv, B, T, NH, HS, stream_);
+        if (!cudnn_attention_) return cuda::attention_forward(out, lse, qkv, B, T, NH, HS, stream_);
+        // cuDNN: bf16 operands in, bf16 output widened back (exactly) into the fp32 activation.
+        const size_t NC = static_cast<size_t>(B) * T * NH * HS;
+        const uint16_t* qkv16 = to_bf16(att16_[0], qkv, 3 * NC);
+        auto* out16 = static_cast<uint16_t*>(grow(att16_[1], NC * sizeof(uint16_t)));
+        cudnn_attention_->forward(out16, lse, qkv16, B, T, NH, HS, stream_);
+        cuda::cast_bf16_to_float(out, out16, NC, stream_);
     }
     void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
                             int T, int NH, int HS) override {
-        float* scratch =
-            static_cast<float*>(grow(att_scratch_, cuda::attention_backward_scratch_floats(B, T, NH) * sizeof(float)));
-        cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS, scratch, stream_);
+        if (!cudnn_attention_) {
+            float* scratch = static_cast<float*>(
+                grow(att_scratch_, cuda::attention_backward_scratch_floats(B, T, NH) * sizeof(float)));
+            return cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS, scratch, stream_);
+        }
+        const size_t NC = static_cast<size_t>(B) * T * NH * HS;
+        const uint16_t* qkv16 = to_bf16(att16_[0], qkv, 3 * NC);
+        const uint16_t* out16 = to_bf16(att16_[1], out, NC);  // out holds bf16 values: the same bits as forward's
+        const uint16_t* dout16 = to_bf16(att16_[2], dout, NC);
+        auto* dqkv16 = static_cast<uint16_t*>(grow(att16_[3], 3 * NC * sizeof(uint16_t)));
+        cudnn_attention_->backward(dqkv16, dout16, qkv16, out16, lse, B, T, NH, HS, stream_);
+        cuda::cast_bf16_to_float(dqkv, dqkv16, 3 * NC, stream_);
     }
     void gelu_forward(float* out, const float* inp, size_t n, bool tanh_approx) override {
         cuda::gelu_forward(out, inp, n, tanh_approx, stream_);
@@ -312,6 +331,8 @@ class CudaBackend final : public Backend {
     std::unique_ptr<Gemm> gemm_;
     double* norm_scratch_ = nullptr;
     Scratch ln_scratch_, att_scratch_, a16_, b16_, c16_;
+    Scratch att16_[4];  // cuDNN attention's bf16 qkv, out, dout and dqkv
+    std::unique_ptr<CudnnAttention> cudnn_attention_;
     std::map<std::tuple<int, int, float>, std::pair<float*, float*>> rope_tables_;
 };
 
@@ -341,11 +362,8 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
             "what is present",
             err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device found");
     }
-    if (options.attention != "native") {
-        user_error(
-            "kernels.attention \"{}\": this build's CUDA backend has the native attention kernels only (the cuDNN "
-            "fused attention path is not built yet); use kernels.attention=native",
-            options.attention);
+    if (options.attention != "native" && options.attention != "cudnn") {
+        user_error("kernels.attention \"{}\": expected native or cudnn", options.attention);
     }
     BackendOptions o = options;
     o.device_index = options.device_index % n;

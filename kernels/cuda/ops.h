@@ -88,6 +88,25 @@ size_t attention_backward_scratch_floats(int B, int T, int NH);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
                         int T, int NH, int HS, float* scratch, cudaStream_t stream);
 
+// cuDNN's fused causal attention (flash) on bf16 operands, the fast path of kernels.attention=cudnn
+// (attention_cudnn.cu): the same contract as attention_forward/backward above on bf16 qkv (B, T, 3C),
+// out (B, T, C) and dqkv (B, T, 3C, overwritten), with the fp32 lse; fp32 softmax statistics and
+// accumulation. One execution plan per shape, built on first use and cached.
+class CudnnAttention {
+   public:
+    CudnnAttention();
+    ~CudnnAttention();
+    CudnnAttention(const CudnnAttention&) = delete;
+    CudnnAttention& operator=(const CudnnAttention&) = delete;
+    void forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int HS, cudaStream_t stream);
+    void backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out, const float* lse,
+                  int B, int T, int NH, int HS, cudaStream_t stream);
+
+   private:
+    struct State;
+    State* s_;
+};
+
 // Fused softmax + cross-entropy + dlogits in place over (N, V) logits: losses(N) = logsumexp - logit of
 // the target; with compute_grad the row becomes (softmax - onehot) * dloss_scale. Targets < 0 are
 // ignored; targets must be < V (classifier.cu).

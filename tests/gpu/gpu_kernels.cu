@@ -85,6 +85,21 @@ void expect_close(const std::vector<float>& ref, const std::vector<float>& got, 
     expect(ok, what);
 }
 
+// x rounded to bf16 (round to nearest even): the bf16 words and their fp32 values.
+std::pair<std::vector<uint16_t>, std::vector<float>> bf16_rounded(const std::vector<float>& x) {
+    std::vector<uint16_t> h(x.size());
+    std::vector<float> r(x.size());
+    trainer::cpu::cast_float_to_bf16(h.data(), x.data(), x.size());
+    trainer::cpu::cast_bf16_to_float(r.data(), h.data(), x.size());
+    return {h, r};
+}
+
+std::vector<float> bf16_widened(const std::vector<uint16_t>& h) {
+    std::vector<float> r(h.size());
+    trainer::cpu::cast_bf16_to_float(r.data(), h.data(), h.size());
+    return r;
+}
+
 // Sizes that exercise the float4 body, the scalar tail and a misaligned start (offset 1).
 const size_t kSizes[] = {1, 3, 4, 1001, 65539};
 
@@ -289,6 +304,35 @@ void test_attention() {
     }
 }
 
+// cuDNN's fused attention against the CPU on the same bf16-rounded qkv and dout: P is rounded to bf16
+// inside cuDNN and its outputs are bf16, so the bf16 tolerance of STYLE.md applies (lse is fp32).
+void test_attention_cudnn() {
+    trainer::cuda::CudnnAttention att;
+    for (int B : {1, 2}) {
+        for (int T : {2, 37, 130}) {
+            for (int HS : {16, 64, 128}) {
+                const int NH = 3, C = NH * HS;
+                const auto [qkv16, qkv] = bf16_rounded(wave(static_cast<size_t>(B) * T * 3 * C, 1.0f, 0.2f));
+                const auto [dout16, dout] = bf16_rounded(wave(static_cast<size_t>(B) * T * C, 1.0f, 0.8f));
+                std::vector<float> out(dout.size()), lse(static_cast<size_t>(B) * NH * T), dqkv(qkv.size());
+                trainer::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, HS);
+                Dev<uint16_t> dq(qkv16), dg(dout16), dout_d(out.size()), ddq(qkv.size());
+                Dev<float> dlse(lse.size());
+                att.forward(dout_d.p, dlse.p, dq.p, B, T, NH, HS, nullptr);
+                const auto got_out = bf16_widened(dout_d.host());
+                expect_close(out, got_out, "cuDNN attention forward out matches the CPU", 1e-2, 1.6e-2);
+                expect_close(lse, dlse.host(), "cuDNN attention forward lse matches the CPU", 1e-4, 1e-4);
+                // The backward takes cuDNN's own (bf16) output, as the backend passes it.
+                trainer::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), got_out.data(), lse.data(), B, T,
+                                                 NH, HS);
+                att.backward(ddq.p, dg.p, dq.p, dout_d.p, dlse.p, B, T, NH, HS, nullptr);
+                expect_close(dqkv, bf16_widened(ddq.host()), "cuDNN attention backward matches the CPU", 1e-2, 1.6e-2);
+            }
+        }
+    }
+    cudaDeviceSynchronize();
+}
+
 void test_matmul() {
     trainer::cuda::Gemm gemm;
     for (int M : {1, 7, 130}) {
@@ -348,22 +392,15 @@ void test_matmul_unaligned_bias_and_empty_k() {
 // fp32, so the fp32 GEMM tolerance holds.
 void test_matmul_bf16() {
     trainer::cuda::Gemm gemm;
-    auto rounded = [](const std::vector<float>& x) {
-        std::vector<uint16_t> h(x.size());
-        std::vector<float> r(x.size());
-        trainer::cpu::cast_float_to_bf16(h.data(), x.data(), x.size());
-        trainer::cpu::cast_bf16_to_float(r.data(), h.data(), x.size());
-        return std::make_pair(h, r);
-    };
     for (int M : {1, 7, 130}) {
         for (int K : {8, 40}) {  // bf16 rows of 16-byte multiples, as the model's channel counts are
             for (int N : {8, 72}) {
                 const auto x = wave(static_cast<size_t>(M) * K, 1.0f, 0.1f),
                            w = wave(static_cast<size_t>(N) * K, 0.5f, 0.6f);
                 const auto b = wave(N, 0.3f, 1.2f), g = wave(static_cast<size_t>(M) * N, 1.0f, 2.1f);
-                const auto [x16, xr] = rounded(x);
-                const auto [w16, wr] = rounded(w);
-                const auto [g16, gr] = rounded(g);
+                const auto [x16, xr] = bf16_rounded(x);
+                const auto [w16, wr] = bf16_rounded(w);
+                const auto [g16, gr] = bf16_rounded(g);
                 std::vector<float> y(static_cast<size_t>(M) * N), dx(x.size(), 0.0f), dw(w.size(), 0.0f), db(N, 0.0f);
                 trainer::cpu::matmul_forward(y.data(), xr.data(), wr.data(), b.data(), M, K, N);
                 Dev<uint16_t> dx16(x16), dw16(w16), dg16(g16);
@@ -400,6 +437,7 @@ int run_gpu_kernel_tests() {
     test_rope();
     test_classifier();
     test_attention();
+    test_attention_cudnn();
     test_matmul();
     test_matmul_unaligned_bias_and_empty_k();
     test_matmul_bf16();

@@ -51,7 +51,7 @@ TEST_CASE("gpu: full model loss and gradients match the PyTorch fixtures") {
     }
 }
 
-TEST_CASE("gpu: 20 training steps match the CPU backend in fp32 and amp_bf16") {
+TEST_CASE("gpu: 20 training steps match the CPU backend in fp32 and amp_bf16 (native and cuDNN attention)") {
     test_util::TempDir dir;
     const auto cpu = train(dir.path("cpu.jsonl"), {"--device", "cpu"});
     REQUIRE(cpu.size() == 20);
@@ -59,7 +59,14 @@ TEST_CASE("gpu: 20 training steps match the CPU backend in fp32 and amp_bf16") {
     test_util::check_losses(cpu, fp32, 0, 1e-4);
     const auto amp = train(dir.path("amp.jsonl"), {"--device", "cuda", "--precision", "amp_bf16"});
     test_util::check_losses(cpu, amp, 0, 2e-2);
-    // The same run twice on the GPU gives the same losses bit for bit (no atomics in the kernels).
+    const auto cudnn = train(dir.path("cudnn.jsonl"),
+                             {"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.attention=cudnn"});
+    test_util::check_losses(cpu, cudnn, 0, 2e-2);
+    const auto refused = test_util::run_trainer(
+        tiny_args(dir.path("x.jsonl"), {"--device", "cuda", "--set", "kernels.attention=cudnn"}));
+    CHECK(refused.exit_code == 1);
+    CHECK_THAT(refused.err, Catch::Matchers::Contains("use it with --precision amp_bf16"));
+    // The same run twice on the GPU gives the same losses bit for bit (no atomics in the native kernels).
     const auto again = train(dir.path("fp32b.jsonl"), {"--device", "cuda"});
     test_util::check_losses(fp32, again, 0, 0.0);
 }
