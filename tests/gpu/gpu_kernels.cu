@@ -283,7 +283,7 @@ void test_classifier() {
 void test_attention() {
     for (int B : {1, 2}) {
         for (int T : {1, 13, 130}) {
-            for (int HS : {8, 40}) {
+            for (int HS : {8, 40, 72, 128, 200, 256}) {  // 1, 2, 4 and 8 lanes per row; tiles of 32 and 16
                 const int NH = 3, C = NH * HS;
                 const auto qkv = wave(static_cast<size_t>(B) * T * 3 * C, 1.0f, 0.2f);
                 const auto dout = wave(static_cast<size_t>(B) * T * C, 1.0f, 0.8f);
