@@ -41,10 +41,7 @@ double time_op(Backend& backend, const std::function<void()>& f, int reps) {
 }  // namespace
 
 int run_kernel_bench(const TrainConfig& config, const BackendOptions& options, int reps) {
-    const std::string device = resolve_device(config.device);
-    if (config.precision == "amp_bf16" && device != "cuda") {
-        user_error("precision \"amp_bf16\" needs the CUDA backend (device is {})", device);
-    }
+    const std::string device = check_device_supported(config, 1);
     const int threads = configure_threads(config.threads);
     auto backend_ptr = make_backend(device, options);
     Backend& be = *backend_ptr;

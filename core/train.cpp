@@ -80,11 +80,23 @@ void check_strategy_supported(const TrainConfig& c, const RankEnv& env) {
     }
 }
 
-// The device after "auto" and what it can run: amp_bf16 and NCCL need the GPU, Gloo carries host memory.
-std::string check_device_supported(const TrainConfig& c, const RankEnv& env) {
+}  // namespace
+
+std::string check_device_supported(const TrainConfig& c, int world_size) {
     const std::string device = resolve_device(c.device);
     if (c.precision == "amp_bf16" && device != "cuda") {
         user_error("precision \"amp_bf16\" needs the CUDA backend (device is {}); on CPU use --precision fp32", device);
+    }
+    const int T = static_cast<int>(c.model.max_sequence_length - 1), HS = c.model.head_size();
+    if (device != "cuda" && c.kernels_attention != "native") {
+        user_error("kernels.attention \"{}\" is a CUDA kernel; the {} backend has native attention only",
+                   c.kernels_attention, device);
+    }
+    if (device == "cuda" && c.kernels_attention == "native" && HS > kCudaNativeAttentionMaxHeadSize) {
+        user_error(
+            "the native CUDA attention takes heads of up to {} channels, this model's have {} (model.d_model / "
+            "model.n_heads)",
+            kCudaNativeAttentionMaxHeadSize, HS);
     }
     if (c.kernels_attention == "cudnn" && device == "cuda") {
         if (c.precision != "amp_bf16") {
@@ -92,7 +104,6 @@ std::string check_device_supported(const TrainConfig& c, const RankEnv& env) {
                 "kernels.attention \"cudnn\" computes attention in bf16; use it with --precision amp_bf16 (fp32 "
                 "runs use the native kernels)");
         }
-        const int T = static_cast<int>(c.model.max_sequence_length - 1), HS = c.model.head_size();
         const std::string why = cudnn_attention_unsupported(T, HS);
         if (!why.empty())
             user_error(
@@ -102,12 +113,14 @@ std::string check_device_supported(const TrainConfig& c, const RankEnv& env) {
     if (c.distributed_backend == "nccl" && device != "cuda") {
         user_error("distributed_backend \"nccl\" needs --device cuda (device is {}); use gloo or auto", device);
     }
-    if (c.distributed_backend == "gloo" && device == "cuda" && env.world_size > 1) {
+    if (c.distributed_backend == "gloo" && device == "cuda" && world_size > 1) {
         user_error(
             "distributed_backend \"gloo\" carries host memory, but the device is cuda; use nccl (or auto) on GPUs");
     }
     return device;
 }
+
+namespace {
 
 // The collectives library for this run: nccl or gloo among several ranks (or nccl when forced), none for
 // a lone process.
@@ -264,7 +277,7 @@ int run_training(const TrainConfig& config) {
     if (rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) {
         user_error("rank {}: cannot silence stdout", rank);  // rank 0 alone logs; errors still reach stderr
     }
-    const std::string device = check_device_supported(config, env);
+    const std::string device = check_device_supported(config, env.world_size);
     const std::string library = comm_library(config, device, world);
     const ModelConfig& m = config.model;
     const TokenDataset train_data(config.data.paths, parse_token_dtype(config.data.memmap_dtype), m.max_sequence_length,
@@ -305,10 +318,6 @@ int run_training(const TrainConfig& config) {
     backend_options.bf16_matmuls = config.precision == "amp_bf16";
     backend_options.attention = config.kernels_attention;
     backend_options.device_index = env.local_rank;
-    if (device != "cuda" && config.kernels_attention != "native") {
-        user_error("kernels.attention \"{}\" is a CUDA kernel; the {} backend has native attention only",
-                   config.kernels_attention, device);
-    }
     auto backend = make_backend(device, backend_options);
     const ParamLayout layout(config);
     // Ranks meet at rank 0's store; Gloo (loopback for one node) or NCCL connects them.

@@ -10,6 +10,11 @@ namespace trainer {
 // throw UserError (printed by main as one `error:` line).
 int run_training(const TrainConfig& config);
 
+// The device a config trains on ("auto" resolved) after checking what it can run there: amp_bf16, NCCL
+// and cuDNN attention need the GPU, Gloo carries host memory, attention kernels' head-size limits.
+// UserError naming the key otherwise.
+std::string check_device_supported(const TrainConfig& config, int world_size);
+
 // Sets the OpenMP and BLAS thread counts (0: one per available core); returns the count used.
 int configure_threads(int threads);
 

@@ -106,6 +106,9 @@ int cuda_device_count();
 // "auto" -> "cuda" where a GPU is present, else "cpu"; other names unchanged.
 std::string resolve_device(const std::string& device);
 
+// The native CUDA attention kernels' largest head (kernels/cuda/attention.cu).
+constexpr int kCudaNativeAttentionMaxHeadSize = 256;
+
 // Empty when cuDNN's fused attention (kernels.attention=cudnn) runs a sequence of T positions with
 // heads of HS channels; else what it cannot run (cuDNN needs HS a multiple of 8 and at most 128 on every
 // GPU generation, and T >= 2 for its backward).

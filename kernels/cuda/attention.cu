@@ -13,13 +13,14 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace trainer::cuda {
 namespace {
 
-constexpr int kMaxHS = 256;
+constexpr int kMaxHS = kCudaNativeAttentionMaxHeadSize;
 constexpr int kMaxPerLane = 32;  // channels per lane: TPR lanes cover a head of up to 32 x TPR channels
 constexpr int kThreads = 128;
 

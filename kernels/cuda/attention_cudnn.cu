@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/memory.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -276,20 +277,35 @@ struct CudnnAttention::State {
     size_t workspace_bytes = 0;
     cudaStream_t workspace_stream = nullptr;
 
+    // Grows the workspace in stream order, counted as activation memory like the backend's other scratch.
     void* grow_workspace(size_t bytes, cudaStream_t stream) {
         if (bytes <= workspace_bytes && workspace != nullptr) return workspace;
-        if (workspace != nullptr) TRAINER_CUDA_CHECK(cudaFreeAsync(workspace, workspace_stream));
+        if (workspace != nullptr) {
+            TRAINER_CUDA_CHECK(cudaFreeAsync(workspace, workspace_stream));
+            memory_record_free(MemCategory::kActivations, static_cast<int64_t>(workspace_bytes));
+            workspace = nullptr;
+        }
         TRAINER_CUDA_CHECK(cudaMallocAsync(&workspace, bytes > 0 ? bytes : 256, stream));
         workspace_bytes = bytes;
         workspace_stream = stream;
+        memory_record_alloc(MemCategory::kActivations, static_cast<int64_t>(workspace_bytes));
         return workspace;
     }
 };
 
-CudnnAttention::CudnnAttention() : s_(new State) { TRAINER_CUDNN_CHECK(cudnnCreate(&s_->handle)); }
+CudnnAttention::CudnnAttention() : s_(new State) {
+    const cudnnStatus_t st = cudnnCreate(&s_->handle);
+    if (st != CUDNN_STATUS_SUCCESS) {
+        delete s_;  // the destructor does not run for a constructor that throws
+        throw std::runtime_error(cudnn_message(st, "cudnnCreate"));
+    }
+}
 
 CudnnAttention::~CudnnAttention() {
-    if (s_->workspace != nullptr) cudaFreeAsync(s_->workspace, s_->workspace_stream);
+    if (s_->workspace != nullptr) {
+        cudaFreeAsync(s_->workspace, s_->workspace_stream);
+        memory_record_free(MemCategory::kActivations, static_cast<int64_t>(s_->workspace_bytes));
+    }
     s_->forward.clear();
     s_->backward.clear();
     if (s_->handle != nullptr) cudnnDestroy(s_->handle);
