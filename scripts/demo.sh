@@ -2,7 +2,8 @@
 # The main job: install and build, fetch real text, and train a small OLMo-style byte-level model on CPU
 # for 150 steps on 2 ranks with FSDP (FULL_SHARD, one unit per block, bf16 parameters on the wire), about
 # a minute on 2 cores, printing falling loss, validation loss and throughput.
-# Extra arguments go to the trainer (e.g. --set max_duration=300).
+# Extra arguments go to the trainer (e.g. --set max_duration=300; --device cuda for GPUs, since the
+# config pins the CPU so the README's main job is the same run everywhere).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
