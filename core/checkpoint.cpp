@@ -396,6 +396,7 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
             }
         }
     }
+    strategy.params_loaded();
     CheckpointInfo info;
     info.path = path;
     info.step = meta["step"].get<long>();

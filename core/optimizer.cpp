@@ -71,7 +71,8 @@ OptimizerStepResult AdamW::step(Strategy& strategy, long step, long total_steps)
             backend_->adamw_update(s.param + o0, s.grad + o0, s.exp_avg + o0, s.exp_avg_sq + o0, e - b,
                                    static_cast<float>(r.lr), static_cast<float>(o.beta1), static_cast<float>(o.beta2),
                                    static_cast<float>(o.eps), seg.decay ? static_cast<float>(o.weight_decay) : 0.0f,
-                                   step, static_cast<float>(r.clip_coef));
+                                   step, static_cast<float>(r.clip_coef),
+                                   s.param_bf16 != nullptr ? s.param_bf16 + o0 : nullptr);
         }
     }
     strategy.after_optimizer_step();

@@ -78,8 +78,10 @@ class Backend {
                                              float dloss_scale, bool compute_grad) = 0;
 
     // ---- optimizer ----
+    // param_bf16 (nullable): the updated parameters rounded to bf16, written in the same pass.
     virtual void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
-                              float beta2, float eps, float weight_decay, long step, float grad_scale) = 0;
+                              float beta2, float eps, float weight_decay, long step, float grad_scale,
+                              uint16_t* param_bf16 = nullptr) = 0;
     // Sum of squares of x, accumulated in double; the result is returned to the host.
     virtual double squared_norm(const float* x, size_t n) = 0;
     // Sum of x (device) returned to the host, accumulated in double.

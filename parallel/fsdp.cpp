@@ -67,6 +67,12 @@ class FsdpStrategy final : public Strategy {
             G.shard = (G.numel + size - 1) / size;
             G.padded = G.shard * size;
             G.mine = ShardStorage(backend, G.shard);
+            if (opt_.precision.bf16_params && G.shard > 0) {
+                // The bf16 shard the gathers send, kept current by AdamW's copy-out (and refreshed after loads)
+                // instead of a cast before every gather; 2 bytes per shard element, counted as parameters.
+                G.mine_bf16 = DeviceBuffer(backend, G.shard * sizeof(uint16_t), MemCategory::kParameters);
+                backend->fill_zero(G.mine_bf16.data(), G.mine_bf16.bytes());
+            }
             groups_.push_back(std::move(G));
         }
         for (int u = 0; u < layout.num_units(); ++u) {
@@ -164,6 +170,7 @@ class FsdpStrategy final : public Strategy {
                 v.end = e - ub;
                 const size_t skip = b - lo;
                 v.param += skip, v.grad += skip, v.exp_avg += skip, v.exp_avg_sq += skip;
+                if (G.mine_bf16.data() != nullptr) v.param_bf16 = G.mine_bf16.bf16() + skip;
                 views.push_back(v);
             }
         }
@@ -186,8 +193,17 @@ class FsdpStrategy final : public Strategy {
         const size_t lo = static_cast<size_t>(group_->rank()) * G.shard, hi = lo + G.shard;
         const size_t ub = offset_in_group_[u], ue = ub + unit_numel_[u];
         const size_t b = std::max(lo, ub), e = std::min(hi, ue);
-        if (b < e)
+        if (b < e) {
             backend_->copy_host_to_device(G.mine.params.f32() + (b - lo), host + (b - ub), (e - b) * sizeof(float));
+            if (G.mine_bf16.data() != nullptr)
+                backend_->cast_float_to_bf16(G.mine_bf16.bf16() + (b - lo), G.mine.params.f32() + (b - lo), e - b);
+        }
+    }
+    void params_loaded() override {
+        for (Group& G : groups_) {
+            if (G.mine_bf16.data() != nullptr)
+                backend_->cast_float_to_bf16(G.mine_bf16.bf16(), G.mine.params.f32(), G.shard);
+        }
     }
 
    private:
@@ -196,8 +212,9 @@ class FsdpStrategy final : public Strategy {
         int first_unit = -1;  // the member whose after_backward ends the FSDP unit's backward
         size_t numel = 0, shard = 0, padded = 0;
         ShardStorage mine;                     // this rank's shard
+        DeviceBuffer mine_bf16;                // mixed/pure: the shard rounded to bf16, kept by AdamW's copy-out
         DeviceBuffer full_params, full_grads;  // while gathered / accumulating
-        DeviceBuffer send, wire;               // bf16 gather buffers while the gather is in flight
+        DeviceBuffer wire;                     // bf16 gathered unit while the gather is in flight
         CommHandle gather;
         bool gathered = false;   // full parameters resident or in flight
         bool has_grads = false;  // full gradients accumulating
@@ -220,10 +237,8 @@ class FsdpStrategy final : public Strategy {
         if (G.padded == 0) return;  // a unit without parameters (a parameter-free final norm)
         G.full_params = DeviceBuffer(backend_, G.padded * sizeof(float), MemCategory::kGatheredUnits);
         if (opt_.precision.bf16_params) {
-            G.send = DeviceBuffer(backend_, G.shard * 2, MemCategory::kCommunication);
             G.wire = DeviceBuffer(backend_, G.padded * 2, MemCategory::kCommunication);
-            backend_->cast_float_to_bf16(G.send.bf16(), G.mine.params.f32(), G.shard);
-            G.gather = group_->all_gather(G.send.data(), G.wire.data(), G.shard, CommDType::kBFloat16);
+            G.gather = group_->all_gather(G.mine_bf16.data(), G.wire.data(), G.shard, CommDType::kBFloat16);
         } else {
             G.gather = group_->all_gather(G.mine.params.data(), G.full_params.data(), G.shard, CommDType::kFloat32);
         }
@@ -236,7 +251,6 @@ class FsdpStrategy final : public Strategy {
         G.gather_pending = false;
         if (opt_.precision.bf16_params) {
             backend_->cast_bf16_to_float(G.full_params.f32(), G.wire.bf16(), G.padded);
-            G.send.reset();
             G.wire.reset();
         }
     }

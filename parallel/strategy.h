@@ -32,6 +32,9 @@ struct ShardView {
     float* grad = nullptr;
     float* exp_avg = nullptr;
     float* exp_avg_sq = nullptr;
+    // Where set, the optimizer also writes the updated parameters rounded to bf16 here, in the same pass
+    // (a mixed-precision strategy's gather copy); null otherwise.
+    uint16_t* param_bf16 = nullptr;
 };
 
 class Strategy {
@@ -81,6 +84,9 @@ class Strategy {
 
     // Initialisation: copy a full unit's parameters from the host into this rank's storage (its shard).
     virtual void load_full_unit_params(int u, const float* host) = 0;
+    // Called after parameters were written through owned_shards() (a checkpoint load), so copies derived
+    // from them (FSDP's bf16 gather copy) are refreshed. Default: nothing derived.
+    virtual void params_loaded() {}
 };
 
 // The single-process strategy: one replica owns full parameters, gradients and optimizer state.

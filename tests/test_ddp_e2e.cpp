@@ -238,3 +238,38 @@ TEST_CASE("launchers: mpirun and a Slurm environment train the same run to the s
     for (pid_t p : pids) CHECK(test_util::wait_exit_code(p) == 0);
     check_same(dir.path("slurm/m.jsonl"));
 }
+
+// Mixed precision gathers each rank's bf16 shard, which AdamW's copy-out keeps current; a resumed run must
+// rebuild it from the loaded parameters, so steps 5-8 repeat the uninterrupted run's losses bit for bit.
+TEST_CASE("fsdp: a mixed precision FULL_SHARD run resumed from its checkpoint repeats its losses bitwise") {
+    TempDir dir;
+    const std::vector<std::string> base = {"--config",
+                                           test_util::fixture("olmo_tiny.json"),
+                                           "--init-from",
+                                           test_util::fixture("olmo_tiny_init.safetensors"),
+                                           "--max-duration",
+                                           "8",
+                                           "--set",
+                                           "global_train_batch_size=4",
+                                           "--set",
+                                           "device_train_microbatch_size=1",
+                                           "--set",
+                                           "save_interval=4",
+                                           "--strategy",
+                                           "fsdp",
+                                           "--sharding-strategy",
+                                           "FULL_SHARD",
+                                           "--wrapping-strategy",
+                                           "by_block",
+                                           "--set",
+                                           "fsdp.precision=mixed"};
+    REQUIRE(launch(2, run_args(base, dir.path("full"))).exit_code == 0);
+    const auto ref = test_util::read_metrics(dir.path("full/m.jsonl"));
+    REQUIRE(ref.size() == 8);
+    auto args = run_args(base, dir.path("resumed"));
+    args.insert(args.end(), {"--load-path", dir.path("full/ck/step4")});
+    const test_util::RunResult r = launch(2, args);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    check_losses(ref, test_util::read_metrics(dir.path("resumed/m.jsonl")), 4, 0.0);
+}

@@ -630,6 +630,22 @@ TEST_CASE("kernels: adamw matches a double reimplementation of torch AdamW") {
     }
 }
 
+TEST_CASE("kernels: adamw bf16 copy-out is the updated parameters rounded and leaves the update unchanged") {
+    const size_t n = 517;
+    std::mt19937_64 rng(121);
+    const VecF p0 = to_float(random_float_exact(rng, n)), grad = to_float(random_float_exact(rng, n, -2.0, 2.0));
+    VecF p = p0, m(n, 0.0f), v(n, 0.0f), q = p0, qm(n, 0.0f), qv(n, 0.0f);
+    std::vector<uint16_t> copy(n, 0xffff), want(n);
+    cpu::adamw_update(p.data(), grad.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.7f);
+    cpu::adamw_update(q.data(), grad.data(), qm.data(), qv.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.7f,
+                      copy.data());
+    CHECK(p == q);  // the copy-out pass updates exactly as the plain one
+    CHECK(m == qm);
+    CHECK(v == qv);
+    cpu::cast_float_to_bf16(want.data(), q.data(), n);
+    CHECK(copy == want);
+}
+
 TEST_CASE("kernels: squared norm matches a naive sum") {
     std::mt19937_64 rng(130);
     for (const size_t n : {size_t(0), size_t(5), size_t(3 * 65536 + 12345)}) {

@@ -88,8 +88,8 @@ class CpuBackend final : public Backend {
         cpu::classifier_forward_backward(logits, losses, targets, N, V, dloss_scale, compute_grad);
     }
     void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
-                      float eps, float weight_decay, long step, float grad_scale) override {
-        cpu::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+                      float eps, float weight_decay, long step, float grad_scale, uint16_t* param_bf16) override {
+        cpu::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale, param_bf16);
     }
     double squared_norm(const float* x, size_t n) override { return cpu::squared_norm(x, n); }
     double sum(const float* x, size_t n) override {

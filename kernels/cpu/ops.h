@@ -113,9 +113,10 @@ void classifier_forward_backward(T* logits, T* losses, const int32_t* targets, i
 
 // ---- adamw.cpp ----
 // One AdamW step over a flat range (PyTorch semantics, see element.h adamw_element) on grad * grad_scale
-// (grad_scale carries the clipping coefficient). step is 1-based.
+// (grad_scale carries the clipping coefficient). step is 1-based. param_bf16 (nullable) receives the
+// updated parameters rounded to bf16 in the same pass (the copy a mixed-precision strategy gathers).
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, long step, float grad_scale);
+                  float eps, float weight_decay, long step, float grad_scale, uint16_t* param_bf16 = nullptr);
 
 // ---- norm.cpp ----
 // sum of x[i]^2 accumulated in double over fixed partitions (deterministic for a thread count).

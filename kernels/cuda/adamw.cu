@@ -1,6 +1,7 @@
 // AdamW over a flat shard on the GPU, fused in one pass (PyTorch's torch.optim.AdamW semantics, the
 // per-element update of kernels/element.h shared with kernels/cpu/adamw.cpp): gradient scaling by the
-// clip coefficient, decoupled weight decay, both moments and the parameter, with 128-bit accesses.
+// clip coefficient, decoupled weight decay, both moments and the parameter, with 128-bit accesses, and
+// optionally the bf16 copy of the updated parameter (the copy-out a mixed-precision strategy gathers).
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -17,7 +18,8 @@ struct AdamWStep {
     }
 };
 
-__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, size_t n, AdamWStep s, bool vec) {
+__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, uint16_t* p16, size_t n, AdamWStep s,
+                             bool vec) {
     grid_stride4(
         n, vec,
         [&](size_t k) {
@@ -32,14 +34,23 @@ __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v
             reinterpret_cast<float4*>(param)[k] = p;
             reinterpret_cast<float4*>(m)[k] = mm;
             reinterpret_cast<float4*>(v)[k] = vv;
+            if (p16 != nullptr) {  // 4 bf16 words: 8 bytes, aligned when the fp32 side is (checked at launch)
+                ushort4 h;
+                h.x = float_to_bf16(p.x), h.y = float_to_bf16(p.y), h.z = float_to_bf16(p.z), h.w = float_to_bf16(p.w);
+                reinterpret_cast<ushort4*>(p16)[k] = h;
+            }
         },
-        [&](size_t i) { s(param[i], grad[i], m[i], v[i]); });
+        [&](size_t i) {
+            s(param[i], grad[i], m[i], v[i]);
+            if (p16 != nullptr) p16[i] = float_to_bf16(param[i]);
+        });
 }
 
 }  // namespace
 
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, long step, float grad_scale, cudaStream_t stream) {
+                  float eps, float weight_decay, long step, float grad_scale, uint16_t* param_bf16,
+                  cudaStream_t stream) {
     if (n == 0) return;
     // The per-step constants, computed in double on the host exactly as the CPU backend does.
     const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
@@ -49,9 +60,10 @@ void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
     s.decay_factor = static_cast<float>(1.0 - static_cast<double>(lr) * static_cast<double>(weight_decay));
     s.step_size = static_cast<float>(static_cast<double>(lr) / bc1);
     s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-    const bool vec = aligned16(param, grad, m, v);
-    adamw_kernel<<<grid_for(vec ? (n + 3) / 4 : n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(param, grad, m, v, n,
-                                                                                                   s, vec);
+    const bool vec =
+        aligned16(param, grad, m, v) && (param_bf16 == nullptr || reinterpret_cast<uintptr_t>(param_bf16) % 8 == 0);
+    adamw_kernel<<<grid_for(vec ? (n + 3) / 4 : n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(
+        param, grad, m, v, param_bf16, n, s, vec);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 

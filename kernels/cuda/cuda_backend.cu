@@ -274,8 +274,9 @@ class CudaBackend final : public Backend {
         cuda::classifier_forward_backward(logits, losses, targets, N, V, dloss_scale, compute_grad, stream_);
     }
     void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
-                      float eps, float weight_decay, long step, float grad_scale) override {
-        cuda::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale, stream_);
+                      float eps, float weight_decay, long step, float grad_scale, uint16_t* param_bf16) override {
+        cuda::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale, param_bf16,
+                           stream_);
     }
     double squared_norm(const float* x, size_t n) override { return cuda::squared_norm(x, n, norm_scratch_, stream_); }
     double sum(const float* x, size_t n) override { return cuda::sum(x, n, norm_scratch_, stream_); }

@@ -114,8 +114,10 @@ void classifier_forward_backward(float* logits, float* losses, const int32_t* ta
                                  bool compute_grad, cudaStream_t stream);
 
 // Fused AdamW over a flat shard, PyTorch's semantics; grad_scale is the clip coefficient (adamw.cu).
+// param_bf16 (nullable) receives the updated parameters rounded to bf16 in the same pass.
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, long step, float grad_scale, cudaStream_t stream);
+                  float eps, float weight_decay, long step, float grad_scale, uint16_t* param_bf16,
+                  cudaStream_t stream);
 
 // Deterministic double-precision sum and squared L2 norm, returned to the host (synchronises `stream`).
 // `scratch`: device memory for kNormScratchDoubles doubles (norm.cu).

@@ -160,13 +160,19 @@ void test_adamw() {
         for (auto& e : v) e = std::fabs(e);
         const auto g = wave(n, 0.2f, 3.0f);
         Dev<float> dp(p), dg(g), dm(m), dv(v);
+        Dev<uint16_t> dp16(n);
         for (long step = 1; step <= 3; ++step) {
             trainer::cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step,
                                        0.8f);
+            // The last step also writes the bf16 copy-out.
             trainer::cuda::adamw_update(dp.p, dg.p, dm.p, dv.p, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.8f,
-                                        nullptr);
+                                        step == 3 ? dp16.p : nullptr, nullptr);
         }
-        expect_close(p, dp.host(), "adamw_update parameters match the CPU");
+        const auto got = dp.host();
+        std::vector<uint16_t> want16(n);
+        trainer::cpu::cast_float_to_bf16(want16.data(), got.data(), n);
+        expect(want16 == dp16.host(), "adamw_update's bf16 copy-out is the updated parameters rounded to bf16");
+        expect_close(p, got, "adamw_update parameters match the CPU");
         expect_close(m, dm.host(), "adamw_update exp_avg matches the CPU");
         expect_close(v, dv.host(), "adamw_update exp_avg_sq matches the CPU");
     }
