@@ -166,11 +166,12 @@ void Model::forward_blocks(int batch, bool backward_follows) {
         backend_->residual_forward(act(a.resid_mid), act(a.resid), act(scratch_), NC);
         backend_->layernorm_forward(act(a.ln2), act(a.ln2_mean), act(a.ln2_rstd), act(a.resid_mid), w.ff_norm_w,
                                     w.ff_norm_b, N, C_, eps);
-        backend_->matmul_forward(act(a.fch), act(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
         if (m_.activation_type == "swiglu") {
+            backend_->matmul_forward(act(a.fch), act(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
             backend_->swiglu_forward(act(a.fch_act), act(a.fch), N, H_);
-        } else {
-            backend_->gelu_forward(act(a.fch_act), act(a.fch), static_cast<size_t>(N) * H_, tanh_gelu);
+        } else {  // P == H: the GELU keeps the width (a GEMM epilogue on the CUDA backend)
+            backend_->matmul_gelu_forward(act(a.fch), act(a.fch_act), act(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_,
+                                          tanh_gelu);
         }
         backend_->matmul_forward(act(scratch_), act(a.fch_act), w.ff_out_w, w.ff_out_b, N, H_, C_);
         backend_->residual_forward(act(next_resid), act(a.resid_mid), act(scratch_), NC);

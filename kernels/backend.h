@@ -55,6 +55,13 @@ class Backend {
                                 int N) = 0;
     virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                  const float* weight, int M, int K, int N, bool accumulate_dinp) = 0;
+    // pre = the Linear forward, out = gelu(pre) (erf or tanh form). Default: the two ops; the CUDA backend
+    // fuses the tanh form into the GEMM's epilogue.
+    virtual void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight, const float* bias,
+                                     int M, int K, int N, bool tanh_approx) {
+        matmul_forward(pre, inp, weight, bias, M, K, N);
+        gelu_forward(out, pre, static_cast<size_t>(M) * N, tanh_approx);
+    }
     virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
                                    int C) = 0;
     virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,

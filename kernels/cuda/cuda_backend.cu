@@ -191,6 +191,15 @@ class CudaBackend final : public Backend {
         const uint16_t* w16 = to_bf16(b16_, weight, size_t(N) * K);
         cuda::matmul_forward_bf16(*gemm_, out, inp16, w16, bias, M, K, N, stream_);
     }
+    void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight, const float* bias, int M,
+                             int K, int N, bool tanh_approx) override {
+        if (!tanh_approx) return Backend::matmul_gelu_forward(pre, out, inp, weight, bias, M, K, N, false);
+        if (!options_.bf16_matmuls)
+            return cuda::matmul_gelu_forward(*gemm_, pre, out, inp, weight, bias, M, K, N, stream_);
+        const uint16_t* inp16 = to_bf16(a16_, inp, size_t(M) * K);
+        const uint16_t* w16 = to_bf16(b16_, weight, size_t(N) * K);
+        cuda::matmul_gelu_forward_bf16(*gemm_, pre, out, inp16, w16, bias, M, K, N, stream_);
+    }
     void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override {
         if (!options_.bf16_matmuls) {

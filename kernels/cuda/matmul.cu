@@ -75,7 +75,7 @@ struct Gemm::State {
     void* workspace = nullptr;
     size_t workspace_bytes = 0;
     // (transa, transb, m, n, k, lda, ldb, ldc, bias epilogue + 2 x input type) -> algorithm, column-major terms.
-    // The key's last entry packs the bias flag, the input type and the operands' alignments.
+    // The key's last entry packs the epilogue, the input type and the operands' alignments.
     std::map<std::tuple<int, int, int, int, int, int, int, int, long long>, cublasLtMatmulAlgo_t> algos;
 };
 
@@ -93,17 +93,30 @@ Gemm::~Gemm() {
 
 void Gemm::run(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
                int ldb, float beta, float* C, int ldc, const float* bias, cudaStream_t stream) {
-    run_typed(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, CUDA_R_32F, beta, C, ldc, bias, stream);
+    run_typed(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, CUDA_R_32F, beta, C, ldc, bias, nullptr, stream);
 }
 
 void Gemm::run_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A, int lda,
                     const uint16_t* B, int ldb, float beta, float* C, int ldc, const float* bias, cudaStream_t stream) {
-    run_typed(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, CUDA_R_16BF, beta, C, ldc, bias, stream);
+    run_typed(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, CUDA_R_16BF, beta, C, ldc, bias, nullptr, stream);
+}
+
+bool Gemm::gelu_fusable(int N, const float* out, const float* pre, const float* bias) {
+    // cuBLASLt's GELU_AUX epilogue wants the auxiliary output's leading dimension a multiple of 8 and
+    // vector-aligned outputs; a bias must go through the epilogue too (it precedes the GELU).
+    return N % 8 == 0 && alignment_of(out) >= 16 && alignment_of(pre) >= 16 &&
+           (bias == nullptr || alignment_of(bias) >= 16);
+}
+
+void Gemm::run_gelu(int M, int N, int K, const void* A, const void* B, cudaDataType_t ab_type, float* out, float* pre,
+                    const float* bias, cudaStream_t stream) {
+    // out(M, N) = gelu_tanh(pre), pre = A(M, K) @ B(N, K)^T + bias: the Linear forward with the GELU fused.
+    run_typed(false, true, M, N, K, 1.0f, A, K, B, K, ab_type, 0.0f, out, N, bias, pre, stream);
 }
 
 void Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
                      const void* B, int ldb, cudaDataType_t ab_type, float beta, float* C, int ldc, const float* bias,
-                     cudaStream_t stream) {
+                     float* gelu_aux, cudaStream_t stream) {
     if (M == 0 || N == 0) return;
     if (K == 0) {  // an empty product: C = beta C (+ bias), which cuBLASLt's layouts cannot express
         scale_add_bias(C, ldc, M, N, beta, bias, stream);
@@ -121,10 +134,22 @@ void Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     TRAINER_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     TRAINER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     TRAINER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    if (fuse_bias) {
-        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;  // adds bias(m) to every column: bias(N) per row
+    // Epilogues: BIAS adds bias(m) to every column (bias(N) per row); GELU_AUX(_BIAS) also writes the
+    // pre-activation to gelu_aux (leading dimension ldc) and gelu_tanh of it to C.
+    const cublasLtEpilogue_t epi = gelu_aux != nullptr
+                                       ? (fuse_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                                       : (fuse_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT)
         TRAINER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    if (fuse_bias)
         TRAINER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (gelu_aux != nullptr) {
+        if (bias != nullptr && !fuse_bias) throw std::runtime_error("GELU epilogue with an unaligned bias");
+        const int64_t aux_ld = ldc;
+        TRAINER_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu_aux, sizeof gelu_aux));
+        TRAINER_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
     }
     // Stored shapes (before op): the first operand is B (m x k, or k x m transposed), the second A.
     TRAINER_CUBLAS_CHECK(
@@ -137,8 +162,9 @@ void Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     // alignments are passed (and are part of the cache key: an algorithm chosen for aligned operands may
     // not run on unaligned ones).
     const uint32_t align_first = alignment_of(B), align_second = alignment_of(A), align_c = alignment_of(C);
-    const long long extra = (fuse_bias ? 1 : 0) + 2LL * static_cast<int>(ab_type) +
-                            1000LL * (align_first + 512LL * (align_second + 512LL * align_c));
+    // Epilogue (< 1024), input type (< 64) and the three alignments (each <= 256) packed without overlap.
+    const long long extra = static_cast<long long>(epi) + 1024LL * static_cast<int>(ab_type) +
+                            65536LL * (align_first + 512LL * (align_second + 512LL * align_c));
     const auto key = std::make_tuple(static_cast<int>(ta), static_cast<int>(tb), m, n, k, lda, ldb, ldc, extra);
     auto it = s_->algos.find(key);
     if (it == s_->algos.end()) {
@@ -189,6 +215,26 @@ void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, cons
     // dweight(N, K) += dout^T (N, M) @ inp(M, K)
     if (dweight != nullptr) gemm.run(true, false, N, K, M, 1.0f, dout, N, inp, K, 1.0f, dweight, K, nullptr, stream);
     if (dbias != nullptr) column_sum(dbias, dout, M, N, stream);
+}
+
+void matmul_gelu_forward(Gemm& gemm, float* pre, float* out, const float* inp, const float* weight, const float* bias,
+                         int M, int K, int N, cudaStream_t stream) {
+    if (K > 0 && M > 0 && Gemm::gelu_fusable(N, out, pre, bias)) {
+        gemm.run_gelu(M, N, K, inp, weight, CUDA_R_32F, out, pre, bias, stream);
+        return;
+    }
+    matmul_forward(gemm, pre, inp, weight, bias, M, K, N, stream);
+    gelu_forward(out, pre, static_cast<size_t>(M) * N, true, stream);
+}
+
+void matmul_gelu_forward_bf16(Gemm& gemm, float* pre, float* out, const uint16_t* inp, const uint16_t* weight,
+                              const float* bias, int M, int K, int N, cudaStream_t stream) {
+    if (K > 0 && M > 0 && Gemm::gelu_fusable(N, out, pre, bias)) {
+        gemm.run_gelu(M, N, K, inp, weight, CUDA_R_16BF, out, pre, bias, stream);
+        return;
+    }
+    matmul_forward_bf16(gemm, pre, inp, weight, bias, M, K, N, stream);
+    gelu_forward(out, pre, static_cast<size_t>(M) * N, true, stream);
 }
 
 void matmul_forward_bf16(Gemm& gemm, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias, int M,

@@ -25,9 +25,15 @@ class Gemm {
     void run_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A, int lda,
                   const uint16_t* B, int ldb, float beta, float* C, int ldc, const float* bias, cudaStream_t stream);
 
+    // out(M, N) = gelu_tanh(pre), pre = A(M, K) @ B(N, K)^T + bias, through cuBLASLt's GELU_AUX(_BIAS)
+    // epilogue (A and B of ab_type: CUDA_R_32F or CUDA_R_16BF); only where gelu_fusable holds.
+    static bool gelu_fusable(int N, const float* out, const float* pre, const float* bias);
+    void run_gelu(int M, int N, int K, const void* A, const void* B, cudaDataType_t ab_type, float* out, float* pre,
+                  const float* bias, cudaStream_t stream);
+
    private:
     void run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda, const void* B,
-                   int ldb, cudaDataType_t ab_type, float beta, float* C, int ldc, const float* bias,
+                   int ldb, cudaDataType_t ab_type, float beta, float* C, int ldc, const float* bias, float* gelu_aux,
                    cudaStream_t stream);
     struct State;
     State* s_;
@@ -38,6 +44,13 @@ void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weigh
                     int N, cudaStream_t stream);
 void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int M, int K, int N, bool accumulate_dinp, cudaStream_t stream);
+// The Linear forward and the tanh GELU after it: pre = inp @ weight^T + bias, out = gelu_tanh(pre), in one
+// GEMM with cuBLASLt's GELU epilogue where its constraints hold (N a multiple of 8, aligned outputs and
+// bias), else the GEMM and then the GELU kernel; fp32 and bf16-operand forms.
+void matmul_gelu_forward(Gemm& gemm, float* pre, float* out, const float* inp, const float* weight, const float* bias,
+                         int M, int K, int N, cudaStream_t stream);
+void matmul_gelu_forward_bf16(Gemm& gemm, float* pre, float* out, const uint16_t* inp, const uint16_t* weight,
+                              const float* bias, int M, int K, int N, cudaStream_t stream);
 // The same products from bf16 copies of the operands (amp_bf16): fp32 accumulation and fp32 results;
 // dbias sums the fp32 dout.
 void matmul_forward_bf16(Gemm& gemm, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias, int M,

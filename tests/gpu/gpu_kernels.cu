@@ -394,6 +394,45 @@ void test_matmul_unaligned_bias_and_empty_k() {
     }
 }
 
+// The Linear + tanh GELU forward: fused into cuBLASLt's GELU_AUX(_BIAS) epilogue where N % 8 == 0 and the
+// bias is aligned, the unfused fallback otherwise; both against the CPU's GEMM then GELU, fp32 operands
+// and bf16-rounded ones.
+void test_matmul_gelu() {
+    trainer::cuda::Gemm gemm;
+    for (int M : {7, 130}) {
+        for (int K : {16, 33}) {
+            for (int N : {24, 20}) {
+                for (int bias_mode : {0, 1, 2}) {  // none, aligned, at a 4-byte offset
+                    for (bool bf16 : {false, true}) {
+                        auto x = wave(static_cast<size_t>(M) * K, 1.0f, 0.1f),
+                             w = wave(static_cast<size_t>(N) * K, 0.5f, 0.6f);
+                        const auto padded = wave(N + 1, 0.3f, 1.2f);
+                        const auto [x16, xr] = bf16_rounded(x);
+                        const auto [w16, wr] = bf16_rounded(w);
+                        if (bf16) x = xr, w = wr;
+                        const float* b = bias_mode == 0 ? nullptr : padded.data() + (bias_mode == 2 ? 1 : 0);
+                        std::vector<float> pre(static_cast<size_t>(M) * N), out(pre.size());
+                        trainer::cpu::matmul_forward(pre.data(), x.data(), w.data(), b, M, K, N);
+                        trainer::cpu::gelu_forward(out.data(), pre.data(), pre.size(), true);
+                        Dev<float> dx(x), dw(w), dbias(padded), dpre(pre.size()), dout(out.size());
+                        Dev<uint16_t> dx16(x16), dw16(w16);
+                        const float* db = bias_mode == 0 ? nullptr : dbias.p + (bias_mode == 2 ? 1 : 0);
+                        if (bf16) {
+                            trainer::cuda::matmul_gelu_forward_bf16(gemm, dpre.p, dout.p, dx16.p, dw16.p, db, M, K, N,
+                                                                    nullptr);
+                        } else {
+                            trainer::cuda::matmul_gelu_forward(gemm, dpre.p, dout.p, dx.p, dw.p, db, M, K, N, nullptr);
+                        }
+                        expect_close(pre, dpre.host(), "matmul_gelu_forward pre-activation matches the CPU", 1e-5,
+                                     1e-4);
+                        expect_close(out, dout.host(), "matmul_gelu_forward GELU matches the CPU", 1e-5, 1e-4);
+                    }
+                }
+            }
+        }
+    }
+}
+
 // bf16 GEMMs (amp_bf16) against the CPU GEMM on the same operands rounded to bf16: both accumulate in
 // fp32, so the fp32 GEMM tolerance holds.
 void test_matmul_bf16() {
@@ -446,6 +485,7 @@ int run_gpu_kernel_tests() {
     test_attention_cudnn();
     test_matmul();
     test_matmul_unaligned_bias_and_empty_k();
+    test_matmul_gelu();
     test_matmul_bf16();
     std::printf("%s\n", failures == 0 ? "all GPU kernel tests passed" : "GPU kernel tests FAILED");
     return failures;
