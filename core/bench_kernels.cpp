@@ -119,6 +119,14 @@ int run_kernel_bench(const TrainConfig& config, const BackendOptions& options, i
                        [&] { be.swiglu_backward(dfch.f32(), fch.f32(), dfact.f32(), N, H); }});
     } else {
         const bool tanh_gelu = m.activation_type == "gelu_tanh";
+        // What training runs: the ff_proj GEMM and the GELU together (one GEMM with the GELU epilogue on the
+        // CUDA backend where cuBLASLt allows; the two ops elsewhere).
+        const double ncp = double(N) * C * P;
+        ops.push_back({"ff_proj GEMM + gelu forward", 2.0 * ncp + 10.0 * NHh,
+                       f4 * (double(N) * C + double(P) * C + 2.0 * N * double(P)), [&, tanh_gelu] {
+                           be.matmul_gelu_forward(fch.f32(), fact.f32(), x.f32(), w_fc.f32(), nullptr, N, C, P,
+                                                  tanh_gelu);
+                       }});
         ops.push_back({"gelu forward", 10.0 * NHh, f4 * 2.0 * NHh,
                        [&] { be.gelu_forward(fact.f32(), fch.f32(), static_cast<size_t>(NHh), tanh_gelu); }});
         ops.push_back({"gelu backward", 20.0 * NHh, f4 * 3.0 * NHh, [&] {

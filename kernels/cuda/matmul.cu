@@ -9,6 +9,7 @@
 #include <cublasLt.h>
 
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "kernels/cuda/common.cuh"
@@ -77,6 +78,7 @@ struct Gemm::State {
     // (transa, transb, m, n, k, lda, ldb, ldc, bias epilogue + 2 x input type) -> algorithm, column-major terms.
     // The key's last entry packs the epilogue, the input type and the operands' alignments.
     std::map<std::tuple<int, int, int, int, int, int, int, int, long long>, cublasLtMatmulAlgo_t> algos;
+    std::set<std::tuple<int, int, int, int, int, int, int, int, long long>> no_algo;  // fused GELU unavailable
 };
 
 Gemm::Gemm(size_t workspace_bytes) : s_(new State) {
@@ -108,19 +110,20 @@ bool Gemm::gelu_fusable(int N, const float* out, const float* pre, const float* 
            (bias == nullptr || alignment_of(bias) >= 16);
 }
 
-void Gemm::run_gelu(int M, int N, int K, const void* A, const void* B, cudaDataType_t ab_type, float* out, float* pre,
+bool Gemm::run_gelu(int M, int N, int K, const void* A, const void* B, cudaDataType_t ab_type, float* out, float* pre,
                     const float* bias, cudaStream_t stream) {
     // out(M, N) = gelu_tanh(pre), pre = A(M, K) @ B(N, K)^T + bias: the Linear forward with the GELU fused.
-    run_typed(false, true, M, N, K, 1.0f, A, K, B, K, ab_type, 0.0f, out, N, bias, pre, stream);
+    return run_typed(false, true, M, N, K, 1.0f, A, K, B, K, ab_type, 0.0f, out, N, bias, pre, stream);
 }
 
-void Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
+bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
                      const void* B, int ldb, cudaDataType_t ab_type, float beta, float* C, int ldc, const float* bias,
                      float* gelu_aux, cudaStream_t stream) {
-    if (M == 0 || N == 0) return;
+    if (M == 0 || N == 0) return true;
     if (K == 0) {  // an empty product: C = beta C (+ bias), which cuBLASLt's layouts cannot express
+        if (gelu_aux != nullptr) return false;
         scale_add_bias(C, ldc, M, N, beta, bias, stream);
-        return;
+        return true;
     }
     // The bias epilogue reads the bias with vector loads; cuBLASLt has no alignment preference for it,
     // so a bias at a 4-byte offset of its unit is added by a separate pass instead.
@@ -162,10 +165,24 @@ void Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     // alignments are passed (and are part of the cache key: an algorithm chosen for aligned operands may
     // not run on unaligned ones).
     const uint32_t align_first = alignment_of(B), align_second = alignment_of(A), align_c = alignment_of(C);
-    // Epilogue (< 1024), input type (< 64) and the three alignments (each <= 256) packed without overlap.
-    const long long extra = static_cast<long long>(epi) + 1024LL * static_cast<int>(ab_type) +
-                            65536LL * (align_first + 512LL * (align_second + 512LL * align_c));
+    // Epilogue (< 1024), input type (< 64) and the five alignments (A, B, C, the bias and the GELU
+    // output, which the heuristic also reads from their pointers) as log2, 4 bits each: no overlap.
+    long long extra = static_cast<long long>(epi) + 1024LL * static_cast<int>(ab_type);
+    int shift = 16;
+    for (const void* p : {static_cast<const void*>(B), A, static_cast<const void*>(C),
+                          static_cast<const void*>(fuse_bias ? bias : nullptr), static_cast<const void*>(gelu_aux)}) {
+        const uint32_t a = p != nullptr ? alignment_of(p) : 256;
+        extra += static_cast<long long>(__builtin_ctz(a)) << shift;
+        shift += 4;
+    }
     const auto key = std::make_tuple(static_cast<int>(ta), static_cast<int>(tb), m, n, k, lda, ldb, ldc, extra);
+    if (s_->no_algo.count(key) != 0) {
+        cublasLtMatrixLayoutDestroy(lc);
+        cublasLtMatrixLayoutDestroy(lb);
+        cublasLtMatrixLayoutDestroy(la);
+        cublasLtMatmulDescDestroy(op);
+        return false;
+    }
     auto it = s_->algos.find(key);
     if (it == s_->algos.end()) {
         cublasLtMatmulPreference_t pref = nullptr;
@@ -183,6 +200,14 @@ void Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
         int found = 0;
         TRAINER_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(s_->handle, op, la, lb, lc, lc, pref, 1, &result, &found));
         cublasLtMatmulPreferenceDestroy(pref);
+        if (found == 0 && gelu_aux != nullptr) {  // no fused kernel for this GPU or shape: the caller falls back
+            s_->no_algo.insert(key);
+            cublasLtMatrixLayoutDestroy(lc);
+            cublasLtMatrixLayoutDestroy(lb);
+            cublasLtMatrixLayoutDestroy(la);
+            cublasLtMatmulDescDestroy(op);
+            return false;
+        }
         if (found == 0) {
             throw std::runtime_error(std::string("cuBLASLt has no ") + (ab_type == CUDA_R_32F ? "fp32" : "bf16") +
                                      " algorithm for a " + std::to_string(M) + " x " + std::to_string(N) + " x " +
@@ -198,6 +223,7 @@ void Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     cublasLtMatrixLayoutDestroy(lb);
     cublasLtMatrixLayoutDestroy(la);
     cublasLtMatmulDescDestroy(op);
+    return true;
 }
 
 void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weight, const float* bias, int M, int K,
@@ -219,8 +245,8 @@ void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, cons
 
 void matmul_gelu_forward(Gemm& gemm, float* pre, float* out, const float* inp, const float* weight, const float* bias,
                          int M, int K, int N, cudaStream_t stream) {
-    if (K > 0 && M > 0 && Gemm::gelu_fusable(N, out, pre, bias)) {
-        gemm.run_gelu(M, N, K, inp, weight, CUDA_R_32F, out, pre, bias, stream);
+    if (K > 0 && M > 0 && Gemm::gelu_fusable(N, out, pre, bias) &&
+        gemm.run_gelu(M, N, K, inp, weight, CUDA_R_32F, out, pre, bias, stream)) {
         return;
     }
     matmul_forward(gemm, pre, inp, weight, bias, M, K, N, stream);
@@ -229,8 +255,8 @@ void matmul_gelu_forward(Gemm& gemm, float* pre, float* out, const float* inp, c
 
 void matmul_gelu_forward_bf16(Gemm& gemm, float* pre, float* out, const uint16_t* inp, const uint16_t* weight,
                               const float* bias, int M, int K, int N, cudaStream_t stream) {
-    if (K > 0 && M > 0 && Gemm::gelu_fusable(N, out, pre, bias)) {
-        gemm.run_gelu(M, N, K, inp, weight, CUDA_R_16BF, out, pre, bias, stream);
+    if (K > 0 && M > 0 && Gemm::gelu_fusable(N, out, pre, bias) &&
+        gemm.run_gelu(M, N, K, inp, weight, CUDA_R_16BF, out, pre, bias, stream)) {
         return;
     }
     matmul_forward_bf16(gemm, pre, inp, weight, bias, M, K, N, stream);

@@ -28,11 +28,12 @@ class Gemm {
     // out(M, N) = gelu_tanh(pre), pre = A(M, K) @ B(N, K)^T + bias, through cuBLASLt's GELU_AUX(_BIAS)
     // epilogue (A and B of ab_type: CUDA_R_32F or CUDA_R_16BF); only where gelu_fusable holds.
     static bool gelu_fusable(int N, const float* out, const float* pre, const float* bias);
-    void run_gelu(int M, int N, int K, const void* A, const void* B, cudaDataType_t ab_type, float* out, float* pre,
+    // False (nothing queued) where cuBLASLt has no fused kernel for it: the caller runs the two ops.
+    bool run_gelu(int M, int N, int K, const void* A, const void* B, cudaDataType_t ab_type, float* out, float* pre,
                   const float* bias, cudaStream_t stream);
 
    private:
-    void run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda, const void* B,
+    bool run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda, const void* B,
                    int ldb, cudaDataType_t ab_type, float beta, float* C, int ldc, const float* bias, float* gelu_aux,
                    cudaStream_t stream);
     struct State;
