@@ -8,11 +8,13 @@
 // arena (core/model.cpp) sized before the first step. Scratch that kernels need (LayerNorm and attention
 // partials, the bf16 operand copies of amp_bf16, the norm partials) grows on demand and is then reused.
 //
-// Host synchronisation happens only where the interface returns a host value (sum, squared_norm), copies
-// to or from host memory, and synchronize().
+// Host synchronisation happens only where the interface returns a host value (sum, squared_norm: the loss
+// and the gradient norm, both logged), copies from device to host memory or large ones from host memory
+// (checkpoints), and synchronize(); a micro-batch's token upload is staged through pinned memory.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -97,6 +99,7 @@ class CudaBackend final : public Backend {
         free(norm_scratch_);
         gemm_.reset();
         cudaStreamSynchronize(stream_);
+        if (staging_ != nullptr) cudaFreeHost(staging_), cudaEventDestroy(staging_done_);
         cudaStreamDestroy(stream_);
     }
 
@@ -125,6 +128,21 @@ class CudaBackend final : public Backend {
     }
     void copy_host_to_device(void* dst, const void* src, size_t bytes) override {
         if (bytes == 0) return;
+        if (bytes <= kStagingBytes) {
+            // Small uploads (a micro-batch's tokens) go through a pinned staging buffer: the caller may reuse
+            // `src` at once and the host does not wait for the device. Only the staging buffer's previous
+            // upload is waited for, long finished when the next micro-batch arrives.
+            if (staging_ == nullptr) {
+                TRAINER_CUDA_CHECK(cudaMallocHost(&staging_, kStagingBytes));
+                TRAINER_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_, cudaEventDisableTiming));
+            } else {
+                TRAINER_CUDA_CHECK(cudaEventSynchronize(staging_done_));
+            }
+            std::memcpy(staging_, src, bytes);
+            TRAINER_CUDA_CHECK(cudaMemcpyAsync(dst, staging_, bytes, cudaMemcpyHostToDevice, stream_));
+            TRAINER_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
+            return;
+        }
         TRAINER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
         TRAINER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the caller may reuse `src` on return
     }
@@ -334,6 +352,9 @@ class CudaBackend final : public Backend {
         return it->second;
     }
 
+    static constexpr size_t kStagingBytes = size_t(8) << 20;
+    void* staging_ = nullptr;  // pinned host memory for small uploads
+    cudaEvent_t staging_done_ = nullptr;
     BackendOptions options_;
     int device_ = 0;
     cudaStream_t stream_ = nullptr;
