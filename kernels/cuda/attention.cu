@@ -73,6 +73,23 @@ __device__ void load_tile(float* tile, const float* src, int r0, int n, int HS, 
     }
 }
 
+// Streams the keys a block of query rows [q0, q0 + rows) can see (0 up to its last query) through the
+// shared K and V tiles and calls visit(j, k_row, v_row) for each, in order. Every thread of the block
+// calls it (it holds the barriers).
+template <typename Visit>
+__device__ void for_each_visible_key(float* ks, float* vs, const float* qkv, const Dims& d, int b, int h, int q0,
+                                     int rows, int tile, Visit visit) {
+    const int last = min(d.T, q0 + rows) - 1;
+    for (int j0 = 0; j0 <= last; j0 += tile) {
+        const int n = min(tile, last + 1 - j0);
+        __syncthreads();
+        load_tile(ks, qkv, j0, n, d.HS, [&](int j) { return d.k(b, j, h); });
+        load_tile(vs, qkv, j0, n, d.HS, [&](int j) { return d.v(b, j, h); });
+        __syncthreads();
+        for (int jj = 0; jj < n; ++jj) visit(j0 + jj, ks + jj * d.HS, vs + jj * d.HS);
+    }
+}
+
 // grid (ceil(T / rows), NH, B), rows = kThreads / TPR queries per block; dynamic shared memory: K and V
 // tiles of kTile x HS floats.
 template <int TPR>
@@ -89,28 +106,19 @@ __global__ void forward_kernel(float* out, float* lse, const float* qkv, Dims d,
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    const int last = min(d.T, q0 + kRows) - 1;  // the block's last query: keys beyond it are masked for all
-    for (int j0 = 0; j0 <= last; j0 += tile) {
-        const int n = min(tile, last + 1 - j0);
-        __syncthreads();
-        load_tile(ks, qkv, j0, n, d.HS, [&](int j) { return d.k(b, j, h); });
-        load_tile(vs, qkv, j0, n, d.HS, [&](int j) { return d.v(b, j, h); });
-        __syncthreads();
-        for (int jj = 0; jj < n; ++jj) {
-            const float s = row_sum<TPR>(lane_dot<TPR>(q, ks + jj * d.HS, part, d.HS)) * scale;
-            if (!active || j0 + jj > t) continue;  // causal: key after the query
-            const float m_new = fmaxf(m, s);
-            const float corr = expf(m - m_new), p = expf(s - m_new);
-            l = l * corr + p;
-            const float* vrow = vs + jj * d.HS;
+    for_each_visible_key(ks, vs, qkv, d, b, h, q0, kRows, tile, [&](int j, const float* krow, const float* vrow) {
+        const float s = row_sum<TPR>(lane_dot<TPR>(q, krow, part, d.HS)) * scale;
+        if (!active || j > t) return;  // causal: key after the query
+        const float m_new = fmaxf(m, s);
+        const float corr = expf(m - m_new), p = expf(s - m_new);
+        l = l * corr + p;
 #pragma unroll
-            for (int i = 0; i < kMaxPerLane; ++i) {
-                const int c = part + i * TPR;
-                if (c < d.HS) acc[i] = acc[i] * corr + p * vrow[c];
-            }
-            m = m_new;
+        for (int i = 0; i < kMaxPerLane; ++i) {
+            const int c = part + i * TPR;
+            if (c < d.HS) acc[i] = acc[i] * corr + p * vrow[c];
         }
-    }
+        m = m_new;
+    });
     if (!active) return;
     float* o = out + d.out(b, t, h);
 #pragma unroll
@@ -151,26 +159,17 @@ __global__ void dq_kernel(float* dqkv, const float* dout, const float* qkv, cons
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0.0f;
     const float L = lse[d.lse(b, tc, h)], D = delta[d.lse(b, tc, h)];
-    const int last = min(d.T, q0 + kRows) - 1;
-    for (int j0 = 0; j0 <= last; j0 += tile) {
-        const int n = min(tile, last + 1 - j0);
-        __syncthreads();
-        load_tile(ks, qkv, j0, n, d.HS, [&](int j) { return d.k(b, j, h); });
-        load_tile(vs, qkv, j0, n, d.HS, [&](int j) { return d.v(b, j, h); });
-        __syncthreads();
-        for (int jj = 0; jj < n; ++jj) {
-            const float* krow = ks + jj * d.HS;
-            const float s = row_sum<TPR>(lane_dot<TPR>(q, krow, part, d.HS));
-            const float dp = row_sum<TPR>(lane_dot<TPR>(g, vs + jj * d.HS, part, d.HS));
-            if (!active || j0 + jj > t) continue;
-            const float ds = expf(s * scale - L) * (dp - D);
+    for_each_visible_key(ks, vs, qkv, d, b, h, q0, kRows, tile, [&](int j, const float* krow, const float* vrow) {
+        const float s = row_sum<TPR>(lane_dot<TPR>(q, krow, part, d.HS));
+        const float dp = row_sum<TPR>(lane_dot<TPR>(g, vrow, part, d.HS));
+        if (!active || j > t) return;  // causal: key after the query
+        const float ds = expf(s * scale - L) * (dp - D);
 #pragma unroll
-            for (int i = 0; i < kMaxPerLane; ++i) {
-                const int c = part + i * TPR;
-                if (c < d.HS) acc[i] += ds * krow[c];
-            }
+        for (int i = 0; i < kMaxPerLane; ++i) {
+            const int c = part + i * TPR;
+            if (c < d.HS) acc[i] += ds * krow[c];
         }
-    }
+    });
     if (!active) return;
     float* dq = dqkv + d.q(b, t, h);
 #pragma unroll
