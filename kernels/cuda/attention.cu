@@ -73,6 +73,24 @@ __device__ void load_tile(float* tile, const float* src, int r0, int n, int HS, 
     }
 }
 
+// This thread's place in a row block: batch b, head h, the block's first row r0 (a query, or a key for
+// dk/dv), its own row, its part of the row's channels, and whether the row exists (rows past T still take
+// part in barriers and shuffles).
+template <int TPR>
+struct Slot {
+    static constexpr int kRows = kThreads / TPR;
+    int b, h, r0, row, part;
+    bool active;
+    __device__ explicit Slot(const Dims& d)
+        : b(blockIdx.z),
+          h(blockIdx.y),
+          r0(static_cast<int>(blockIdx.x) * kRows),
+          row(r0 + static_cast<int>(threadIdx.x) / TPR),
+          part(static_cast<int>(threadIdx.x) % TPR),
+          active(row < d.T) {}
+    __device__ int clamped() const { return active ? row : 0; }  // a valid row to load for inactive threads
+};
+
 // Streams the keys a block of query rows [q0, q0 + rows) can see (0 up to its last query) through the
 // shared K and V tiles and calls visit(j, k_row, v_row) for each, in order. Every thread of the block
 // calls it (it holds the barriers).
@@ -95,18 +113,16 @@ __device__ void for_each_visible_key(float* ks, float* vs, const float* qkv, con
 template <int TPR>
 __global__ void forward_kernel(float* out, float* lse, const float* qkv, Dims d, float scale, int tile) {
     extern __shared__ float smem[];
-    float* ks = smem;
-    float* vs = smem + tile * d.HS;
-    constexpr int kRows = kThreads / TPR;
-    const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kRows;
-    const int t = q0 + static_cast<int>(threadIdx.x) / TPR, part = threadIdx.x % TPR;
-    const bool active = t < d.T;
+    float *ks = smem, *vs = smem + tile * d.HS;
+    const Slot<TPR> my(d);
+    const int b = my.b, h = my.h, t = my.row, part = my.part;
+    const bool active = my.active;
     float q[kMaxPerLane], acc[kMaxPerLane];
-    load_lane<TPR>(q, qkv + d.q(b, active ? t : 0, h), part, d.HS);
+    load_lane<TPR>(q, qkv + d.q(b, my.clamped(), h), part, d.HS);
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for_each_visible_key(ks, vs, qkv, d, b, h, q0, kRows, tile, [&](int j, const float* krow, const float* vrow) {
+    for_each_visible_key(ks, vs, qkv, d, b, h, my.r0, my.kRows, tile, [&](int j, const float* krow, const float* vrow) {
         const float s = row_sum<TPR>(lane_dot<TPR>(q, krow, part, d.HS)) * scale;
         if (!active || j > t) return;  // causal: key after the query
         const float m_new = fmaxf(m, s);
@@ -146,20 +162,17 @@ template <int TPR>
 __global__ void dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta,
                           Dims d, float scale, int tile) {
     extern __shared__ float smem[];
-    float* ks = smem;
-    float* vs = smem + tile * d.HS;
-    constexpr int kRows = kThreads / TPR;
-    const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kRows;
-    const int t = q0 + static_cast<int>(threadIdx.x) / TPR, part = threadIdx.x % TPR;
-    const bool active = t < d.T;
-    const int tc = active ? t : 0;
+    float *ks = smem, *vs = smem + tile * d.HS;
+    const Slot<TPR> my(d);
+    const int b = my.b, h = my.h, t = my.row, part = my.part, tc = my.clamped();
+    const bool active = my.active;
     float q[kMaxPerLane], g[kMaxPerLane], acc[kMaxPerLane];
     load_lane<TPR>(q, qkv + d.q(b, tc, h), part, d.HS);
     load_lane<TPR>(g, dout + d.out(b, tc, h), part, d.HS);
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0.0f;
     const float L = lse[d.lse(b, tc, h)], D = delta[d.lse(b, tc, h)];
-    for_each_visible_key(ks, vs, qkv, d, b, h, q0, kRows, tile, [&](int j, const float* krow, const float* vrow) {
+    for_each_visible_key(ks, vs, qkv, d, b, h, my.r0, my.kRows, tile, [&](int j, const float* krow, const float* vrow) {
         const float s = row_sum<TPR>(lane_dot<TPR>(q, krow, part, d.HS));
         const float dp = row_sum<TPR>(lane_dot<TPR>(g, vrow, part, d.HS));
         if (!active || j > t) return;  // causal: key after the query
@@ -189,11 +202,9 @@ __global__ void dkv_kernel(float* dqkv, const float* dout, const float* qkv, con
     float* gs = smem + tile * d.HS;
     float* ls = gs + tile * d.HS;  // lse of the tile's queries
     float* ds_ = ls + tile;        // D of the tile's queries
-    constexpr int kRows = kThreads / TPR;
-    const int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * kRows;
-    const int j = k0 + static_cast<int>(threadIdx.x) / TPR, part = threadIdx.x % TPR;
-    const bool active = j < d.T;
-    const int jc = active ? j : 0;
+    const Slot<TPR> my(d);
+    const int b = my.b, h = my.h, k0 = my.r0, j = my.row, part = my.part, jc = my.clamped();
+    const bool active = my.active;
     float k[kMaxPerLane], v[kMaxPerLane], dk[kMaxPerLane], dv[kMaxPerLane];
     load_lane<TPR>(k, qkv + d.k(b, jc, h), part, d.HS);
     load_lane<TPR>(v, qkv + d.v(b, jc, h), part, d.HS);
