@@ -183,10 +183,7 @@ int run_main(int argc, char** argv) {
         throw trainer::UserError(std::string(e.what()) + " [in " + config_path + "]");
     }
     if (*bench) {
-        trainer::BackendOptions options;
-        options.bf16_matmuls = config.precision == "amp_bf16";
-        options.attention = config.kernels_attention;
-        return trainer::run_kernel_bench(config, options, bench_reps);
+        return trainer::run_kernel_bench(config, bench_reps);
     }
     return trainer::run_training(config);
 }

@@ -40,10 +40,10 @@ double time_op(Backend& backend, const std::function<void()>& f, int reps) {
 
 }  // namespace
 
-int run_kernel_bench(const TrainConfig& config, const BackendOptions& options, int reps) {
+int run_kernel_bench(const TrainConfig& config, int reps) {
     const std::string device = check_device_supported(config, 1);
     const int threads = configure_threads(config.threads);
-    auto backend_ptr = make_backend(device, options);
+    auto backend_ptr = make_backend(device, backend_options(config, 0));
     Backend& be = *backend_ptr;
     const ModelConfig& m = config.model;
     const ParamLayout layout(config);

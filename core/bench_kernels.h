@@ -5,11 +5,10 @@
 #pragma once
 
 #include "core/config.h"
-#include "kernels/backend.h"
 
 namespace trainer {
 
 // Runs the benchmark (each op `reps` times after two warm-up calls); returns the process exit code.
-int run_kernel_bench(const TrainConfig& config, const BackendOptions& options, int reps);
+int run_kernel_bench(const TrainConfig& config, int reps);
 
 }  // namespace trainer

@@ -213,6 +213,7 @@ double Model::head(int batch, float dloss_scale, bool backward) {
 
     backend_->layernorm_forward(act(lnf_), act(lnf_mean_), act(lnf_rstd_), act(resid_final_), norm_w, norm_b, N, C_,
                                 1e-5f);
+    backend_->hold_weight(head_w);  // every chunk multiplies by the same (V, C) weight
     for (int r0 = 0; r0 < N; r0 += head_chunk_rows_) {
         const int rows = std::min(head_chunk_rows_, N - r0);
         float* logits = act(logits_);
@@ -225,6 +226,7 @@ double Model::head(int batch, float dloss_scale, bool backward) {
                                       rows, C_, V_, false);
         }
     }
+    backend_->hold_weight(nullptr);
     const double loss_sum = backend_->sum(act(losses_), N);
     if (backward) {
         backend_->fill_zero(act(dresid_), static_cast<size_t>(N) * C_ * sizeof(float));

@@ -120,6 +120,14 @@ std::string check_device_supported(const TrainConfig& c, int world_size) {
     return device;
 }
 
+BackendOptions backend_options(const TrainConfig& c, int local_rank) {
+    BackendOptions o;
+    o.bf16_matmuls = c.precision == "amp_bf16";
+    o.attention = c.kernels_attention;
+    o.device_index = local_rank;
+    return o;
+}
+
 namespace {
 
 // The collectives library for this run: nccl or gloo among several ranks (or nccl when forced), none for
@@ -314,11 +322,7 @@ int run_training(const TrainConfig& config) {
     const long accumulation = config.accumulation_steps(world);
 
     // ---- build ----
-    BackendOptions backend_options;
-    backend_options.bf16_matmuls = config.precision == "amp_bf16";
-    backend_options.attention = config.kernels_attention;
-    backend_options.device_index = env.local_rank;
-    auto backend = make_backend(device, backend_options);
+    auto backend = make_backend(device, backend_options(config, env.local_rank));
     const ParamLayout layout(config);
     // Ranks meet at rank 0's store; Gloo (loopback for one node) or NCCL connects them.
     std::unique_ptr<TcpStoreServer> store_server;

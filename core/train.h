@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/config.h"
+#include "kernels/backend.h"
 
 namespace trainer {
 
@@ -14,6 +15,9 @@ int run_training(const TrainConfig& config);
 // and cuDNN attention need the GPU, Gloo carries host memory, attention kernels' head-size limits.
 // UserError naming the key otherwise.
 std::string check_device_supported(const TrainConfig& config, int world_size);
+
+// How the config asks the backend to compute (precision, attention kernels), on GPU `local_rank`.
+BackendOptions backend_options(const TrainConfig& config, int local_rank);
 
 // Sets the OpenMP and BLAS thread counts (0: one per available core); returns the count used.
 int configure_threads(int threads);

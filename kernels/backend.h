@@ -55,6 +55,10 @@ class Backend {
                                 int N) = 0;
     virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                  const float* weight, int M, int K, int N, bool accumulate_dinp) = 0;
+    // Until the next call, the weight at `w` does not change and may be converted once for all the GEMMs
+    // that use it (the CUDA backend keeps its bf16 copy in amp_bf16: the LM head's chunks reuse one cast of
+    // the (V, C) weight). nullptr ends the promise. Default: nothing kept.
+    virtual void hold_weight(const float* w) { (void)w; }
     // pre = the Linear forward, out = gelu(pre) (erf or tanh form). Default: the two ops; the CUDA backend
     // fuses the tanh form into the GEMM's epilogue.
     virtual void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight, const float* bias,

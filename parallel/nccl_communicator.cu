@@ -192,11 +192,7 @@ class NcclCommunicator final : public Communicator {
         auto ready = std::make_shared<Event>();
         TRAINER_CUDA_CHECK(cudaEventRecord(ready->e, compute_));
         TRAINER_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready->e, 0));
-        check(op(in, out, stream_), name);
-        wait_ready(name);
-        auto done = std::make_shared<Event>();
-        TRAINER_CUDA_CHECK(cudaEventRecord(done->e, stream_));
-        track(name, done);
+        auto done = enqueue(name, op, in, out);
         cudaStream_t compute = compute_;
         return CommHandle(std::function<void()>([this, done, compute, name] {
             if (failed_.load()) user_error("NCCL {} on rank {}/{} failed (see above)", name, rank_, size_);
@@ -214,11 +210,7 @@ class NcclCommunicator final : public Communicator {
         dout = din;
         if (!in_place) TRAINER_CUDA_CHECK(cudaMallocAsync(&dout, std::max<size_t>(out_bytes, 16), stream_));
         TRAINER_CUDA_CHECK(cudaMemcpyAsync(din, in, in_bytes, cudaMemcpyHostToDevice, stream_));
-        check(op(din, dout, stream_), name);
-        wait_ready(name);
-        auto done = std::make_shared<Event>();
-        TRAINER_CUDA_CHECK(cudaEventRecord(done->e, stream_));
-        track(name, done);
+        auto done = enqueue(name, op, din, dout);
         // Poll, so the watchdog's abort (timeout, dead peer) ends the wait.
         while (cudaEventQuery(done->e) == cudaErrorNotReady) {
             if (failed_.load()) user_error("NCCL {} on rank {}/{} failed (see above)", name, rank_, size_);
@@ -231,9 +223,17 @@ class NcclCommunicator final : public Communicator {
         return CommHandle();
     }
 
-    void track(const char* name, std::shared_ptr<Event> done) {
+    // Queues op(in, out) on the communication stream and returns its completion event, which the watchdog
+    // tracks from now on.
+    template <typename Op>
+    std::shared_ptr<Event> enqueue(const char* name, Op& op, const void* in, void* out) {
+        check(op(in, out, stream_), name);
+        wait_ready(name);
+        auto done = std::make_shared<Event>();
+        TRAINER_CUDA_CHECK(cudaEventRecord(done->e, stream_));
         std::lock_guard<std::mutex> lock(mutex_);
-        pending_.push_back({name, std::move(done), Clock::now()});
+        pending_.push_back({name, done, Clock::now()});
+        return done;
     }
 
     // The watchdog: retires finished operations; on a timeout or an asynchronous NCCL error, reports,

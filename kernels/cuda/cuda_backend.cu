@@ -92,8 +92,8 @@ class CudaBackend final : public Backend {
     }
     ~CudaBackend() override {
         for (auto& [key, t] : rope_tables_) free(t.first), free(t.second);
-        for (Scratch* s :
-             {&ln_scratch_, &att_scratch_, &a16_, &b16_, &c16_, &att16_[0], &att16_[1], &att16_[2], &att16_[3]})
+        for (Scratch* s : {&ln_scratch_, &att_scratch_, &a16_, &b16_, &c16_, &held16_, &att16_[0], &att16_[1],
+                           &att16_[2], &att16_[3]})
             free(s->ptr);
         cudnn_attention_.reset();
         free(norm_scratch_);
@@ -206,7 +206,7 @@ class CudaBackend final : public Backend {
                         int N) override {
         if (!options_.bf16_matmuls) return cuda::matmul_forward(*gemm_, out, inp, weight, bias, M, K, N, stream_);
         const uint16_t* inp16 = to_bf16(a16_, inp, size_t(M) * K);
-        const uint16_t* w16 = to_bf16(b16_, weight, size_t(N) * K);
+        const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
         cuda::matmul_forward_bf16(*gemm_, out, inp16, w16, bias, M, K, N, stream_);
     }
     void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight, const float* bias, int M,
@@ -215,7 +215,7 @@ class CudaBackend final : public Backend {
         if (!options_.bf16_matmuls)
             return cuda::matmul_gelu_forward(*gemm_, pre, out, inp, weight, bias, M, K, N, stream_);
         const uint16_t* inp16 = to_bf16(a16_, inp, size_t(M) * K);
-        const uint16_t* w16 = to_bf16(b16_, weight, size_t(N) * K);
+        const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
         cuda::matmul_gelu_forward_bf16(*gemm_, pre, out, inp16, w16, bias, M, K, N, stream_);
     }
     void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -226,7 +226,7 @@ class CudaBackend final : public Backend {
         }
         const uint16_t* dout16 = to_bf16(c16_, dout, size_t(M) * N);
         const uint16_t* inp16 = dweight != nullptr ? to_bf16(a16_, inp, size_t(M) * K) : nullptr;
-        const uint16_t* w16 = dinp != nullptr ? to_bf16(b16_, weight, size_t(N) * K) : nullptr;
+        const uint16_t* w16 = dinp != nullptr ? weight_bf16(weight, size_t(N) * K) : nullptr;
         cuda::matmul_backward_bf16(*gemm_, dinp, dweight, dbias, dout, dout16, inp16, w16, M, K, N, accumulate_dinp,
                                    stream_);
     }
@@ -330,6 +330,19 @@ class CudaBackend final : public Backend {
         memory_record_alloc(MemCategory::kActivations, static_cast<int64_t>(bytes));
         return s.ptr;
     }
+    void hold_weight(const float* w) override {
+        held_ = w;
+        held_numel_ = 0;  // cast on first use
+    }
+    // A GEMM weight in bf16: the held weight's copy, cast once while it is held; any other, cast now.
+    const uint16_t* weight_bf16(const float* w, size_t n) {
+        if (w == nullptr || w != held_) return to_bf16(b16_, w, n);
+        if (held_numel_ != n) {
+            to_bf16(held16_, w, n);
+            held_numel_ = n;
+        }
+        return static_cast<const uint16_t*>(held16_.ptr);
+    }
     const uint16_t* to_bf16(Scratch& s, const float* x, size_t n) {
         auto* out = static_cast<uint16_t*>(grow(s, n * sizeof(uint16_t)));
         cuda::cast_float_to_bf16(out, x, n, stream_);
@@ -362,6 +375,9 @@ class CudaBackend final : public Backend {
     std::unique_ptr<Gemm> gemm_;
     double* norm_scratch_ = nullptr;
     Scratch ln_scratch_, att_scratch_, a16_, b16_, c16_;
+    Scratch held16_;  // the held weight's bf16 copy (hold_weight)
+    const float* held_ = nullptr;
+    size_t held_numel_ = 0;
     Scratch att16_[4];  // cuDNN attention's bf16 qkv, out, dout and dqkv
     std::unique_ptr<CudnnAttention> cudnn_attention_;
     std::map<std::tuple<int, int, float>, std::pair<float*, float*>> rope_tables_;
