@@ -12,13 +12,13 @@
 #include <filesystem>
 #include <iostream>
 
+#include "base/common.h"
+#include "base/config.h"
+#include "base/layout.h"
 #include "core/bench_kernels.h"
 #include "core/checkpoint.h"
-#include "core/common.h"
-#include "core/config.h"
 #include "core/data.h"
 #include "core/hf_names.h"
-#include "core/layout.h"
 #include "core/metrics.h"
 #include "core/safetensors.h"
 #include "core/tokenizer.h"

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "core/common.h"
-#include "core/layout.h"
+#include "base/common.h"
+#include "base/layout.h"
 #include "core/metrics.h"
 #include "core/train.h"
 #include "kernels/backend.h"

@@ -4,7 +4,7 @@
 // roofline (max of FLOPs over the FLOP peak and compulsory bytes over the bandwidth) each op reaches.
 #pragma once
 
-#include "core/config.h"
+#include "base/config.h"
 
 namespace trainer {
 

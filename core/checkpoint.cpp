@@ -16,7 +16,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/common.h"
+#include "base/common.h"
 #include "core/hf_names.h"
 #include "core/safetensors.h"
 

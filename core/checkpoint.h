@@ -14,8 +14,8 @@
 #include <optional>
 #include <string>
 
-#include "core/config.h"
-#include "core/layout.h"
+#include "base/config.h"
+#include "base/layout.h"
 #include "kernels/backend.h"
 #include "parallel/strategy.h"
 

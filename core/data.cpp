@@ -13,7 +13,7 @@
 #include <limits>
 #include <utility>
 
-#include "core/common.h"
+#include "base/common.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token files are read as little-endian in place");
 

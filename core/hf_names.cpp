@@ -5,7 +5,7 @@
 #include <functional>
 #include <set>
 
-#include "core/common.h"
+#include "base/common.h"
 
 namespace trainer {
 namespace {

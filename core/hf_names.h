@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
-#include "core/layout.h"
+#include "base/config.h"
+#include "base/layout.h"
 #include "core/safetensors.h"
 
 namespace trainer {

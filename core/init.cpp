@@ -10,7 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "core/common.h"
+#include "base/common.h"
 #include "core/hf_names.h"
 #include "core/model.h"
 

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/common.h"
+#include "base/common.h"
 
 namespace trainer {
 

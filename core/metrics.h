@@ -6,8 +6,8 @@
 #include <optional>
 #include <string>
 
-#include "core/config.h"
-#include "core/layout.h"
+#include "base/config.h"
+#include "base/layout.h"
 
 namespace trainer {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/common.h"
+#include "base/common.h"
 
 namespace trainer {
 

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
-#include "core/layout.h"
+#include "base/config.h"
+#include "base/layout.h"
 #include "core/safetensors.h"
 #include "kernels/backend.h"
 #include "parallel/strategy.h"

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/common.h"
+#include "base/common.h"
 
 namespace trainer {
 

@@ -2,8 +2,8 @@
 // learning-rate schedules. It sees shards through the Strategy, never the strategy's kind.
 #pragma once
 
-#include "core/config.h"
-#include "core/layout.h"
+#include "base/config.h"
+#include "base/layout.h"
 #include "kernels/backend.h"
 #include "parallel/strategy.h"
 

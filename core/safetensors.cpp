@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "core/common.h"
+#include "base/common.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is read and written little-endian");
 

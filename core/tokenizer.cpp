@@ -11,7 +11,7 @@
 #include <cstring>
 #include <limits>
 
-#include "core/common.h"
+#include "base/common.h"
 
 namespace trainer {
 

@@ -15,11 +15,11 @@
 #include <functional>
 #include <memory>
 
+#include "base/common.h"
+#include "base/layout.h"
 #include "core/checkpoint.h"
-#include "core/common.h"
 #include "core/data.h"
 #include "core/hf_names.h"
-#include "core/layout.h"
 #include "core/metrics.h"
 #include "core/model.h"
 #include "core/optimizer.h"

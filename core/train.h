@@ -2,7 +2,7 @@
 // runs the step loop with logging, evaluation and checkpoints.
 #pragma once
 
-#include "core/config.h"
+#include "base/config.h"
 #include "kernels/backend.h"
 
 namespace trainer {

@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "core/memory.h"
+#include "base/memory.h"
 
 namespace trainer {
 
@@ -134,6 +134,9 @@ inline std::string cudnn_attention_unsupported(int T, int HS) {
     if (T < 2) return "sequence of " + std::to_string(T) + " positions (cuDNN's backward needs at least 2)";
     return "";
 }
+
+// The CPU backend (kernels/cpu/cpu_backend.cpp): the reference every other backend is tested against.
+std::unique_ptr<Backend> make_cpu_backend();
 
 #ifdef TRAINER_HAVE_CUDA
 // The CUDA backend (kernels/cuda/cuda_backend.cu); refuses when no GPU is usable, naming why.

@@ -10,7 +10,7 @@
 // (a group of one, where every collective is a no-op).
 #include <memory>
 
-#include "core/common.h"
+#include "base/common.h"
 #include "parallel/communicator.h"
 #include "parallel/shard_storage.h"
 #include "parallel/strategy.h"

@@ -32,7 +32,7 @@
 #include <memory>
 #include <utility>
 
-#include "core/common.h"
+#include "base/common.h"
 #include "parallel/communicator.h"
 #include "parallel/shard_storage.h"
 #include "parallel/strategy.h"

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <thread>
 
-#include "core/common.h"
+#include "base/common.h"
 
 namespace trainer {
 namespace {

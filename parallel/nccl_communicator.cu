@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/common.h"
+#include "base/common.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/common.h"
+#include "base/common.h"
 
 namespace trainer {
 namespace {

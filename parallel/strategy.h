@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "core/layout.h"
+#include "base/layout.h"
 #include "kernels/backend.h"
 
 namespace trainer {

@@ -18,7 +18,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "core/common.h"
+#include "base/common.h"
 
 namespace trainer {
 namespace {

@@ -1,7 +1,7 @@
 // FSDP wrap policies (see wrap_policy.h).
 #include "parallel/wrap_policy.h"
 
-#include "core/common.h"
+#include "base/common.h"
 
 namespace trainer {
 

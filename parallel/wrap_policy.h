@@ -4,8 +4,8 @@
 
 #include <vector>
 
-#include "core/config.h"
-#include "core/layout.h"
+#include "base/config.h"
+#include "base/layout.h"
 
 namespace trainer {
 

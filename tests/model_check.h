@@ -6,9 +6,9 @@
 #include <map>
 #include <string>
 
+#include "base/layout.h"
 #include "core/data.h"
 #include "core/hf_names.h"
-#include "core/layout.h"
 #include "core/model.h"
 #include "core/safetensors.h"
 #include "kernels/backend.h"

@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "core/common.h"
+#include "base/common.h"
 #include "kernels/backend.h"
 #include "kernels/element.h"
 #include "parallel/communicator.h"

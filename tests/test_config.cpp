@@ -3,8 +3,8 @@
 // allowed; --set overrides are typed by the schema; configs/README.md lists every key.
 #include <filesystem>
 
-#include "core/common.h"
-#include "core/config.h"
+#include "base/common.h"
+#include "base/config.h"
 #include "test_util.h"
 
 using namespace trainer;

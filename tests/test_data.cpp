@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "core/common.h"
+#include "base/common.h"
 #include "core/data.h"
 #include "core/tokenizer.h"
 #include "test_util.h"

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "core/layout.h"
+#include "base/layout.h"
 #include "parallel/wrap_policy.h"
 #include "test_util.h"
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "core/common.h"
+#include "base/common.h"
 #include "core/safetensors.h"
 #include "test_util.h"
 

@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/config.h"
+#include "base/config.h"
 #include "core/safetensors.h"
 #include "parallel/tcp_store.h"
 

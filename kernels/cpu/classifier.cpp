@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <limits>
 
-#include "core/common.h"
+#include "base/common.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/element.h"
 

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "core/common.h"
+#include "base/common.h"
 #include "kernels/cpu/ops.h"
 
 namespace trainer::cpu {

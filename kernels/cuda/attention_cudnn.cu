@@ -23,7 +23,7 @@
 #include <tuple>
 #include <vector>
 
-#include "core/memory.h"
+#include "base/memory.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 

@@ -19,7 +19,7 @@
 #include <tuple>
 #include <vector>
 
-#include "core/common.h"
+#include "base/common.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/common.cuh"

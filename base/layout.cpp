@@ -1,7 +1,7 @@
 // Builds the ParamLayout from the model config (see layout.h).
-#include "core/layout.h"
+#include "base/layout.h"
 
-#include "core/common.h"
+#include "base/common.h"
 
 namespace trainer {
 namespace {

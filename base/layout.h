@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
+#include "base/config.h"
 
 namespace trainer {
 

@@ -1,5 +1,5 @@
 // Process-wide memory counters (see memory.h).
-#include "core/memory.h"
+#include "base/memory.h"
 
 #include <atomic>
 #include <fstream>

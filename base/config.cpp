@@ -1,5 +1,5 @@
 // The configuration schema and its validation (see config.h).
-#include "core/config.h"
+#include "base/config.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -9,7 +9,7 @@
 #include <limits>
 #include <sstream>
 
-#include "core/common.h"
+#include "base/common.h"
 
 namespace trainer {
 namespace {
