@@ -9,20 +9,15 @@
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
-#include <filesystem>
-#include <iostream>
 
 #include "base/common.h"
 #include "base/config.h"
-#include "base/layout.h"
 #include "core/bench_kernels.h"
 #include "core/checkpoint.h"
 #include "core/data.h"
-#include "core/hf_names.h"
-#include "core/metrics.h"
-#include "core/safetensors.h"
 #include "core/tokenizer.h"
 #include "core/train.h"
+#include "kernels/cpu/machine.h"
 #include "parallel/launcher.h"
 
 namespace {
@@ -161,7 +156,7 @@ int run_main(int argc, char** argv) {
     if (*peak) {
         const int n = trainer::configure_threads(peak_threads);
         const double measured = trainer::measure_fma_peak(n, peak_seconds);
-        const auto detected = trainer::cpu_peak_flops(n, std::nullopt);
+        const auto detected = trainer::cpu_peak_flops(n);
         std::printf(
             "{\"threads\": %d, \"measured_fma_flops\": %.4g, \"detected_flops\": %.4g, \"detected_how\": \"%s\"}\n", n,
             measured, detected.flops, detected.how.c_str());

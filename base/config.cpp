@@ -30,6 +30,13 @@ struct KeySpec {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// fsdp.wrapping_strategy's strings: every WrappingStrategy but kNull, which is JSON null.
+std::vector<std::string> wrapping_choices() {
+    std::vector<std::string> names = choice_names<WrappingStrategy>();
+    names.erase(names.begin());
+    return names;
+}
+
 const std::vector<KeySpec>& schema() {
     // One key a line: the schema reads as a table.
     // clang-format off
@@ -41,10 +48,10 @@ const std::vector<KeySpec>& schema() {
         {"model.n_layers", KeyType::kInt, nullptr, false, {}, 1, 4096, "transformer blocks (required)"},
         {"model.mlp_ratio", KeyType::kInt, 4, false, {}, 1, 1024, "ff_proj width = mlp_ratio * d_model unless mlp_hidden_size is set"},
         {"model.mlp_hidden_size", KeyType::kInt, nullptr, true, {}, 1, 1 << 24, "ff_proj output width (before SwiGLU halves it); null: mlp_ratio * d_model"},
-        {"model.activation_type", KeyType::kString, "swiglu", false, {"swiglu", "gelu", "gelu_tanh"}, -kInf, kInf, "MLP activation: swiglu (silu(gate) * x, x = first half), gelu (erf), gelu_tanh (GPT-2)"},
+        {"model.activation_type", KeyType::kString, "swiglu", false, choice_names<ActivationType>(), -kInf, kInf, "MLP activation: swiglu (silu(gate) * x, x = first half), gelu (erf), gelu_tanh (GPT-2)"},
         {"model.rope", KeyType::kBool, false, false, {}, -kInf, kInf, "rotary position embeddings; false: learned positional embedding (wpe)"},
         {"model.rope_theta", KeyType::kFloat, 10000.0, false, {}, 1, kInf, "RoPE base"},
-        {"model.layer_norm_type", KeyType::kString, "default", false, {"default", "low_precision", "rms"}, -kInf, kInf, "LayerNorm flavour (low_precision equals default in fp32; rms is refused for now)"},
+        {"model.layer_norm_type", KeyType::kString, "default", false, choice_names<LayerNormType>(), -kInf, kInf, "LayerNorm flavour (low_precision equals default in fp32; rms is refused for now)"},
         {"model.layer_norm_with_affine", KeyType::kBool, false, false, {}, -kInf, kInf, "LayerNorm has a weight (and a bias if bias_for_layer_norm)"},
         {"model.bias_for_layer_norm", KeyType::kBool, nullptr, true, {}, -kInf, kInf, "LayerNorm bias (with affine); null: same as include_bias"},
         {"model.include_bias", KeyType::kBool, false, false, {}, -kInf, kInf, "biases in every Linear (att_proj, attn_out, ff_proj, ff_out, LM head)"},
@@ -52,7 +59,7 @@ const std::vector<KeySpec>& schema() {
         {"model.vocab_size", KeyType::kInt, nullptr, false, {}, 1, 1 << 28, "tokenizer vocabulary; every token id must be below it (required)"},
         {"model.embedding_size", KeyType::kInt, nullptr, true, {}, 1, 1 << 28, "embedding rows, >= vocab_size (padded for speed); null: vocab_size"},
         {"model.max_sequence_length", KeyType::kInt, nullptr, false, {}, 2, 1 << 20, "tokens per instance L (L-1 predictions) (required)"},
-        {"model.init_fn", KeyType::kString, "normal", false, {"normal", "mitchell"}, -kInf, kInf, "initialisation (OLMo's): normal(init_std) or mitchell (1/sqrt(fan_in), outputs /sqrt(2(layer+1)), +-3 sigma)"},
+        {"model.init_fn", KeyType::kString, "normal", false, choice_names<InitFn>(), -kInf, kInf, "initialisation (OLMo's): normal(init_std) or mitchell (1/sqrt(fan_in), outputs /sqrt(2(layer+1)), +-3 sigma)"},
         {"model.init_std", KeyType::kFloat, 0.02, false, {}, 0, kInf, "standard deviation of init_fn normal"},
         {"model.init_cutoff_factor", KeyType::kFloat, nullptr, true, {}, 0, kInf, "normal init truncated at +-factor * std; null: not truncated"},
         {"model.eos_token_id", KeyType::kInt, 0, false, {}, 0, 1 << 28, "end-of-document token id"},
@@ -64,7 +71,7 @@ const std::vector<KeySpec>& schema() {
         {"optimizer.weight_decay", KeyType::kFloat, 0.0, false, {}, 0, kInf, "decoupled weight decay (applied to Linear weights, see decay_*)"},
         {"optimizer.decay_norm_and_bias", KeyType::kBool, false, false, {}, -kInf, kInf, "also decay LayerNorm weights and all biases"},
         {"optimizer.decay_embeddings", KeyType::kBool, false, false, {}, -kInf, kInf, "also decay the token and position embeddings"},
-        {"scheduler.name", KeyType::kString, "cosine_with_warmup", false, {"constant", "linear_with_warmup", "cosine_with_warmup", "inverse_sqrt_with_warmup"}, -kInf, kInf, "learning-rate schedule (OLMo's formulas)"},
+        {"scheduler.name", KeyType::kString, "cosine_with_warmup", false, choice_names<SchedulerName>(), -kInf, kInf, "learning-rate schedule (OLMo's formulas)"},
         {"scheduler.t_warmup", KeyType::kInt, 0, false, {}, 0, 9e18, "warmup steps (linear from warmup_min_lr to learning_rate)"},
         {"scheduler.t_max", KeyType::kInt, nullptr, true, {}, 1, 9e18, "steps of the decay; null: the run's total steps"},
         {"scheduler.alpha_f", KeyType::kFloat, 0.1, false, {}, 0, 1, "final learning rate as a fraction of learning_rate"},
@@ -95,24 +102,24 @@ const std::vector<KeySpec>& schema() {
         {"init_from", KeyType::kString, nullptr, true, {}, -kInf, kInf, "initial weights: a safetensors file with Hugging Face names (GPT2LMHeadModel / OlmoForCausalLM); a resumed run (load_path) takes the checkpoint's weights instead"},
         {"metrics_file", KeyType::kString, nullptr, true, {}, -kInf, kInf, "write one JSON object per step here (and a final summary)"},
         {"console_log_interval", KeyType::kInt, 1, false, {}, 1, 9e18, "print a console line every N steps"},
-        {"device", KeyType::kString, "auto", false, {"auto", "cpu", "cuda"}, -kInf, kInf, "where to train: auto picks cuda when a GPU is present"},
-        {"precision", KeyType::kString, "fp32", false, {"fp32", "amp_bf16"}, -kInf, kInf, "compute precision (amp_bf16 needs the CUDA backend)"},
-        {"kernels.attention", KeyType::kString, "native", false, {"native", "cudnn"}, -kInf, kInf, "CUDA attention: native (hand-written, online softmax, deterministic; the reference) or cudnn (cuDNN's fused flash attention in bf16; needs precision amp_bf16; not bitwise reproducible)"},
-        {"distributed_backend", KeyType::kString, "auto", false, {"auto", "gloo", "nccl"}, -kInf, kInf, "collectives library: auto is nccl on cuda and gloo on cpu (a lone process needs none); nccl forces an NCCL communicator even for one rank"},
-        {"distributed_strategy", KeyType::kString, "single", false, {"single", "ddp", "fsdp"}, -kInf, kInf, "data-parallel strategy (single: one process owns full parameters)"},
-        {"fsdp.sharding_strategy", KeyType::kString, "FULL_SHARD", false, {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}, -kInf, kInf, "FSDP sharding (PyTorch's names)"},
-        {"fsdp.wrapping_strategy", KeyType::kString, nullptr, true, {"by_block", "by_block_and_size", "by_block_group", "by_block_group_and_size", "size_based", "one_in_two", "one_in_three", "one_in_four", "one_in_five"}, -kInf, kInf, "FSDP units (OLMo's); null: the whole model is one unit"},
+        {"device", KeyType::kString, "auto", false, choice_names<Device>(), -kInf, kInf, "where to train: auto picks cuda when a GPU is present"},
+        {"precision", KeyType::kString, "fp32", false, choice_names<Precision>(), -kInf, kInf, "compute precision (amp_bf16 needs the CUDA backend)"},
+        {"kernels.attention", KeyType::kString, "native", false, choice_names<AttentionKernel>(), -kInf, kInf, "CUDA attention: native (hand-written, online softmax, deterministic; the reference) or cudnn (cuDNN's fused flash attention in bf16; needs precision amp_bf16; not bitwise reproducible)"},
+        {"distributed_backend", KeyType::kString, "auto", false, choice_names<DistributedBackend>(), -kInf, kInf, "collectives library: auto is nccl on cuda and gloo on cpu (a lone process needs none); nccl forces an NCCL communicator even for one rank"},
+        {"distributed_strategy", KeyType::kString, "single", false, choice_names<DistributedStrategy>(), -kInf, kInf, "data-parallel strategy (single: one process owns full parameters)"},
+        {"fsdp.sharding_strategy", KeyType::kString, "FULL_SHARD", false, choice_names<ShardingStrategy>(), -kInf, kInf, "FSDP sharding (PyTorch's names)"},
+        {"fsdp.wrapping_strategy", KeyType::kString, nullptr, true, wrapping_choices(), -kInf, kInf, "FSDP units (OLMo's); null: the whole model is one unit"},
         {"fsdp.block_group_size", KeyType::kInt, 1, false, {}, 1, 4096, "blocks per unit for by_block_group*"},
-        {"fsdp.precision", KeyType::kString, "mixed", false, {"fp32", "mixed", "pure"}, -kInf, kInf, "FSDP precision: mixed (bf16 params, fp32 reduction), pure (bf16 reduction too), fp32"},
+        {"fsdp.precision", KeyType::kString, "mixed", false, choice_names<FsdpPrecision>(), -kInf, kInf, "FSDP precision: mixed (bf16 params, fp32 reduction), pure (bf16 reduction too), fp32"},
         {"fsdp.min_num_params", KeyType::kInt, 100000000, false, {}, 1, 9e18, "size_based wrapping: a unit holds at least this many parameters (PyTorch's size_based_auto_wrap_policy default)"},
         {"fsdp.hybrid_sharding_num_model_replicas", KeyType::kInt, nullptr, true, {}, 1, 1e6, "HYBRID_SHARD: number of model replicas (must divide the world size); null: one per node"},
         {"fsdp.forward_prefetch", KeyType::kBool, true, false, {}, -kInf, kInf, "start gathering the next FSDP unit when a unit's forward starts"},
         {"fsdp.backward_prefetch", KeyType::kBool, true, false, {}, -kInf, kInf, "start gathering the next FSDP unit (in backward order) when a unit's backward starts"},
         {"fsdp.limit_all_gathers", KeyType::kBool, true, false, {}, -kInf, kInf, "prefetch only while fewer than two FSDP units (besides the root) are gathered"},
-        {"fsdp.grad_sync_mode", KeyType::kString, "batch", false, {"batch", "micro_batch"}, -kInf, kInf, "reduce gradients once per step (batch) or on every micro-batch"},
-        {"ddp.grad_sync_mode", KeyType::kString, "batch", false, {"batch", "micro_batch"}, -kInf, kInf, "all-reduce once per step (batch) or on every micro-batch"},
+        {"fsdp.grad_sync_mode", KeyType::kString, "batch", false, choice_names<GradSyncMode>(), -kInf, kInf, "reduce gradients once per step (batch) or on every micro-batch"},
+        {"ddp.grad_sync_mode", KeyType::kString, "batch", false, choice_names<GradSyncMode>(), -kInf, kInf, "all-reduce once per step (batch) or on every micro-batch"},
         {"distributed_timeout_seconds", KeyType::kFloat, 120.0, false, {}, 0.1, 86400, "rendezvous and collective timeout: a rank that never arrives or a collective that never completes ends the run with an error naming it"},
-        {"peak_flops_per_device", KeyType::kFloat, nullptr, true, {}, 1, kInf, "peak FLOP/s used for MFU; null: detected (CPU: cores x clock x FMA width)"},
+        {"peak_flops_per_device", KeyType::kFloat, nullptr, true, {}, 1, kInf, "peak FLOP/s of one device (a GPU; on the CPU, the cores one rank computes on) used for MFU; null: the backend's (GPU: SMs x clock x FLOP/clock/SM; CPU: threads x measured clock x FMA width and pipes)"},
         {"threads", KeyType::kInt, 0, false, {}, 0, 4096, "compute threads (OpenMP and BLAS); 0: OMP_NUM_THREADS if set (trainer launch sets each rank's share), else one per available core"},
     };
     // clang-format on
@@ -350,6 +357,14 @@ std::optional<T> opt(const Json& v) {
     return v.get<T>();
 }
 
+// A choice key's value as its enum; the schema has checked the spelling against the same names.
+template <typename E>
+E choice(const Json& v) {
+    const std::optional<E> e = parse_choice<E>(v.get<std::string>());
+    TRAINER_CHECK(e.has_value(), "config value {} is none of its enum's names", v.dump());
+    return *e;
+}
+
 long get_long(const Json& v) { return v.is_number_integer() ? v.get<long>() : static_cast<long>(v.get<double>()); }
 
 // Parses an override's text by the key's type: "8" for integers, "3e-4" for numbers, "true"/"false",
@@ -523,10 +538,10 @@ TrainConfig validate_config(const Json& user_doc) {
     mc.n_layers = m["n_layers"].get<int>();
     mc.mlp_ratio = m["mlp_ratio"].get<int>();
     mc.mlp_hidden_size = opt<int>(m["mlp_hidden_size"]);
-    mc.activation_type = m["activation_type"].get<std::string>();
+    mc.activation_type = choice<ActivationType>(m["activation_type"]);
     mc.rope = m["rope"].get<bool>();
     mc.rope_theta = m["rope_theta"].get<double>();
-    mc.layer_norm_type = m["layer_norm_type"].get<std::string>();
+    mc.layer_norm_type = choice<LayerNormType>(m["layer_norm_type"]);
     mc.layer_norm_with_affine = m["layer_norm_with_affine"].get<bool>();
     mc.include_bias = m["include_bias"].get<bool>();
     mc.bias_for_layer_norm = opt<bool>(m["bias_for_layer_norm"]).value_or(mc.include_bias);
@@ -534,7 +549,7 @@ TrainConfig validate_config(const Json& user_doc) {
     mc.vocab_size = m["vocab_size"].get<int>();
     mc.embedding_size = opt<int>(m["embedding_size"]).value_or(mc.vocab_size);
     mc.max_sequence_length = m["max_sequence_length"].get<int>();
-    mc.init_fn = m["init_fn"].get<std::string>();
+    mc.init_fn = choice<InitFn>(m["init_fn"]);
     mc.init_std = m["init_std"].get<double>();
     mc.init_cutoff_factor = opt<double>(m["init_cutoff_factor"]);
     mc.eos_token_id = m["eos_token_id"].get<int>();
@@ -553,11 +568,11 @@ TrainConfig validate_config(const Json& user_doc) {
     if (mc.eos_token_id >= mc.vocab_size) {
         user_error("config model.eos_token_id: {} is not below model.vocab_size {}", mc.eos_token_id, mc.vocab_size);
     }
-    if (mc.activation_type == "swiglu" && mc.ff_proj_size() % 2 != 0) {
+    if (mc.activation_type == ActivationType::kSwiglu && mc.ff_proj_size() % 2 != 0) {
         user_error("config model.mlp_hidden_size: {} must be even with activation_type swiglu (it is split in two)",
                    mc.ff_proj_size());
     }
-    if (mc.layer_norm_type == "rms") {
+    if (mc.layer_norm_type == LayerNormType::kRms) {
         user_error("config model.layer_norm_type: \"rms\" is not supported yet; expected default or low_precision");
     }
 
@@ -572,7 +587,7 @@ TrainConfig validate_config(const Json& user_doc) {
     c.optimizer.decay_embeddings = o["decay_embeddings"].get<bool>();
 
     const Json& s = doc["scheduler"];
-    c.scheduler.name = s["name"].get<std::string>();
+    c.scheduler.name = choice<SchedulerName>(s["name"]);
     c.scheduler.t_warmup = get_long(s["t_warmup"]);
     if (!s["t_max"].is_null()) c.scheduler.t_max = get_long(s["t_max"]);
     c.scheduler.alpha_f = s["alpha_f"].get<double>();
@@ -584,12 +599,13 @@ TrainConfig validate_config(const Json& user_doc) {
         user_error(
             "config scheduler.grad_clip_warmup_steps and scheduler.grad_clip_warmup_factor: set both or neither");
     }
-    if (c.scheduler.name != "constant" && c.scheduler.name != "inverse_sqrt_with_warmup" && c.scheduler.t_max &&
+    if (c.scheduler.name != SchedulerName::kConstant && c.scheduler.name != SchedulerName::kInverseSqrtWithWarmup &&
+        c.scheduler.t_max &&
         *c.scheduler.t_max <= c.scheduler.t_warmup) {
         user_error("config scheduler.t_max: {} must exceed scheduler.t_warmup {}", *c.scheduler.t_max,
                    c.scheduler.t_warmup);
     }
-    if (c.scheduler.name == "inverse_sqrt_with_warmup" && c.scheduler.t_warmup < 1) {
+    if (c.scheduler.name == SchedulerName::kInverseSqrtWithWarmup && c.scheduler.t_warmup < 1) {
         user_error("config scheduler.t_warmup: inverse_sqrt_with_warmup needs t_warmup >= 1");
     }
 
@@ -648,22 +664,23 @@ TrainConfig validate_config(const Json& user_doc) {
         user_error("config load_path: \"latest\" needs save_folder (the folder to look in)");
     }
 
-    c.device = doc["device"].get<std::string>();
-    c.precision = doc["precision"].get<std::string>();
-    c.kernels_attention = doc["kernels"]["attention"].get<std::string>();
-    c.distributed_backend = doc["distributed_backend"].get<std::string>();
-    c.distributed_strategy = doc["distributed_strategy"].get<std::string>();
-    c.fsdp.sharding_strategy = doc["fsdp"]["sharding_strategy"].get<std::string>();
-    c.fsdp.wrapping_strategy = opt<std::string>(doc["fsdp"]["wrapping_strategy"]);
+    c.device = choice<Device>(doc["device"]);
+    c.precision = choice<Precision>(doc["precision"]);
+    c.kernels_attention = choice<AttentionKernel>(doc["kernels"]["attention"]);
+    c.distributed_backend = choice<DistributedBackend>(doc["distributed_backend"]);
+    c.distributed_strategy = choice<DistributedStrategy>(doc["distributed_strategy"]);
+    c.fsdp.sharding_strategy = choice<ShardingStrategy>(doc["fsdp"]["sharding_strategy"]);
+    const Json& wrap = doc["fsdp"]["wrapping_strategy"];
+    c.fsdp.wrapping_strategy = wrap.is_null() ? WrappingStrategy::kNull : choice<WrappingStrategy>(wrap);
     c.fsdp.block_group_size = doc["fsdp"]["block_group_size"].get<int>();
-    c.fsdp.precision = doc["fsdp"]["precision"].get<std::string>();
-    c.fsdp.grad_sync_mode = doc["fsdp"]["grad_sync_mode"].get<std::string>();
+    c.fsdp.precision = choice<FsdpPrecision>(doc["fsdp"]["precision"]);
+    c.fsdp.grad_sync_mode = choice<GradSyncMode>(doc["fsdp"]["grad_sync_mode"]);
     c.fsdp.min_num_params = get_long(doc["fsdp"]["min_num_params"]);
     c.fsdp.hybrid_sharding_num_model_replicas = opt<int>(doc["fsdp"]["hybrid_sharding_num_model_replicas"]);
     c.fsdp.forward_prefetch = doc["fsdp"]["forward_prefetch"].get<bool>();
     c.fsdp.backward_prefetch = doc["fsdp"]["backward_prefetch"].get<bool>();
     c.fsdp.limit_all_gathers = doc["fsdp"]["limit_all_gathers"].get<bool>();
-    c.ddp_grad_sync_mode = doc["ddp"]["grad_sync_mode"].get<std::string>();
+    c.ddp_grad_sync_mode = choice<GradSyncMode>(doc["ddp"]["grad_sync_mode"]);
     c.peak_flops_per_device = opt<double>(doc["peak_flops_per_device"]);
     c.threads = doc["threads"].get<int>();
     c.distributed_timeout_seconds = doc["distributed_timeout_seconds"].get<double>();

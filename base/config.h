@@ -6,8 +6,11 @@
 // default, allowed values and one line of documentation; configs/README.md is generated from it.
 // Validation happens once, before anything is allocated: unknown keys (with the closest known key
 // suggested), wrong types, out-of-range values and every cross-field rule (batch sizes, shapes).
+// Choices (a string key with a fixed set of values) are parsed once, at validation, into the enums
+// below; the code compares enums, and logs and error messages spell them as the JSON does.
 #pragma once
 
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -18,16 +21,121 @@ namespace trainer {
 
 using Json = nlohmann::json;
 
+// ---- choices: each enum's values in the order of its spellings in Choices<E>::kNames ----
+enum class Device { kAuto, kCpu, kCuda };
+enum class Precision { kFp32, kAmpBf16 };
+enum class AttentionKernel { kNative, kCudnn };
+enum class DistributedBackend { kAuto, kGloo, kNccl };
+enum class DistributedStrategy { kSingle, kDdp, kFsdp };
+enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard };
+enum class WrappingStrategy {
+    kNull,  // JSON null: the whole model is one FSDP unit
+    kByBlock,
+    kByBlockAndSize,
+    kByBlockGroup,
+    kByBlockGroupAndSize,
+    kSizeBased,
+    kOneInTwo,
+    kOneInThree,
+    kOneInFour,
+    kOneInFive
+};
+enum class GradSyncMode { kBatch, kMicroBatch };
+enum class FsdpPrecision { kFp32, kMixed, kPure };
+enum class ActivationType { kSwiglu, kGelu, kGeluTanh };
+enum class LayerNormType { kDefault, kLowPrecision, kRms };
+enum class SchedulerName { kConstant, kLinearWithWarmup, kCosineWithWarmup, kInverseSqrtWithWarmup };
+enum class InitFn { kNormal, kMitchell };
+
+// The config spellings of an enum's values (OLMo's and PyTorch's names), indexed by the value.
+template <typename E>
+struct Choices;
+template <>
+struct Choices<Device> {
+    static constexpr const char* kNames[] = {"auto", "cpu", "cuda"};
+};
+template <>
+struct Choices<Precision> {
+    static constexpr const char* kNames[] = {"fp32", "amp_bf16"};
+};
+template <>
+struct Choices<AttentionKernel> {
+    static constexpr const char* kNames[] = {"native", "cudnn"};
+};
+template <>
+struct Choices<DistributedBackend> {
+    static constexpr const char* kNames[] = {"auto", "gloo", "nccl"};
+};
+template <>
+struct Choices<DistributedStrategy> {
+    static constexpr const char* kNames[] = {"single", "ddp", "fsdp"};
+};
+template <>
+struct Choices<ShardingStrategy> {
+    static constexpr const char* kNames[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"};
+};
+template <>
+struct Choices<WrappingStrategy> {
+    static constexpr const char* kNames[] = {"null",       "by_block",   "by_block_and_size", "by_block_group",
+                                             "by_block_group_and_size", "size_based", "one_in_two",
+                                             "one_in_three", "one_in_four", "one_in_five"};
+};
+template <>
+struct Choices<GradSyncMode> {
+    static constexpr const char* kNames[] = {"batch", "micro_batch"};
+};
+template <>
+struct Choices<FsdpPrecision> {
+    static constexpr const char* kNames[] = {"fp32", "mixed", "pure"};
+};
+template <>
+struct Choices<ActivationType> {
+    static constexpr const char* kNames[] = {"swiglu", "gelu", "gelu_tanh"};
+};
+template <>
+struct Choices<LayerNormType> {
+    static constexpr const char* kNames[] = {"default", "low_precision", "rms"};
+};
+template <>
+struct Choices<SchedulerName> {
+    static constexpr const char* kNames[] = {"constant", "linear_with_warmup", "cosine_with_warmup",
+                                             "inverse_sqrt_with_warmup"};
+};
+template <>
+struct Choices<InitFn> {
+    static constexpr const char* kNames[] = {"normal", "mitchell"};
+};
+
+// The config spelling of a choice ("FULL_SHARD", "amp_bf16"), for logs and error messages.
+template <typename E>
+const char* choice_name(E value) {
+    return Choices<E>::kNames[static_cast<int>(value)];
+}
+// Every spelling of an enum, in order (the schema's allowed values).
+template <typename E>
+std::vector<std::string> choice_names() {
+    return std::vector<std::string>(std::begin(Choices<E>::kNames), std::end(Choices<E>::kNames));
+}
+// The value spelled `name`; nullopt when no value is.
+template <typename E>
+std::optional<E> parse_choice(const std::string& name) {
+    const auto& names = Choices<E>::kNames;
+    for (size_t i = 0; i < std::size(names); ++i) {
+        if (name == names[i]) return static_cast<E>(i);
+    }
+    return std::nullopt;
+}
+
 struct ModelConfig {
     int d_model = 0;
     int n_heads = 0;
     int n_layers = 0;
     int mlp_ratio = 4;
     std::optional<int> mlp_hidden_size;  // overrides mlp_ratio * d_model when set
-    std::string activation_type;         // swiglu | gelu | gelu_tanh
+    ActivationType activation_type = ActivationType::kSwiglu;
     bool rope = false;                   // false: learned positional embedding (GPT-2)
     double rope_theta = 10000.0;
-    std::string layer_norm_type;  // default | low_precision (identical in fp32)
+    LayerNormType layer_norm_type = LayerNormType::kDefault;  // low_precision is default in fp32
     bool layer_norm_with_affine = false;
     bool bias_for_layer_norm = false;  // resolved: defaults to include_bias
     bool include_bias = false;
@@ -35,7 +143,7 @@ struct ModelConfig {
     int vocab_size = 0;
     int embedding_size = 0;  // resolved: defaults to vocab_size
     int max_sequence_length = 0;
-    std::string init_fn;  // normal | mitchell
+    InitFn init_fn = InitFn::kNormal;
     double init_std = 0.02;
     std::optional<double> init_cutoff_factor;
     int eos_token_id = 0;
@@ -44,7 +152,7 @@ struct ModelConfig {
     // Output width of ff_proj (OLMo's hidden_size): mlp_hidden_size or mlp_ratio * d_model.
     int ff_proj_size() const { return mlp_hidden_size ? *mlp_hidden_size : mlp_ratio * d_model; }
     // Input width of ff_out: SwiGLU halves ff_proj's output.
-    int ff_hidden_size() const { return activation_type == "swiglu" ? ff_proj_size() / 2 : ff_proj_size(); }
+    int ff_hidden_size() const { return activation_type == ActivationType::kSwiglu ? ff_proj_size() / 2 : ff_proj_size(); }
     bool norm_has_weight() const { return layer_norm_with_affine; }
     bool norm_has_bias() const { return layer_norm_with_affine && bias_for_layer_norm; }
 };
@@ -60,7 +168,7 @@ struct OptimizerConfig {
 };
 
 struct SchedulerConfig {
-    std::string name;  // constant | linear_with_warmup | cosine_with_warmup | inverse_sqrt_with_warmup
+    SchedulerName name = SchedulerName::kCosineWithWarmup;
     long t_warmup = 0;
     std::optional<long> t_max;  // defaults to the run's total steps
     double alpha_f = 0.1;
@@ -84,11 +192,11 @@ struct EvaluatorConfig {
 };
 
 struct FsdpConfig {
-    std::string sharding_strategy;  // FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD
-    std::optional<std::string> wrapping_strategy;
+    ShardingStrategy sharding_strategy = ShardingStrategy::kFullShard;
+    WrappingStrategy wrapping_strategy = WrappingStrategy::kNull;
     int block_group_size = 1;
-    std::string precision;                                  // fp32 | mixed | pure
-    std::string grad_sync_mode;                             // batch | micro_batch
+    FsdpPrecision precision = FsdpPrecision::kMixed;
+    GradSyncMode grad_sync_mode = GradSyncMode::kBatch;
     long min_num_params = 100000000;                        // size_based wrapping
     std::optional<int> hybrid_sharding_num_model_replicas;  // HYBRID_SHARD; null: one per node
     bool forward_prefetch = true, backward_prefetch = true, limit_all_gathers = true;
@@ -117,14 +225,14 @@ struct TrainConfig {
     std::optional<std::string> init_from;  // a safetensors file with Hugging Face names
     std::optional<std::string> metrics_file;
     long console_log_interval = 1;
-    std::string device;                // auto | cpu | cuda
-    std::string precision;             // fp32 | amp_bf16
-    std::string kernels_attention;     // native | cudnn (CUDA)
-    std::string distributed_backend;   // auto | gloo | nccl
-    std::string distributed_strategy;  // single | ddp | fsdp
+    Device device = Device::kAuto;
+    Precision precision = Precision::kFp32;
+    AttentionKernel kernels_attention = AttentionKernel::kNative;  // CUDA
+    DistributedBackend distributed_backend = DistributedBackend::kAuto;
+    DistributedStrategy distributed_strategy = DistributedStrategy::kSingle;
     FsdpConfig fsdp;
-    std::string ddp_grad_sync_mode;  // batch | micro_batch
-    std::optional<double> peak_flops_per_device;
+    GradSyncMode ddp_grad_sync_mode = GradSyncMode::kBatch;
+    std::optional<double> peak_flops_per_device;  // FLOP/s of one device (a GPU, or one rank's CPU cores)
     int threads = 0;                             // 0: one per available core
     double distributed_timeout_seconds = 120.0;  // rendezvous and every collective
 

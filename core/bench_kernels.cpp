@@ -12,7 +12,7 @@
 #include "base/common.h"
 #include "base/layout.h"
 #include "core/metrics.h"
-#include "core/train.h"
+#include "kernels/cpu/machine.h"
 #include "kernels/backend.h"
 
 namespace trainer {
@@ -41,8 +41,8 @@ double time_op(Backend& backend, const std::function<void()>& f, int reps) {
 }  // namespace
 
 int run_kernel_bench(const TrainConfig& config, int reps) {
-    const std::string device = check_device_supported(config, 1);
-    const int threads = configure_threads(config.threads);
+    const Device device = check_device_config(config);
+    configure_threads(config.threads);
     auto backend_ptr = make_backend(device, backend_options(config, 0));
     Backend& be = *backend_ptr;
     const ModelConfig& m = config.model;
@@ -112,13 +112,13 @@ int run_kernel_bench(const TrainConfig& config, int reps) {
     ops.push_back({"attention backward", 2.5 * att_flops, f4 * (8.0 * NC + double(B) * NH * T),
                    [&] { be.attention_backward(dqkv.f32(), y.f32(), qkv.f32(), att.f32(), lse.f32(), B, T, NH, HS); }});
     const double NHh = double(N) * H;
-    if (m.activation_type == "swiglu") {
+    if (m.activation_type == ActivationType::kSwiglu) {
         ops.push_back(
             {"swiglu forward", 6.0 * NHh, f4 * 3.0 * NHh, [&] { be.swiglu_forward(fact.f32(), fch.f32(), N, H); }});
         ops.push_back({"swiglu backward", 10.0 * NHh, f4 * 5.0 * NHh,
                        [&] { be.swiglu_backward(dfch.f32(), fch.f32(), dfact.f32(), N, H); }});
     } else {
-        const bool tanh_gelu = m.activation_type == "gelu_tanh";
+        const bool tanh_gelu = m.activation_type == ActivationType::kGeluTanh;
         // What training runs: the ff_proj GEMM and the GELU together (one GEMM with the GELU epilogue on the
         // CUDA backend where cuBLASLt allows; the two ops elsewhere).
         const double ncp = double(N) * C * P;
@@ -150,17 +150,17 @@ int run_kernel_bench(const TrainConfig& config, int reps) {
     ops.push_back(
         {"squared norm (one block)", 2.0 * bn, f4 * bn, [&] { (void)be.squared_norm(g.f32(), block_numel); }});
 
-    // Rooflines: the device's stated peaks where the backend knows them, else (CPU) the measured FMA peak;
-    // bandwidth measured by a device-to-device copy as well.
-    const bool bf16 = config.precision == "amp_bf16";
+    // Rooflines: the device's peak as training's MFU counts it (the backend's, or peak_flops_per_device);
+    // bandwidth stated by the backend where it knows it, and measured by a device-to-device copy as well.
+    const bool bf16 = config.precision == Precision::kAmpBf16;
     std::string flops_how, bw_how;
     double peak = be.peak_flops(bf16, &flops_how);
     if (config.peak_flops_per_device) {
         peak = *config.peak_flops_per_device, flops_how = "configured peak_flops_per_device";
     }
     if (peak <= 0.0) {
-        peak = measure_fma_peak(threads, 1.0);
-        flops_how = fmt::format("measured fp32 FMA peak of {} threads", threads);
+        user_error("bench-kernels: the peak FLOP/s of this device is unknown ({}); set peak_flops_per_device",
+                   flops_how);
     }
     double bw = be.peak_bandwidth(&bw_how);
     {
@@ -174,7 +174,7 @@ int run_kernel_bench(const TrainConfig& config, int reps) {
         std::printf(
             "device %s (%s): FLOP roof %.1f TFLOP/s (%s); bandwidth roof %.0f GB/s (%s); copy measured "
             "%.0f GB/s\n",
-            be.name().c_str(), config.precision.c_str(), peak / 1e12, flops_how.c_str(), bw / 1e9, bw_how.c_str(),
+            be.name().c_str(), choice_name(config.precision), peak / 1e12, flops_how.c_str(), bw / 1e9, bw_how.c_str(),
             copy_bw / 1e9);
     }
     std::printf(

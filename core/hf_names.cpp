@@ -100,7 +100,7 @@ void copy_entry(const HfEntry& e, const ParamSpec& p, float* unit, float* hf, bo
 std::string hf_family(const ModelConfig& m, const std::string& what) {
     if (!m.rope) {
         std::vector<std::string> diff;
-        if (m.activation_type == "swiglu") diff.push_back("model.activation_type must be gelu_tanh or gelu");
+        if (m.activation_type == ActivationType::kSwiglu) diff.push_back("model.activation_type must be gelu_tanh or gelu");
         if (!m.layer_norm_with_affine || !m.bias_for_layer_norm) {
             diff.push_back("model.layer_norm_with_affine and bias_for_layer_norm must be true");
         }
@@ -112,7 +112,7 @@ std::string hf_family(const ModelConfig& m, const std::string& what) {
         user_error("{}: a model without RoPE maps to GPT2LMHeadModel, but {}", what, msg);
     }
     std::vector<std::string> diff;
-    if (m.activation_type != "swiglu") diff.push_back("model.activation_type must be swiglu");
+    if (m.activation_type != ActivationType::kSwiglu) diff.push_back("model.activation_type must be swiglu");
     if (m.layer_norm_with_affine) diff.push_back("model.layer_norm_with_affine must be false");
     if (m.include_bias) diff.push_back("model.include_bias must be false");
     if (diff.empty()) return "olmo";

@@ -55,7 +55,7 @@ void init_unit_params(const TrainConfig& config, const Unit& unit, float* host) 
         }
         double std = m.init_std;
         double cutoff = m.init_cutoff_factor ? *m.init_cutoff_factor : 0.0;  // in sigmas; 0: none
-        if (m.init_fn == "mitchell") {
+        if (m.init_fn == InitFn::kMitchell) {
             const bool is_block_out = p.layer >= 0 && (p.name.find(".attn_out.") != std::string::npos ||
                                                        p.name.find(".ff_out.") != std::string::npos);
             const double fan_in = p.kind == ParamKind::kEmbedding ? m.d_model : static_cast<double>(p.shape[1]);

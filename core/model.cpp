@@ -140,7 +140,7 @@ void Model::forward_blocks(int batch, bool backward_follows) {
     const size_t NC = static_cast<size_t>(N) * C_;
     const float eps = 1e-5f;
     const float theta = static_cast<float>(m_.rope_theta);
-    const bool tanh_gelu = m_.activation_type == "gelu_tanh";
+    const bool tanh_gelu = m_.activation_type == ActivationType::kGeluTanh;
 
     // Embedding.
     const int emb = layout_.embedding_unit();
@@ -166,7 +166,7 @@ void Model::forward_blocks(int batch, bool backward_follows) {
         backend_->residual_forward(act(a.resid_mid), act(a.resid), act(scratch_), NC);
         backend_->layernorm_forward(act(a.ln2), act(a.ln2_mean), act(a.ln2_rstd), act(a.resid_mid), w.ff_norm_w,
                                     w.ff_norm_b, N, C_, eps);
-        if (m_.activation_type == "swiglu") {
+        if (m_.activation_type == ActivationType::kSwiglu) {
             backend_->matmul_forward(act(a.fch), act(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
             backend_->swiglu_forward(act(a.fch_act), act(a.fch), N, H_);
         } else {  // P == H: the GELU keeps the width (a GEMM epilogue on the CUDA backend)
@@ -242,7 +242,7 @@ double Model::head(int batch, float dloss_scale, bool backward) {
 void Model::backward_blocks(int batch) {
     const int N = batch * T_;
     const float theta = static_cast<float>(m_.rope_theta);
-    const bool tanh_gelu = m_.activation_type == "gelu_tanh";
+    const bool tanh_gelu = m_.activation_type == ActivationType::kGeluTanh;
     for (int l = L_ - 1; l >= 0; --l) {
         const Plan& a = layers_[l];
         const int u = layout_.block_unit(l);
@@ -252,7 +252,7 @@ void Model::backward_blocks(int batch) {
         // MLP: x_out = resid_mid + ff_out(act(ff_proj(LN2(resid_mid)))); dresid holds d(x_out).
         backend_->matmul_backward(act(dfch_act_), g.ff_out_w, g.ff_out_b, act(dresid_), act(a.fch_act), w.ff_out_w, N,
                                   H_, C_, false);
-        if (m_.activation_type == "swiglu") {
+        if (m_.activation_type == ActivationType::kSwiglu) {
             backend_->swiglu_backward(act(dfch_), act(a.fch), act(dfch_act_), N, H_);
         } else {
             backend_->gelu_backward(act(dfch_), act(a.fch), act(dfch_act_), static_cast<size_t>(N) * H_, tanh_gelu);

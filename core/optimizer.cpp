@@ -10,14 +10,14 @@ namespace trainer {
 
 double scheduled_lr(const OptimizerConfig& opt, const SchedulerConfig& sched, long step, long total_steps) {
     const double lr = opt.learning_rate;
-    if (sched.name == "constant") return lr;
+    if (sched.name == SchedulerName::kConstant) return lr;
     const long warmup = sched.t_warmup;
     const double warmup_min = sched.warmup_min_lr ? *sched.warmup_min_lr : 0.1 * lr;
     if (step < warmup) {
         return warmup_min +
                (lr - warmup_min) * static_cast<double>(std::min(step, warmup)) / static_cast<double>(warmup);
     }
-    if (sched.name == "inverse_sqrt_with_warmup") {
+    if (sched.name == SchedulerName::kInverseSqrtWithWarmup) {
         return lr * std::sqrt(static_cast<double>(warmup) / static_cast<double>(std::max(warmup, step)));
     }
     const long t_max = sched.t_max ? *sched.t_max : total_steps;
@@ -25,8 +25,7 @@ double scheduled_lr(const OptimizerConfig& opt, const SchedulerConfig& sched, lo
     if (step >= t_max) return eta_min;
     const double s = static_cast<double>(step - warmup);
     const double span = static_cast<double>(t_max - warmup);
-    if (sched.name == "linear_with_warmup") return lr - (lr - eta_min) * (s / span);
-    TRAINER_CHECK(sched.name == "cosine_with_warmup", "unknown scheduler {}", sched.name);
+    if (sched.name == SchedulerName::kLinearWithWarmup) return lr - (lr - eta_min) * (s / span);
     return eta_min + (lr - eta_min) * (1.0 + std::cos(M_PI * s / span)) / 2.0;
 }
 

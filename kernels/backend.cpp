@@ -6,24 +6,66 @@
 
 namespace trainer {
 
-std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOptions& options) {
-    if (device == "cpu") return make_cpu_backend();
-    if (device == "cuda") {
-#ifdef TRAINER_HAVE_CUDA
-        return make_cuda_backend(options);
-#else
-        (void)options;
-        user_error(
-            "device \"cuda\": this build has no CUDA backend (nvcc was not found when it was configured); "
-            "rebuild with the CUDA toolkit or use --device cpu");
-#endif
-    }
-    user_error("device \"{}\": expected cpu, cuda or auto", device);
+BackendOptions backend_options(const TrainConfig& c, int local_rank) {
+    BackendOptions o;
+    o.bf16_matmuls = c.precision == Precision::kAmpBf16;
+    o.attention = c.kernels_attention;
+    o.device_index = local_rank;
+    return o;
 }
 
-std::string resolve_device(const std::string& device) {
-    if (device != "auto") return device;
-    return cuda_device_count() > 0 ? "cuda" : "cpu";
+std::unique_ptr<Backend> make_backend(Device device, const BackendOptions& options) {
+    switch (resolve_device(device)) {
+        case Device::kCuda:
+#ifdef TRAINER_HAVE_CUDA
+            return make_cuda_backend(options);
+#else
+            (void)options;
+            user_error(
+                "device \"cuda\": this build has no CUDA backend (nvcc was not found when it was configured); "
+                "rebuild with the CUDA toolkit or use --device cpu");
+#endif
+        default:
+            return make_cpu_backend();
+    }
+}
+
+Device resolve_device(Device device) {
+    if (device != Device::kAuto) return device;
+    return cuda_device_count() > 0 ? Device::kCuda : Device::kCpu;
+}
+
+Device check_device_config(const TrainConfig& c) {
+    const Device device = resolve_device(c.device);
+    const bool cuda = device == Device::kCuda;
+    if (c.precision == Precision::kAmpBf16 && !cuda) {
+        user_error("precision \"amp_bf16\" needs the CUDA backend (device is {}); on CPU use --precision fp32",
+                   choice_name(device));
+    }
+    const int T = static_cast<int>(c.model.max_sequence_length - 1), HS = c.model.head_size();
+    if (!cuda && c.kernels_attention != AttentionKernel::kNative) {
+        user_error("kernels.attention \"{}\" is a CUDA kernel; the {} backend has native attention only",
+                   choice_name(c.kernels_attention), choice_name(device));
+    }
+    if (cuda && c.kernels_attention == AttentionKernel::kNative && HS > kCudaNativeAttentionMaxHeadSize) {
+        user_error(
+            "the native CUDA attention takes heads of up to {} channels, this model's have {} (model.d_model / "
+            "model.n_heads)",
+            kCudaNativeAttentionMaxHeadSize, HS);
+    }
+    if (cuda && c.kernels_attention == AttentionKernel::kCudnn) {
+        if (c.precision != Precision::kAmpBf16) {
+            user_error(
+                "kernels.attention \"cudnn\" computes attention in bf16; use it with --precision amp_bf16 (fp32 "
+                "runs use the native kernels)");
+        }
+        const std::string why = cudnn_attention_unsupported(T, HS);
+        if (!why.empty())
+            user_error(
+                "kernels.attention \"cudnn\": cuDNN's fused attention cannot run a {}; use kernels.attention=native",
+                why);
+    }
+    return device;
 }
 
 #ifndef TRAINER_HAVE_CUDA

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "base/config.h"
 #include "base/memory.h"
 
 namespace trainer {
@@ -36,8 +37,9 @@ class Backend {
     }
     // Waits for all queued work (a no-op on the CPU backend). Default: nothing to wait for.
     virtual void synchronize() {}
-    // Dense peak FLOP/s of the device for MFU (bf16 tensor cores when `bf16`, else fp32) and the formula in
-    // *how; 0 where the backend does not know it (the CPU's peak is measured in core/metrics.cpp).
+    // Dense peak FLOP/s of this device for MFU (bf16 tensor cores when `bf16`, else fp32) and the formula in
+    // *how; 0 where the backend does not know it. The CPU backend's device is the cores this process computes
+    // on (its OpenMP threads: a rank's share of the machine).
     virtual double peak_flops(bool bf16, std::string* how) const {
         (void)bf16, (void)how;
         return 0.0;
@@ -49,6 +51,9 @@ class Backend {
     }
     // High-water mark of the device memory this backend holds (its allocator's pool), 0 where untracked.
     virtual int64_t device_peak_bytes() const { return 0; }
+    // One line on the compute libraries in use (the CPU backend: OpenBLAS's kernel set, with a note when a
+    // faster one is available); empty where there is nothing to say. Default: empty.
+    virtual std::string library_description() const { return ""; }
 
     // ---- forward/backward ops (float; see kernels/cpu/ops.h for each op's contract) ----
     virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M, int K,
@@ -105,19 +110,27 @@ class Backend {
 
 // How a backend computes (the CPU backend has one way and ignores these).
 struct BackendOptions {
-    bool bf16_matmuls = false;         // precision amp_bf16: GEMMs on bf16 copies, fp32 accumulation
-    std::string attention = "native";  // kernels.attention: native | cudnn
-    int device_index = 0;              // which GPU (the rank's LOCAL_RANK modulo the GPUs present)
+    bool bf16_matmuls = false;                            // precision amp_bf16: GEMMs on bf16, fp32 accumulation
+    AttentionKernel attention = AttentionKernel::kNative;  // kernels.attention
+    int device_index = 0;  // which GPU (the rank's LOCAL_RANK modulo the GPUs present)
 };
 
-// Builds the backend for a device name: "cpu" (always available) or "cuda". Refuses other names and a
+// How the config asks the backend to compute (precision, attention kernels), on GPU `local_rank`.
+BackendOptions backend_options(const TrainConfig& config, int local_rank);
+
+// Builds the backend for a device: kCpu (always available) or kCuda (kAuto is resolved first). Refuses a
 // device this build or machine does not have, naming it and what is available.
-std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOptions& options = {});
+std::unique_ptr<Backend> make_backend(Device device, const BackendOptions& options = {});
 
 // GPUs this process can use: 0 in a build without CUDA, without a driver or without a device.
 int cuda_device_count();
-// "auto" -> "cuda" where a GPU is present, else "cpu"; other names unchanged.
-std::string resolve_device(const std::string& device);
+// kAuto -> kCuda where a GPU is present, else kCpu; the others unchanged.
+Device resolve_device(Device device);
+
+// The device a config computes on (kAuto resolved), after checking that its backend runs what the config
+// asks: amp_bf16 and cuDNN attention need the GPU, the attention kernels' head-size and sequence limits.
+// UserError naming the key otherwise.
+Device check_device_config(const TrainConfig& config);
 
 // The native CUDA attention kernels' largest head (kernels/cuda/attention.cu).
 constexpr int kCudaNativeAttentionMaxHeadSize = 256;
@@ -142,9 +155,6 @@ std::unique_ptr<Backend> make_cpu_backend();
 // The CUDA backend (kernels/cuda/cuda_backend.cu); refuses when no GPU is usable, naming why.
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
 #endif
-
-// One line on the CPU GEMM library and kernel set in use, with a note when a faster one is available.
-std::string cpu_blas_description();
 
 // Owning view of one device allocation, counted in the memory accounting under its category.
 class DeviceBuffer {

@@ -51,7 +51,7 @@ for ((r = 1; r <= rounds; r++)); do
             IFS='|' read -r name config ours theirs <<<"$s"
             # shellcheck disable=SC2086
             "$trainer" --config "$config" --threads "$threads" --max-duration "$steps" --set console_log_interval=1000000 \
-                --set peak_flops_per_device="$($py -c "print($peak / $threads)")" $ours \
+                --set peak_flops_per_device="$peak" $ours \
                 --metrics-file "$tmp/ours_${blas}_${name}_$r.jsonl" >/dev/null
             # shellcheck disable=SC2086
             OMP_NUM_THREADS=$threads $py scripts/bench_torch.py --config "$config" --steps $((steps - 1)) --warmup 1 \

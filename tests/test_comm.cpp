@@ -241,7 +241,7 @@ TEST_CASE("comm: rank environment of each launcher") {
 TEST_CASE("comm: a group of one copies through the backend and a handle's waiter runs on wait") {
     // The local communicator moves device memory through the backend (the CPU backend here; the CUDA
     // backend's copies on a GPU), and host memory by memmove without one.
-    auto backend = make_backend("cpu");
+    auto backend = make_backend(Device::kCpu);
     for (Backend* b : {backend.get(), static_cast<Backend*>(nullptr)}) {
         auto comm = make_local_communicator(b);
         REQUIRE(comm->size() == 1);

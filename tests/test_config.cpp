@@ -47,9 +47,9 @@ TEST_CASE("config: defaults follow OLMo") {
     CHECK(c.optimizer.beta2 == 0.95);
     CHECK(c.device_eval_batch_size == 2);
     CHECK(c.data.seed == c.seed);
-    CHECK(c.distributed_strategy == "single");
-    CHECK(c.fsdp.sharding_strategy == "FULL_SHARD");
-    CHECK_FALSE(c.fsdp.wrapping_strategy.has_value());
+    CHECK(c.distributed_strategy == DistributedStrategy::kSingle);
+    CHECK(c.fsdp.sharding_strategy == ShardingStrategy::kFullShard);
+    CHECK(c.fsdp.wrapping_strategy == WrappingStrategy::kNull);
 }
 
 TEST_CASE("config: unknown keys suggest the closest key") {

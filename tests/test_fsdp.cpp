@@ -24,8 +24,7 @@ std::vector<std::vector<int>> groups_for(const std::string& policy, int n_layers
     doc["model"]["n_layers"] = n_layers;
     doc["model"]["weight_tying"] = tied;
     TrainConfig c = validate_config(doc);
-    c.fsdp.wrapping_strategy = policy;
-    if (policy == "null") c.fsdp.wrapping_strategy.reset();
+    c.fsdp.wrapping_strategy = parse_choice<WrappingStrategy>(policy).value();
     c.fsdp.block_group_size = group_size;
     c.fsdp.min_num_params = min_params;
     return fsdp_unit_groups(ParamLayout(c), c.fsdp);

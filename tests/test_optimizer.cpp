@@ -12,20 +12,20 @@ TEST_CASE("optimizer: OLMo schedules") {
     SchedulerConfig s;
     s.t_warmup = 10;
     s.alpha_f = 0.1;
-    s.name = "cosine_with_warmup";
+    s.name = SchedulerName::kCosineWithWarmup;
     CHECK(scheduled_lr(o, s, 0, 110) == Approx(0.1));               // warmup starts at 0.1 x lr
     CHECK(scheduled_lr(o, s, 5, 110) == Approx(0.1 + 0.9 * 0.5));   // linear warmup
     CHECK(scheduled_lr(o, s, 10, 110) == Approx(1.0));              // peak
     CHECK(scheduled_lr(o, s, 60, 110) == Approx(0.1 + 0.9 * 0.5));  // half way down the cosine
     CHECK(scheduled_lr(o, s, 110, 110) == Approx(0.1));             // eta_min = alpha_f x lr
     CHECK(scheduled_lr(o, s, 500, 110) == Approx(0.1));
-    s.name = "linear_with_warmup";
+    s.name = SchedulerName::kLinearWithWarmup;
     CHECK(scheduled_lr(o, s, 35, 110) == Approx(1.0 - 0.9 * 0.25));
-    s.name = "inverse_sqrt_with_warmup";
+    s.name = SchedulerName::kInverseSqrtWithWarmup;
     CHECK(scheduled_lr(o, s, 40, 110) == Approx(std::sqrt(10.0 / 40.0)));
-    s.name = "constant";
+    s.name = SchedulerName::kConstant;
     CHECK(scheduled_lr(o, s, 3, 110) == 1.0);
-    s.name = "cosine_with_warmup";
+    s.name = SchedulerName::kCosineWithWarmup;
     s.warmup_min_lr = 0.0;
     CHECK(scheduled_lr(o, s, 0, 110) == 0.0);
     s.t_max = 60;

@@ -1,6 +1,7 @@
 // The CPU backend: the Backend interface over the templated CPU kernels (instantiated for float) and
 // aligned host memory.
 #include <cblas.h>
+#include <omp.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -8,10 +9,32 @@
 
 #include "base/common.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/machine.h"
 #include "kernels/cpu/ops.h"
 
 namespace trainer {
 namespace {
+
+// One line on the CPU GEMM library and kernel set in use, with a note when a faster one is available.
+std::string cpu_blas_description() {
+    const std::string core = openblas_get_corename();
+    std::string text = "OpenBLAS " + core + " kernels";
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    const bool core_avx512 = core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids";
+    if (avx512 && !core_avx512) {
+        const char* pinned = std::getenv("OPENBLAS_CORETYPE");
+        text += fmt::format(
+            " (note: this CPU has AVX-512 but OpenBLAS runs its {} kernels{}; OpenBLAS's own detection picks "
+            "AVX-512 kernels, about 1.6x faster GEMMs here)",
+            core, pinned ? fmt::format(" because OPENBLAS_CORETYPE={}", pinned) : "");
+    }
+#endif
+    return text;
+}
+
 
 class CpuBackend final : public Backend {
    public:
@@ -31,6 +54,13 @@ class CpuBackend final : public Backend {
     void fill_zero(void* ptr, size_t bytes) override {
         if (bytes > 0) std::memset(ptr, 0, bytes);
     }
+    double peak_flops(bool bf16, std::string* how) const override {
+        (void)bf16;  // the CPU computes in fp32
+        CpuPeak peak = cpu_peak_flops(omp_get_max_threads());
+        if (how != nullptr) *how = std::move(peak.how);
+        return peak.flops;
+    }
+    std::string library_description() const override { return cpu_blas_description(); }
 
     void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M, int K,
                         int N) override {
@@ -107,25 +137,6 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
-
-std::string cpu_blas_description() {
-    const std::string core = openblas_get_corename();
-    std::string text = "OpenBLAS " + core + " kernels";
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-    const bool core_avx512 = core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids";
-    if (avx512 && !core_avx512) {
-        const char* pinned = std::getenv("OPENBLAS_CORETYPE");
-        text += fmt::format(
-            " (note: this CPU has AVX-512 but OpenBLAS runs its {} kernels{}; OpenBLAS's own detection picks "
-            "AVX-512 kernels, about 1.6x faster GEMMs here)",
-            core, pinned ? fmt::format(" because OPENBLAS_CORETYPE={}", pinned) : "");
-    }
-#endif
-    return text;
-}
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 

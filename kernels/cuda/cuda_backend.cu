@@ -87,7 +87,7 @@ class CudaBackend final : public Backend {
         uint64_t threshold = UINT64_MAX;
         TRAINER_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
         gemm_ = std::make_unique<Gemm>();
-        if (options.attention == "cudnn") cudnn_attention_ = std::make_unique<CudnnAttention>();
+        if (options.attention == AttentionKernel::kCudnn) cudnn_attention_ = std::make_unique<CudnnAttention>();
         norm_scratch_ = static_cast<double*>(alloc(kNormScratchDoubles * sizeof(double)));
     }
     ~CudaBackend() override {
@@ -408,9 +408,6 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
             "device \"cuda\": no usable GPU on this machine ({}); use --device cpu, or --device auto to pick "
             "what is present",
             err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device found");
-    }
-    if (options.attention != "native" && options.attention != "cudnn") {
-        user_error("kernels.attention \"{}\": expected native or cudnn", options.attention);
     }
     BackendOptions o = options;
     o.device_index = options.device_index % n;

@@ -42,12 +42,12 @@ TEST_CASE("gpu: full model loss and gradients match the PyTorch fixtures") {
     for (const char* name : {"gpt2", "olmo"}) {
         CAPTURE(name);
         // fp32 (TF32 off): the CPU backend's bound.
-        test_util::check_against_fixture(name, "cuda", 1e-5);
+        test_util::check_against_fixture(name, Device::kCuda, 1e-5);
         // amp_bf16: GEMM operands carry 8 mantissa bits; the loss stays within 2e-2, and gradients, whose
         // errors compound through the layers, within 5e-2 of each tensor's scale.
         BackendOptions amp;
         amp.bf16_matmuls = true;
-        test_util::check_against_fixture(name, "cuda", 2e-2, amp, 5e-2);
+        test_util::check_against_fixture(name, Device::kCuda, 2e-2, amp, 5e-2);
     }
 }
 

@@ -1,0 +1,189 @@
+// Threads, clock and fp32 peak of the CPU (see machine.h).
+#include "kernels/cpu/machine.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "base/common.h"
+
+namespace trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Independent FMA chains, enough to cover an FMA's latency times the pipes of any current core.
+constexpr int kChains = 12;
+
+// One round of kChains independent FMA chains, `iters` long, on vectors of `lanes` floats; the return value
+// depends on every chain so none is optimised away. Each ISA's version is compiled for it whatever the
+// build targets, and picked at run time (widest_lanes).
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) float fma_chains_512(long iters) {
+    __m512 acc[kChains];
+    const __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(0.999999f);
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(1e-3f * static_cast<float>(c + 1));
+    for (long i = 0; i < iters; ++i) {
+        for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], b, a);
+    }
+    alignas(64) float lanes[16];  // (not _mm512_reduce_add_ps: GCC 12 warns inside it)
+    float s = 0.0f;
+    for (int c = 0; c < kChains; ++c) {
+        _mm512_store_ps(lanes, acc[c]);
+        for (float x : lanes) s += x;
+    }
+    return s;
+}
+
+__attribute__((target("avx2,fma"))) float fma_chains_256(long iters) {
+    __m256 acc[kChains];
+    const __m256 a = _mm256_set1_ps(1.0f), b = _mm256_set1_ps(0.999999f);
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(1e-3f * static_cast<float>(c + 1));
+    for (long i = 0; i < iters; ++i) {
+        for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], b, a);
+    }
+    alignas(32) float lanes[8];
+    float s = 0.0f;
+    for (int c = 0; c < kChains; ++c) {
+        _mm256_store_ps(lanes, acc[c]);
+        for (float x : lanes) s += x;
+    }
+    return s;
+}
+#endif
+
+// The portable version: 4-lane multiply-adds (SSE on x86-64, NEON elsewhere, as the compiler sees fit).
+float fma_chains_128(long iters) {
+    typedef float vec __attribute__((vector_size(16)));
+    vec acc[kChains];
+    const vec a = {1.0f, 1.0f, 1.0f, 1.0f}, b = {0.999999f, 0.999999f, 0.999999f, 0.999999f};
+    for (int c = 0; c < kChains; ++c) acc[c] = a * (1e-3f * static_cast<float>(c + 1));
+    for (long i = 0; i < iters; ++i) {
+        for (int c = 0; c < kChains; ++c) acc[c] = acc[c] * b + a;
+    }
+    float s = 0.0f;
+    for (int c = 0; c < kChains; ++c) s += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+    return s;
+}
+
+// fp32 lanes of the widest vector FMA this CPU runs (16: AVX-512, 8: AVX2 + FMA, 4: otherwise).
+int widest_lanes() {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return 16;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 8;
+#endif
+    return 4;
+}
+
+float fma_chains(int lanes, long iters) {
+#if defined(__x86_64__)
+    if (lanes == 16) return fma_chains_512(iters);
+    if (lanes == 8) return fma_chains_256(iters);
+#endif
+    return fma_chains_128(iters);
+}
+
+// Best FLOP/s of `threads` threads each running `iters` rounds, over `trials` timed repetitions of at least
+// `min_seconds` each.
+double best_fma_rate(int threads, int lanes, long iters, int trials, double min_seconds) {
+    double best = 0.0;
+    volatile float sink = 0.0f;
+    for (int trial = 0; trial < trials; ++trial) {
+        double flops = 0.0;
+        const auto t0 = Clock::now();
+        do {
+            float s = 0.0f;
+#pragma omp parallel num_threads(threads) reduction(+ : s)
+            s += fma_chains(lanes, iters);
+            sink = sink + s;
+            flops += 2.0 * lanes * kChains * static_cast<double>(iters) * threads;
+        } while (seconds_since(t0) < min_seconds);
+        best = std::max(best, flops / seconds_since(t0));
+    }
+    return best;
+}
+
+}  // namespace
+
+int configure_threads(int threads) {
+    if (threads <= 0 && std::getenv("OMP_NUM_THREADS")) {
+        threads = std::atoi(std::getenv("OMP_NUM_THREADS"));  // e.g. the launcher's share of the cores
+    }
+    if (threads <= 0) {
+        cpu_set_t set;
+        threads = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                              : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+        if (threads <= 0) threads = 1;
+    }
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+    return threads;
+}
+
+double measure_clock_hz() {
+#if defined(__x86_64__)
+    double best = 0.0;
+    for (int trial = 0; trial < 5; ++trial) {
+        const long iters = 2000000;
+        uint64_t x = 0;
+        const auto t0 = Clock::now();
+        for (long i = 0; i < iters; ++i) {
+            // 8 dependent adds: 8 cycles per iteration; the loop's own increment and branch run alongside.
+            asm volatile(
+                "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+                "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0"
+                : "+r"(x));
+        }
+        best = std::max(best, 8.0 * static_cast<double>(iters) / seconds_since(t0));
+    }
+    return best;
+#else
+    return 0.0;
+#endif
+}
+
+double measure_fma_peak(int threads, double seconds) {
+    return best_fma_rate(threads, widest_lanes(), 1 << 18, 3, seconds / 3);
+}
+
+CpuPeak cpu_peak_flops(int threads) {
+    std::ifstream f("/proc/cpuinfo");
+    std::string line;
+    double mhz = 0.0;
+    while (std::getline(f, line)) {
+        if (line.rfind("cpu MHz", 0) == 0) mhz = std::max(mhz, std::atof(line.substr(line.find(':') + 1).c_str()));
+    }
+    // /proc/cpuinfo gives the nominal clock; cores boost above it, so the clock is also measured (a chain
+    // of dependent integer adds retires one per cycle) and the larger of the two is used.
+    const double measured_hz = measure_clock_hz();
+    const bool use_measured = measured_hz / 1e6 > mhz;
+    const double hz = std::max(mhz * 1e6, measured_hz) > 0.0 ? std::max(mhz * 1e6, measured_hz) : 2e9;
+    // FMA pipes per core: one core's measured FLOP per cycle over 2 x lanes, the nearer of 1 and 2 (their
+    // geometric mean divides them), so a busy moment slows the measurement without halving the peak.
+    const int lanes = widest_lanes();
+    const double per_cycle_measured = best_fma_rate(1, lanes, 1 << 16, 5, 0.002) / hz;
+    const int pipes = per_cycle_measured > 2.0 * lanes * std::sqrt(2.0) ? 2 : 1;
+    const int per_cycle = 2 * lanes * pipes;
+    const char* isa = lanes == 16 ? "avx512f" : lanes == 8 ? "avx2+fma" : "128-bit";
+    return {threads * hz * per_cycle,
+            fmt::format("{} cores x {:.2f} GHz ({}) x {} FLOP/cycle ({}, {} FMA pipe{} measured); override with "
+                        "peak_flops_per_device",
+                        threads, hz / 1e9, use_measured ? "measured" : "/proc/cpuinfo", per_cycle, isa, pipes,
+                        pipes == 1 ? "" : "s")};
+}
+
+}  // namespace trainer

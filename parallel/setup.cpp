@@ -1,0 +1,169 @@
+// Run setup on the parallel side (see setup.h).
+#include "parallel/setup.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+
+#include "base/common.h"
+#include "parallel/wrap_policy.h"
+
+namespace trainer {
+namespace {
+
+// HYBRID_SHARD's number of model replicas: fsdp.hybrid_sharding_num_model_replicas, or one per node. The
+// shard groups are consecutive ranks (a node's ranks, by default).
+int hybrid_replicas(const TrainConfig& c, const RankEnv& env) {
+    const int replicas = c.fsdp.hybrid_sharding_num_model_replicas.value_or(env.num_nodes());
+    if (env.world_size % replicas != 0) {
+        user_error(
+            "fsdp.hybrid_sharding_num_model_replicas {} does not divide the {} ranks {} started (HYBRID_SHARD "
+            "shards each replica over world / replicas consecutive ranks)",
+            replicas, env.world_size, env.launcher);
+    }
+    return replicas;
+}
+
+Collectives collectives_for(const TrainConfig& c, Device device, int world) {
+    if (c.distributed_backend == DistributedBackend::kNccl) return Collectives::kNccl;
+    if (world == 1) return Collectives::kLocal;
+    if (c.distributed_backend == DistributedBackend::kGloo) return Collectives::kGloo;
+    return device == Device::kCuda ? Collectives::kNccl : Collectives::kGloo;
+}
+
+// Where this rank's Gloo pairs listen: TRAINER_GLOO_HOST when set, loopback on one node, else this
+// machine's hostname (which the other nodes must resolve to a routable address).
+std::string gloo_bind_host(const RankEnv& env) {
+    if (const char* h = std::getenv("TRAINER_GLOO_HOST")) return h;
+    if (env.num_nodes() == 1) return "127.0.0.1";
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) != 0) user_error("rank {}: gethostname failed", env.rank);
+    return name;
+}
+
+// A communicator over ranks [0, size) of a group whose store keys start with `prefix`.
+using GroupFactory = std::function<std::unique_ptr<Communicator>(const std::string& prefix, int rank, int size)>;
+
+// The strategy the config names over world.comm; HYBRID_SHARD's shard and replica groups are made by
+// `make_group` and kept in world.sub_comms, alive as long as the strategy.
+std::unique_ptr<Strategy> make_strategy(const TrainConfig& config, World& world, Backend* backend,
+                                        const ParamLayout& layout, const GroupFactory& make_group) {
+    const FsdpConfig& fc = config.fsdp;
+    Communicator* comm = world.comm.get();
+    const WirePrecision wire{fc.precision != FsdpPrecision::kFp32, fc.precision == FsdpPrecision::kPure};
+    switch (config.distributed_strategy) {
+        case DistributedStrategy::kSingle:
+            return make_single_strategy(backend, layout);
+        case DistributedStrategy::kDdp:
+            return make_ddp_strategy(backend, layout, comm, config.ddp_grad_sync_mode == GradSyncMode::kMicroBatch,
+                                     "ddp");
+        case DistributedStrategy::kFsdp:
+            break;
+    }
+    const bool every_micro_batch = fc.grad_sync_mode == GradSyncMode::kMicroBatch;
+    if (fc.sharding_strategy == ShardingStrategy::kNoShard) {
+        return make_ddp_strategy(backend, layout, comm, every_micro_batch,
+                                 fmt::format("fsdp NO_SHARD {}", choice_name(fc.precision)), wire);
+    }
+    FsdpOptions o;
+    o.groups = fsdp_unit_groups(layout, fc);
+    o.keep_params_for_step = fc.sharding_strategy == ShardingStrategy::kShardGradOp;
+    o.reduce_every_micro_batch = every_micro_batch;
+    o.precision = wire;
+    o.forward_prefetch = fc.forward_prefetch;
+    o.backward_prefetch = fc.backward_prefetch;
+    o.limit_all_gathers = fc.limit_all_gathers;
+    Communicator *group = comm, *replicas = nullptr;
+    if (fc.sharding_strategy == ShardingStrategy::kHybridShard) {
+        // Shard groups of consecutive ranks; replica groups join the ranks holding the same shard.
+        const int n_replicas = hybrid_replicas(config, world.env), per = world.size() / n_replicas;
+        const int rank = world.rank();
+        if (n_replicas > 1 && per > 1) {
+            world.sub_comms.push_back(make_group(fmt::format("shard{}", rank / per), rank % per, per));
+            world.sub_comms.push_back(make_group(fmt::format("replica{}", rank % per), rank / per, n_replicas));
+            group = world.sub_comms[0].get();
+            replicas = world.sub_comms[1].get();
+        } else if (n_replicas > 1) {  // shard groups of one: every rank a full replica
+            world.sub_comms.push_back(make_local_communicator(backend));
+            group = world.sub_comms[0].get();
+            replicas = comm;
+        }
+    }
+    return make_fsdp_strategy(backend, layout, comm, group, replicas, o,
+                              fmt::format("fsdp {} {} {} {}", choice_name(fc.sharding_strategy),
+                                          choice_name(fc.wrapping_strategy), choice_name(fc.precision),
+                                          choice_name(fc.grad_sync_mode)));
+}
+
+}  // namespace
+
+const char* collectives_name(Collectives c) {
+    switch (c) {
+        case Collectives::kLocal:
+            return "local";
+        case Collectives::kGloo:
+            return "gloo";
+        case Collectives::kNccl:
+            return "nccl";
+    }
+    return "?";
+}
+
+void check_parallel_config(const TrainConfig& c, const RankEnv& env, Device device) {
+    if (c.distributed_strategy == DistributedStrategy::kSingle && env.world_size > 1) {
+        user_error(
+            "distributed_strategy \"single\" runs one process, but {} started {} ranks; use --strategy ddp "
+            "(or fsdp)",
+            env.launcher, env.world_size);
+    }
+    if (c.distributed_strategy == DistributedStrategy::kFsdp) {
+        (void)fsdp_unit_groups(ParamLayout(c), c.fsdp);  // refuses a bad wrap policy
+        if (c.fsdp.sharding_strategy == ShardingStrategy::kHybridShard) (void)hybrid_replicas(c, env);
+    }
+    const long per_step = c.device_train_microbatch_size * env.world_size;
+    if (c.global_train_batch_size % per_step != 0) {
+        user_error(
+            "global_train_batch_size {} is not a multiple of device_train_microbatch_size {} x {} ranks (global = "
+            "micro-batch x accumulation steps x ranks)",
+            c.global_train_batch_size, c.device_train_microbatch_size, env.world_size);
+    }
+    if (c.distributed_backend == DistributedBackend::kNccl && device != Device::kCuda) {
+        user_error("distributed_backend \"nccl\" needs --device cuda (device is {}); use gloo or auto",
+                   choice_name(device));
+    }
+    if (c.distributed_backend == DistributedBackend::kGloo && device == Device::kCuda && env.world_size > 1) {
+        user_error(
+            "distributed_backend \"gloo\" carries host memory, but the device is cuda; use nccl (or auto) on GPUs");
+    }
+}
+
+World make_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend,
+                 const ParamLayout& layout) {
+    World world;
+    world.env = env;
+    world.collectives = collectives_for(config, device, env.world_size);
+    const auto timeout = std::chrono::milliseconds(static_cast<long>(config.distributed_timeout_seconds * 1000));
+    const GroupFactory make_group = [&](const std::string& prefix, int r, int n) -> std::unique_ptr<Communicator> {
+        switch (world.collectives) {
+            case Collectives::kNccl:
+                return make_nccl_communicator(*world.store, prefix, r, n, timeout, backend);
+            case Collectives::kGloo:
+                return make_gloo_communicator(*world.store, prefix, r, n, timeout, gloo_bind_host(env));
+            case Collectives::kLocal:
+                break;
+        }
+        return make_local_communicator(backend);
+    };
+    // Ranks meet at rank 0's store; Gloo (loopback for one node) or NCCL connects them.
+    if (world.collectives != Collectives::kLocal) {
+        if (env.rank == 0) world.store_server = std::make_unique<TcpStoreServer>(env.master_port);
+        world.store = std::make_unique<TcpStore>(env.master_addr, env.master_port, timeout);
+    }
+    world.comm = make_group("world", env.rank, env.world_size);
+    world.strategy = make_strategy(config, world, backend, layout, make_group);
+    return world;
+}
+
+}  // namespace trainer

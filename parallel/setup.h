@@ -1,0 +1,50 @@
+// Run setup on the parallel side: from the config and the rank environment to the run's World (the
+// rendezvous store, the world communicator, HYBRID_SHARD's sub-communicators and the strategy over them),
+// with every strategy and collectives check made before anything is allocated.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "base/config.h"
+#include "base/layout.h"
+#include "kernels/backend.h"
+#include "parallel/communicator.h"
+#include "parallel/rank_env.h"
+#include "parallel/strategy.h"
+#include "parallel/tcp_store.h"
+
+namespace trainer {
+
+// The collectives library a run uses: none for a lone process (kLocal), Gloo or NCCL among several ranks
+// (NCCL also when distributed_backend forces it for one).
+enum class Collectives { kLocal, kGloo, kNccl };
+const char* collectives_name(Collectives c);  // "local" | "gloo" | "nccl"
+
+// Refuses, naming the key, what this build cannot run on these ranks and this device: "single" on several
+// ranks, a bad wrap policy, HYBRID_SHARD replicas that do not divide the ranks, a global batch that is not
+// micro-batch x accumulation x ranks, NCCL without a GPU, Gloo between GPUs.
+void check_parallel_config(const TrainConfig& config, const RankEnv& env, Device device);
+
+// The run's ranks, connected, and the strategy over them. Members are destroyed bottom-up: the strategy
+// before the communicators it uses, those before the store they met through.
+struct World {
+    RankEnv env;
+    Collectives collectives = Collectives::kLocal;
+    std::unique_ptr<TcpStoreServer> store_server;  // rank 0 hosts the rendezvous store
+    std::unique_ptr<TcpStore> store;
+    std::unique_ptr<Communicator> comm;                    // all ranks
+    std::vector<std::unique_ptr<Communicator>> sub_comms;  // HYBRID_SHARD's shard and replica groups
+    std::unique_ptr<Strategy> strategy;
+
+    int rank() const { return env.rank; }
+    int size() const { return env.world_size; }
+};
+
+// Connects the ranks (rank 0's store at MASTER_ADDR:MASTER_PORT; Gloo on loopback for one node, or NCCL on
+// the backend's GPU) and builds the strategy the config names over them. The config must have passed
+// check_parallel_config.
+World make_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend,
+                 const ParamLayout& layout);
+
+}  // namespace trainer
