@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -28,6 +29,11 @@ class InternalError : public std::logic_error {
    public:
     explicit InternalError(const std::string& msg) : std::logic_error(msg) {}
 };
+
+// Seconds elapsed on the monotonic clock since t0.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 template <typename... Args>
 [[noreturn]] inline void user_error(fmt::format_string<Args...> f, Args&&... args) {

@@ -294,6 +294,34 @@ void check_object(const Json& obj, const std::string& schema_prefix, const std::
     }
 }
 
+// The parts of a dotted key path: "fsdp.precision" -> {"fsdp", "precision"}.
+std::vector<std::string> path_parts(const std::string& path) {
+    std::vector<std::string> parts;
+    size_t start = 0;
+    for (;;) {
+        const size_t dot = path.find('.', start);
+        parts.push_back(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+        if (dot == std::string::npos) return parts;
+        start = dot + 1;
+    }
+}
+
+const Json& at_path(const Json& doc, const std::string& path) {
+    const Json* cur = &doc;
+    for (const std::string& part : path_parts(path)) cur = &cur->at(part);
+    return *cur;
+}
+
+// The value at `path`, creating the objects on the way (null where the leaf is new).
+Json* at_path_create(Json& doc, const std::string& path) {
+    Json* cur = &doc;
+    for (const std::string& part : path_parts(path)) {
+        if (!cur->is_object()) *cur = Json::object();
+        cur = &(*cur)[part];
+    }
+    return cur;
+}
+
 // Fills the defaults of every non-list key below `schema_prefix` into `obj`.
 void fill_defaults(Json& obj, const std::string& schema_prefix) {
     const std::string p = schema_prefix.empty() ? "" : schema_prefix + ".";
@@ -301,44 +329,10 @@ void fill_defaults(Json& obj, const std::string& schema_prefix) {
         if (k.path.compare(0, p.size(), p) != 0) continue;
         const std::string rest = k.path.substr(p.size());
         if (rest.find("[]") != std::string::npos) continue;  // keys inside list items
-        Json* cur = &obj;
-        size_t start = 0;
-        for (;;) {
-            const size_t dot = rest.find('.', start);
-            const std::string part = rest.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-            if (dot == std::string::npos) {
-                if (!cur->contains(part)) (*cur)[part] = k.default_value;
-                break;
-            }
-            if (!cur->contains(part)) (*cur)[part] = Json::object();
-            cur = &(*cur)[part];
-            start = dot + 1;
-        }
-    }
-}
-
-const Json& at_path(const Json& doc, const std::string& path) {
-    const Json* cur = &doc;
-    size_t start = 0;
-    for (;;) {
-        const size_t dot = path.find('.', start);
-        const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-        cur = &cur->at(part);
-        if (dot == std::string::npos) return *cur;
-        start = dot + 1;
-    }
-}
-
-Json* at_path_create(Json& doc, const std::string& path) {
-    Json* cur = &doc;
-    size_t start = 0;
-    for (;;) {
-        const size_t dot = path.find('.', start);
-        const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-        if (!cur->is_object()) *cur = Json::object();
-        cur = &(*cur)[part];
-        if (dot == std::string::npos) return cur;
-        start = dot + 1;
+        const size_t dot = rest.rfind('.');
+        Json* parent = dot == std::string::npos ? &obj : at_path_create(obj, rest.substr(0, dot));
+        const std::string leaf = rest.substr(dot == std::string::npos ? 0 : dot + 1);
+        if (!parent->contains(leaf)) (*parent)[leaf] = k.default_value;
     }
 }
 
@@ -457,18 +451,22 @@ std::string closest_config_key(const std::string& path) {
     return best_d <= limit ? best : "";
 }
 
-Json read_config_file(const std::string& path) {
+Json read_json_file(const std::string& path, const std::string& what) {
     std::ifstream f(path);
-    if (!f) user_error("config file {}: cannot be read ({})", path, std::strerror(errno));
+    if (!f) user_error("{} {}: cannot be read ({})", what, path, std::strerror(errno));
     std::stringstream ss;
     ss << f.rdbuf();
     try {
-        Json doc = Json::parse(ss.str());
-        if (!doc.is_object()) user_error("config file {}: expected a JSON object at the top level", path);
-        return doc;
+        return Json::parse(ss.str());
     } catch (const Json::parse_error& e) {
-        user_error("config file {}: not valid JSON at byte {}: {}", path, e.byte, e.what());
+        user_error("{} {}: not valid JSON at byte {}: {}", what, path, e.byte, e.what());
     }
+}
+
+Json read_config_file(const std::string& path) {
+    Json doc = read_json_file(path, "config file");
+    if (!doc.is_object()) user_error("config file {}: expected a JSON object at the top level", path);
+    return doc;
 }
 
 void set_config_value(Json& doc, const std::string& path, const Json& value) {
@@ -600,8 +598,7 @@ TrainConfig validate_config(const Json& user_doc) {
             "config scheduler.grad_clip_warmup_steps and scheduler.grad_clip_warmup_factor: set both or neither");
     }
     if (c.scheduler.name != SchedulerName::kConstant && c.scheduler.name != SchedulerName::kInverseSqrtWithWarmup &&
-        c.scheduler.t_max &&
-        *c.scheduler.t_max <= c.scheduler.t_warmup) {
+        c.scheduler.t_max && *c.scheduler.t_max <= c.scheduler.t_warmup) {
         user_error("config scheduler.t_max: {} must exceed scheduler.t_warmup {}", *c.scheduler.t_max,
                    c.scheduler.t_warmup);
     }

@@ -76,9 +76,9 @@ struct Choices<ShardingStrategy> {
 };
 template <>
 struct Choices<WrappingStrategy> {
-    static constexpr const char* kNames[] = {"null",       "by_block",   "by_block_and_size", "by_block_group",
-                                             "by_block_group_and_size", "size_based", "one_in_two",
-                                             "one_in_three", "one_in_four", "one_in_five"};
+    static constexpr const char* kNames[] = {
+        "null",       "by_block",   "by_block_and_size", "by_block_group", "by_block_group_and_size",
+        "size_based", "one_in_two", "one_in_three",      "one_in_four",    "one_in_five"};
 };
 template <>
 struct Choices<GradSyncMode> {
@@ -133,7 +133,7 @@ struct ModelConfig {
     int mlp_ratio = 4;
     std::optional<int> mlp_hidden_size;  // overrides mlp_ratio * d_model when set
     ActivationType activation_type = ActivationType::kSwiglu;
-    bool rope = false;                   // false: learned positional embedding (GPT-2)
+    bool rope = false;  // false: learned positional embedding (GPT-2)
     double rope_theta = 10000.0;
     LayerNormType layer_norm_type = LayerNormType::kDefault;  // low_precision is default in fp32
     bool layer_norm_with_affine = false;
@@ -152,7 +152,9 @@ struct ModelConfig {
     // Output width of ff_proj (OLMo's hidden_size): mlp_hidden_size or mlp_ratio * d_model.
     int ff_proj_size() const { return mlp_hidden_size ? *mlp_hidden_size : mlp_ratio * d_model; }
     // Input width of ff_out: SwiGLU halves ff_proj's output.
-    int ff_hidden_size() const { return activation_type == ActivationType::kSwiglu ? ff_proj_size() / 2 : ff_proj_size(); }
+    int ff_hidden_size() const {
+        return activation_type == ActivationType::kSwiglu ? ff_proj_size() / 2 : ff_proj_size();
+    }
     bool norm_has_weight() const { return layer_norm_with_affine; }
     bool norm_has_bias() const { return layer_norm_with_affine && bias_for_layer_norm; }
 };
@@ -233,8 +235,8 @@ struct TrainConfig {
     FsdpConfig fsdp;
     GradSyncMode ddp_grad_sync_mode = GradSyncMode::kBatch;
     std::optional<double> peak_flops_per_device;  // FLOP/s of one device (a GPU, or one rank's CPU cores)
-    int threads = 0;                             // 0: one per available core
-    double distributed_timeout_seconds = 120.0;  // rendezvous and every collective
+    int threads = 0;                              // 0: one per available core
+    double distributed_timeout_seconds = 120.0;   // rendezvous and every collective
 
     Json json;  // the full validated document (defaults filled in), as saved in checkpoints
 
@@ -246,6 +248,9 @@ struct TrainConfig {
     long total_steps(long instances_per_epoch) const;
 };
 
+// Reads a JSON file; a file that cannot be read or parsed is a UserError "<what> <path>: ..." naming the
+// position of the first error.
+Json read_json_file(const std::string& path, const std::string& what);
 // Reads a config file (JSON); a bad file is a UserError naming it and the position.
 Json read_config_file(const std::string& path);
 // Applies one `key.path=value` override, typed by the schema (UserError on unknown key or bad value).

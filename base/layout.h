@@ -8,6 +8,7 @@
 // ...); Hugging Face names are mapped in hf_names.cpp for import and export.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -34,6 +35,15 @@ struct Unit {
     std::vector<ParamSpec> params;
     size_t numel = 0;  // sum of the parameters' numel (no padding)
 };
+
+// A half-open range [begin, end) of elements of a flat buffer.
+struct Range {
+    size_t begin = 0, end = 0;
+    bool empty() const { return begin >= end; }
+    size_t size() const { return empty() ? 0 : end - begin; }
+};
+// The elements two ranges share (empty when none).
+inline Range intersect(Range a, Range b) { return {std::max(a.begin, b.begin), std::min(a.end, b.end)}; }
 
 // A contiguous range of a unit's flat buffer with one weight-decay setting.
 struct DecaySegment {

@@ -12,8 +12,8 @@
 #include "base/common.h"
 #include "base/layout.h"
 #include "core/metrics.h"
-#include "kernels/cpu/machine.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/machine.h"
 
 namespace trainer {
 namespace {
@@ -35,7 +35,7 @@ double time_op(Backend& backend, const std::function<void()>& f, int reps) {
     const auto t0 = Clock::now();
     for (int i = 0; i < reps; ++i) f();
     backend.synchronize();
-    return std::chrono::duration<double>(Clock::now() - t0).count() / reps;
+    return seconds_since(t0) / reps;
 }
 
 }  // namespace

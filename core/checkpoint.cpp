@@ -123,18 +123,6 @@ class Writer {
     std::FILE* f_;
 };
 
-Json read_json_file(const std::string& path) {
-    std::ifstream f(path);
-    if (!f) user_error("checkpoint {}: cannot be read ({})", path, std::strerror(errno));
-    std::stringstream ss;
-    ss << f.rdbuf();
-    try {
-        return Json::parse(ss.str());
-    } catch (const Json::exception& e) {
-        user_error("checkpoint {}: metadata is not valid JSON ({})", path, e.what());
-    }
-}
-
 std::vector<std::pair<long, std::string>> complete_checkpoints(const std::string& folder) {
     std::vector<std::pair<long, std::string>> out;
     std::error_code ec;
@@ -159,7 +147,7 @@ Json verified_metadata(const std::string& path) {
     if (!fs::exists(meta_path, ec)) {
         user_error("checkpoint {}: no metadata.json, so it is not a complete checkpoint (an interrupted save?)", path);
     }
-    Json meta = read_json_file(meta_path);
+    Json meta = read_json_file(meta_path, "checkpoint");
     if (meta.value("format", "") != "trainer-checkpoint" || meta.value("version", 0) != kFormatVersion) {
         user_error("checkpoint {}: metadata.json is not a trainer checkpoint of format version {}", path,
                    kFormatVersion);
@@ -296,7 +284,7 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
     }
     for (int k = 0; k < files; ++k) {
         const std::string list = (fs::path(tmp_dir) / fmt::format("rank{}.json", k)).string();
-        const Json pieces = read_json_file(list);
+        const Json pieces = read_json_file(list, "checkpoint");
         for (const Json& p : pieces) {
             units.at(p[0].get<size_t>())["pieces"].push_back(Json::array({k, p[1], p[2], p[3]}));
         }
@@ -400,7 +388,6 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
     CheckpointInfo info;
     info.path = path;
     info.step = meta["step"].get<long>();
-    info.instances_consumed = data["instances_consumed"].get<long>();
     return info;
 }
 

@@ -24,7 +24,6 @@ namespace trainer {
 struct CheckpointInfo {
     std::string path;
     long step = 0;
-    long instances_consumed = 0;
 };
 
 // Writes step<step>/ under config.save_folder; returns its path. Old checkpoints beyond

@@ -100,7 +100,8 @@ void copy_entry(const HfEntry& e, const ParamSpec& p, float* unit, float* hf, bo
 std::string hf_family(const ModelConfig& m, const std::string& what) {
     if (!m.rope) {
         std::vector<std::string> diff;
-        if (m.activation_type == ActivationType::kSwiglu) diff.push_back("model.activation_type must be gelu_tanh or gelu");
+        if (m.activation_type == ActivationType::kSwiglu)
+            diff.push_back("model.activation_type must be gelu_tanh or gelu");
         if (!m.layer_norm_with_affine || !m.bias_for_layer_norm) {
             diff.push_back("model.layer_norm_with_affine and bias_for_layer_norm must be true");
         }

@@ -76,8 +76,8 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
         block_offsets_.push_back(offsets);
     }
     const size_t N = static_cast<size_t>(max_batch_) * T_;
-    // Head chunk: enough rows to keep the GEMMs efficient, few enough that a chunk of logits stays
-    // around 16 MiB (it is written and read back while still in the last-level cache where possible).
+    // Head chunk: enough rows to keep the GEMMs efficient (at least 16), few enough that a chunk of fp32
+    // logits stays within 256 MiB ((64 << 20) / V rows of V floats), written and read back at once.
     head_chunk_rows_ = static_cast<int>(std::clamp<size_t>((size_t(64) << 20) / static_cast<size_t>(V_), 16, N));
 
     size_t off = 0;

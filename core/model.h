@@ -41,7 +41,6 @@ class Model {
 
     int max_batch() const { return max_batch_; }
     int positions() const { return T_; }  // T = L - 1
-    size_t activation_bytes() const { return arena_.bytes(); }
 
     // Pointers to one block's parameters (or gradients) in its unit's flat buffer (model.cpp).
     struct BlockParams;

@@ -52,7 +52,7 @@ OptimizerStepResult AdamW::step(Strategy& strategy, long step, long total_steps)
     for (const auto& s : shards) local_sq += backend_->squared_norm(s.grad, s.end - s.begin);
     OptimizerStepResult r;
     r.grad_norm = std::sqrt(strategy.global_grad_sq(local_sq));
-    r.clip_coef = clip_coefficient(r.grad_norm, scheduled_max_grad_norm(config_, step));
+    const double clip_coef = clip_coefficient(r.grad_norm, scheduled_max_grad_norm(config_, step));
     r.lr = scheduled_lr(config_.optimizer, config_.scheduler, step, total_steps);
     if (!std::isfinite(r.grad_norm)) {
         user_error(
@@ -64,13 +64,13 @@ OptimizerStepResult AdamW::step(Strategy& strategy, long step, long total_steps)
     for (const auto& s : shards) {
         for (const DecaySegment& seg : layout_.decay_segments(s.unit)) {
             // Intersect the parameter range with the shard: a parameter split across ranks keeps its group.
-            const size_t b = std::max(seg.begin, s.begin), e = std::min(seg.end, s.end);
-            if (b >= e) continue;
-            const size_t o0 = b - s.begin;
-            backend_->adamw_update(s.param + o0, s.grad + o0, s.exp_avg + o0, s.exp_avg_sq + o0, e - b,
+            const Range part = intersect({seg.begin, seg.end}, {s.begin, s.end});
+            if (part.empty()) continue;
+            const size_t o0 = part.begin - s.begin;
+            backend_->adamw_update(s.param + o0, s.grad + o0, s.exp_avg + o0, s.exp_avg_sq + o0, part.size(),
                                    static_cast<float>(r.lr), static_cast<float>(o.beta1), static_cast<float>(o.beta2),
                                    static_cast<float>(o.eps), seg.decay ? static_cast<float>(o.weight_decay) : 0.0f,
-                                   step, static_cast<float>(r.clip_coef),
+                                   step, static_cast<float>(clip_coef),
                                    s.param_bf16 != nullptr ? s.param_bf16 + o0 : nullptr);
         }
     }

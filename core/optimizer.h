@@ -20,7 +20,6 @@ double clip_coefficient(double grad_norm, double max_norm);
 
 struct OptimizerStepResult {
     double grad_norm = 0.0;  // global, before clipping
-    double clip_coef = 1.0;
     double lr = 0.0;
 };
 

@@ -31,8 +31,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
 std::string human_count(double x) {
     if (x >= 1e9) return fmt::format("{:.2f}B", x / 1e9);
     if (x >= 1e6) return fmt::format("{:.2f}M", x / 1e6);
@@ -212,7 +210,7 @@ class TrainingRun {
             config_.run_name.c_str(), human_count(static_cast<double>(layout_->total_numel())).c_str(),
             human_count(static_cast<double>(layout_->matmul_numel())).c_str(), layout_->num_units(),
             world_.strategy->name().c_str(), backend_->name().c_str(), choice_name(config_.precision),
-            collectives_name(world_.collectives), threads_);
+            choice_name(world_.collectives), threads_);
         std::printf(
             "data: %ld instances of %ld tokens; %ld steps of %ld instances (micro-batch %ld x %ld accumulation)\n",
             static_cast<long>(train_data_->num_instances()), L, total_steps_, config_.global_train_batch_size,
@@ -318,9 +316,7 @@ class TrainingRun {
         if (eval_data_.size() > 1) record["val_losses"] = all;
     }
 
-    Json peak_memory_per_rank() const {
-        return gather_peak_memory(*world_.comm, *backend_, device_ == Device::kCuda);
-    }
+    Json peak_memory_per_rank() const { return gather_peak_memory(*world_.comm, *backend_, device_ == Device::kCuda); }
 
     // The summary record (every rank's peak memory by category, gathered to every rank; rank 0 writes it)
     // and the closing console line.

@@ -1,8 +1,14 @@
 // The Backend seam: every operation the model and the optimizer need, forward and backward, on views of
-// device memory. The CPU backend (kernels/cpu) is the reference; a CUDA backend implements the same
-// interface. Ops take raw device pointers and the shape letters of kernels/cpu/ops.h (B, T, C, NH, HS,
-// H, V, N = B*T); semantics (what accumulates, what is overwritten, what may be null) are those of the
-// CPU kernels, documented there once. Every member is required unless it says otherwise.
+// device memory. The CPU backend (kernels/cpu) is the reference; the CUDA backend (kernels/cuda)
+// implements the same contracts, written here once. Every member is required unless it says otherwise.
+//
+// Shape legend: B batch, T sequence length, C model width (d_model), NH heads, HS head size (C/NH),
+// H MLP hidden width (after the activation), V vocabulary rows (embedding_size), N = B*T rows,
+// M/K generic GEMM sizes. Row-major throughout; Linear weights are PyTorch's (out, in).
+// Conventions (llm.c's): parameter gradients ACCUMULATE (+=) so micro-batches sum; activation gradients
+// are OVERWRITTEN unless an op says otherwise. Pointers marked "nullable" may be null (the op then skips
+// that output or input). Ops are deterministic: the same inputs give bitwise the same outputs on one
+// backend and thread count (no floating-point atomics); an op that is not says so.
 #pragma once
 
 #include <cstddef>
@@ -55,9 +61,12 @@ class Backend {
     // faster one is available); empty where there is nothing to say. Default: empty.
     virtual std::string library_description() const { return ""; }
 
-    // ---- forward/backward ops (float; see kernels/cpu/ops.h for each op's contract) ----
+    // ---- forward/backward ops (fp32 storage) ----
+    // PyTorch Linear: out(M,N) = inp(M,K) @ weight(N,K)^T + bias(N); bias nullable; out overwritten.
     virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M, int K,
                                 int N) = 0;
+    // dinp(M,K) = dout(M,N) @ weight(N,K) (+= when accumulate_dinp; dinp nullable: skipped);
+    // dweight(N,K) += dout^T @ inp; dbias(N) += the column sums of dout (nullable).
     virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                  const float* weight, int M, int K, int N, bool accumulate_dinp) = 0;
     // Until the next call, the weight at `w` does not change and may be converted once for all the GEMMs
@@ -71,48 +80,79 @@ class Backend {
         matmul_forward(pre, inp, weight, bias, M, K, N);
         gelu_forward(out, pre, static_cast<size_t>(M) * N, tanh_approx);
     }
+    // out(N,C) = wte[tokens[n]] + wpe[n % T] (wpe nullable: RoPE models have no learned positions).
     virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
                                    int C) = 0;
+    // dwte[tokens[n]] += dout[n]; dwpe[n % T] += dout[n] (nullable); deterministic without atomics.
     virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,
                                     int C) = 0;
+    // out(N,C) = (inp - mean) * rstd * weight + bias; weight and bias nullable (OLMo's non-parametric
+    // LayerNorm has neither; GPT-2's has both). mean(N) and rstd(N) = 1/sqrt(var + eps) are saved for the
+    // backward; var is the biased variance, as torch.nn.functional.layer_norm.
     virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                                    const float* bias, int N, int C, float eps) = 0;
+    // dinp(N,C) += (ACCUMULATES: the input is the residual stream, whose gradient also flows around the
+    // norm); dweight(C) += and dbias(C) += (nullable, and null when weight / bias are).
     virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                     const float* weight, const float* mean, const float* rstd, int N, int C) = 0;
+    // Rotary embeddings, non-interleaved ("rotate_half", as OLMo and HF Llama), in place on qkv(B,T,3C)
+    // = q | k | v, each (NH,HS): q and k rotated at positions t = 0..T-1 by angle t / theta^(2i/HS) (i <
+    // HS/2), y[i] = x[i] cos - x[i+HS/2] sin, y[i+HS/2] = x[i+HS/2] cos + x[i] sin, the tables in fp32 as
+    // OLMo computes them; v untouched.
     virtual void rope_forward(float* qkv, int B, int T, int NH, int HS, float theta) = 0;
+    // In place on dqkv: the transpose (inverse) rotation of the dq and dk parts; dv untouched.
     virtual void rope_backward(float* dqkv, int B, int T, int NH, int HS, float theta) = 0;
+    // Causal scaled-dot-product attention (scale 1/sqrt(HS)) of qkv(B,T,3C): out(B,T,C) with head h at
+    // channels [h*HS, (h+1)*HS); lse(B,NH,T) the log-sum-exp of each query's scaled scores, saved so the
+    // backward recomputes the probabilities without a T x T matrix (nothing of size T x T is stored).
     virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS) = 0;
+    // dqkv(B,T,3C) overwritten with d(q|k|v), from the forward's out and lse.
     virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                     const float* lse, int B, int T, int NH, int HS) = 0;
+    // out(n) = gelu(inp), the exact erf form or the tanh approximation; out == inp allowed.
     virtual void gelu_forward(float* out, const float* inp, size_t n, bool tanh_approx) = 0;
+    // dinp(n) = dout * gelu'(inp), overwritten; dinp == dout allowed.
     virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx) = 0;
+    // inp(N,2H): columns [0,H) are x, [H,2H) the gate g (OLMo's ff_proj(x).chunk(2)); out(N,H) = silu(g) * x.
     virtual void swiglu_forward(float* out, const float* inp, int N, int H) = 0;
+    // dinp(N,2H) overwritten from dout(N,H).
     virtual void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H) = 0;
+    // out(n) = a + b; out may alias a or b.
     virtual void residual_forward(float* out, const float* a, const float* b, size_t n) = 0;
+    // x(n) *= s.
     virtual void scale_inplace(float* x, size_t n, float s) = 0;
+    // Fused softmax + cross-entropy (+ dlogits), one pass over each row of logits(N,V): losses(N) =
+    // logsumexp(row) - row[target] (natural log); when compute_grad the row is overwritten with dlogits =
+    // (softmax(row) - onehot(target)) * dloss_scale, dloss_scale being d(total loss)/d(this row's loss).
+    // A target < 0 is ignored (loss 0, zero gradient row). The softmax spans all V columns (OLMo computes
+    // the cross-entropy over the padded embedding_size).
     virtual void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int N, int V,
                                              float dloss_scale, bool compute_grad) = 0;
 
     // ---- optimizer ----
-    // param_bf16 (nullable): the updated parameters rounded to bf16, written in the same pass.
+    // One AdamW step over a flat range (PyTorch semantics, kernels/element.h adamw_element) on
+    // grad * grad_scale (grad_scale carries the clipping coefficient); step is 1-based. param_bf16
+    // (nullable) receives the updated parameters rounded to bf16 in the same pass (the copy a
+    // mixed-precision strategy gathers).
     virtual void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
                               float beta2, float eps, float weight_decay, long step, float grad_scale,
                               uint16_t* param_bf16 = nullptr) = 0;
-    // Sum of squares of x, accumulated in double; the result is returned to the host.
+    // Sum of squares of x, accumulated in double over a fixed partition; the result is returned to the host.
     virtual double squared_norm(const float* x, size_t n) = 0;
-    // Sum of x (device) returned to the host, accumulated in double.
+    // Sum of x returned to the host, accumulated in double.
     virtual double sum(const float* x, size_t n) = 0;
 
     // ---- casts ----
+    // Round to nearest even (NaN stays NaN), and the exact widening back (kernels/element.h).
     virtual void cast_float_to_bf16(uint16_t* out, const float* in, size_t n) = 0;
     virtual void cast_bf16_to_float(float* out, const uint16_t* in, size_t n) = 0;
 };
 
 // How a backend computes (the CPU backend has one way and ignores these).
 struct BackendOptions {
-    bool bf16_matmuls = false;                            // precision amp_bf16: GEMMs on bf16, fp32 accumulation
+    bool bf16_matmuls = false;                             // precision amp_bf16: GEMMs on bf16, fp32 accumulation
     AttentionKernel attention = AttentionKernel::kNative;  // kernels.attention
-    int device_index = 0;  // which GPU (the rank's LOCAL_RANK modulo the GPUs present)
+    int device_index = 0;                                  // which GPU (the rank's LOCAL_RANK modulo the GPUs present)
 };
 
 // How the config asks the backend to compute (precision, attention kernels), on GPU `local_rank`.

@@ -16,6 +16,8 @@
 #include <memory>
 #include <string>
 
+#include "base/common.h"
+
 namespace trainer {
 
 class TcpStore;
@@ -40,7 +42,7 @@ class CommHandle {
     void wait(double* waited) const {
         const auto t0 = std::chrono::steady_clock::now();
         wait();
-        *waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        *waited += seconds_since(t0);
     }
 
    private:

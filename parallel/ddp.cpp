@@ -22,9 +22,9 @@ class DdpStrategy final : public Strategy {
    public:
     DdpStrategy(Backend* backend, const ParamLayout& layout, Communicator* comm, bool sync_every_micro_batch,
                 std::string name, WirePrecision precision, std::unique_ptr<Communicator> owned_comm = nullptr)
-        : backend_(backend),
+        : Strategy(comm ? comm : owned_comm.get()),
+          backend_(backend),
           owned_comm_(std::move(owned_comm)),
-          comm_(comm ? comm : owned_comm_.get()),
           every_micro_(sync_every_micro_batch),
           precision_(precision),
           name_(std::move(name)) {
@@ -39,8 +39,6 @@ class DdpStrategy final : public Strategy {
     }
 
     std::string name() const override { return name_; }
-    int rank() const override { return comm_->rank(); }
-    int world_size() const override { return comm_->size(); }
     float* unit_params(int u) override {
         Unit& s = units_.at(u);
         if (!precision_.bf16_params) return s.state.params.f32();
@@ -63,15 +61,15 @@ class DdpStrategy final : public Strategy {
         settle(u);
     }
     void after_backward(int u) override {
-        if (comm_->size() == 1 || (!every_micro_ && micro_ != num_micro_ - 1)) return;  // nothing to reduce
+        if (world_->size() == 1 || (!every_micro_ && micro_ != num_micro_ - 1)) return;  // nothing to reduce
         Unit& s = units_[u];
         if (s.state.numel == 0) return;
         if (precision_.bf16_reduce) {
             s.wire = DeviceBuffer(backend_, s.state.numel * 2, MemCategory::kCommunication);
             backend_->cast_float_to_bf16(s.wire.bf16(), s.state.grads.f32(), s.state.numel);
-            s.pending = comm_->all_reduce(s.wire.data(), s.state.numel, CommDType::kBFloat16);
+            s.pending = world_->all_reduce(s.wire.data(), s.state.numel, CommDType::kBFloat16);
         } else {
-            s.pending = comm_->all_reduce(s.state.grads.data(), s.state.numel, CommDType::kFloat32);
+            s.pending = world_->all_reduce(s.state.grads.data(), s.state.numel, CommDType::kFloat32);
         }
         s.has_pending = true;
     }
@@ -87,15 +85,9 @@ class DdpStrategy final : public Strategy {
         for (size_t u = 0; u < units_.size(); ++u) views.push_back(units_[u].state.view(static_cast<int>(u), 0));
         return views;
     }
-    double all_reduce_sum(double x) override {
-        wait(comm_->all_reduce(&x, 1, CommDType::kFloat64));
-        return x;
-    }
-    void barrier() override { wait(comm_->barrier()); }
     void after_optimizer_step() override {
         for (auto& s : units_) s.compute_stale = true;
     }
-    double take_comm_wait_seconds() override { return std::exchange(comm_wait_s_, 0.0); }
 
     void load_full_unit_params(int u, const float* host) override {
         Unit& s = units_.at(u);
@@ -105,7 +97,6 @@ class DdpStrategy final : public Strategy {
     }
 
    private:
-    void wait(const CommHandle& h) { h.wait(&comm_wait_s_); }
     void settle(int u) {
         Unit& s = units_[u];
         if (!s.has_pending) return;
@@ -115,7 +106,7 @@ class DdpStrategy final : public Strategy {
             backend_->cast_bf16_to_float(s.state.grads.f32(), s.wire.bf16(), s.state.numel);
             s.wire.reset();
         }
-        backend_->scale_inplace(s.state.grads.f32(), s.state.numel, 1.0f / static_cast<float>(comm_->size()));
+        backend_->scale_inplace(s.state.grads.f32(), s.state.numel, 1.0f / static_cast<float>(world_->size()));
     }
 
     struct Unit {
@@ -127,10 +118,8 @@ class DdpStrategy final : public Strategy {
     };
     Backend* backend_;
     std::unique_ptr<Communicator> owned_comm_;  // the group of one of the single-process strategy
-    Communicator* comm_;
     bool every_micro_;
     WirePrecision precision_;
-    double comm_wait_s_ = 0.0;
     std::string name_;
     int num_micro_ = 1, micro_ = 0;
     std::vector<Unit> units_;

@@ -44,8 +44,8 @@ class FsdpStrategy final : public Strategy {
    public:
     FsdpStrategy(Backend* backend, const ParamLayout& layout, Communicator* world, Communicator* shard_group,
                  Communicator* replica_group, FsdpOptions options, std::string name)
-        : backend_(backend),
-          world_(world),
+        : Strategy(world),
+          backend_(backend),
           group_(shard_group),
           replicas_(replica_group),
           opt_(std::move(options)),
@@ -82,8 +82,6 @@ class FsdpStrategy final : public Strategy {
     }
 
     std::string name() const override { return name_; }
-    int rank() const override { return world_->rank(); }
-    int world_size() const override { return world_->size(); }
     int checkpoint_files() const override { return group_->size(); }
     int checkpoint_file() const override { return replicas_ && replicas_->rank() != 0 ? -1 : group_->rank(); }
 
@@ -159,16 +157,15 @@ class FsdpStrategy final : public Strategy {
     }
     std::vector<ShardView> owned_shards() override {
         std::vector<ShardView> views;
-        const size_t r = static_cast<size_t>(group_->rank());
         for (Group& G : groups_) {
-            const size_t lo = r * G.shard, hi = lo + G.shard;
+            const size_t lo = mine(G).begin;
             for (int u : G.units) {
-                const size_t ub = offset_in_group_[u], ue = ub + unit_numel_[u];
-                const size_t b = std::max(lo, ub), e = std::min(hi, ue);
-                if (b >= e) continue;
-                ShardView v = G.mine.view(u, b - ub);
-                v.end = e - ub;
-                const size_t skip = b - lo;
+                const Range r = owned_part(G, u);
+                if (r.empty()) continue;
+                const size_t ub = offset_in_group_[u];
+                ShardView v = G.mine.view(u, r.begin - ub);
+                v.end = r.end - ub;
+                const size_t skip = r.begin - lo;
                 v.param += skip, v.grad += skip, v.exp_avg += skip, v.exp_avg_sq += skip;
                 if (G.mine_bf16.data() != nullptr) v.param_bf16 = G.mine_bf16.bf16() + skip;
                 views.push_back(v);
@@ -176,28 +173,22 @@ class FsdpStrategy final : public Strategy {
         }
         return views;
     }
-    double all_reduce_sum(double x) override {
-        wait(world_->all_reduce(&x, 1, CommDType::kFloat64));
-        return x;
-    }
     // Shards partition the model within a shard group; HYBRID_SHARD's replicas hold the same shards.
     double global_grad_sq(double local_sq) override {
         wait(group_->all_reduce(&local_sq, 1, CommDType::kFloat64));
         return local_sq;
     }
-    void barrier() override { wait(world_->barrier()); }
-    double take_comm_wait_seconds() override { return std::exchange(comm_wait_s_, 0.0); }
 
     void load_full_unit_params(int u, const float* host) override {
         Group& G = groups_.at(group_of_.at(u));
-        const size_t lo = static_cast<size_t>(group_->rank()) * G.shard, hi = lo + G.shard;
-        const size_t ub = offset_in_group_[u], ue = ub + unit_numel_[u];
-        const size_t b = std::max(lo, ub), e = std::min(hi, ue);
-        if (b < e) {
-            backend_->copy_host_to_device(G.mine.params.f32() + (b - lo), host + (b - ub), (e - b) * sizeof(float));
-            if (G.mine_bf16.data() != nullptr)
-                backend_->cast_float_to_bf16(G.mine_bf16.bf16() + (b - lo), G.mine.params.f32() + (b - lo), e - b);
-        }
+        const Range r = owned_part(G, u);
+        if (r.empty()) return;
+        const size_t lo = mine(G).begin, ub = offset_in_group_[u];
+        backend_->copy_host_to_device(G.mine.params.f32() + (r.begin - lo), host + (r.begin - ub),
+                                      r.size() * sizeof(float));
+        if (G.mine_bf16.data() != nullptr)
+            backend_->cast_float_to_bf16(G.mine_bf16.bf16() + (r.begin - lo), G.mine.params.f32() + (r.begin - lo),
+                                         r.size());
     }
     void params_loaded() override {
         for (Group& G : groups_) {
@@ -221,13 +212,21 @@ class FsdpStrategy final : public Strategy {
         bool gather_pending = false;
         int refs = 0;
     };
+    // This rank's shard of FSDP unit G, in the unit's flat buffer.
+    Range mine(const Group& G) const {
+        const size_t lo = static_cast<size_t>(group_->rank()) * G.shard;
+        return {lo, lo + G.shard};
+    }
+    // The part of layout unit u (a member of G) that this rank owns, in G's flat buffer.
+    Range owned_part(const Group& G, int u) const {
+        const size_t ub = offset_in_group_[u];
+        return intersect(mine(G), {ub, ub + unit_numel_[u]});
+    }
     struct PendingReduce {
         int group = 0;
         DeviceBuffer in, out;  // full gradients (scratch for the reduction) and this rank's reduced shard
         CommHandle handle;
     };
-
-    void wait(const CommHandle& h) { h.wait(&comm_wait_s_); }
 
     // Queues the all-gather of FSDP unit g unless it is gathered or in flight.
     void start_gather(int g) {
@@ -335,14 +334,13 @@ class FsdpStrategy final : public Strategy {
     }
 
     Backend* backend_;
-    Communicator *world_, *group_, *replicas_;
+    Communicator *group_, *replicas_;
     FsdpOptions opt_;
     std::string name_;
     int head_;
     int num_micro_ = 1, micro_ = 0;
     bool training_ = false;
     int fwd_cursor_ = 0, bwd_cursor_ = 0;
-    double comm_wait_s_ = 0.0;
     std::vector<Group> groups_;
     std::vector<int> group_of_;
     std::vector<size_t> offset_in_group_, unit_numel_;

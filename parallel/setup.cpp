@@ -91,25 +91,13 @@ std::unique_ptr<Strategy> make_strategy(const TrainConfig& config, World& world,
             replicas = comm;
         }
     }
-    return make_fsdp_strategy(backend, layout, comm, group, replicas, o,
-                              fmt::format("fsdp {} {} {} {}", choice_name(fc.sharding_strategy),
-                                          choice_name(fc.wrapping_strategy), choice_name(fc.precision),
-                                          choice_name(fc.grad_sync_mode)));
+    return make_fsdp_strategy(
+        backend, layout, comm, group, replicas, o,
+        fmt::format("fsdp {} {} {} {}", choice_name(fc.sharding_strategy), choice_name(fc.wrapping_strategy),
+                    choice_name(fc.precision), choice_name(fc.grad_sync_mode)));
 }
 
 }  // namespace
-
-const char* collectives_name(Collectives c) {
-    switch (c) {
-        case Collectives::kLocal:
-            return "local";
-        case Collectives::kGloo:
-            return "gloo";
-        case Collectives::kNccl:
-            return "nccl";
-    }
-    return "?";
-}
 
 void check_parallel_config(const TrainConfig& c, const RankEnv& env, Device device) {
     if (c.distributed_strategy == DistributedStrategy::kSingle && env.world_size > 1) {

@@ -19,7 +19,10 @@ namespace trainer {
 // The collectives library a run uses: none for a lone process (kLocal), Gloo or NCCL among several ranks
 // (NCCL also when distributed_backend forces it for one).
 enum class Collectives { kLocal, kGloo, kNccl };
-const char* collectives_name(Collectives c);  // "local" | "gloo" | "nccl"
+template <>
+struct Choices<Collectives> {
+    static constexpr const char* kNames[] = {"local", "gloo", "nccl"};
+};
 
 // Refuses, naming the key, what this build cannot run on these ranks and this device: "single" on several
 // ranks, a bad wrap policy, HYBRID_SHARD replicas that do not divide the ranks, a global batch that is not

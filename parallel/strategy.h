@@ -37,13 +37,19 @@ struct ShardView {
     uint16_t* param_bf16 = nullptr;
 };
 
+class Communicator;
+class CommHandle;
+
 class Strategy {
    public:
+    // `world` joins every rank of the run (a group of one for a single process); it carries loss sums,
+    // barriers and the global gradient norm, and must outlive the strategy.
+    explicit Strategy(Communicator* world) : world_(world) {}
     virtual ~Strategy() = default;
     // Short name for logs ("single", "ddp", "fsdp FULL_SHARD").
     virtual std::string name() const = 0;
-    virtual int rank() const { return 0; }
-    virtual int world_size() const { return 1; }
+    int rank() const;        // this rank in the world
+    int world_size() const;  // ranks in the world
 
     // Full parameters of unit u (device), valid between before_forward(u) and after_forward(u) and between
     // before_backward(u) and after_backward(u).
@@ -68,8 +74,8 @@ class Strategy {
     virtual void zero_grads() = 0;
     // The shards this rank's optimizer updates, one per unit.
     virtual std::vector<ShardView> owned_shards() = 0;
-    // Sum of a host scalar over all ranks (loss sums). Default: one rank.
-    virtual double all_reduce_sum(double x) { return x; }
+    // Sum of a host scalar over all ranks (loss sums).
+    double all_reduce_sum(double x);
     // Sum of squared gradients over the whole model from this rank's owned shards: summed over ranks when
     // shards partition the model, local when every rank owns a full replica (the default).
     virtual double global_grad_sq(double local_sq) { return local_sq; }
@@ -77,22 +83,28 @@ class Strategy {
     // rank writes (-1: none, its state is a copy of another rank's). Default: a replica, rank 0 writes it.
     virtual int checkpoint_files() const { return 1; }
     virtual int checkpoint_file() const { return rank() == 0 ? 0 : -1; }
-    // Waits until every rank reaches this point (checkpoint writing). Default: one rank.
-    virtual void barrier() {}
+    // Waits until every rank reaches this point (checkpoint writing).
+    void barrier();
     // Seconds this rank's compute thread spent blocked on collectives since the last call.
-    virtual double take_comm_wait_seconds() { return 0.0; }
+    double take_comm_wait_seconds();
 
     // Initialisation: copy a full unit's parameters from the host into this rank's storage (its shard).
     virtual void load_full_unit_params(int u, const float* host) = 0;
     // Called after parameters were written through owned_shards() (a checkpoint load), so copies derived
     // from them (FSDP's bf16 gather copy) are refreshed. Default: nothing derived.
     virtual void params_loaded() {}
+
+   protected:
+    // Waits for a collective, counting the time blocked as communication wait.
+    void wait(const CommHandle& handle);
+    Communicator* world_;
+
+   private:
+    double comm_wait_s_ = 0.0;
 };
 
 // The single-process strategy: one replica owns full parameters, gradients and optimizer state.
 std::unique_ptr<Strategy> make_single_strategy(Backend* backend, const ParamLayout& layout);
-
-class Communicator;
 
 // How parameters and gradients travel (fsdp.precision): fp32; mixed (parameters rounded to bf16 and
 // gathered as bf16, gradients reduced in fp32); pure (gradients reduced in bf16 too). Master parameters

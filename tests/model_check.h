@@ -27,8 +27,9 @@ inline trainer::TrainConfig fixture_config(const std::string& name) {
 // Loss and gradients of global batch 0 with the fixture's micro-batching, in float32 on `device` (the
 // CPU backend by default): the loss within `rel` of the float64 fixture, gradients within `grad_rel`
 // (default: `rel`); `options` choose the backend's precision.
-inline void check_against_fixture(const std::string& name, trainer::Device device = trainer::Device::kCpu, double rel = 1e-5,
-                                  const trainer::BackendOptions& options = {}, double grad_rel = 0.0) {
+inline void check_against_fixture(const std::string& name, trainer::Device device = trainer::Device::kCpu,
+                                  double rel = 1e-5, const trainer::BackendOptions& options = {},
+                                  double grad_rel = 0.0) {
     if (grad_rel <= 0.0) grad_rel = rel;
     const TrainConfig config = fixture_config(name);
     const Json expected = Json::parse(test_util::read_file(fixture(name + "_tiny_expected.json")));

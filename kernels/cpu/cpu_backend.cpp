@@ -35,7 +35,6 @@ std::string cpu_blas_description() {
     return text;
 }
 
-
 class CpuBackend final : public Backend {
    public:
     std::string name() const override { return "cpu"; }

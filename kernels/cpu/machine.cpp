@@ -23,8 +23,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
 // Independent FMA chains, enough to cover an FMA's latency times the pipes of any current core.
 constexpr int kChains = 12;
 

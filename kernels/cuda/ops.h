@@ -1,6 +1,6 @@
 // CUDA kernels' launchers: the same signatures as their CPU twins in kernels/cpu/ops.h, on device
-// pointers, queued on `stream`. The CUDA backend (kernels/cuda/*) grows one op family per file with the
-// same stem as the CPU file; each launch is checked.
+// pointers, queued on `stream`; each op's contract is the Backend's (kernels/backend.h). The CUDA backend
+// (kernels/cuda/*) grows one op family per file with the same stem as the CPU file; each launch is checked.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,0 +1,24 @@
+// What every strategy does over the world communicator (see strategy.h).
+#include "parallel/strategy.h"
+
+#include <utility>
+
+#include "parallel/communicator.h"
+
+namespace trainer {
+
+int Strategy::rank() const { return world_->rank(); }
+int Strategy::world_size() const { return world_->size(); }
+
+double Strategy::all_reduce_sum(double x) {
+    wait(world_->all_reduce(&x, 1, CommDType::kFloat64));
+    return x;
+}
+
+void Strategy::barrier() { wait(world_->barrier()); }
+
+double Strategy::take_comm_wait_seconds() { return std::exchange(comm_wait_s_, 0.0); }
+
+void Strategy::wait(const CommHandle& handle) { handle.wait(&comm_wait_s_); }
+
+}  // namespace trainer
