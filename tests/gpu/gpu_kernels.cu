@@ -1,6 +1,8 @@
-// GPU kernel tests: each CUDA kernel against its CPU twin on odd shapes; run by the GPU test executable
-// (tests/gpu/test_gpu_train.cpp), which is skipped where no GPU is present.
+// GPU kernel tests: each CUDA kernel against its CPU twin on odd shapes. Each family is one function
+// (gpu_kernels.h) that returns its failures, every one naming the op, the shape it ran and the first
+// mismatching element; tests/gpu/test_gpu_kernels.cpp makes each a Catch2 test case.
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -8,44 +10,33 @@
 #include <cstring>
 #include <vector>
 
+#include "gpu_kernels.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
 
 namespace {
 
-int failures = 0;
+// The failures of the family being run, and the shape it is at (the Where scopes, outermost first).
+std::vector<std::string> g_failures;
+std::vector<std::string> g_where;
 
-void expect(bool ok, const char* what) {
-    if (!ok) {
-        std::printf("FAILED: %s\n", what);
-        ++failures;
+// Names the shape a check runs at, for as long as it is in scope: Where at("N={} C={}", N, C).
+class Where {
+   public:
+    template <typename... Args>
+    explicit Where(fmt::format_string<Args...> f, Args&&... args) {
+        g_where.push_back(fmt::format(f, std::forward<Args>(args)...));
     }
-}
+    ~Where() { g_where.pop_back(); }
+    Where(const Where&) = delete;
+    Where& operator=(const Where&) = delete;
+};
 
-// Casts on odd sizes, bitwise equal to the CPU backend (same element function).
-void test_cast() {
-    for (size_t n : {1u, 7u, 1000u, 100003u}) {
-        std::vector<float> x(n);
-        for (size_t i = 0; i < n; ++i) x[i] = std::sin(0.37f * i) * std::pow(10.0f, float(i % 9) - 4.0f);
-        if (n > 3) x[1] = INFINITY, x[2] = -0.0f, x[3] = NAN;
-        std::vector<uint16_t> ref(n), got(n);
-        trainer::cpu::cast_float_to_bf16(ref.data(), x.data(), n);
-        float* dx = nullptr;
-        uint16_t* dy = nullptr;
-        cudaMalloc(&dx, n * sizeof(float));
-        cudaMalloc(&dy, n * sizeof(uint16_t));
-        cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice);
-        trainer::cuda::cast_float_to_bf16(dy, dx, n, nullptr);
-        cudaMemcpy(got.data(), dy, n * sizeof(uint16_t), cudaMemcpyDeviceToHost);
-        expect(std::memcmp(ref.data(), got.data(), n * sizeof(uint16_t)) == 0, "cast_float_to_bf16 matches the CPU");
-        std::vector<float> back_ref(n), back(n);
-        trainer::cpu::cast_bf16_to_float(back_ref.data(), ref.data(), n);
-        trainer::cuda::cast_bf16_to_float(dx, dy, n, nullptr);
-        cudaMemcpy(back.data(), dx, n * sizeof(float), cudaMemcpyDeviceToHost);
-        expect(std::memcmp(back_ref.data(), back.data(), n * sizeof(float)) == 0, "cast_bf16_to_float matches the CPU");
-        cudaFree(dx);
-        cudaFree(dy);
-    }
+void expect(bool ok, const std::string& what, const std::string& detail = "") {
+    if (ok) return;
+    std::string shape;
+    for (const auto& w : g_where) shape += (shape.empty() ? "" : ", ") + w;
+    g_failures.push_back(fmt::format("{} [{}]{}{}", what, shape, detail.empty() ? "" : ": ", detail));
 }
 
 // Device copies of host vectors, freed at scope exit.
@@ -72,17 +63,20 @@ std::vector<float> wave(size_t n, float scale, float phase) {
     return x;
 }
 
-// Elementwise fp32 tolerance of STYLE.md (1e-6 + 1e-5 |ref|); prints the first mismatch.
+// Elementwise fp32 tolerance of STYLE.md (1e-6 + 1e-5 |ref|); a failure names the first mismatch.
 void expect_close(const std::vector<float>& ref, const std::vector<float>& got, const char* what, double abs_tol = 1e-6,
                   double rel_tol = 1e-5) {
-    bool ok = ref.size() == got.size();
-    for (size_t i = 0; ok && i < ref.size(); ++i) {
+    if (ref.size() != got.size()) {
+        expect(false, what, fmt::format("{} elements, expected {}", got.size(), ref.size()));
+        return;
+    }
+    for (size_t i = 0; i < ref.size(); ++i) {
         if (!(std::fabs(static_cast<double>(ref[i]) - got[i]) <= abs_tol + rel_tol * std::fabs(ref[i]))) {
-            std::printf("  %s: first mismatch at %zu: ref %.9g got %.9g\n", what, i, ref[i], got[i]);
-            ok = false;
+            expect(false, what,
+                   fmt::format("first mismatch at {} of {}: ref {:.9g} got {:.9g}", i, ref.size(), ref[i], got[i]));
+            return;
         }
     }
-    expect(ok, what);
 }
 
 // x rounded to bf16 (round to nearest even): the bf16 words and their fp32 values.
@@ -103,9 +97,41 @@ std::vector<float> bf16_widened(const std::vector<uint16_t>& h) {
 // Sizes that exercise the float4 body, the scalar tail and a misaligned start (offset 1).
 const size_t kSizes[] = {1, 3, 4, 1001, 65539};
 
+}  // namespace
+
+namespace gpu_kernel_tests {
+
+// Casts on odd sizes, bitwise equal to the CPU backend (same element function).
+void test_cast() {
+    for (size_t n : {1u, 7u, 1000u, 100003u}) {
+        const Where at("n={}", n);
+        std::vector<float> x(n);
+        for (size_t i = 0; i < n; ++i) x[i] = std::sin(0.37f * i) * std::pow(10.0f, float(i % 9) - 4.0f);
+        if (n > 3) x[1] = INFINITY, x[2] = -0.0f, x[3] = NAN;
+        std::vector<uint16_t> ref(n), got(n);
+        trainer::cpu::cast_float_to_bf16(ref.data(), x.data(), n);
+        float* dx = nullptr;
+        uint16_t* dy = nullptr;
+        cudaMalloc(&dx, n * sizeof(float));
+        cudaMalloc(&dy, n * sizeof(uint16_t));
+        cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+        trainer::cuda::cast_float_to_bf16(dy, dx, n, nullptr);
+        cudaMemcpy(got.data(), dy, n * sizeof(uint16_t), cudaMemcpyDeviceToHost);
+        expect(std::memcmp(ref.data(), got.data(), n * sizeof(uint16_t)) == 0, "cast_float_to_bf16 matches the CPU");
+        std::vector<float> back_ref(n), back(n);
+        trainer::cpu::cast_bf16_to_float(back_ref.data(), ref.data(), n);
+        trainer::cuda::cast_bf16_to_float(dx, dy, n, nullptr);
+        cudaMemcpy(back.data(), dx, n * sizeof(float), cudaMemcpyDeviceToHost);
+        expect(std::memcmp(back_ref.data(), back.data(), n * sizeof(float)) == 0, "cast_bf16_to_float matches the CPU");
+        cudaFree(dx);
+        cudaFree(dy);
+    }
+}
+
 void test_residual_and_scale() {
     for (size_t n : kSizes) {
         for (size_t off : {0u, 1u}) {
+            const Where at("n={} offset={}", n, off);
             const auto a = wave(n + off, 1.5f, 0.1f), b = wave(n + off, 0.7f, 2.0f);
             std::vector<float> ref(n + off, 0.0f);
             trainer::cpu::residual_forward(ref.data() + off, a.data() + off, b.data() + off, n);
@@ -124,9 +150,10 @@ void test_residual_and_scale() {
     }
 }
 
-void test_activations() {
+void test_gelu() {
     for (size_t n : kSizes) {
         for (bool tanh_approx : {false, true}) {
+            const Where at("n={} tanh={}", n, tanh_approx);
             const auto x = wave(n, 4.0f, 0.3f), g = wave(n, 1.0f, 1.1f);
             std::vector<float> ref(n), dref(n);
             trainer::cpu::gelu_forward(ref.data(), x.data(), n, tanh_approx);
@@ -138,8 +165,12 @@ void test_activations() {
             expect_close(dref, dd.host(), "gelu_backward matches the CPU");
         }
     }
+}
+
+void test_swiglu() {
     for (int N : {1, 7, 33}) {
         for (int H : {1, 5, 131}) {
+            const Where at("N={} H={}", N, H);
             const auto inp = wave(static_cast<size_t>(N) * 2 * H, 3.0f, 0.2f);
             const auto dout = wave(static_cast<size_t>(N) * H, 1.0f, 0.9f);
             std::vector<float> ref(static_cast<size_t>(N) * H), dref(inp.size());
@@ -156,6 +187,7 @@ void test_activations() {
 
 void test_adamw() {
     for (size_t n : kSizes) {
+        const Where at("n={}", n);
         auto p = wave(n, 0.5f, 0.0f), m = wave(n, 0.01f, 1.0f), v = wave(n, 0.001f, 2.0f);
         for (auto& e : v) e = std::fabs(e);
         const auto g = wave(n, 0.2f, 3.0f);
@@ -181,6 +213,7 @@ void test_adamw() {
 void test_norms() {
     Dev<double> scratch(trainer::cuda::kNormScratchDoubles);
     for (size_t n : {size_t(0), size_t(1), size_t(1001), size_t(3000017)}) {
+        const Where at("n={}", n);
         const auto x = wave(n, 2.0f, 0.4f);
         const double ref = trainer::cpu::squared_norm(x.data(), n);
         double ref_sum = 0.0;
@@ -197,6 +230,7 @@ void test_norms() {
 
 void test_embedding() {
     for (bool with_wpe : {false, true}) {
+        const Where at("V=37 T=5 C=67 N=15 wpe={}", with_wpe);
         const int V = 37, T = 5, C = 67, N = 3 * T;
         std::vector<int32_t> tok(N);
         for (int n = 0; n < N; ++n) tok[n] = (n * 7 + 3) % V;  // repeats, so rows share dwte rows
@@ -223,6 +257,7 @@ void test_layernorm() {
     for (int N : {1, 33, 70}) {
         for (int C : {1, 31, 257}) {
             for (int affine = 0; affine < 3; ++affine) {  // none, weight, weight + bias
+                const Where at("N={} C={} affine={}", N, C, affine);
                 const auto x = wave(static_cast<size_t>(N) * C, 2.0f, 0.2f), g = wave(x.size(), 1.0f, 0.5f);
                 const auto w = wave(C, 1.0f, 1.0f), b = wave(C, 0.3f, 1.5f);
                 const float* wp = affine >= 1 ? w.data() : nullptr;
@@ -252,6 +287,7 @@ void test_layernorm() {
 void test_rope() {
     for (int B : {1, 3}) {
         for (int HS : {2, 6, 64}) {
+            const Where at("B={} T=11 NH=3 HS={}", B, HS);
             const int T = 11, NH = 3, C = NH * HS;
             auto qkv = wave(static_cast<size_t>(B) * T * 3 * C, 1.0f, 0.4f);
             std::vector<float> cos_t(static_cast<size_t>(T) * HS / 2), sin_t(cos_t.size());
@@ -271,6 +307,7 @@ void test_classifier() {
     for (int N : {1, 5, 17}) {
         for (int V : {1, 7, 1000, 50304}) {
             for (bool grad : {false, true}) {
+                const Where at("N={} V={} grad={}", N, V, grad);
                 auto logits = wave(static_cast<size_t>(N) * V, 6.0f, 0.3f);
                 std::vector<int32_t> tgt(N);
                 for (int n = 0; n < N; ++n) tgt[n] = n == 1 ? -1 : (n * 131) % V;  // row 1 ignored
@@ -290,6 +327,7 @@ void test_attention() {
     for (int B : {1, 2}) {
         for (int T : {1, 13, 130}) {
             for (int HS : {8, 40, 72, 128, 200, 256}) {  // 1, 2, 4 and 8 lanes per row; tiles of 32 and 16
+                const Where at("B={} T={} NH=3 HS={}", B, T, HS);
                 const int NH = 3, C = NH * HS;
                 const auto qkv = wave(static_cast<size_t>(B) * T * 3 * C, 1.0f, 0.2f);
                 const auto dout = wave(static_cast<size_t>(B) * T * C, 1.0f, 0.8f);
@@ -317,6 +355,7 @@ void test_attention_cudnn() {
     for (int B : {1, 2}) {
         for (int T : {2, 37, 130}) {
             for (int HS : {16, 64, 128}) {
+                const Where at("B={} T={} NH=3 HS={}", B, T, HS);
                 const int NH = 3, C = NH * HS;
                 const auto [qkv16, qkv] = bf16_rounded(wave(static_cast<size_t>(B) * T * 3 * C, 1.0f, 0.2f));
                 const auto [dout16, dout] = bf16_rounded(wave(static_cast<size_t>(B) * T * C, 1.0f, 0.8f));
@@ -345,6 +384,7 @@ void test_matmul() {
         for (int K : {1, 33}) {
             for (int N : {3, 65}) {
                 for (bool with_bias : {false, true}) {
+                    const Where at("M={} K={} N={} bias={}", M, K, N, with_bias);
                     const auto x = wave(static_cast<size_t>(M) * K, 1.0f, 0.1f),
                                w = wave(static_cast<size_t>(N) * K, 0.5f, 0.6f);
                     const auto b = wave(N, 0.3f, 1.2f), g = wave(static_cast<size_t>(M) * N, 1.0f, 2.1f);
@@ -356,6 +396,7 @@ void test_matmul() {
                                                   nullptr);
                     expect_close(y, dy.host(), "matmul_forward matches the CPU", 1e-5, 1e-4);
                     for (bool acc : {false, true}) {
+                        const Where acc_at("accumulate={}", acc);
                         trainer::cpu::matmul_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, g.data(),
                                                       x.data(), w.data(), M, K, N, acc);
                         trainer::cuda::matmul_backward(gemm, ddx.p, ddw.p, with_bias ? ddb.p : nullptr, dg.p, dxin.p,
@@ -377,6 +418,7 @@ void test_matmul_unaligned_bias_and_empty_k() {
     trainer::cuda::Gemm gemm;
     const int M = 5, N = 12;
     for (int K : {16, 0}) {
+        const Where at("M=5 K={} N=12", K);
         const auto x = wave(static_cast<size_t>(M) * K, 1.0f, 0.1f), w = wave(static_cast<size_t>(N) * K, 0.5f, 0.6f);
         const auto padded = wave(N + 1, 0.3f, 1.2f);
         std::vector<float> y(static_cast<size_t>(M) * N);
@@ -404,6 +446,7 @@ void test_matmul_gelu() {
             for (int N : {24, 20}) {
                 for (int bias_mode : {0, 1, 2}) {  // none, aligned, at a 4-byte offset
                     for (bool bf16 : {false, true}) {
+                        const Where at("M={} K={} N={} bias={} bf16={}", M, K, N, bias_mode, bf16);
                         auto x = wave(static_cast<size_t>(M) * K, 1.0f, 0.1f),
                              w = wave(static_cast<size_t>(N) * K, 0.5f, 0.6f);
                         const auto padded = wave(N + 1, 0.3f, 1.2f);
@@ -440,6 +483,7 @@ void test_matmul_bf16() {
     for (int M : {1, 7, 130}) {
         for (int K : {8, 40}) {  // bf16 rows of 16-byte multiples, as the model's channel counts are
             for (int N : {8, 72}) {
+                const Where at("M={} K={} N={}", M, K, N);
                 const auto x = wave(static_cast<size_t>(M) * K, 1.0f, 0.1f),
                            w = wave(static_cast<size_t>(N) * K, 0.5f, 0.6f);
                 const auto b = wave(N, 0.3f, 1.2f), g = wave(static_cast<size_t>(M) * N, 1.0f, 2.1f);
@@ -467,26 +511,14 @@ void test_matmul_bf16() {
     }
 }
 
-}  // namespace
-
-// Runs every kernel test; returns the number of failed checks (each printed).
-int run_gpu_kernel_tests() {
-    failures = 0;
-    test_cast();
-    test_residual_and_scale();
-    test_activations();
-    test_adamw();
-    test_norms();
-    test_embedding();
-    test_layernorm();
-    test_rope();
-    test_classifier();
-    test_attention();
-    test_attention_cudnn();
-    test_matmul();
-    test_matmul_unaligned_bias_and_empty_k();
-    test_matmul_gelu();
-    test_matmul_bf16();
-    std::printf("%s\n", failures == 0 ? "all GPU kernel tests passed" : "GPU kernel tests FAILED");
-    return failures;
+std::vector<std::string> run(void (*family)()) {
+    g_failures.clear();
+    g_where.clear();
+    family();
+    cudaError_t err = cudaDeviceSynchronize();
+    if (err != cudaSuccess)
+        g_failures.push_back(fmt::format("CUDA error after the checks: {}", cudaGetErrorString(err)));
+    return std::move(g_failures);
 }
+
+}  // namespace gpu_kernel_tests

@@ -1,0 +1,46 @@
+// One Catch2 test case per GPU kernel family (gpu_kernels.cu), so a failure names the op; each failed
+// check is reported with its shape and first mismatching element.
+#include <catch2/catch.hpp>
+
+#include "gpu_kernels.h"
+
+namespace {
+
+void check(void (*family)()) {
+    const std::vector<std::string> failures = gpu_kernel_tests::run(family);
+    constexpr size_t kShown = 20;  // a kernel broken on every shape would otherwise flood the report
+    for (size_t i = 0; i < failures.size() && i < kShown; ++i) FAIL_CHECK(failures[i]);
+    if (failures.size() > kShown) FAIL_CHECK((failures.size() - kShown) << " more failed checks");
+    CHECK(failures.empty());
+}
+
+}  // namespace
+
+using namespace gpu_kernel_tests;
+
+TEST_CASE("gpu kernel: cast_float_to_bf16 and cast_bf16_to_float are bitwise the CPU's") { check(test_cast); }
+TEST_CASE("gpu kernel: residual_forward and scale_inplace match the CPU") { check(test_residual_and_scale); }
+TEST_CASE("gpu kernel: gelu_forward and gelu_backward (erf and tanh) match the CPU") { check(test_gelu); }
+TEST_CASE("gpu kernel: swiglu_forward and swiglu_backward match the CPU") { check(test_swiglu); }
+TEST_CASE("gpu kernel: adamw_update and its bf16 copy-out match the CPU") { check(test_adamw); }
+TEST_CASE("gpu kernel: squared_norm and sum match the CPU in double and repeat bitwise") { check(test_norms); }
+TEST_CASE("gpu kernel: embedding_forward matches and embedding_backward is bitwise the CPU's") {
+    check(test_embedding);
+}
+TEST_CASE("gpu kernel: layernorm_forward and layernorm_backward match the CPU") { check(test_layernorm); }
+TEST_CASE("gpu kernel: rope_forward and rope_backward match the CPU") { check(test_rope); }
+TEST_CASE("gpu kernel: classifier_forward_backward matches the CPU") { check(test_classifier); }
+TEST_CASE("gpu kernel: native attention forward and backward match the CPU") { check(test_attention); }
+TEST_CASE("gpu kernel: cuDNN attention forward and backward match the CPU at bf16 tolerance") {
+    check(test_attention_cudnn);
+}
+TEST_CASE("gpu kernel: fp32 matmul_forward and matmul_backward match the CPU") { check(test_matmul); }
+TEST_CASE("gpu kernel: matmul_forward with a bias at a 4-byte offset and with K = 0") {
+    check(test_matmul_unaligned_bias_and_empty_k);
+}
+TEST_CASE("gpu kernel: matmul_gelu_forward (GELU epilogue and its fallback) matches the CPU") {
+    check(test_matmul_gelu);
+}
+TEST_CASE("gpu kernel: bf16 matmul_forward and matmul_backward match the CPU on rounded operands") {
+    check(test_matmul_bf16);
+}

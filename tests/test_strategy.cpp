@@ -1,0 +1,348 @@
+// The strategies in process, without the binary: the model's hook sequence driven by hand over a group of
+// one (for FSDP's gather refcount, prefetch, limit_all_gathers and memory invariants, read from the
+// process-wide memory counters) and over three Gloo ranks as threads (gathered parameters, reduce-scattered
+// gradients, the global gradient norm, and DDP's all-reduce).
+#include <atomic>
+#include <functional>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "base/common.h"
+#include "base/layout.h"
+#include "base/memory.h"
+#include "kernels/backend.h"
+#include "parallel/communicator.h"
+#include "parallel/strategy.h"
+#include "parallel/tcp_store.h"
+#include "parallel/wrap_policy.h"
+#include "test_util.h"
+
+using namespace trainer;
+
+namespace {
+
+// tiny.json (tied head, parameter-free norms: the head unit holds nothing) with `n_layers` blocks.
+TrainConfig tiny_config(int n_layers, WrappingStrategy wrap, ShardingStrategy sharding) {
+    Json doc = Json::parse(test_util::read_file(test_util::source_dir() + "/configs/tiny.json"));
+    doc["model"]["n_layers"] = n_layers;
+    TrainConfig c = validate_config(doc);
+    c.fsdp.wrapping_strategy = wrap;
+    c.fsdp.sharding_strategy = sharding;
+    return c;
+}
+
+FsdpOptions fsdp_options(const TrainConfig& c, const ParamLayout& layout) {
+    FsdpOptions o;
+    o.groups = fsdp_unit_groups(layout, c.fsdp);
+    o.keep_params_for_step = c.fsdp.sharding_strategy == ShardingStrategy::kShardGradOp;
+    o.forward_prefetch = c.fsdp.forward_prefetch;
+    o.backward_prefetch = c.fsdp.backward_prefetch;
+    o.limit_all_gathers = c.fsdp.limit_all_gathers;
+    return o;  // fp32 on the wire: gathered units are exactly padded x 4 bytes
+}
+
+// Unit u's initial parameters: small integers, exact in fp32, different in every unit and element.
+std::vector<float> unit_values(const ParamLayout& layout, int u) {
+    std::vector<float> v(layout.units()[u].numel);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(u * 1000 + static_cast<int>(i % 997));
+    return v;
+}
+
+int64_t live(MemCategory c) { return memory_snapshot().current[static_cast<int>(c)]; }
+
+// Bytes of the FSDP units gathered now, beyond a baseline taken before the step.
+struct Gathered {
+    int64_t base = live(MemCategory::kGatheredUnits);
+    int64_t operator()() const { return live(MemCategory::kGatheredUnits) - base; }
+};
+
+// Padded bytes of each FSDP unit on a group of `ranks` ranks (fp32), by the index of its first layout unit.
+std::vector<int64_t> unit_bytes(const ParamLayout& layout, const FsdpOptions& o, int ranks) {
+    std::vector<int64_t> bytes(layout.num_units(), 0);
+    for (const auto& g : o.groups) {
+        size_t n = 0;
+        for (int u : g) n += layout.units()[u].numel;
+        const size_t padded = (n + ranks - 1) / ranks * ranks;
+        for (int u : g) bytes[u] = static_cast<int64_t>(padded * sizeof(float));
+    }
+    return bytes;
+}
+
+// The model's hooks for one micro-batch with a tied head (Model::forward_blocks, head, backward_blocks),
+// calling `probe(event, unit)` after each; `grad_value(u)` is written into unit u's gradients.
+void micro_batch(Strategy& s, const ParamLayout& layout, Backend& backend,
+                 const std::function<void(const std::string&, int)>& probe,
+                 const std::function<float(int)>& grad_value) {
+    const int emb = layout.embedding_unit(), head = layout.head_unit(), L = head - 1;
+    auto write_grads = [&](int u) {
+        const size_t n = layout.units()[u].numel;
+        if (n == 0) return;
+        std::vector<float> g(n, grad_value(u));
+        std::vector<float> cur(n);
+        backend.copy_device_to_host(cur.data(), s.unit_grads(u), n * sizeof(float));
+        for (size_t i = 0; i < n; ++i) g[i] += cur[i];  // backward kernels accumulate
+        backend.copy_host_to_device(s.unit_grads(u), g.data(), n * sizeof(float));
+    };
+    s.begin_forward(true);
+    s.before_forward(emb);
+    probe("before_forward", emb);
+    s.after_forward(emb);
+    probe("after_forward", emb);
+    for (int l = 0; l < L; ++l) {
+        const int u = layout.block_unit(l);
+        s.before_forward(u);
+        probe("before_forward", u);
+        s.after_forward(u);
+        probe("after_forward", u);
+    }
+    // The tied head: its forward and backward hold the embedding's unit too.
+    s.before_forward(head);
+    s.before_forward(emb);
+    s.before_backward(head);
+    s.before_backward(emb);
+    probe("head", head);
+    write_grads(head);
+    write_grads(emb);
+    s.after_backward(head);
+    s.after_forward(emb);
+    s.after_forward(head);
+    for (int l = L - 1; l >= 0; --l) {
+        const int u = layout.block_unit(l);
+        s.before_backward(u);
+        probe("before_backward", u);
+        write_grads(u);
+        s.after_backward(u);
+        probe("after_backward", u);
+    }
+    s.after_backward(emb);
+    probe("after_backward", emb);
+}
+
+// Catch2's assertions are not thread-safe: rank threads report by throwing, and the test's thread rethrows.
+#define RANK_EXPECT(cond, msg)                   \
+    do {                                         \
+        if (!(cond)) {                           \
+            std::ostringstream os_;              \
+            os_ << msg;                          \
+            throw std::runtime_error(os_.str()); \
+        }                                        \
+    } while (0)
+
+// Runs fn(rank, comm) on `world` threads with Gloo over loopback; rethrows the first failure.
+void run_ranks(int world, const std::function<void(int, Communicator&)>& fn) {
+    const auto timeout = std::chrono::seconds(20);
+    TcpStoreServer server(0);
+    std::vector<std::thread> threads;
+    std::vector<std::exception_ptr> errors(world);
+    std::atomic<int> completed{0};
+    for (int r = 0; r < world; ++r) {
+        threads.emplace_back([&, r] {
+            try {
+                TcpStore store("127.0.0.1", server.port(), timeout);
+                auto comm = make_gloo_communicator(store, "strategy", r, world, timeout);
+                fn(r, *comm);
+                ++completed;
+            } catch (...) {
+                errors[r] = std::current_exception();
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& e : errors) {
+        if (e) std::rethrow_exception(e);
+    }
+    REQUIRE(completed == world);
+}
+
+}  // namespace
+
+TEST_CASE("strategy: FULL_SHARD by_block gathers each unit around its hooks and prefetches one ahead and frees after use") {
+    const TrainConfig c = tiny_config(4, WrappingStrategy::kByBlock, ShardingStrategy::kFullShard);
+    const ParamLayout layout(c);
+    auto backend = make_backend(Device::kCpu);
+    auto local = make_local_communicator(backend.get());
+    const FsdpOptions o = fsdp_options(c, layout);
+    const auto bytes = unit_bytes(layout, o, 1);
+    const int emb = layout.embedding_unit(), head = layout.head_unit();
+    const int64_t root = bytes[emb];  // by_block: the embedding and the (empty) head are the root
+    const Gathered gathered;
+    auto s = make_fsdp_strategy(backend.get(), layout, local.get(), local.get(), nullptr, o, "fsdp");
+    const int64_t grads_base = live(MemCategory::kGradients);  // beyond the sharded gradients
+    for (int u = 0; u < layout.num_units(); ++u) s->load_full_unit_params(u, unit_values(layout, u).data());
+    s->zero_grads();
+    s->begin_step(1);
+    s->begin_micro_batch(0);
+    int checks = 0;
+    micro_batch(
+        *s, layout, *backend,
+        [&](const std::string& event, int u) {
+            CAPTURE(event, u);
+            if (event == "before_forward" || event == "before_backward" || event == "head") {
+                // Inside its hooks a unit's parameters are gathered and are what was loaded.
+                const auto want = unit_values(layout, u);
+                std::vector<float> got(want.size());
+                backend->copy_device_to_host(got.data(), s->unit_params(u), want.size() * sizeof(float));
+                CHECK(got == want);
+                ++checks;
+            }
+            if (event == "before_forward" && u != emb) {
+                // This block and the prefetched next one; the root stays for the whole step.
+                const int64_t next = u + 1 < head ? bytes[u + 1] : 0;
+                CHECK(gathered() == root + bytes[u] + next);
+            }
+            if (event == "after_forward" && u != emb) {
+                // Freed after use: what is left is the root and the prefetched next block.
+                CHECK_THROWS_AS(s->unit_params(u), InternalError);
+                CHECK(gathered() == root + (u + 1 < head ? bytes[u + 1] : 0));
+            }
+            if (event == "before_backward") {
+                // Backward prefetch of the block below; this unit's unsharded gradients are live.
+                CHECK(gathered() == root + bytes[u] + (u - 1 > emb ? bytes[u - 1] : 0));
+                CHECK(live(MemCategory::kGradients) - grads_base >= bytes[u]);
+            }
+            if (event == "after_backward" && u != emb) {
+                // Reduced (handed to the reduce-scatter), then freed.
+                CHECK_THROWS_AS(s->unit_grads(u), InternalError);
+                CHECK(gathered() == root + (u - 1 > emb ? bytes[u - 1] : 0));
+            }
+        },
+        [](int u) { return static_cast<float>(u + 1); });
+    CHECK(checks == 2 + 2 * 4);  // the embedding (forward), the head, every block in forward and backward
+    s->finish_backward();
+    // Group of one: the reduced shard is the gradient itself; the shards cover every unit once.
+    size_t covered = 0;
+    for (const ShardView& v : s->owned_shards()) {
+        std::vector<float> g(v.end - v.begin);
+        backend->copy_device_to_host(g.data(), v.grad, g.size() * sizeof(float));
+        CHECK(g == std::vector<float>(g.size(), static_cast<float>(v.unit + 1)));
+        covered += v.end - v.begin;
+    }
+    CHECK(covered == layout.total_numel());
+    CHECK(live(MemCategory::kGradients) - grads_base == 0);  // no unsharded gradients outlive the step
+    s->after_optimizer_step();
+    CHECK(gathered() == 0);
+    // A release without its acquire is a bug the strategy refuses.
+    CHECK_THROWS_AS(s->after_forward(layout.block_unit(0)), InternalError);
+}
+
+TEST_CASE("strategy: limit_all_gathers holds back a prefetch while two units besides the root are gathered") {
+    for (bool limit : {true, false}) {
+        CAPTURE(limit);
+        // by_block_and_size: the tied embedding is its own unit, re-gathered at the head; at the last
+        // block's backward the embedding and that block are gathered, so the prefetch of the block below
+        // waits under the limit.
+        TrainConfig c = tiny_config(3, WrappingStrategy::kByBlockAndSize, ShardingStrategy::kFullShard);
+        c.fsdp.limit_all_gathers = limit;
+        const ParamLayout layout(c);
+        auto backend = make_backend(Device::kCpu);
+        auto local = make_local_communicator(backend.get());
+        const FsdpOptions o = fsdp_options(c, layout);
+        const auto bytes = unit_bytes(layout, o, 1);
+        const int emb = layout.embedding_unit(), last = layout.block_unit(2), below = layout.block_unit(1);
+        const Gathered gathered;
+        auto s = make_fsdp_strategy(backend.get(), layout, local.get(), local.get(), nullptr, o, "fsdp");
+        s->zero_grads();
+        s->begin_step(1);
+        s->begin_micro_batch(0);
+        bool probed = false;
+        micro_batch(
+            *s, layout, *backend,
+            [&](const std::string& event, int u) {
+                if (event != "before_backward" || u != last) return;
+                probed = true;
+                // The root holds only the empty head: what is gathered is the embedding, this block and,
+                // without the limit, the block below.
+                CHECK(gathered() == bytes[emb] + bytes[last] + (limit ? 0 : bytes[below]));
+            },
+            [](int) { return 1.0f; });
+        CHECK(probed);
+        s->finish_backward();
+        s->after_optimizer_step();
+        CHECK(gathered() == 0);
+    }
+}
+
+TEST_CASE("strategy: SHARD_GRAD_OP keeps every gathered unit for the step and frees them after the optimizer") {
+    const TrainConfig c = tiny_config(3, WrappingStrategy::kByBlock, ShardingStrategy::kShardGradOp);
+    const ParamLayout layout(c);
+    auto backend = make_backend(Device::kCpu);
+    auto local = make_local_communicator(backend.get());
+    const FsdpOptions o = fsdp_options(c, layout);
+    const auto bytes = unit_bytes(layout, o, 1);
+    int64_t all = 0;
+    for (const auto& g : o.groups) all += g.empty() ? 0 : bytes[g.front()];
+    const Gathered gathered;
+    auto s = make_fsdp_strategy(backend.get(), layout, local.get(), local.get(), nullptr, o, "fsdp");
+    s->zero_grads();
+    s->begin_step(2);
+    for (int k = 0; k < 2; ++k) {
+        s->begin_micro_batch(k);
+        micro_batch(
+            *s, layout, *backend,
+            [&](const std::string& event, int u) {
+                // After a unit's first forward it stays: at the end of the first forward, everything.
+                if (event == "after_forward" && u == layout.block_unit(2)) CHECK(gathered() == all);
+            },
+            [](int) { return 1.0f; });
+        CHECK(gathered() == all);
+    }
+    s->finish_backward();
+    // Two micro-batches accumulated into the unsharded gradients, reduced once (grad_sync batch).
+    for (const ShardView& v : s->owned_shards()) {
+        std::vector<float> g(v.end - v.begin);
+        backend->copy_device_to_host(g.data(), v.grad, g.size() * sizeof(float));
+        CHECK(g == std::vector<float>(g.size(), 2.0f));
+    }
+    s->after_optimizer_step();
+    CHECK(gathered() == 0);
+}
+
+TEST_CASE("strategy: FULL_SHARD and DDP over 3 Gloo ranks gather what was loaded and reduce gradients to the mean") {
+    const TrainConfig c = tiny_config(2, WrappingStrategy::kByBlock, ShardingStrategy::kFullShard);
+    const ParamLayout layout(c);
+    // Rank r writes (r + 1) * (u + 1) into unit u's gradients: the mean over 3 ranks is 2 (u + 1).
+    double want_sq = 0.0;
+    for (int u = 0; u < layout.num_units(); ++u)
+        want_sq += static_cast<double>(layout.units()[u].numel) * 4.0 * (u + 1) * (u + 1);
+    for (bool fsdp : {true, false}) {
+        CAPTURE(fsdp);
+        run_ranks(3, [&](int rank, Communicator& comm) {
+            auto backend = make_backend(Device::kCpu);
+            auto s =
+                fsdp ? make_fsdp_strategy(backend.get(), layout, &comm, &comm, nullptr, fsdp_options(c, layout), "fsdp")
+                     : make_ddp_strategy(backend.get(), layout, &comm, false, "ddp");
+            RANK_EXPECT(s->rank() == rank && s->world_size() == 3, "rank " << rank << " of " << s->world_size());
+            for (int u = 0; u < layout.num_units(); ++u) s->load_full_unit_params(u, unit_values(layout, u).data());
+            s->zero_grads();
+            s->begin_step(1);
+            s->begin_micro_batch(0);
+            micro_batch(
+                *s, layout, *backend,
+                [&](const std::string& event, int u) {
+                    if (event != "before_forward") return;
+                    const auto want = unit_values(layout, u);
+                    std::vector<float> got(want.size());
+                    backend->copy_device_to_host(got.data(), s->unit_params(u), want.size() * sizeof(float));
+                    RANK_EXPECT(got == want, "rank " << rank << ": unit " << u << " gathered wrong parameters");
+                },
+                [&](int u) { return static_cast<float>((rank + 1) * (u + 1)); });
+            s->finish_backward();
+            double local_sq = 0.0;
+            for (const ShardView& v : s->owned_shards()) {
+                std::vector<float> g(v.end - v.begin);
+                backend->copy_device_to_host(g.data(), v.grad, g.size() * sizeof(float));
+                const float want = 2.0f * static_cast<float>(v.unit + 1);
+                RANK_EXPECT(g == std::vector<float>(g.size(), want),
+                            "rank " << rank << ": unit " << v.unit << " shard gradient is not the mean " << want);
+                for (float x : g) local_sq += static_cast<double>(x) * x;
+            }
+            const double global_sq = s->global_grad_sq(local_sq);
+            RANK_EXPECT(global_sq == want_sq,
+                        "rank " << rank << ": global squared norm " << global_sq << ", expected " << want_sq);
+            RANK_EXPECT(s->all_reduce_sum(rank + 1.0) == 6.0, "rank " << rank << ": loss sum over ranks");
+            s->barrier();
+            s->after_optimizer_step();
+        });
+    }
+}
