@@ -10,6 +10,12 @@
 namespace trainer {
 
 // Pointers into a block unit's flat buffer (parameters or gradients); null where the config has none.
+// Pointers into the head unit's flat buffer; null where the config has none.
+struct Model::HeadParams {
+    float *norm_w = nullptr, *norm_b = nullptr;  // ln_f
+    float *w = nullptr, *b = nullptr;            // the untied LM head (V, C), (V)
+};
+
 struct Model::BlockParams {
     float *attn_norm_w = nullptr, *attn_norm_b = nullptr;
     float *att_proj_w = nullptr, *att_proj_b = nullptr;  // (3C, C), (3C)
@@ -31,10 +37,31 @@ constexpr std::pair<const char*, float * Model::BlockParams::*> kBlockFields[] =
     {"ff_out.weight", &Model::BlockParams::ff_out_w},       {"ff_out.bias", &Model::BlockParams::ff_out_b},
 };
 constexpr size_t kNumBlockFields = sizeof(kBlockFields) / sizeof(kBlockFields[0]);
+
+// The head unit's parameters by name and their fields in HeadParams (the LM head only when untied).
+constexpr std::pair<const char*, float * Model::HeadParams::*> kHeadFields[] = {
+    {"transformer.ln_f.weight", &Model::HeadParams::norm_w},
+    {"transformer.ln_f.bias", &Model::HeadParams::norm_b},
+    {"transformer.ff_out.weight", &Model::HeadParams::w},
+    {"transformer.ff_out.bias", &Model::HeadParams::b},
+};
+constexpr size_t kNumHeadFields = sizeof(kHeadFields) / sizeof(kHeadFields[0]);
 constexpr size_t kAbsent = static_cast<size_t>(-1);
 static_assert(kNumBlockFields == 12, "Model::block_offsets_ holds one offset per entry of kBlockFields");
+static_assert(kNumHeadFields == 4, "Model::head_offsets_ holds one offset per entry of kHeadFields");
 
 }  // namespace
+
+// Pointers into the head unit's flat buffer from the offsets found once in the constructor.
+Model::HeadParams Model::head_params(const float* base) const {
+    HeadParams p;
+    if (base == nullptr) return p;
+    float* b = const_cast<float*>(base);
+    for (size_t f = 0; f < kNumHeadFields; ++f) {
+        if (head_offsets_[f] != kAbsent) p.*(kHeadFields[f].second) = b + head_offsets_[f];
+    }
+    return p;
+}
 
 // Pointers into a block unit's flat buffer from the offsets found once in the constructor.
 Model::BlockParams Model::block_params(const float* base, int layer) const {
@@ -74,6 +101,13 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
             offsets[f] = spec.offset;
         }
         block_offsets_.push_back(offsets);
+    }
+    head_offsets_.fill(kAbsent);
+    for (const auto& spec : layout_.units()[layout_.head_unit()].params) {
+        size_t f = 0;
+        while (f < kNumHeadFields && spec.name != kHeadFields[f].first) ++f;
+        TRAINER_CHECK(f < kNumHeadFields, "unexpected head parameter {}", spec.name);
+        head_offsets_[f] = spec.offset;
     }
     const size_t N = static_cast<size_t>(max_batch_) * T_;
     // Head chunk: enough rows to keep the GEMMs efficient (at least 16), few enough that a chunk of fp32
@@ -189,23 +223,10 @@ double Model::head(int batch, float dloss_scale, bool backward) {
         strategy_->before_backward(hu);
         if (m_.weight_tying) strategy_->before_backward(emb);
     }
-    const float* hp = strategy_->unit_params(hu);
-    float* hg = backward ? strategy_->unit_grads(hu) : nullptr;
-    const Unit& unit = layout_.units()[hu];
-    const float *norm_w = nullptr, *norm_b = nullptr, *head_w = nullptr, *head_b = nullptr;
-    float *dnorm_w = nullptr, *dnorm_b = nullptr, *dhead_w = nullptr, *dhead_b = nullptr;
-    for (const auto& s : unit.params) {
-        const float* p = hp + s.offset;
-        float* g = hg ? hg + s.offset : nullptr;
-        if (s.name == "transformer.ln_f.weight")
-            norm_w = p, dnorm_w = g;
-        else if (s.name == "transformer.ln_f.bias")
-            norm_b = p, dnorm_b = g;
-        else if (s.name == "transformer.ff_out.weight")
-            head_w = p, dhead_w = g;
-        else if (s.name == "transformer.ff_out.bias")
-            head_b = p, dhead_b = g;
-    }
+    const HeadParams w = head_params(strategy_->unit_params(hu));
+    const HeadParams g = head_params(backward ? strategy_->unit_grads(hu) : nullptr);
+    const float *norm_w = w.norm_w, *norm_b = w.norm_b, *head_w = w.w, *head_b = w.b;
+    float *dnorm_w = g.norm_w, *dnorm_b = g.norm_b, *dhead_w = g.w, *dhead_b = g.b;
     if (m_.weight_tying) {
         head_w = strategy_->unit_params(emb);  // wte (V, C) is the first parameter of the embedding unit
         dhead_w = backward ? strategy_->unit_grads(emb) : nullptr;

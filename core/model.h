@@ -42,11 +42,13 @@ class Model {
     int max_batch() const { return max_batch_; }
     int positions() const { return T_; }  // T = L - 1
 
-    // Pointers to one block's parameters (or gradients) in its unit's flat buffer (model.cpp).
+    // Pointers to one block's (or the head's) parameters or gradients in its unit's flat buffer (model.cpp).
     struct BlockParams;
+    struct HeadParams;
 
    private:
     BlockParams block_params(const float* base, int layer) const;
+    HeadParams head_params(const float* base) const;  // all null for a null base
     void upload_tokens(const int32_t* tokens, int batch);
     void forward_blocks(int batch, bool backward_follows);
     double head(int batch, float dloss_scale, bool backward);
@@ -67,6 +69,7 @@ class Model {
     };
     std::vector<Plan> layers_;
     std::vector<std::array<size_t, 12>> block_offsets_;  // per layer: each block parameter's offset in its unit
+    std::array<size_t, 4> head_offsets_;                 // each head parameter's offset in the head unit
     size_t resid_final_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, scratch_;
     size_t dresid_, dln_, dqkv_, datt_, dfch_, dfch_act_;
     DeviceBuffer arena_;

@@ -157,7 +157,8 @@ void run_ranks(int world, const std::function<void(int, Communicator&)>& fn) {
 
 }  // namespace
 
-TEST_CASE("strategy: FULL_SHARD by_block gathers each unit around its hooks and prefetches one ahead and frees after use") {
+TEST_CASE(
+    "strategy: FULL_SHARD by_block gathers each unit around its hooks and prefetches one ahead and frees after use") {
     const TrainConfig c = tiny_config(4, WrappingStrategy::kByBlock, ShardingStrategy::kFullShard);
     const ParamLayout layout(c);
     auto backend = make_backend(Device::kCpu);
