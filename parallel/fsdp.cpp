@@ -28,6 +28,9 @@
 // Precision: mixed rounds the fp32 master shard to bf16 and gathers bf16 (compute reads the bf16 values
 // widened to fp32); pure also reduce-scatters the gradients in bf16.
 // As in DDP, each rank's loss gradient carries world / global tokens and reductions are means.
+// Alone (a world of one rank, in_place_when_alone): nothing is gathered or reduced; the model computes on
+// the shard and accumulates into its gradients, as the single strategy does (mixed precision widens the
+// bf16 shard into the unit's compute copy instead of gathering it; pure still reduces to round in bf16).
 #include <deque>
 #include <memory>
 #include <utility>
@@ -50,7 +53,10 @@ class FsdpStrategy final : public Strategy {
           replicas_(replica_group),
           opt_(std::move(options)),
           name_(std::move(name)),
-          head_(layout.head_unit()) {
+          head_(layout.head_unit()),
+          alone_(opt_.in_place_when_alone && world->size() == 1),
+          params_in_place_(alone_ && !opt_.precision.bf16_params),
+          grads_in_place_(alone_ && !opt_.precision.bf16_reduce) {
         const size_t size = static_cast<size_t>(group_->size());
         group_of_.assign(layout.num_units(), -1);
         offset_in_group_.assign(layout.num_units(), 0);
@@ -88,12 +94,14 @@ class FsdpStrategy final : public Strategy {
     float* unit_params(int u) override {
         Group& G = groups_.at(group_of_.at(u));
         TRAINER_CHECK(G.gathered && !G.gather_pending, "unit {} parameters used outside its hooks", u);
-        return G.padded ? G.full_params.f32() + offset_in_group_[u] : nullptr;
+        if (G.padded == 0) return nullptr;
+        return (params_in_place_ ? G.mine.params.f32() : G.full_params.f32()) + offset_in_group_[u];
     }
     float* unit_grads(int u) override {
         Group& G = groups_.at(group_of_.at(u));
         TRAINER_CHECK(G.has_grads, "unit {} gradients used outside its backward hooks", u);
-        return G.padded ? G.full_grads.f32() + offset_in_group_[u] : nullptr;
+        if (G.padded == 0) return nullptr;
+        return (grads_in_place_ ? G.mine.grads.f32() : G.full_grads.f32()) + offset_in_group_[u];
     }
 
     void begin_step(int num_micro_batches) override { num_micro_ = num_micro_batches; }
@@ -114,7 +122,7 @@ class FsdpStrategy final : public Strategy {
     void before_backward(int u) override {
         acquire(u);
         Group& G = groups_[group_of_[u]];
-        if (!G.has_grads && G.padded > 0) {
+        if (!G.has_grads && G.padded > 0 && !grads_in_place_) {
             G.full_grads = DeviceBuffer(backend_, G.padded * sizeof(float), MemCategory::kGradients);
             backend_->fill_zero(G.full_grads.data(), G.padded * sizeof(float));
         }
@@ -233,8 +241,12 @@ class FsdpStrategy final : public Strategy {
         Group& G = groups_[g];
         if (G.gathered) return;
         G.gathered = true;
-        if (G.padded == 0) return;  // a unit without parameters (a parameter-free final norm)
+        if (G.padded == 0 || params_in_place_) return;  // nothing to gather: no parameters, or the shard is it
         G.full_params = DeviceBuffer(backend_, G.padded * sizeof(float), MemCategory::kGatheredUnits);
+        if (alone_) {  // mixed / pure alone: the compute copy is the bf16 shard widened, no collective
+            backend_->cast_bf16_to_float(G.full_params.f32(), G.mine_bf16.bf16(), G.padded);
+            return;
+        }
         if (opt_.precision.bf16_params) {
             G.wire = DeviceBuffer(backend_, G.padded * 2, MemCategory::kCommunication);
             G.gather = group_->all_gather(G.mine_bf16.data(), G.wire.data(), G.shard, CommDType::kBFloat16);
@@ -297,7 +309,7 @@ class FsdpStrategy final : public Strategy {
         Group& G = groups_[g];
         if (!G.has_grads) return;
         G.has_grads = false;
-        if (G.padded == 0) return;
+        if (G.padded == 0 || grads_in_place_) return;  // in place: already in the shard's gradients
         while (pending_.size() >= 2) settle_oldest();  // bounds the unsharded gradients in flight
         PendingReduce p;
         p.group = g;
@@ -338,6 +350,9 @@ class FsdpStrategy final : public Strategy {
     FsdpOptions opt_;
     std::string name_;
     int head_;
+    // A world of one (in_place_when_alone): the shard is the whole unit; parameters (fp32) and gradients
+    // (unless reduced in bf16) are used in place.
+    bool alone_, params_in_place_, grads_in_place_;
     int num_micro_ = 1, micro_ = 0;
     bool training_ = false;
     int fwd_cursor_ = 0, bwd_cursor_ = 0;

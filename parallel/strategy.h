@@ -126,6 +126,11 @@ struct FsdpOptions {
     bool reduce_every_micro_batch = false;  // grad_sync_mode micro_batch
     WirePrecision precision;
     bool forward_prefetch = true, backward_prefetch = true, limit_all_gathers = true;
+    // In a world of one rank, compute on the shard in place (it is the whole unit): no gathered copy of
+    // fp32 parameters (mixed/pure: one cast of the bf16 shard, no collective) and gradients accumulated
+    // straight into the shard's (pure: still reduced, to keep its bf16 rounding), as the single strategy
+    // does. Off only to exercise the gather machinery over a group of one (tests).
+    bool in_place_when_alone = true;
 };
 // FSDP FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD: parameters, gradients and AdamW moments sharded evenly
 // over `shard_group` (units padded), gathered around their compute, gradients reduce-scattered. `world`

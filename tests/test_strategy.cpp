@@ -12,6 +12,7 @@
 #include "base/layout.h"
 #include "base/memory.h"
 #include "kernels/backend.h"
+#include "kernels/element.h"
 #include "parallel/communicator.h"
 #include "parallel/strategy.h"
 #include "parallel/tcp_store.h"
@@ -39,7 +40,8 @@ FsdpOptions fsdp_options(const TrainConfig& c, const ParamLayout& layout) {
     o.forward_prefetch = c.fsdp.forward_prefetch;
     o.backward_prefetch = c.fsdp.backward_prefetch;
     o.limit_all_gathers = c.fsdp.limit_all_gathers;
-    return o;  // fp32 on the wire: gathered units are exactly padded x 4 bytes
+    o.in_place_when_alone = false;  // a group of one stands in for a shard group: gather as with many ranks
+    return o;                       // fp32 on the wire: gathered units are exactly padded x 4 bytes
 }
 
 // Unit u's initial parameters: small integers, exact in fp32, different in every unit and element.
@@ -157,8 +159,7 @@ void run_ranks(int world, const std::function<void(int, Communicator&)>& fn) {
 
 }  // namespace
 
-TEST_CASE(
-    "strategy: FULL_SHARD by_block gathers each unit around its hooks and prefetches one ahead and frees after use") {
+TEST_CASE("strategy: FULL_SHARD gathers each unit around its hooks and prefetches the next and frees it after") {
     const TrainConfig c = tiny_config(4, WrappingStrategy::kByBlock, ShardingStrategy::kFullShard);
     const ParamLayout layout(c);
     auto backend = make_backend(Device::kCpu);
@@ -297,6 +298,58 @@ TEST_CASE("strategy: SHARD_GRAD_OP keeps every gathered unit for the step and fr
     }
     s->after_optimizer_step();
     CHECK(gathered() == 0);
+}
+
+TEST_CASE("strategy: FSDP alone computes on its shard in place and gathers and reduces nothing") {
+    for (bool mixed : {false, true}) {
+        CAPTURE(mixed);
+        const TrainConfig c = tiny_config(3, WrappingStrategy::kByBlock, ShardingStrategy::kFullShard);
+        const ParamLayout layout(c);
+        auto backend = make_backend(Device::kCpu);
+        auto local = make_local_communicator(backend.get());
+        FsdpOptions o = fsdp_options(c, layout);
+        o.in_place_when_alone = true;
+        o.precision.bf16_params = mixed;
+        const auto bytes = unit_bytes(layout, o, 1);
+        const Gathered gathered;
+        const int64_t comm_base = live(MemCategory::kCommunication);
+        auto s = make_fsdp_strategy(backend.get(), layout, local.get(), local.get(), nullptr, o, "fsdp");
+        const int64_t grads_base = live(MemCategory::kGradients);
+        for (int u = 0; u < layout.num_units(); ++u) s->load_full_unit_params(u, unit_values(layout, u).data());
+        s->zero_grads();
+        s->begin_step(1);
+        s->begin_micro_batch(0);
+        std::vector<float*> shard_params(layout.num_units(), nullptr);
+        for (const ShardView& v : s->owned_shards()) shard_params[v.unit] = v.param;
+        micro_batch(
+            *s, layout, *backend,
+            [&](const std::string& event, int u) {
+                CAPTURE(event, u);
+                if (event != "before_forward" && event != "before_backward") return;
+                if (mixed) {
+                    // The bf16 shard widened: the unit's compute copy, and nothing on the wire.
+                    CHECK(gathered() >= bytes[u]);
+                    std::vector<float> got(layout.units()[u].numel), want = unit_values(layout, u);
+                    for (float& x : want) x = bf16_to_float(float_to_bf16(x));  // what mixed precision computes on
+                    backend->copy_device_to_host(got.data(), s->unit_params(u), got.size() * sizeof(float));
+                    CHECK(got == want);
+                } else {
+                    CHECK(s->unit_params(u) == shard_params[u]);
+                    CHECK(gathered() == 0);
+                }
+                CHECK(live(MemCategory::kGradients) == grads_base);  // no unsharded gradient buffer
+                CHECK(live(MemCategory::kCommunication) == comm_base);
+            },
+            [](int u) { return static_cast<float>(u + 1); });
+        s->finish_backward();
+        for (const ShardView& v : s->owned_shards()) {
+            std::vector<float> g(v.end - v.begin);
+            backend->copy_device_to_host(g.data(), v.grad, g.size() * sizeof(float));
+            CHECK(g == std::vector<float>(g.size(), static_cast<float>(v.unit + 1)));
+        }
+        s->after_optimizer_step();
+        CHECK(gathered() == 0);
+    }
 }
 
 TEST_CASE("strategy: FULL_SHARD and DDP over 3 Gloo ranks gather what was loaded and reduce gradients to the mean") {
