@@ -24,7 +24,7 @@ using Json = nlohmann::json;
 // ---- choices: each enum's values in the order of its spellings in Choices<E>::kNames ----
 enum class Device { kAuto, kCpu, kCuda };
 enum class Precision { kFp32, kAmpBf16 };
-enum class AttentionKernel { kNative, kCudnn };
+enum class AttentionKernel { kAuto, kNative, kCudnn, kFlash };
 enum class DistributedBackend { kAuto, kGloo, kNccl };
 enum class DistributedStrategy { kSingle, kDdp, kFsdp };
 enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard };
@@ -60,7 +60,7 @@ struct Choices<Precision> {
 };
 template <>
 struct Choices<AttentionKernel> {
-    static constexpr const char* kNames[] = {"native", "cudnn"};
+    static constexpr const char* kNames[] = {"auto", "native", "cudnn", "flash"};
 };
 template <>
 struct Choices<DistributedBackend> {
@@ -229,7 +229,7 @@ struct TrainConfig {
     long console_log_interval = 1;
     Device device = Device::kAuto;
     Precision precision = Precision::kFp32;
-    AttentionKernel kernels_attention = AttentionKernel::kNative;  // CUDA
+    AttentionKernel kernels_attention = AttentionKernel::kAuto;  // CUDA; resolved by resolve_attention
     DistributedBackend distributed_backend = DistributedBackend::kAuto;
     DistributedStrategy distributed_strategy = DistributedStrategy::kSingle;
     FsdpConfig fsdp;

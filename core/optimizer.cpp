@@ -48,10 +48,10 @@ AdamW::AdamW(const TrainConfig& config, const ParamLayout& layout, Backend* back
 
 OptimizerStepResult AdamW::step(Strategy& strategy, long step, long total_steps) {
     const std::vector<ShardView> shards = strategy.owned_shards();
-    double local_sq = 0.0;
-    for (const auto& s : shards) local_sq += backend_->squared_norm(s.grad, s.end - s.begin);
+    std::vector<std::pair<const float*, size_t>> grads;
+    for (const auto& s : shards) grads.emplace_back(s.grad, s.end - s.begin);
     OptimizerStepResult r;
-    r.grad_norm = std::sqrt(strategy.global_grad_sq(local_sq));
+    r.grad_norm = std::sqrt(strategy.global_grad_sq(backend_->squared_norm_multi(grads)));
     const double clip_coef = clip_coefficient(r.grad_norm, scheduled_max_grad_norm(config_, step));
     r.lr = scheduled_lr(config_.optimizer, config_.scheduler, step, total_steps);
     if (!std::isfinite(r.grad_norm)) {
@@ -61,19 +61,21 @@ OptimizerStepResult AdamW::step(Strategy& strategy, long step, long total_steps)
             step, r.grad_norm);
     }
     const auto& o = config_.optimizer;
+    std::vector<Backend::AdamwRange> ranges;
     for (const auto& s : shards) {
         for (const DecaySegment& seg : layout_.decay_segments(s.unit)) {
             // Intersect the parameter range with the shard: a parameter split across ranks keeps its group.
             const Range part = intersect({seg.begin, seg.end}, {s.begin, s.end});
             if (part.empty()) continue;
             const size_t o0 = part.begin - s.begin;
-            backend_->adamw_update(s.param + o0, s.grad + o0, s.exp_avg + o0, s.exp_avg_sq + o0, part.size(),
-                                   static_cast<float>(r.lr), static_cast<float>(o.beta1), static_cast<float>(o.beta2),
-                                   static_cast<float>(o.eps), seg.decay ? static_cast<float>(o.weight_decay) : 0.0f,
-                                   step, static_cast<float>(clip_coef),
-                                   s.param_bf16 != nullptr ? s.param_bf16 + o0 : nullptr);
+            ranges.push_back({s.param + o0, s.grad + o0, s.exp_avg + o0, s.exp_avg_sq + o0,
+                              s.param_bf16 != nullptr ? s.param_bf16 + o0 : nullptr, part.size(),
+                              seg.decay ? static_cast<float>(o.weight_decay) : 0.0f});
         }
     }
+    backend_->adamw_update_multi(ranges, static_cast<float>(r.lr), static_cast<float>(o.beta1),
+                                 static_cast<float>(o.beta2), static_cast<float>(o.eps), step,
+                                 static_cast<float>(clip_coef));
     strategy.after_optimizer_step();
     return r;
 }

@@ -204,13 +204,17 @@ class TrainingRun {
 
     void print_header() const {
         const long L = m_.max_sequence_length;
+        // The precision, and on GPUs the attention kernels (kernels.attention auto resolved).
+        std::string compute = choice_name(config_.precision);
+        if (device_ == Device::kCuda)
+            compute += fmt::format(", attention {}", choice_name(resolve_attention(config_, device_)));
         std::printf(
             "run %s: %s parameters (%s in matmuls) in %d units, strategy %s, device %s (%s), collectives %s, %d "
             "threads\n",
             config_.run_name.c_str(), human_count(static_cast<double>(layout_->total_numel())).c_str(),
             human_count(static_cast<double>(layout_->matmul_numel())).c_str(), layout_->num_units(),
-            world_.strategy->name().c_str(), backend_->name().c_str(), choice_name(config_.precision),
-            choice_name(world_.collectives), threads_);
+            world_.strategy->name().c_str(), backend_->name().c_str(), compute.c_str(), choice_name(world_.collectives),
+            threads_);
         std::printf(
             "data: %ld instances of %ld tokens; %ld steps of %ld instances (micro-batch %ld x %ld accumulation)\n",
             static_cast<long>(train_data_->num_instances()), L, total_steps_, config_.global_train_batch_size,

@@ -16,6 +16,8 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "base/config.h"
 #include "base/memory.h"
@@ -137,8 +139,33 @@ class Backend {
     virtual void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
                               float beta2, float eps, float weight_decay, long step, float grad_scale,
                               uint16_t* param_bf16 = nullptr) = 0;
+    // adamw_update over many ranges with the step's common arguments (one launch on the CUDA backend);
+    // each range's own weight decay. Default: adamw_update per range, in order.
+    struct AdamwRange {
+        float* param;
+        const float* grad;
+        float* m;
+        float* v;
+        uint16_t* param_bf16;  // nullable
+        size_t n;
+        float weight_decay;
+    };
+    virtual void adamw_update_multi(const std::vector<AdamwRange>& ranges, float lr, float beta1, float beta2,
+                                    float eps, long step, float grad_scale) {
+        for (const AdamwRange& r : ranges) {
+            adamw_update(r.param, r.grad, r.m, r.v, r.n, lr, beta1, beta2, eps, r.weight_decay, step, grad_scale,
+                         r.param_bf16);
+        }
+    }
     // Sum of squares of x, accumulated in double over a fixed partition; the result is returned to the host.
     virtual double squared_norm(const float* x, size_t n) = 0;
+    // Sum of squares over many ranges (x, n), returned to the host once; deterministic for given ranges.
+    // Default: squared_norm per range, summed in order.
+    virtual double squared_norm_multi(const std::vector<std::pair<const float*, size_t>>& ranges) {
+        double total = 0.0;
+        for (const auto& [x, n] : ranges) total += squared_norm(x, n);
+        return total;
+    }
     // Sum of x returned to the host, accumulated in double.
     virtual double sum(const float* x, size_t n) = 0;
 
@@ -151,12 +178,16 @@ class Backend {
 // How a backend computes (the CPU backend has one way and ignores these).
 struct BackendOptions {
     bool bf16_matmuls = false;                             // precision amp_bf16: GEMMs on bf16, fp32 accumulation
-    AttentionKernel attention = AttentionKernel::kNative;  // kernels.attention
+    AttentionKernel attention = AttentionKernel::kNative;  // kernels.attention, resolved (never kAuto)
     int device_index = 0;                                  // which GPU (the rank's LOCAL_RANK modulo the GPUs present)
 };
 
 // How the config asks the backend to compute (precision, attention kernels), on GPU `local_rank`.
 BackendOptions backend_options(const TrainConfig& config, int local_rank);
+
+// The attention kernels a config runs on `device`: kernels.attention, with auto resolved to the fast path
+// (cuDNN's in amp_bf16 on CUDA, where cuDNN runs the shape) or the native kernels.
+AttentionKernel resolve_attention(const TrainConfig& config, Device device);
 
 // Builds the backend for a device: kCpu (always available) or kCuda (kAuto is resolved first). Refuses a
 // device this build or machine does not have, naming it and what is available.
@@ -185,6 +216,14 @@ inline std::string cudnn_attention_unsupported(int T, int HS) {
                "at most 128)";
     }
     if (T < 2) return "sequence of " + std::to_string(T) + " positions (cuDNN's backward needs at least 2)";
+    return "";
+}
+
+// Empty when our flash attention (kernels.attention=flash) runs heads of HS channels; else why not.
+inline std::string flash_attention_unsupported(int HS) {
+    if (HS != 64 && HS != 128) {
+        return "head size of " + std::to_string(HS) + " (model.d_model / model.n_heads; it takes 64 or 128)";
+    }
     return "";
 }
 

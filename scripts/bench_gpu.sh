@@ -1,32 +1,41 @@
 #!/usr/bin/env bash
-# GPU benchmark: one-GPU training throughput and MFU of the gpt2_124m and OLMo-1B shapes, then every
-# kernel of one step of each against the device's roofline (`trainer bench-kernels`).
+# GPU benchmark: one-GPU training throughput of the gpt2_124m and OLMo-1B shapes, this trainer against a
+# PyTorch peer (scripts/bench_torch_gpu.py: the same model and batch, bf16 autocast, SDPA flash attention,
+# fused AdamW, clipping; eager and torch.compile), alternating the three in each round so machine noise hits
+# them alike; then (--kernels) every kernel of one step against the device's roofline (`trainer bench-kernels`).
 #
-# MFU = flops_per_token x tokens/s / peak, flops_per_token = 6N + 12 L d T (the trainer prints the
-# terms), peak = the dense bf16 tensor-core peak in amp_bf16 (fp32 FMA peak in fp32): SMs x max clock x
-# FLOP/clock/SM, printed by the trainer with the device's numbers (override: --set
-# peak_flops_per_device=...). OLMo-core's published figure for OLMo-1B on H100s is 48% MFU.
+# Prints one markdown table: tokens/s of each, the trainer's ratio to torch.compile, MFU against the
+# device's dense bf16 peak (the trainer's: the spec sheet's figure for known GPUs, e.g. H100 SXM 989.4
+# TFLOP/s; SMs x max clock x FLOP/clock/SM otherwise) and peak device memory (the trainer's pool
+# high-water mark; PyTorch's reserved peak, its allocated peak in brackets).
 #
-# Usage: scripts/bench_gpu.sh [--steps N] [--precision amp_bf16|fp32] [--olmo-micro-batch B] [--attention native|cudnn]
-# Needs a CUDA build and a GPU; the token file is this repository's own text (throughput only).
+# Runs a given binary (TRAINER_BIN, default build/bin/trainer) and builds nothing, so it runs from the GPU
+# bundle (../shared/tools/gpu_bundle.sh); writes no checkpoint (save_folder=null: an OLMo-1B checkpoint is
+# 14 GB). The tokens are this repository's own text, made once with the trainer (throughput only).
+#
+# Usage: scripts/bench_gpu.sh [--steps N] [--rounds R] [--attention native|cudnn|flash] [--shapes LIST]
+#                             [--no-torch] [--kernels]
+#   LIST: comma-separated of gpt2_124m, olmo_1b_mb4, olmo_1b_mb8 (default: all three)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=12 precision=amp_bf16 olmo_micro=4 attention=native
+steps=12 rounds=1 attention=cudnn shapes=gpt2_124m,olmo_1b_mb4,olmo_1b_mb8 torch=1 kernels=0
 while (($#)); do
     case $1 in
         --steps) steps=$2; shift 2 ;;
-        --precision) precision=$2; shift 2 ;;
-        --olmo-micro-batch) olmo_micro=$2; shift 2 ;;
+        --rounds) rounds=$2; shift 2 ;;
         --attention) attention=$2; shift 2 ;;
+        --shapes) shapes=$2; shift 2 ;;
+        --no-torch) torch=0; shift ;;
+        --kernels) kernels=1; shift ;;
         *) echo "error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
     esac
 done
-bash scripts/build.sh >/dev/null
-trainer=build/bin/trainer
-if ! ldd "$trainer" | grep -q libcudart; then
-    echo "error: build/bin/trainer was built without CUDA (nvcc not found); install the CUDA toolkit" >&2
+trainer=${TRAINER_BIN:-build/bin/trainer}
+if [[ ! -x $trainer ]]; then
+    echo "error: $trainer is not an executable trainer; build one (scripts/build.sh) or set TRAINER_BIN" >&2
     exit 1
 fi
+py=${PYTHON:-python3}
 mkdir -p data
 if [[ ! -f data/bench_tokens.bin ]]; then
     git ls-files '*.cpp' '*.h' '*.cu' '*.md' '*.py' '*.sh' | xargs "$trainer" prepare-data --tokenizer bytes \
@@ -35,34 +44,86 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# name | config | overrides (one micro-batch per step, no accumulation: the per-GPU work of a data-parallel run)
-shapes=(
-    "gpt2_124m|configs/gpt2_124m.json|--set device_train_microbatch_size=16 --set global_train_batch_size=16"
-    "olmo_1b|configs/olmo_1b.json|--set device_train_microbatch_size=$olmo_micro --set global_train_batch_size=$olmo_micro"
+# name | config | micro-batch (one micro-batch per step, no accumulation: the per-GPU work of a data-parallel run)
+declare -A spec=(
+    [gpt2_124m]="configs/gpt2_124m.json|16"
+    [olmo_1b_mb4]="configs/olmo_1b.json|4"
+    [olmo_1b_mb8]="configs/olmo_1b.json|8"
 )
-echo "| shape | precision | tokens/s | MFU | step ms | peak device memory GiB |"
-echo "|---|---|---|---|---|---|"
-for s in "${shapes[@]}"; do
-    IFS='|' read -r name config overrides <<<"$s"
-    # shellcheck disable=SC2086
-    "$trainer" --config "$config" --device cuda --precision "$precision" --data data/bench_tokens.bin \
-        --max-duration "$steps" --set console_log_interval=1000000 --set kernels.attention="$attention" \
-        $overrides --metrics-file "$tmp/$name.jsonl" >"$tmp/$name.log"
-    grep -E "^FLOPs per token|^MFU peak" "$tmp/$name.log" | sed "s/^/[$name] /" >&2
-    python3 - "$tmp/$name.jsonl" "$name" "$precision" <<'EOF'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-s = rows[-1]
-pool = s["peak_memory_bytes"].get("device_pool", 0) / 2**30
-print(f"| {sys.argv[2]} | {sys.argv[3]} | {s['tokens_per_second_per_device']:.0f} | {100 * s['mfu']:.1f}% | "
-      f"{s['mean_step_time_ms']:.1f} | {pool:.1f} |")
-EOF
+IFS=',' read -r -a names <<<"$shapes"
+for name in "${names[@]}"; do
+    [[ -n ${spec[$name]:-} ]] || { echo "error: unknown shape $name (expected ${!spec[*]})" >&2; exit 2; }
 done
-for s in "${shapes[@]}"; do
-    IFS='|' read -r name config overrides <<<"$s"
-    echo
-    echo "### kernels of one $name step ($precision)"
-    # shellcheck disable=SC2086
-    "$trainer" bench-kernels --config "$config" --device cuda --precision "$precision" \
-        --set kernels.attention="$attention" $overrides
+
+for ((r = 1; r <= rounds; r++)); do
+    for name in "${names[@]}"; do
+        IFS='|' read -r config micro <<<"${spec[$name]}"
+        "$trainer" --config "$config" --device cuda --precision amp_bf16 --data data/bench_tokens.bin \
+            --max-duration "$steps" --set console_log_interval=1000000 --set kernels.attention="$attention" \
+            --set save_folder=null --set save_interval=0 --set device_train_microbatch_size="$micro" \
+            --set global_train_batch_size="$micro" --metrics-file "$tmp/trainer_${name}_$r.jsonl" \
+            >"$tmp/trainer_${name}_$r.log" 2>&1 || { cat "$tmp/trainer_${name}_$r.log" >&2; exit 1; }
+        if ((torch)); then
+            for mode in eager compile; do
+                "$py" scripts/bench_torch_gpu.py --config "$config" --micro-batch "$micro" --mode "$mode" \
+                    --steps $((steps - 2)) --warmup 2 >"$tmp/torch_${mode}_${name}_$r.json" \
+                    2>"$tmp/torch_${mode}_${name}_$r.err" || {
+                    echo "warning: PyTorch $mode on $name failed: $(tail -1 "$tmp/torch_${mode}_${name}_$r.err")" >&2
+                    rm -f "$tmp/torch_${mode}_${name}_$r.json"
+                }
+            done
+        fi
+    done
 done
+grep -h "^MFU peak" "$tmp"/trainer_*_1.log | head -1 >&2
+
+"$py" - "$tmp" "$rounds" "$attention" "${names[@]}" <<'PY'
+import json, os, statistics, sys
+tmp, rounds, attention, names = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+gib = 2**30
+def load(path):
+    return json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else None
+print(f"| shape | trainer tokens/s | eager tokens/s | compile tokens/s | trainer / compile | trainer MFU | "
+      f"compile MFU | trainer GiB | eager GiB | compile GiB |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for name in names:
+    ours, ours_mfu, eager, comp, mem = [], [], [], [], []
+    teager = tcomp = None
+    for r in range(1, rounds + 1):
+        rows = [json.loads(l) for l in open(f"{tmp}/trainer_{name}_{r}.jsonl") if l.strip()]
+        s = rows[-1]
+        ours.append(s["tokens_per_second_per_device"])
+        ours_mfu.append(100.0 * s["mfu"])
+        fpt, peak = s["flops_per_token"], s["peak_flops_per_device"]
+        mem.append(s["peak_memory_bytes"].get("device_pool", 0))
+        e, c = load(f"{tmp}/torch_eager_{name}_{r}.json"), load(f"{tmp}/torch_compile_{name}_{r}.json")
+        if e: eager.append(e["tokens_per_second"]); teager = e
+        if c: comp.append(c["tokens_per_second"]); tcomp = c
+    med = statistics.median
+    # PyTorch's MFU as the trainer counts its own: flops_per_token over the L-1 predicted tokens of each
+    # instance of L (tokens/s counts L per instance, OLMo's count).
+    def mfu(tps, L):
+        return 100.0 * fpt * tps * (L - 1) / L / peak
+    o = med(ours)
+    fmt = lambda x: f"{x:,.0f}" if x else "-"
+    row = [name, fmt(o), fmt(med(eager)) if eager else "-", fmt(med(comp)) if comp else "-",
+           f"{o / med(comp):.2f}" if comp else "-", f"{med(ours_mfu):.1f}%",
+           f"{mfu(med(comp), tcomp['seq_len']):.1f}%" if comp else "-",
+           f"{max(mem) / gib:.1f}",
+           f"{teager['peak_reserved_bytes'] / gib:.1f} ({teager['peak_allocated_bytes'] / gib:.1f})" if teager else "-",
+           f"{tcomp['peak_reserved_bytes'] / gib:.1f} ({tcomp['peak_allocated_bytes'] / gib:.1f})" if tcomp else "-"]
+    print("| " + " | ".join(row) + " |")
+print(f"\ntrainer: amp_bf16, kernels.attention={attention}; {rounds} round(s), medians; MFU = flops_per_token x "
+      f"predicted tokens/s / the trainer's dense bf16 peak")
+PY
+
+if ((kernels)); then
+    for name in "${names[@]}"; do
+        IFS='|' read -r config micro <<<"${spec[$name]}"
+        echo
+        echo "### kernels of one $name step (amp_bf16, attention $attention)"
+        "$trainer" bench-kernels --config "$config" --device cuda --precision amp_bf16 \
+            --set kernels.attention="$attention" --set device_train_microbatch_size="$micro" \
+            --set global_train_batch_size="$micro"
+    done
+fi

@@ -46,20 +46,52 @@ __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v
         });
 }
 
-}  // namespace
+// Multi-tensor AdamW: the ranges are cut into chunks of kAdamwChunk elements, numbered across all ranges;
+// a block takes chunks in grid stride and finds each one's range by binary search over the first chunks.
+constexpr size_t kChunk = kAdamwChunk;
 
-void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, long step, float grad_scale, uint16_t* param_bf16,
-                  cudaStream_t stream) {
-    if (n == 0) return;
+__global__ void adamw_multi_kernel(const AdamwSegment* segs, int nsegs, size_t total_chunks, AdamWStep s) {
+    for (size_t c = blockIdx.x; c < total_chunks; c += gridDim.x) {
+        size_t begin = 0, end = 0;
+        const AdamwSegment& g = chunk_segment(segs, nsegs, c, kChunk, &begin, &end);
+        AdamWStep st = s;
+        st.decay_factor = g.decay_factor;
+        for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+            st(g.param[i], g.grad[i], g.m[i], g.v[i]);
+            if (g.p16 != nullptr) g.p16[i] = float_to_bf16(g.param[i]);
+        }
+    }
+}
+
+AdamWStep step_constants(float lr, float beta1, float beta2, float eps, float weight_decay, long step,
+                         float grad_scale) {
     // The per-step constants, computed in double on the host exactly as the CPU backend does.
     const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
     const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
     AdamWStep s;
     s.beta1 = beta1, s.beta2 = beta2, s.eps = eps, s.grad_scale = grad_scale;
-    s.decay_factor = static_cast<float>(1.0 - static_cast<double>(lr) * static_cast<double>(weight_decay));
+    s.decay_factor = adamw_decay_factor(lr, weight_decay);
     s.step_size = static_cast<float>(static_cast<double>(lr) / bc1);
     s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+    return s;
+}
+
+}  // namespace
+
+void adamw_update_multi(const AdamwSegment* segs_device, int nsegs, size_t total_chunks, float lr, float beta1,
+                        float beta2, float eps, long step, float grad_scale, cudaStream_t stream) {
+    if (nsegs == 0 || total_chunks == 0) return;
+    const AdamWStep s = step_constants(lr, beta1, beta2, eps, 0.0f, step, grad_scale);
+    const unsigned blocks = static_cast<unsigned>(total_chunks < 65535 ? total_chunks : 65535);
+    adamw_multi_kernel<<<blocks, kPointwiseBlock, 0, stream>>>(segs_device, nsegs, total_chunks, s);
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+}
+
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, long step, float grad_scale, uint16_t* param_bf16,
+                  cudaStream_t stream) {
+    if (n == 0) return;
+    const AdamWStep s = step_constants(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
     const bool vec =
         aligned16(param, grad, m, v) && (param_bf16 == nullptr || reinterpret_cast<uintptr_t>(param_bf16) % 8 == 0);
     adamw_kernel<<<grid_for(vec ? (n + 3) / 4 : n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(

@@ -92,6 +92,25 @@ __global__ void map2_kernel(float* out, const float* a, const float* b, size_t n
 
 constexpr unsigned kPointwiseBlock = 256;
 
+// Multi-tensor kernels cut their ranges (segments with n elements and a first_chunk numbering the chunks
+// across the segments, in order) into chunks of `chunk` elements: the segment of chunk c, found by binary
+// search (the last one whose first_chunk <= c), and the chunk's element range [*begin, *end) in it.
+template <typename Seg>
+__device__ const Seg& chunk_segment(const Seg* segs, int nsegs, size_t c, size_t chunk, size_t* begin, size_t* end) {
+    int lo = 0, hi = nsegs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (segs[mid].first_chunk <= c)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const Seg& g = segs[lo];
+    *begin = (c - g.first_chunk) * chunk;
+    *end = *begin + chunk < g.n ? *begin + chunk : g.n;
+    return g;
+}
+
 template <typename F>
 void map1(float* out, const float* a, size_t n, F f, cudaStream_t stream) {
     if (n == 0) return;

@@ -76,6 +76,33 @@ double flop_per_clock_per_sm(int major, int minor, bool bf16) {
     }
 }
 
+// Dense peaks from the vendor's spec sheets (no sparsity), the figures MFU is quoted against (OLMo-core,
+// torchtitan, llm.c): the measured-clock formula reads above them on GPUs that boost past the spec clock.
+struct DenseSpec {
+    const char* match;  // all space-separated words must appear in the device name
+    const char* model;
+    double bf16, fp32;
+};
+constexpr DenseSpec kDenseSpecs[] = {
+    {"H100 HBM3", "H100 SXM", 989.4e12, 66.9e12}, {"H100 SXM", "H100 SXM", 989.4e12, 66.9e12},
+    {"H100 NVL", "H100 NVL", 835.0e12, 60.0e12},  {"H100 PCIe", "H100 PCIe", 756.0e12, 51.2e12},
+    {"H200", "H200", 989.4e12, 66.9e12},          {"A100", "A100", 312.0e12, 19.5e12},
+};
+
+const DenseSpec* dense_spec(const std::string& name) {
+    for (const DenseSpec& s : kDenseSpecs) {
+        std::string words = s.match;
+        bool all = true;
+        for (size_t start = 0; start <= words.size();) {
+            const size_t end = std::min(words.find(' ', start), words.size());
+            all &= name.find(words.substr(start, end - start)) != std::string::npos;
+            start = end + 1;
+        }
+        if (all) return &s;
+    }
+    return nullptr;
+}
+
 class CudaBackend final : public Backend {
    public:
     explicit CudaBackend(const BackendOptions& options) : options_(options) {
@@ -92,8 +119,8 @@ class CudaBackend final : public Backend {
     }
     ~CudaBackend() override {
         for (auto& [key, t] : rope_tables_) free(t.first), free(t.second);
-        for (Scratch* s : {&ln_scratch_, &att_scratch_, &a16_, &b16_, &c16_, &held16_, &att16_[0], &att16_[1],
-                           &att16_[2], &att16_[3]})
+        for (Scratch* s : {&ln_scratch_, &att_scratch_, &emb_scratch_, &segments_, &norm_segments_, &a16_, &b16_, &c16_,
+                           &held16_, &att16_[0], &att16_[1], &att16_[2], &att16_[3]})
             free(s->ptr);
         cudnn_attention_.reset();
         free(norm_scratch_);
@@ -166,13 +193,23 @@ class CudaBackend final : public Backend {
     void synchronize() override { TRAINER_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
     double peak_flops(bool bf16, std::string* how) const override {
+        cudaDeviceProp prop{};
+        cudaGetDeviceProperties(&prop, device_);
+        if (const DenseSpec* spec = dense_spec(prop.name)) {
+            const double peak = bf16 ? spec->bf16 : spec->fp32;
+            if (how != nullptr) {
+                *how = fmt::format(
+                    "{}: {:.1f} TFLOP/s dense {} (the {} spec sheet); override with "
+                    "peak_flops_per_device",
+                    prop.name, peak / 1e12, bf16 ? "bf16 tensor cores" : "fp32", spec->model);
+            }
+            return peak;
+        }
         int sms = 0, clock_khz = 0, major = 0, minor = 0;
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_);
         cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device_);
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_);
-        cudaDeviceProp prop{};
-        cudaGetDeviceProperties(&prop, device_);
         const double per_clock = flop_per_clock_per_sm(major, minor, bf16);
         const double peak = sms * (clock_khz * 1e3) * per_clock;
         if (how != nullptr) {
@@ -236,7 +273,8 @@ class CudaBackend final : public Backend {
     }
     void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,
                             int C) override {
-        cuda::embedding_backward(dwte, dwpe, dout, tokens, N, T, C, stream_);
+        void* scratch = grow(emb_scratch_, cuda::embedding_backward_scratch_bytes(N));
+        cuda::embedding_backward(dwte, dwpe, dout, tokens, N, T, C, scratch, stream_);
     }
     void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                            const float* bias, int N, int C, float eps) override {
@@ -257,17 +295,22 @@ class CudaBackend final : public Backend {
         cuda::rope_backward(dqkv, cos_t, sin_t, B, T, NH, HS, stream_);
     }
     void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS) override {
-        if (!cudnn_attention_) return cuda::attention_forward(out, lse, qkv, B, T, NH, HS, stream_);
-        // cuDNN: bf16 operands in, bf16 output widened back (exactly) into the fp32 activation.
+        if (options_.attention == AttentionKernel::kNative)
+            return cuda::attention_forward(out, lse, qkv, B, T, NH, HS, stream_);
+        // cuDNN or ours: bf16 operands in, bf16 output widened back (exactly) into the fp32 activation.
         const size_t NC = static_cast<size_t>(B) * T * NH * HS;
         const uint16_t* qkv16 = to_bf16(att16_[0], qkv, 3 * NC);
         auto* out16 = static_cast<uint16_t*>(grow(att16_[1], NC * sizeof(uint16_t)));
-        cudnn_attention_->forward(out16, lse, qkv16, B, T, NH, HS, stream_);
+        if (cudnn_attention_) {
+            cudnn_attention_->forward(out16, lse, qkv16, B, T, NH, HS, stream_);
+        } else {
+            cuda::flash_attention_forward(out16, lse, qkv16, B, T, NH, HS, stream_);
+        }
         cuda::cast_bf16_to_float(out, out16, NC, stream_);
     }
     void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
                             int T, int NH, int HS) override {
-        if (!cudnn_attention_) {
+        if (options_.attention == AttentionKernel::kNative) {
             float* scratch = static_cast<float*>(
                 grow(att_scratch_, cuda::attention_backward_scratch_floats(B, T, NH) * sizeof(float)));
             return cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS, scratch, stream_);
@@ -277,7 +320,12 @@ class CudaBackend final : public Backend {
         const uint16_t* out16 = to_bf16(att16_[1], out, NC);  // out holds bf16 values: the same bits as forward's
         const uint16_t* dout16 = to_bf16(att16_[2], dout, NC);
         auto* dqkv16 = static_cast<uint16_t*>(grow(att16_[3], 3 * NC * sizeof(uint16_t)));
-        cudnn_attention_->backward(dqkv16, dout16, qkv16, out16, lse, B, T, NH, HS, stream_);
+        if (cudnn_attention_) {
+            cudnn_attention_->backward(dqkv16, dout16, qkv16, out16, lse, B, T, NH, HS, stream_);
+        } else {
+            void* scratch = grow(att_scratch_, cuda::flash_attention_backward_scratch_bytes(B, T, NH, HS));
+            cuda::flash_attention_backward(dqkv16, dout16, qkv16, out16, lse, B, T, NH, HS, scratch, stream_);
+        }
         cuda::cast_bf16_to_float(dqkv, dqkv16, 3 * NC, stream_);
     }
     void gelu_forward(float* out, const float* inp, size_t n, bool tanh_approx) override {
@@ -306,6 +354,38 @@ class CudaBackend final : public Backend {
                            stream_);
     }
     double squared_norm(const float* x, size_t n) override { return cuda::squared_norm(x, n, norm_scratch_, stream_); }
+    void adamw_update_multi(const std::vector<AdamwRange>& ranges, float lr, float beta1, float beta2, float eps,
+                            long step, float grad_scale) override {
+        std::vector<cuda::AdamwSegment> segs;
+        size_t chunks = 0;
+        for (const AdamwRange& r : ranges) {
+            if (r.n == 0) continue;
+            segs.push_back(
+                {r.param, r.grad, r.m, r.v, r.param_bf16, r.n, chunks, cuda::adamw_decay_factor(lr, r.weight_decay)});
+            chunks += (r.n + cuda::kAdamwChunk - 1) / cuda::kAdamwChunk;
+        }
+        if (segs.empty()) return;
+        const size_t bytes = segs.size() * sizeof(cuda::AdamwSegment);
+        void* dev = grow(segments_, bytes);
+        copy_host_to_device(dev, segs.data(), bytes);
+        cuda::adamw_update_multi(static_cast<const cuda::AdamwSegment*>(dev), static_cast<int>(segs.size()), chunks, lr,
+                                 beta1, beta2, eps, step, grad_scale, stream_);
+    }
+    double squared_norm_multi(const std::vector<std::pair<const float*, size_t>>& ranges) override {
+        std::vector<cuda::NormSegment> segs;
+        size_t chunks = 0;
+        for (const auto& [x, n] : ranges) {
+            if (n == 0) continue;
+            segs.push_back({x, n, chunks});
+            chunks += (n + cuda::kAdamwChunk - 1) / cuda::kAdamwChunk;
+        }
+        if (segs.empty()) return 0.0;
+        const size_t bytes = segs.size() * sizeof(cuda::NormSegment);
+        void* dev = grow(norm_segments_, bytes);
+        copy_host_to_device(dev, segs.data(), bytes);
+        return cuda::squared_norm_multi(static_cast<const cuda::NormSegment*>(dev), static_cast<int>(segs.size()),
+                                        chunks, norm_scratch_, stream_);
+    }
     double sum(const float* x, size_t n) override { return cuda::sum(x, n, norm_scratch_, stream_); }
     void cast_float_to_bf16(uint16_t* out, const float* in, size_t n) override {
         cuda::cast_float_to_bf16(out, in, n, stream_);
@@ -374,11 +454,12 @@ class CudaBackend final : public Backend {
     cudaMemPool_t pool_ = nullptr;
     std::unique_ptr<Gemm> gemm_;
     double* norm_scratch_ = nullptr;
-    Scratch ln_scratch_, att_scratch_, a16_, b16_, c16_;
-    Scratch held16_;  // the held weight's bf16 copy (hold_weight)
+    Scratch ln_scratch_, att_scratch_, emb_scratch_, a16_, b16_, c16_;
+    Scratch segments_, norm_segments_;  // the multi-tensor AdamW and norm descriptors
+    Scratch held16_;                    // the held weight's bf16 copy (hold_weight)
     const float* held_ = nullptr;
     size_t held_numel_ = 0;
-    Scratch att16_[4];  // cuDNN attention's bf16 qkv, out, dout and dqkv
+    Scratch att16_[4];  // the bf16 attentions' qkv, out, dout and dqkv
     std::unique_ptr<CudnnAttention> cudnn_attention_;
     std::map<std::tuple<int, int, float>, std::pair<float*, float*>> rope_tables_;
 };

@@ -1,16 +1,17 @@
 // Token (+ learned position) embedding on the GPU, the twin of kernels/cpu/embedding.cpp.
 // Forward: one thread per output element (coalesced rows). Backward without float atomics and
-// deterministic: a thread owns one channel of one token bucket (token % kBuckets) and walks every row
-// in order, adding only the rows of its bucket; every dwte element thus sums its contributions in row
-// order, exactly as the CPU backend does, so the two agree bitwise. dwpe likewise: a thread owns one
-// channel of one position and walks that position's rows (n = t, t + T, ...) in order.
+// deterministic, as llm.c's encoder backward: the micro-batch's rows are grouped by token id once (a
+// stable radix sort of (token, row) pairs, then the runs of equal tokens), and one block per distinct
+// token adds that token's rows into its dwte row in row order, exactly as the CPU backend does, so the
+// two agree bitwise. dwpe: a thread owns one channel of one position and walks that position's rows
+// (n = t, t + T, ...) in order.
+#include <cub/cub.cuh>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace trainer::cuda {
 namespace {
-
-constexpr int kBuckets = 32;
 
 __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N,
                                          int T, int C) {
@@ -23,16 +24,57 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, cons
     }
 }
 
-// grid (ceil(C / blockDim.x), kBuckets): thread (c, bucket).
-__global__ void embedding_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, int N, int C) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    const int bucket = blockIdx.y;
-    if (c >= C) return;
-    for (int n = 0; n < N; ++n) {
-        const int tok = tokens[n];  // the same address across the warp: one broadcast load
-        if (tok % kBuckets != bucket) continue;
-        dwte[static_cast<size_t>(tok) * C + c] += dout[static_cast<size_t>(n) * C + c];
+__global__ void iota_kernel(int32_t* out, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = i;
+}
+
+// Block r adds the rows of run r (token unique[r], rows rows[offset[r] .. offset[r] + count[r]) in row
+// order) into dwte[token]; blocks past the number of runs return.
+__global__ void embedding_backward_runs_kernel(float* dwte, const float* dout, const int32_t* unique,
+                                               const int32_t* counts, const int32_t* offsets, const int32_t* rows,
+                                               const int32_t* num_runs, int C) {
+    const int r = blockIdx.x;
+    if (r >= *num_runs) return;
+    const int32_t* run = rows + offsets[r];
+    const int n = counts[r];
+    float* dst = dwte + static_cast<size_t>(unique[r]) * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = dst[c];
+        for (int k = 0; k < n; ++k) acc += dout[static_cast<size_t>(run[k]) * C + c];
+        dst[c] = acc;
     }
+}
+
+// The scratch of the grouping: int32 arrays of N (sorted tokens, rows in, rows sorted, unique tokens, run
+// counts, run offsets), the run count, then CUB's temporary storage.
+struct GroupScratch {
+    int32_t *keys_out, *rows_in, *rows_out, *unique, *counts, *offsets, *num_runs;
+    void* temp;
+    size_t temp_bytes;
+};
+
+size_t cub_temp_bytes(int N) {
+    size_t sort = 0, rle = 0, scan = 0;
+    TRAINER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+        nullptr, sort, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+        static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), N, 0, 31));
+    TRAINER_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(
+        nullptr, rle, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+        static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), N));
+    TRAINER_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan, static_cast<const int32_t*>(nullptr),
+                                                     static_cast<int32_t*>(nullptr), N));
+    return std::max(sort, std::max(rle, scan));
+}
+
+GroupScratch carve(void* scratch, int N) {
+    auto* p = static_cast<int32_t*>(scratch);
+    const size_t n = (static_cast<size_t>(N) + 63) / 64 * 64;  // 256-byte aligned arrays
+    GroupScratch g;
+    g.keys_out = p, g.rows_in = p + n, g.rows_out = p + 2 * n, g.unique = p + 3 * n, g.counts = p + 4 * n;
+    g.offsets = p + 5 * n, g.num_runs = p + 6 * n;
+    g.temp = p + 6 * n + 64;
+    g.temp_bytes = cub_temp_bytes(N);
+    return g;
 }
 
 // grid (ceil(C / blockDim.x), min(T, 65535)): thread (c, t) for t striding over gridDim.y.
@@ -57,14 +99,34 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
+size_t embedding_backward_scratch_bytes(int N) {
+    const size_t n = (static_cast<size_t>(N) + 63) / 64 * 64;
+    return (6 * n + 64) * sizeof(int32_t) + cub_temp_bytes(N);
+}
+
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T, int C,
-                        cudaStream_t stream) {
+                        void* scratch, cudaStream_t stream) {
     if (N == 0 || C == 0) return;
-    constexpr unsigned kBlock = 128;
-    const unsigned cblocks = static_cast<unsigned>((C + kBlock - 1) / kBlock);
-    embedding_backward_wte_kernel<<<dim3(cblocks, kBuckets), kBlock, 0, stream>>>(dwte, dout, tokens, N, C);
+    const GroupScratch g = carve(scratch, N);
+    iota_kernel<<<grid_for(N, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(g.rows_in, N);
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+    size_t temp = g.temp_bytes;
+    // Stable: the rows of one token stay in row order. Token ids are non-negative int32.
+    TRAINER_CUDA_CHECK(
+        cub::DeviceRadixSort::SortPairs(g.temp, temp, tokens, g.keys_out, g.rows_in, g.rows_out, N, 0, 31, stream));
+    // The scan reads all N counts: those past the number of runs are zeroed, not left uninitialised.
+    TRAINER_CUDA_CHECK(cudaMemsetAsync(g.counts, 0, static_cast<size_t>(N) * sizeof(int32_t), stream));
+    temp = g.temp_bytes;
+    TRAINER_CUDA_CHECK(
+        cub::DeviceRunLengthEncode::Encode(g.temp, temp, g.keys_out, g.unique, g.counts, g.num_runs, N, stream));
+    temp = g.temp_bytes;
+    TRAINER_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(g.temp, temp, g.counts, g.offsets, N, stream));
+    embedding_backward_runs_kernel<<<static_cast<unsigned>(N), 256, 0, stream>>>(dwte, dout, g.unique, g.counts,
+                                                                                 g.offsets, g.rows_out, g.num_runs, C);
     TRAINER_CUDA_CHECK(cudaGetLastError());
     if (dwpe != nullptr) {
+        constexpr unsigned kBlock = 128;
+        const unsigned cblocks = static_cast<unsigned>((C + kBlock - 1) / kBlock);
         embedding_backward_wpe_kernel<<<dim3(cblocks, static_cast<unsigned>(T < 65535 ? T : 65535)), kBlock, 0,
                                         stream>>>(dwpe, dout, N, T, C);
         TRAINER_CUDA_CHECK(cudaGetLastError());

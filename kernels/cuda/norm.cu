@@ -40,10 +40,7 @@ __global__ void final_sum_kernel(double* out, const double* partials) {
     if (threadIdx.x == 0) *out = total;
 }
 
-double reduce(const float* x, size_t n, bool square, double* scratch, cudaStream_t stream) {
-    if (n == 0) return 0.0;
-    partial_sums_kernel<<<kNormBlocks, kThreads, 0, stream>>>(scratch, x, n, square);
-    TRAINER_CUDA_CHECK(cudaGetLastError());
+double finish(double* scratch, cudaStream_t stream) {
     final_sum_kernel<<<1, kThreads, 0, stream>>>(scratch + kNormBlocks, scratch);
     TRAINER_CUDA_CHECK(cudaGetLastError());
     double result = 0.0;
@@ -52,7 +49,39 @@ double reduce(const float* x, size_t n, bool square, double* scratch, cudaStream
     return result;
 }
 
+double reduce(const float* x, size_t n, bool square, double* scratch, cudaStream_t stream) {
+    if (n == 0) return 0.0;
+    partial_sums_kernel<<<kNormBlocks, kThreads, 0, stream>>>(scratch, x, n, square);
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+    return finish(scratch, stream);
+}
+
+// Chunks (numbered across the segments) in a fixed stride over the kNormBlocks blocks: the partition, and
+// so the result, depends only on the segments.
+__global__ void partial_squares_multi_kernel(double* partials, const NormSegment* segs, int nsegs,
+                                             size_t total_chunks) {
+    double acc = 0.0;
+    for (size_t c = blockIdx.x; c < total_chunks; c += gridDim.x) {
+        size_t begin = 0, end = 0;
+        const NormSegment& g = chunk_segment(segs, nsegs, c, kAdamwChunk, &begin, &end);
+        for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+            const double v = static_cast<double>(g.x[i]);
+            acc += v * v;
+        }
+    }
+    const double total = block_sum(acc);
+    if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
 }  // namespace
+
+double squared_norm_multi(const NormSegment* segs_device, int nsegs, size_t total_chunks, double* scratch,
+                          cudaStream_t stream) {
+    if (nsegs == 0 || total_chunks == 0) return 0.0;
+    partial_squares_multi_kernel<<<kNormBlocks, kThreads, 0, stream>>>(scratch, segs_device, nsegs, total_chunks);
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+    return finish(scratch, stream);
+}
 
 double squared_norm(const float* x, size_t n, double* scratch, cudaStream_t stream) {
     return reduce(x, n, true, scratch, stream);

@@ -61,11 +61,12 @@ void matmul_backward_bf16(Gemm& gemm, float* dinp, float* dweight, float* dbias,
                           bool accumulate_dinp, cudaStream_t stream);
 
 // Token (+ learned position, nullable) embedding; the backward adds into dwte/dwpe in row order, with
-// no atomics (embedding.cu).
+// no atomics (embedding.cu), rows grouped by token with `scratch` of embedding_backward_scratch_bytes(N).
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
                        cudaStream_t stream);
+size_t embedding_backward_scratch_bytes(int N);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T, int C,
-                        cudaStream_t stream);
+                        void* scratch, cudaStream_t stream);
 
 // LayerNorm forward (weight/bias nullable) saving mean and rstd; backward ADDS into dinp, dweight and
 // dbias (nullable), with `scratch` of layernorm_backward_scratch_floats(N, C) floats (layernorm.cu).
@@ -121,6 +122,16 @@ class CudnnAttention {
     State* s_;
 };
 
+// Our flash attention on tensor cores (attention_flash.cu): the contract of CudnnAttention on bf16 qkv,
+// out, dout and dqkv with the fp32 lse, heads of 64 or 128 channels, deterministic. The backward needs
+// `scratch` of flash_attention_backward_scratch_bytes(B, T, NH, HS) bytes.
+bool flash_attention_supported(int HS);
+size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int HS);
+void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int HS,
+                             cudaStream_t stream);
+void flash_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
+                              const float* lse, int B, int T, int NH, int HS, void* scratch, cudaStream_t stream);
+
 // Fused softmax + cross-entropy + dlogits in place over (N, V) logits: losses(N) = logsumexp - logit of
 // the target; with compute_grad the row becomes (softmax - onehot) * dloss_scale. Targets < 0 are
 // ignored; targets must be < V (classifier.cu).
@@ -132,6 +143,34 @@ void classifier_forward_backward(float* logits, float* losses, const int32_t* ta
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
                   float eps, float weight_decay, long step, float grad_scale, uint16_t* param_bf16,
                   cudaStream_t stream);
+
+// Multi-tensor AdamW (adamw.cu): one launch over many flat ranges, each described on the device by an
+// AdamwSegment (the same update as adamw_update, element for element). A range of n elements is
+// ceil(n / kAdamwChunk) chunks; first_chunk numbers them across the ranges, in order.
+constexpr size_t kAdamwChunk = 4096;
+struct AdamwSegment {
+    float* param;
+    const float* grad;
+    float* m;
+    float* v;
+    uint16_t* p16;  // nullable: the bf16 copy-out
+    size_t n, first_chunk;
+    float decay_factor;  // adamw_decay_factor(lr, the range's weight decay)
+};
+inline float adamw_decay_factor(float lr, float weight_decay) {
+    return static_cast<float>(1.0 - static_cast<double>(lr) * static_cast<double>(weight_decay));
+}
+void adamw_update_multi(const AdamwSegment* segs_device, int nsegs, size_t total_chunks, float lr, float beta1,
+                        float beta2, float eps, long step, float grad_scale, cudaStream_t stream);
+
+// Deterministic double-precision squared L2 norm of many ranges together (norm.cu), one host round trip;
+// the ranges are described on the device as (pointer, n, first_chunk) like AdamW's, chunks of kAdamwChunk.
+struct NormSegment {
+    const float* x;
+    size_t n, first_chunk;
+};
+double squared_norm_multi(const NormSegment* segs_device, int nsegs, size_t total_chunks, double* scratch,
+                          cudaStream_t stream);
 
 // Deterministic double-precision sum and squared L2 norm, returned to the host (synchronises `stream`).
 // `scratch`: device memory for kNormScratchDoubles doubles (norm.cu).

@@ -210,6 +210,80 @@ void test_adamw() {
     }
 }
 
+// Multi-tensor AdamW and squared norm over ranges of odd sizes (one chunk, several, a partial last one),
+// each range with its own weight decay, one with the bf16 copy-out: the same as the one-range kernels.
+void test_multi_tensor() {
+    const std::vector<size_t> sizes = {1, 4097, 10001, 3};
+    const std::vector<float> decays = {0.1f, 0.0f, 0.1f, 0.05f};
+    std::vector<std::vector<float>> p, g, m, v;
+    for (size_t r = 0; r < sizes.size(); ++r) {
+        p.push_back(wave(sizes[r], 0.5f, 0.1f * r));
+        g.push_back(wave(sizes[r], 0.2f, 3.0f + r));
+        m.push_back(wave(sizes[r], 0.01f, 1.0f + r));
+        v.push_back(wave(sizes[r], 0.001f, 2.0f + r));
+        for (auto& e : v.back()) e = std::fabs(e);
+    }
+    std::vector<Dev<float>*> dp, dg, dm, dv;
+    for (size_t r = 0; r < sizes.size(); ++r) {
+        dp.push_back(new Dev<float>(p[r])), dg.push_back(new Dev<float>(g[r]));
+        dm.push_back(new Dev<float>(m[r])), dv.push_back(new Dev<float>(v[r]));
+    }
+    Dev<uint16_t> d16(sizes[2]);
+    std::vector<trainer::cuda::AdamwSegment> segs;
+    std::vector<trainer::cuda::NormSegment> nsegs;
+    size_t chunks = 0;
+    const float lr = 1e-3f;
+    for (size_t r = 0; r < sizes.size(); ++r) {
+        segs.push_back({dp[r]->p, dg[r]->p, dm[r]->p, dv[r]->p, r == 2 ? d16.p : nullptr, sizes[r], chunks,
+                        trainer::cuda::adamw_decay_factor(lr, decays[r])});
+        nsegs.push_back({dg[r]->p, sizes[r], chunks});
+        chunks += (sizes[r] + trainer::cuda::kAdamwChunk - 1) / trainer::cuda::kAdamwChunk;
+    }
+    Dev<uint8_t> dsegs(segs.size() * sizeof(segs[0])), dnsegs(nsegs.size() * sizeof(nsegs[0]));
+    cudaMemcpy(dsegs.p, segs.data(), dsegs.n, cudaMemcpyHostToDevice);
+    cudaMemcpy(dnsegs.p, nsegs.data(), dnsegs.n, cudaMemcpyHostToDevice);
+    {
+        const Where at("squared norm of 4 ranges");
+        Dev<double> scratch(trainer::cuda::kNormScratchDoubles);
+        double ref = 0.0;
+        for (size_t r = 0; r < sizes.size(); ++r) ref += trainer::cpu::squared_norm(g[r].data(), sizes[r]);
+        const auto* ns = reinterpret_cast<const trainer::cuda::NormSegment*>(dnsegs.p);
+        const double got = trainer::cuda::squared_norm_multi(ns, 4, chunks, scratch.p, nullptr);
+        const double again = trainer::cuda::squared_norm_multi(ns, 4, chunks, scratch.p, nullptr);
+        expect(std::fabs(got - ref) <= 1e-12 * ref, "squared_norm_multi matches the CPU in double");
+        expect(got == again, "squared_norm_multi is deterministic");
+    }
+    for (long step = 1; step <= 2; ++step) {
+        const Where at("AdamW of 4 ranges, step {}", step);
+        for (size_t r = 0; r < sizes.size(); ++r) {
+            trainer::cpu::adamw_update(p[r].data(), g[r].data(), m[r].data(), v[r].data(), sizes[r], lr, 0.9f, 0.95f,
+                                       1e-8f, decays[r], step, 0.7f);
+        }
+        // The one-range kernel on copies: the multi-tensor one must give the same bits.
+        std::vector<std::vector<float>> single_p;
+        for (size_t r = 0; r < sizes.size(); ++r) {
+            Dev<float> cp(dp[r]->host()), cg(g[r]), cm(dm[r]->host()), cv(dv[r]->host());
+            trainer::cuda::adamw_update(cp.p, cg.p, cm.p, cv.p, sizes[r], lr, 0.9f, 0.95f, 1e-8f, decays[r], step, 0.7f,
+                                        nullptr, nullptr);
+            single_p.push_back(cp.host());
+        }
+        trainer::cuda::adamw_update_multi(reinterpret_cast<const trainer::cuda::AdamwSegment*>(dsegs.p), 4, chunks, lr,
+                                          0.9f, 0.95f, 1e-8f, step, 0.7f, nullptr);
+        for (size_t r = 0; r < sizes.size(); ++r)
+            expect(dp[r]->host() == single_p[r], "adamw_update_multi is bitwise adamw_update on each range");
+        for (size_t r = 0; r < sizes.size(); ++r) {
+            expect_close(p[r], dp[r]->host(), "adamw_update_multi parameters match the CPU");
+            expect_close(m[r], dm[r]->host(), "adamw_update_multi exp_avg matches the CPU");
+            expect_close(v[r], dv[r]->host(), "adamw_update_multi exp_avg_sq matches the CPU");
+        }
+        std::vector<uint16_t> want16(sizes[2]);
+        const auto got2 = dp[2]->host();
+        trainer::cpu::cast_float_to_bf16(want16.data(), got2.data(), sizes[2]);
+        expect(want16 == d16.host(), "adamw_update_multi's bf16 copy-out is the updated parameters rounded");
+    }
+    for (size_t r = 0; r < sizes.size(); ++r) delete dp[r], delete dg[r], delete dm[r], delete dv[r];
+}
+
 void test_norms() {
     Dev<double> scratch(trainer::cuda::kNormScratchDoubles);
     for (size_t n : {size_t(0), size_t(1), size_t(1001), size_t(3000017)}) {
@@ -229,27 +303,39 @@ void test_norms() {
 }
 
 void test_embedding() {
-    for (bool with_wpe : {false, true}) {
-        const Where at("V=37 T=5 C=67 N=15 wpe={}", with_wpe);
-        const int V = 37, T = 5, C = 67, N = 3 * T;
-        std::vector<int32_t> tok(N);
-        for (int n = 0; n < N; ++n) tok[n] = (n * 7 + 3) % V;  // repeats, so rows share dwte rows
-        const auto wte = wave(static_cast<size_t>(V) * C, 1.0f, 0.1f),
-                   wpe = wave(static_cast<size_t>(T) * C, 0.5f, 0.7f);
-        const auto dout = wave(static_cast<size_t>(N) * C, 1.0f, 1.3f);
-        std::vector<float> ref(static_cast<size_t>(N) * C), dwte = wave(wte.size(), 0.1f, 2.0f),
-                                                            dwpe = wave(wpe.size(), 0.1f, 2.5f);
-        Dev<int32_t> dt(tok);
-        Dev<float> dwte_d(wte), dwpe_d(wpe), dout_d(dout), out_d(ref.size()), gwte(dwte), gwpe(dwpe);
-        trainer::cpu::embedding_forward(ref.data(), tok.data(), wte.data(), with_wpe ? wpe.data() : nullptr, N, T, C);
-        trainer::cuda::embedding_forward(out_d.p, dt.p, dwte_d.p, with_wpe ? dwpe_d.p : nullptr, N, T, C, nullptr);
-        expect_close(ref, out_d.host(), "embedding_forward matches the CPU");
-        trainer::cpu::embedding_backward(dwte.data(), with_wpe ? dwpe.data() : nullptr, dout.data(), tok.data(), N, T,
-                                         C);
-        trainer::cuda::embedding_backward(gwte.p, with_wpe ? gwpe.p : nullptr, dout_d.p, dt.p, N, T, C, nullptr);
-        // Same additions in the same (row) order: bitwise equal.
-        expect(gwte.host() == dwte, "embedding_backward dwte is bitwise the CPU's");
-        if (with_wpe) expect(gwpe.host() == dwpe, "embedding_backward dwpe is bitwise the CPU's");
+    struct Shape {
+        int V, T, C, B;
+    };
+    // A few tokens repeated over a small micro-batch, and many tokens (some 1000 of them, a run of one or
+    // more rows each) over a larger one with an odd width.
+    for (const Shape sh : {Shape{37, 5, 67, 3}, Shape{1000, 64, 133, 4}}) {
+        for (bool with_wpe : {false, true}) {
+            const int V = sh.V, T = sh.T, C = sh.C, N = sh.B * T;
+            const Where at("V={} T={} C={} N={} wpe={}", V, T, C, N, with_wpe);
+            std::vector<int32_t> tok(N);
+            // Few distinct tokens (runs of many rows, whose order the sums must keep) and the largest id.
+            for (int n = 0; n < N; ++n) tok[n] = (n * n * 7 + 3) % std::min(V, 13);
+            if (N > 100) tok[100] = tok[3], tok[200] = V - 1;
+            const auto wte = wave(static_cast<size_t>(V) * C, 1.0f, 0.1f),
+                       wpe = wave(static_cast<size_t>(T) * C, 0.5f, 0.7f);
+            const auto dout = wave(static_cast<size_t>(N) * C, 1.0f, 1.3f);
+            std::vector<float> ref(static_cast<size_t>(N) * C), dwte = wave(wte.size(), 0.1f, 2.0f),
+                                                                dwpe = wave(wpe.size(), 0.1f, 2.5f);
+            Dev<int32_t> dt(tok);
+            Dev<float> dwte_d(wte), dwpe_d(wpe), dout_d(dout), out_d(ref.size()), gwte(dwte), gwpe(dwpe);
+            Dev<uint8_t> scratch(trainer::cuda::embedding_backward_scratch_bytes(N));
+            trainer::cpu::embedding_forward(ref.data(), tok.data(), wte.data(), with_wpe ? wpe.data() : nullptr, N, T,
+                                            C);
+            trainer::cuda::embedding_forward(out_d.p, dt.p, dwte_d.p, with_wpe ? dwpe_d.p : nullptr, N, T, C, nullptr);
+            expect_close(ref, out_d.host(), "embedding_forward matches the CPU");
+            trainer::cpu::embedding_backward(dwte.data(), with_wpe ? dwpe.data() : nullptr, dout.data(), tok.data(), N,
+                                             T, C);
+            trainer::cuda::embedding_backward(gwte.p, with_wpe ? gwpe.p : nullptr, dout_d.p, dt.p, N, T, C, scratch.p,
+                                              nullptr);
+            // Same additions in the same (row) order: bitwise equal.
+            expect(gwte.host() == dwte, "embedding_backward dwte is bitwise the CPU's");
+            if (with_wpe) expect(gwpe.host() == dwpe, "embedding_backward dwpe is bitwise the CPU's");
+        }
     }
 }
 
@@ -376,6 +462,77 @@ void test_attention_cudnn() {
         }
     }
     cudaDeviceSynchronize();
+}
+
+// Our flash attention against the CPU on bf16-rounded qkv and dout (P rounded to bf16 before P V, bf16
+// outputs: STYLE.md's bf16 tolerance; lse is fp32), and run twice: bitwise the same (no atomics in its sums).
+// T up to 300 spans several key tiles of 64 and query tiles of 32 and 64, with partial last tiles.
+void test_attention_flash() {
+    for (int B : {1, 2}) {
+        for (int T : {2, 37, 64, 128, 130, 256, 300}) {
+            for (int HS : {64, 128}) {
+                const Where at("B={} T={} NH=3 HS={}", B, T, HS);
+                const int NH = 3, C = NH * HS;
+                const auto [qkv16, qkv] = bf16_rounded(wave(static_cast<size_t>(B) * T * 3 * C, 1.0f, 0.2f));
+                const auto [dout16, dout] = bf16_rounded(wave(static_cast<size_t>(B) * T * C, 1.0f, 0.8f));
+                std::vector<float> out(dout.size()), lse(static_cast<size_t>(B) * NH * T), dqkv(qkv.size());
+                trainer::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, HS);
+                Dev<uint16_t> dq(qkv16), dg(dout16), dout_d(out.size()), ddq(qkv.size()), ddq2(qkv.size());
+                Dev<float> dlse(lse.size()), dlse2(lse.size());
+                Dev<uint8_t> scratch(trainer::cuda::flash_attention_backward_scratch_bytes(B, T, NH, HS));
+                trainer::cuda::flash_attention_forward(dout_d.p, dlse.p, dq.p, B, T, NH, HS, nullptr);
+                const auto got_out16 = dout_d.host();
+                const auto got_out = bf16_widened(got_out16);
+                expect_close(out, got_out, "flash attention forward out matches the CPU", 1e-2, 1.6e-2);
+                expect_close(lse, dlse.host(), "flash attention forward lse matches the CPU", 1e-4, 1e-4);
+                trainer::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), got_out.data(), lse.data(), B, T,
+                                                 NH, HS);
+                trainer::cuda::flash_attention_backward(ddq.p, dg.p, dq.p, dout_d.p, dlse.p, B, T, NH, HS, scratch.p,
+                                                        nullptr);
+                const auto got_dqkv16 = ddq.host();
+                expect_close(dqkv, bf16_widened(got_dqkv16), "flash attention backward matches the CPU", 1e-2, 1.6e-2);
+                // Determinism: the same inputs again give the same bits.
+                trainer::cuda::flash_attention_forward(dout_d.p, dlse2.p, dq.p, B, T, NH, HS, nullptr);
+                expect(dout_d.host() == got_out16 && dlse2.host() == dlse.host(),
+                       "flash attention forward repeats bitwise");
+                trainer::cuda::flash_attention_backward(ddq2.p, dg.p, dq.p, dout_d.p, dlse.p, B, T, NH, HS, scratch.p,
+                                                        nullptr);
+                expect(ddq2.host() == got_dqkv16, "flash attention backward repeats bitwise");
+            }
+        }
+    }
+}
+
+// At a size where the backward's blocks far outnumber those resident (B 4, 16 heads, T 1024: 1024 blocks),
+// against the native fp32 CUDA kernels on the same bf16-rounded inputs (a CPU reference would be slow), at
+// the bf16 tolerance, and bitwise repeatable.
+void test_attention_flash_large() {
+    const int B = 4, NH = 16, T = 1024;
+    for (int HS : {64, 128}) {
+        const Where at("B={} T={} NH={} HS={}", B, T, NH, HS);
+        const int C = NH * HS;
+        const auto [qkv16, qkv] = bf16_rounded(wave(static_cast<size_t>(B) * T * 3 * C, 1.0f, 0.2f));
+        const auto [dout16, dout] = bf16_rounded(wave(static_cast<size_t>(B) * T * C, 1.0f, 0.8f));
+        const size_t NC = static_cast<size_t>(B) * T * C, nlse = static_cast<size_t>(B) * NH * T;
+        Dev<uint16_t> dq(qkv16), dg(dout16), fout(NC), fdq(3 * NC), fdq2(3 * NC);
+        Dev<float> flse(nlse), nq(qkv), ng(dout), nout(NC), nlse_d(nlse), ndq(3 * NC);
+        Dev<float> nscratch(trainer::cuda::attention_backward_scratch_floats(B, T, NH));
+        Dev<uint8_t> fscratch(trainer::cuda::flash_attention_backward_scratch_bytes(B, T, NH, HS));
+        trainer::cuda::flash_attention_forward(fout.p, flse.p, dq.p, B, T, NH, HS, nullptr);
+        const auto got_out = bf16_widened(fout.host());
+        // The native backward takes the flash output (as the CPU reference does in test_attention_flash).
+        Dev<float> fout32(got_out);
+        trainer::cuda::attention_forward(nout.p, nlse_d.p, nq.p, B, T, NH, HS, nullptr);
+        expect_close(nout.host(), got_out, "flash attention forward out matches the native kernels", 1e-2, 1.6e-2);
+        expect_close(nlse_d.host(), flse.host(), "flash attention lse matches the native kernels", 1e-4, 1e-4);
+        trainer::cuda::attention_backward(ndq.p, ng.p, nq.p, fout32.p, flse.p, B, T, NH, HS, nscratch.p, nullptr);
+        trainer::cuda::flash_attention_backward(fdq.p, dg.p, dq.p, fout.p, flse.p, B, T, NH, HS, fscratch.p, nullptr);
+        const auto got_dq = fdq.host();
+        expect_close(ndq.host(), bf16_widened(got_dq), "flash attention backward matches the native kernels", 1e-2,
+                     1.6e-2);
+        trainer::cuda::flash_attention_backward(fdq2.p, dg.p, dq.p, fout.p, flse.p, B, T, NH, HS, fscratch.p, nullptr);
+        expect(fdq2.host() == got_dq, "flash attention backward repeats bitwise with many blocks waiting");
+    }
 }
 
 void test_matmul() {

@@ -24,6 +24,9 @@ TEST_CASE("gpu kernel: gelu_forward and gelu_backward (erf and tanh) match the C
 TEST_CASE("gpu kernel: swiglu_forward and swiglu_backward match the CPU") { check(test_swiglu); }
 TEST_CASE("gpu kernel: adamw_update and its bf16 copy-out match the CPU") { check(test_adamw); }
 TEST_CASE("gpu kernel: squared_norm and sum match the CPU in double and repeat bitwise") { check(test_norms); }
+TEST_CASE("gpu kernel: multi-tensor AdamW and squared norm over several ranges match the CPU") {
+    check(test_multi_tensor);
+}
 TEST_CASE("gpu kernel: embedding_forward matches and embedding_backward is bitwise the CPU's") {
     check(test_embedding);
 }
@@ -33,6 +36,12 @@ TEST_CASE("gpu kernel: classifier_forward_backward matches the CPU") { check(tes
 TEST_CASE("gpu kernel: native attention forward and backward match the CPU") { check(test_attention); }
 TEST_CASE("gpu kernel: cuDNN attention forward and backward match the CPU at bf16 tolerance") {
     check(test_attention_cudnn);
+}
+TEST_CASE("gpu kernel: our flash attention forward and backward match the CPU at bf16 tolerance and repeat bitwise") {
+    check(test_attention_flash);
+}
+TEST_CASE("gpu kernel: our flash attention on 1024 blocks matches the native kernels and repeats bitwise") {
+    check(test_attention_flash_large);
 }
 TEST_CASE("gpu kernel: fp32 matmul_forward and matmul_backward match the CPU") { check(test_matmul); }
 TEST_CASE("gpu kernel: matmul_forward with a bias at a 4-byte offset and with K = 0") {

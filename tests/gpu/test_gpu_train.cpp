@@ -47,14 +47,18 @@ TEST_CASE("gpu: full model loss and gradients match the PyTorch fixtures") {
     }
 }
 
-TEST_CASE("gpu: 20 training steps match the CPU backend in fp32 and amp_bf16 (native and cuDNN attention)") {
+TEST_CASE("gpu: 20 training steps match the CPU backend in fp32 and amp_bf16 (native cuDNN and auto attention)") {
     test_util::TempDir dir;
     const auto cpu = train(dir.path("cpu.jsonl"), {"--device", "cpu"});
     REQUIRE(cpu.size() == 20);
     const auto fp32 = train(dir.path("fp32.jsonl"), {"--device", "cuda"});
     test_util::check_losses(cpu, fp32, 0, 1e-4);
-    const auto amp = train(dir.path("amp.jsonl"), {"--device", "cuda", "--precision", "amp_bf16"});
+    const auto amp = train(dir.path("amp.jsonl"),
+                           {"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.attention=native"});
     test_util::check_losses(cpu, amp, 0, 2e-2);
+    // kernels.attention auto: cuDNN's in amp_bf16 (the tiny config's heads of 16 are within its limits).
+    const auto fast = train(dir.path("auto.jsonl"), {"--device", "cuda", "--precision", "amp_bf16"});
+    test_util::check_losses(cpu, fast, 0, 2e-2);
     const auto cudnn = train(dir.path("cudnn.jsonl"),
                              {"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.attention=cudnn"});
     test_util::check_losses(cpu, cudnn, 0, 2e-2);
@@ -65,6 +69,27 @@ TEST_CASE("gpu: 20 training steps match the CPU backend in fp32 and amp_bf16 (na
     // The same run twice on the GPU gives the same losses bit for bit (no atomics in the native kernels).
     const auto again = train(dir.path("fp32b.jsonl"), {"--device", "cuda"});
     test_util::check_losses(fp32, again, 0, 0.0);
+}
+
+TEST_CASE("gpu: 20 training steps with our flash attention match the CPU backend and repeat bitwise") {
+    // One head of 64 channels (the tiny config's heads of 16 are below what the flash kernels take).
+    test_util::TempDir dir;
+    const std::vector<std::string> one_head = {"--set", "model.n_heads=1"};
+    auto with = [&](std::vector<std::string> extra) {
+        extra.insert(extra.end(), one_head.begin(), one_head.end());
+        return extra;
+    };
+    const auto cpu = train(dir.path("cpu.jsonl"), with({"--device", "cpu"}));
+    REQUIRE(cpu.size() == 20);
+    const std::vector<std::string> flash = {"--device", "cuda",  "--precision",
+                                            "amp_bf16", "--set", "kernels.attention=flash"};
+    const auto got = train(dir.path("flash.jsonl"), with(flash));
+    test_util::check_losses(cpu, got, 0, 2e-2);
+    const auto again = train(dir.path("flash2.jsonl"), with(flash));
+    test_util::check_losses(got, again, 0, 0.0);
+    const auto refused = test_util::run_trainer(tiny_args(dir.path("x.jsonl"), flash));  // heads of 16
+    CHECK(refused.exit_code == 1);
+    CHECK_THAT(refused.err, Catch::Matchers::Contains("kernels.attention \"flash\" cannot run a head size of 16"));
 }
 
 TEST_CASE("gpu: every strategy over a one-rank NCCL communicator trains to the single-GPU losses") {
