@@ -30,9 +30,10 @@ struct KeySpec {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// fsdp.wrapping_strategy's strings: every WrappingStrategy but kNull, which is JSON null.
-std::vector<std::string> wrapping_choices() {
-    std::vector<std::string> names = choice_names<WrappingStrategy>();
+// The strings of a nullable choice whose first value (kNull) is JSON null: every other spelling.
+template <typename E>
+std::vector<std::string> non_null_choices() {
+    std::vector<std::string> names = choice_names<E>();
     names.erase(names.begin());
     return names;
 }
@@ -108,7 +109,7 @@ const std::vector<KeySpec>& schema() {
         {"distributed_backend", KeyType::kString, "auto", false, choice_names<DistributedBackend>(), -kInf, kInf, "collectives library: auto is nccl on cuda and gloo on cpu (a lone process needs none); nccl forces an NCCL communicator even for one rank"},
         {"distributed_strategy", KeyType::kString, "single", false, choice_names<DistributedStrategy>(), -kInf, kInf, "data-parallel strategy (single: one process owns full parameters)"},
         {"fsdp.sharding_strategy", KeyType::kString, "FULL_SHARD", false, choice_names<ShardingStrategy>(), -kInf, kInf, "FSDP sharding (PyTorch's names)"},
-        {"fsdp.wrapping_strategy", KeyType::kString, nullptr, true, wrapping_choices(), -kInf, kInf, "FSDP units (OLMo's); null: the whole model is one unit"},
+        {"fsdp.wrapping_strategy", KeyType::kString, nullptr, true, non_null_choices<WrappingStrategy>(), -kInf, kInf, "FSDP units (OLMo's); null: the whole model is one unit"},
         {"fsdp.block_group_size", KeyType::kInt, 1, false, {}, 1, 4096, "blocks per unit for by_block_group*"},
         {"fsdp.precision", KeyType::kString, "mixed", false, choice_names<FsdpPrecision>(), -kInf, kInf, "FSDP precision: mixed (bf16 params, fp32 reduction), pure (bf16 reduction too), fp32"},
         {"fsdp.min_num_params", KeyType::kInt, 100000000, false, {}, 1, 9e18, "size_based wrapping: a unit holds at least this many parameters (PyTorch's size_based_auto_wrap_policy default)"},
@@ -119,6 +120,7 @@ const std::vector<KeySpec>& schema() {
         {"fsdp.grad_sync_mode", KeyType::kString, "batch", false, choice_names<GradSyncMode>(), -kInf, kInf, "reduce gradients once per step (batch) or on every micro-batch"},
         {"ddp.grad_sync_mode", KeyType::kString, "batch", false, choice_names<GradSyncMode>(), -kInf, kInf, "all-reduce once per step (batch) or on every micro-batch"},
         {"distributed_timeout_seconds", KeyType::kFloat, 120.0, false, {}, 0.1, 86400, "rendezvous and collective timeout: a rank that never arrives or a collective that never completes ends the run with an error naming it"},
+        {"activation_checkpointing", KeyType::kString, nullptr, true, non_null_choices<ActivationCheckpointing>(), -kInf, kInf, "recompute activations in the backward instead of keeping them (OLMo's): whole_layer (each block keeps its input and recomputes its forward), one_in_two / one_in_three / one_in_four / one_in_eight / two_in_three / three_in_four (whole_layer for that share of the blocks), fine_grained (blocks keep their GEMM and attention outputs and recompute norms and activations); null: keep everything"},
         {"peak_flops_per_device", KeyType::kFloat, nullptr, true, {}, 1, kInf, "peak FLOP/s of one device (a GPU; on the CPU, the cores one rank computes on) used for MFU; null: the backend's (GPU: SMs x clock x FLOP/clock/SM; CPU: threads x measured clock x FMA width and pipes)"},
         {"threads", KeyType::kInt, 0, false, {}, 0, 4096, "compute threads (OpenMP and BLAS); 0: OMP_NUM_THREADS if set (trainer launch sets each rank's share), else one per available core"},
     };
@@ -679,6 +681,8 @@ TrainConfig validate_config(const Json& user_doc) {
     c.fsdp.limit_all_gathers = doc["fsdp"]["limit_all_gathers"].get<bool>();
     c.ddp_grad_sync_mode = choice<GradSyncMode>(doc["ddp"]["grad_sync_mode"]);
     c.peak_flops_per_device = opt<double>(doc["peak_flops_per_device"]);
+    const Json& ac = doc["activation_checkpointing"];
+    c.activation_checkpointing = ac.is_null() ? ActivationCheckpointing::kNull : choice<ActivationCheckpointing>(ac);
     c.threads = doc["threads"].get<int>();
     c.distributed_timeout_seconds = doc["distributed_timeout_seconds"].get<double>();
     c.json = doc;

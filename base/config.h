@@ -46,6 +46,17 @@ enum class ActivationType { kSwiglu, kGelu, kGeluTanh };
 enum class LayerNormType { kDefault, kLowPrecision, kRms };
 enum class SchedulerName { kConstant, kLinearWithWarmup, kCosineWithWarmup, kInverseSqrtWithWarmup };
 enum class InitFn { kNormal, kMitchell };
+enum class ActivationCheckpointing {
+    kNull,         // every block keeps all it needs for its backward
+    kWholeLayer,   // every block keeps its input only and recomputes its forward in its backward
+    kOneInTwo,     // whole_layer for blocks with layer % 2 == 0
+    kOneInThree,   // ... % 3 == 0
+    kOneInFour,    // ... % 4 == 0
+    kOneInEight,   // ... % 8 == 0
+    kTwoInThree,   // whole_layer for blocks with layer % 3 != 0
+    kThreeInFour,  // ... % 4 != 0
+    kFineGrained   // every block keeps its GEMM and attention outputs, recomputes norms and activations
+};
 
 // The config spellings of an enum's values (OLMo's and PyTorch's names), indexed by the value.
 template <typename E>
@@ -100,6 +111,12 @@ template <>
 struct Choices<SchedulerName> {
     static constexpr const char* kNames[] = {"constant", "linear_with_warmup", "cosine_with_warmup",
                                              "inverse_sqrt_with_warmup"};
+};
+template <>
+struct Choices<ActivationCheckpointing> {
+    static constexpr const char* kNames[] = {"null",         "whole_layer",   "one_in_two",
+                                             "one_in_three", "one_in_four",   "one_in_eight",
+                                             "two_in_three", "three_in_four", "fine_grained"};
 };
 template <>
 struct Choices<InitFn> {
@@ -235,8 +252,9 @@ struct TrainConfig {
     FsdpConfig fsdp;
     GradSyncMode ddp_grad_sync_mode = GradSyncMode::kBatch;
     std::optional<double> peak_flops_per_device;  // FLOP/s of one device (a GPU, or one rank's CPU cores)
-    int threads = 0;                              // 0: one per available core
-    double distributed_timeout_seconds = 120.0;   // rendezvous and every collective
+    ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNull;
+    int threads = 0;                             // 0: one per available core
+    double distributed_timeout_seconds = 120.0;  // rendezvous and every collective
 
     Json json;  // the full validated document (defaults filled in), as saved in checkpoints
 

@@ -12,6 +12,7 @@
 #include "base/common.h"
 #include "base/layout.h"
 #include "core/metrics.h"
+#include "core/model.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
 
@@ -51,8 +52,8 @@ int run_kernel_bench(const TrainConfig& config, int reps) {
               T = static_cast<int>(m.max_sequence_length - 1);
     const int C = m.d_model, NH = m.n_heads, HS = m.head_size(), P = m.ff_proj_size(), H = m.ff_hidden_size();
     const int V = m.embedding_size, N = B * T;
-    // The head's chunk of rows, as the model sizes it (core/model.cpp).
-    const int R = static_cast<int>(std::clamp<size_t>((size_t(64) << 20) / static_cast<size_t>(V), 16, N));
+    // The head's chunk of rows, as the model sizes it.
+    const int R = Model::head_chunk_rows(m, B);
     const size_t NC = static_cast<size_t>(N) * C;
     const size_t block_numel = layout.units()[layout.block_unit(0)].numel;
 

@@ -74,6 +74,20 @@ Model::BlockParams Model::block_params(const float* base, int layer) const {
     return p;
 }
 
+int Model::head_chunk_rows(const ModelConfig& m, int max_batch) {
+    // Enough rows to keep the GEMMs efficient (at least 16), few enough that a chunk of fp32 logits stays
+    // within 256 MiB ((64 << 20) / V rows of V floats) and within one block's activations (what a block
+    // keeps without checkpointing), so the head never needs more than a block: the same chunks under every
+    // activation_checkpointing policy (the dW_head sums, and so the results, do not depend on it), and a
+    // checkpointed run's arena is its blocks' inputs plus about one block. Each chunk is written and read
+    // back at once.
+    const size_t T = static_cast<size_t>(m.max_sequence_length - 1), N = static_cast<size_t>(max_batch) * T;
+    const size_t NC = N * m.d_model, lse = static_cast<size_t>(max_batch) * m.n_heads * T;
+    const size_t block_floats = 8 * NC + 4 * N + lse + N * (m.ff_proj_size() + m.ff_hidden_size());
+    const size_t cap = std::min(size_t(64) << 20, block_floats) / static_cast<size_t>(m.embedding_size);
+    return static_cast<int>(std::clamp<size_t>(cap, 16, N));
+}
+
 Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy* strategy, int max_batch)
     : config_(config),
       m_(config.model),
@@ -110,48 +124,102 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
         head_offsets_[f] = spec.offset;
     }
     const size_t N = static_cast<size_t>(max_batch_) * T_;
-    // Head chunk: enough rows to keep the GEMMs efficient (at least 16), few enough that a chunk of fp32
-    // logits stays within 256 MiB ((64 << 20) / V rows of V floats), written and read back at once.
-    head_chunk_rows_ = static_cast<int>(std::clamp<size_t>((size_t(64) << 20) / static_cast<size_t>(V_), 16, N));
+    const size_t NC = N * C_;
+    // OLMo's policies: which blocks recompute, and what.
+    auto keep_for = [&](int l) {
+        using A = ActivationCheckpointing;
+        switch (config.activation_checkpointing) {
+            case A::kNull:
+                return Keep::kAll;
+            case A::kWholeLayer:
+                return Keep::kInput;
+            case A::kOneInTwo:
+                return l % 2 == 0 ? Keep::kInput : Keep::kAll;
+            case A::kOneInThree:
+                return l % 3 == 0 ? Keep::kInput : Keep::kAll;
+            case A::kOneInFour:
+                return l % 4 == 0 ? Keep::kInput : Keep::kAll;
+            case A::kOneInEight:
+                return l % 8 == 0 ? Keep::kInput : Keep::kAll;
+            case A::kTwoInThree:
+                return l % 3 != 0 ? Keep::kInput : Keep::kAll;
+            case A::kThreeInFour:
+                return l % 4 != 0 ? Keep::kInput : Keep::kAll;
+            case A::kFineGrained:
+                return Keep::kGemmOutputs;
+        }
+        return Keep::kAll;
+    };
+    for (int l = 0; l < L_; ++l) keep_.push_back(keep_for(l));
+    const auto count = [&](Keep k) { return std::count(keep_.begin(), keep_.end(), k); };
+    const bool recompute = count(Keep::kAll) < L_;
 
+    // The arena, in three parts.
     size_t off = 0;
     auto take = [&](size_t n) {
         const size_t o = off;
         off += (n + 15) / 16 * 16;  // 64-byte alignment of every activation
         return o;
     };
-    const size_t NC = N * C_;
+    const size_t lse_n = static_cast<size_t>(max_batch_) * NH_ * T_;
+    // 1. What each block keeps for its backward (every block keeps its input); kAbsent where the block uses
+    // the work plan's slot.
     for (int l = 0; l < L_; ++l) {
         Plan p;
+        const Keep k = keep_[l];
+        const bool all = k == Keep::kAll, gemm = all || k == Keep::kGemmOutputs;
         p.resid = take(NC);
-        p.ln1 = take(NC);
-        p.ln1_mean = take(N);
-        p.ln1_rstd = take(N);
-        p.qkv = take(3 * NC);
-        p.att = take(NC);
-        p.lse = take(static_cast<size_t>(max_batch_) * NH_ * T_);
-        p.resid_mid = take(NC);
-        p.ln2 = take(NC);
-        p.ln2_mean = take(N);
-        p.ln2_rstd = take(N);
-        p.fch = take(N * P_);
-        p.fch_act = take(N * H_);
+        p.ln1 = all ? take(NC) : kAbsent;
+        p.ln1_mean = all ? take(N) : kAbsent;
+        p.ln1_rstd = all ? take(N) : kAbsent;
+        p.qkv = gemm ? take(3 * NC) : kAbsent;
+        p.att = gemm ? take(NC) : kAbsent;
+        p.lse = gemm ? take(lse_n) : kAbsent;
+        p.resid_mid = gemm ? take(NC) : kAbsent;
+        p.ln2 = all ? take(NC) : kAbsent;
+        p.ln2_mean = all ? take(N) : kAbsent;
+        p.ln2_rstd = all ? take(N) : kAbsent;
+        p.fch = gemm ? take(N * P_) : kAbsent;
+        p.fch_act = all ? take(N * H_) : kAbsent;
         layers_.push_back(p);
     }
+    // 2. What lives across the head: its input and output, the losses, and the gradients it writes.
     resid_final_ = take(NC);
     lnf_ = take(NC);
     lnf_mean_ = take(N);
     lnf_rstd_ = take(N);
-    logits_ = take(static_cast<size_t>(head_chunk_rows_) * V_);
     losses_ = take(N);
-    scratch_ = take(NC);
-    // Backward scratch, shared by all layers.
     dresid_ = take(NC);
     dln_ = take(NC);
+    // 3. What is dead while the head runs, shared with the head's logits chunk: the work plan (the recomputed
+    // activations, one block's worth, only what the policy recomputes), the forward's projection scratch and
+    // the blocks' backward scratch.
+    const size_t region = off;
+    Plan work{};
+    if (recompute) {  // every recompute redoes the norms and the MLP activation
+        work.ln1 = take(NC), work.ln1_mean = take(N), work.ln1_rstd = take(N);
+        work.ln2 = take(NC), work.ln2_mean = take(N), work.ln2_rstd = take(N), work.fch_act = take(N * H_);
+    }
+    if (count(Keep::kInput) > 0) {  // whole blocks redo the GEMMs and attention as well
+        work.qkv = take(3 * NC), work.att = take(NC), work.lse = take(lse_n), work.resid_mid = take(NC);
+        work.fch = take(N * P_);
+    }
+    scratch_ = take(NC);
     dqkv_ = take(3 * NC);
     datt_ = take(NC);
     dfch_ = take(N * P_);
     dfch_act_ = take(N * H_);
+    const size_t rows = static_cast<size_t>(head_chunk_rows(m_, max_batch_));
+    head_chunk_rows_ = static_cast<int>(rows);
+    logits_ = region;
+    off = std::max(off, region + (rows * V_ + 15) / 16 * 16);
+    for (Plan& p : layers_) {
+        for (size_t Plan::*f :
+             {&Plan::ln1, &Plan::ln1_mean, &Plan::ln1_rstd, &Plan::qkv, &Plan::att, &Plan::lse, &Plan::resid_mid,
+              &Plan::ln2, &Plan::ln2_mean, &Plan::ln2_rstd, &Plan::fch, &Plan::fch_act}) {
+            if (p.*f == kAbsent) p.*f = work.*f;
+        }
+    }
     arena_ = DeviceBuffer(backend_, off * sizeof(float), MemCategory::kActivations);
     tokens_dev_ = DeviceBuffer(backend_, 2 * N * sizeof(int32_t), MemCategory::kActivations);
     tokens_host_.resize(2 * N);
@@ -171,10 +239,6 @@ void Model::upload_tokens(const int32_t* tokens, int batch) {
 void Model::forward_blocks(int batch, bool backward_follows) {
     strategy_->begin_forward(backward_follows);
     const int N = batch * T_;
-    const size_t NC = static_cast<size_t>(N) * C_;
-    const float eps = 1e-5f;
-    const float theta = static_cast<float>(m_.rope_theta);
-    const bool tanh_gelu = m_.activation_type == ActivationType::kGeluTanh;
 
     // Embedding.
     const int emb = layout_.embedding_unit();
@@ -186,30 +250,58 @@ void Model::forward_blocks(int batch, bool backward_follows) {
     strategy_->after_forward(emb);
 
     for (int l = 0; l < L_; ++l) {
-        const Plan& a = layers_[l];
-        const size_t next_resid = (l + 1 < L_) ? layers_[l + 1].resid : resid_final_;
         const int u = layout_.block_unit(l);
         strategy_->before_forward(u);
-        const BlockParams w = block_params(strategy_->unit_params(u), l);
-        backend_->layernorm_forward(act(a.ln1), act(a.ln1_mean), act(a.ln1_rstd), act(a.resid), w.attn_norm_w,
-                                    w.attn_norm_b, N, C_, eps);
-        backend_->matmul_forward(act(a.qkv), act(a.ln1), w.att_proj_w, w.att_proj_b, N, C_, 3 * C_);
-        if (m_.rope) backend_->rope_forward(act(a.qkv), batch, T_, NH_, HS_, theta);
-        backend_->attention_forward(act(a.att), act(a.lse), act(a.qkv), batch, T_, NH_, HS_);
-        backend_->matmul_forward(act(scratch_), act(a.att), w.attn_out_w, w.attn_out_b, N, C_, C_);
-        backend_->residual_forward(act(a.resid_mid), act(a.resid), act(scratch_), NC);
-        backend_->layernorm_forward(act(a.ln2), act(a.ln2_mean), act(a.ln2_rstd), act(a.resid_mid), w.ff_norm_w,
-                                    w.ff_norm_b, N, C_, eps);
-        if (m_.activation_type == ActivationType::kSwiglu) {
-            backend_->matmul_forward(act(a.fch), act(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
-            backend_->swiglu_forward(act(a.fch_act), act(a.fch), N, H_);
-        } else {  // P == H: the GELU keeps the width (a GEMM epilogue on the CUDA backend)
-            backend_->matmul_gelu_forward(act(a.fch), act(a.fch_act), act(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_,
-                                          tanh_gelu);
-        }
-        backend_->matmul_forward(act(scratch_), act(a.fch_act), w.ff_out_w, w.ff_out_b, N, H_, C_);
-        backend_->residual_forward(act(next_resid), act(a.resid_mid), act(scratch_), NC);
+        block_forward(l, batch, block_params(strategy_->unit_params(u), l), true);
         strategy_->after_forward(u);
+    }
+}
+
+void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid) {
+    const int N = batch * T_;
+    const size_t NC = static_cast<size_t>(N) * C_;
+    const float eps = 1e-5f;
+    const float theta = static_cast<float>(m_.rope_theta);
+    const bool tanh_gelu = m_.activation_type == ActivationType::kGeluTanh;
+    const Plan& a = layers_[l];
+    backend_->layernorm_forward(act(a.ln1), act(a.ln1_mean), act(a.ln1_rstd), act(a.resid), w.attn_norm_w,
+                                w.attn_norm_b, N, C_, eps);
+    backend_->matmul_forward(act(a.qkv), act(a.ln1), w.att_proj_w, w.att_proj_b, N, C_, 3 * C_);
+    if (m_.rope) backend_->rope_forward(act(a.qkv), batch, T_, NH_, HS_, theta);
+    backend_->attention_forward(act(a.att), act(a.lse), act(a.qkv), batch, T_, NH_, HS_);
+    backend_->matmul_forward(act(scratch_), act(a.att), w.attn_out_w, w.attn_out_b, N, C_, C_);
+    backend_->residual_forward(act(a.resid_mid), act(a.resid), act(scratch_), NC);
+    backend_->layernorm_forward(act(a.ln2), act(a.ln2_mean), act(a.ln2_rstd), act(a.resid_mid), w.ff_norm_w,
+                                w.ff_norm_b, N, C_, eps);
+    if (m_.activation_type == ActivationType::kSwiglu) {
+        backend_->matmul_forward(act(a.fch), act(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
+        backend_->swiglu_forward(act(a.fch_act), act(a.fch), N, H_);
+    } else {  // P == H: the GELU keeps the width (a GEMM epilogue on the CUDA backend)
+        backend_->matmul_gelu_forward(act(a.fch), act(a.fch_act), act(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_,
+                                      tanh_gelu);
+    }
+    if (!out_resid) return;
+    const size_t next_resid = (l + 1 < L_) ? layers_[l + 1].resid : resid_final_;
+    backend_->matmul_forward(act(scratch_), act(a.fch_act), w.ff_out_w, w.ff_out_b, N, H_, C_);
+    backend_->residual_forward(act(next_resid), act(a.resid_mid), act(scratch_), NC);
+}
+
+void Model::recompute_block(int l, int batch, const BlockParams& w) {
+    const Plan& a = layers_[l];
+    if (keep_[l] == Keep::kInput) return block_forward(l, batch, w, false);
+    // Fine-grained: the norms from the kept residual stream, the activation from the kept ff_proj output,
+    // with the kernels of the forward, so the values are the forward's.
+    const int N = batch * T_;
+    const float eps = 1e-5f;
+    backend_->layernorm_forward(act(a.ln1), act(a.ln1_mean), act(a.ln1_rstd), act(a.resid), w.attn_norm_w,
+                                w.attn_norm_b, N, C_, eps);
+    backend_->layernorm_forward(act(a.ln2), act(a.ln2_mean), act(a.ln2_rstd), act(a.resid_mid), w.ff_norm_w,
+                                w.ff_norm_b, N, C_, eps);
+    if (m_.activation_type == ActivationType::kSwiglu) {
+        backend_->swiglu_forward(act(a.fch_act), act(a.fch), N, H_);
+    } else {
+        backend_->gelu_forward(act(a.fch_act), act(a.fch), static_cast<size_t>(N) * H_,
+                               m_.activation_type == ActivationType::kGeluTanh);
     }
 }
 
@@ -267,9 +359,10 @@ void Model::backward_blocks(int batch) {
     for (int l = L_ - 1; l >= 0; --l) {
         const Plan& a = layers_[l];
         const int u = layout_.block_unit(l);
-        strategy_->before_backward(u);
+        strategy_->before_backward(u);  // FULL_SHARD gathers the unit again: the recompute has its parameters
         const BlockParams w = block_params(strategy_->unit_params(u), l);
         const BlockParams g = block_params(strategy_->unit_grads(u), l);
+        if (keep_[l] != Keep::kAll) recompute_block(l, batch, w);
         // MLP: x_out = resid_mid + ff_out(act(ff_proj(LN2(resid_mid)))); dresid holds d(x_out).
         backend_->matmul_backward(act(dfch_act_), g.ff_out_w, g.ff_out_b, act(dresid_), act(a.fch_act), w.ff_out_w, N,
                                   H_, C_, false);

@@ -40,6 +40,8 @@ class Model {
     double forward_loss(const int32_t* tokens, int batch);
 
     int max_batch() const { return max_batch_; }
+    // Rows of the LM head's logits chunk for micro-batches of up to `max_batch` (model.cpp says why).
+    static int head_chunk_rows(const ModelConfig& m, int max_batch);
     int positions() const { return T_; }  // T = L - 1
 
     // Pointers to one block's (or the head's) parameters or gradients in its unit's flat buffer (model.cpp).
@@ -47,7 +49,18 @@ class Model {
     struct HeadParams;
 
    private:
+    // What a block keeps for its backward (activation_checkpointing): everything; its input only
+    // (whole_layer: the backward recomputes the block's forward); or its GEMM and attention outputs
+    // (fine_grained: the backward recomputes the norms and the MLP activation).
+    enum class Keep { kAll, kInput, kGemmOutputs };
+
     BlockParams block_params(const float* base, int layer) const;
+    // Block l's forward from its input (layers_[l].resid) into its plan; the output goes to the next
+    // block's input, or (out_resid false: a recompute) the pass stops after the MLP activation, the last
+    // activation the backward reads.
+    void block_forward(int l, int batch, const BlockParams& w, bool out_resid);
+    // What block l's backward reads and the block did not keep, recomputed into the shared work plan.
+    void recompute_block(int l, int batch, const BlockParams& w);
     HeadParams head_params(const float* base) const;  // all null for a null base
     void upload_tokens(const int32_t* tokens, int batch);
     void forward_blocks(int batch, bool backward_follows);
@@ -63,11 +76,13 @@ class Model {
     int max_batch_, T_, C_, NH_, HS_, P_, H_, V_, L_;
     int head_chunk_rows_;
 
-    // Arena offsets (in floats) of each activation, per layer where it is saved for backward.
+    // Arena offsets (in floats) of each activation of a block: the block's own where it keeps it for its
+    // backward, else the shared work plan's (overwritten by every block that does not keep it).
     struct Plan {
         size_t resid, ln1, ln1_mean, ln1_rstd, qkv, att, lse, resid_mid, ln2, ln2_mean, ln2_rstd, fch, fch_act;
     };
     std::vector<Plan> layers_;
+    std::vector<Keep> keep_;                             // per layer
     std::vector<std::array<size_t, 12>> block_offsets_;  // per layer: each block parameter's offset in its unit
     std::array<size_t, 4> head_offsets_;                 // each head parameter's offset in the head unit
     size_t resid_final_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, scratch_;

@@ -2,8 +2,11 @@
 # Installs everything, builds, and runs every test: format check -> release build (warnings as errors,
 # CUDA parts compiled when nvcc is found) + all tests -> address/undefined sanitizer build + all tests.
 # Usage: scripts/test.sh [--fast]   (--fast: skip the sanitizer pass)
-# The sanitizer pass leaves out the FSDP wrap-policy matrix and the 4-rank cpu_bench memory check
-# (CMakePresets.json): they run the code paths of the other multi-rank tests, at sizes too slow there.
+# The sanitizer pass leaves out the FSDP wrap-policy matrix, the 4-rank cpu_bench memory check and the
+# activation-checkpointing strategy matrix (CMakePresets.json): they run the code paths of the other
+# multi-rank and one-rank tests, at sizes too slow there.
+# Tests run with OMP_WAIT_POLICY=PASSIVE (CMakePresets.json): ctest runs two at once on two cores, and OpenMP
+# threads spinning at barriers would take the cores from the other test (a 0.2 s test took 13 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh

@@ -1,0 +1,144 @@
+// Activation checkpointing (OLMo's activation_checkpointing): every policy gives bitwise the loss and the
+// gradients of keeping everything (the recompute runs the forward's kernels on the same inputs), in
+// process for one rank on both model flavours, and through the binary under every strategy on 2 ranks;
+// and the activation arena shrinks as each policy promises.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "base/layout.h"
+#include "base/memory.h"
+#include "core/data.h"
+#include "core/model.h"
+#include "kernels/backend.h"
+#include "parallel/strategy.h"
+#include "test_util.h"
+
+using namespace trainer;
+
+namespace {
+
+const std::vector<std::string> kPolicies = {"whole_layer",  "one_in_two",   "one_in_three",  "one_in_four",
+                                            "one_in_eight", "two_in_three", "three_in_four", "fine_grained"};
+
+// tiny.json with 5 blocks (so the one_in_N policies differ) on the fixture tokens; GPT-2 style when `gpt2`
+// (learned positions, affine LayerNorm, biases, tanh GELU: the fused GEMM + GELU and its recompute).
+TrainConfig config_for(const std::string& policy, bool gpt2) {
+    Json doc = Json::parse(test_util::read_file(test_util::source_dir() + "/configs/tiny.json"));
+    doc["model"]["n_layers"] = 5;
+    if (gpt2) {
+        doc["model"]["rope"] = false;
+        doc["model"]["layer_norm_with_affine"] = true;
+        doc["model"]["include_bias"] = true;
+        doc["model"]["activation_type"] = "gelu_tanh";
+    }
+    doc["data"]["paths"] = Json::array({test_util::fixture("olmo_tiny_tokens.u16")});
+    if (policy != "null") doc["activation_checkpointing"] = policy;
+    return validate_config(doc);
+}
+
+struct Pass {
+    double loss = 0.0;
+    std::vector<std::vector<float>> grads;  // per unit
+    int64_t activation_bytes = 0;           // the model's arena and its token buffer
+};
+
+// One global batch (2 micro-batches of 4) through forward and backward on one rank.
+Pass run_pass(const TrainConfig& config) {
+    auto backend = make_backend(Device::kCpu);
+    const ParamLayout layout(config);
+    auto strategy = make_single_strategy(backend.get(), layout);
+    load_initial_params(config, layout, *strategy, nullptr, "");
+    const int64_t before = memory_snapshot().current[static_cast<int>(MemCategory::kActivations)];
+    const long micro = config.device_train_microbatch_size, G = config.global_train_batch_size;
+    const long L = config.model.max_sequence_length;
+    Model model(config, layout, backend.get(), strategy.get(), static_cast<int>(micro));
+    Pass p;
+    p.activation_bytes = memory_snapshot().current[static_cast<int>(MemCategory::kActivations)] - before;
+    TokenDataset data(config.data.paths, TokenDtype::kUint16, L, config.model.vocab_size);
+    std::vector<int32_t> tokens(micro * L);
+    strategy->zero_grads();
+    strategy->begin_step(static_cast<int>(G / micro));
+    for (long k = 0; k < G / micro; ++k) {
+        strategy->begin_micro_batch(static_cast<int>(k));
+        for (long i = 0; i < micro; ++i) data.read_instance(k * micro + i, tokens.data() + i * L);
+        p.loss += model.forward_backward(tokens.data(), static_cast<int>(micro), 1.0f / (G * (L - 1)));
+    }
+    strategy->finish_backward();
+    for (int u = 0; u < layout.num_units(); ++u) {
+        p.grads.emplace_back(layout.units()[u].numel);
+        backend->copy_device_to_host(p.grads[u].data(), strategy->unit_grads(u), p.grads[u].size() * sizeof(float));
+    }
+    return p;
+}
+
+}  // namespace
+
+TEST_CASE("activation checkpointing: every policy gives bitwise the loss and gradients of null on one rank") {
+    for (bool gpt2 : {false, true}) {
+        const Pass ref = run_pass(config_for("null", gpt2));
+        for (const std::string& policy : kPolicies) {
+            CAPTURE(gpt2, policy);
+            const Pass got = run_pass(config_for(policy, gpt2));
+            CHECK(got.loss == ref.loss);
+            for (size_t u = 0; u < ref.grads.size(); ++u) {
+                CAPTURE(u);
+                CHECK(got.grads[u] == ref.grads[u]);
+            }
+        }
+    }
+}
+
+TEST_CASE("activation checkpointing: the activation arena shrinks as each policy keeps less") {
+    auto bytes = [](const std::string& policy) { return run_pass(config_for(policy, false)).activation_bytes; };
+    const int64_t null_b = bytes("null"), whole = bytes("whole_layer"), fine = bytes("fine_grained");
+    const int64_t half = bytes("one_in_two"), eighth = bytes("one_in_eight");
+    CAPTURE(null_b, whole, fine, half, eighth);
+    // The blocks' share of the arena: what null keeps beyond the head and the backward scratch, which every
+    // policy keeps alike. whole_layer keeps 5 inputs and one block's working set.
+    CHECK(whole < half);
+    CHECK(half < eighth);
+    CHECK(eighth <= null_b);  // one block of 5 recomputed: what it frees, the shared work plan takes back
+    CHECK(whole < fine);
+    CHECK(fine < null_b);
+    // One block kept whole (null) against its input alone: whole_layer saves (L - 1) blocks' worth, less the
+    // inputs it keeps.
+    const int64_t per_block = (null_b - whole) / 4;
+    CHECK(per_block > 0);
+    CHECK(null_b - half >= 2 * per_block);  // one_in_two recomputes blocks 0, 2 and 4 (the work plan is shared)
+}
+
+TEST_CASE("activation checkpointing: every policy under every strategy on 2 ranks matches null bitwise") {
+    test_util::TempDir dir;
+    const std::vector<std::vector<std::string>> strategies = {
+        {"--strategy", "ddp"},
+        {"--strategy", "fsdp", "--sharding-strategy", "FULL_SHARD", "--wrapping-strategy", "by_block"},
+        {"--strategy", "fsdp", "--sharding-strategy", "SHARD_GRAD_OP", "--wrapping-strategy", "by_block_and_size"},
+        {"--strategy", "fsdp", "--sharding-strategy", "NO_SHARD"},
+        {"--strategy", "fsdp", "--sharding-strategy", "HYBRID_SHARD", "--wrapping-strategy", "by_block", "--set",
+         "fsdp.hybrid_sharding_num_model_replicas=2"},
+    };
+    int run = 0;
+    for (const auto& strategy : strategies) {
+        std::vector<std::string> base = {"--config",       "configs/tiny.json",
+                                         "--data",         test_util::fixture("olmo_tiny_tokens.u16"),
+                                         "--max-duration", "3",
+                                         "--set",          "model.n_layers=5",
+                                         "--set",          "device_train_microbatch_size=2",
+                                         "--set",          "fsdp.precision=fp32"};
+        base.insert(base.end(), strategy.begin(), strategy.end());
+        auto launch = [&](const std::string& policy) {
+            const std::string metrics = dir.path("m" + std::to_string(run++) + ".jsonl");
+            std::vector<std::string> args = base;
+            args.insert(args.end(), {"--metrics-file", metrics});
+            if (policy != "null") args.insert(args.end(), {"--set", "activation_checkpointing=" + policy});
+            const auto r = test_util::launch(2, args);
+            INFO(strategy[1] << " " << (strategy.size() > 3 ? strategy[3] : "") << " " << policy << "\n"
+                             << r.out << r.err);
+            REQUIRE(r.exit_code == 0);
+            return test_util::read_metrics(metrics);
+        };
+        const auto ref = launch("null");
+        for (const std::string& policy : kPolicies) test_util::check_losses(ref, launch(policy), 0, 0.0);
+    }
+}
