@@ -79,9 +79,11 @@ class ProgressBar {
     bool drawn_ = false;
 };
 
-// Every rank's peak memory so far by category, plus total and measured peak resident memory (and the device
-// pool's high-water mark where the device has one), gathered over `comm` (a collective: every rank calls it).
-Json gather_peak_memory(Communicator& comm, const Backend& backend, bool device_pool) {
+// Every rank's peak memory so far by category, plus the accounted total, the measured peak resident memory,
+// the backend's pool high-water mark (device memory on GPUs, the host pool on the CPU), and what no category
+// counts: the device pool beyond the total on GPUs (`on_device`), resident memory beyond it on the CPU.
+// Gathered over `comm` (a collective: every rank calls it).
+Json gather_peak_memory(Communicator& comm, const Backend& backend, bool on_device) {
     const int world = comm.size();
     const MemorySnapshot mem = memory_snapshot();
     constexpr int kMemFields = kNumMemCategories + 3;  // the categories, total, resident, device pool
@@ -99,7 +101,9 @@ Json gather_peak_memory(Communicator& comm, const Backend& backend, bool device_
             m[mem_category_name(static_cast<MemCategory>(c))] = static_cast<int64_t>(v[c]);
         m["total"] = static_cast<int64_t>(v[kNumMemCategories]);
         m["resident"] = static_cast<int64_t>(v[kNumMemCategories + 1]);
-        if (device_pool) m["device_pool"] = static_cast<int64_t>(v[kNumMemCategories + 2]);
+        m["device_pool"] = static_cast<int64_t>(v[kNumMemCategories + 2]);
+        m["unaccounted"] =
+            static_cast<int64_t>(v[on_device ? kNumMemCategories + 2 : kNumMemCategories + 1] - v[kNumMemCategories]);
         per_rank.push_back(m);
     }
     return per_rank;

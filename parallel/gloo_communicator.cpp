@@ -66,6 +66,7 @@ class GlooCommunicator final : public Communicator {
         }
         cv_.notify_all();
         worker_.join();
+        memory_record_free(MemCategory::kCommunication, static_cast<int64_t>(scratch_bytes_));
     }
 
     int rank() const override { return rank_; }
@@ -104,16 +105,15 @@ class GlooCommunicator final : public Communicator {
             // reduce-scatter); the sum over ranks is then taken here, in rank order, so it is deterministic
             // and bf16 is rounded once. (Gloo's legacy ReduceScatterHalvingDoubling gave run-to-run different
             // results when other collectives ran between its calls.)
-            std::vector<uint8_t> blocks(bytes * size_);
-            memory_record_alloc(MemCategory::kCommunication, static_cast<int64_t>(blocks.size()));
+            uint8_t* blocks = scratch(bytes * size_);
             gloo::AlltoallOptions opts(context_);
             opts.setTag(next_tag());
             opts.setTimeout(timeout_);
             opts.setInput(static_cast<uint8_t*>(in), bytes * size_);
-            opts.setOutput(blocks.data(), bytes * size_);
+            opts.setOutput(blocks, bytes * size_);
             gloo::alltoall(opts);
             if (dtype == CommDType::kFloat32) {
-                const float* b = reinterpret_cast<const float*>(blocks.data());
+                const float* b = reinterpret_cast<const float*>(blocks);
                 float* o = static_cast<float*>(out);
                 for (size_t i = 0; i < count; ++i) {
                     float acc = b[i];
@@ -121,7 +121,7 @@ class GlooCommunicator final : public Communicator {
                     o[i] = acc;
                 }
             } else {
-                const uint16_t* b = reinterpret_cast<const uint16_t*>(blocks.data());
+                const uint16_t* b = reinterpret_cast<const uint16_t*>(blocks);
                 uint16_t* o = static_cast<uint16_t*>(out);
                 for (size_t i = 0; i < count; ++i) {
                     float acc = bf16_to_float(b[i]);
@@ -129,7 +129,6 @@ class GlooCommunicator final : public Communicator {
                     o[i] = float_to_bf16(acc);
                 }
             }
-            memory_record_free(MemCategory::kCommunication, static_cast<int64_t>(blocks.size()));
         });
     }
 
@@ -174,6 +173,14 @@ class GlooCommunicator final : public Communicator {
     }
 
    private:
+    uint8_t* scratch(size_t bytes) {
+        if (bytes > scratch_bytes_) {
+            scratch_.reset(new uint8_t[bytes]);  // uninitialised: the all-to-all writes every byte
+            memory_record_alloc(MemCategory::kCommunication, static_cast<int64_t>(bytes - scratch_bytes_));
+            scratch_bytes_ = bytes;
+        }
+        return scratch_.get();
+    }
     uint32_t next_tag() { return tag_++; }
 
     CommHandle enqueue(const char* what, std::function<void()> op) {
@@ -218,6 +225,12 @@ class GlooCommunicator final : public Communicator {
     std::shared_ptr<gloo::transport::Device> device_;
     std::shared_ptr<gloo::rendezvous::Context> context_;
     uint32_t tag_ = 1;
+    // The reduce-scatter's receive blocks: one buffer, grown to the largest call and kept (the worker runs one
+    // operation at a time), counted as communication memory. A fresh zeroed vector per call cost a memset,
+    // and its frees and mallocs on this thread's arena fragmented it (glibc stops unmapping blocks of a size
+    // it has freed once).
+    std::unique_ptr<uint8_t[]> scratch_;
+    size_t scratch_bytes_ = 0;
     std::mutex mutex_;
     std::condition_variable cv_;
     std::deque<std::function<void()>> queue_;
