@@ -1,17 +1,18 @@
 // The Gloo communicator (see communicator.h): Gloo's TCP transport and its collective algorithms
-// (allreduce, all-to-all for reduce-scatter, allgather, broadcast, barrier), driven by one worker thread
-// per communicator that runs the queued operations in FIFO order.
+// (allreduce, allgather, broadcast, barrier) plus a ring reduce-scatter of our own over its point-to-point
+// buffers, driven by one worker thread per communicator that runs the queued operations in FIFO order.
 // bf16 travels as 16-bit words on the wire and is summed in fp32 (the element functions of
-// kernels/element.h): rounded back to bf16 after each add in allreduce, once in reduce-scatter.
+// kernels/element.h), rounded back to bf16 after each add.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
-#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include <condition_variable>
 #include <cstring>
@@ -29,6 +30,9 @@
 
 namespace trainer {
 namespace {
+
+// The slot prefix of the ring reduce-scatter's point-to-point messages, apart from Gloo's own (0x01..0x08).
+constexpr uint8_t kRingSlotPrefix = 0x20;
 
 void bf16_sum3(void* c, const void* a, const void* b, size_t n) {
     uint16_t* out = static_cast<uint16_t*>(c);
@@ -101,34 +105,39 @@ class GlooCommunicator final : public Communicator {
                 std::memmove(out, in, bytes);
                 return;
             }
-            // Gloo's all-to-all hands this rank block `rank` of every rank's input (the traffic of a ring
-            // reduce-scatter); the sum over ranks is then taken here, in rank order, so it is deterministic
-            // and bf16 is rounded once. (Gloo's legacy ReduceScatterHalvingDoubling gave run-to-run different
+            // A ring over Gloo's point-to-point buffers, n - 1 steps: at step s this rank sends its partial sum of
+            // chunk (r - s - 1) mod n to rank r + 1, receives rank r - 1's partial of chunk (r - s - 2) mod n and
+            // adds it into its own, in place in `in` (the contract makes `in` scratch). The last chunk received
+            // is this rank's, complete. Each chunk is summed in one fixed order (x_{c+1} + x_{c+2} + ... + x_c),
+            // so results repeat bit for bit; the receive buffer is one shard, where an all-to-all needs the
+            // whole unit (98 MiB for cpu_bench's embedding). bf16 partial sums travel as bf16, rounded at each
+            // hop, as in NCCL's ring. (Gloo's own ReduceScatterHalvingDoubling gave run-to-run different
             // results when other collectives ran between its calls.)
-            uint8_t* blocks = scratch(bytes * size_);
-            gloo::AlltoallOptions opts(context_);
-            opts.setTag(next_tag());
-            opts.setTimeout(timeout_);
-            opts.setInput(static_cast<uint8_t*>(in), bytes * size_);
-            opts.setOutput(blocks, bytes * size_);
-            gloo::alltoall(opts);
-            if (dtype == CommDType::kFloat32) {
-                const float* b = reinterpret_cast<const float*>(blocks);
-                float* o = static_cast<float*>(out);
-                for (size_t i = 0; i < count; ++i) {
-                    float acc = b[i];
-                    for (int r = 1; r < size_; ++r) acc += b[r * count + i];
-                    o[i] = acc;
+            uint8_t* tmp = scratch(bytes);
+            auto* base = static_cast<uint8_t*>(in);
+            auto send_buf = context_->createUnboundBuffer(base, bytes * size_);
+            auto recv_buf = context_->createUnboundBuffer(tmp, bytes);
+            const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, next_tag());
+            const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
+            for (int step = 0; step < size_ - 1; ++step) {
+                const int send_chunk = ((rank_ - step - 1) % size_ + size_) % size_;
+                const int recv_chunk = ((rank_ - step - 2) % size_ + size_) % size_;
+                send_buf->send(right, slot, static_cast<size_t>(send_chunk) * bytes, bytes);
+                recv_buf->recv(left, slot, 0, bytes);
+                recv_buf->waitRecv(timeout_);
+                uint8_t* acc = base + static_cast<size_t>(recv_chunk) * bytes;
+                if (dtype == CommDType::kFloat32) {
+                    float* a = reinterpret_cast<float*>(acc);
+                    const float* b = reinterpret_cast<const float*>(tmp);
+                    for (size_t i = 0; i < count; ++i) a[i] = b[i] + a[i];
+                } else {
+                    uint16_t* a = reinterpret_cast<uint16_t*>(acc);
+                    const uint16_t* b = reinterpret_cast<const uint16_t*>(tmp);
+                    for (size_t i = 0; i < count; ++i) a[i] = float_to_bf16(bf16_to_float(b[i]) + bf16_to_float(a[i]));
                 }
-            } else {
-                const uint16_t* b = reinterpret_cast<const uint16_t*>(blocks);
-                uint16_t* o = static_cast<uint16_t*>(out);
-                for (size_t i = 0; i < count; ++i) {
-                    float acc = bf16_to_float(b[i]);
-                    for (int r = 1; r < size_; ++r) acc += bf16_to_float(b[r * count + i]);
-                    o[i] = float_to_bf16(acc);
-                }
+                send_buf->waitSend(timeout_);  // the next step sends the chunk just summed, not this one
             }
+            std::memcpy(out, base + static_cast<size_t>(rank_) * bytes, bytes);
         });
     }
 

@@ -51,7 +51,8 @@ class CpuBackend final : public Backend {
     }
 
     // Host memory kept as the GPU's stream-ordered pool keeps device memory: blocks of kPoolMin bytes or
-    // more are mapped whole and, when freed, cached by size for the next allocation of that size. The
+    // more are mapped whole and, when freed, cached for the next allocation of that size (or of up to half
+    // of it). The
     // strategies free and take again blocks of the same few sizes every step (FSDP's gathered units, its
     // gradient and wire buffers); through malloc they fragmented the heap or were unmapped and faulted in
     // again (glibc raises its mmap threshold after the first such free), 300-400 MiB of resident memory on 4
@@ -60,18 +61,23 @@ class CpuBackend final : public Backend {
         if (bytes >= kPoolMin) {
             const size_t size = (bytes + kPage - 1) / kPage * kPage;
             std::lock_guard<std::mutex> lock(mutex_);
-            auto& cached = cache_[size];
+            // The smallest cached block that fits, if it is at most twice the size: a block a step uses once
+            // (a unit's bf16 wire buffer in its first gather) then serves smaller ones instead of idling.
             void* p = nullptr;
-            if (!cached.empty()) {
-                p = cached.back();
-                cached.pop_back();
+            size_t got = size;
+            const auto it = cache_.lower_bound(size);
+            if (it != cache_.end() && it->first <= 2 * size) {
+                got = it->first;
+                p = it->second.back();
+                it->second.pop_back();
+                if (it->second.empty()) cache_.erase(it);
             } else {
                 p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
                 if (p == MAP_FAILED) user_error("out of host memory allocating {} bytes", bytes);
                 pool_bytes_ += size;
                 pool_peak_ = std::max(pool_peak_, pool_bytes_);
             }
-            pooled_[p] = size;
+            pooled_[p] = got;
             return p;
         }
         const size_t rounded = (bytes + 63) / 64 * 64;
