@@ -142,3 +142,40 @@ TEST_CASE("activation checkpointing: every policy under every strategy on 2 rank
         for (const std::string& policy : kPolicies) test_util::check_losses(ref, launch(policy), 0, 0.0);
     }
 }
+
+TEST_CASE("activation checkpointing: a checkpoint resumes under another policy with the same losses") {
+    // The policy changes what the arena keeps, never the state: 4 steps under whole_layer with a checkpoint
+    // at step 2, resumed under null (and a null run resumed under fine_grained), continue the losses of an
+    // uninterrupted null run bit for bit.
+    test_util::TempDir dir;
+    auto args = [&](const std::string& policy, const std::string& name) {
+        std::vector<std::string> a = {"--config",       "configs/tiny.json",
+                                      "--data",         test_util::fixture("olmo_tiny_tokens.u16"),
+                                      "--max-duration", "4",
+                                      "--set",          "activation_checkpointing=" + policy,
+                                      "--metrics-file", dir.path(name + ".jsonl"),
+                                      "--save-folder",  dir.path(name),
+                                      "--set",          "save_interval=2"};
+        return a;
+    };
+    auto ok = [](const test_util::RunResult& r) {
+        INFO(r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+    };
+    ok(test_util::run_trainer(args("null", "ref")));
+    const auto ref = test_util::read_metrics(dir.path("ref.jsonl"));
+    for (const auto& [first, second] : {std::pair<std::string, std::string>{"whole_layer", "null"},
+                                        std::pair<std::string, std::string>{"null", "fine_grained"}}) {
+        CAPTURE(first, second);
+        const std::string name = first + "_then_" + second;
+        auto a = args(first, name);
+        a[5] = "2";  // stop at the checkpoint
+        ok(test_util::run_trainer(a));
+        auto b = args(second, name);
+        b.insert(b.end(), {"--load-path", "latest"});
+        ok(test_util::run_trainer(b));
+        const auto got = test_util::read_metrics(dir.path(name + ".jsonl"));
+        REQUIRE(got.size() == 4);
+        test_util::check_losses(ref, got, 0, 0.0);
+    }
+}
