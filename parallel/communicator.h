@@ -59,7 +59,7 @@ class Communicator {
     // buf[count] = sum over ranks of buf[count] (in place).
     virtual CommHandle all_reduce(void* buf, size_t count, CommDType dtype) = 0;
     // out[count] = sum over ranks of in[rank * count .. (rank + 1) * count); `in` holds size() * count.
-    // `in` may be modified (used as scratch).
+    // `in` may be modified (used as scratch); `out` may be `in`'s own block, in + rank() * count (in place).
     virtual CommHandle reduce_scatter(void* in, void* out, size_t count, CommDType dtype) = 0;
     // out[size() * count] = the concatenation of every rank's in[count], in rank order.
     virtual CommHandle all_gather(const void* in, void* out, size_t count, CommDType dtype) = 0;

@@ -232,7 +232,7 @@ class FsdpStrategy final : public Strategy {
     }
     struct PendingReduce {
         int group = 0;
-        DeviceBuffer in, out;  // full gradients (scratch for the reduction) and this rank's reduced shard
+        DeviceBuffer in;  // full gradients: scratch for the reduction, this rank's reduced shard in its block
         CommHandle handle;
     };
 
@@ -313,17 +313,17 @@ class FsdpStrategy final : public Strategy {
         while (pending_.size() >= 2) settle_oldest();  // bounds the unsharded gradients in flight
         PendingReduce p;
         p.group = g;
+        // In place: this rank's reduced shard lands in its own block of the input (no output buffer).
+        const size_t mine = static_cast<size_t>(group_->rank()) * G.shard;
         if (opt_.precision.bf16_reduce) {
             p.in = DeviceBuffer(backend_, G.padded * 2, MemCategory::kCommunication);
             backend_->cast_float_to_bf16(p.in.bf16(), G.full_grads.f32(), G.padded);
             G.full_grads.reset();
-            p.out = DeviceBuffer(backend_, G.shard * 2, MemCategory::kCommunication);
-            p.handle = group_->reduce_scatter(p.in.data(), p.out.data(), G.shard, CommDType::kBFloat16);
+            p.handle = group_->reduce_scatter(p.in.data(), p.in.bf16() + mine, G.shard, CommDType::kBFloat16);
         } else {
             p.in = std::move(G.full_grads);
             p.in.recategorize(MemCategory::kCommunication);  // the reduction's input from now on
-            p.out = DeviceBuffer(backend_, G.shard * sizeof(float), MemCategory::kCommunication);
-            p.handle = group_->reduce_scatter(p.in.data(), p.out.data(), G.shard, CommDType::kFloat32);
+            p.handle = group_->reduce_scatter(p.in.data(), p.in.f32() + mine, G.shard, CommDType::kFloat32);
         }
         pending_.push_back(std::move(p));
     }
@@ -332,12 +332,12 @@ class FsdpStrategy final : public Strategy {
         pending_.pop_front();
         wait(p.handle);
         Group& G = groups_[p.group];
-        p.in.reset();
-        float* reduced = p.out.f32();
+        const size_t mine = static_cast<size_t>(group_->rank()) * G.shard;
+        float* reduced = p.in.f32() + mine;
         DeviceBuffer widened;
         if (opt_.precision.bf16_reduce) {
             widened = DeviceBuffer(backend_, G.shard * sizeof(float), MemCategory::kCommunication);
-            backend_->cast_bf16_to_float(widened.f32(), p.out.bf16(), G.shard);
+            backend_->cast_bf16_to_float(widened.f32(), p.in.bf16() + mine, G.shard);
             reduced = widened.f32();
         }
         // Mean over all ranks, accumulated into the shard's gradient (micro_batch mode adds every micro-batch).

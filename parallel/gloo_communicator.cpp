@@ -137,7 +137,8 @@ class GlooCommunicator final : public Communicator {
                 }
                 send_buf->waitSend(timeout_);  // the next step sends the chunk just summed, not this one
             }
-            std::memcpy(out, base + static_cast<size_t>(rank_) * bytes, bytes);
+            if (out != base + static_cast<size_t>(rank_) * bytes)  // else in place: already there
+                std::memcpy(out, base + static_cast<size_t>(rank_) * bytes, bytes);
         });
     }
 

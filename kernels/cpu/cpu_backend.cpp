@@ -51,22 +51,21 @@ class CpuBackend final : public Backend {
     }
 
     // Host memory kept as the GPU's stream-ordered pool keeps device memory: blocks of kPoolMin bytes or
-    // more are mapped whole and, when freed, cached for the next allocation of that size (or of up to half
-    // of it). The
-    // strategies free and take again blocks of the same few sizes every step (FSDP's gathered units, its
-    // gradient and wire buffers); through malloc they fragmented the heap or were unmapped and faulted in
-    // again (glibc raises its mmap threshold after the first such free), 300-400 MiB of resident memory on 4
-    // ranks of cpu_bench that no category counted. Smaller blocks come from aligned_alloc.
+    // more are mapped whole and, when freed, cached for the next allocation of that size (or of down to a
+    // quarter of it). The strategies free and take again blocks of the same few sizes every step (FSDP's
+    // gathered units, its gradient and wire buffers); through malloc they fragmented the heap or were
+    // unmapped and faulted in again (glibc raises its mmap threshold after the first such free), 300-400 MiB
+    // of resident memory on 4 ranks of cpu_bench that no category counted. Smaller blocks: aligned_alloc.
     void* alloc(size_t bytes) override {
         if (bytes >= kPoolMin) {
             const size_t size = (bytes + kPage - 1) / kPage * kPage;
             std::lock_guard<std::mutex> lock(mutex_);
-            // The smallest cached block that fits, if it is at most twice the size: a block a step uses once
+            // The smallest cached block that fits, if at most four times the size: a block a step uses once
             // (a unit's bf16 wire buffer in its first gather) then serves smaller ones instead of idling.
             void* p = nullptr;
             size_t got = size;
             const auto it = cache_.lower_bound(size);
-            if (it != cache_.end() && it->first <= 2 * size) {
+            if (it != cache_.end() && it->first <= 4 * size) {
                 got = it->first;
                 p = it->second.back();
                 it->second.pop_back();
