@@ -125,26 +125,28 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     }
     const size_t N = static_cast<size_t>(max_batch_) * T_;
     const size_t NC = N * C_;
-    // OLMo's policies: which blocks recompute, and what.
+    // OLMo's policies: which blocks recompute, and what (one_in_N: the blocks with layer % N == 0; two_in_three
+    // and three_in_four: the others).
     auto keep_for = [&](int l) {
         using A = ActivationCheckpointing;
+        const auto whole_if = [](bool recomputed) { return recomputed ? Keep::kInput : Keep::kAll; };
         switch (config.activation_checkpointing) {
             case A::kNull:
                 return Keep::kAll;
             case A::kWholeLayer:
                 return Keep::kInput;
             case A::kOneInTwo:
-                return l % 2 == 0 ? Keep::kInput : Keep::kAll;
+                return whole_if(l % 2 == 0);
             case A::kOneInThree:
-                return l % 3 == 0 ? Keep::kInput : Keep::kAll;
+                return whole_if(l % 3 == 0);
             case A::kOneInFour:
-                return l % 4 == 0 ? Keep::kInput : Keep::kAll;
+                return whole_if(l % 4 == 0);
             case A::kOneInEight:
-                return l % 8 == 0 ? Keep::kInput : Keep::kAll;
+                return whole_if(l % 8 == 0);
             case A::kTwoInThree:
-                return l % 3 != 0 ? Keep::kInput : Keep::kAll;
+                return whole_if(l % 3 != 0);
             case A::kThreeInFour:
-                return l % 4 != 0 ? Keep::kInput : Keep::kAll;
+                return whole_if(l % 4 != 0);
             case A::kFineGrained:
                 return Keep::kGemmOutputs;
         }
@@ -257,22 +259,31 @@ void Model::forward_blocks(int batch, bool backward_follows) {
     }
 }
 
+void Model::block_norm(int l, int which, int N, const BlockParams& w) {
+    const Plan& a = layers_[l];
+    const float eps = 1e-5f;
+    if (which == 1) {
+        backend_->layernorm_forward(act(a.ln1), act(a.ln1_mean), act(a.ln1_rstd), act(a.resid), w.attn_norm_w,
+                                    w.attn_norm_b, N, C_, eps);
+    } else {
+        backend_->layernorm_forward(act(a.ln2), act(a.ln2_mean), act(a.ln2_rstd), act(a.resid_mid), w.ff_norm_w,
+                                    w.ff_norm_b, N, C_, eps);
+    }
+}
+
 void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid) {
     const int N = batch * T_;
     const size_t NC = static_cast<size_t>(N) * C_;
-    const float eps = 1e-5f;
     const float theta = static_cast<float>(m_.rope_theta);
     const bool tanh_gelu = m_.activation_type == ActivationType::kGeluTanh;
     const Plan& a = layers_[l];
-    backend_->layernorm_forward(act(a.ln1), act(a.ln1_mean), act(a.ln1_rstd), act(a.resid), w.attn_norm_w,
-                                w.attn_norm_b, N, C_, eps);
+    block_norm(l, 1, N, w);
     backend_->matmul_forward(act(a.qkv), act(a.ln1), w.att_proj_w, w.att_proj_b, N, C_, 3 * C_);
     if (m_.rope) backend_->rope_forward(act(a.qkv), batch, T_, NH_, HS_, theta);
     backend_->attention_forward(act(a.att), act(a.lse), act(a.qkv), batch, T_, NH_, HS_);
     backend_->matmul_forward(act(scratch_), act(a.att), w.attn_out_w, w.attn_out_b, N, C_, C_);
     backend_->residual_forward(act(a.resid_mid), act(a.resid), act(scratch_), NC);
-    backend_->layernorm_forward(act(a.ln2), act(a.ln2_mean), act(a.ln2_rstd), act(a.resid_mid), w.ff_norm_w,
-                                w.ff_norm_b, N, C_, eps);
+    block_norm(l, 2, N, w);
     if (m_.activation_type == ActivationType::kSwiglu) {
         backend_->matmul_forward(act(a.fch), act(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
         backend_->swiglu_forward(act(a.fch_act), act(a.fch), N, H_);
@@ -287,16 +298,13 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
 }
 
 void Model::recompute_block(int l, int batch, const BlockParams& w) {
-    const Plan& a = layers_[l];
     if (keep_[l] == Keep::kInput) return block_forward(l, batch, w, false);
     // Fine-grained: the norms from the kept residual stream, the activation from the kept ff_proj output,
     // with the kernels of the forward, so the values are the forward's.
     const int N = batch * T_;
-    const float eps = 1e-5f;
-    backend_->layernorm_forward(act(a.ln1), act(a.ln1_mean), act(a.ln1_rstd), act(a.resid), w.attn_norm_w,
-                                w.attn_norm_b, N, C_, eps);
-    backend_->layernorm_forward(act(a.ln2), act(a.ln2_mean), act(a.ln2_rstd), act(a.resid_mid), w.ff_norm_w,
-                                w.ff_norm_b, N, C_, eps);
+    const Plan& a = layers_[l];
+    block_norm(l, 1, N, w);
+    block_norm(l, 2, N, w);
     if (m_.activation_type == ActivationType::kSwiglu) {
         backend_->swiglu_forward(act(a.fch_act), act(a.fch), N, H_);
     } else {

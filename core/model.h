@@ -59,6 +59,9 @@ class Model {
     // block's input, or (out_resid false: a recompute) the pass stops after the MLP activation, the last
     // activation the backward reads.
     void block_forward(int l, int batch, const BlockParams& w, bool out_resid);
+    // Block l's LayerNorm before attention (which 1) or before the MLP (which 2), into its plan: one code
+    // path for the forward and the recompute, so the recomputed values are the forward's.
+    void block_norm(int l, int which, int N, const BlockParams& w);
     // What block l's backward reads and the block did not keep, recomputed into the shared work plan.
     void recompute_block(int l, int batch, const BlockParams& w);
     HeadParams head_params(const float* base) const;  // all null for a null base

@@ -166,7 +166,7 @@ class FsdpStrategy final : public Strategy {
     std::vector<ShardView> owned_shards() override {
         std::vector<ShardView> views;
         for (Group& G : groups_) {
-            const size_t lo = mine(G).begin;
+            const size_t lo = my_range(G).begin;
             for (int u : G.units) {
                 const Range r = owned_part(G, u);
                 if (r.empty()) continue;
@@ -191,7 +191,7 @@ class FsdpStrategy final : public Strategy {
         Group& G = groups_.at(group_of_.at(u));
         const Range r = owned_part(G, u);
         if (r.empty()) return;
-        const size_t lo = mine(G).begin, ub = offset_in_group_[u];
+        const size_t lo = my_range(G).begin, ub = offset_in_group_[u];
         backend_->copy_host_to_device(G.mine.params.f32() + (r.begin - lo), host + (r.begin - ub),
                                       r.size() * sizeof(float));
         if (G.mine_bf16.data() != nullptr)
@@ -221,14 +221,14 @@ class FsdpStrategy final : public Strategy {
         int refs = 0;
     };
     // This rank's shard of FSDP unit G, in the unit's flat buffer.
-    Range mine(const Group& G) const {
+    Range my_range(const Group& G) const {
         const size_t lo = static_cast<size_t>(group_->rank()) * G.shard;
         return {lo, lo + G.shard};
     }
     // The part of layout unit u (a member of G) that this rank owns, in G's flat buffer.
     Range owned_part(const Group& G, int u) const {
         const size_t ub = offset_in_group_[u];
-        return intersect(mine(G), {ub, ub + unit_numel_[u]});
+        return intersect(my_range(G), {ub, ub + unit_numel_[u]});
     }
     struct PendingReduce {
         int group = 0;
@@ -314,7 +314,7 @@ class FsdpStrategy final : public Strategy {
         PendingReduce p;
         p.group = g;
         // In place: this rank's reduced shard lands in its own block of the input (no output buffer).
-        const size_t mine = static_cast<size_t>(group_->rank()) * G.shard;
+        const size_t mine = my_range(G).begin;
         if (opt_.precision.bf16_reduce) {
             p.in = DeviceBuffer(backend_, G.padded * 2, MemCategory::kCommunication);
             backend_->cast_float_to_bf16(p.in.bf16(), G.full_grads.f32(), G.padded);
@@ -332,7 +332,7 @@ class FsdpStrategy final : public Strategy {
         pending_.pop_front();
         wait(p.handle);
         Group& G = groups_[p.group];
-        const size_t mine = static_cast<size_t>(group_->rank()) * G.shard;
+        const size_t mine = my_range(G).begin;
         float* reduced = p.in.f32() + mine;
         DeviceBuffer widened;
         if (opt_.precision.bf16_reduce) {

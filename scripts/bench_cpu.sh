@@ -12,6 +12,7 @@
 #   shapes: cpu_bench (OLMo style), cpu_bench_gpt2 (same shape, GPT-2 style), gpt2_124m (micro-batch 4, seq 64)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench_common.sh
 steps=6 rounds=2 threads=$(nproc)
 while (($#)); do
     case $1 in
@@ -25,12 +26,7 @@ bash scripts/install_deps.sh --with-torch
 bash scripts/build.sh >/dev/null
 py=/usr/bin/python3
 trainer=build/bin/trainer
-mkdir -p data
-if [[ ! -f data/bench_tokens.bin ]]; then
-    # Any real text will do for throughput: this repository's own sources.
-    git ls-files '*.cpp' '*.h' '*.md' '*.py' '*.sh' | xargs "$trainer" prepare-data --tokenizer bytes --format llmc \
-        -o data/bench_tokens.bin >/dev/null
-fi
+bench_tokens "$trainer"
 blas_settings=(native)
 if [[ -n "${OPENBLAS_CORETYPE:-}" ]]; then blas_settings+=("OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"); fi
 pinned=${OPENBLAS_CORETYPE:-}

@@ -18,6 +18,7 @@
 #   LIST: comma-separated of gpt2_124m, olmo_1b_mb4, olmo_1b_mb8 (default: all three)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench_common.sh
 steps=12 rounds=1 attention=cudnn shapes=gpt2_124m,olmo_1b_mb4,olmo_1b_mb8 torch=1 kernels=0
 while (($#)); do
     case $1 in
@@ -36,11 +37,7 @@ if [[ ! -x $trainer ]]; then
     exit 1
 fi
 py=${PYTHON:-python3}
-mkdir -p data
-if [[ ! -f data/bench_tokens.bin ]]; then
-    git ls-files '*.cpp' '*.h' '*.cu' '*.md' '*.py' '*.sh' | xargs "$trainer" prepare-data --tokenizer bytes \
-        --format llmc -o data/bench_tokens.bin >/dev/null
-fi
+bench_tokens "$trainer"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

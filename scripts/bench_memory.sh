@@ -7,6 +7,7 @@
 # Runs a given binary (TRAINER_BIN, default build/bin/trainer; built by scripts/build.sh when absent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench_common.sh
 ranks=4 steps=3 config=configs/cpu_bench.json
 while (($#)); do
     case $1 in
@@ -16,13 +17,8 @@ while (($#)); do
         *) echo "error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
     esac
 done
-trainer=${TRAINER_BIN:-build/bin/trainer}
-[[ -x $trainer ]] || { bash scripts/build.sh >/dev/null; trainer=build/bin/trainer; }
-mkdir -p data
-if [[ ! -f data/bench_tokens.bin ]]; then
-    git ls-files '*.cpp' '*.h' '*.md' '*.py' '*.sh' | xargs "$trainer" prepare-data --tokenizer bytes --format llmc \
-        -o data/bench_tokens.bin >/dev/null
-fi
+trainer=$(bench_trainer)
+bench_tokens "$trainer"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # name | flags

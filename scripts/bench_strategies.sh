@@ -16,6 +16,7 @@
 #                                    [--global-batch G] [--micro-batch M]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench_common.sh
 config=configs/cpu_bench.json steps=4 rounds=2 global=16 micro=2
 while (($#)); do
     case $1 in
@@ -29,12 +30,7 @@ while (($#)); do
 done
 bash scripts/build.sh >/dev/null
 trainer=build/bin/trainer
-mkdir -p data
-if [[ ! -f data/bench_tokens.bin ]]; then
-    # Any real text will do for throughput: this repository's own sources.
-    git ls-files '*.cpp' '*.h' '*.md' '*.py' '*.sh' | xargs "$trainer" prepare-data --tokenizer bytes --format llmc \
-        -o data/bench_tokens.bin >/dev/null
-fi
+bench_tokens "$trainer"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

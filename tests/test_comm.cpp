@@ -15,49 +15,14 @@
 #include "parallel/communicator.h"
 #include "parallel/rank_env.h"
 #include "parallel/tcp_store.h"
+#include "rank_threads.h"
 #include "test_util.h"
 
 using namespace trainer;
 using Catch::Matchers::Contains;
+using test_util::run_ranks;
 
 namespace {
-
-// Runs fn(rank, comm) on `world` threads joined through one store; rethrows the first failure.
-void run_ranks(int world, const std::function<void(int, Communicator&)>& fn,
-               std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-    TcpStoreServer server(0);
-    std::vector<std::thread> threads;
-    std::vector<std::exception_ptr> errors(world);
-    std::atomic<int> completed{0};
-    for (int r = 0; r < world; ++r) {
-        threads.emplace_back([&, r] {
-            try {
-                TcpStore store("127.0.0.1", server.port(), timeout);
-                auto comm = make_gloo_communicator(store, "test", r, world, timeout);
-                fn(r, *comm);
-                ++completed;
-            } catch (...) {
-                errors[r] = std::current_exception();
-            }
-        });
-    }
-    for (auto& t : threads) t.join();
-    for (auto& e : errors) {
-        if (e) std::rethrow_exception(e);
-    }
-    REQUIRE(completed == world);  // every rank ran its checks to the end
-}
-
-// Catch2's assertions are not thread-safe: rank threads report mismatches by throwing, and run_ranks
-// rethrows the first one on the test's thread.
-#define RANK_EXPECT(cond, msg)                   \
-    do {                                         \
-        if (!(cond)) {                           \
-            std::ostringstream os_;              \
-            os_ << msg;                          \
-            throw std::runtime_error(os_.str()); \
-        }                                        \
-    } while (0)
 
 // Small integers, different on each rank and element: sums stay exact in fp32 (and in bf16 below 256).
 float value(int rank, size_t i, int modulus) {

@@ -17,6 +17,7 @@
 #include "parallel/strategy.h"
 #include "parallel/tcp_store.h"
 #include "parallel/wrap_policy.h"
+#include "rank_threads.h"
 #include "test_util.h"
 
 using namespace trainer;
@@ -119,42 +120,6 @@ void micro_batch(Strategy& s, const ParamLayout& layout, Backend& backend,
     }
     s.after_backward(emb);
     probe("after_backward", emb);
-}
-
-// Catch2's assertions are not thread-safe: rank threads report by throwing, and the test's thread rethrows.
-#define RANK_EXPECT(cond, msg)                   \
-    do {                                         \
-        if (!(cond)) {                           \
-            std::ostringstream os_;              \
-            os_ << msg;                          \
-            throw std::runtime_error(os_.str()); \
-        }                                        \
-    } while (0)
-
-// Runs fn(rank, comm) on `world` threads with Gloo over loopback; rethrows the first failure.
-void run_ranks(int world, const std::function<void(int, Communicator&)>& fn) {
-    const auto timeout = std::chrono::seconds(20);
-    TcpStoreServer server(0);
-    std::vector<std::thread> threads;
-    std::vector<std::exception_ptr> errors(world);
-    std::atomic<int> completed{0};
-    for (int r = 0; r < world; ++r) {
-        threads.emplace_back([&, r] {
-            try {
-                TcpStore store("127.0.0.1", server.port(), timeout);
-                auto comm = make_gloo_communicator(store, "strategy", r, world, timeout);
-                fn(r, *comm);
-                ++completed;
-            } catch (...) {
-                errors[r] = std::current_exception();
-            }
-        });
-    }
-    for (auto& t : threads) t.join();
-    for (auto& e : errors) {
-        if (e) std::rethrow_exception(e);
-    }
-    REQUIRE(completed == world);
 }
 
 }  // namespace
@@ -361,7 +326,7 @@ TEST_CASE("strategy: FULL_SHARD and DDP over 3 Gloo ranks gather what was loaded
         want_sq += static_cast<double>(layout.units()[u].numel) * 4.0 * (u + 1) * (u + 1);
     for (bool fsdp : {true, false}) {
         CAPTURE(fsdp);
-        run_ranks(3, [&](int rank, Communicator& comm) {
+        test_util::run_ranks(3, [&](int rank, Communicator& comm) {
             auto backend = make_backend(Device::kCpu);
             auto s =
                 fsdp ? make_fsdp_strategy(backend.get(), layout, &comm, &comm, nullptr, fsdp_options(c, layout), "fsdp")

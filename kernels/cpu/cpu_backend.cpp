@@ -74,7 +74,6 @@ class CpuBackend final : public Backend {
                 p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
                 if (p == MAP_FAILED) user_error("out of host memory allocating {} bytes", bytes);
                 pool_bytes_ += size;
-                pool_peak_ = std::max(pool_peak_, pool_bytes_);
             }
             pooled_[p] = got;
             return p;
@@ -100,7 +99,7 @@ class CpuBackend final : public Backend {
     // The pool's high-water mark: every block it ever mapped (it returns none until it is destroyed).
     int64_t device_peak_bytes() const override {
         std::lock_guard<std::mutex> lock(mutex_);
-        return static_cast<int64_t>(pool_peak_);
+        return static_cast<int64_t>(pool_bytes_);
     }
     // Empty units (a tied head without norm parameters) pass null pointers with 0 bytes: not memcpy's to see.
     void copy_host_to_device(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
@@ -190,7 +189,7 @@ class CpuBackend final : public Backend {
     mutable std::mutex mutex_;
     std::map<size_t, std::vector<void*>> cache_;  // freed pool blocks by size
     std::map<void*, size_t> pooled_;              // pool blocks in use and their sizes
-    size_t pool_bytes_ = 0, pool_peak_ = 0;       // mapped by the pool (it never unmaps before destruction)
+    size_t pool_bytes_ = 0;  // mapped by the pool: its high-water mark too, as it unmaps only when destroyed
 
     static void copy(void* dst, const void* src, size_t bytes) {
         if (bytes > 0) std::memcpy(dst, src, bytes);

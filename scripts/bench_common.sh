@@ -1,0 +1,21 @@
+# Sourced by the benchmark scripts, from the project root.
+
+# Writes data/bench_tokens.bin once with the trainer at $1: this repository's own sources as byte tokens (any
+# real text does for throughput).
+bench_tokens() {
+    mkdir -p data
+    [[ -f data/bench_tokens.bin ]] && return 0
+    git ls-files '*.cpp' '*.h' '*.cu' '*.md' '*.py' '*.sh' | xargs "$1" prepare-data --tokenizer bytes --format llmc \
+        -o data/bench_tokens.bin >/dev/null
+}
+
+# Prints the trainer to run: TRAINER_BIN when set, else build/bin/trainer (built by scripts/build.sh when
+# absent).
+bench_trainer() {
+    local trainer=${TRAINER_BIN:-build/bin/trainer}
+    if [[ ! -x $trainer ]]; then
+        bash scripts/build.sh >/dev/null
+        trainer=build/bin/trainer
+    fi
+    echo "$trainer"
+}
