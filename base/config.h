@@ -221,6 +221,12 @@ struct FsdpConfig {
     bool forward_prefetch = true, backward_prefetch = true, limit_all_gathers = true;
 };
 
+// CPU offload (DeepSpeed's two levers): where the optimizer's state and the sharded parameters live.
+struct CpuOffloadConfig {
+    bool optimizer_state = false;  // master parameters, gradient copies and AdamW moments in host memory
+    bool parameters = false;       // FSDP: the shards only in host memory, uploaded before each gather
+};
+
 struct TrainConfig {
     std::string run_name;
     unsigned long long seed = 0;
@@ -253,6 +259,7 @@ struct TrainConfig {
     GradSyncMode ddp_grad_sync_mode = GradSyncMode::kBatch;
     std::optional<double> peak_flops_per_device;  // FLOP/s of one device (a GPU, or one rank's CPU cores)
     ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNull;
+    CpuOffloadConfig cpu_offload;
     int threads = 0;                             // 0: one per available core
     double distributed_timeout_seconds = 120.0;  // rendezvous and every collective
 

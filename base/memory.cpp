@@ -28,6 +28,12 @@ const char* mem_category_name(MemCategory c) {
             return "communication";
         case MemCategory::kOther:
             return "other";
+        case MemCategory::kHostParameters:
+            return "host_parameters";
+        case MemCategory::kHostGradients:
+            return "host_gradients";
+        case MemCategory::kHostOptimizerState:
+            return "host_optimizer_state";
         case MemCategory::kCount:
             break;
     }
@@ -39,6 +45,11 @@ void memory_record_alloc(MemCategory c, int64_t bytes) {
     const int i = static_cast<int>(c);
     g_state.current[i] += bytes;
     if (g_state.current[i] > g_state.peak[i]) g_state.peak[i] = g_state.current[i];
+    if (mem_category_is_host(c)) {
+        g_state.host_current += bytes;
+        if (g_state.host_current > g_state.host_peak) g_state.host_peak = g_state.host_current;
+        return;
+    }
     g_state.total_current += bytes;
     if (g_state.total_current > g_state.total_peak) g_state.total_peak = g_state.total_current;
 }
@@ -46,7 +57,7 @@ void memory_record_alloc(MemCategory c, int64_t bytes) {
 void memory_record_free(MemCategory c, int64_t bytes) {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_state.current[static_cast<int>(c)] -= bytes;
-    g_state.total_current -= bytes;
+    (mem_category_is_host(c) ? g_state.host_current : g_state.total_current) -= bytes;
 }
 
 MemorySnapshot memory_snapshot() {

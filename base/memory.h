@@ -1,7 +1,9 @@
 // Memory accounting: every buffer the trainer allocates is counted under one category, so the step log
 // and the run summary can say where each byte of a rank's memory went (parameters, gradients,
 // optimizer state, gathered units, activations, communication buffers), measured, not guessed.
-// Counters are process-wide and thread-safe; peaks are high-water marks of the live bytes.
+// Counters are process-wide and thread-safe; peaks are high-water marks of the live bytes. The host
+// categories count what CPU offload keeps in host memory (pinned on a GPU); the device total leaves them
+// out and the host total counts only them (on the CPU backend both live in the same memory).
 #pragma once
 
 #include <array>
@@ -19,18 +21,28 @@ enum class MemCategory : int {
     kActivations,
     kCommunication,
     kOther,
+    kHostParameters,      // cpu_offload: the fp32 master parameters (and their bf16 copy for the upload)
+    kHostGradients,       // cpu_offload: the gradients copied down for the host optimizer
+    kHostOptimizerState,  // cpu_offload: the AdamW moments
     kCount
 };
 constexpr int kNumMemCategories = static_cast<int>(MemCategory::kCount);
 
-// JSON/console name of a category ("parameters", "gradients", ...).
+// JSON/console name of a category ("parameters", "gradients", ..., "host_parameters", ...).
 const char* mem_category_name(MemCategory c);
+// Whether a category counts host memory (CPU offload) rather than the device's.
+constexpr bool mem_category_is_host(MemCategory c) {
+    return c == MemCategory::kHostParameters || c == MemCategory::kHostGradients ||
+           c == MemCategory::kHostOptimizerState;
+}
 
 struct MemorySnapshot {
     std::array<int64_t, kNumMemCategories> current{};
     std::array<int64_t, kNumMemCategories> peak{};
     int64_t total_current = 0;
-    int64_t total_peak = 0;  // high-water mark of the sum (not the sum of peaks)
+    int64_t total_peak = 0;  // high-water mark of the device categories' sum (not the sum of peaks)
+    int64_t host_current = 0;
+    int64_t host_peak = 0;  // the same for the host categories
 };
 
 void memory_record_alloc(MemCategory c, int64_t bytes);

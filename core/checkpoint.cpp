@@ -261,7 +261,7 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
             host.resize(n);
             pieces.push_back(Json::array({s.unit, s.begin, s.end, offset}));
             for (const float* src : {s.param, s.exp_avg, s.exp_avg_sq}) {
-                if (n > 0) backend->copy_device_to_host(host.data(), src, n * sizeof(float));
+                if (n > 0) backend->copy_any(host.data(), src, n * sizeof(float));  // device, or host (offload)
                 w.write(host.data(), n * sizeof(float));
             }
             offset += 3 * n * sizeof(float);
@@ -380,7 +380,7 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
         for (const ShardView& s : by_unit[u]) {
             float* dst[3] = {s.param, s.exp_avg, s.exp_avg_sq};
             for (int k = 0; k < 3; ++k) {
-                backend->copy_host_to_device(dst[k], full[k].data() + s.begin, (s.end - s.begin) * sizeof(float));
+                backend->copy_any(dst[k], full[k].data() + s.begin, (s.end - s.begin) * sizeof(float));
             }
         }
     }

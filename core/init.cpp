@@ -84,6 +84,7 @@ void load_initial_params(const TrainConfig& config, const ParamLayout& layout, S
     }
     if (hf_tensors) from_hf_tensors(config, layout, *hf_tensors, hf_file, host);
     for (int u = 0; u < layout.num_units(); ++u) strategy.load_full_unit_params(u, host[u].data());
+    strategy.params_loaded();
 }
 
 }  // namespace trainer

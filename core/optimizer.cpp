@@ -43,15 +43,22 @@ double clip_coefficient(double grad_norm, double max_norm) {
     return std::min(1.0, max_norm / (grad_norm + 1e-6));
 }
 
-AdamW::AdamW(const TrainConfig& config, const ParamLayout& layout, Backend* backend)
-    : config_(config), layout_(layout), backend_(backend) {}
+AdamW::AdamW(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Backend* host)
+    : config_(config), layout_(layout), backend_(backend), host_(host) {}
 
 OptimizerStepResult AdamW::step(Strategy& strategy, long step, long total_steps) {
     const std::vector<ShardView> shards = strategy.owned_shards();
+    // Where the shards live, the same for all (a strategy offloads all or none): the backend that runs there.
+    const bool on_host = !shards.empty() && shards.front().on_host;
+    Backend* backend = on_host ? host_ : backend_;
+    TRAINER_CHECK(backend != nullptr, "the optimizer state is in host memory but no host backend was given");
     std::vector<std::pair<const float*, size_t>> grads;
-    for (const auto& s : shards) grads.emplace_back(s.grad, s.end - s.begin);
+    for (const auto& s : shards) {
+        TRAINER_CHECK(s.on_host == on_host, "unit {}: some shards are offloaded and some are not", s.unit);
+        grads.emplace_back(s.grad, s.end - s.begin);
+    }
     OptimizerStepResult r;
-    r.grad_norm = std::sqrt(strategy.global_grad_sq(backend_->squared_norm_multi(grads)));
+    r.grad_norm = std::sqrt(strategy.global_grad_sq(backend->squared_norm_multi(grads)));
     const double clip_coef = clip_coefficient(r.grad_norm, scheduled_max_grad_norm(config_, step));
     r.lr = scheduled_lr(config_.optimizer, config_.scheduler, step, total_steps);
     if (!std::isfinite(r.grad_norm)) {
@@ -73,9 +80,9 @@ OptimizerStepResult AdamW::step(Strategy& strategy, long step, long total_steps)
                               seg.decay ? static_cast<float>(o.weight_decay) : 0.0f});
         }
     }
-    backend_->adamw_update_multi(ranges, static_cast<float>(r.lr), static_cast<float>(o.beta1),
-                                 static_cast<float>(o.beta2), static_cast<float>(o.eps), step,
-                                 static_cast<float>(clip_coef));
+    backend->adamw_update_multi(ranges, static_cast<float>(r.lr), static_cast<float>(o.beta1),
+                                static_cast<float>(o.beta2), static_cast<float>(o.eps), step,
+                                static_cast<float>(clip_coef));
     strategy.after_optimizer_step();
     return r;
 }

@@ -25,16 +25,19 @@ struct OptimizerStepResult {
 
 class AdamW {
    public:
-    AdamW(const TrainConfig& config, const ParamLayout& layout, Backend* backend);
+    // `host`: the backend that runs the step on shards in host memory (cpu_offload: the CPU backend, the
+    // device's own when it computes on the CPU); null where no shard is.
+    AdamW(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Backend* host = nullptr);
     // One optimizer step at 1-based `step`: the global gradient norm (sum of squares of every owned
     // shard, all-reduced), the clipping coefficient, then AdamW on every owned shard with the decay group
-    // of each parameter range.
+    // of each parameter range, on the device or, for offloaded shards, on the host.
     OptimizerStepResult step(Strategy& strategy, long step, long total_steps);
 
    private:
     const TrainConfig& config_;
     const ParamLayout& layout_;
     Backend* backend_;
+    Backend* host_;
 };
 
 }  // namespace trainer

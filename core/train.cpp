@@ -79,19 +79,21 @@ class ProgressBar {
     bool drawn_ = false;
 };
 
-// Every rank's peak memory so far by category, plus the accounted total, the measured peak resident memory,
-// the backend's pool high-water mark (device memory on GPUs, the host pool on the CPU), and what no category
-// counts: the device pool beyond the total on GPUs (`on_device`), resident memory beyond it on the CPU.
-// Gathered over `comm` (a collective: every rank calls it).
+// Every rank's peak memory so far by category, plus the accounted device total, the host total (CPU
+// offload), the measured peak resident memory, the backend's pool high-water mark (device memory on GPUs,
+// the host pool on the CPU), and what no category counts: the device pool beyond the device total on GPUs
+// (`on_device`), resident memory beyond both totals on the CPU (where the host categories live in the same
+// memory). Gathered over `comm` (a collective: every rank calls it).
 Json gather_peak_memory(Communicator& comm, const Backend& backend, bool on_device) {
     const int world = comm.size();
     const MemorySnapshot mem = memory_snapshot();
-    constexpr int kMemFields = kNumMemCategories + 3;  // the categories, total, resident, device pool
+    enum { kTotal = kNumMemCategories, kHost, kResident, kPool, kMemFields };
     std::vector<double> mine(kMemFields), all(static_cast<size_t>(kMemFields) * world);
     for (int c = 0; c < kNumMemCategories; ++c) mine[c] = static_cast<double>(mem.peak[c]);
-    mine[kNumMemCategories] = static_cast<double>(mem.total_peak);
-    mine[kNumMemCategories + 1] = static_cast<double>(process_peak_resident_bytes());
-    mine[kNumMemCategories + 2] = static_cast<double>(backend.device_peak_bytes());
+    mine[kTotal] = static_cast<double>(mem.total_peak);
+    mine[kHost] = static_cast<double>(mem.host_peak);
+    mine[kResident] = static_cast<double>(process_peak_resident_bytes());
+    mine[kPool] = static_cast<double>(backend.device_peak_bytes());
     comm.all_gather(mine.data(), all.data(), kMemFields, CommDType::kFloat64).wait();
     Json per_rank = Json::array();
     for (int r = 0; r < world; ++r) {
@@ -99,11 +101,11 @@ Json gather_peak_memory(Communicator& comm, const Backend& backend, bool on_devi
         Json m = Json::object();
         for (int c = 0; c < kNumMemCategories; ++c)
             m[mem_category_name(static_cast<MemCategory>(c))] = static_cast<int64_t>(v[c]);
-        m["total"] = static_cast<int64_t>(v[kNumMemCategories]);
-        m["resident"] = static_cast<int64_t>(v[kNumMemCategories + 1]);
-        m["device_pool"] = static_cast<int64_t>(v[kNumMemCategories + 2]);
-        m["unaccounted"] =
-            static_cast<int64_t>(v[on_device ? kNumMemCategories + 2 : kNumMemCategories + 1] - v[kNumMemCategories]);
+        m["total"] = static_cast<int64_t>(v[kTotal]);
+        m["host_total"] = static_cast<int64_t>(v[kHost]);
+        m["resident"] = static_cast<int64_t>(v[kResident]);
+        m["device_pool"] = static_cast<int64_t>(v[kPool]);
+        m["unaccounted"] = static_cast<int64_t>(on_device ? v[kPool] - v[kTotal] : v[kResident] - v[kTotal] - v[kHost]);
         per_rank.push_back(m);
     }
     return per_rank;
@@ -190,7 +192,14 @@ class TrainingRun {
         const long micro = config_.device_train_microbatch_size;
         model_ = std::make_unique<Model>(config_, *layout_, backend_.get(), &strategy,
                                          static_cast<int>(std::max(micro, config_.device_eval_batch_size)));
-        optimizer_ = std::make_unique<AdamW>(config_, *layout_, backend_.get());
+        // cpu_offload.optimizer_state: AdamW runs on the host, with the CPU backend's kernels (the device's own
+        // backend when that is the CPU).
+        Backend* host = nullptr;
+        if (config_.cpu_offload.optimizer_state) {
+            if (device_ != Device::kCpu) host_backend_ = make_cpu_backend();
+            host = device_ == Device::kCpu ? backend_.get() : host_backend_.get();
+        }
+        optimizer_ = std::make_unique<AdamW>(config_, *layout_, backend_.get(), host);
         tokens_.resize(static_cast<size_t>(micro) * m_.max_sequence_length);
 
         const long L = m_.max_sequence_length;
@@ -228,6 +237,12 @@ class TrainingRun {
             "predicted positions)\n",
             layout_->matmul_numel(), m_.n_layers, m_.d_model, L - 1, flops_per_token_, L - 1);
         std::printf("MFU peak: %.1f GFLOP/s = %s\n", peak_flops_ / 1e9, peak_how_.c_str());
+        if (config_.cpu_offload.optimizer_state) {
+            const RankEnv& env = world_.env;
+            std::printf("cpu offload: %s in host memory, %.1f MiB per rank; AdamW on the host\n",
+                        config_.cpu_offload.parameters ? "optimizer state and parameters" : "optimizer state",
+                        offloaded_host_bytes(config_, env, *layout_) / 1048576.0);
+        }
         const std::string libraries = backend_->library_description();
         if (!libraries.empty()) std::printf("GEMMs: %s\n", libraries.c_str());
         std::fflush(stdout);
@@ -351,12 +366,19 @@ class TrainingRun {
         metrics_->write(summary);
         if (total_steps_ > start_step_) {
             const double mib = 1048576.0;
+            auto peak = [&](MemCategory c) { return mem.peak[static_cast<int>(c)] / mib; };
+            const std::string host =
+                mem.host_peak > 0
+                    ? fmt::format(", host {:.1f} MiB (params {:.1f}, grads {:.1f}, optimizer {:.1f})",
+                                  mem.host_peak / mib, peak(MemCategory::kHostParameters),
+                                  peak(MemCategory::kHostGradients), peak(MemCategory::kHostOptimizerState))
+                    : std::string();
             std::printf(
                 "done: %ld steps | final loss %.4f | %.0f tokens/s/device | MFU %.1f%% | mean step %.1f ms | peak "
-                "memory %.1f MiB (params %.1f, grads %.1f, optimizer %.1f, activations %.1f), resident %.1f MiB\n",
+                "memory %.1f MiB (params %.1f, grads %.1f, optimizer %.1f, activations %.1f)%s, resident %.1f MiB\n",
                 total_steps_ - start_step_, last_loss_, tps, 100.0 * mfu, mean_step * 1e3, mem.total_peak / mib,
-                mem.peak[0] / mib, mem.peak[1] / mib, mem.peak[2] / mib, mem.peak[4] / mib,
-                process_peak_resident_bytes() / mib);
+                peak(MemCategory::kParameters), peak(MemCategory::kGradients), peak(MemCategory::kOptimizerState),
+                peak(MemCategory::kActivations), host.c_str(), process_peak_resident_bytes() / mib);
         } else {
             std::printf("nothing to do: the checkpoint is already at step %ld of %ld\n", start_step_, total_steps_);
         }
@@ -381,6 +403,7 @@ class TrainingRun {
     std::unique_ptr<ParamLayout> layout_;
     World world_;
     std::unique_ptr<Model> model_;
+    std::unique_ptr<Backend> host_backend_;  // cpu_offload on a GPU: the host optimizer's kernels
     std::unique_ptr<AdamW> optimizer_;
     double flops_per_token_ = 0.0, tokens_per_step_ = 0.0, flops_per_step_ = 0.0, peak_flops_ = 0.0;
     std::string peak_how_;

@@ -91,7 +91,10 @@ int cuda_device_count() { return 0; }
 #endif
 
 DeviceBuffer::DeviceBuffer(Backend* backend, size_t bytes, MemCategory category)
-    : backend_(backend), ptr_(backend->alloc(bytes)), bytes_(bytes), category_(category) {
+    : backend_(backend),
+      ptr_(mem_category_is_host(category) ? backend->alloc_host(bytes) : backend->alloc(bytes)),
+      bytes_(bytes),
+      category_(category) {
     memory_record_alloc(category_, static_cast<int64_t>(bytes_));
 }
 
@@ -119,6 +122,8 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 }
 
 void DeviceBuffer::recategorize(MemCategory category) {
+    TRAINER_CHECK(mem_category_is_host(category) == mem_category_is_host(category_),
+                  "a buffer cannot move between host and device memory by recategorizing it");
     if (ptr_) {
         memory_record_free(category_, static_cast<int64_t>(bytes_));
         memory_record_alloc(category, static_cast<int64_t>(bytes_));
@@ -128,7 +133,11 @@ void DeviceBuffer::recategorize(MemCategory category) {
 
 void DeviceBuffer::reset() {
     if (ptr_) {
-        backend_->free(ptr_);
+        if (mem_category_is_host(category_)) {
+            backend_->free_host(ptr_);
+        } else {
+            backend_->free(ptr_);
+        }
         memory_record_free(category_, static_cast<int64_t>(bytes_));
     }
     backend_ = nullptr;

@@ -45,6 +45,24 @@ class Backend {
     }
     // Waits for all queued work (a no-op on the CPU backend). Default: nothing to wait for.
     virtual void synchronize() {}
+    // Host memory that the device copies to and from at full speed, beside its compute (pinned on CUDA): CPU
+    // offload's master parameters, gradients and moments. 64-byte aligned, uninitialised; UserError when out
+    // of memory. Default: alloc (a backend whose device memory is host memory).
+    virtual void* alloc_host(size_t bytes) { return alloc(bytes); }
+    virtual void free_host(void* ptr) { free(ptr); }
+    // Queues a copy between memory from alloc_host and device memory (either way), ordered after the work
+    // queued so far and running beside the work queued later (a copy engine); returns a ticket for the two
+    // waits below. Neither side may be written or freed (nor the destination read) until the copy is
+    // waited for.
+    // Default: copies at once (copy_any); every ticket is complete.
+    virtual uint64_t copy_async(void* dst, const void* src, size_t bytes) {
+        copy_any(dst, src, bytes);
+        return 0;
+    }
+    // The host waits until copy `ticket` is done.
+    virtual void host_wait(uint64_t ticket) { (void)ticket; }
+    // Work queued from now on waits (on the device, not the host) until copy `ticket` is done.
+    virtual void device_wait(uint64_t ticket) { (void)ticket; }
     // Dense peak FLOP/s of this device for MFU (bf16 tensor cores when `bf16`, else fp32) and the formula in
     // *how; 0 where the backend does not know it. The CPU backend's device is the cores this process computes
     // on (its OpenMP threads: a rank's share of the machine).
@@ -235,7 +253,8 @@ std::unique_ptr<Backend> make_cpu_backend();
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
 #endif
 
-// Owning view of one device allocation, counted in the memory accounting under its category.
+// Owning view of one allocation, counted in the memory accounting under its category: device memory
+// (Backend::alloc), or host memory (Backend::alloc_host) for the host categories.
 class DeviceBuffer {
    public:
     DeviceBuffer() = default;

@@ -8,6 +8,11 @@
 // micro-batches is identical on every rank, and averaging leaves it unchanged while the new contributions
 // sum. Used for fsdp NO_SHARD too, which must cost what DDP costs, and for the single-process strategy
 // (a group of one, where every collective is a no-op).
+//
+// CPU offload (cpu_offload.optimizer_state; shard_storage.h): a unit's gradients are final once its last
+// micro-batch's all-reduce has landed; the all-reduce of the unit before it in the backward is settled
+// when a unit's backward ends (it has had that unit's backward to run), so its copy to the host overlaps
+// the rest of the backward. The replica's parameters stay on the device (offloading them is FSDP's).
 #include <memory>
 
 #include "base/common.h"
@@ -21,16 +26,21 @@ namespace {
 class DdpStrategy final : public Strategy {
    public:
     DdpStrategy(Backend* backend, const ParamLayout& layout, Communicator* comm, bool sync_every_micro_batch,
-                std::string name, WirePrecision precision, std::unique_ptr<Communicator> owned_comm = nullptr)
+                std::string name, WirePrecision precision, const CpuOffloadConfig& offload,
+                std::unique_ptr<Communicator> owned_comm = nullptr)
         : Strategy(comm ? comm : owned_comm.get()),
           backend_(backend),
           owned_comm_(std::move(owned_comm)),
           every_micro_(sync_every_micro_batch),
+          offload_(offload.optimizer_state),
           precision_(precision),
           name_(std::move(name)) {
+        if (offload.parameters) {
+            user_error("cpu_offload.parameters: {} keeps full replicas on the device; use fsdp FULL_SHARD", name_);
+        }
         for (const auto& u : layout.units()) {
             Unit s;
-            s.state = ShardStorage(backend, u.numel);
+            s.state = ShardStorage(backend, u.numel, offload, false);
             if (precision_.bf16_params && u.numel > 0) {
                 s.compute = DeviceBuffer(backend, u.numel * sizeof(float), MemCategory::kGatheredUnits);
             }
@@ -41,17 +51,18 @@ class DdpStrategy final : public Strategy {
     std::string name() const override { return name_; }
     float* unit_params(int u) override {
         Unit& s = units_.at(u);
-        if (!precision_.bf16_params) return s.state.params.f32();
-        if (s.compute_stale && s.state.numel > 0) {
-            // The bf16-rounded compute copy of the fp32 master parameters.
-            DeviceBuffer half(backend_, s.state.numel * 2, MemCategory::kCommunication);
-            backend_->cast_float_to_bf16(half.bf16(), s.state.params.f32(), s.state.numel);
-            backend_->cast_bf16_to_float(s.compute.f32(), half.bf16(), s.state.numel);
+        if (!precision_.bf16_params) return s.state.device_params();
+        const size_t n = s.state.numel();
+        if (s.compute_stale && n > 0) {
+            // The bf16-rounded compute copy of the fp32 parameters.
+            DeviceBuffer half(backend_, n * 2, MemCategory::kCommunication);
+            backend_->cast_float_to_bf16(half.bf16(), s.state.device_params(), n);
+            backend_->cast_bf16_to_float(s.compute.f32(), half.bf16(), n);
             s.compute_stale = false;
         }
         return s.compute.f32();
     }
-    float* unit_grads(int u) override { return units_.at(u).state.grads.f32(); }
+    float* unit_grads(int u) override { return units_.at(u).state.grads(); }
 
     void begin_step(int num_micro_batches) override { num_micro_ = num_micro_batches; }
     void begin_micro_batch(int index) override { micro_ = index; }
@@ -61,24 +72,35 @@ class DdpStrategy final : public Strategy {
         settle(u);
     }
     void after_backward(int u) override {
-        if (world_->size() == 1 || (!every_micro_ && micro_ != num_micro_ - 1)) return;  // nothing to reduce
+        const bool last_micro = micro_ == num_micro_ - 1;
         Unit& s = units_[u];
-        if (s.state.numel == 0) return;
+        const size_t n = s.state.numel();
+        if (world_->size() == 1 || (!every_micro_ && !last_micro) || n == 0) {  // nothing to reduce
+            if (last_micro) s.state.grads_final();
+            return;
+        }
         if (precision_.bf16_reduce) {
-            s.wire = DeviceBuffer(backend_, s.state.numel * 2, MemCategory::kCommunication);
-            backend_->cast_float_to_bf16(s.wire.bf16(), s.state.grads.f32(), s.state.numel);
-            s.pending = world_->all_reduce(s.wire.data(), s.state.numel, CommDType::kBFloat16);
+            s.wire = DeviceBuffer(backend_, n * 2, MemCategory::kCommunication);
+            backend_->cast_float_to_bf16(s.wire.bf16(), s.state.grads(), n);
+            s.pending = world_->all_reduce(s.wire.data(), n, CommDType::kBFloat16);
         } else {
-            s.pending = world_->all_reduce(s.state.grads.data(), s.state.numel, CommDType::kFloat32);
+            s.pending = world_->all_reduce(s.state.grads(), n, CommDType::kFloat32);
         }
         s.has_pending = true;
+        if (offload_ && last_micro && u + 1 < static_cast<int>(units_.size())) {
+            settle(u + 1);  // its reduction ran during this unit's backward; its copy down runs beside the next
+            units_[u + 1].state.grads_final();
+        }
     }
     void finish_backward() override {
-        for (size_t u = 0; u < units_.size(); ++u) settle(static_cast<int>(u));
+        for (size_t u = 0; u < units_.size(); ++u) {
+            settle(static_cast<int>(u));
+            units_[u].state.grads_on_host();
+        }
     }
 
     void zero_grads() override {
-        for (auto& s : units_) backend_->fill_zero(s.state.grads.data(), s.state.numel * sizeof(float));
+        for (auto& s : units_) s.state.zero_grads();
     }
     std::vector<ShardView> owned_shards() override {
         std::vector<ShardView> views;
@@ -86,14 +108,22 @@ class DdpStrategy final : public Strategy {
         return views;
     }
     void after_optimizer_step() override {
-        for (auto& s : units_) s.compute_stale = true;
+        for (auto& s : units_) {
+            s.state.after_update();
+            s.compute_stale = true;
+        }
     }
 
     void load_full_unit_params(int u, const float* host) override {
         Unit& s = units_.at(u);
-        if (s.state.numel > 0)
-            backend_->copy_host_to_device(s.state.params.data(), host, s.state.numel * sizeof(float));
+        s.state.write_params(0, host, s.state.numel());
         s.compute_stale = true;
+    }
+    void params_loaded() override {
+        for (auto& s : units_) {
+            s.state.params_loaded();
+            s.compute_stale = true;
+        }
     }
 
    private:
@@ -102,11 +132,12 @@ class DdpStrategy final : public Strategy {
         if (!s.has_pending) return;
         wait(s.pending);
         s.has_pending = false;
+        const size_t n = s.state.numel();
         if (precision_.bf16_reduce) {
-            backend_->cast_bf16_to_float(s.state.grads.f32(), s.wire.bf16(), s.state.numel);
+            backend_->cast_bf16_to_float(s.state.grads(), s.wire.bf16(), n);
             s.wire.reset();
         }
-        backend_->scale_inplace(s.state.grads.f32(), s.state.numel, 1.0f / static_cast<float>(world_->size()));
+        backend_->scale_inplace(s.state.grads(), n, 1.0f / static_cast<float>(world_->size()));
     }
 
     struct Unit {
@@ -119,6 +150,7 @@ class DdpStrategy final : public Strategy {
     Backend* backend_;
     std::unique_ptr<Communicator> owned_comm_;  // the group of one of the single-process strategy
     bool every_micro_;
+    bool offload_;  // cpu_offload.optimizer_state
     WirePrecision precision_;
     std::string name_;
     int num_micro_ = 1, micro_ = 0;
@@ -127,16 +159,17 @@ class DdpStrategy final : public Strategy {
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_single_strategy(Backend* backend, const ParamLayout& layout) {
+std::unique_ptr<Strategy> make_single_strategy(Backend* backend, const ParamLayout& layout,
+                                               const CpuOffloadConfig& offload) {
     // One process is DDP over a group of one: every collective is a no-op.
-    return std::make_unique<DdpStrategy>(backend, layout, nullptr, false, "single", WirePrecision{},
+    return std::make_unique<DdpStrategy>(backend, layout, nullptr, false, "single", WirePrecision{}, offload,
                                          make_local_communicator(backend));
 }
 
 std::unique_ptr<Strategy> make_ddp_strategy(Backend* backend, const ParamLayout& layout, Communicator* comm,
                                             bool sync_every_micro_batch, const std::string& name,
-                                            WirePrecision precision) {
-    return std::make_unique<DdpStrategy>(backend, layout, comm, sync_every_micro_batch, name, precision);
+                                            WirePrecision precision, const CpuOffloadConfig& offload) {
+    return std::make_unique<DdpStrategy>(backend, layout, comm, sync_every_micro_batch, name, precision, offload);
 }
 
 }  // namespace trainer

@@ -31,6 +31,10 @@
 // Alone (a world of one rank, in_place_when_alone): nothing is gathered or reduced; the model computes on
 // the shard and accumulates into its gradients, as the single strategy does (mixed precision widens the
 // bf16 shard into the unit's compute copy instead of gathering it; pure still reduces to round in bf16).
+// CPU offload (shard_storage.h): a shard's gradients are final when the step's last reduction into them
+// has been settled (HYBRID_SHARD: after the replicas' all-reduce); their copy to the host starts there,
+// beside the rest of the backward. With cpu_offload.parameters every gather first uploads the shard (bf16
+// in mixed and pure precision) into a communication buffer that lives until the gather has landed.
 #include <deque>
 #include <memory>
 #include <utility>
@@ -55,7 +59,7 @@ class FsdpStrategy final : public Strategy {
           name_(std::move(name)),
           head_(layout.head_unit()),
           alone_(opt_.in_place_when_alone && world->size() == 1),
-          params_in_place_(alone_ && !opt_.precision.bf16_params),
+          params_in_place_(alone_ && !opt_.precision.bf16_params && !opt_.offload.parameters),
           grads_in_place_(alone_ && !opt_.precision.bf16_reduce) {
         const size_t size = static_cast<size_t>(group_->size());
         group_of_.assign(layout.num_units(), -1);
@@ -72,13 +76,9 @@ class FsdpStrategy final : public Strategy {
             G.first_unit = G.units.empty() ? -1 : G.units.front();
             G.shard = (G.numel + size - 1) / size;
             G.padded = G.shard * size;
-            G.mine = ShardStorage(backend, G.shard);
-            if (opt_.precision.bf16_params && G.shard > 0) {
-                // The bf16 shard the gathers send, kept current by AdamW's copy-out (and refreshed after loads)
-                // instead of a cast before every gather; 2 bytes per shard element, counted as parameters.
-                G.mine_bf16 = DeviceBuffer(backend, G.shard * sizeof(uint16_t), MemCategory::kParameters);
-                backend->fill_zero(G.mine_bf16.data(), G.mine_bf16.bytes());
-            }
+            // Mixed / pure: the bf16 shard the gathers send, kept current by AdamW's copy-out (and refreshed
+            // after loads) instead of a cast before every gather; 2 bytes per shard element, parameters.
+            G.mine = ShardStorage(backend, G.shard, opt_.offload, opt_.precision.bf16_params);
             groups_.push_back(std::move(G));
         }
         for (int u = 0; u < layout.num_units(); ++u) {
@@ -95,13 +95,13 @@ class FsdpStrategy final : public Strategy {
         Group& G = groups_.at(group_of_.at(u));
         TRAINER_CHECK(G.gathered && !G.gather_pending, "unit {} parameters used outside its hooks", u);
         if (G.padded == 0) return nullptr;
-        return (params_in_place_ ? G.mine.params.f32() : G.full_params.f32()) + offset_in_group_[u];
+        return (params_in_place_ ? G.mine.device_params() : G.full_params.f32()) + offset_in_group_[u];
     }
     float* unit_grads(int u) override {
         Group& G = groups_.at(group_of_.at(u));
         TRAINER_CHECK(G.has_grads, "unit {} gradients used outside its backward hooks", u);
         if (G.padded == 0) return nullptr;
-        return (grads_in_place_ ? G.mine.grads.f32() : G.full_grads.f32()) + offset_in_group_[u];
+        return (grads_in_place_ ? G.mine.grads() : G.full_grads.f32()) + offset_in_group_[u];
     }
 
     void begin_step(int num_micro_batches) override { num_micro_ = num_micro_batches; }
@@ -135,24 +135,27 @@ class FsdpStrategy final : public Strategy {
     void after_backward(int u) override { release(u, true); }
     void finish_backward() override {
         while (!pending_.empty()) settle_oldest();
-        if (replicas_ && replicas_->size() > 1) {
+        if (hybrid_replicas()) {
             // HYBRID_SHARD: the replicas of a shard hold partial sums (already divided by the world size).
             for (Group& G : groups_) {
                 if (G.shard == 0) continue;
                 if (opt_.precision.bf16_reduce) {
                     DeviceBuffer wire(backend_, G.shard * 2, MemCategory::kCommunication);
-                    backend_->cast_float_to_bf16(wire.bf16(), G.mine.grads.f32(), G.shard);
+                    backend_->cast_float_to_bf16(wire.bf16(), G.mine.grads(), G.shard);
                     wait(replicas_->all_reduce(wire.data(), G.shard, CommDType::kBFloat16));
-                    backend_->cast_bf16_to_float(G.mine.grads.f32(), wire.bf16(), G.shard);
+                    backend_->cast_bf16_to_float(G.mine.grads(), wire.bf16(), G.shard);
                 } else {
-                    wait(replicas_->all_reduce(G.mine.grads.data(), G.shard, CommDType::kFloat32));
+                    wait(replicas_->all_reduce(G.mine.grads(), G.shard, CommDType::kFloat32));
                 }
+                G.mine.grads_final();
             }
         }
+        for (Group& G : groups_) G.mine.grads_on_host();
     }
     void after_optimizer_step() override {
         // The shards changed: SHARD_GRAD_OP's kept units (and the root, after an evaluation) are stale.
         for (Group& G : groups_) {
+            G.mine.after_update();
             TRAINER_CHECK(!G.gather_pending, "an FSDP unit's gather is still in flight after the step");
             G.refs = 0;
             G.gathered = false;
@@ -161,7 +164,7 @@ class FsdpStrategy final : public Strategy {
     }
 
     void zero_grads() override {
-        for (Group& G : groups_) backend_->fill_zero(G.mine.grads.data(), G.shard * sizeof(float));
+        for (Group& G : groups_) G.mine.zero_grads();
     }
     std::vector<ShardView> owned_shards() override {
         std::vector<ShardView> views;
@@ -175,7 +178,7 @@ class FsdpStrategy final : public Strategy {
                 v.end = r.end - ub;
                 const size_t skip = r.begin - lo;
                 v.param += skip, v.grad += skip, v.exp_avg += skip, v.exp_avg_sq += skip;
-                if (G.mine_bf16.data() != nullptr) v.param_bf16 = G.mine_bf16.bf16() + skip;
+                if (v.param_bf16 != nullptr) v.param_bf16 += skip;
                 views.push_back(v);
             }
         }
@@ -192,17 +195,10 @@ class FsdpStrategy final : public Strategy {
         const Range r = owned_part(G, u);
         if (r.empty()) return;
         const size_t lo = my_range(G).begin, ub = offset_in_group_[u];
-        backend_->copy_host_to_device(G.mine.params.f32() + (r.begin - lo), host + (r.begin - ub),
-                                      r.size() * sizeof(float));
-        if (G.mine_bf16.data() != nullptr)
-            backend_->cast_float_to_bf16(G.mine_bf16.bf16() + (r.begin - lo), G.mine.params.f32() + (r.begin - lo),
-                                         r.size());
+        G.mine.write_params(r.begin - lo, host + (r.begin - ub), r.size());
     }
     void params_loaded() override {
-        for (Group& G : groups_) {
-            if (G.mine_bf16.data() != nullptr)
-                backend_->cast_float_to_bf16(G.mine_bf16.bf16(), G.mine.params.f32(), G.shard);
-        }
+        for (Group& G : groups_) G.mine.params_loaded();
     }
 
    private:
@@ -210,10 +206,10 @@ class FsdpStrategy final : public Strategy {
         std::vector<int> units;
         int first_unit = -1;  // the member whose after_backward ends the FSDP unit's backward
         size_t numel = 0, shard = 0, padded = 0;
-        ShardStorage mine;                     // this rank's shard
-        DeviceBuffer mine_bf16;                // mixed/pure: the shard rounded to bf16, kept by AdamW's copy-out
+        ShardStorage mine;                     // this rank's shard (and, mixed / pure, its bf16 rounding)
         DeviceBuffer full_params, full_grads;  // while gathered / accumulating
         DeviceBuffer wire;                     // bf16 gathered unit while the gather is in flight
+        DeviceBuffer upload;                   // cpu_offload.parameters: the uploaded shard until gathered
         CommHandle gather;
         bool gathered = false;   // full parameters resident or in flight
         bool has_grads = false;  // full gradients accumulating
@@ -234,6 +230,7 @@ class FsdpStrategy final : public Strategy {
         int group = 0;
         DeviceBuffer in;  // full gradients: scratch for the reduction, this rank's reduced shard in its block
         CommHandle handle;
+        bool last = false;  // the step's last reduction into the shard (its gradients are then final)
     };
 
     // Queues the all-gather of FSDP unit g unless it is gathered or in flight.
@@ -243,15 +240,26 @@ class FsdpStrategy final : public Strategy {
         G.gathered = true;
         if (G.padded == 0 || params_in_place_) return;  // nothing to gather: no parameters, or the shard is it
         G.full_params = DeviceBuffer(backend_, G.padded * sizeof(float), MemCategory::kGatheredUnits);
-        if (alone_) {  // mixed / pure alone: the compute copy is the bf16 shard widened, no collective
-            backend_->cast_bf16_to_float(G.full_params.f32(), G.mine_bf16.bf16(), G.padded);
+        const bool bf16 = opt_.precision.bf16_params;
+        // What the gather sends: the device's shard (bf16 in mixed / pure), or its upload from the host.
+        if (opt_.offload.parameters) G.upload = G.mine.upload_params(MemCategory::kCommunication);
+        void* shard = opt_.offload.parameters
+                          ? G.upload.data()
+                          : (bf16 ? static_cast<void*>(G.mine.device_bf16()) : G.mine.device_params());
+        if (alone_) {  // alone: the compute copy is the shard (widened from bf16), no collective
+            if (bf16) {
+                backend_->cast_bf16_to_float(G.full_params.f32(), static_cast<const uint16_t*>(shard), G.padded);
+            } else {
+                backend_->copy_device_to_device(G.full_params.data(), shard, G.padded * sizeof(float));
+            }
+            G.upload.reset();
             return;
         }
-        if (opt_.precision.bf16_params) {
+        if (bf16) {
             G.wire = DeviceBuffer(backend_, G.padded * 2, MemCategory::kCommunication);
-            G.gather = group_->all_gather(G.mine_bf16.data(), G.wire.data(), G.shard, CommDType::kBFloat16);
+            G.gather = group_->all_gather(shard, G.wire.data(), G.shard, CommDType::kBFloat16);
         } else {
-            G.gather = group_->all_gather(G.mine.params.data(), G.full_params.data(), G.shard, CommDType::kFloat32);
+            G.gather = group_->all_gather(shard, G.full_params.data(), G.shard, CommDType::kFloat32);
         }
         G.gather_pending = true;
     }
@@ -260,6 +268,7 @@ class FsdpStrategy final : public Strategy {
         if (!G.gather_pending) return;
         wait(G.gather);
         G.gather_pending = false;
+        G.upload.reset();
         if (opt_.precision.bf16_params) {
             backend_->cast_bf16_to_float(G.full_params.f32(), G.wire.bf16(), G.padded);
             G.wire.reset();
@@ -309,10 +318,15 @@ class FsdpStrategy final : public Strategy {
         Group& G = groups_[g];
         if (!G.has_grads) return;
         G.has_grads = false;
-        if (G.padded == 0 || grads_in_place_) return;  // in place: already in the shard's gradients
+        const bool last = micro_ == num_micro_ - 1;
+        if (G.padded == 0 || grads_in_place_) {  // in place: already in the shard's gradients
+            if (last && !hybrid_replicas()) G.mine.grads_final();
+            return;
+        }
         while (pending_.size() >= 2) settle_oldest();  // bounds the unsharded gradients in flight
         PendingReduce p;
         p.group = g;
+        p.last = last;
         // In place: this rank's reduced shard lands in its own block of the input (no output buffer).
         const size_t mine = my_range(G).begin;
         if (opt_.precision.bf16_reduce) {
@@ -342,8 +356,11 @@ class FsdpStrategy final : public Strategy {
         }
         // Mean over all ranks, accumulated into the shard's gradient (micro_batch mode adds every micro-batch).
         backend_->scale_inplace(reduced, G.shard, 1.0f / static_cast<float>(world_->size()));
-        backend_->residual_forward(G.mine.grads.f32(), G.mine.grads.f32(), reduced, G.shard);
+        backend_->residual_forward(G.mine.grads(), G.mine.grads(), reduced, G.shard);
+        if (p.last && !hybrid_replicas()) G.mine.grads_final();
     }
+    // HYBRID_SHARD with more than one replica: the shards' gradients are all-reduced once more.
+    bool hybrid_replicas() const { return replicas_ != nullptr && replicas_->size() > 1; }
 
     Backend* backend_;
     Communicator *group_, *replicas_;

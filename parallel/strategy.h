@@ -6,8 +6,8 @@
 //   for each of the k micro-batches: begin_micro_batch(i); begin_forward(true)
 //     forward:  before_forward(u) ... after_forward(u) for u = embedding, blocks, head
 //     backward: before_backward(u) ... after_backward(u) for u = head, blocks reversed, embedding
-//   finish_backward()   (every gradient reduction complete)
-//   optimizer over owned_shards(); after_optimizer_step()
+//   finish_backward()   (every gradient reduction complete; offloaded gradients on the host)
+//   optimizer over owned_shards(); after_optimizer_step() (offloaded parameters start back up)
 // A tied LM head reads the embedding's parameters and accumulates into its gradients: the model then
 // calls before_forward/after_forward(embedding) around the head's forward and before_backward(embedding)
 // at the head's backward; the embedding's after_backward comes at the very end, as usual.
@@ -18,13 +18,15 @@
 #include <string>
 #include <vector>
 
+#include "base/config.h"
 #include "base/layout.h"
 #include "kernels/backend.h"
 
 namespace trainer {
 
 // The part of one unit this rank updates: elements [begin, end) of the unit's flat buffer, with the
-// matching gradient and AdamW moments (all device pointers to element `begin`).
+// matching gradient and AdamW moments (all pointers to element `begin`: device memory, or host memory
+// when on_host, under CPU offload).
 struct ShardView {
     int unit = 0;
     size_t begin = 0, end = 0;
@@ -35,6 +37,7 @@ struct ShardView {
     // Where set, the optimizer also writes the updated parameters rounded to bf16 here, in the same pass
     // (a mixed-precision strategy's gather copy); null otherwise.
     uint16_t* param_bf16 = nullptr;
+    bool on_host = false;  // cpu_offload.optimizer_state: the optimizer runs on the host
 };
 
 class Communicator;
@@ -90,8 +93,9 @@ class Strategy {
 
     // Initialisation: copy a full unit's parameters from the host into this rank's storage (its shard).
     virtual void load_full_unit_params(int u, const float* host) = 0;
-    // Called after parameters were written through owned_shards() (a checkpoint load), so copies derived
-    // from them (FSDP's bf16 gather copy) are refreshed. Default: nothing derived.
+    // Called after parameters were written (load_full_unit_params for every unit, or a checkpoint load
+    // through owned_shards()), so copies derived from them (FSDP's bf16 gather copy, CPU offload's device
+    // copies) are refreshed. Default: nothing derived.
     virtual void params_loaded() {}
 
    protected:
@@ -103,8 +107,10 @@ class Strategy {
     double comm_wait_s_ = 0.0;
 };
 
-// The single-process strategy: one replica owns full parameters, gradients and optimizer state.
-std::unique_ptr<Strategy> make_single_strategy(Backend* backend, const ParamLayout& layout);
+// The single-process strategy: one replica owns full parameters, gradients and optimizer state
+// (optimizer state offloaded to the host with offload.optimizer_state; offload.parameters is refused).
+std::unique_ptr<Strategy> make_single_strategy(Backend* backend, const ParamLayout& layout,
+                                               const CpuOffloadConfig& offload = {});
 
 // How parameters and gradients travel (fsdp.precision): fp32; mixed (parameters rounded to bf16 and
 // gathered as bf16, gradients reduced in fp32); pure (gradients reduced in bf16 too). Master parameters
@@ -118,7 +124,7 @@ struct WirePrecision {
 // once per step or after every micro-batch.
 std::unique_ptr<Strategy> make_ddp_strategy(Backend* backend, const ParamLayout& layout, Communicator* comm,
                                             bool sync_every_micro_batch, const std::string& name,
-                                            WirePrecision precision = {});
+                                            WirePrecision precision = {}, const CpuOffloadConfig& offload = {});
 
 struct FsdpOptions {
     std::vector<std::vector<int>> groups;   // FSDP units (fsdp_unit_groups): groups[0] is the root
@@ -131,6 +137,7 @@ struct FsdpOptions {
     // straight into the shard's (pure: still reduced, to keep its bf16 rounding), as the single strategy
     // does. Off only to exercise the gather machinery over a group of one (tests).
     bool in_place_when_alone = true;
+    CpuOffloadConfig offload;  // cpu_offload: optimizer state, and the shards too, in host memory
 };
 // FSDP FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD: parameters, gradients and AdamW moments sharded evenly
 // over `shard_group` (units padded), gathered around their compute, gradients reduce-scattered. `world`

@@ -137,6 +137,7 @@ TEST_CASE("strategy: FULL_SHARD gathers each unit around its hooks and prefetche
     auto s = make_fsdp_strategy(backend.get(), layout, local.get(), local.get(), nullptr, o, "fsdp");
     const int64_t grads_base = live(MemCategory::kGradients);  // beyond the sharded gradients
     for (int u = 0; u < layout.num_units(); ++u) s->load_full_unit_params(u, unit_values(layout, u).data());
+    s->params_loaded();
     s->zero_grads();
     s->begin_step(1);
     s->begin_micro_batch(0);
@@ -281,6 +282,7 @@ TEST_CASE("strategy: FSDP alone computes on its shard in place and gathers and r
         auto s = make_fsdp_strategy(backend.get(), layout, local.get(), local.get(), nullptr, o, "fsdp");
         const int64_t grads_base = live(MemCategory::kGradients);
         for (int u = 0; u < layout.num_units(); ++u) s->load_full_unit_params(u, unit_values(layout, u).data());
+        s->params_loaded();
         s->zero_grads();
         s->begin_step(1);
         s->begin_micro_batch(0);
@@ -333,6 +335,7 @@ TEST_CASE("strategy: FULL_SHARD and DDP over 3 Gloo ranks gather what was loaded
                      : make_ddp_strategy(backend.get(), layout, &comm, false, "ddp");
             RANK_EXPECT(s->rank() == rank && s->world_size() == 3, "rank " << rank << " of " << s->world_size());
             for (int u = 0; u < layout.num_units(); ++u) s->load_full_unit_params(u, unit_values(layout, u).data());
+            s->params_loaded();
             s->zero_grads();
             s->begin_step(1);
             s->begin_micro_batch(0);

@@ -11,10 +11,15 @@
 // Host synchronisation happens only where the interface returns a host value (sum, squared_norm: the loss
 // and the gradient norm, both logged), copies from device to host memory or large ones from host memory
 // (checkpoints), and synchronize(); a micro-batch's token upload is staged through pinned memory.
+//
+// CPU offload's copies (copy_async) run on a second stream, the copy stream: each waits for the compute
+// work queued before it and records an event, its ticket; tickets complete in order (one stream), so the
+// events of finished copies are recycled from the front of a queue and a wait on an older ticket is free.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -127,6 +132,13 @@ class CudaBackend final : public Backend {
         gemm_.reset();
         cudaStreamSynchronize(stream_);
         if (staging_ != nullptr) cudaFreeHost(staging_), cudaEventDestroy(staging_done_);
+        if (copy_stream_ != nullptr) {
+            cudaStreamSynchronize(copy_stream_);
+            for (auto& [ticket, event] : copies_) cudaEventDestroy(event);
+            for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+            cudaEventDestroy(compute_mark_);
+            cudaStreamDestroy(copy_stream_);
+        }
         cudaStreamDestroy(stream_);
     }
 
@@ -191,6 +203,54 @@ class CudaBackend final : public Backend {
         if (bytes > 0) TRAINER_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream_));
     }
     void synchronize() override { TRAINER_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+    void* alloc_host(size_t bytes) override {
+        void* p = nullptr;
+        const cudaError_t err = cudaMallocHost(&p, bytes == 0 ? 64 : bytes);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            user_error(
+                "out of pinned host memory allocating {:.1f} MiB ({}); CPU offload keeps the optimizer state in "
+                "host memory: use fewer ranks per node or more nodes",
+                bytes / 1048576.0, cudaGetErrorString(err));
+        }
+        return p;
+    }
+    void free_host(void* ptr) override {
+        if (ptr != nullptr) cudaFreeHost(ptr);  // no throw: called from destructors
+    }
+    uint64_t copy_async(void* dst, const void* src, size_t bytes) override {
+        if (copy_stream_ == nullptr) {
+            TRAINER_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+            TRAINER_CUDA_CHECK(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
+        }
+        // Recycle the events of finished copies (they finish in ticket order).
+        while (!copies_.empty() && cudaEventQuery(copies_.front().second) == cudaSuccess) {
+            spare_events_.push_back(copies_.front().second);
+            copies_.pop_front();
+            ++first_live_ticket_;
+        }
+        (void)cudaGetLastError();  // cudaEventQuery's cudaErrorNotReady is not an error
+        cudaEvent_t done = nullptr;
+        if (spare_events_.empty()) {
+            TRAINER_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+        } else {
+            done = spare_events_.back();
+            spare_events_.pop_back();
+        }
+        TRAINER_CUDA_CHECK(cudaEventRecord(compute_mark_, stream_));
+        TRAINER_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, compute_mark_, 0));
+        if (bytes > 0) TRAINER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, copy_stream_));
+        TRAINER_CUDA_CHECK(cudaEventRecord(done, copy_stream_));
+        copies_.emplace_back(next_ticket_, done);
+        return next_ticket_++;
+    }
+    void host_wait(uint64_t ticket) override {
+        if (cudaEvent_t e = pending_copy(ticket)) TRAINER_CUDA_CHECK(cudaEventSynchronize(e));
+    }
+    void device_wait(uint64_t ticket) override {
+        if (cudaEvent_t e = pending_copy(ticket)) TRAINER_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
+    }
 
     double peak_flops(bool bf16, std::string* how) const override {
         cudaDeviceProp prop{};
@@ -445,9 +505,22 @@ class CudaBackend final : public Backend {
         return it->second;
     }
 
+    // The event of copy `ticket` while it may still run; null once it is known to be done.
+    cudaEvent_t pending_copy(uint64_t ticket) const {
+        if (ticket < first_live_ticket_ || ticket >= next_ticket_) return nullptr;
+        return copies_[static_cast<size_t>(ticket - first_live_ticket_)].second;
+    }
+
     static constexpr size_t kStagingBytes = size_t(8) << 20;
     void* staging_ = nullptr;  // pinned host memory for small uploads
     cudaEvent_t staging_done_ = nullptr;
+    // copy_async: the copy stream, the mark of the compute work each copy follows, the events of the copies
+    // that may still run (ticket first_live_ticket_ onwards) and finished events for reuse.
+    cudaStream_t copy_stream_ = nullptr;
+    cudaEvent_t compute_mark_ = nullptr;
+    std::deque<std::pair<uint64_t, cudaEvent_t>> copies_;
+    std::vector<cudaEvent_t> spare_events_;
+    uint64_t first_live_ticket_ = 1, next_ticket_ = 1;
     BackendOptions options_;
     int device_ = 0;
     cudaStream_t stream_ = nullptr;

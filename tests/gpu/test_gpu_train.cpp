@@ -1,6 +1,6 @@
 // GPU tests above the kernels (each kernel against the CPU is in test_gpu_kernels.cpp): the full model
 // against the PyTorch fixtures, 20 training steps against the CPU backend, every strategy over a one-rank NCCL
-// communicator, and two ranks on two GPUs where a machine has them.
+// communicator, two ranks on two GPUs where a machine has them, and CPU offload against the resident run.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -136,5 +136,34 @@ TEST_CASE("gpu: two ranks on two GPUs (DDP and FULL_SHARD over NCCL) match one G
         INFO(r.out << r.err);
         REQUIRE(r.exit_code == 0);
         test_util::check_losses(single, test_util::read_metrics(metrics), 0, 1e-5);
+    }
+}
+
+TEST_CASE("gpu: cpu offload trains to the losses of the resident run") {
+    // The host AdamW (the CPU backend's kernels on pinned memory) against the device's, with the copies on
+    // the copy stream: the same element math, so the losses agree to rounding.
+    test_util::TempDir dir;
+    const std::vector<std::vector<std::string>> runs = {
+        {"--device", "cuda"},
+        {"--device", "cuda", "--precision", "amp_bf16"},
+        {"--device", "cuda", "--strategy", "fsdp", "--wrapping-strategy", "by_block", "--set",
+         "distributed_backend=nccl"},
+        {"--device", "cuda", "--strategy", "fsdp", "--sharding-strategy", "SHARD_GRAD_OP", "--wrapping-strategy",
+         "by_block", "--set", "fsdp.precision=fp32"},
+    };
+    int k = 0;
+    for (const auto& run : runs) {
+        CAPTURE(run);
+        const auto resident = train(dir.path("r" + std::to_string(k) + ".jsonl"), run);
+        auto offloaded_args = run;
+        offloaded_args.insert(offloaded_args.end(), {"--set", "cpu_offload.optimizer_state=true"});
+        const auto optimizer = train(dir.path("o" + std::to_string(k) + ".jsonl"), offloaded_args);
+        test_util::check_losses(resident, optimizer, 0, 1e-5);
+        if (run.size() > 2 && run[2] == "--strategy") {
+            offloaded_args.insert(offloaded_args.end(), {"--set", "cpu_offload.parameters=true"});
+            const auto both = train(dir.path("p" + std::to_string(k) + ".jsonl"), offloaded_args);
+            test_util::check_losses(resident, both, 0, 1e-5);
+        }
+        ++k;
     }
 }

@@ -1,0 +1,128 @@
+// A strategy's per-unit state and its CPU offload (see shard_storage.h).
+#include "parallel/shard_storage.h"
+
+#include <algorithm>
+
+#include "base/common.h"
+#include "kernels/cpu/ops.h"
+
+namespace trainer {
+
+ShardStorage::ShardStorage(Backend* backend, size_t numel, const CpuOffloadConfig& offload, bool bf16_copy)
+    : backend_(backend), numel_(numel), offload_(offload.optimizer_state) {
+    TRAINER_CHECK(!offload.parameters || offload.optimizer_state, "parameter offload without optimizer offload");
+    if (numel == 0) return;  // an empty unit (a parameter-free final norm): null pointers, nothing counted
+    const size_t bytes = numel * sizeof(float), half = numel * sizeof(uint16_t);
+    auto zeroed = [&](size_t n, MemCategory c) {
+        DeviceBuffer b(backend, n, c);
+        if (mem_category_is_host(c)) {
+            std::fill_n(static_cast<char*>(b.data()), n, 0);
+        } else {
+            backend->fill_zero(b.data(), n);
+        }
+        return b;
+    };
+    // The device's fp32 parameters: the master without offload; with optimizer offload, the copy compute
+    // reads, unless the bf16 copy serves instead or the parameters are offloaded too.
+    if (!offload_ || (!offload.parameters && !bf16_copy)) params_ = zeroed(bytes, MemCategory::kParameters);
+    if (bf16_copy && !offload.parameters) bf16_ = zeroed(half, MemCategory::kParameters);
+    grads_ = zeroed(bytes, MemCategory::kGradients);
+    if (!offload_) {
+        exp_avg_ = zeroed(bytes, MemCategory::kOptimizerState);
+        exp_avg_sq_ = zeroed(bytes, MemCategory::kOptimizerState);
+        return;
+    }
+    host_params_ = zeroed(bytes, MemCategory::kHostParameters);
+    if (bf16_copy) host_bf16_ = zeroed(half, MemCategory::kHostParameters);
+    host_grads_ = zeroed(bytes, MemCategory::kHostGradients);
+    host_exp_avg_ = zeroed(bytes, MemCategory::kHostOptimizerState);
+    host_exp_avg_sq_ = zeroed(bytes, MemCategory::kHostOptimizerState);
+}
+
+ShardView ShardStorage::view(int unit, size_t begin) const {
+    ShardView v;
+    v.unit = unit;
+    v.begin = begin;
+    v.end = begin + numel_;
+    v.on_host = offload_;
+    if (offload_) {
+        v.param = host_params_.f32(), v.grad = host_grads_.f32();
+        v.exp_avg = host_exp_avg_.f32(), v.exp_avg_sq = host_exp_avg_sq_.f32();
+        v.param_bf16 = host_bf16_.bf16();
+    } else {
+        v.param = params_.f32(), v.grad = grads_.f32();
+        v.exp_avg = exp_avg_.f32(), v.exp_avg_sq = exp_avg_sq_.f32();
+        v.param_bf16 = bf16_.bf16();
+    }
+    return v;
+}
+
+float* ShardStorage::device_params() {
+    backend_->device_wait(upload_ticket_);
+    return params_.f32();
+}
+
+uint16_t* ShardStorage::device_bf16() {
+    backend_->device_wait(upload_ticket_);
+    return bf16_.bf16();
+}
+
+DeviceBuffer ShardStorage::upload_params(MemCategory category) {
+    const DeviceBuffer& src = host_bf16_.data() != nullptr ? host_bf16_ : host_params_;
+    TRAINER_CHECK(offload_ && params_.data() == nullptr && bf16_.data() == nullptr,
+                  "upload_params: the parameters are not offloaded");
+    DeviceBuffer out(backend_, src.bytes(), category);
+    upload_ticket_ = backend_->copy_async(out.data(), src.data(), src.bytes());
+    backend_->device_wait(upload_ticket_);
+    return out;
+}
+
+void ShardStorage::write_params(size_t offset, const float* host, size_t n) {
+    TRAINER_CHECK(offset + n <= numel_, "write_params: [{}, {}) outside the shard's {} elements", offset, offset + n,
+                  numel_);
+    if (n == 0) return;
+    if (offload_) {
+        std::copy_n(host, n, host_params_.f32() + offset);
+    } else {
+        backend_->copy_host_to_device(params_.f32() + offset, host, n * sizeof(float));
+    }
+}
+
+void ShardStorage::params_loaded() {
+    if (numel_ == 0) return;
+    if (!offload_) {
+        if (bf16_.data() != nullptr) backend_->cast_float_to_bf16(bf16_.bf16(), params_.f32(), numel_);
+        return;
+    }
+    backend_->host_wait(upload_ticket_);  // the host copies are about to change
+    if (host_bf16_.data() != nullptr) cpu::cast_float_to_bf16(host_bf16_.bf16(), host_params_.f32(), numel_);
+    after_update();
+}
+
+void ShardStorage::zero_grads() {
+    if (numel_ > 0) backend_->fill_zero(grads_.data(), numel_ * sizeof(float));
+    grads_sent_ = false;
+}
+
+void ShardStorage::grads_final() {
+    if (!offload_ || grads_sent_ || numel_ == 0) return;
+    grads_ticket_ = backend_->copy_async(host_grads_.data(), grads_.data(), numel_ * sizeof(float));
+    grads_sent_ = true;
+}
+
+void ShardStorage::grads_on_host() {
+    if (!offload_ || numel_ == 0) return;
+    grads_final();
+    backend_->host_wait(grads_ticket_);
+    backend_->host_wait(upload_ticket_);  // AdamW is about to rewrite what the last upload read
+}
+
+void ShardStorage::after_update() {
+    if (!offload_ || numel_ == 0) return;
+    grads_sent_ = false;
+    if (params_.data() != nullptr)
+        upload_ticket_ = backend_->copy_async(params_.data(), host_params_.data(), params_.bytes());
+    if (bf16_.data() != nullptr) upload_ticket_ = backend_->copy_async(bf16_.data(), host_bf16_.data(), bf16_.bytes());
+}
+
+}  // namespace trainer
