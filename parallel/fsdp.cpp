@@ -301,6 +301,11 @@ class FsdpStrategy final : public Strategy {
         if (backward_hook && u == G.first_unit) {
             if (opt_.reduce_every_micro_batch || micro_ == num_micro_ - 1) reduce_grads(g);
         }
+        // The embedding's backward ends the pass: as PyTorch's FSDP, every reduction lands before the next
+        // micro-batch, so no reduction buffer (the root's is the largest) lives through its forward.
+        if (backward_hook && u == 0) {
+            while (!pending_.empty()) settle_oldest();
+        }
         if (G.refs > 0 || opt_.keep_params_for_step) return;
         // The next unit in this pass: forward runs embedding..head, then (training) backward head..embedding.
         int next = -1;

@@ -39,7 +39,8 @@ ShardStorage::ShardStorage(Backend* backend, size_t numel, const CpuOffloadConfi
     host_exp_avg_sq_ = zeroed(bytes, MemCategory::kHostOptimizerState);
 }
 
-ShardView ShardStorage::view(int unit, size_t begin) const {
+ShardView ShardStorage::view(int unit, size_t begin) {
+    if (offload_) backend_->host_wait(upload_ticket_);
     ShardView v;
     v.unit = unit;
     v.begin = begin;
@@ -114,7 +115,6 @@ void ShardStorage::grads_on_host() {
     if (!offload_ || numel_ == 0) return;
     grads_final();
     backend_->host_wait(grads_ticket_);
-    backend_->host_wait(upload_ticket_);  // AdamW is about to rewrite what the last upload read
 }
 
 void ShardStorage::after_update() {

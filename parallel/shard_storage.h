@@ -30,8 +30,9 @@ class ShardStorage {
 
     size_t numel() const { return numel_; }
     // The optimizer's view of elements [begin, begin + numel) of unit `unit`: device memory, or host memory
-    // (on_host) under CPU offload.
-    ShardView view(int unit, size_t begin) const;
+    // (on_host) under CPU offload, which no upload still reads when this returns (the optimizer and a
+    // checkpoint load may write it).
+    ShardView view(int unit, size_t begin);
     // The device gradients the strategy accumulates and reduces into.
     float* grads() const { return grads_.f32(); }
     // The fp32 parameters on the device (null where only the bf16 copy or nothing is kept there), once the
@@ -52,7 +53,7 @@ class ShardStorage {
     // Offload: the device gradients are final for this step; starts their copy to the host (once a step).
     void grads_final();
     // Offload: before the optimizer, the host gradients are complete (starting their copy if
-    // grads_final() was not called) and no upload still reads the host parameters. No-op without offload.
+    // grads_final() was not called). No-op without offload.
     void grads_on_host();
     // Offload: after the optimizer updated the host state, starts the upload of the device copies.
     void after_update();
