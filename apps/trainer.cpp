@@ -4,6 +4,7 @@
 //   trainer --config configs/cpu_bench.json --set optimizer.learning_rate=3e-4 --data tokens.npy
 //   trainer prepare-data --tokenizer bytes a.txt b.txt -o tokens.bin
 //   trainer export --checkpoint runs/x/step100 -o model.safetensors
+//   trainer plan --config configs/olmo_7b.json --nproc-per-node 8 --device cuda --device-memory 80
 //
 // Every user error ends as one `error: ...` line on stderr and a non-zero exit (1; 2 for bad flags).
 #include <CLI/CLI.hpp>
@@ -15,6 +16,7 @@
 #include "core/bench_kernels.h"
 #include "core/checkpoint.h"
 #include "core/data.h"
+#include "core/plan.h"
 #include "core/tokenizer.h"
 #include "core/train.h"
 #include "kernels/cpu/machine.h"
@@ -111,6 +113,19 @@ int run_main(int argc, char** argv) {
     bench->add_option("--reps", bench_reps, "timed calls of each kernel (after two warm-up calls)")
         ->check(CLI::PositiveNumber);
 
+    auto* plan = app.add_subcommand(
+        "plan",
+        "dry-run one step of every sensible configuration (strategy, sharding, wrap, grad_sync, activation "
+        "checkpointing, CPU offload) for this config and world, and print each one's peak memory per rank by "
+        "category (takes the training flags: --config, --set, --device, ...)");
+    plan->fallthrough();
+    trainer::PlanOptions plan_opts;
+    plan->add_option("--nnodes", plan_opts.nnodes, "nodes")->check(CLI::PositiveNumber);
+    plan->add_option("--nproc-per-node", plan_opts.nproc_per_node, "ranks per node")->check(CLI::PositiveNumber);
+    plan->add_option("--device-memory", plan_opts.device_memory_gib, "GiB of memory per device: marks what fits")
+        ->check(CLI::PositiveNumber);
+    plan->add_flag("--json", plan_opts.json, "one JSON object per configuration instead of the table");
+
     // `trainer launch [options] -- ARGS`: ARGS are the ranks' own arguments, split off before parsing.
     if (argc > 1 && std::string(argv[1]) == "launch") {
         for (int i = 2; i < argc; ++i) {
@@ -180,6 +195,7 @@ int run_main(int argc, char** argv) {
     if (*bench) {
         return trainer::run_kernel_bench(config, bench_reps);
     }
+    if (*plan) return trainer::run_plan(config, plan_opts);
     return trainer::run_training(config);
 }
 

@@ -1,6 +1,7 @@
 // Process-wide memory counters (see memory.h).
 #include "base/memory.h"
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <mutex>
@@ -63,6 +64,20 @@ void memory_record_free(MemCategory c, int64_t bytes) {
 MemorySnapshot memory_snapshot() {
     std::lock_guard<std::mutex> lock(g_mutex);
     return g_state;
+}
+
+void memory_reset_peaks() {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_state.peak = g_state.current;
+    g_state.total_peak = g_state.total_current;
+    g_state.host_peak = g_state.host_current;
+}
+
+void memory_restore_peaks(const MemorySnapshot& before) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (int c = 0; c < kNumMemCategories; ++c) g_state.peak[c] = std::max(before.peak[c], g_state.current[c]);
+    g_state.total_peak = std::max(before.total_peak, g_state.total_current);
+    g_state.host_peak = std::max(before.host_peak, g_state.host_current);
 }
 
 int64_t process_peak_resident_bytes() {

@@ -48,6 +48,10 @@ struct MemorySnapshot {
 void memory_record_alloc(MemCategory c, int64_t bytes);
 void memory_record_free(MemCategory c, int64_t bytes);
 MemorySnapshot memory_snapshot();
+// Lowers every peak to the current value (a dry run measures its own peaks from here).
+void memory_reset_peaks();
+// Raises every peak back to at least `before`'s (after a dry run, the peaks of what ran before it).
+void memory_restore_peaks(const MemorySnapshot& before);
 // Peak resident set size of this process in bytes (VmHWM from /proc/self/status), 0 if unknown.
 int64_t process_peak_resident_bytes();
 

@@ -416,4 +416,17 @@ double Model::forward_loss(const int32_t* tokens, int batch) {
     return head(batch, 0.0f, false);
 }
 
+double accumulate_gradients(Strategy& strategy, Model& model, long accumulation, int batch, float dloss_scale,
+                            const std::function<const int32_t*(long)>& tokens_for) {
+    strategy.zero_grads();
+    strategy.begin_step(static_cast<int>(accumulation));
+    double loss_sum = 0.0;
+    for (long k = 0; k < accumulation; ++k) {
+        strategy.begin_micro_batch(static_cast<int>(k));
+        loss_sum += model.forward_backward(tokens_for(k), batch, dloss_scale);
+    }
+    strategy.finish_backward();
+    return loss_sum;
+}
+
 }  // namespace trainer

@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -94,6 +95,13 @@ class Model {
     DeviceBuffer tokens_dev_;  // inputs (N) then targets (N), int32
     std::vector<int32_t> tokens_host_;
 };
+
+// The forward and backward passes of one optimizer step under the strategy's hooks: zero_grads and
+// begin_step, each of the `accumulation` micro-batches of `batch` instances (tokens_for(k) gives micro-batch
+// k's tokens, (batch, L) on the host), then finish_backward. Returns the sum of the token losses. The
+// training loop and the dry runs (core/plan.h) both take a step through it.
+double accumulate_gradients(Strategy& strategy, Model& model, long accumulation, int batch, float dloss_scale,
+                            const std::function<const int32_t*(long)>& tokens_for);
 
 // Initialises every parameter of a unit into `host` (unit.numel floats) as OLMo does (init_fn normal or
 // mitchell), from a counter-based generator keyed by (seed, parameter name, element): the result is

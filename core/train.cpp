@@ -141,6 +141,7 @@ class TrainingRun {
         env_ = detect_rank_env();
         const Device device = check_device_config(config_);
         check_parallel_config(config_, env_, device);
+        check_offload_host_memory(config_, env_);
         device_ = device;
         if (env_.rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) {
             user_error("rank {}: cannot silence stdout", env_.rank);  // rank 0 alone logs; errors reach stderr
@@ -263,17 +264,13 @@ class TrainingRun {
         strategy.take_comm_wait_seconds();  // what evaluation and checkpoints waited is not the step's
         order_->global_batch(step - 1, global_batch_);
         InstanceOrder::rank_slice(global_batch_, strategy.rank(), world, local_);
-        strategy.zero_grads();
-        strategy.begin_step(static_cast<int>(accumulation));
-        double loss_sum = 0.0;
-        for (long k = 0; k < accumulation; ++k) {
-            strategy.begin_micro_batch(static_cast<int>(k));
-            for (long i = 0; i < micro; ++i) {
-                train_data_->read_instance(local_[k * micro + i], tokens_.data() + static_cast<size_t>(i) * L);
-            }
-            loss_sum += model_->forward_backward(tokens_.data(), static_cast<int>(micro), dloss_scale);
-        }
-        strategy.finish_backward();
+        const double loss_sum =
+            accumulate_gradients(strategy, *model_, accumulation, static_cast<int>(micro), dloss_scale, [&](long k) {
+                for (long i = 0; i < micro; ++i) {
+                    train_data_->read_instance(local_[k * micro + i], tokens_.data() + static_cast<size_t>(i) * L);
+                }
+                return tokens_.data();
+            });
         StepOutcome r;
         r.loss = strategy.all_reduce_sum(loss_sum) / global_tokens;
         if (!std::isfinite(r.loss))

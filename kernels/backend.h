@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -46,9 +47,13 @@ class Backend {
     // Waits for all queued work (a no-op on the CPU backend). Default: nothing to wait for.
     virtual void synchronize() {}
     // Host memory that the device copies to and from at full speed, beside its compute (pinned on CUDA): CPU
-    // offload's master parameters, gradients and moments. 64-byte aligned, uninitialised; UserError when out
-    // of memory. Default: alloc (a backend whose device memory is host memory).
-    virtual void* alloc_host(size_t bytes) { return alloc(bytes); }
+    // offload's master parameters, gradients and moments. 64-byte aligned, zeroed; UserError when out of
+    // memory. Default: alloc, zeroed (a backend whose device memory is host memory).
+    virtual void* alloc_host(size_t bytes) {
+        void* p = alloc(bytes);
+        if (bytes > 0) std::memset(p, 0, bytes);
+        return p;
+    }
     virtual void free_host(void* ptr) { free(ptr); }
     // Queues a copy between memory from alloc_host and device memory (either way), ordered after the work
     // queued so far and running beside the work queued later (a copy engine); returns a ticket for the two
@@ -247,6 +252,18 @@ inline std::string flash_attention_unsupported(int HS) {
 
 // The CPU backend (kernels/cpu/cpu_backend.cpp): the reference every other backend is tested against.
 std::unique_ptr<Backend> make_cpu_backend();
+
+// One op of a dry run: its name, floating-point operations and bytes of memory read and written.
+struct OpCost {
+    const char* op;
+    double flops;
+    double bytes;
+};
+// A backend that computes nothing and allocates nothing (kernels/dry_backend.cpp), for dry runs of a step
+// (core/plan.h): alloc and alloc_host hand out distinct addresses that are never dereferenced, while the
+// DeviceBuffers that own them are counted by the memory accounting as in a real run; every op is reported
+// to `observer` (when set) with its cost for fp32 storage; host values (sums, norms) are 0.
+std::unique_ptr<Backend> make_dry_backend(std::function<void(const OpCost&)> observer = {});
 
 #ifdef TRAINER_HAVE_CUDA
 // The CUDA backend (kernels/cuda/cuda_backend.cu); refuses when no GPU is usable, naming why.

@@ -3,6 +3,7 @@
 #include "parallel/communicator.h"
 
 #include <cstring>
+#include <utility>
 
 #include "base/common.h"
 #include "kernels/backend.h"
@@ -39,10 +40,53 @@ class LocalCommunicator final : public Communicator {
     Backend* backend_;
 };
 
+// Moves nothing; reports what it was asked.
+class DryCommunicator final : public Communicator {
+   public:
+    DryCommunicator(int rank, int size, bool gloo_scratch, std::function<void(const CollectiveCall&)> observer)
+        : rank_(rank), size_(size), gloo_scratch_(gloo_scratch), observer_(std::move(observer)) {}
+    ~DryCommunicator() override { memory_record_free(MemCategory::kCommunication, static_cast<int64_t>(scratch_)); }
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+    CommHandle all_reduce(void*, size_t count, CommDType dtype) override {
+        return note("all_reduce", count * comm_dtype_size(dtype));
+    }
+    CommHandle reduce_scatter(void*, void*, size_t count, CommDType dtype) override {
+        const size_t need = gloo_scratch_ && count > 0 ? gloo_reduce_scatter_scratch_bytes(count, dtype, size_) : 0;
+        if (need > scratch_) {
+            memory_record_alloc(MemCategory::kCommunication, static_cast<int64_t>(need - scratch_));
+            scratch_ = need;
+        }
+        return note("reduce_scatter", count * comm_dtype_size(dtype));
+    }
+    CommHandle all_gather(const void*, void*, size_t count, CommDType dtype) override {
+        return note("all_gather", count * comm_dtype_size(dtype));
+    }
+    CommHandle broadcast(void*, size_t count, CommDType dtype, int) override {
+        return note("broadcast", count * comm_dtype_size(dtype));
+    }
+    CommHandle barrier() override { return note("barrier", 0); }
+
+   private:
+    CommHandle note(const char* kind, size_t bytes) {
+        if (observer_) observer_({kind, bytes, size_});
+        return CommHandle();
+    }
+    int rank_, size_;
+    bool gloo_scratch_;
+    std::function<void(const CollectiveCall&)> observer_;
+    size_t scratch_ = 0;
+};
+
 }  // namespace
 
 std::unique_ptr<Communicator> make_local_communicator(Backend* backend) {
     return std::make_unique<LocalCommunicator>(backend);
+}
+
+std::unique_ptr<Communicator> make_dry_communicator(int rank, int size, bool gloo_scratch,
+                                                    std::function<void(const CollectiveCall&)> observer) {
+    return std::make_unique<DryCommunicator>(rank, size, gloo_scratch, std::move(observer));
 }
 
 size_t comm_dtype_size(CommDType t) {

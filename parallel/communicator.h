@@ -72,6 +72,26 @@ class Communicator {
 // through `backend` (device memory) when given, else memmove (host memory).
 std::unique_ptr<Communicator> make_local_communicator(Backend* backend = nullptr);
 
+// Bytes of the receive buffer the Gloo communicator's reduce-scatter ring needs for a shard of `count`
+// elements over `size` ranks (it keeps one, grown to the largest call, counted as communication memory).
+inline size_t gloo_reduce_scatter_scratch_bytes(size_t count, CommDType dtype, int size) {
+    return size > 1 ? count * comm_dtype_size(dtype) : 0;
+}
+
+// One collective of a dry run: its kind ("all_reduce", "reduce_scatter", "all_gather", "broadcast",
+// "barrier"), the bytes each rank contributes (a reduce-scatter's or all-gather's shard, an all-reduce's
+// buffer) and the group's size.
+struct CollectiveCall {
+    const char* kind;
+    size_t bytes;
+    int group_size;
+};
+// A communicator that moves nothing (dry runs, core/plan.h): rank `rank` of `size`, every collective
+// complete at once and reported to `observer` (when set). With `gloo_scratch` it takes the Gloo
+// communicator's reduce-scatter buffer as that does, so the memory accounting sees what a Gloo run counts.
+std::unique_ptr<Communicator> make_dry_communicator(int rank, int size, bool gloo_scratch,
+                                                    std::function<void(const CollectiveCall&)> observer = {});
+
 // A Gloo communicator over TCP for `size` ranks, connected through `store` with keys under `prefix`
 // (distinct prefixes give independent groups, e.g. node-local and cross-node sub-communicators).
 // `timeout` bounds the connection and every operation. `bind_host` is the address this rank's Gloo pairs

@@ -113,7 +113,7 @@ class GlooCommunicator final : public Communicator {
             // whole unit (98 MiB for cpu_bench's embedding). bf16 partial sums travel as bf16, rounded at each
             // hop, as in NCCL's ring. (Gloo's own ReduceScatterHalvingDoubling gave run-to-run different
             // results when other collectives ran between its calls.)
-            uint8_t* tmp = scratch(bytes);
+            uint8_t* tmp = scratch(gloo_reduce_scatter_scratch_bytes(count, dtype, size_));
             auto* base = static_cast<uint8_t*>(in);
             auto send_buf = context_->createUnboundBuffer(base, bytes * size_);
             auto recv_buf = context_->createUnboundBuffer(tmp, bytes);

@@ -156,19 +156,6 @@ void check_parallel_config(const TrainConfig& c, const RankEnv& env, Device devi
             "micro-batch x accumulation steps x ranks)",
             c.global_train_batch_size, c.device_train_microbatch_size, env.world_size);
     }
-    if (c.cpu_offload.optimizer_state) {
-        // Every rank of this node keeps its offloaded state in the node's memory.
-        const double gib = 1024.0 * 1024.0 * 1024.0;
-        const int64_t per_rank = offloaded_host_bytes(c, env, ParamLayout(c));
-        const int64_t need = per_rank * env.local_world_size, have = available_host_bytes();
-        if (have > 0 && need > have) {
-            user_error(
-                "cpu_offload.optimizer_state: the offloaded state needs {:.2f} GiB of host memory per rank x {} "
-                "ranks on this node = {:.2f} GiB, but {:.2f} GiB is available (MemAvailable); shard it over more "
-                "ranks (fsdp FULL_SHARD), use more nodes, or turn the offload off",
-                per_rank / gib, env.local_world_size, need / gib, have / gib);
-        }
-    }
     if (c.distributed_backend == DistributedBackend::kNccl && device != Device::kCuda) {
         user_error("distributed_backend \"nccl\" needs --device cuda (device is {}); use gloo or auto",
                    choice_name(device));
@@ -176,6 +163,21 @@ void check_parallel_config(const TrainConfig& c, const RankEnv& env, Device devi
     if (c.distributed_backend == DistributedBackend::kGloo && device == Device::kCuda && env.world_size > 1) {
         user_error(
             "distributed_backend \"gloo\" carries host memory, but the device is cuda; use nccl (or auto) on GPUs");
+    }
+}
+
+void check_offload_host_memory(const TrainConfig& c, const RankEnv& env) {
+    if (!c.cpu_offload.optimizer_state) return;
+    // Every rank of this node keeps its offloaded state in the node's memory.
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    const int64_t per_rank = offloaded_host_bytes(c, env, ParamLayout(c));
+    const int64_t need = per_rank * env.local_world_size, have = available_host_bytes();
+    if (have > 0 && need > have) {
+        user_error(
+            "cpu_offload.optimizer_state: the offloaded state needs {:.2f} GiB of host memory per rank x {} ranks on "
+            "this node = {:.2f} GiB, but {:.2f} GiB is available (MemAvailable); shard it over more ranks (fsdp "
+            "FULL_SHARD), use more nodes, or turn the offload off",
+            per_rank / gib, env.local_world_size, need / gib, have / gib);
     }
 }
 
@@ -201,6 +203,20 @@ World make_world(const TrainConfig& config, const RankEnv& env, Device device, B
         if (env.rank == 0) world.store_server = std::make_unique<TcpStoreServer>(env.master_port);
         world.store = std::make_unique<TcpStore>(env.master_addr, env.master_port, timeout);
     }
+    world.comm = make_group("world", env.rank, env.world_size);
+    world.strategy = make_strategy(config, world, backend, layout, make_group);
+    return world;
+}
+
+World make_dry_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend,
+                     const ParamLayout& layout, const std::function<void(const CollectiveCall&)>& observer) {
+    World world;
+    world.env = env;
+    world.collectives = collectives_for(config, device, env.world_size);
+    const bool gloo = world.collectives == Collectives::kGloo;
+    const GroupFactory make_group = [&](const std::string&, int r, int n) {
+        return make_dry_communicator(r, n, gloo, observer);
+    };
     world.comm = make_group("world", env.rank, env.world_size);
     world.strategy = make_strategy(config, world, backend, layout, make_group);
     return world;

@@ -3,6 +3,7 @@
 // with every strategy and collectives check made before anything is allocated.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -28,6 +29,10 @@ struct Choices<Collectives> {
 // ranks, a bad wrap policy, HYBRID_SHARD replicas that do not divide the ranks, a global batch that is not
 // micro-batch x accumulation x ranks, NCCL without a GPU, Gloo between GPUs.
 void check_parallel_config(const TrainConfig& config, const RankEnv& env, Device device);
+
+// Refuses CPU offload whose host state (offloaded_host_bytes) times the node's ranks exceeds the host memory
+// available now (MemAvailable), naming both; nothing to check without offload.
+void check_offload_host_memory(const TrainConfig& config, const RankEnv& env);
 
 // Host bytes one rank's CPU offload holds (cpu_offload.optimizer_state; 0 without): for every element of
 // the state the rank owns (the whole model for a replica; its shards, padding included, under FSDP) the
@@ -55,5 +60,11 @@ struct World {
 // check_parallel_config.
 World make_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend,
                  const ParamLayout& layout);
+
+// The World of a dry run (core/plan.h) for rank env.rank of env.world_size: communicators that move
+// nothing (taking the Gloo communicator's buffers where the run would use Gloo) reporting each collective
+// to `observer`, and the strategy the config names over them, built as make_world builds it.
+World make_dry_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend,
+                     const ParamLayout& layout, const std::function<void(const CollectiveCall&)>& observer);
 
 }  // namespace trainer

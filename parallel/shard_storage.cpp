@@ -15,11 +15,7 @@ ShardStorage::ShardStorage(Backend* backend, size_t numel, const CpuOffloadConfi
     const size_t bytes = numel * sizeof(float), half = numel * sizeof(uint16_t);
     auto zeroed = [&](size_t n, MemCategory c) {
         DeviceBuffer b(backend, n, c);
-        if (mem_category_is_host(c)) {
-            std::fill_n(static_cast<char*>(b.data()), n, 0);
-        } else {
-            backend->fill_zero(b.data(), n);
-        }
+        if (!mem_category_is_host(c)) backend->fill_zero(b.data(), n);  // host memory comes zeroed
         return b;
     };
     // The device's fp32 parameters: the master without offload; with optimizer offload, the copy compute

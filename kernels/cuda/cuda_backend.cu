@@ -214,6 +214,7 @@ class CudaBackend final : public Backend {
                 "host memory: use fewer ranks per node or more nodes",
                 bytes / 1048576.0, cudaGetErrorString(err));
         }
+        std::memset(p, 0, bytes);
         return p;
     }
     void free_host(void* ptr) override {

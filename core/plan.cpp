@@ -1,0 +1,230 @@
+// Dry runs of a training step (see plan.h).
+#include "core/plan.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/common.h"
+#include "base/layout.h"
+#include "core/model.h"
+#include "core/optimizer.h"
+#include "kernels/backend.h"
+#include "parallel/setup.h"
+
+namespace trainer {
+
+DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device) {
+    DryRunStep r;
+    const auto on_op = [&r](const OpCost& c) { r.events.push_back({c.op, false, c.flops, c.bytes, 1}); };
+    const auto on_call = [&r](const CollectiveCall& c) {
+        r.events.push_back({c.kind, true, 0.0, static_cast<double>(c.bytes), c.group_size});
+    };
+    const MemorySnapshot before = memory_snapshot();
+    memory_reset_peaks();
+    {
+        auto backend = make_dry_backend(on_op);
+        const ParamLayout layout(config);
+        World world = make_dry_world(config, env, device, backend.get(), layout, on_call);
+        Strategy& strategy = *world.strategy;  // its parameters are never loaded: nothing is there to read
+        const long micro = config.device_train_microbatch_size, L = config.model.max_sequence_length;
+        Model model(config, layout, backend.get(), &strategy,
+                    static_cast<int>(std::max(micro, config.device_eval_batch_size)));
+        AdamW optimizer(config, layout, backend.get(), config.cpu_offload.optimizer_state ? backend.get() : nullptr);
+        r.events.clear();  // the step's work only, not the initialisation's
+        const std::vector<int32_t> tokens(static_cast<size_t>(micro) * L, 0);
+        const double global_tokens = static_cast<double>(config.global_train_batch_size) * (L - 1);
+        accumulate_gradients(strategy, model, config.accumulation_steps(env.world_size), static_cast<int>(micro),
+                             static_cast<float>(env.world_size / global_tokens), [&](long) { return tokens.data(); });
+        strategy.all_reduce_sum(0.0);
+        optimizer.step(strategy, 1, 1);
+        const MemorySnapshot after = memory_snapshot();
+        for (int c = 0; c < kNumMemCategories; ++c) r.peak[c] = after.peak[c] - before.current[c];
+        r.total_peak = after.total_peak - before.total_current;
+        r.host_peak = after.host_peak - before.host_current;
+    }
+    memory_restore_peaks(before);
+    return r;
+}
+
+}  // namespace trainer
+
+namespace trainer {
+namespace {
+
+// One configuration to dry-run: config keys and their values on top of the user's config.
+struct Candidate {
+    std::vector<std::pair<std::string, Json>> keys;
+    bool is_config = false;  // the config as given
+};
+
+std::vector<Candidate> candidates(const TrainConfig& config, const RankEnv& env) {
+    const int world = env.world_size;
+    std::vector<std::vector<std::pair<std::string, Json>>> strategies;
+    if (world == 1) strategies.push_back({{"distributed_strategy", "single"}});
+    if (world > 1) strategies.push_back({{"distributed_strategy", "ddp"}});
+    auto fsdp = [&](const char* sharding, const Json& wrap) {
+        strategies.push_back(
+            {{"distributed_strategy", "fsdp"}, {"fsdp.sharding_strategy", sharding}, {"fsdp.wrapping_strategy", wrap}});
+    };
+    fsdp("FULL_SHARD", "by_block");
+    fsdp("FULL_SHARD", "by_block_and_size");
+    fsdp("SHARD_GRAD_OP", "by_block");
+    if (world > 1) fsdp("NO_SHARD", nullptr);
+    if (env.num_nodes() > 1) fsdp("HYBRID_SHARD", "by_block");
+    const bool accumulates = config.accumulation_steps(world) > 1;
+    std::vector<Candidate> out;
+    out.push_back({{}, true});
+    for (const auto& s : strategies) {
+        const bool is_fsdp = s[0].second == "fsdp";
+        const bool sharded = is_fsdp && s[1].second != "NO_SHARD";
+        const std::string sync_key = is_fsdp ? "fsdp.grad_sync_mode" : "ddp.grad_sync_mode";
+        for (const char* sync : {"batch", "micro_batch"}) {
+            if (!accumulates && std::string(sync) == "micro_batch") continue;
+            for (const Json& ac : {Json(nullptr), Json("whole_layer")}) {
+                for (int offload = 0; offload <= (sharded ? 2 : 1); ++offload) {
+                    Candidate c;
+                    c.keys = s;
+                    if (world > 1) c.keys.push_back({sync_key, sync});
+                    c.keys.push_back({"activation_checkpointing", ac});
+                    c.keys.push_back({"cpu_offload.optimizer_state", offload >= 1});
+                    c.keys.push_back({"cpu_offload.parameters", offload >= 2});
+                    out.push_back(c);
+                }
+            }
+        }
+    }
+    return out;
+}
+
+// The configuration of a row in few words: strategy, sharding and wrap, grad_sync, checkpointing, offload.
+std::string describe(const TrainConfig& c, int world) {
+    std::string s = choice_name(c.distributed_strategy);
+    if (c.distributed_strategy == DistributedStrategy::kFsdp) {
+        s += fmt::format(" {}", choice_name(c.fsdp.sharding_strategy));
+        if (c.fsdp.sharding_strategy != ShardingStrategy::kNoShard)
+            s += fmt::format(" {}", choice_name(c.fsdp.wrapping_strategy));
+        s += fmt::format(" {}", choice_name(c.fsdp.precision));
+    }
+    if (world > 1) {
+        const GradSyncMode sync =
+            c.distributed_strategy == DistributedStrategy::kFsdp ? c.fsdp.grad_sync_mode : c.ddp_grad_sync_mode;
+        s += fmt::format(", sync {}", choice_name(sync));
+    }
+    if (c.activation_checkpointing != ActivationCheckpointing::kNull)
+        s += fmt::format(", ac {}", choice_name(c.activation_checkpointing));
+    if (c.cpu_offload.parameters) {
+        s += ", offload params+optimizer";
+    } else if (c.cpu_offload.optimizer_state) {
+        s += ", offload optimizer";
+    }
+    return s;
+}
+
+}  // namespace
+
+int run_plan(const TrainConfig& config, const PlanOptions& o) {
+    if (o.nnodes < 1 || o.nproc_per_node < 1) {
+        user_error("plan: --nnodes {} and --nproc-per-node {} must be at least 1", o.nnodes, o.nproc_per_node);
+    }
+    RankEnv env;
+    env.world_size = o.nnodes * o.nproc_per_node;
+    env.local_world_size = o.nproc_per_node;
+    env.launcher = "--nnodes x --nproc-per-node";  // as the parallel checks name who started the ranks
+    const Device device = resolve_device(config.device);
+    const int world = env.world_size;
+    struct Row {
+        TrainConfig config;
+        bool is_config;
+        DryRunStep dry;
+    };
+    std::vector<Row> rows;
+    std::vector<std::string> seen;
+    // Why the config as given does not run on this world (if it does not), and the first other refusal.
+    std::string config_refused, other_refused;
+    for (const Candidate& cand : candidates(config, env)) {
+        Json doc = config.json;
+        for (const auto& [key, value] : cand.keys) set_config_value(doc, key, value);
+        TrainConfig c;
+        try {
+            c = validate_config(doc);
+            check_parallel_config(c, env, device);
+        } catch (const UserError& e) {
+            // Not a configuration this world runs (e.g. a batch that does not split over the ranks).
+            if (cand.is_config) {
+                config_refused = e.what();
+            } else if (other_refused.empty()) {
+                other_refused = e.what();
+            }
+            continue;
+        }
+        const std::string name = describe(c, world);
+        if (!cand.is_config && std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
+        seen.push_back(name);
+        rows.push_back({c, cand.is_config, dry_run_step(c, env, device)});
+    }
+
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    const bool know_memory = o.device_memory_gib > 0.0;
+    const MemCategory shown[] = {MemCategory::kParameters,    MemCategory::kGradients,   MemCategory::kOptimizerState,
+                                 MemCategory::kGatheredUnits, MemCategory::kActivations, MemCategory::kCommunication};
+    if (rows.empty()) {
+        user_error("plan: no configuration runs on {} rank(s): {} (the config as given); {} (the others)", world,
+                   config_refused, other_refused);
+    }
+    if (o.json) {
+        for (const Row& r : rows) {
+            Json keys = Json::object();
+            keys["distributed_strategy"] = choice_name(r.config.distributed_strategy);
+            if (r.config.distributed_strategy == DistributedStrategy::kFsdp) {
+                keys["fsdp.sharding_strategy"] = choice_name(r.config.fsdp.sharding_strategy);
+                keys["fsdp.wrapping_strategy"] = r.config.json["fsdp"]["wrapping_strategy"];
+                keys["fsdp.precision"] = choice_name(r.config.fsdp.precision);
+                keys["fsdp.grad_sync_mode"] = choice_name(r.config.fsdp.grad_sync_mode);
+            } else if (r.config.distributed_strategy == DistributedStrategy::kDdp) {
+                keys["ddp.grad_sync_mode"] = choice_name(r.config.ddp_grad_sync_mode);
+            }
+            keys["activation_checkpointing"] = r.config.json["activation_checkpointing"];
+            keys["cpu_offload.optimizer_state"] = r.config.cpu_offload.optimizer_state;
+            keys["cpu_offload.parameters"] = r.config.cpu_offload.parameters;
+            Json peak = Json::object();
+            for (int m = 0; m < kNumMemCategories; ++m)
+                peak[mem_category_name(static_cast<MemCategory>(m))] = r.dry.peak[m];
+            peak["total"] = r.dry.total_peak;
+            peak["host_total"] = r.dry.host_peak;
+            Json row = {{"config", keys},
+                        {"is_config", r.is_config},
+                        {"world_size", world},
+                        {"predicted_peak_bytes", peak},
+                        {"fits", know_memory ? Json(r.dry.total_peak <= o.device_memory_gib * gib) : Json(nullptr)}};
+            std::printf("%s\n", row.dump().c_str());
+        }
+        return 0;
+    }
+    std::printf(
+        "plan for %s on %d node(s) x %d rank(s), device %s: peak memory per rank from a dry run of one step "
+        "(GiB)%s\n\n",
+        config.run_name.c_str(), o.nnodes, o.nproc_per_node, choice_name(device),
+        know_memory ? fmt::format(", against {:.1f} GiB of device memory", o.device_memory_gib).c_str() : "");
+    std::printf(
+        "| configuration | parameters | gradients | optimizer | gathered | activations | communication | "
+        "device peak | host |%s\n",
+        know_memory ? " fits |" : "");
+    std::printf("|---|---|---|---|---|---|---|---|---|%s\n", know_memory ? "---|" : "");
+    for (const Row& r : rows) {
+        std::string line = fmt::format("| {}{} |", r.is_config ? "* " : "", describe(r.config, world));
+        for (MemCategory c : shown) line += fmt::format(" {:.2f} |", r.dry.peak[static_cast<int>(c)] / gib);
+        line += fmt::format(" {:.2f} | {:.2f} |", r.dry.total_peak / gib, r.dry.host_peak / gib);
+        if (know_memory) line += r.dry.total_peak <= o.device_memory_gib * gib ? " yes |" : " no |";
+        std::printf("%s\n", line.c_str());
+    }
+    if (!config_refused.empty()) std::printf("\nthe config as given does not run here: %s\n", config_refused.c_str());
+    std::printf(
+        "\n* the config as given. Device peak: the high-water mark of the device categories together; on a GPU the "
+        "backend's kernel scratch (bf16 operand copies, attention workspaces) comes on top. Step-time predictions "
+        "are not made yet.\n");
+    return 0;
+}
+
+}  // namespace trainer

@@ -1,0 +1,53 @@
+// Dry runs: one training step of a config, on one rank of a world of any size, through the real strategy,
+// model and optimizer over a backend that computes and allocates nothing (make_dry_backend) and
+// communicators that move nothing (make_dry_communicator). The memory accounting sees every buffer the step
+// takes, when it takes it, so the peak memory by category is the real run's, from the same code that
+// allocates (no second formula to drift); every op and collective is recorded in the order the rank issues
+// them, the input of a time model.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "base/config.h"
+#include "base/memory.h"
+#include "parallel/rank_env.h"
+
+namespace trainer {
+
+// One op or collective of the step, in issue order.
+struct StepEvent {
+    const char* what;         // the backend op or the collective's kind
+    bool collective = false;  // a collective (bytes: what each rank contributes) or an op
+    double flops = 0.0, bytes = 0.0;
+    int group_size = 1;  // collectives: the ranks of the group
+};
+
+struct DryRunStep {
+    std::array<int64_t, kNumMemCategories> peak{};  // bytes per category
+    int64_t total_peak = 0;                         // the device categories' high-water mark
+    int64_t host_peak = 0;                          // the host categories' (CPU offload)
+    std::vector<StepEvent> events;
+};
+
+// One optimizer step of `config` (after check_parallel_config) on rank env.rank of env.world_size ranks
+// (env.local_world_size per node) computing on `device` (kCpu or kCuda: which collectives a run would use).
+// Peaks are the step's own (what was allocated before the call does not count); the process's peaks are
+// left as they were.
+DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device);
+
+// `trainer plan`: the configurations worth comparing for a config on a world of nnodes x nproc_per_node
+// ranks (the config's own, then every strategy and sharding mode with the by_block wraps, both grad_sync
+// modes where a step has several micro-batches, activation checkpointing null and whole_layer, and CPU
+// offload off, of the optimizer state, and of the parameters too where FSDP shards), each with the peak
+// memory per rank by category from a dry run of one step, and whether it fits `device_memory_gib` when
+// given. Step-time predictions are not made yet. Prints a table, or with `json` one object per line.
+struct PlanOptions {
+    int nnodes = 1, nproc_per_node = 1;
+    double device_memory_gib = 0.0;  // 0: unknown (no fits column)
+    bool json = false;
+};
+int run_plan(const TrainConfig& config, const PlanOptions& options);
+
+}  // namespace trainer

@@ -1,0 +1,133 @@
+// The dry backend (see backend.h): the shapes of a step's work without the work. Costs count fp32 storage:
+// FLOPs as the kernels' arithmetic (a multiply-add is 2), bytes as each operand read once and each result
+// written once (parameter gradients, which accumulate, are read and written).
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+
+#include "kernels/backend.h"
+
+namespace trainer {
+namespace {
+
+class DryBackend final : public Backend {
+   public:
+    explicit DryBackend(std::function<void(const OpCost&)> observer) : observer_(std::move(observer)) {}
+    std::string name() const override { return "dry"; }
+
+    // Addresses no one dereferences: distinct, 64-byte aligned, far from anything mapped.
+    void* alloc(size_t bytes) override {
+        const uintptr_t p = next_;
+        next_ += (bytes + 63) / 64 * 64 + 64;
+        return reinterpret_cast<void*>(p);
+    }
+    void free(void*) override {}
+    void* alloc_host(size_t bytes) override { return alloc(bytes); }
+    void free_host(void*) override {}
+    void copy_host_to_device(void*, const void*, size_t bytes) override { note("copy_host_to_device", 0, bytes); }
+    void copy_device_to_host(void*, const void*, size_t bytes) override { note("copy_device_to_host", 0, bytes); }
+    void copy_device_to_device(void*, const void*, size_t bytes) override {
+        note("copy_device_to_device", 0, 2.0 * bytes);
+    }
+    void copy_any(void*, const void*, size_t bytes) override { note("copy", 0, bytes); }
+    uint64_t copy_async(void*, const void*, size_t bytes) override {
+        note("copy_async", 0, bytes);
+        return 0;
+    }
+    void fill_zero(void*, size_t bytes) override { note("fill_zero", 0, bytes); }
+
+    void matmul_forward(float*, const float*, const float*, const float* bias, int M, int K, int N) override {
+        const double m = M, k = K, n = N;
+        note("matmul_forward", 2 * m * k * n, 4 * (m * k + n * k + m * n + (bias ? n : 0)));
+    }
+    void matmul_backward(float* dinp, float*, float* dbias, const float*, const float*, const float*, int M, int K,
+                         int N, bool) override {
+        const double m = M, k = K, n = N;
+        const double flops = 2 * m * k * n * (dinp ? 2 : 1) + (dbias ? m * n : 0);
+        note("matmul_backward", flops, 4 * (m * n + m * k + 3 * n * k + (dinp ? m * k : 0) + (dbias ? 2 * n : 0)));
+    }
+    void embedding_forward(float*, const int32_t*, const float*, const float* wpe, int N, int, int C) override {
+        const double nc = static_cast<double>(N) * C;
+        note("embedding_forward", wpe ? nc : 0, 4 * nc * (wpe ? 3 : 2) + 4.0 * N);
+    }
+    void embedding_backward(float*, float* dwpe, const float*, const int32_t*, int N, int, int C) override {
+        const double nc = static_cast<double>(N) * C;
+        note("embedding_backward", nc * (dwpe ? 2 : 1), 4 * nc * (dwpe ? 5 : 3) + 4.0 * N);
+    }
+    void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int N, int C,
+                           float) override {
+        const double nc = static_cast<double>(N) * C;
+        note("layernorm_forward", 8 * nc, 4 * (2 * nc + 2.0 * N));
+    }
+    void layernorm_backward(float*, float*, float*, const float*, const float*, const float*, const float*,
+                            const float*, int N, int C) override {
+        const double nc = static_cast<double>(N) * C;
+        note("layernorm_backward", 12 * nc, 4 * (4 * nc + 2.0 * N));
+    }
+    void rope_forward(float*, int B, int T, int NH, int HS, float) override { rope("rope_forward", B, T, NH, HS); }
+    void rope_backward(float*, int B, int T, int NH, int HS, float) override { rope("rope_backward", B, T, NH, HS); }
+    // Causal: half the T x T scores; the backward recomputes the probabilities (QK^T) besides its three GEMMs.
+    void attention_forward(float*, float*, const float*, int B, int T, int NH, int HS) override {
+        const double btc = static_cast<double>(B) * T * NH * HS;
+        note("attention_forward", 2.0 * B * NH * static_cast<double>(T) * T * HS, 4 * (4 * btc + 1.0 * B * NH * T));
+    }
+    void attention_backward(float*, const float*, const float*, const float*, const float*, int B, int T, int NH,
+                            int HS) override {
+        const double btc = static_cast<double>(B) * T * NH * HS;
+        note("attention_backward", 5.0 * B * NH * static_cast<double>(T) * T * HS, 4 * (8 * btc + 1.0 * B * NH * T));
+    }
+    void gelu_forward(float*, const float*, size_t n, bool) override { note("gelu_forward", 10.0 * n, 8.0 * n); }
+    void gelu_backward(float*, const float*, const float*, size_t n, bool) override {
+        note("gelu_backward", 15.0 * n, 12.0 * n);
+    }
+    void swiglu_forward(float*, const float*, int N, int H) override {
+        const double nh = static_cast<double>(N) * H;
+        note("swiglu_forward", 6 * nh, 12 * nh);
+    }
+    void swiglu_backward(float*, const float*, const float*, int N, int H) override {
+        const double nh = static_cast<double>(N) * H;
+        note("swiglu_backward", 10 * nh, 20 * nh);
+    }
+    void residual_forward(float*, const float*, const float*, size_t n) override {
+        note("residual_forward", 1.0 * n, 12.0 * n);
+    }
+    void scale_inplace(float*, size_t n, float) override { note("scale_inplace", 1.0 * n, 8.0 * n); }
+    void classifier_forward_backward(float*, float*, const int32_t*, int N, int V, float, bool compute_grad) override {
+        const double nv = static_cast<double>(N) * V;
+        note("classifier_forward_backward", (compute_grad ? 6 : 4) * nv, 4 * nv * (compute_grad ? 2 : 1));
+    }
+    void adamw_update(float*, const float*, float*, float*, size_t n, float, float, float, float, float, long, float,
+                      uint16_t* param_bf16) override {
+        note("adamw_update", 15.0 * n, 28.0 * n + (param_bf16 ? 2.0 * n : 0));
+    }
+    double squared_norm(const float*, size_t n) override {
+        note("squared_norm", 2.0 * n, 4.0 * n);
+        return 0.0;
+    }
+    double sum(const float*, size_t n) override {
+        note("sum", 1.0 * n, 4.0 * n);
+        return 0.0;
+    }
+    void cast_float_to_bf16(uint16_t*, const float*, size_t n) override { note("cast_float_to_bf16", 0, 6.0 * n); }
+    void cast_bf16_to_float(float*, const uint16_t*, size_t n) override { note("cast_bf16_to_float", 0, 6.0 * n); }
+
+   private:
+    void rope(const char* op, int B, int T, int NH, int HS) {
+        const double qk = 2.0 * B * T * NH * HS;  // q and k rotated, v untouched
+        note(op, 3 * qk, 8 * qk);
+    }
+    void note(const char* op, double flops, double bytes) {
+        if (observer_) observer_({op, flops, bytes});
+    }
+    std::function<void(const OpCost&)> observer_;
+    uintptr_t next_ = uintptr_t(1) << 44;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_dry_backend(std::function<void(const OpCost&)> observer) {
+    return std::make_unique<DryBackend>(std::move(observer));
+}
+
+}  // namespace trainer

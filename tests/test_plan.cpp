@@ -1,0 +1,188 @@
+// Dry runs (core/plan.h): the peak memory a dry run of one step predicts, by category, is what the real
+// run's accounting measures (rank 0 of the same world), under every strategy, precision, grad_sync mode,
+// activation checkpointing policy and CPU offload; and the step's events are the ops and collectives the
+// strategy issues; and `trainer plan` prints a dry run per candidate configuration.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/config.h"
+#include "base/layout.h"
+#include "core/plan.h"
+#include "test_util.h"
+
+using namespace trainer;
+
+namespace {
+
+// tiny.json on the fixture tokens with `sets` applied ("key=value", as --set takes them), then `keys`.
+TrainConfig tiny_with(const std::vector<std::string>& sets, const Json& keys = Json::object()) {
+    Json doc = Json::parse(test_util::read_file(test_util::source_dir() + "/configs/tiny.json"));
+    doc["data"]["paths"] = Json::array({test_util::fixture("olmo_tiny_tokens.u16")});
+    for (const std::string& s : sets) apply_override(doc, s);
+    for (const auto& [key, value] : keys.items()) set_config_value(doc, key, value);
+    return validate_config(doc);
+}
+
+}  // namespace
+
+TEST_CASE("dry run: predicted peak memory by category is the measured accounting") {
+    test_util::TempDir dir;
+    const std::vector<std::string> fsdp = {"distributed_strategy=fsdp", "fsdp.wrapping_strategy=by_block"};
+    auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+        a.insert(a.end(), b.begin(), b.end());
+        return a;
+    };
+    struct Case {
+        int ranks;
+        std::vector<std::string> sets;
+    };
+    const std::vector<Case> cases = {
+        {1, {}},
+        {1, {"activation_checkpointing=whole_layer"}},
+        {1, {"cpu_offload.optimizer_state=true"}},
+        {2, {"distributed_strategy=ddp"}},
+        {2, {"distributed_strategy=ddp", "cpu_offload.optimizer_state=true", "activation_checkpointing=fine_grained"}},
+        {2, fsdp},
+        {2, with(fsdp, {"fsdp.grad_sync_mode=micro_batch"})},
+        {2, with(fsdp, {"fsdp.precision=fp32", "activation_checkpointing=one_in_two"})},
+        {2, with(fsdp, {"fsdp.precision=pure"})},
+        {2, with(fsdp, {"cpu_offload.optimizer_state=true", "cpu_offload.parameters=true"})},
+        {2,
+         {"distributed_strategy=fsdp", "fsdp.sharding_strategy=SHARD_GRAD_OP",
+          "fsdp.wrapping_strategy=by_block_and_size"}},
+        {2, {"distributed_strategy=fsdp", "fsdp.sharding_strategy=NO_SHARD"}},
+        {2,
+         {"distributed_strategy=fsdp", "fsdp.sharding_strategy=HYBRID_SHARD", "fsdp.wrapping_strategy=by_block",
+          "fsdp.hybrid_sharding_num_model_replicas=2"}},
+        {1, fsdp},
+    };
+    int k = 0;
+    for (const Case& c : cases) {
+        std::vector<std::string> sets = with(c.sets, {"device_train_microbatch_size=2", "max_duration=2"});
+        CAPTURE(c.ranks, sets);
+        const std::string metrics = dir.path("m" + std::to_string(k++) + ".jsonl");
+        std::vector<std::string> args = {"--config",       "configs/tiny.json",
+                                         "--data",         test_util::fixture("olmo_tiny_tokens.u16"),
+                                         "--metrics-file", metrics};
+        for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
+        const auto run = c.ranks == 1 ? test_util::run_trainer(args) : test_util::launch(c.ranks, args);
+        INFO(run.out << run.err);
+        REQUIRE(run.exit_code == 0);
+        const Json measured = test_util::read_summary(metrics)["peak_memory_bytes_per_rank"][0];
+
+        RankEnv env;
+        env.world_size = env.local_world_size = c.ranks;
+        const DryRunStep dry = dry_run_step(tiny_with(sets), env, Device::kCpu);
+        for (int m = 0; m < kNumMemCategories; ++m) {
+            const char* name = mem_category_name(static_cast<MemCategory>(m));
+            CAPTURE(name);
+            CHECK(dry.peak[m] == measured[name].get<int64_t>());
+        }
+        // The totals' high-water marks: the Gloo communicator grows its reduce-scatter buffer when its worker
+        // thread runs the collective, so in a real run that allocation lands at a moment that varies against
+        // the compute thread's (the dry run takes it when the collective is issued).
+        const double total = measured["total"].get<double>();
+        CHECK(std::abs(static_cast<double>(dry.total_peak) - total) <= 0.02 * total);
+        CHECK(dry.host_peak == measured["host_total"].get<int64_t>());
+    }
+}
+
+TEST_CASE("dry run: the events are the step's ops and collectives") {
+    // DDP on 2 ranks, one micro-batch: every unit's gradients all-reduced once, the loss and the norm summed;
+    // FULL_SHARD by_block: a reduce-scatter per FSDP unit and gathers around forward and backward.
+    RankEnv env;
+    env.world_size = env.local_world_size = 2;
+    auto count = [](const DryRunStep& d, const std::string& what) {
+        int n = 0;
+        for (const StepEvent& e : d.events) n += e.what == what ? 1 : 0;
+        return n;
+    };
+    const TrainConfig ddp = tiny_with({"distributed_strategy=ddp", "device_train_microbatch_size=4"});
+    const DryRunStep d = dry_run_step(ddp, env, Device::kCpu);
+    int units = 0;  // with parameters (tiny's head, tied and without an affine norm, has none)
+    const ParamLayout layout(ddp);
+    for (const Unit& u : layout.units()) units += u.numel > 0 ? 1 : 0;
+    CHECK(count(d, "all_reduce") == units + 1);  // + the loss (the norm is local for replicas)
+    CHECK(count(d, "matmul_forward") > 0);
+    CHECK(count(d, "adamw_update") > 0);
+    double flops = 0.0;
+    for (const StepEvent& e : d.events) flops += e.flops;
+    CHECK(flops > 0.0);
+
+    const TrainConfig fsdp =
+        tiny_with({"distributed_strategy=fsdp", "fsdp.wrapping_strategy=by_block", "device_train_microbatch_size=4"});
+    const DryRunStep f = dry_run_step(fsdp, env, Device::kCpu);
+    CHECK(count(f, "reduce_scatter") == fsdp.model.n_layers + 1);  // the blocks and the root
+    CHECK(count(f, "all_gather") >= 2 * fsdp.model.n_layers + 1);  // each block twice, the root once
+    CHECK(count(f, "all_reduce") == 2);                            // the loss and the gradient norm
+}
+
+TEST_CASE("plan: every candidate row is a dry run and --device-memory marks what fits") {
+    // tiny.json on 2 ranks: the config's own row, then DDP and the FSDP modes with their variants; each row's
+    // prediction is the dry run of its configuration, and the fits column follows the device peak.
+    const std::vector<std::string> base = {"plan",
+                                           "--config",
+                                           "configs/tiny.json",
+                                           "--nproc-per-node",
+                                           "2",
+                                           "--set",
+                                           "device_train_microbatch_size=2",
+                                           "--set",
+                                           "distributed_strategy=ddp",
+                                           "--json"};
+    const auto r = test_util::run_trainer(base);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    std::vector<Json> rows;
+    std::stringstream ss(r.out);
+    for (std::string line; std::getline(ss, line);) rows.push_back(Json::parse(line));
+    REQUIRE(rows.size() > 10);
+    CHECK(rows[0]["is_config"].get<bool>());
+    RankEnv env;
+    env.world_size = env.local_world_size = 2;
+    int64_t smallest = INT64_MAX, largest = 0;
+    bool saw_offload = false, saw_checkpointing = false;
+    for (const Json& row : rows) {
+        CAPTURE(row.dump());
+        CHECK(row["fits"].is_null());
+        const DryRunStep dry =
+            dry_run_step(tiny_with({"device_train_microbatch_size=2"}, row["config"]), env, Device::kCpu);
+        CHECK(row["predicted_peak_bytes"]["total"].get<int64_t>() == dry.total_peak);
+        CHECK(row["predicted_peak_bytes"]["activations"].get<int64_t>() ==
+              dry.peak[static_cast<int>(MemCategory::kActivations)]);
+        smallest = std::min(smallest, dry.total_peak);
+        largest = std::max(largest, dry.total_peak);
+        saw_offload |= row["config"]["cpu_offload.parameters"].get<bool>();
+        saw_checkpointing |= row["config"]["activation_checkpointing"] == "whole_layer";
+    }
+    CHECK(saw_offload);
+    CHECK(saw_checkpointing);
+    // A device memory between the smallest and the largest peak: some rows fit, some do not.
+    const double gib = (smallest + largest) / 2.0 / (1024.0 * 1024.0 * 1024.0);
+    std::vector<std::string> args = base;
+    args.insert(args.end(), {"--device-memory", std::to_string(gib)});
+    const auto m = test_util::run_trainer(args);
+    REQUIRE(m.exit_code == 0);
+    int fit = 0, not_fit = 0;
+    std::stringstream ms(m.out);
+    for (std::string line; std::getline(ms, line);) {
+        const Json row = Json::parse(line);
+        const bool fits = row["fits"].get<bool>();
+        CHECK(fits == (row["predicted_peak_bytes"]["total"].get<double>() <= gib * 1024.0 * 1024.0 * 1024.0));
+        (fits ? fit : not_fit) += 1;
+    }
+    CHECK(fit > 0);
+    CHECK(not_fit > 0);
+}
+
+TEST_CASE("plan: a world the config cannot split is refused with the reason") {
+    // tiny.json's global batch of 8 does not split over 3 ranks of micro-batch 4, in any configuration.
+    const auto r = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--nproc-per-node", "3"});
+    CHECK(r.exit_code != 0);
+    CHECK(r.err.find("no configuration runs on 3 rank(s)") != std::string::npos);
+    CHECK(r.err.find("global_train_batch_size 8 is not a multiple") != std::string::npos);
+}
