@@ -60,6 +60,7 @@ int run_main(int argc, char** argv) {
         {"--load-path", "load_path", "resume from a checkpoint folder or \"latest\"", ""},
         {"--init-from", "init_from", "initial weights, safetensors with Hugging Face names", ""},
         {"--metrics-file", "metrics_file", "JSON lines of per-step metrics", ""},
+        {"--trace-file", "trace_file", "Chrome trace of every step (Perfetto); one file per rank", ""},
         {"--seed", "seed", "run seed", ""},
         {"--max-duration", "max_duration", "steps, tokens (2e9T) or epochs (1ep)", ""},
         {"--threads", "threads", "compute threads, 0 = one per core", ""},

@@ -121,6 +121,7 @@ const std::vector<KeySpec>& schema() {
         {"ddp.grad_sync_mode", KeyType::kString, "batch", false, choice_names<GradSyncMode>(), -kInf, kInf, "all-reduce once per step (batch) or on every micro-batch"},
         {"distributed_timeout_seconds", KeyType::kFloat, 120.0, false, {}, 0.1, 86400, "rendezvous and collective timeout: a rank that never arrives or a collective that never completes ends the run with an error naming it"},
         {"activation_checkpointing", KeyType::kString, nullptr, true, non_null_choices<ActivationCheckpointing>(), -kInf, kInf, "recompute activations in the backward instead of keeping them (OLMo's): whole_layer (each block keeps its input and recomputes its forward), one_in_two / one_in_three / one_in_four / one_in_eight / two_in_three / three_in_four (whole_layer for that share of the blocks), fine_grained (blocks keep their GEMM and attention outputs and recompute norms and activations); null: keep everything"},
+        {"trace_file", KeyType::kString, nullptr, true, {}, -kInf, kInf, "write a Chrome trace (Perfetto, chrome://tracing) of every step here: units' forward / backward / recompute, collectives with their bytes, waits, optimizer, data, checkpoints; with several ranks each writes <name>.rank<r>.<ext> (scripts/merge_traces.py joins them)"},
         {"cpu_offload.optimizer_state", KeyType::kBool, false, false, {}, -kInf, kInf, "keep the fp32 master parameters and the AdamW moments in (pinned) host memory and run AdamW on the host, each unit's gradients copied down as soon as they are final and the updated parameters uploaded before their next use (DeepSpeed's offload_optimizer)"},
         {"cpu_offload.parameters", KeyType::kBool, false, false, {}, -kInf, kInf, "also keep the sharded parameters only in host memory, each FSDP unit's shard uploaded before its gather (FSDP's CPUOffload(offload_params=True), DeepSpeed's offload_param); needs cpu_offload.optimizer_state and a sharding strategy that gathers (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD)"},
         {"peak_flops_per_device", KeyType::kFloat, nullptr, true, {}, 1, kInf, "peak FLOP/s of one device (a GPU; on the CPU, the cores one rank computes on) used for MFU; null: the backend's (GPU: SMs x clock x FLOP/clock/SM; CPU: threads x measured clock x FMA width and pipes)"},
@@ -682,6 +683,7 @@ TrainConfig validate_config(const Json& user_doc) {
     c.fsdp.backward_prefetch = doc["fsdp"]["backward_prefetch"].get<bool>();
     c.fsdp.limit_all_gathers = doc["fsdp"]["limit_all_gathers"].get<bool>();
     c.ddp_grad_sync_mode = choice<GradSyncMode>(doc["ddp"]["grad_sync_mode"]);
+    c.trace_file = opt<std::string>(doc["trace_file"]);
     c.cpu_offload.optimizer_state = doc["cpu_offload"]["optimizer_state"].get<bool>();
     c.cpu_offload.parameters = doc["cpu_offload"]["parameters"].get<bool>();
     if (c.cpu_offload.parameters && !c.cpu_offload.optimizer_state) {

@@ -260,6 +260,7 @@ struct TrainConfig {
     std::optional<double> peak_flops_per_device;  // FLOP/s of one device (a GPU, or one rank's CPU cores)
     ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNull;
     CpuOffloadConfig cpu_offload;
+    std::optional<std::string> trace_file;       // Chrome trace of every step (one file per rank)
     int threads = 0;                             // 0: one per available core
     double distributed_timeout_seconds = 120.0;  // rendezvous and every collective
 

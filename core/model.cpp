@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "base/common.h"
+#include "base/trace.h"
 
 namespace trainer {
 
@@ -243,16 +244,19 @@ void Model::forward_blocks(int batch, bool backward_follows) {
     const int N = batch * T_;
 
     // Embedding.
-    const int emb = layout_.embedding_unit();
-    strategy_->before_forward(emb);
-    const float* wte = strategy_->unit_params(emb);
-    const float* wpe = m_.rope ? nullptr : wte + static_cast<size_t>(V_) * C_;
-    backend_->embedding_forward(act(layers_.empty() ? resid_final_ : layers_[0].resid), tokens_dev_.i32(), wte, wpe, N,
-                                T_, C_);
-    strategy_->after_forward(emb);
-
+    {
+        const trace::Span span("forward", "forward embedding");
+        const int emb = layout_.embedding_unit();
+        strategy_->before_forward(emb);
+        const float* wte = strategy_->unit_params(emb);
+        const float* wpe = m_.rope ? nullptr : wte + static_cast<size_t>(V_) * C_;
+        backend_->embedding_forward(act(layers_.empty() ? resid_final_ : layers_[0].resid), tokens_dev_.i32(), wte, wpe,
+                                    N, T_, C_);
+        strategy_->after_forward(emb);
+    }
     for (int l = 0; l < L_; ++l) {
         const int u = layout_.block_unit(l);
+        const trace::Span block("forward", trace::enabled() ? fmt::format("forward block.{}", l) : std::string());
         strategy_->before_forward(u);
         block_forward(l, batch, block_params(strategy_->unit_params(u), l), true);
         strategy_->after_forward(u);
@@ -317,6 +321,7 @@ double Model::head(int batch, float dloss_scale, bool backward) {
     const int N = batch * T_;
     const int hu = layout_.head_unit();
     const int emb = layout_.embedding_unit();
+    const trace::Span span(backward ? "backward" : "forward", backward ? "head forward+backward" : "forward head");
     strategy_->before_forward(hu);
     if (m_.weight_tying) strategy_->before_forward(emb);
     if (backward) {
@@ -367,10 +372,15 @@ void Model::backward_blocks(int batch) {
     for (int l = L_ - 1; l >= 0; --l) {
         const Plan& a = layers_[l];
         const int u = layout_.block_unit(l);
+        const trace::Span block("backward", trace::enabled() ? fmt::format("backward block.{}", l) : std::string());
         strategy_->before_backward(u);  // FULL_SHARD gathers the unit again: the recompute has its parameters
         const BlockParams w = block_params(strategy_->unit_params(u), l);
         const BlockParams g = block_params(strategy_->unit_grads(u), l);
-        if (keep_[l] != Keep::kAll) recompute_block(l, batch, w);
+        if (keep_[l] != Keep::kAll) {
+            const trace::Span recompute("recompute",
+                                        trace::enabled() ? fmt::format("recompute block.{}", l) : std::string());
+            recompute_block(l, batch, w);
+        }
         // MLP: x_out = resid_mid + ff_out(act(ff_proj(LN2(resid_mid)))); dresid holds d(x_out).
         backend_->matmul_backward(act(dfch_act_), g.ff_out_w, g.ff_out_b, act(dresid_), act(a.fch_act), w.ff_out_w, N,
                                   H_, C_, false);
@@ -395,6 +405,7 @@ void Model::backward_blocks(int batch) {
         strategy_->after_backward(u);
     }
     const int emb = layout_.embedding_unit();
+    const trace::Span span("backward", "backward embedding");
     if (!m_.weight_tying) strategy_->before_backward(emb);  // a tied head already opened it
     float* dwte = strategy_->unit_grads(emb);
     float* dwpe = m_.rope ? nullptr : dwte + static_cast<size_t>(V_) * C_;
@@ -422,9 +433,11 @@ double accumulate_gradients(Strategy& strategy, Model& model, long accumulation,
     strategy.begin_step(static_cast<int>(accumulation));
     double loss_sum = 0.0;
     for (long k = 0; k < accumulation; ++k) {
+        const trace::Span span("micro-batch", trace::enabled() ? fmt::format("micro-batch {}", k) : std::string());
         strategy.begin_micro_batch(static_cast<int>(k));
         loss_sum += model.forward_backward(tokens_for(k), batch, dloss_scale);
     }
+    const trace::Span span("comm", "finish backward");
     strategy.finish_backward();
     return loss_sum;
 }

@@ -5,15 +5,18 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
 
 #include "base/common.h"
 #include "base/layout.h"
+#include "base/trace.h"
 #include "core/checkpoint.h"
 #include "core/data.h"
 #include "core/hf_names.h"
@@ -111,6 +114,16 @@ Json gather_peak_memory(Communicator& comm, const Backend& backend, bool on_devi
     return per_rank;
 }
 
+// Where rank `rank` of `world` writes its trace: `path` itself for one rank, else path with ".rank<r>"
+// before its extension (trace.json -> trace.rank1.json), merged by scripts/merge_traces.py.
+std::string trace_path(const std::string& path, int rank, int world) {
+    if (world == 1) return path;
+    const size_t slash = path.find_last_of('/'), dot = path.find_last_of('.');
+    const bool has_ext = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+    const std::string stem = has_ext ? path.substr(0, dot) : path, ext = has_ext ? path.substr(dot) : "";
+    return fmt::format("{}.rank{}{}", stem, rank, ext);
+}
+
 // One optimizer step's results, as the log and the metrics file report them.
 struct StepOutcome {
     double loss = 0.0;
@@ -174,6 +187,15 @@ class TrainingRun {
         metrics_ = std::make_unique<MetricsWriter>(env_.rank == 0 ? config_.metrics_file : std::nullopt,
                                                    resume_path_.has_value());
         threads_ = configure_threads(config_.threads);
+        if (config_.trace_file) {
+            // Refuse an unwritable path now, not after the run.
+            const std::string path = trace_path(*config_.trace_file, env_.rank, env_.world_size);
+            std::FILE* f = std::fopen(path.c_str(), "w");
+            if (f == nullptr) user_error("trace_file {}: cannot be written ({})", path, std::strerror(errno));
+            std::fclose(f);
+            trace::start(env_.rank);
+            trace::name_thread("compute");
+        }
     }
 
     // Backend, layout, the connected ranks and their strategy, the parameters, the model and the optimizer.
@@ -261,22 +283,30 @@ class TrainingRun {
         const double global_tokens = static_cast<double>(config_.global_train_batch_size) * (L - 1);
         const float dloss_scale = static_cast<float>(world / global_tokens);
         const auto t0 = Clock::now();
+        const trace::Span span("step", trace::enabled() ? fmt::format("step {}", step) : std::string());
         strategy.take_comm_wait_seconds();  // what evaluation and checkpoints waited is not the step's
         order_->global_batch(step - 1, global_batch_);
         InstanceOrder::rank_slice(global_batch_, strategy.rank(), world, local_);
         const double loss_sum =
             accumulate_gradients(strategy, *model_, accumulation, static_cast<int>(micro), dloss_scale, [&](long k) {
+                const trace::Span data("data", "read micro-batch");
                 for (long i = 0; i < micro; ++i) {
                     train_data_->read_instance(local_[k * micro + i], tokens_.data() + static_cast<size_t>(i) * L);
                 }
                 return tokens_.data();
             });
         StepOutcome r;
-        r.loss = strategy.all_reduce_sum(loss_sum) / global_tokens;
+        {
+            const trace::Span loss("comm", "loss all_reduce");
+            r.loss = strategy.all_reduce_sum(loss_sum) / global_tokens;
+        }
         if (!std::isfinite(r.loss))
             user_error("step {}: the loss is {} (diverged); lower optimizer.learning_rate", step, r.loss);
-        r.opt = optimizer_->step(strategy, step, total_steps_);
-        backend_->synchronize();
+        {
+            const trace::Span opt("optimizer", "optimizer step");
+            r.opt = optimizer_->step(strategy, step, total_steps_);
+            backend_->synchronize();
+        }
         r.seconds = seconds_since(t0);
         r.comm_wait = strategy.take_comm_wait_seconds();
         return r;
@@ -316,6 +346,7 @@ class TrainingRun {
         // Every rank takes part (barriers); the strategy says which ranks write shard files.
         if (config_.save_folder &&
             ((config_.save_interval > 0 && step % config_.save_interval == 0) || step == total_steps_)) {
+            const trace::Span span("checkpoint", "save checkpoint");
             const std::string path = save_checkpoint(config_, *layout_, backend_.get(), *world_.strategy, step);
             bar_->clear();
             std::printf("saved checkpoint %s\n", path.c_str());
@@ -327,6 +358,7 @@ class TrainingRun {
     void run_evals(long step, Json& record) {
         Json all = Json::object();
         for (size_t i = 0; i < eval_data_.size(); ++i) {
+            const trace::Span span("eval", "eval " + config_.evaluators[i].label);
             const double v = evaluate(*eval_data_[i], config_.evaluators[i], *model_, config_.device_eval_batch_size);
             all[config_.evaluators[i].label] = v;
             if (i == 0) record["val_loss"] = v;
@@ -361,6 +393,10 @@ class TrainingRun {
                         {"peak_memory_bytes", per_rank[world_.rank()]},
                         {"peak_memory_bytes_per_rank", per_rank}};
         metrics_->write(summary);
+        if (config_.trace_file) {
+            trace::write(trace_path(*config_.trace_file, env_.rank, world));
+            if (env_.rank == 0) std::printf("trace written to %s\n", trace_path(*config_.trace_file, 0, world).c_str());
+        }
         if (total_steps_ > start_step_) {
             const double mib = 1048576.0;
             auto peak = [&](MemCategory c) { return mem.peak[static_cast<int>(c)] / mib; };

@@ -23,6 +23,7 @@
 
 #include "base/common.h"
 #include "base/memory.h"
+#include "base/trace.h"
 #include "kernels/backend.h"
 #include "kernels/element.h"
 #include "parallel/communicator.h"
@@ -45,7 +46,7 @@ class GlooCommunicator final : public Communicator {
    public:
     GlooCommunicator(TcpStore& store, const std::string& prefix, int rank, int size, std::chrono::milliseconds timeout,
                      const std::string& bind_host)
-        : rank_(rank), size_(size), timeout_(timeout) {
+        : rank_(rank), size_(size), timeout_(timeout), prefix_(prefix) {
         gloo::transport::tcp::attr attr;
         attr.ai_family = AF_INET;
         try {
@@ -77,7 +78,7 @@ class GlooCommunicator final : public Communicator {
     int size() const override { return size_; }
 
     CommHandle all_reduce(void* buf, size_t count, CommDType dtype) override {
-        return enqueue("all_reduce", [=] {
+        return enqueue("all_reduce", count * comm_dtype_size(dtype), [=] {
             if (size_ == 1 || count == 0) return;
             gloo::AllreduceOptions opts(context_);
             opts.setTag(next_tag());
@@ -99,7 +100,7 @@ class GlooCommunicator final : public Communicator {
 
     CommHandle reduce_scatter(void* in, void* out, size_t count, CommDType dtype) override {
         TRAINER_CHECK(dtype != CommDType::kFloat64, "reduce_scatter carries fp32 or bf16");
-        return enqueue("reduce_scatter", [=] {
+        return enqueue("reduce_scatter", count * comm_dtype_size(dtype), [=] {
             const size_t bytes = count * comm_dtype_size(dtype);
             if (size_ == 1 || count == 0) {
                 std::memmove(out, in, bytes);
@@ -143,7 +144,7 @@ class GlooCommunicator final : public Communicator {
     }
 
     CommHandle all_gather(const void* in, void* out, size_t count, CommDType dtype) override {
-        return enqueue("all_gather", [=] {
+        return enqueue("all_gather", count * comm_dtype_size(dtype), [=] {
             const size_t bytes = count * comm_dtype_size(dtype);
             if (size_ == 1 || count == 0) {
                 std::memmove(out, in, bytes);
@@ -161,7 +162,7 @@ class GlooCommunicator final : public Communicator {
 
     CommHandle broadcast(void* buf, size_t count, CommDType dtype, int root) override {
         TRAINER_CHECK(root >= 0 && root < size_, "broadcast root {} outside [0, {})", root, size_);
-        return enqueue("broadcast", [=] {
+        return enqueue("broadcast", count * comm_dtype_size(dtype), [=] {
             if (size_ == 1 || count == 0) return;
             gloo::BroadcastOptions opts(context_);
             opts.setTag(next_tag());
@@ -173,7 +174,7 @@ class GlooCommunicator final : public Communicator {
     }
 
     CommHandle barrier() override {
-        return enqueue("barrier", [=] {
+        return enqueue("barrier", 0, [=] {
             if (size_ == 1) return;
             gloo::BarrierOptions opts(context_);
             opts.setTag(next_tag());
@@ -193,9 +194,11 @@ class GlooCommunicator final : public Communicator {
     }
     uint32_t next_tag() { return tag_++; }
 
-    CommHandle enqueue(const char* what, std::function<void()> op) {
-        auto task = std::make_shared<std::packaged_task<void()>>([this, what, op = std::move(op)] {
+    // Queues `op` (`bytes`: what this rank contributes, for the trace).
+    CommHandle enqueue(const char* what, size_t bytes, std::function<void()> op) {
+        auto task = std::make_shared<std::packaged_task<void()>>([this, what, bytes, op = std::move(op)] {
             try {
+                trace::Span span("comm", what, static_cast<int64_t>(bytes));
                 op();
             } catch (const gloo::Exception& e) {
                 // This rank's failure is a consequence: wait a moment before it ends the process, so the
@@ -217,6 +220,7 @@ class GlooCommunicator final : public Communicator {
     }
 
     void run() {
+        if (trace::enabled()) trace::name_thread("gloo " + prefix_);
         for (;;) {
             std::function<void()> op;
             {
@@ -232,6 +236,7 @@ class GlooCommunicator final : public Communicator {
 
     int rank_, size_;
     std::chrono::milliseconds timeout_;
+    std::string prefix_;  // the group's name ("world", "shard0", ...), for the trace
     std::shared_ptr<gloo::transport::Device> device_;
     std::shared_ptr<gloo::rendezvous::Context> context_;
     uint32_t tag_ = 1;

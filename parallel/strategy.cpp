@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include "base/trace.h"
 #include "parallel/communicator.h"
 
 namespace trainer {
@@ -19,6 +20,9 @@ void Strategy::barrier() { wait(world_->barrier()); }
 
 double Strategy::take_comm_wait_seconds() { return std::exchange(comm_wait_s_, 0.0); }
 
-void Strategy::wait(const CommHandle& handle) { handle.wait(&comm_wait_s_); }
+void Strategy::wait(const CommHandle& handle) {
+    trace::Span span("wait", "wait");
+    handle.wait(&comm_wait_s_);
+}
 
 }  // namespace trainer

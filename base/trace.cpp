@@ -1,0 +1,130 @@
+// Tracing (see trace.h).
+#include "base/trace.h"
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "base/common.h"
+
+namespace trainer::trace {
+
+namespace detail {
+std::atomic<bool> g_enabled{false};
+}
+
+namespace {
+
+struct Event {
+    const char* category;
+    std::string name;
+    int64_t bytes;
+    double begin_us, dur_us;
+    int tid;
+};
+
+struct State {
+    std::mutex mutex;
+    int rank = 0;
+    std::chrono::steady_clock::time_point t0;
+    double wall0_us = 0.0;  // wall-clock microseconds at t0
+    std::map<std::thread::id, int> tids;
+    std::map<int, std::string> names;
+    std::vector<Event> events;
+};
+
+State& state() {
+    static State s;
+    return s;
+}
+
+double now_us() {
+    const State& s = state();
+    return s.wall0_us + std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - s.t0).count();
+}
+
+// The calling thread's track (the state's mutex held).
+int tid_locked(State& s) {
+    const auto [it, added] = s.tids.emplace(std::this_thread::get_id(), static_cast<int>(s.tids.size()));
+    return it->second;
+}
+
+// JSON string escaping for names (quotes, backslashes, control characters).
+std::string quoted(const std::string& text) {
+    std::string out = "\"";
+    for (const char c : text) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += c;
+        } else if (static_cast<unsigned char>(c) < 0x20) {
+            out += fmt::format("\\u{:04x}", static_cast<int>(c));
+        } else {
+            out += c;
+        }
+    }
+    return out + "\"";
+}
+
+}  // namespace
+
+void start(int rank) {
+    State& s = state();
+    {
+        std::lock_guard<std::mutex> lock(s.mutex);
+        s.rank = rank;
+        s.t0 = std::chrono::steady_clock::now();
+        s.wall0_us =
+            std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch()).count();
+    }
+    detail::g_enabled.store(true);
+}
+
+void name_thread(const std::string& name) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.names[tid_locked(s)] = name;
+}
+
+Span::Span(const char* category, std::string_view name, int64_t bytes)
+    : on_(enabled()), category_(category), name_(on_ ? std::string(name) : std::string()), bytes_(bytes) {
+    if (on_) begin_us_ = now_us();
+}
+
+Span::~Span() {
+    if (!on_) return;
+    const double end = now_us();
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.events.push_back({category_, std::move(name_), bytes_, begin_us_, end - begin_us_, tid_locked(s)});
+}
+
+void write(const std::string& path) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) user_error("trace_file {}: cannot be written", path);
+    std::fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    std::fprintf(f, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}}",
+                 s.rank, s.rank);
+    for (const auto& [tid, name] : s.names) {
+        std::fprintf(
+            f, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": %s}}",
+            s.rank, tid, quoted(name).c_str());
+    }
+    for (const Event& e : s.events) {
+        std::fprintf(f,
+                     ",\n{\"name\": %s, \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": %d, "
+                     "\"tid\": %d",
+                     quoted(e.name).c_str(), e.category, e.begin_us, e.dur_us, s.rank, e.tid);
+        if (e.bytes >= 0) std::fprintf(f, ", \"args\": {\"bytes\": %lld}", static_cast<long long>(e.bytes));
+        std::fprintf(f, "}");
+    }
+    std::fprintf(f, "\n]}\n");
+    if (std::fclose(f) != 0) user_error("trace_file {}: writing failed", path);
+}
+
+}  // namespace trainer::trace

@@ -1,0 +1,45 @@
+// Tracing: spans of what each thread of a rank did, written as a Chrome trace (JSON; opens in Perfetto and
+// chrome://tracing) with the rank as the process and each thread as a track. Off unless start() was called;
+// a span then costs one clock read at each end and one locked append. Times are host wall-clock
+// microseconds, so the ranks of one machine line up when their files are merged (scripts/merge_traces.py).
+// On a GPU a span measures when the host issued the work, not when the device ran it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace trainer::trace {
+
+namespace detail {
+extern std::atomic<bool> g_enabled;
+}
+
+// Starts recording for this process, `rank` being its process id in the trace.
+void start(int rank);
+inline bool enabled() { return detail::g_enabled.load(std::memory_order_relaxed); }
+// Names the calling thread's track ("compute", "gloo world"); a track without a name is "thread <n>".
+void name_thread(const std::string& name);
+// Writes everything recorded so far as one Chrome trace JSON object to `path` (UserError when it cannot).
+void write(const std::string& path);
+
+// A span on the calling thread's track, from construction to destruction. `category` groups spans
+// ("step", "forward", "backward", "recompute", "comm", "wait", "optimizer", "data", "checkpoint", "eval");
+// `bytes` >= 0 is recorded as an argument (a collective's payload).
+class Span {
+   public:
+    Span(const char* category, std::string_view name, int64_t bytes = -1);
+    ~Span();
+    Span(const Span&) = delete;
+    Span& operator=(const Span&) = delete;
+
+   private:
+    bool on_;
+    const char* category_;
+    std::string name_;
+    int64_t bytes_;
+    double begin_us_ = 0.0;
+};
+
+}  // namespace trainer::trace

@@ -1,0 +1,136 @@
+// --trace-file: each rank writes a Chrome trace whose step spans are the steps the metrics time, tiled by
+// their children (data, micro-batches with every unit's forward, backward and recompute, the gradient
+// settling, the loss, the optimizer), with every collective on its communicator's track, bytes included;
+// scripts/merge_traces.py joins the ranks; an unwritable path is refused before the run.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+using namespace trainer;
+
+namespace {
+
+std::vector<Json> spans_of(const std::string& path) {
+    const Json trace = Json::parse(test_util::read_file(path));
+    std::vector<Json> out;
+    for (const Json& e : trace.at("traceEvents")) {
+        if (e.at("ph") == "X") out.push_back(e);
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("trace: every unit and collective of every step on 2 ranks with the step time accounted") {
+    test_util::TempDir dir;
+    const std::string metrics = dir.path("m.jsonl"), trace = dir.path("trace.json");
+    const int steps = 2, micro_batches = 2, layers = 3;
+    const auto r = test_util::launch(2, {"--config",
+                                         "configs/tiny.json",
+                                         "--data",
+                                         test_util::fixture("olmo_tiny_tokens.u16"),
+                                         "--max-duration",
+                                         std::to_string(steps),
+                                         "--strategy",
+                                         "fsdp",
+                                         "--wrapping-strategy",
+                                         "by_block",
+                                         "--set",
+                                         "model.n_layers=" + std::to_string(layers),
+                                         "--set",
+                                         "device_train_microbatch_size=2",
+                                         "--set",
+                                         "activation_checkpointing=one_in_two",
+                                         "--metrics-file",
+                                         metrics,
+                                         "--trace-file",
+                                         trace});
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    const auto rows = test_util::read_metrics(metrics);
+    REQUIRE(rows.size() == steps);
+    for (int rank = 0; rank < 2; ++rank) {
+        CAPTURE(rank);
+        const std::vector<Json> spans = spans_of(dir.path("trace.rank" + std::to_string(rank) + ".json"));
+        std::map<std::string, int> count;
+        std::set<std::string> collectives;
+        int compute_tid = -1;
+        for (const Json& s : spans) {
+            const std::string name = s.at("name"), cat = s.at("cat");
+            ++count[name];
+            CHECK(s.at("pid").get<int>() == rank);
+            if (cat == "step") compute_tid = s.at("tid").get<int>();
+            if (cat == "comm" && s.contains("args")) {
+                collectives.insert(name);
+                CHECK(s.at("args").at("bytes").get<int64_t>() >= 0);
+            }
+        }
+        // Every unit's forward and backward in every micro-batch of every step; one_in_two recomputes blocks 0
+        // and 2.
+        const int passes = steps * micro_batches;
+        CHECK(count["forward embedding"] == passes);
+        CHECK(count["head forward+backward"] == passes);
+        CHECK(count["backward embedding"] == passes);
+        for (int l = 0; l < layers; ++l) {
+            CAPTURE(l);
+            CHECK(count["forward block." + std::to_string(l)] == passes);
+            CHECK(count["backward block." + std::to_string(l)] == passes);
+            CHECK(count["recompute block." + std::to_string(l)] == (l % 2 == 0 ? passes : 0));
+        }
+        CHECK(count["optimizer step"] == steps);
+        CHECK(count["read micro-batch"] == passes);
+        // FSDP's collectives, run on the Gloo worker's track: gathers, reduce-scatters, the loss and norm sums.
+        CHECK(collectives == std::set<std::string>{"all_gather", "all_reduce", "reduce_scatter"});
+        for (const Json& s : spans) {
+            if (s.at("cat") == "comm" && s.contains("args")) CHECK(s.at("tid").get<int>() != compute_tid);
+        }
+        // Each step span is the step the metrics time, and its direct children account for it.
+        int step = 0;
+        for (const Json& s : spans) {
+            if (s.at("cat") != "step") continue;
+            const double begin = s.at("ts"), dur = s.at("dur"), measured = rows.at(step++).at("step_time_ms");
+            if (rank == 0) CHECK(std::abs(dur / 1e3 - measured) <= 0.05 * measured);  // the metrics are rank 0's
+            std::vector<std::pair<double, double>> inside;
+            for (const Json& c : spans) {
+                if (c.at("tid") != s.at("tid") || &c == &s) continue;
+                const double b = c.at("ts"), d = c.at("dur");
+                if (b >= begin && b + d <= begin + dur && d < dur) inside.push_back({b, b + d});
+            }
+            double covered = 0.0;  // the union of the spans inside the step
+            std::sort(inside.begin(), inside.end());
+            double reach = begin;
+            for (const auto& [b, e] : inside) {
+                if (e <= reach) continue;
+                covered += e - std::max(b, reach);
+                reach = e;
+            }
+            CHECK(covered >= 0.95 * dur);
+        }
+        CHECK(step == steps);
+    }
+    // The merge script joins both ranks into one trace.
+    const std::string merged = dir.path("merged.json");
+    const std::string cmd = "python3 " + test_util::source_dir() + "/scripts/merge_traces.py " + merged + " " +
+                            dir.path("trace.rank0.json") + " " + dir.path("trace.rank1.json") + " > /dev/null";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    std::set<int> pids;
+    const Json all = Json::parse(test_util::read_file(merged));
+    for (const Json& e : all.at("traceEvents")) pids.insert(e.at("pid").get<int>());
+    CHECK(pids == std::set<int>{0, 1});
+}
+
+TEST_CASE("trace: an unwritable trace path is refused before training") {
+    test_util::TempDir dir;
+    const auto r =
+        test_util::run_trainer({"--config", "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"),
+                                "--max-duration", "1", "--trace-file", dir.path("no/such/folder/t.json")});
+    CHECK(r.exit_code != 0);
+    CHECK(r.err.find("trace_file") != std::string::npos);
+    CHECK(r.out.find("step 1/1") == std::string::npos);
+}
