@@ -113,6 +113,9 @@ int run_main(int argc, char** argv) {
     int bench_reps = 20;
     bench->add_option("--reps", bench_reps, "timed calls of each kernel (after two warm-up calls)")
         ->check(CLI::PositiveNumber);
+    std::string calibration_out;
+    bench->add_option("--calibration-out", calibration_out,
+                      "also write each op's measured time with its FLOPs and bytes here (for trainer plan)");
 
     auto* plan = app.add_subcommand(
         "plan",
@@ -126,6 +129,11 @@ int run_main(int argc, char** argv) {
     plan->add_option("--device-memory", plan_opts.device_memory_gib, "GiB of memory per device: marks what fits")
         ->check(CLI::PositiveNumber);
     plan->add_flag("--json", plan_opts.json, "one JSON object per configuration instead of the table");
+    plan->add_option("--hardware", plan_opts.hardware,
+                     "the device and links the step times are for: h100-sxm, h200, a100-40gb, a100-80gb, cpu "
+                     "(default: cpu on the CPU, h100-sxm on CUDA)");
+    plan->add_option("--calibration", plan_opts.calibration,
+                     "op times measured by trainer bench-kernels --calibration-out (required for cpu)");
 
     // `trainer launch [options] -- ARGS`: ARGS are the ranks' own arguments, split off before parsing.
     if (argc > 1 && std::string(argv[1]) == "launch") {
@@ -194,7 +202,7 @@ int run_main(int argc, char** argv) {
         throw trainer::UserError(std::string(e.what()) + " [in " + config_path + "]");
     }
     if (*bench) {
-        return trainer::run_kernel_bench(config, bench_reps);
+        return trainer::run_kernel_bench(config, bench_reps, calibration_out);
     }
     if (*plan) return trainer::run_plan(config, plan_opts);
     return trainer::run_training(config);

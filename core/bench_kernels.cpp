@@ -13,6 +13,9 @@
 #include "base/layout.h"
 #include "core/metrics.h"
 #include "core/model.h"
+#include "core/optimizer.h"
+#include "core/plan.h"
+#include "core/step_time.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
 
@@ -23,9 +26,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Op {
     std::string name;
-    double flops = 0.0;  // arithmetic of the op (2 per multiply-add)
-    double bytes = 0.0;  // compulsory traffic: its inputs read and outputs written once, at fp32
-    std::function<void()> run;
+    std::function<void(Backend&)> run;  // one call of the op on the buffers, through the given backend
 };
 
 // Mean seconds per call of `f` over `reps` calls after two warm-up calls, the device drained around them.
@@ -41,9 +42,9 @@ double time_op(Backend& backend, const std::function<void()>& f, int reps) {
 
 }  // namespace
 
-int run_kernel_bench(const TrainConfig& config, int reps) {
+int run_kernel_bench(const TrainConfig& config, int reps, const std::string& calibration_out) {
     const Device device = check_device_config(config);
-    configure_threads(config.threads);
+    const int threads = configure_threads(config.threads);
     auto backend_ptr = make_backend(device, backend_options(config, 0));
     Backend& be = *backend_ptr;
     const ModelConfig& m = config.model;
@@ -76,15 +77,12 @@ int run_kernel_bench(const TrainConfig& config, int reps) {
     be.fill_zero(tokens.data(), tokens.bytes());
     DeviceBuffer p = buf(block_numel), g = buf(block_numel), m1 = buf(block_numel), m2 = buf(block_numel);
 
-    const double f4 = 4.0;  // bytes per fp32 element
     std::vector<Op> ops;
     auto gemm = [&](const std::string& what, int M, int K, int Nn, float* out, float* in, float* w, float* dout,
                     float* din, float* dw) {
-        const double mk = double(M) * K, nk = double(Nn) * K, mn = double(M) * Nn;
-        ops.push_back({what + " forward", 2 * mk * Nn, f4 * (mk + nk + mn),
-                       [=, &be] { be.matmul_forward(out, in, w, nullptr, M, K, Nn); }});
-        ops.push_back({what + " backward", 4 * mk * Nn, f4 * (2 * mn + 2 * mk + 3 * nk),
-                       [=, &be] { be.matmul_backward(din, dw, nullptr, dout, in, w, M, K, Nn, false); }});
+        ops.push_back({what + " forward", [=](Backend& b) { b.matmul_forward(out, in, w, nullptr, M, K, Nn); }});
+        ops.push_back({what + " backward",
+                       [=](Backend& b) { b.matmul_backward(din, dw, nullptr, dout, in, w, M, K, Nn, false); }});
     };
     gemm("att_proj GEMM", N, C, 3 * C, qkv.f32(), x.f32(), w_qkv.f32(), dqkv.f32(), dx.f32(), dw_qkv.f32());
     gemm("attn_out GEMM", N, C, C, y.f32(), att.f32(), w_qkv.f32(), x.f32(), dx.f32(), dw_qkv.f32());
@@ -93,63 +91,54 @@ int run_kernel_bench(const TrainConfig& config, int reps) {
     gemm("LM head GEMM (one chunk)", R, C, V, logits.f32(), x.f32(), wte.f32(), logits.f32(), dx.f32(), dwte.f32());
     const float* w = m.layer_norm_with_affine ? lnw.f32() : nullptr;
     float* dw = m.layer_norm_with_affine ? dlnw.f32() : nullptr;
-    ops.push_back({"layernorm forward", 8.0 * NC, f4 * (2.0 * NC + 2.0 * N),
-                   [&] { be.layernorm_forward(y.f32(), mean.f32(), rstd.f32(), x.f32(), w, nullptr, N, C, 1e-5f); }});
-    ops.push_back({"layernorm backward", 12.0 * NC, f4 * (4.0 * NC + 2.0 * N), [&] {
-                       be.layernorm_backward(dx.f32(), dw, nullptr, y.f32(), x.f32(), w, mean.f32(), rstd.f32(), N, C);
+    ops.push_back({"layernorm forward", [&](Backend& b) {
+                       b.layernorm_forward(y.f32(), mean.f32(), rstd.f32(), x.f32(), w, nullptr, N, C, 1e-5f);
+                   }});
+    ops.push_back({"layernorm backward", [&](Backend& b) {
+                       b.layernorm_backward(dx.f32(), dw, nullptr, y.f32(), x.f32(), w, mean.f32(), rstd.f32(), N, C);
                    }});
     const float theta = static_cast<float>(m.rope_theta);
     if (m.rope) {
-        ops.push_back(
-            {"rope forward", 6.0 * NC, f4 * 4.0 * NC, [&] { be.rope_forward(qkv.f32(), B, T, NH, HS, theta); }});
-        ops.push_back(
-            {"rope backward", 6.0 * NC, f4 * 4.0 * NC, [&] { be.rope_backward(dqkv.f32(), B, T, NH, HS, theta); }});
+        ops.push_back({"rope forward", [&](Backend& b) { b.rope_forward(qkv.f32(), B, T, NH, HS, theta); }});
+        ops.push_back({"rope backward", [&](Backend& b) { b.rope_backward(dqkv.f32(), B, T, NH, HS, theta); }});
     }
-    // Causal attention: QK^T and PV over the lower triangle, 2 x 2 x B NH T^2/2 HS; the backward has 5 such
-    // products to the forward's 2 (FlashAttention's accounting).
-    const double att_flops = 2.0 * B * NH * double(T) * T * HS;
-    ops.push_back({"attention forward", att_flops, f4 * (4.0 * NC + double(B) * NH * T),
-                   [&] { be.attention_forward(att.f32(), lse.f32(), qkv.f32(), B, T, NH, HS); }});
-    ops.push_back({"attention backward", 2.5 * att_flops, f4 * (8.0 * NC + double(B) * NH * T),
-                   [&] { be.attention_backward(dqkv.f32(), y.f32(), qkv.f32(), att.f32(), lse.f32(), B, T, NH, HS); }});
-    const double NHh = double(N) * H;
+    ops.push_back(
+        {"attention forward", [&](Backend& b) { b.attention_forward(att.f32(), lse.f32(), qkv.f32(), B, T, NH, HS); }});
+    ops.push_back({"attention backward", [&](Backend& b) {
+                       b.attention_backward(dqkv.f32(), y.f32(), qkv.f32(), att.f32(), lse.f32(), B, T, NH, HS);
+                   }});
+    const size_t NHh = static_cast<size_t>(N) * H;
     if (m.activation_type == ActivationType::kSwiglu) {
+        ops.push_back({"swiglu forward", [&](Backend& b) { b.swiglu_forward(fact.f32(), fch.f32(), N, H); }});
         ops.push_back(
-            {"swiglu forward", 6.0 * NHh, f4 * 3.0 * NHh, [&] { be.swiglu_forward(fact.f32(), fch.f32(), N, H); }});
-        ops.push_back({"swiglu backward", 10.0 * NHh, f4 * 5.0 * NHh,
-                       [&] { be.swiglu_backward(dfch.f32(), fch.f32(), dfact.f32(), N, H); }});
+            {"swiglu backward", [&](Backend& b) { b.swiglu_backward(dfch.f32(), fch.f32(), dfact.f32(), N, H); }});
     } else {
         const bool tanh_gelu = m.activation_type == ActivationType::kGeluTanh;
         // What training runs: the ff_proj GEMM and the GELU together (one GEMM with the GELU epilogue on the
         // CUDA backend where cuBLASLt allows; the two ops elsewhere).
-        const double ncp = double(N) * C * P;
-        ops.push_back({"ff_proj GEMM + gelu forward", 2.0 * ncp + 10.0 * NHh,
-                       f4 * (double(N) * C + double(P) * C + 2.0 * N * double(P)), [&, tanh_gelu] {
-                           be.matmul_gelu_forward(fch.f32(), fact.f32(), x.f32(), w_fc.f32(), nullptr, N, C, P,
-                                                  tanh_gelu);
+        ops.push_back({"ff_proj GEMM + gelu forward", [&, tanh_gelu](Backend& b) {
+                           b.matmul_gelu_forward(fch.f32(), fact.f32(), x.f32(), w_fc.f32(), nullptr, N, C, P,
+                                                 tanh_gelu);
                        }});
-        ops.push_back({"gelu forward", 10.0 * NHh, f4 * 2.0 * NHh,
-                       [&] { be.gelu_forward(fact.f32(), fch.f32(), static_cast<size_t>(NHh), tanh_gelu); }});
-        ops.push_back({"gelu backward", 20.0 * NHh, f4 * 3.0 * NHh, [&] {
-                           be.gelu_backward(dfch.f32(), fch.f32(), dfact.f32(), static_cast<size_t>(NHh), tanh_gelu);
+        ops.push_back(
+            {"gelu forward", [&, tanh_gelu](Backend& b) { b.gelu_forward(fact.f32(), fch.f32(), NHh, tanh_gelu); }});
+        ops.push_back({"gelu backward", [&, tanh_gelu](Backend& b) {
+                           b.gelu_backward(dfch.f32(), fch.f32(), dfact.f32(), NHh, tanh_gelu);
                        }});
     }
-    ops.push_back(
-        {"residual add", 1.0 * NC, f4 * 3.0 * NC, [&] { be.residual_forward(y.f32(), x.f32(), dx.f32(), NC); }});
-    ops.push_back({"classifier (one chunk)", 5.0 * R * double(V), f4 * 2.0 * R * double(V), [&] {
-                       be.classifier_forward_backward(logits.f32(), losses.f32(), tokens.i32() + N, R, V, 1e-3f, true);
+    ops.push_back({"residual add", [&](Backend& b) { b.residual_forward(y.f32(), x.f32(), dx.f32(), NC); }});
+    ops.push_back({"classifier (one chunk)", [&](Backend& b) {
+                       b.classifier_forward_backward(logits.f32(), losses.f32(), tokens.i32() + N, R, V, 1e-3f, true);
                    }});
-    ops.push_back({"embedding forward", 1.0 * NC, f4 * 2.0 * NC,
-                   [&] { be.embedding_forward(x.f32(), tokens.i32(), wte.f32(), nullptr, N, T, C); }});
-    ops.push_back({"embedding backward", 1.0 * NC, f4 * 3.0 * NC,
-                   [&] { be.embedding_backward(dwte.f32(), nullptr, x.f32(), tokens.i32(), N, T, C); }});
-    const double bn = static_cast<double>(block_numel);
-    ops.push_back({"adamw (one block)", 16.0 * bn, f4 * 7.0 * bn, [&] {
-                       be.adamw_update(p.f32(), g.f32(), m1.f32(), m2.f32(), block_numel, 1e-4f, 0.9f, 0.95f, 1e-8f,
-                                       0.1f, 1, 1.0f);
+    ops.push_back({"embedding forward",
+                   [&](Backend& b) { b.embedding_forward(x.f32(), tokens.i32(), wte.f32(), nullptr, N, T, C); }});
+    ops.push_back({"embedding backward",
+                   [&](Backend& b) { b.embedding_backward(dwte.f32(), nullptr, x.f32(), tokens.i32(), N, T, C); }});
+    ops.push_back({"adamw (one block)", [&](Backend& b) {
+                       b.adamw_update(p.f32(), g.f32(), m1.f32(), m2.f32(), block_numel, 1e-4f, 0.9f, 0.95f, 1e-8f,
+                                      0.1f, 1, 1.0f);
                    }});
-    ops.push_back(
-        {"squared norm (one block)", 2.0 * bn, f4 * bn, [&] { (void)be.squared_norm(g.f32(), block_numel); }});
+    ops.push_back({"squared norm (one block)", [&](Backend& b) { (void)b.squared_norm(g.f32(), block_numel); }});
 
     // Rooflines: the device's peak as training's MFU counts it (the backend's, or peak_flops_per_device);
     // bandwidth stated by the backend where it knows it, and measured by a device-to-device copy as well.
@@ -186,11 +175,72 @@ int run_kernel_bench(const TrainConfig& config, int reps) {
         "written once, at fp32; above 100%%: the op's working set stays in cache, faster than the memory roof\n\n");
     std::printf(
         "| op | time us | TFLOP/s | GB/s | bound | roofline us | %% of roofline |\n|---|---|---|---|---|---|---|\n");
+    // Each op's FLOPs and bytes: what the dry backend (the plan's cost model) reports for the same call.
+    std::vector<OpCost> costs;
+    auto dry = make_dry_backend([&costs](const OpCost& c) { costs.push_back(c); });
+    Json calibration_ops = Json::array();
     for (const Op& op : ops) {
-        const double t = time_op(be, op.run, reps);
-        const double t_flops = op.flops / peak, t_bytes = op.bytes / bw, roof = std::max(t_flops, t_bytes);
-        std::printf("| %s | %.1f | %.2f | %.0f | %s | %.1f | %.0f%% |\n", op.name.c_str(), t * 1e6, op.flops / t / 1e12,
-                    op.bytes / t / 1e9, t_flops > t_bytes ? "compute" : "memory", roof * 1e6, 100.0 * roof / t);
+        costs.clear();
+        op.run(*dry);
+        double flops = 0.0, bytes = 0.0;
+        for (const OpCost& c : costs) flops += c.flops, bytes += c.bytes;
+        const double t = time_op(
+            be, [&] { op.run(be); }, reps);
+        const double t_flops = flops / peak, t_bytes = bytes / bw, roof = std::max(t_flops, t_bytes);
+        std::printf("| %s | %.1f | %.2f | %.0f | %s | %.1f | %.0f%% |\n", op.name.c_str(), t * 1e6, flops / t / 1e12,
+                    bytes / t / 1e9, t_flops > t_bytes ? "compute" : "memory", roof * 1e6, 100.0 * roof / t);
+        // A calibration entry per single-op row (a fused pair is also measured as its two ops).
+        if (costs.size() == 1) {
+            calibration_ops.push_back({{"op", costs[0].op}, {"flops", flops}, {"bytes", bytes}, {"seconds", t}});
+        }
+    }
+    if (!calibration_out.empty()) {
+        // The ops in a step run slower than alone (caches shared with the rest of the step, the allocator,
+        // the hooks): one real optimizer step of one micro-batch, timed, against the same step predicted
+        // from the ops just measured, gives the factor the plan scales every op by.
+        TrainConfig one = config;
+        one.global_train_batch_size = config.device_train_microbatch_size;
+        one.distributed_strategy = DistributedStrategy::kSingle;
+        RankEnv alone;
+        Calibration measured;
+        for (const Json& e : calibration_ops) {
+            measured.entries.push_back(
+                {e["op"], e["flops"].get<double>(), e["bytes"].get<double>(), e["seconds"].get<double>()});
+        }
+        measured.bandwidth = bw;
+        Hardware none;  // no links (one process), no rooflines: every op has an entry or the copy bandwidth
+        const double predicted = predict_step_time(dry_run_step(one, alone, device), none, &measured, false).total;
+        double step_seconds = 0.0;
+        {
+            auto strategy = make_single_strategy(&be, layout);
+            load_initial_params(one, layout, *strategy, nullptr, "");
+            Model model(one, layout, &be, strategy.get(), B);
+            AdamW optimizer(one, layout, &be);
+            const std::vector<int32_t> zeros(static_cast<size_t>(B) * m.max_sequence_length, 0);
+            const float scale = 1.0f / static_cast<float>(N);
+            auto step = [&] {
+                accumulate_gradients(*strategy, model, 1, B, scale, [&](long) { return zeros.data(); });
+                optimizer.step(*strategy, 1, 1);
+            };
+            step_seconds = time_op(be, step, 2);
+        }
+        const double step_scale = step_seconds / predicted;
+        std::printf("\none optimizer step of one micro-batch: %.1f ms measured, %.1f ms from the ops alone (x%.3f)\n",
+                    step_seconds * 1e3, predicted * 1e3, step_scale);
+        const Json file = {{"format", "trainer-calibration"},
+                           {"step_scale", step_scale},
+                           {"device", be.name()},
+                           {"precision", choice_name(config.precision)},
+                           {"threads", threads},
+                           {"peak_flops", peak},
+                           {"bandwidth", bw},
+                           {"ops", calibration_ops}};
+        std::FILE* f = std::fopen(calibration_out.c_str(), "w");
+        if (f == nullptr) user_error("--calibration-out {}: cannot be written", calibration_out);
+        const std::string text = file.dump(1);
+        const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+        if (std::fclose(f) != 0 || !ok) user_error("--calibration-out {}: writing failed", calibration_out);
+        std::printf("\ncalibration written to %s (trainer plan --calibration)\n", calibration_out.c_str());
     }
     return 0;
 }

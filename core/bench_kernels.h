@@ -4,11 +4,15 @@
 // roofline (max of FLOPs over the FLOP peak and compulsory bytes over the bandwidth) each op reaches.
 #pragma once
 
+#include <string>
+
 #include "base/config.h"
 
 namespace trainer {
 
-// Runs the benchmark (each op `reps` times after two warm-up calls); returns the process exit code.
-int run_kernel_bench(const TrainConfig& config, int reps);
+// Runs the benchmark (each op `reps` times after two warm-up calls); returns the process exit code. With
+// `calibration_out`, also writes the measured time of each op with its FLOPs and bytes there (JSON), for
+// `trainer plan --calibration`.
+int run_kernel_bench(const TrainConfig& config, int reps, const std::string& calibration_out = "");
 
 }  // namespace trainer

@@ -2,14 +2,17 @@
 #include "core/plan.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "base/common.h"
 #include "base/layout.h"
+#include "core/metrics.h"
 #include "core/model.h"
 #include "core/optimizer.h"
+#include "core/step_time.h"
 #include "kernels/backend.h"
 #include "parallel/setup.h"
 
@@ -17,9 +20,17 @@ namespace trainer {
 
 DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device) {
     DryRunStep r;
-    const auto on_op = [&r](const OpCost& c) { r.events.push_back({c.op, false, c.flops, c.bytes, 1}); };
+    const auto on_op = [&r](const OpCost& c) {
+        StepEvent e;
+        e.what = c.op, e.flops = c.flops, e.bytes = c.bytes;
+        r.events.push_back(e);
+    };
     const auto on_call = [&r](const CollectiveCall& c) {
-        r.events.push_back({c.kind, true, 0.0, static_cast<double>(c.bytes), c.group_size});
+        StepEvent e;
+        e.kind = c.wait ? StepEvent::kWait : StepEvent::kIssue;
+        e.what = c.kind, e.bytes = static_cast<double>(c.bytes), e.group_size = c.group_size;
+        e.spans_nodes = c.spans_nodes, e.id = c.id, e.channel = c.channel;
+        r.events.push_back(e);
     };
     const MemorySnapshot before = memory_snapshot();
     memory_reset_peaks();
@@ -38,6 +49,7 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
         accumulate_gradients(strategy, model, config.accumulation_steps(env.world_size), static_cast<int>(micro),
                              static_cast<float>(env.world_size / global_tokens), [&](long) { return tokens.data(); });
         strategy.all_reduce_sum(0.0);
+        r.optimizer_begin = r.events.size();
         optimizer.step(strategy, 1, 1);
         const MemorySnapshot after = memory_snapshot();
         for (int c = 0; c < kNumMemCategories; ++c) r.peak[c] = after.peak[c] - before.current[c];
@@ -134,10 +146,32 @@ int run_plan(const TrainConfig& config, const PlanOptions& o) {
     env.launcher = "--nnodes x --nproc-per-node";  // as the parallel checks name who started the ranks
     const Device device = resolve_device(config.device);
     const int world = env.world_size;
+    const std::string hw_name = !o.hardware.empty() ? o.hardware : device == Device::kCuda ? "h100-sxm" : "cpu";
+    const Hardware* hw = find_hardware(hw_name);
+    if (hw == nullptr) user_error("plan --hardware {}: unknown; expected one of {}", hw_name, hardware_names());
+    std::optional<Calibration> calibration;
+    if (!o.calibration.empty()) calibration = read_calibration(o.calibration);
+    if (hw->name == "cpu" && !calibration) {
+        user_error(
+            "plan --hardware cpu: needs --calibration FILE, the op times measured on this machine (trainer "
+            "bench-kernels --config C --threads T --calibration-out FILE, T the threads each rank gets)");
+    }
+    // CPU ranks share the node's cores: each op slows by the calibration's threads over the rank's, and again
+    // where the node's ranks hold more threads than it has cores.
+    double slowdown = 1.0;
+    if (hw->cores > 0) {
+        const int threads = config.threads > 0 ? config.threads : std::max(1, hw->cores / o.nproc_per_node);
+        const int measured = calibration && calibration->threads > 0 ? calibration->threads : threads;
+        slowdown = static_cast<double>(measured) / threads *
+                   std::max(1.0, static_cast<double>(o.nproc_per_node) * threads / hw->cores);
+    }
+    const double device_gib = o.device_memory_gib > 0.0 ? o.device_memory_gib : hw->memory_gib;
     struct Row {
         TrainConfig config;
         bool is_config;
         DryRunStep dry;
+        StepTime time;
+        double tokens_per_s = 0.0, mfu = 0.0;
     };
     std::vector<Row> rows;
     std::vector<std::string> seen;
@@ -162,11 +196,23 @@ int run_plan(const TrainConfig& config, const PlanOptions& o) {
         const std::string name = describe(c, world);
         if (!cand.is_config && std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
         seen.push_back(name);
-        rows.push_back({c, cand.is_config, dry_run_step(c, env, device)});
+        Row row{c, cand.is_config, dry_run_step(c, env, device), {}};
+        const bool bf16 = c.precision == Precision::kAmpBf16;
+        row.time = predict_step_time(row.dry, *hw, calibration ? &*calibration : nullptr, bf16, slowdown);
+        const double L = static_cast<double>(c.model.max_sequence_length);
+        row.tokens_per_s = static_cast<double>(c.global_train_batch_size) * L / world / row.time.total;
+        double peak = bf16 ? hw->bf16_flops : hw->fp32_flops;
+        if (peak <= 0.0 && calibration) peak = calibration->peak_flops;  // the CPU: the benchmark's peak
+        if (peak > 0.0) {
+            const ParamLayout layout(c);
+            row.mfu = flops_per_token(c.model, layout) * static_cast<double>(c.global_train_batch_size) * (L - 1) /
+                      world / row.time.total / peak;
+        }
+        rows.push_back(std::move(row));
     }
 
     const double gib = 1024.0 * 1024.0 * 1024.0;
-    const bool know_memory = o.device_memory_gib > 0.0;
+    const bool know_memory = device_gib > 0.0;
     const MemCategory shown[] = {MemCategory::kParameters,    MemCategory::kGradients,   MemCategory::kOptimizerState,
                                  MemCategory::kGatheredUnits, MemCategory::kActivations, MemCategory::kCommunication};
     if (rows.empty()) {
@@ -196,34 +242,45 @@ int run_plan(const TrainConfig& config, const PlanOptions& o) {
             Json row = {{"config", keys},
                         {"is_config", r.is_config},
                         {"world_size", world},
+                        {"hardware", hw->name},
+                        {"predicted_step_ms", r.time.total * 1e3},
+                        {"predicted_compute_ms", r.time.compute * 1e3},
+                        {"predicted_exposed_comm_ms", r.time.exposed_comm * 1e3},
+                        {"predicted_optimizer_ms", r.time.optimizer * 1e3},
+                        {"predicted_tokens_per_second_per_device", r.tokens_per_s},
+                        {"predicted_mfu", r.mfu},
                         {"predicted_peak_bytes", peak},
-                        {"fits", know_memory ? Json(r.dry.total_peak <= o.device_memory_gib * gib) : Json(nullptr)}};
+                        {"fits", know_memory ? Json(r.dry.total_peak <= device_gib * gib) : Json(nullptr)}};
             std::printf("%s\n", row.dump().c_str());
         }
         return 0;
     }
     std::printf(
-        "plan for %s on %d node(s) x %d rank(s), device %s: peak memory per rank from a dry run of one step "
-        "(GiB)%s\n\n",
-        config.run_name.c_str(), o.nnodes, o.nproc_per_node, choice_name(device),
-        know_memory ? fmt::format(", against {:.1f} GiB of device memory", o.device_memory_gib).c_str() : "");
+        "plan for %s on %d node(s) x %d rank(s), device %s, hardware %s (%s)%s: a dry run of one step per "
+        "configuration; times per step, memory per rank in GiB\n\n",
+        config.run_name.c_str(), o.nnodes, o.nproc_per_node, choice_name(device), hw->name.c_str(),
+        hw->description.c_str(), calibration ? fmt::format(", op times from {}", calibration->path).c_str() : "");
     std::printf(
-        "| configuration | parameters | gradients | optimizer | gathered | activations | communication | "
-        "device peak | host |%s\n",
+        "| configuration | step ms | compute | exposed comm | optimizer | tokens/s/device | MFU | parameters | "
+        "gradients | optimizer state | gathered | activations | communication | device peak | host |%s\n",
         know_memory ? " fits |" : "");
-    std::printf("|---|---|---|---|---|---|---|---|---|%s\n", know_memory ? "---|" : "");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", know_memory ? "---|" : "");
     for (const Row& r : rows) {
-        std::string line = fmt::format("| {}{} |", r.is_config ? "* " : "", describe(r.config, world));
+        std::string line =
+            fmt::format("| {}{} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} | {:.1f}% |", r.is_config ? "* " : "",
+                        describe(r.config, world), r.time.total * 1e3, r.time.compute * 1e3, r.time.exposed_comm * 1e3,
+                        r.time.optimizer * 1e3, r.tokens_per_s, 100.0 * r.mfu);
         for (MemCategory c : shown) line += fmt::format(" {:.2f} |", r.dry.peak[static_cast<int>(c)] / gib);
         line += fmt::format(" {:.2f} | {:.2f} |", r.dry.total_peak / gib, r.dry.host_peak / gib);
-        if (know_memory) line += r.dry.total_peak <= o.device_memory_gib * gib ? " yes |" : " no |";
+        if (know_memory) line += r.dry.total_peak <= device_gib * gib ? " yes |" : " no |";
         std::printf("%s\n", line.c_str());
     }
     if (!config_refused.empty()) std::printf("\nthe config as given does not run here: %s\n", config_refused.c_str());
     std::printf(
         "\n* the config as given. Device peak: the high-water mark of the device categories together; on a GPU the "
-        "backend's kernel scratch (bf16 operand copies, attention workspaces) comes on top. Step-time predictions "
-        "are not made yet.\n");
+        "backend's kernel scratch (bf16 operand copies, attention workspaces) comes on top. Step times: the ops at "
+        "their calibrated or roofline times, the collectives on their links, overlapped where the strategy "
+        "overlaps them.\n");
     return 0;
 }
 

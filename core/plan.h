@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "base/config.h"
@@ -16,12 +17,15 @@
 
 namespace trainer {
 
-// One op or collective of the step, in issue order.
+// One op, collective issue or collective wait of the step, in the order the rank issues them.
 struct StepEvent {
-    const char* what;         // the backend op or the collective's kind
-    bool collective = false;  // a collective (bytes: what each rank contributes) or an op
-    double flops = 0.0, bytes = 0.0;
-    int group_size = 1;  // collectives: the ranks of the group
+    enum Kind { kOp, kIssue, kWait } kind = kOp;
+    const char* what = "";            // the backend op or the collective's kind
+    double flops = 0.0, bytes = 0.0;  // an op's work; a collective's bytes per rank
+    int group_size = 1;               // collectives: the ranks of the group
+    bool spans_nodes = false;         // collectives: the group has ranks on several nodes
+    uint64_t id = 0;                  // collectives: the issue a wait is for
+    const void* channel = nullptr;    // collectives: the communicator (its collectives run in order)
 };
 
 struct DryRunStep {
@@ -29,6 +33,7 @@ struct DryRunStep {
     int64_t total_peak = 0;                         // the device categories' high-water mark
     int64_t host_peak = 0;                          // the host categories' (CPU offload)
     std::vector<StepEvent> events;
+    size_t optimizer_begin = 0;  // events from here on are the optimizer step's
 };
 
 // One optimizer step of `config` (after check_parallel_config) on rank env.rank of env.world_size ranks
@@ -41,11 +46,15 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
 // ranks (the config's own, then every strategy and sharding mode with the by_block wraps, both grad_sync
 // modes where a step has several micro-batches, activation checkpointing null and whole_layer, and CPU
 // offload off, of the optimizer state, and of the parameters too where FSDP shards), each with the peak
-// memory per rank by category from a dry run of one step, and whether it fits `device_memory_gib` when
-// given. Step-time predictions are not made yet. Prints a table, or with `json` one object per line.
+// memory per rank by category from a dry run of one step, whether it fits the device memory, and the step
+// time the time model (core/step_time.h) predicts for it on the hardware entry, split into compute,
+// exposed communication and optimizer, with tokens/s/device and MFU. Prints a table, or with `json` one
+// object per line.
 struct PlanOptions {
     int nnodes = 1, nproc_per_node = 1;
-    double device_memory_gib = 0.0;  // 0: unknown (no fits column)
+    double device_memory_gib = 0.0;  // 0: the hardware entry's (none for the CPU)
+    std::string hardware;            // empty: cpu on the CPU device, h100-sxm on CUDA
+    std::string calibration;         // bench-kernels --calibration-out file (empty: the hardware's rooflines)
     bool json = false;
 };
 int run_plan(const TrainConfig& config, const PlanOptions& options);

@@ -2,6 +2,7 @@
 // of a group of one.
 #include "parallel/communicator.h"
 
+#include <atomic>
 #include <cstring>
 #include <utility>
 
@@ -43,8 +44,13 @@ class LocalCommunicator final : public Communicator {
 // Moves nothing; reports what it was asked.
 class DryCommunicator final : public Communicator {
    public:
-    DryCommunicator(int rank, int size, bool gloo_scratch, std::function<void(const CollectiveCall&)> observer)
-        : rank_(rank), size_(size), gloo_scratch_(gloo_scratch), observer_(std::move(observer)) {}
+    DryCommunicator(int rank, int size, bool gloo_scratch, bool spans_nodes,
+                    std::function<void(const CollectiveCall&)> observer)
+        : rank_(rank),
+          size_(size),
+          gloo_scratch_(gloo_scratch),
+          spans_nodes_(spans_nodes),
+          observer_(std::move(observer)) {}
     ~DryCommunicator() override { memory_record_free(MemCategory::kCommunication, static_cast<int64_t>(scratch_)); }
     int rank() const override { return rank_; }
     int size() const override { return size_; }
@@ -69,11 +75,15 @@ class DryCommunicator final : public Communicator {
 
    private:
     CommHandle note(const char* kind, size_t bytes) {
-        if (observer_) observer_({kind, bytes, size_});
-        return CommHandle();
+        if (!observer_) return CommHandle();
+        static std::atomic<uint64_t> next_id{1};
+        CollectiveCall call{kind, bytes, size_, next_id++, this, spans_nodes_, false};
+        observer_(call);
+        call.wait = true;
+        return CommHandle(std::function<void()>([observer = observer_, call] { observer(call); }));
     }
     int rank_, size_;
-    bool gloo_scratch_;
+    bool gloo_scratch_, spans_nodes_;
     std::function<void(const CollectiveCall&)> observer_;
     size_t scratch_ = 0;
 };
@@ -84,9 +94,9 @@ std::unique_ptr<Communicator> make_local_communicator(Backend* backend) {
     return std::make_unique<LocalCommunicator>(backend);
 }
 
-std::unique_ptr<Communicator> make_dry_communicator(int rank, int size, bool gloo_scratch,
+std::unique_ptr<Communicator> make_dry_communicator(int rank, int size, bool gloo_scratch, bool spans_nodes,
                                                     std::function<void(const CollectiveCall&)> observer) {
-    return std::make_unique<DryCommunicator>(rank, size, gloo_scratch, std::move(observer));
+    return std::make_unique<DryCommunicator>(rank, size, gloo_scratch, spans_nodes, std::move(observer));
 }
 
 size_t comm_dtype_size(CommDType t) {

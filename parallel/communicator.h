@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <future>
@@ -78,18 +79,24 @@ inline size_t gloo_reduce_scatter_scratch_bytes(size_t count, CommDType dtype, i
     return size > 1 ? count * comm_dtype_size(dtype) : 0;
 }
 
-// One collective of a dry run: its kind ("all_reduce", "reduce_scatter", "all_gather", "broadcast",
-// "barrier"), the bytes each rank contributes (a reduce-scatter's or all-gather's shard, an all-reduce's
-// buffer) and the group's size.
+// One collective of a dry run, reported when it is issued and again when the caller waits for it: its kind
+// ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"), the bytes each rank contributes
+// (a reduce-scatter's or all-gather's shard, an all-reduce's buffer), the group's size, a number unique in
+// the process, and the communicator (collectives of one communicator run in issue order).
 struct CollectiveCall {
     const char* kind;
     size_t bytes;
     int group_size;
+    uint64_t id;
+    const void* channel;
+    bool spans_nodes;  // the group has ranks on more than one node
+    bool wait;         // false: issued; true: waited for
 };
 // A communicator that moves nothing (dry runs, core/plan.h): rank `rank` of `size`, every collective
-// complete at once and reported to `observer` (when set). With `gloo_scratch` it takes the Gloo
-// communicator's reduce-scatter buffer as that does, so the memory accounting sees what a Gloo run counts.
-std::unique_ptr<Communicator> make_dry_communicator(int rank, int size, bool gloo_scratch,
+// complete at once and reported to `observer` (when set) at its issue and at each wait. With `gloo_scratch`
+// it takes the Gloo communicator's reduce-scatter buffer as that does, so the memory accounting sees what a
+// Gloo run counts.
+std::unique_ptr<Communicator> make_dry_communicator(int rank, int size, bool gloo_scratch, bool spans_nodes,
                                                     std::function<void(const CollectiveCall&)> observer = {});
 
 // A Gloo communicator over TCP for `size` ranks, connected through `store` with keys under `prefix`

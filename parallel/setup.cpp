@@ -214,8 +214,12 @@ World make_dry_world(const TrainConfig& config, const RankEnv& env, Device devic
     world.env = env;
     world.collectives = collectives_for(config, device, env.world_size);
     const bool gloo = world.collectives == Collectives::kGloo;
-    const GroupFactory make_group = [&](const std::string&, int r, int n) {
-        return make_dry_communicator(r, n, gloo, observer);
+    // make_strategy's groups: the world and HYBRID_SHARD's replica groups span the nodes when there are
+    // several; a shard group of consecutive ranks does when it is larger than a node.
+    const GroupFactory make_group = [&](const std::string& prefix, int r, int n) {
+        const bool shard = prefix.rfind("shard", 0) == 0;
+        const bool spans = env.num_nodes() > 1 && (!shard || n > env.local_world_size);
+        return make_dry_communicator(r, n, gloo, spans, observer);
     };
     world.comm = make_group("world", env.rank, env.world_size);
     world.strategy = make_strategy(config, world, backend, layout, make_group);

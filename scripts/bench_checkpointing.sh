@@ -21,10 +21,7 @@ while (($#)); do
         *) echo "error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
     esac
 done
-trainer=$(bench_trainer)
-bench_tokens "$trainer"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+bench_setup  # $trainer, data/bench_tokens.bin, and $tmp (removed on exit)
 IFS=',' read -r -a pols <<<"$policies"
 IFS=',' read -r -a strats <<<"$strategies"
 micro=$(python3 -c "import json; print(json.load(open('$config'))['device_train_microbatch_size'])")

@@ -19,3 +19,11 @@ bench_trainer() {
     fi
     echo "$trainer"
 }
+
+# Sets $trainer (bench_trainer), writes the token file, and makes $tmp, a folder removed when the script exits.
+bench_setup() {
+    trainer=$(bench_trainer)
+    bench_tokens "$trainer"
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+}

@@ -1,7 +1,8 @@
 // Dry runs (core/plan.h): the peak memory a dry run of one step predicts, by category, is what the real
 // run's accounting measures (rank 0 of the same world), under every strategy, precision, grad_sync mode,
 // activation checkpointing policy and CPU offload; and the step's events are the ops and collectives the
-// strategy issues; and `trainer plan` prints a dry run per candidate configuration.
+// strategy issues; the time model overlaps and queues collectives as the strategy issues them; and `trainer
+// plan` prints a dry run and a predicted step time per candidate configuration.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include "base/config.h"
 #include "base/layout.h"
 #include "core/plan.h"
+#include "core/step_time.h"
 #include "test_util.h"
 
 using namespace trainer;
@@ -98,7 +100,7 @@ TEST_CASE("dry run: the events are the step's ops and collectives") {
     env.world_size = env.local_world_size = 2;
     auto count = [](const DryRunStep& d, const std::string& what) {
         int n = 0;
-        for (const StepEvent& e : d.events) n += e.what == what ? 1 : 0;
+        for (const StepEvent& e : d.events) n += e.what == what && e.kind != StepEvent::kWait ? 1 : 0;
         return n;
     };
     const TrainConfig ddp = tiny_with({"distributed_strategy=ddp", "device_train_microbatch_size=4"});
@@ -121,9 +123,70 @@ TEST_CASE("dry run: the events are the step's ops and collectives") {
     CHECK(count(f, "all_reduce") == 2);                            // the loss and the gradient norm
 }
 
+TEST_CASE("time model: collectives overlap later ops and queue on their communicator") {
+    // Ops of 1 ms (1 GFLOP at 1 TFLOP/s), collectives of 1 ms (1 MB shards over 1 GB/s between 2 ranks).
+    Hardware hw;
+    hw.fp32_flops = 1e12, hw.bandwidth = 1e12, hw.gemm_efficiency = 1.0, hw.memory_efficiency = 1.0;
+    hw.op_overhead = 0.0, hw.intra = {1e9, 0.0};
+    const int a = 0, b = 0;  // two communicators
+    auto op = [](double ms) {
+        StepEvent e;
+        e.what = "matmul_forward", e.flops = ms * 1e9;
+        return e;
+    };
+    auto issue = [](uint64_t id, const void* channel) {
+        StepEvent e;
+        e.kind = StepEvent::kIssue, e.what = "all_gather", e.bytes = 1e6, e.group_size = 2, e.id = id;
+        e.channel = channel;
+        return e;
+    };
+    auto wait = [](uint64_t id) {
+        StepEvent e;
+        e.kind = StepEvent::kWait, e.id = id;
+        return e;
+    };
+    DryRunStep step;
+    // 1 ms op; a gather issued, 0.5 ms of ops beside it, then waited for: 0.5 ms exposed.
+    step.events = {op(1.0), issue(1, &a), op(0.5), wait(1)};
+    step.optimizer_begin = step.events.size();
+    StepTime t = predict_step_time(step, hw, nullptr, false);
+    CHECK(t.total == Approx(2.0e-3));
+    CHECK(t.compute == Approx(1.5e-3));
+    CHECK(t.exposed_comm == Approx(0.5e-3));
+    // Two gathers on one communicator run one after the other; on two, side by side.
+    step.events = {issue(2, &a), issue(3, &a), wait(3)};
+    step.optimizer_begin = step.events.size();
+    CHECK(predict_step_time(step, hw, nullptr, false).total == Approx(2.0e-3));
+    step.events = {issue(4, &a), issue(5, &b), wait(4), wait(5)};
+    step.optimizer_begin = step.events.size();
+    CHECK(predict_step_time(step, hw, nullptr, false).total == Approx(1.0e-3));
+    // On a CPU half of a collective's time is taken from the compute: the op after the issue starts later.
+    hw.comm_compute_share = 0.5;
+    step.events = {issue(6, &a), op(1.0), wait(6)};
+    step.optimizer_begin = 1;  // the op is the optimizer's
+    t = predict_step_time(step, hw, nullptr, false);
+    CHECK(t.total == Approx(1.5e-3));
+    CHECK(t.optimizer == Approx(1.0e-3));
+    // A calibration entry replaces the roofline, scaled by the work and the step factor.
+    Calibration cal;
+    cal.entries.push_back({"matmul_forward", 2e9, 0.0, 4e-3});
+    cal.step_scale = 1.5;
+    step.events = {op(1.0)};
+    step.optimizer_begin = 1;
+    CHECK(predict_step_time(step, hw, &cal, false).total == Approx(1.5 * 2e-3));
+}
+
 TEST_CASE("plan: every candidate row is a dry run and --device-memory marks what fits") {
     // tiny.json on 2 ranks: the config's own row, then DDP and the FSDP modes with their variants; each row's
-    // prediction is the dry run of its configuration, and the fits column follows the device peak.
+    // prediction is the dry run of its configuration, and the fits column follows the device peak. Op times
+    // come from a calibration of this machine.
+    test_util::TempDir dir;
+    const std::string cal = dir.path("cal.json");
+    const auto bench =
+        test_util::run_trainer({"bench-kernels", "--config", "configs/tiny.json", "--set",
+                                "device_train_microbatch_size=2", "--reps", "2", "--calibration-out", cal});
+    INFO(bench.out << bench.err);
+    REQUIRE(bench.exit_code == 0);
     const std::vector<std::string> base = {"plan",
                                            "--config",
                                            "configs/tiny.json",
@@ -133,6 +196,8 @@ TEST_CASE("plan: every candidate row is a dry run and --device-memory marks what
                                            "device_train_microbatch_size=2",
                                            "--set",
                                            "distributed_strategy=ddp",
+                                           "--calibration",
+                                           cal,
                                            "--json"};
     const auto r = test_util::run_trainer(base);
     INFO(r.out << r.err);
@@ -149,6 +214,8 @@ TEST_CASE("plan: every candidate row is a dry run and --device-memory marks what
     for (const Json& row : rows) {
         CAPTURE(row.dump());
         CHECK(row["fits"].is_null());
+        CHECK(row["predicted_step_ms"].get<double>() > 0.0);
+        CHECK(row["predicted_tokens_per_second_per_device"].get<double>() > 0.0);
         const DryRunStep dry =
             dry_run_step(tiny_with({"device_train_microbatch_size=2"}, row["config"]), env, Device::kCpu);
         CHECK(row["predicted_peak_bytes"]["total"].get<int64_t>() == dry.total_peak);
@@ -179,9 +246,24 @@ TEST_CASE("plan: every candidate row is a dry run and --device-memory marks what
     CHECK(not_fit > 0);
 }
 
+TEST_CASE("plan: unknown hardware and a CPU plan without op times are refused") {
+    const auto unknown = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "tpu-v9"});
+    CHECK(unknown.exit_code != 0);
+    CHECK(unknown.err.find("plan --hardware tpu-v9: unknown; expected one of h100-sxm") != std::string::npos);
+    const auto cpu = test_util::run_trainer({"plan", "--config", "configs/tiny.json"});
+    CHECK(cpu.exit_code != 0);
+    CHECK(cpu.err.find("needs --calibration FILE") != std::string::npos);
+    // A GPU entry needs none: the rooflines of its spec sheet.
+    const auto gpu = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb"});
+    INFO(gpu.out << gpu.err);
+    CHECK(gpu.exit_code == 0);
+    CHECK(gpu.out.find("hardware a100-40gb") != std::string::npos);
+}
+
 TEST_CASE("plan: a world the config cannot split is refused with the reason") {
     // tiny.json's global batch of 8 does not split over 3 ranks of micro-batch 4, in any configuration.
-    const auto r = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--nproc-per-node", "3"});
+    const auto r = test_util::run_trainer(
+        {"plan", "--config", "configs/tiny.json", "--nproc-per-node", "3", "--hardware", "h100-sxm"});
     CHECK(r.exit_code != 0);
     CHECK(r.err.find("no configuration runs on 3 rank(s)") != std::string::npos);
     CHECK(r.err.find("global_train_batch_size 8 is not a multiple") != std::string::npos);

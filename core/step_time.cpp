@@ -1,0 +1,159 @@
+// The time model (see step_time.h).
+#include "core/step_time.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "base/common.h"
+
+namespace trainer {
+namespace {
+
+// Dense peaks and memory bandwidth from the vendors' spec sheets; link bandwidths are what NCCL's ring
+// reaches (its bus bandwidth), NVLink within a node and one InfiniBand port per GPU between nodes.
+Hardware gpu(const char* name, const char* description, double bf16, double fp32, double bandwidth, double gib,
+             Link intra, Link inter) {
+    Hardware h;
+    h.name = name, h.description = description, h.bf16_flops = bf16, h.fp32_flops = fp32;
+    h.bandwidth = bandwidth, h.memory_gib = gib, h.intra = intra, h.inter = inter;
+    return h;
+}
+
+const std::vector<Hardware>& table() {
+    static const std::vector<Hardware> t = [] {
+        const Link nvlink4{360e9, 10e-6}, nvlink3{230e9, 10e-6}, ib400{45e9, 20e-6}, ib200{22e9, 20e-6};
+        std::vector<Hardware> v = {
+            gpu("h100-sxm", "NVIDIA H100 SXM 80 GB, NVLink 4, 400 Gb/s InfiniBand per GPU", 989e12, 67e12, 3.35e12,
+                79.6, nvlink4, ib400),
+            gpu("h200", "NVIDIA H200 141 GB, NVLink 4, 400 Gb/s InfiniBand per GPU", 989e12, 67e12, 4.8e12, 139.8,
+                nvlink4, ib400),
+            gpu("a100-40gb", "NVIDIA A100 SXM 40 GB, NVLink 3, 200 Gb/s InfiniBand per GPU", 312e12, 19.5e12, 1.555e12,
+                39.4, nvlink3, ib200),
+            gpu("a100-80gb", "NVIDIA A100 SXM 80 GB, NVLink 3, 200 Gb/s InfiniBand per GPU", 312e12, 19.5e12, 2.039e12,
+                79.2, nvlink3, ib200),
+        };
+        // This kind of machine (the CPU backend over Gloo on loopback): ops come from a calibration; the link
+        // is what Gloo's ring reached between two ranks of cpu_bench (about 0.7 GB/s, measured in a trace);
+        // its cycles come out of the cores that compute.
+        Hardware cpu;
+        cpu.name = "cpu", cpu.description = "this machine's CPU cores, Gloo over loopback (ops: --calibration)";
+        cpu.op_overhead = 0.0, cpu.intra = {0.7e9, 100e-6}, cpu.inter = cpu.intra;
+        cpu.comm_compute_share = 0.5;
+        cpu.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+        v.push_back(cpu);
+        return v;
+    }();
+    return t;
+}
+
+// Seconds of one collective over `link`: a ring moves (n-1)/n of the buffer per rank each way in n-1 steps
+// (a reduce-scatter or all-gather), an all-reduce is both (2(n-1) steps).
+double collective_seconds(const StepEvent& e, const Link& link) {
+    const double n = e.group_size;
+    if (n <= 1 || link.bandwidth <= 0.0) return 0.0;
+    const std::string kind = e.what;
+    if (kind == "all_reduce") return 2.0 * (n - 1) / n * e.bytes / link.bandwidth + 2.0 * (n - 1) * link.latency;
+    if (kind == "reduce_scatter" || kind == "all_gather") {
+        return (n - 1) * e.bytes / link.bandwidth + (n - 1) * link.latency;  // bytes: one rank's shard
+    }
+    if (kind == "broadcast") return e.bytes / link.bandwidth + (n - 1) * link.latency;
+    return std::log2(n) * link.latency;  // barrier
+}
+
+}  // namespace
+
+const Hardware* find_hardware(const std::string& name) {
+    for (const Hardware& h : table()) {
+        if (h.name == name) return &h;
+    }
+    return nullptr;
+}
+
+std::string hardware_names() {
+    std::string out;
+    for (const Hardware& h : table()) out += (out.empty() ? "" : ", ") + h.name;
+    return out;
+}
+
+Calibration read_calibration(const std::string& path) {
+    const Json j = read_json_file(path, "calibration");
+    if (j.value("format", "") != "trainer-calibration" || !j.contains("ops") || !j["ops"].is_array()) {
+        user_error("calibration {}: not a file of trainer bench-kernels --calibration-out", path);
+    }
+    Calibration c;
+    c.path = path;
+    c.bandwidth = j.value("bandwidth", 0.0);
+    c.peak_flops = j.value("peak_flops", 0.0);
+    c.step_scale = j.value("step_scale", 1.0);
+    c.threads = j.value("threads", 0);
+    for (const Json& e : j["ops"]) {
+        Calibration::Entry entry{e.value("op", ""), e.value("flops", 0.0), e.value("bytes", 0.0),
+                                 e.value("seconds", 0.0)};
+        if (entry.op.empty() || entry.seconds <= 0.0 || (entry.flops <= 0.0 && entry.bytes <= 0.0)) {
+            user_error("calibration {}: an entry without an op, its work or a positive time: {}", path, e.dump());
+        }
+        c.entries.push_back(entry);
+    }
+    return c;
+}
+
+StepTime predict_step_time(const DryRunStep& step, const Hardware& hw, const Calibration* cal, bool bf16,
+                           double slowdown) {
+    const double peak = bf16 ? hw.bf16_flops : hw.fp32_flops;
+    auto op_seconds = [&](const StepEvent& e) {
+        // The calibration entry of the same op whose work is closest; its time scaled by the work.
+        if (cal != nullptr) {
+            const bool by_flops = e.flops > 0.0;
+            const double work = by_flops ? e.flops : e.bytes;
+            const Calibration::Entry* best = nullptr;
+            double best_d = 0.0;
+            for (const auto& c : cal->entries) {
+                const double cw = by_flops ? c.flops : c.bytes;
+                if (c.op != e.what || cw <= 0.0) continue;
+                const double d = std::fabs(std::log(work / cw));
+                if (best == nullptr || d < best_d) best = &c, best_d = d;
+            }
+            if (best != nullptr) return cal->step_scale * best->seconds * work / (by_flops ? best->flops : best->bytes);
+            // An op the file has not: a copy's speed.
+            if (cal->bandwidth > 0.0) return cal->step_scale * e.bytes / cal->bandwidth;
+        }
+        const bool gemm = std::strncmp(e.what, "matmul", 6) == 0, attention = std::strncmp(e.what, "attention", 9) == 0;
+        const double eff = gemm ? hw.gemm_efficiency : attention ? hw.attention_efficiency : 1.0;
+        const double t_flops = peak > 0.0 ? e.flops / (peak * eff) : 0.0;
+        const double t_bytes = hw.bandwidth > 0.0 ? e.bytes / (hw.bandwidth * hw.memory_efficiency) : 0.0;
+        return std::max(t_flops, t_bytes) + hw.op_overhead;
+    };
+    StepTime r;
+    double clock = 0.0;
+    std::map<const void*, double> channel_free;  // when each communicator's queue is next free
+    std::map<uint64_t, double> done;             // when each issued collective completes
+    for (size_t i = 0; i < step.events.size(); ++i) {
+        const StepEvent& e = step.events[i];
+        const bool optimizer = i >= step.optimizer_begin;
+        const double before = clock;
+        if (e.kind == StepEvent::kOp) {
+            const double t = op_seconds(e) * slowdown;
+            clock += t;
+            (optimizer ? r.optimizer : r.compute) += t;
+            continue;
+        }
+        if (e.kind == StepEvent::kIssue) {
+            const double d = collective_seconds(e, e.spans_nodes ? hw.inter : hw.intra);
+            double& free = channel_free[e.channel];
+            const double start = std::max(clock, free);
+            free = start + d;
+            done[e.id] = free;
+            clock += hw.comm_compute_share * d;  // CPU: the collective's cycles come out of the compute's
+        } else {
+            clock = std::max(clock, done[e.id]);
+        }
+        (optimizer ? r.optimizer : r.exposed_comm) += clock - before;
+    }
+    r.total = clock;
+    return r;
+}
+
+}  // namespace trainer

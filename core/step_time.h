@@ -1,0 +1,67 @@
+// The time model of `trainer plan`: a dry run's events (core/plan.h) replayed on a clock. Each op takes its
+// calibrated time (bench-kernels measured on this machine, scaled by its work) or, without a calibration,
+// its roofline time on the hardware entry at that entry's efficiencies; each collective runs on its
+// communicator's queue (one at a time, in issue order) for a ring algorithm's time over the link its group
+// uses; the compute clock waits for a collective where the strategy waits for it. So prefetching, the
+// reductions' overlap with the backward, grad_sync modes and HYBRID groups are modelled in the order the
+// strategy issues them. On a CPU the collectives also take cycles from the cores that compute (a share of
+// their time, comm_compute_share, lands on the compute clock).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "base/config.h"
+#include "core/plan.h"
+
+namespace trainer {
+
+struct Link {
+    double bandwidth = 0.0;  // bytes/s each rank sends and receives (NCCL's bus bandwidth)
+    double latency = 0.0;    // seconds per ring step
+};
+
+struct Hardware {
+    std::string name, description;
+    double bf16_flops = 0.0, fp32_flops = 0.0;  // dense peak of one device
+    double bandwidth = 0.0;                     // device memory, bytes/s
+    double memory_gib = 0.0;                    // device memory
+    // Shares of the roofline that ops reach without a calibration: GEMMs, attention, the rest (memory-bound).
+    double gemm_efficiency = 0.7, attention_efficiency = 0.5, memory_efficiency = 0.8;
+    double op_overhead = 5e-6;  // seconds per op (a kernel launch)
+    Link intra, inter;          // within a node, between nodes
+    double comm_compute_share = 0.0;
+    int cores = 0;  // CPU: cores the node's ranks share (their threads beyond it slow every op)
+};
+
+// The built-in entries (h100-sxm, h200, a100-40gb, a100-80gb, cpu: this machine) and their names.
+const Hardware* find_hardware(const std::string& name);
+std::string hardware_names();
+
+// Measured op times (trainer bench-kernels --calibration-out): each op's FLOPs, bytes and seconds.
+struct Calibration {
+    struct Entry {
+        std::string op;
+        double flops = 0.0, bytes = 0.0, seconds = 0.0;
+    };
+    std::vector<Entry> entries;
+    double bandwidth = 0.0;   // the device's measured copy bandwidth (ops the file does not have)
+    double peak_flops = 0.0;  // the device's peak as the benchmark's MFU counted it
+    double step_scale = 1.0;  // a real step's time over the sum of its ops measured alone
+    int threads = 0;          // threads the ops were measured with (CPU)
+    std::string path;
+};
+Calibration read_calibration(const std::string& path);
+
+struct StepTime {
+    double total = 0.0;         // seconds of one optimizer step
+    double compute = 0.0;       // the ops of forward and backward
+    double exposed_comm = 0.0;  // the compute clock waiting for collectives (and, on a CPU, their cycles)
+    double optimizer = 0.0;     // the optimizer step's ops and its waits
+};
+
+// `slowdown` multiplies every op's time (CPU ranks sharing cores beyond their count).
+StepTime predict_step_time(const DryRunStep& step, const Hardware& hw, const Calibration* calibration, bool bf16,
+                           double slowdown = 1.0);
+
+}  // namespace trainer
