@@ -64,7 +64,7 @@ int run_main(int argc, char** argv) {
         {"--seed", "seed", "run seed", ""},
         {"--max-duration", "max_duration", "steps, tokens (2e9T) or epochs (1ep)", ""},
         {"--threads", "threads", "compute threads, 0 = one per core", ""},
-        {"--strategy", "distributed_strategy", "single | ddp | fsdp", ""},
+        {"--strategy", "distributed_strategy", "single | ddp | fsdp | auto (the plan chooses)", ""},
         {"--sharding-strategy", "fsdp.sharding_strategy", "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD", ""},
         {"--wrapping-strategy", "fsdp.wrapping_strategy", "FSDP wrap policy, OLMo's names", ""},
         {"--precision", "precision", "fp32 | amp_bf16", ""},

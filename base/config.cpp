@@ -121,6 +121,9 @@ const std::vector<KeySpec>& schema() {
         {"ddp.grad_sync_mode", KeyType::kString, "batch", false, choice_names<GradSyncMode>(), -kInf, kInf, "all-reduce once per step (batch) or on every micro-batch"},
         {"distributed_timeout_seconds", KeyType::kFloat, 120.0, false, {}, 0.1, 86400, "rendezvous and collective timeout: a rank that never arrives or a collective that never completes ends the run with an error naming it"},
         {"activation_checkpointing", KeyType::kString, nullptr, true, non_null_choices<ActivationCheckpointing>(), -kInf, kInf, "recompute activations in the backward instead of keeping them (OLMo's): whole_layer (each block keeps its input and recomputes its forward), one_in_two / one_in_three / one_in_four / one_in_eight / two_in_three / three_in_four (whole_layer for that share of the blocks), fine_grained (blocks keep their GEMM and attention outputs and recompute norms and activations); null: keep everything"},
+        {"plan.hardware", KeyType::kString, nullptr, true, {}, -kInf, kInf, "trainer plan and distributed_strategy auto: the hardware entry the step times are predicted for (h100-sxm, h200, a100-40gb, a100-80gb, cpu); null: cpu on the CPU, h100-sxm on CUDA"},
+        {"plan.calibration", KeyType::kString, nullptr, true, {}, -kInf, kInf, "trainer plan and distributed_strategy auto: op times measured by trainer bench-kernels --calibration-out (required for the cpu entry)"},
+        {"plan.device_memory_gib", KeyType::kFloat, nullptr, true, {}, 0.001, 1e9, "trainer plan and distributed_strategy auto: GiB of memory per device that a configuration must fit in; null: the hardware entry's (none for the CPU)"},
         {"trace_file", KeyType::kString, nullptr, true, {}, -kInf, kInf, "write a Chrome trace (Perfetto, chrome://tracing) of every step here: units' forward / backward / recompute, collectives with their bytes, waits, optimizer, data, checkpoints; with several ranks each writes <name>.rank<r>.<ext> (scripts/merge_traces.py joins them)"},
         {"cpu_offload.optimizer_state", KeyType::kBool, false, false, {}, -kInf, kInf, "keep the fp32 master parameters and the AdamW moments in (pinned) host memory and run AdamW on the host, each unit's gradients copied down as soon as they are final and the updated parameters uploaded before their next use (DeepSpeed's offload_optimizer)"},
         {"cpu_offload.parameters", KeyType::kBool, false, false, {}, -kInf, kInf, "also keep the sharded parameters only in host memory, each FSDP unit's shard uploaded before its gather (FSDP's CPUOffload(offload_params=True), DeepSpeed's offload_param); needs cpu_offload.optimizer_state and a sharding strategy that gathers (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD)"},
@@ -684,6 +687,9 @@ TrainConfig validate_config(const Json& user_doc) {
     c.fsdp.limit_all_gathers = doc["fsdp"]["limit_all_gathers"].get<bool>();
     c.ddp_grad_sync_mode = choice<GradSyncMode>(doc["ddp"]["grad_sync_mode"]);
     c.trace_file = opt<std::string>(doc["trace_file"]);
+    c.plan.hardware = opt<std::string>(doc["plan"]["hardware"]);
+    c.plan.calibration = opt<std::string>(doc["plan"]["calibration"]);
+    c.plan.device_memory_gib = opt<double>(doc["plan"]["device_memory_gib"]);
     c.cpu_offload.optimizer_state = doc["cpu_offload"]["optimizer_state"].get<bool>();
     c.cpu_offload.parameters = doc["cpu_offload"]["parameters"].get<bool>();
     if (c.cpu_offload.parameters && !c.cpu_offload.optimizer_state) {
@@ -691,8 +697,9 @@ TrainConfig validate_config(const Json& user_doc) {
             "config cpu_offload.parameters: true needs cpu_offload.optimizer_state: true (the optimizer updates the "
             "parameters where they live, in host memory)");
     }
-    if (c.cpu_offload.parameters && (c.distributed_strategy != DistributedStrategy::kFsdp ||
-                                     c.fsdp.sharding_strategy == ShardingStrategy::kNoShard)) {
+    if (c.cpu_offload.parameters && c.distributed_strategy != DistributedStrategy::kAuto &&
+        (c.distributed_strategy != DistributedStrategy::kFsdp ||
+         c.fsdp.sharding_strategy == ShardingStrategy::kNoShard)) {
         user_error(
             "config cpu_offload.parameters: true needs distributed_strategy fsdp with fsdp.sharding_strategy "
             "FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD (it uploads each unit's shard before its gather; {} keeps "

@@ -26,7 +26,7 @@ enum class Device { kAuto, kCpu, kCuda };
 enum class Precision { kFp32, kAmpBf16 };
 enum class AttentionKernel { kAuto, kNative, kCudnn, kFlash };
 enum class DistributedBackend { kAuto, kGloo, kNccl };
-enum class DistributedStrategy { kSingle, kDdp, kFsdp };
+enum class DistributedStrategy { kSingle, kDdp, kFsdp, kAuto };  // kAuto: the plan chooses (core/plan.h)
 enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard };
 enum class WrappingStrategy {
     kNull,  // JSON null: the whole model is one FSDP unit
@@ -79,7 +79,7 @@ struct Choices<DistributedBackend> {
 };
 template <>
 struct Choices<DistributedStrategy> {
-    static constexpr const char* kNames[] = {"single", "ddp", "fsdp"};
+    static constexpr const char* kNames[] = {"single", "ddp", "fsdp", "auto"};
 };
 template <>
 struct Choices<ShardingStrategy> {
@@ -221,6 +221,13 @@ struct FsdpConfig {
     bool forward_prefetch = true, backward_prefetch = true, limit_all_gathers = true;
 };
 
+// What `trainer plan` and distributed_strategy auto plan for (unset: the hardware entry's defaults).
+struct PlanConfig {
+    std::optional<std::string> hardware;      // a hardware entry (core/step_time.h)
+    std::optional<std::string> calibration;   // bench-kernels --calibration-out
+    std::optional<double> device_memory_gib;  // memory of one device
+};
+
 // CPU offload (DeepSpeed's two levers): where the optimizer's state and the sharded parameters live.
 struct CpuOffloadConfig {
     bool optimizer_state = false;  // master parameters, gradient copies and AdamW moments in host memory
@@ -260,7 +267,8 @@ struct TrainConfig {
     std::optional<double> peak_flops_per_device;  // FLOP/s of one device (a GPU, or one rank's CPU cores)
     ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNull;
     CpuOffloadConfig cpu_offload;
-    std::optional<std::string> trace_file;       // Chrome trace of every step (one file per rank)
+    std::optional<std::string> trace_file;  // Chrome trace of every step (one file per rank)
+    PlanConfig plan;
     int threads = 0;                             // 0: one per available core
     double distributed_timeout_seconds = 120.0;  // rendezvous and every collective
 

@@ -1,4 +1,4 @@
-// Dry runs of a training step (see plan.h).
+// Dry runs of a training step, and `trainer plan` and distributed_strategy auto over them (see plan.h).
 #include "core/plan.h"
 
 #include <algorithm>
@@ -60,9 +60,6 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
     return r;
 }
 
-}  // namespace trainer
-
-namespace trainer {
 namespace {
 
 // One configuration to dry-run: config keys and their values on top of the user's config.
@@ -134,9 +131,139 @@ std::string describe(const TrainConfig& c, int world) {
     return s;
 }
 
+struct Row {
+    TrainConfig config;
+    bool is_config = false;
+    DryRunStep dry;
+    StepTime time;
+    double tokens_per_s = 0.0, mfu = 0.0;
+    bool fits = true;
+};
+
+// Every candidate of the world, dry-run and timed; the recommendation is the fastest that fits.
+struct Plan {
+    std::vector<Row> rows;
+    const Hardware* hw = nullptr;
+    std::optional<Calibration> calibration;
+    double device_gib = 0.0;  // 0: unknown
+    std::string config_refused, other_refused;
+    int recommended = -1;  // a row, or -1 when none fits
+    std::string reasons;
+};
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, const PlanOptions& o) {
+    Plan plan;
+    const int world = env.world_size;
+    const std::string hw_name = !o.hardware.empty() ? o.hardware : device == Device::kCuda ? "h100-sxm" : "cpu";
+    plan.hw = find_hardware(hw_name);
+    if (plan.hw == nullptr) user_error("plan --hardware {}: unknown; expected one of {}", hw_name, hardware_names());
+    const Hardware& hw = *plan.hw;
+    if (!o.calibration.empty()) plan.calibration = read_calibration(o.calibration);
+    if (hw.name == "cpu" && !plan.calibration) {
+        user_error(
+            "plan --hardware cpu: needs --calibration FILE (plan.calibration), the op times measured on this machine "
+            "(trainer bench-kernels --config C --threads T --calibration-out FILE, T the threads each rank gets)");
+    }
+    const Calibration* cal = plan.calibration ? &*plan.calibration : nullptr;
+    // CPU ranks share the node's cores: each op slows by the calibration's threads over the rank's, and again
+    // where the node's ranks hold more threads than it has cores.
+    double slowdown = 1.0;
+    if (hw.cores > 0) {
+        const int per_node = env.local_world_size;
+        const int threads = config.threads > 0 ? config.threads : std::max(1, hw.cores / per_node);
+        const int measured = cal != nullptr && cal->threads > 0 ? cal->threads : threads;
+        slowdown =
+            static_cast<double>(measured) / threads * std::max(1.0, static_cast<double>(per_node) * threads / hw.cores);
+    }
+    plan.device_gib = o.device_memory_gib > 0.0 ? o.device_memory_gib : hw.memory_gib;
+    std::vector<std::string> seen;
+    for (const Candidate& cand : candidates(config, env)) {
+        Json doc = config.json;
+        for (const auto& [key, value] : cand.keys) set_config_value(doc, key, value);
+        TrainConfig c;
+        try {
+            if (cand.is_config && config.distributed_strategy == DistributedStrategy::kAuto) {
+                user_error("distributed_strategy auto: the plan chooses it");
+            }
+            c = validate_config(doc);
+            check_parallel_config(c, env, device);
+        } catch (const UserError& e) {
+            // Not a configuration this world runs (e.g. a batch that does not split over the ranks).
+            if (cand.is_config) {
+                plan.config_refused = e.what();
+            } else if (plan.other_refused.empty()) {
+                plan.other_refused = e.what();
+            }
+            continue;
+        }
+        const std::string name = describe(c, world);
+        if (!cand.is_config && std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
+        seen.push_back(name);
+        Row row{c, cand.is_config, dry_run_step(c, env, device), {}};
+        const bool bf16 = c.precision == Precision::kAmpBf16;
+        row.time = predict_step_time(row.dry, hw, cal, bf16, slowdown);
+        const double L = static_cast<double>(c.model.max_sequence_length);
+        row.tokens_per_s = static_cast<double>(c.global_train_batch_size) * L / world / row.time.total;
+        double peak = bf16 ? hw.bf16_flops : hw.fp32_flops;
+        if (peak <= 0.0 && cal != nullptr) peak = cal->peak_flops;  // the CPU: the benchmark's peak
+        if (peak > 0.0) {
+            const ParamLayout layout(c);
+            row.mfu = flops_per_token(c.model, layout) * static_cast<double>(c.global_train_batch_size) * (L - 1) /
+                      world / row.time.total / peak;
+        }
+        row.fits = plan.device_gib <= 0.0 || row.dry.total_peak <= plan.device_gib * kGiB;
+        plan.rows.push_back(std::move(row));
+    }
+    if (plan.rows.empty()) {
+        user_error("plan: no configuration runs on {} rank(s): {} (the config as given); {} (the others)", world,
+                   plan.config_refused, plan.other_refused);
+    }
+    // The recommendation: the fastest row that fits; the reasons: its speed, what is faster but does not fit,
+    // and how it compares with the config as given.
+    int fastest = 0;
+    for (size_t i = 0; i < plan.rows.size(); ++i) {
+        const Row& r = plan.rows[i];
+        if (r.time.total < plan.rows[fastest].time.total) fastest = static_cast<int>(i);
+        if (r.fits && (plan.recommended < 0 || r.time.total < plan.rows[plan.recommended].time.total))
+            plan.recommended = static_cast<int>(i);
+    }
+    if (plan.recommended < 0) {
+        int smallest = 0;
+        for (size_t i = 0; i < plan.rows.size(); ++i) {
+            if (plan.rows[i].dry.total_peak < plan.rows[smallest].dry.total_peak) smallest = static_cast<int>(i);
+        }
+        plan.reasons =
+            fmt::format("nothing fits in {:.1f} GiB: the smallest, {}, needs {:.1f} GiB", plan.device_gib,
+                        describe(plan.rows[smallest].config, world), plan.rows[smallest].dry.total_peak / kGiB);
+        return plan;
+    }
+    const Row& best = plan.rows[plan.recommended];
+    plan.reasons = fmt::format("the fastest predicted, {:.0f} tokens/s/device", best.tokens_per_s);
+    if (fastest != plan.recommended) {
+        const Row& f = plan.rows[fastest];
+        plan.reasons +=
+            fmt::format("; {} would be {:.0f}% faster but needs {:.1f} GiB > {:.1f} GiB", describe(f.config, world),
+                        100.0 * (best.time.total / f.time.total - 1.0), f.dry.total_peak / kGiB, plan.device_gib);
+    }
+    for (const Row& r : plan.rows) {
+        if (r.is_config && &r != &best) {
+            plan.reasons +=
+                fmt::format("; the config as given: {:.0f} tokens/s/device{}", r.tokens_per_s,
+                            r.fits ? "" : fmt::format(", does not fit ({:.1f} GiB)", r.dry.total_peak / kGiB));
+        }
+    }
+    return plan;
+}
+
 }  // namespace
 
-int run_plan(const TrainConfig& config, const PlanOptions& o) {
+int run_plan(const TrainConfig& config, const PlanOptions& options) {
+    PlanOptions o = options;  // the flags, else the config's plan.* keys
+    if (o.hardware.empty()) o.hardware = config.plan.hardware.value_or("");
+    if (o.calibration.empty()) o.calibration = config.plan.calibration.value_or("");
+    if (o.device_memory_gib <= 0.0) o.device_memory_gib = config.plan.device_memory_gib.value_or(0.0);
     if (o.nnodes < 1 || o.nproc_per_node < 1) {
         user_error("plan: --nnodes {} and --nproc-per-node {} must be at least 1", o.nnodes, o.nproc_per_node);
     }
@@ -146,81 +273,14 @@ int run_plan(const TrainConfig& config, const PlanOptions& o) {
     env.launcher = "--nnodes x --nproc-per-node";  // as the parallel checks name who started the ranks
     const Device device = resolve_device(config.device);
     const int world = env.world_size;
-    const std::string hw_name = !o.hardware.empty() ? o.hardware : device == Device::kCuda ? "h100-sxm" : "cpu";
-    const Hardware* hw = find_hardware(hw_name);
-    if (hw == nullptr) user_error("plan --hardware {}: unknown; expected one of {}", hw_name, hardware_names());
-    std::optional<Calibration> calibration;
-    if (!o.calibration.empty()) calibration = read_calibration(o.calibration);
-    if (hw->name == "cpu" && !calibration) {
-        user_error(
-            "plan --hardware cpu: needs --calibration FILE, the op times measured on this machine (trainer "
-            "bench-kernels --config C --threads T --calibration-out FILE, T the threads each rank gets)");
-    }
-    // CPU ranks share the node's cores: each op slows by the calibration's threads over the rank's, and again
-    // where the node's ranks hold more threads than it has cores.
-    double slowdown = 1.0;
-    if (hw->cores > 0) {
-        const int threads = config.threads > 0 ? config.threads : std::max(1, hw->cores / o.nproc_per_node);
-        const int measured = calibration && calibration->threads > 0 ? calibration->threads : threads;
-        slowdown = static_cast<double>(measured) / threads *
-                   std::max(1.0, static_cast<double>(o.nproc_per_node) * threads / hw->cores);
-    }
-    const double device_gib = o.device_memory_gib > 0.0 ? o.device_memory_gib : hw->memory_gib;
-    struct Row {
-        TrainConfig config;
-        bool is_config;
-        DryRunStep dry;
-        StepTime time;
-        double tokens_per_s = 0.0, mfu = 0.0;
-    };
-    std::vector<Row> rows;
-    std::vector<std::string> seen;
-    // Why the config as given does not run on this world (if it does not), and the first other refusal.
-    std::string config_refused, other_refused;
-    for (const Candidate& cand : candidates(config, env)) {
-        Json doc = config.json;
-        for (const auto& [key, value] : cand.keys) set_config_value(doc, key, value);
-        TrainConfig c;
-        try {
-            c = validate_config(doc);
-            check_parallel_config(c, env, device);
-        } catch (const UserError& e) {
-            // Not a configuration this world runs (e.g. a batch that does not split over the ranks).
-            if (cand.is_config) {
-                config_refused = e.what();
-            } else if (other_refused.empty()) {
-                other_refused = e.what();
-            }
-            continue;
-        }
-        const std::string name = describe(c, world);
-        if (!cand.is_config && std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
-        seen.push_back(name);
-        Row row{c, cand.is_config, dry_run_step(c, env, device), {}};
-        const bool bf16 = c.precision == Precision::kAmpBf16;
-        row.time = predict_step_time(row.dry, *hw, calibration ? &*calibration : nullptr, bf16, slowdown);
-        const double L = static_cast<double>(c.model.max_sequence_length);
-        row.tokens_per_s = static_cast<double>(c.global_train_batch_size) * L / world / row.time.total;
-        double peak = bf16 ? hw->bf16_flops : hw->fp32_flops;
-        if (peak <= 0.0 && calibration) peak = calibration->peak_flops;  // the CPU: the benchmark's peak
-        if (peak > 0.0) {
-            const ParamLayout layout(c);
-            row.mfu = flops_per_token(c.model, layout) * static_cast<double>(c.global_train_batch_size) * (L - 1) /
-                      world / row.time.total / peak;
-        }
-        rows.push_back(std::move(row));
-    }
-
-    const double gib = 1024.0 * 1024.0 * 1024.0;
-    const bool know_memory = device_gib > 0.0;
+    const Plan plan = make_plan(config, env, device, o);
+    const Hardware& hw = *plan.hw;
+    const bool know_memory = plan.device_gib > 0.0;
     const MemCategory shown[] = {MemCategory::kParameters,    MemCategory::kGradients,   MemCategory::kOptimizerState,
                                  MemCategory::kGatheredUnits, MemCategory::kActivations, MemCategory::kCommunication};
-    if (rows.empty()) {
-        user_error("plan: no configuration runs on {} rank(s): {} (the config as given); {} (the others)", world,
-                   config_refused, other_refused);
-    }
     if (o.json) {
-        for (const Row& r : rows) {
+        for (size_t i = 0; i < plan.rows.size(); ++i) {
+            const Row& r = plan.rows[i];
             Json keys = Json::object();
             keys["distributed_strategy"] = choice_name(r.config.distributed_strategy);
             if (r.config.distributed_strategy == DistributedStrategy::kFsdp) {
@@ -242,7 +302,7 @@ int run_plan(const TrainConfig& config, const PlanOptions& o) {
             Json row = {{"config", keys},
                         {"is_config", r.is_config},
                         {"world_size", world},
-                        {"hardware", hw->name},
+                        {"hardware", hw.name},
                         {"predicted_step_ms", r.time.total * 1e3},
                         {"predicted_compute_ms", r.time.compute * 1e3},
                         {"predicted_exposed_comm_ms", r.time.exposed_comm * 1e3},
@@ -250,7 +310,8 @@ int run_plan(const TrainConfig& config, const PlanOptions& o) {
                         {"predicted_tokens_per_second_per_device", r.tokens_per_s},
                         {"predicted_mfu", r.mfu},
                         {"predicted_peak_bytes", peak},
-                        {"fits", know_memory ? Json(r.dry.total_peak <= device_gib * gib) : Json(nullptr)}};
+                        {"fits", know_memory ? Json(r.fits) : Json(nullptr)},
+                        {"recommended", static_cast<int>(i) == plan.recommended}};
             std::printf("%s\n", row.dump().c_str());
         }
         return 0;
@@ -258,30 +319,55 @@ int run_plan(const TrainConfig& config, const PlanOptions& o) {
     std::printf(
         "plan for %s on %d node(s) x %d rank(s), device %s, hardware %s (%s)%s: a dry run of one step per "
         "configuration; times per step, memory per rank in GiB\n\n",
-        config.run_name.c_str(), o.nnodes, o.nproc_per_node, choice_name(device), hw->name.c_str(),
-        hw->description.c_str(), calibration ? fmt::format(", op times from {}", calibration->path).c_str() : "");
+        config.run_name.c_str(), o.nnodes, o.nproc_per_node, choice_name(device), hw.name.c_str(),
+        hw.description.c_str(),
+        plan.calibration ? fmt::format(", op times from {}", plan.calibration->path).c_str() : "");
     std::printf(
         "| configuration | step ms | compute | exposed comm | optimizer | tokens/s/device | MFU | parameters | "
         "gradients | optimizer state | gathered | activations | communication | device peak | host |%s\n",
         know_memory ? " fits |" : "");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", know_memory ? "---|" : "");
-    for (const Row& r : rows) {
+    for (size_t i = 0; i < plan.rows.size(); ++i) {
+        const Row& r = plan.rows[i];
+        const char* mark = static_cast<int>(i) == plan.recommended ? "-> " : r.is_config ? "* " : "";
         std::string line =
-            fmt::format("| {}{} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} | {:.1f}% |", r.is_config ? "* " : "",
+            fmt::format("| {}{} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} | {:.1f}% |", mark,
                         describe(r.config, world), r.time.total * 1e3, r.time.compute * 1e3, r.time.exposed_comm * 1e3,
                         r.time.optimizer * 1e3, r.tokens_per_s, 100.0 * r.mfu);
-        for (MemCategory c : shown) line += fmt::format(" {:.2f} |", r.dry.peak[static_cast<int>(c)] / gib);
-        line += fmt::format(" {:.2f} | {:.2f} |", r.dry.total_peak / gib, r.dry.host_peak / gib);
-        if (know_memory) line += r.dry.total_peak <= device_gib * gib ? " yes |" : " no |";
+        for (MemCategory c : shown) line += fmt::format(" {:.2f} |", r.dry.peak[static_cast<int>(c)] / kGiB);
+        line += fmt::format(" {:.2f} | {:.2f} |", r.dry.total_peak / kGiB, r.dry.host_peak / kGiB);
+        if (know_memory) line += r.fits ? " yes |" : " no |";
         std::printf("%s\n", line.c_str());
     }
-    if (!config_refused.empty()) std::printf("\nthe config as given does not run here: %s\n", config_refused.c_str());
+    if (!plan.config_refused.empty())
+        std::printf("\nthe config as given does not run here: %s\n", plan.config_refused.c_str());
+    if (plan.recommended >= 0) {
+        std::printf("\nrecommended: %s: %s\n", describe(plan.rows[plan.recommended].config, world).c_str(),
+                    plan.reasons.c_str());
+    } else {
+        std::printf("\nno recommendation: %s\n", plan.reasons.c_str());
+    }
     std::printf(
-        "\n* the config as given. Device peak: the high-water mark of the device categories together; on a GPU the "
-        "backend's kernel scratch (bf16 operand copies, attention workspaces) comes on top. Step times: the ops at "
-        "their calibrated or roofline times, the collectives on their links, overlapped where the strategy "
-        "overlaps them.\n");
+        "\n-> the recommendation, * the config as given. Device peak: the high-water mark of the device categories "
+        "together; on a GPU the backend's kernel scratch (bf16 operand copies, attention workspaces) comes on top. "
+        "Step times: the ops at their calibrated or roofline times, the collectives on their links, overlapped "
+        "where the strategy overlaps them.\n");
     return 0;
+}
+
+TrainConfig choose_configuration(const TrainConfig& config, const RankEnv& env, Device device) {
+    PlanOptions o;
+    o.nnodes = env.num_nodes(), o.nproc_per_node = env.local_world_size;
+    o.hardware = config.plan.hardware.value_or("");
+    o.calibration = config.plan.calibration.value_or("");
+    o.device_memory_gib = config.plan.device_memory_gib.value_or(0.0);
+    const Plan plan = make_plan(config, env, device, o);
+    if (plan.recommended < 0) user_error("distributed_strategy auto: {}", plan.reasons);
+    const TrainConfig& chosen = plan.rows[plan.recommended].config;
+    std::printf("distributed_strategy auto (plan on %s): %s, because %s\n", plan.hw->name.c_str(),
+                describe(chosen, env.world_size).c_str(), plan.reasons.c_str());
+    std::fflush(stdout);
+    return chosen;
 }
 
 }  // namespace trainer

@@ -59,4 +59,9 @@ struct PlanOptions {
 };
 int run_plan(const TrainConfig& config, const PlanOptions& options);
 
+// distributed_strategy auto: the plan's recommendation for the launched world (the fastest configuration
+// that fits plan.device_memory_gib, or the hardware's memory), as a config, printed with its reasons.
+// UserError when nothing fits.
+TrainConfig choose_configuration(const TrainConfig& config, const RankEnv& env, Device device);
+
 }  // namespace trainer

@@ -23,6 +23,7 @@
 #include "core/metrics.h"
 #include "core/model.h"
 #include "core/optimizer.h"
+#include "core/plan.h"
 #include "core/safetensors.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
@@ -135,7 +136,7 @@ struct StepOutcome {
 // in reverse: the model and the strategy before the layout and the backend they use.
 class TrainingRun {
    public:
-    explicit TrainingRun(const TrainConfig& config) : config_(config), m_(config.model) {}
+    explicit TrainingRun(const TrainConfig& config) : config_(config), m_(config_.model) {}
 
     int run() {
         preflight();
@@ -153,12 +154,15 @@ class TrainingRun {
     void preflight() {
         env_ = detect_rank_env();
         const Device device = check_device_config(config_);
-        check_parallel_config(config_, env_, device);
-        check_offload_host_memory(config_, env_);
         device_ = device;
         if (env_.rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) {
             user_error("rank {}: cannot silence stdout", env_.rank);  // rank 0 alone logs; errors reach stderr
         }
+        // Every rank plans alike (the same config, world and op times), so every rank chooses the same.
+        if (config_.distributed_strategy == DistributedStrategy::kAuto)
+            config_ = choose_configuration(config_, env_, device);
+        check_parallel_config(config_, env_, device);
+        check_offload_host_memory(config_, env_);
         train_data_ = std::make_unique<TokenDataset>(config_.data.paths, parse_token_dtype(config_.data.memmap_dtype),
                                                      m_.max_sequence_length, m_.vocab_size);
         for (size_t i = 0; i < config_.evaluators.size(); ++i) {
@@ -417,7 +421,7 @@ class TrainingRun {
         }
     }
 
-    const TrainConfig& config_;
+    TrainConfig config_;  // distributed_strategy auto resolved in preflight
     const ModelConfig& m_;
     // preflight
     RankEnv env_;

@@ -63,6 +63,8 @@ std::unique_ptr<Strategy> make_strategy(const TrainConfig& config, World& world,
                                      "ddp", WirePrecision{}, config.cpu_offload);
         case DistributedStrategy::kFsdp:
             break;
+        case DistributedStrategy::kAuto:
+            TRAINER_CHECK(false, "distributed_strategy auto reached make_strategy unresolved");
     }
     const bool every_micro_batch = fc.grad_sync_mode == GradSyncMode::kMicroBatch;
     if (fc.sharding_strategy == ShardingStrategy::kNoShard) {
@@ -139,6 +141,7 @@ int64_t offloaded_host_bytes(const TrainConfig& c, const RankEnv& env, const Par
 }
 
 void check_parallel_config(const TrainConfig& c, const RankEnv& env, Device device) {
+    TRAINER_CHECK(c.distributed_strategy != DistributedStrategy::kAuto, "distributed_strategy auto is resolved first");
     if (c.distributed_strategy == DistributedStrategy::kSingle && env.world_size > 1) {
         user_error(
             "distributed_strategy \"single\" runs one process, but {} started {} ranks; use --strategy ddp "

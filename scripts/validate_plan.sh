@@ -6,7 +6,8 @@
 # (micro-batch 2). Op times come from `trainer bench-kernels --calibration-out` run first, with the threads
 # each rank gets. Prints one markdown table: predicted and measured step time and their error, the largest
 # error over the memory categories, and whether the predicted order of the rows by tokens/s matches the
-# measured one where two rows differ by more than 10%.
+# measured one where two rows differ by more than 10%. A last row runs --strategy auto on 2 ranks (the plan's
+# recommendation, its prediction) and is compared with the fastest measured 2-rank row.
 #
 # Usage: scripts/validate_plan.sh [--steps N]      (TRAINER_BIN: the trainer, default build/bin/trainer)
 set -euo pipefail
@@ -44,6 +45,7 @@ rows=(
     "4 ranks: ddp|4|2|--strategy ddp"
     "4 ranks: fsdp FULL_SHARD by_block|4|2|--strategy fsdp --wrapping-strategy by_block"
     "4 ranks: fsdp SHARD_GRAD_OP by_block|4|2|--strategy fsdp --sharding-strategy SHARD_GRAD_OP --wrapping-strategy by_block"
+    "2 ranks: --strategy auto|2|4|--strategy auto"
 )
 k=0
 for row in "${rows[@]}"; do
@@ -51,9 +53,9 @@ for row in "${rows[@]}"; do
     threads=$((cores / ranks)); ((threads >= 1)) || threads=1
     [[ $flags == *threads=1* ]] && threads=1
     common=(--config "$config" --set global_train_batch_size=16 --set "device_train_microbatch_size=$micro")
+    common+=(--set "plan.calibration=$tmp/cal_t$threads.json")
     # shellcheck disable=SC2086
-    "$trainer" plan "${common[@]}" $flags --nproc-per-node "$ranks" --calibration "$tmp/cal_t$threads.json" --json \
-        | head -1 >"$tmp/$k.plan"
+    "$trainer" plan "${common[@]}" $flags --nproc-per-node "$ranks" --json >"$tmp/$k.plan"
     args=("${common[@]}" --data data/bench_tokens.bin --max-duration "$steps" --set console_log_interval=1000
         --metrics-file "$tmp/$k.jsonl")
     # shellcheck disable=SC2086
@@ -63,7 +65,7 @@ for row in "${rows[@]}"; do
         "$trainer" launch --nproc-per-node "$ranks" -- "${args[@]}" $flags >"$tmp/$k.log" 2>&1 \
             || { cat "$tmp/$k.log" >&2; exit 1; }
     fi
-    echo "$name|$tmp/$k.plan|$tmp/$k.jsonl" >>"$tmp/index"
+    echo "$name|$tmp/$k.plan|$tmp/$k.jsonl|$tmp/$k.log" >>"$tmp/index"
     k=$((k + 1))
 done
 python3 - "$tmp/index" <<'PY'
@@ -71,9 +73,13 @@ import json, sys
 cats = ["parameters", "gradients", "optimizer_state", "gathered_units", "activations", "communication"]
 rows = []
 for line in open(sys.argv[1]):
-    name, plan_path, metrics_path = line.rstrip("\n").split("|")
-    plan = json.loads(open(plan_path).read())
-    assert plan["is_config"], f"{name}: the plan refused the config as given"
+    name, plan_path, metrics_path, log_path = line.rstrip("\n").split("|")
+    for text in open(log_path):
+        if "distributed_strategy auto" in text:  # what auto chose
+            name += " -> " + text.split("): ", 1)[1].split(", because")[0]
+    plans = [json.loads(l) for l in open(plan_path) if l.strip()]
+    # The config as given, or for --strategy auto the row the plan recommends (what the run trains).
+    plan = next((p for p in plans if p["is_config"]), None) or next(p for p in plans if p["recommended"])
     summary = [json.loads(l) for l in open(metrics_path) if l.strip()][-1]
     measured = summary["mean_step_time_ms"]
     mem = summary["peak_memory_bytes_per_rank"][0]
@@ -99,4 +105,10 @@ for i in range(len(rows)):
             print(f"order differs: {rows[i][0]} vs {rows[j][0]}")
 print(f"\nlargest step-time error {100 * worst:.1f}%; order: {pairs - wrong} of {pairs} pairs more than 10% apart "
       "as measured")
+auto = [r for r in rows if "--strategy auto" in r[0]]
+two = [r for r in rows if not r[0].startswith(("4 ranks", "single", "2 ranks: --strategy auto"))]
+if auto and two:
+    best = max(two, key=lambda r: r[5])
+    print(f"--strategy auto: {auto[0][5]:.0f} tokens/s/device measured, {auto[0][5] / best[5]:.3f}x the fastest "
+          f"measured 2-rank row ({best[0]}, {best[5]:.0f})")
 PY

@@ -268,3 +268,56 @@ TEST_CASE("plan: a world the config cannot split is refused with the reason") {
     CHECK(r.err.find("no configuration runs on 3 rank(s)") != std::string::npos);
     CHECK(r.err.find("global_train_batch_size 8 is not a multiple") != std::string::npos);
 }
+
+TEST_CASE("plan: distributed_strategy auto trains with the recommendation and shards what DDP cannot fit") {
+    test_util::TempDir dir;
+    const std::string cal = dir.path("cal.json");
+    const auto bench = test_util::run_trainer(
+        {"bench-kernels", "--config", "configs/tiny.json", "--threads", "1", "--reps", "2", "--calibration-out", cal});
+    REQUIRE(bench.exit_code == 0);
+    // tiny.json widened and deepened until its state, not its activations, decides what fits.
+    const std::vector<std::string> common = {"--config", "configs/tiny.json", "--set", "model.d_model=128",
+                                             "--set",    "model.n_layers=8",  "--set", "plan.calibration=" + cal};
+    // The plan's rows on 2 ranks: the smallest peak of the replicas (DDP, NO_SHARD, with every lever) and of the
+    // sharded configurations; a device memory between them leaves only sharded ones.
+    std::vector<std::string> plan_args = {"plan", "--nproc-per-node", "2", "--json"};
+    plan_args.insert(plan_args.end(), common.begin(), common.end());
+    const auto plan = test_util::run_trainer(plan_args);
+    INFO(plan.out << plan.err);
+    REQUIRE(plan.exit_code == 0);
+    double replica = 1e30, sharded = 1e30;
+    std::stringstream ss(plan.out);
+    for (std::string line; std::getline(ss, line);) {
+        const Json row = Json::parse(line);
+        const Json& c = row["config"];
+        const bool shards = c["distributed_strategy"] == "fsdp" && c["fsdp.sharding_strategy"] != "NO_SHARD";
+        double& low = shards ? sharded : replica;
+        low = std::min(low, row["predicted_peak_bytes"]["total"].get<double>());
+    }
+    REQUIRE(sharded < replica);
+    const double gib = (sharded + replica) / 2.0 / (1024.0 * 1024.0 * 1024.0);
+    for (const bool limited : {false, true}) {
+        CAPTURE(limited);
+        const std::string metrics = dir.path(limited ? "limited.jsonl" : "free.jsonl");
+        std::vector<std::string> args = {"--data",         test_util::fixture("olmo_tiny_tokens.u16"),
+                                         "--max-duration", "2",
+                                         "--strategy",     "auto",
+                                         "--metrics-file", metrics};
+        args.insert(args.end(), common.begin(), common.end());
+        if (limited) args.insert(args.end(), {"--set", "plan.device_memory_gib=" + std::to_string(gib)});
+        const auto r = test_util::launch(2, args);
+        INFO(r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+        CHECK(r.out.find("distributed_strategy auto (plan on cpu): ") != std::string::npos);
+        CHECK(r.out.find("because the fastest predicted") != std::string::npos);
+        // The run is the chosen configuration: its summary's memory is the plan's row's.
+        const Json summary = test_util::read_summary(metrics);
+        CHECK(summary["final_step"] == 2);
+        if (limited) {
+            const bool sharded_run = r.out.find("strategy fsdp FULL_SHARD") != std::string::npos ||
+                                     r.out.find("strategy fsdp SHARD_GRAD_OP") != std::string::npos;
+            CHECK(sharded_run);
+            CHECK(summary["peak_memory_bytes"]["total"].get<double>() <= gib * 1024.0 * 1024.0 * 1024.0);
+        }
+    }
+}

@@ -281,7 +281,7 @@ TEST_CASE("errors: bad config and flags end with one error line") {
     expect_error(run_trainer(concat(tiny_args("2"), {"--frobnicate"})), "frobnicate");
     expect_error(run_trainer(concat(tiny_args("2"), {"--strategy", "fsdp", "--wrapping-strategy", "by_block_group"})),
                  "fsdp.wrapping_strategy \"by_block_group\" needs fsdp.block_group_size > 1 (it is 1)");
-    expect_error(run_trainer(concat(tiny_args("2"), {"--strategy", "zero3"})), "expected single, ddp or fsdp");
+    expect_error(run_trainer(concat(tiny_args("2"), {"--strategy", "zero3"})), "expected single, ddp, fsdp or auto");
     expect_error(run_trainer(concat(tiny_args("2"), {"--sharding-strategy", "FULL"})), "expected FULL_SHARD");
     expect_error(run_trainer(concat(tiny_args("2"), {"--wrapping-strategy", "by_blok"})), "by_block");
     if (trainer::cuda_device_count() == 0) {  // a machine without a GPU (a build with or without CUDA)
