@@ -15,7 +15,10 @@ namespace trainer::trace {
 
 namespace detail {
 std::atomic<bool> g_enabled{false};
-}
+thread_local SpanObserver* t_observer = nullptr;
+}  // namespace detail
+
+void observe_spans(SpanObserver* observer) { detail::t_observer = observer; }
 
 namespace {
 
@@ -90,11 +93,17 @@ void name_thread(const std::string& name) {
 }
 
 Span::Span(const char* category, std::string_view name, int64_t bytes)
-    : on_(enabled()), category_(category), name_(on_ ? std::string(name) : std::string()), bytes_(bytes) {
+    : observer_(detail::t_observer),
+      on_(observer_ == nullptr && enabled()),
+      category_(category),
+      name_(on_ ? std::string(name) : std::string()),
+      bytes_(bytes) {
+    if (observer_ != nullptr) observer_->begin(category, name);
     if (on_) begin_us_ = now_us();
 }
 
 Span::~Span() {
+    if (observer_ != nullptr) observer_->end();
     if (!on_) return;
     const double end = now_us();
     State& s = state();

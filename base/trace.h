@@ -19,6 +19,22 @@ extern std::atomic<bool> g_enabled;
 // Starts recording for this process, `rank` being its process id in the trace.
 void start(int rank);
 inline bool enabled() { return detail::g_enabled.load(std::memory_order_relaxed); }
+
+// A dry run's view of the spans (core/plan.h): while an observer is set on a thread, that thread's spans are
+// reported to it at their begin and end instead of being recorded, so a predicted step carries the same
+// spans as a measured one.
+struct SpanObserver {
+    virtual ~SpanObserver() = default;
+    virtual void begin(const char* category, std::string_view name) = 0;
+    virtual void end() = 0;
+};
+// Sets (or with null, clears) the calling thread's observer.
+void observe_spans(SpanObserver* observer);
+namespace detail {
+extern thread_local SpanObserver* t_observer;
+}
+// Whether spans on this thread go anywhere (recorded, or observed): callers build span names only then.
+inline bool active() { return enabled() || detail::t_observer != nullptr; }
 // Names the calling thread's track ("compute", "gloo world"); a track without a name is "thread <n>".
 void name_thread(const std::string& name);
 // Writes everything recorded so far as one Chrome trace JSON object to `path` (UserError when it cannot).
@@ -35,6 +51,7 @@ class Span {
     Span& operator=(const Span&) = delete;
 
    private:
+    SpanObserver* observer_;
     bool on_;
     const char* category_;
     std::string name_;

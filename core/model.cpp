@@ -256,7 +256,7 @@ void Model::forward_blocks(int batch, bool backward_follows) {
     }
     for (int l = 0; l < L_; ++l) {
         const int u = layout_.block_unit(l);
-        const trace::Span block("forward", trace::enabled() ? fmt::format("forward block.{}", l) : std::string());
+        const trace::Span block("forward", trace::active() ? fmt::format("forward block.{}", l) : std::string());
         strategy_->before_forward(u);
         block_forward(l, batch, block_params(strategy_->unit_params(u), l), true);
         strategy_->after_forward(u);
@@ -372,13 +372,13 @@ void Model::backward_blocks(int batch) {
     for (int l = L_ - 1; l >= 0; --l) {
         const Plan& a = layers_[l];
         const int u = layout_.block_unit(l);
-        const trace::Span block("backward", trace::enabled() ? fmt::format("backward block.{}", l) : std::string());
+        const trace::Span block("backward", trace::active() ? fmt::format("backward block.{}", l) : std::string());
         strategy_->before_backward(u);  // FULL_SHARD gathers the unit again: the recompute has its parameters
         const BlockParams w = block_params(strategy_->unit_params(u), l);
         const BlockParams g = block_params(strategy_->unit_grads(u), l);
         if (keep_[l] != Keep::kAll) {
             const trace::Span recompute("recompute",
-                                        trace::enabled() ? fmt::format("recompute block.{}", l) : std::string());
+                                        trace::active() ? fmt::format("recompute block.{}", l) : std::string());
             recompute_block(l, batch, w);
         }
         // MLP: x_out = resid_mid + ff_out(act(ff_proj(LN2(resid_mid)))); dresid holds d(x_out).
@@ -433,7 +433,7 @@ double accumulate_gradients(Strategy& strategy, Model& model, long accumulation,
     strategy.begin_step(static_cast<int>(accumulation));
     double loss_sum = 0.0;
     for (long k = 0; k < accumulation; ++k) {
-        const trace::Span span("micro-batch", trace::enabled() ? fmt::format("micro-batch {}", k) : std::string());
+        const trace::Span span("micro-batch", trace::active() ? fmt::format("micro-batch {}", k) : std::string());
         strategy.begin_micro_batch(static_cast<int>(k));
         loss_sum += model.forward_backward(tokens_for(k), batch, dloss_scale);
     }

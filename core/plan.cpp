@@ -9,6 +9,7 @@
 
 #include "base/common.h"
 #include "base/layout.h"
+#include "base/trace.h"
 #include "core/metrics.h"
 #include "core/model.h"
 #include "core/optimizer.h"
@@ -32,6 +33,21 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
         e.spans_nodes = c.spans_nodes, e.id = c.id, e.channel = c.channel;
         r.events.push_back(e);
     };
+    // The model's and the strategy's trace spans, in order with the ops, so a predicted step can be drawn.
+    struct Spans final : trace::SpanObserver {
+        explicit Spans(std::vector<StepEvent>* events) : events(events) {}
+        void begin(const char* category, std::string_view name) override {
+            StepEvent e;
+            e.kind = StepEvent::kSpanBegin, e.what = category, e.label = std::string(name);
+            events->push_back(std::move(e));
+        }
+        void end() override {
+            StepEvent e;
+            e.kind = StepEvent::kSpanEnd;
+            events->push_back(std::move(e));
+        }
+        std::vector<StepEvent>* events;
+    } spans(&r.events);
     const MemorySnapshot before = memory_snapshot();
     memory_reset_peaks();
     {
@@ -46,11 +62,23 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
         r.events.clear();  // the step's work only, not the initialisation's
         const std::vector<int32_t> tokens(static_cast<size_t>(micro) * L, 0);
         const double global_tokens = static_cast<double>(config.global_train_batch_size) * (L - 1);
-        accumulate_gradients(strategy, model, config.accumulation_steps(env.world_size), static_cast<int>(micro),
-                             static_cast<float>(env.world_size / global_tokens), [&](long) { return tokens.data(); });
-        strategy.all_reduce_sum(0.0);
-        r.optimizer_begin = r.events.size();
-        optimizer.step(strategy, 1, 1);
+        struct Observing {  // the spans of this thread go to `spans` until the step is done (or throws)
+            explicit Observing(trace::SpanObserver* o) { trace::observe_spans(o); }
+            ~Observing() { trace::observe_spans(nullptr); }
+        } observing(&spans);
+        {
+            const trace::Span step("step", "step");  // the spans of a measured step (core/train.cpp)
+            accumulate_gradients(strategy, model, config.accumulation_steps(env.world_size), static_cast<int>(micro),
+                                 static_cast<float>(env.world_size / global_tokens),
+                                 [&](long) { return tokens.data(); });
+            {
+                const trace::Span loss("comm", "loss all_reduce");
+                strategy.all_reduce_sum(0.0);
+            }
+            r.optimizer_begin = r.events.size();
+            const trace::Span opt("optimizer", "optimizer step");
+            optimizer.step(strategy, 1, 1);
+        }
         const MemorySnapshot after = memory_snapshot();
         for (int c = 0; c < kNumMemCategories; ++c) r.peak[c] = after.peak[c] - before.current[c];
         r.total_peak = after.total_peak - before.total_current;
@@ -149,6 +177,7 @@ struct Plan {
     std::string config_refused, other_refused;
     int recommended = -1;  // a row, or -1 when none fits
     std::string reasons;
+    double slowdown = 1.0;  // every op's factor (CPU ranks sharing cores)
 };
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -169,12 +198,11 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
     const Calibration* cal = plan.calibration ? &*plan.calibration : nullptr;
     // CPU ranks share the node's cores: each op slows by the calibration's threads over the rank's, and again
     // where the node's ranks hold more threads than it has cores.
-    double slowdown = 1.0;
     if (hw.cores > 0) {
         const int per_node = env.local_world_size;
         const int threads = config.threads > 0 ? config.threads : std::max(1, hw.cores / per_node);
         const int measured = cal != nullptr && cal->threads > 0 ? cal->threads : threads;
-        slowdown =
+        plan.slowdown =
             static_cast<double>(measured) / threads * std::max(1.0, static_cast<double>(per_node) * threads / hw.cores);
     }
     plan.device_gib = o.device_memory_gib > 0.0 ? o.device_memory_gib : hw.memory_gib;
@@ -203,7 +231,7 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
         seen.push_back(name);
         Row row{c, cand.is_config, dry_run_step(c, env, device), {}};
         const bool bf16 = c.precision == Precision::kAmpBf16;
-        row.time = predict_step_time(row.dry, hw, cal, bf16, slowdown);
+        row.time = predict_step_time(row.dry, hw, cal, bf16, plan.slowdown);
         const double L = static_cast<double>(c.model.max_sequence_length);
         row.tokens_per_s = static_cast<double>(c.global_train_batch_size) * L / world / row.time.total;
         double peak = bf16 ? hw.bf16_flops : hw.fp32_flops;
@@ -259,6 +287,35 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
 
 }  // namespace
 
+// --trace-file: the predicted step of the config as given (else of the recommendation) as a Chrome trace, its
+// spans named as a measured trace's, so the two can be merged and laid side by side.
+void write_predicted_trace(const Plan& plan, int world, const std::string& path, bool announce) {
+    const Row* row = nullptr;
+    for (const Row& r : plan.rows) {
+        if (r.is_config) row = &r;
+    }
+    if (row == nullptr && plan.recommended >= 0) row = &plan.rows[plan.recommended];
+    if (row == nullptr) user_error("plan --trace-file {}: no configuration to draw", path);
+    const int pid = 1000;  // apart from the measured ranks' pids (their rank) when merged
+    Json events = Json::array();
+    events.push_back({{"name", "process_name"},
+                      {"ph", "M"},
+                      {"pid", pid},
+                      {"args", {{"name", "predicted rank 0: " + describe(row->config, world)}}}});
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", "compute"}}}});
+    const bool bf16 = row->config.precision == Precision::kAmpBf16;
+    predict_step_time(row->dry, *plan.hw, plan.calibration ? &*plan.calibration : nullptr, bf16, plan.slowdown, &events,
+                      pid);
+    const std::string text = Json{{"displayTimeUnit", "ms"}, {"traceEvents", events}}.dump();
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) user_error("plan --trace-file {}: cannot be written", path);
+    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (std::fclose(f) != 0 || !ok) user_error("plan --trace-file {}: writing failed", path);
+    if (announce) {
+        std::printf("predicted trace of %s written to %s\n\n", describe(row->config, world).c_str(), path.c_str());
+    }
+}
+
 int run_plan(const TrainConfig& config, const PlanOptions& options) {
     PlanOptions o = options;  // the flags, else the config's plan.* keys
     if (o.hardware.empty()) o.hardware = config.plan.hardware.value_or("");
@@ -275,6 +332,7 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
     const int world = env.world_size;
     const Plan plan = make_plan(config, env, device, o);
     const Hardware& hw = *plan.hw;
+    if (config.trace_file) write_predicted_trace(plan, world, *config.trace_file, !o.json);
     const bool know_memory = plan.device_gib > 0.0;
     const MemCategory shown[] = {MemCategory::kParameters,    MemCategory::kGradients,   MemCategory::kOptimizerState,
                                  MemCategory::kGatheredUnits, MemCategory::kActivations, MemCategory::kCommunication};

@@ -19,8 +19,10 @@ namespace trainer {
 
 // One op, collective issue or collective wait of the step, in the order the rank issues them.
 struct StepEvent {
-    enum Kind { kOp, kIssue, kWait } kind = kOp;
-    const char* what = "";            // the backend op or the collective's kind
+    // kSpanBegin / kSpanEnd: a trace span of the step (base/trace.h), named in `label`.
+    enum Kind { kOp, kIssue, kWait, kSpanBegin, kSpanEnd } kind = kOp;
+    const char* what = "";            // the backend op, the collective's kind, or the span's category
+    std::string label;                // spans: the name
     double flops = 0.0, bytes = 0.0;  // an op's work; a collective's bytes per rank
     int group_size = 1;               // collectives: the ranks of the group
     bool spans_nodes = false;         // collectives: the group has ranks on several nodes

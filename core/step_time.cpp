@@ -101,7 +101,7 @@ Calibration read_calibration(const std::string& path) {
 }
 
 StepTime predict_step_time(const DryRunStep& step, const Hardware& hw, const Calibration* cal, bool bf16,
-                           double slowdown) {
+                           double slowdown, Json* trace, int pid) {
     const double peak = bf16 ? hw.bf16_flops : hw.fp32_flops;
     auto op_seconds = [&](const StepEvent& e) {
         // The calibration entry of the same op whose work is closest; its time scaled by the work.
@@ -128,10 +128,31 @@ StepTime predict_step_time(const DryRunStep& step, const Hardware& hw, const Cal
     };
     StepTime r;
     double clock = 0.0;
-    std::map<const void*, double> channel_free;  // when each communicator's queue is next free
-    std::map<uint64_t, double> done;             // when each issued collective completes
+    std::map<const void*, double> channel_free;             // when each communicator's queue is next free
+    std::map<const void*, int> track;                       // trace: each communicator's track (the compute's is 0)
+    std::map<uint64_t, double> done;                        // when each issued collective completes
+    std::vector<std::pair<const StepEvent*, double>> open;  // trace: the spans begun and not ended
+    auto emit = [&](const std::string& name, const char* category, double begin, double seconds, int tid,
+                    double bytes) {
+        Json ev = {{"name", name},         {"cat", category}, {"ph", "X"}, {"ts", begin * 1e6},
+                   {"dur", seconds * 1e6}, {"pid", pid},      {"tid", tid}};
+        if (bytes >= 0.0) ev["args"] = {{"bytes", bytes}};
+        trace->push_back(ev);
+    };
     for (size_t i = 0; i < step.events.size(); ++i) {
         const StepEvent& e = step.events[i];
+        if (e.kind == StepEvent::kSpanBegin) {
+            open.push_back({&e, clock});
+            continue;
+        }
+        if (e.kind == StepEvent::kSpanEnd) {
+            TRAINER_CHECK(!open.empty(), "a span ended that did not begin");
+            if (trace != nullptr)
+                emit(open.back().first->label, open.back().first->what, open.back().second, clock - open.back().second,
+                     0, -1.0);
+            open.pop_back();
+            continue;
+        }
         const bool optimizer = i >= step.optimizer_begin;
         const double before = clock;
         if (e.kind == StepEvent::kOp) {
@@ -146,6 +167,10 @@ StepTime predict_step_time(const DryRunStep& step, const Hardware& hw, const Cal
             const double start = std::max(clock, free);
             free = start + d;
             done[e.id] = free;
+            if (trace != nullptr) {
+                const int tid = track.emplace(e.channel, static_cast<int>(track.size()) + 1).first->second;
+                emit(e.what, "comm", start, d, tid, e.bytes);
+            }
             clock += hw.comm_compute_share * d;  // CPU: the collective's cycles come out of the compute's
         } else {
             clock = std::max(clock, done[e.id]);

@@ -60,8 +60,10 @@ struct StepTime {
     double optimizer = 0.0;     // the optimizer step's ops and its waits
 };
 
-// `slowdown` multiplies every op's time (CPU ranks sharing cores beyond their count).
+// `slowdown` multiplies every op's time (CPU ranks sharing cores beyond their count). With `trace`, the
+// predicted step is appended to it as Chrome trace events (the step's spans on the compute track, each
+// collective on its communicator's track), process `pid`.
 StepTime predict_step_time(const DryRunStep& step, const Hardware& hw, const Calibration* calibration, bool bf16,
-                           double slowdown = 1.0);
+                           double slowdown = 1.0, Json* trace = nullptr, int pid = 0);
 
 }  // namespace trainer

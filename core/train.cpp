@@ -287,7 +287,7 @@ class TrainingRun {
         const double global_tokens = static_cast<double>(config_.global_train_batch_size) * (L - 1);
         const float dloss_scale = static_cast<float>(world / global_tokens);
         const auto t0 = Clock::now();
-        const trace::Span span("step", trace::enabled() ? fmt::format("step {}", step) : std::string());
+        const trace::Span span("step", trace::active() ? fmt::format("step {}", step) : std::string());
         strategy.take_comm_wait_seconds();  // what evaluation and checkpoints waited is not the step's
         order_->global_batch(step - 1, global_batch_);
         InstanceOrder::rank_slice(global_batch_, strategy.rank(), world, local_);

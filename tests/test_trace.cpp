@@ -1,12 +1,14 @@
 // --trace-file: each rank writes a Chrome trace whose step spans are the steps the metrics time, tiled by
 // their children (data, micro-batches with every unit's forward, backward and recompute, the gradient
 // settling, the loss, the optimizer), with every collective on its communicator's track, bytes included;
-// scripts/merge_traces.py joins the ranks; an unwritable path is refused before the run.
+// scripts/merge_traces.py joins the ranks; an unwritable path is refused before the run; and the plan draws
+// its predicted step with the same spans.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -133,4 +135,60 @@ TEST_CASE("trace: an unwritable trace path is refused before training") {
     CHECK(r.exit_code != 0);
     CHECK(r.err.find("trace_file") != std::string::npos);
     CHECK(r.out.find("step 1/1") == std::string::npos);
+}
+
+TEST_CASE("trace: trainer plan --trace-file draws the predicted step with the measured spans") {
+    // FULL_SHARD by_block on 2 ranks of tiny: the plan's predicted trace has the measured trace's spans (but
+    // the data reads, which a dry run does not do), its step lasts the predicted step time, and its
+    // collectives carry their bytes on the communicators' tracks.
+    test_util::TempDir dir;
+    const std::string cal = dir.path("cal.json");
+    REQUIRE(test_util::run_trainer({"bench-kernels", "--config", "configs/tiny.json", "--threads", "1", "--reps", "2",
+                                    "--calibration-out", cal})
+                .exit_code == 0);
+    const std::vector<std::string> config = {"--config",   "configs/tiny.json",
+                                             "--strategy", "fsdp",
+                                             "--set",      "fsdp.wrapping_strategy=by_block",
+                                             "--set",      "device_train_microbatch_size=2"};
+    std::vector<std::string> plan = {"plan",         "--nproc-per-node",        "2", "--calibration", cal, "--json",
+                                     "--trace-file", dir.path("predicted.json")};
+    plan.insert(plan.end(), config.begin(), config.end());
+    const auto p = test_util::run_trainer(plan);
+    INFO(p.out << p.err);
+    REQUIRE(p.exit_code == 0);
+    double predicted_ms = 0.0;
+    std::stringstream rows(p.out);
+    for (std::string line; std::getline(rows, line);) {
+        const Json row = Json::parse(line);
+        if (row["is_config"].get<bool>()) predicted_ms = row["predicted_step_ms"];
+    }
+    REQUIRE(predicted_ms > 0.0);
+    std::vector<std::string> run = {"--data",         test_util::fixture("olmo_tiny_tokens.u16"),
+                                    "--max-duration", "1",
+                                    "--trace-file",   dir.path("measured.json")};
+    run.insert(run.end(), config.begin(), config.end());
+    REQUIRE(test_util::launch(2, run).exit_code == 0);
+    auto names = [](const std::vector<Json>& spans, std::set<std::string>* comm) {
+        std::set<std::string> out;
+        for (const Json& s : spans) {
+            if (s.at("cat") == "comm" && s.contains("args")) {
+                comm->insert(s.at("name").get<std::string>());
+            } else if (s.at("cat") != "data") {
+                out.insert(s.at("name").get<std::string>());
+            }
+        }
+        return out;
+    };
+    std::set<std::string> predicted_comm, measured_comm;
+    const std::vector<Json> predicted = spans_of(dir.path("predicted.json"));
+    std::set<std::string> predicted_names = names(predicted, &predicted_comm);
+    std::set<std::string> measured_names = names(spans_of(dir.path("measured.rank0.json")), &measured_comm);
+    predicted_names.erase("step");  // the measured step span is named by its number
+    measured_names.erase("step 1");
+    CHECK(predicted_names == measured_names);
+    CHECK(predicted_comm == measured_comm);
+    for (const Json& s : predicted) {
+        if (s.at("cat") == "step") CHECK(s.at("dur").get<double>() / 1e3 == Approx(predicted_ms).epsilon(1e-6));
+        if (s.at("cat") == "comm" && s.contains("args")) CHECK(s.at("tid").get<int>() >= 1);
+    }
 }
