@@ -1,5 +1,5 @@
-// trainer: the command line. Training is the default action; subcommands prepare data, export weights,
-// list config keys and measure the CPU's FMA peak.
+// trainer: the command line. Training is the default action; subcommands launch ranks, prepare data, export
+// weights, plan configurations, benchmark kernels, list config keys and measure the CPU's FMA peak.
 //
 //   trainer --config configs/cpu_bench.json --set optimizer.learning_rate=3e-4 --data tokens.npy
 //   trainer prepare-data --tokenizer bytes a.txt b.txt -o tokens.bin
@@ -120,8 +120,9 @@ int run_main(int argc, char** argv) {
     auto* plan = app.add_subcommand(
         "plan",
         "dry-run one step of every sensible configuration (strategy, sharding, wrap, grad_sync, activation "
-        "checkpointing, CPU offload) for this config and world, and print each one's peak memory per rank by "
-        "category (takes the training flags: --config, --set, --device, ...)");
+        "checkpointing, CPU offload) for this config and world: each one's peak memory per rank by category, "
+        "predicted step time, tokens/s and MFU, whether it fits, and a recommendation (takes the training "
+        "flags: --config, --set, --device, ...; --trace-file draws the predicted step)");
     plan->fallthrough();
     trainer::PlanOptions plan_opts;
     plan->add_option("--nnodes", plan_opts.nnodes, "nodes")->check(CLI::PositiveNumber);
