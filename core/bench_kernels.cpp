@@ -178,7 +178,8 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     // Each op's FLOPs and bytes: what the dry backend (the plan's cost model) reports for the same call.
     std::vector<OpCost> costs;
     auto dry = make_dry_backend([&costs](const OpCost& c) { costs.push_back(c); });
-    Json calibration_ops = Json::array();
+    Calibration measured;  // what --calibration-out writes
+    measured.bandwidth = bw;
     for (const Op& op : ops) {
         costs.clear();
         op.run(*dry);
@@ -190,9 +191,7 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         std::printf("| %s | %.1f | %.2f | %.0f | %s | %.1f | %.0f%% |\n", op.name.c_str(), t * 1e6, flops / t / 1e12,
                     bytes / t / 1e9, t_flops > t_bytes ? "compute" : "memory", roof * 1e6, 100.0 * roof / t);
         // A calibration entry per single-op row (a fused pair is also measured as its two ops).
-        if (costs.size() == 1) {
-            calibration_ops.push_back({{"op", costs[0].op}, {"flops", flops}, {"bytes", bytes}, {"seconds", t}});
-        }
+        if (costs.size() == 1) measured.entries.push_back({costs[0].op, flops, bytes, t});
     }
     if (!calibration_out.empty()) {
         // The ops in a step run slower than alone (caches shared with the rest of the step, the allocator,
@@ -202,12 +201,6 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         one.global_train_batch_size = config.device_train_microbatch_size;
         one.distributed_strategy = DistributedStrategy::kSingle;
         RankEnv alone;
-        Calibration measured;
-        for (const Json& e : calibration_ops) {
-            measured.entries.push_back(
-                {e["op"], e["flops"].get<double>(), e["bytes"].get<double>(), e["seconds"].get<double>()});
-        }
-        measured.bandwidth = bw;
         Hardware none;  // no links (one process), no rooflines: every op has an entry or the copy bandwidth
         const double predicted = predict_step_time(dry_run_step(one, alone, device), none, &measured, false).total;
         double step_seconds = 0.0;
@@ -225,6 +218,10 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
             step_seconds = time_op(be, step, 2);
         }
         const double step_scale = step_seconds / predicted;
+        Json calibration_ops = Json::array();
+        for (const Calibration::Entry& e : measured.entries) {
+            calibration_ops.push_back({{"op", e.op}, {"flops", e.flops}, {"bytes", e.bytes}, {"seconds", e.seconds}});
+        }
         std::printf("\none optimizer step of one micro-batch: %.1f ms measured, %.1f ms from the ops alone (x%.3f)\n",
                     step_seconds * 1e3, predicted * 1e3, step_scale);
         const Json file = {{"format", "trainer-calibration"},

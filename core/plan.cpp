@@ -2,6 +2,8 @@
 #include "core/plan.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <utility>
@@ -90,6 +92,47 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
 
 namespace {
 
+// Host memory the kernel could hand out now (MemAvailable); TRAINER_HOST_MEMORY_BYTES replaces it (tests).
+// 0 when unknown.
+int64_t available_host_bytes() {
+    if (const char* v = std::getenv("TRAINER_HOST_MEMORY_BYTES")) return std::atoll(v);
+    std::ifstream f("/proc/meminfo");
+    std::string key, unit;
+    int64_t kb = 0;
+    while (f >> key >> kb >> unit) {
+        if (key == "MemAvailable:") return kb * 1024;
+    }
+    return 0;
+}
+
+}  // namespace
+
+void check_offload_host_memory(const TrainConfig& config, const RankEnv& env, Device device) {
+    if (!config.cpu_offload.optimizer_state) return;
+    // The strategy's state, allocated over the dry backend: its host categories are what the run will hold.
+    const MemorySnapshot before = memory_snapshot();
+    int64_t per_rank = 0;
+    {
+        auto backend = make_dry_backend();
+        const ParamLayout layout(config);
+        const World world = make_dry_world(config, env, device, backend.get(), layout, {});
+        per_rank = memory_snapshot().host_current - before.host_current;
+    }
+    memory_restore_peaks(before);
+    // Every rank of this node keeps its offloaded state in the node's memory.
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    const int64_t need = per_rank * env.local_world_size, have = available_host_bytes();
+    if (have > 0 && need > have) {
+        user_error(
+            "cpu_offload.optimizer_state: the offloaded state needs {:.2f} GiB of host memory per rank x {} ranks on "
+            "this node = {:.2f} GiB, but {:.2f} GiB is available (MemAvailable); shard it over more ranks (fsdp "
+            "FULL_SHARD), use more nodes, or turn the offload off",
+            per_rank / gib, env.local_world_size, need / gib, have / gib);
+    }
+}
+
+namespace {
+
 // One configuration to dry-run: config keys and their values on top of the user's config.
 struct Candidate {
     std::vector<std::pair<std::string, Json>> keys;
@@ -162,7 +205,7 @@ std::string describe(const TrainConfig& c, int world) {
 struct Row {
     TrainConfig config;
     bool is_config = false;
-    DryRunStep dry;
+    DryRunStep dry;  // its peaks (the events are dropped once timed: millions for a large accumulation)
     StepTime time;
     double tokens_per_s = 0.0, mfu = 0.0;
     bool fits = true;
@@ -178,12 +221,15 @@ struct Plan {
     int recommended = -1;  // a row, or -1 when none fits
     std::string reasons;
     double slowdown = 1.0;  // every op's factor (CPU ranks sharing cores)
+    RankEnv env;
+    Device device = Device::kCpu;
 };
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, const PlanOptions& o) {
     Plan plan;
+    plan.env = env, plan.device = device;
     const int world = env.world_size;
     const std::string hw_name = !o.hardware.empty() ? o.hardware : device == Device::kCuda ? "h100-sxm" : "cpu";
     plan.hw = find_hardware(hw_name);
@@ -232,6 +278,7 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
         Row row{c, cand.is_config, dry_run_step(c, env, device), {}};
         const bool bf16 = c.precision == Precision::kAmpBf16;
         row.time = predict_step_time(row.dry, hw, cal, bf16, plan.slowdown);
+        row.dry.events = {};
         const double L = static_cast<double>(c.model.max_sequence_length);
         row.tokens_per_s = static_cast<double>(c.global_train_batch_size) * L / world / row.time.total;
         double peak = bf16 ? hw.bf16_flops : hw.fp32_flops;
@@ -304,8 +351,8 @@ void write_predicted_trace(const Plan& plan, int world, const std::string& path,
                       {"args", {{"name", "predicted rank 0: " + describe(row->config, world)}}}});
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", "compute"}}}});
     const bool bf16 = row->config.precision == Precision::kAmpBf16;
-    predict_step_time(row->dry, *plan.hw, plan.calibration ? &*plan.calibration : nullptr, bf16, plan.slowdown, &events,
-                      pid);
+    predict_step_time(dry_run_step(row->config, plan.env, plan.device), *plan.hw,
+                      plan.calibration ? &*plan.calibration : nullptr, bf16, plan.slowdown, &events, pid);
     const std::string text = Json{{"displayTimeUnit", "ms"}, {"traceEvents", events}}.dump();
     std::FILE* f = std::fopen(path.c_str(), "w");
     if (f == nullptr) user_error("plan --trace-file {}: cannot be written", path);

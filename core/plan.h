@@ -44,6 +44,11 @@ struct DryRunStep {
 // left as they were.
 DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device);
 
+// Refuses CPU offload whose host state times the node's ranks exceeds the host memory available now
+// (MemAvailable; TRAINER_HOST_MEMORY_BYTES replaces it in tests), naming both. The host state is what the
+// strategy allocates under the host categories, counted over a dry backend. Nothing to check without offload.
+void check_offload_host_memory(const TrainConfig& config, const RankEnv& env, Device device);
+
 // `trainer plan`: the configurations worth comparing for a config on a world of nnodes x nproc_per_node
 // ranks (the config's own, then every strategy and sharding mode with the by_block wraps, both grad_sync
 // modes where a step has several micro-batches, activation checkpointing null and whole_layer, and CPU

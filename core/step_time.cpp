@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <thread>
+#include <tuple>
 
 #include "base/common.h"
 
@@ -126,6 +127,14 @@ StepTime predict_step_time(const DryRunStep& step, const Hardware& hw, const Cal
         const double t_bytes = hw.bandwidth > 0.0 ? e.bytes / (hw.bandwidth * hw.memory_efficiency) : 0.0;
         return std::max(t_flops, t_bytes) + hw.op_overhead;
     };
+    // Every micro-batch repeats the same ops: each distinct one is costed once (op names are the dry
+    // backend's literals, so their addresses identify them).
+    std::map<std::tuple<const char*, double, double>, double> costed;
+    auto op_time = [&](const StepEvent& e) {
+        const auto [it, added] = costed.emplace(std::make_tuple(e.what, e.flops, e.bytes), 0.0);
+        if (added) it->second = op_seconds(e);
+        return it->second;
+    };
     StepTime r;
     double clock = 0.0;
     std::map<const void*, double> channel_free;             // when each communicator's queue is next free
@@ -156,7 +165,7 @@ StepTime predict_step_time(const DryRunStep& step, const Hardware& hw, const Cal
         const bool optimizer = i >= step.optimizer_begin;
         const double before = clock;
         if (e.kind == StepEvent::kOp) {
-            const double t = op_seconds(e) * slowdown;
+            const double t = op_time(e) * slowdown;
             clock += t;
             (optimizer ? r.optimizer : r.compute) += t;
             continue;

@@ -162,7 +162,7 @@ class TrainingRun {
         if (config_.distributed_strategy == DistributedStrategy::kAuto)
             config_ = choose_configuration(config_, env_, device);
         check_parallel_config(config_, env_, device);
-        check_offload_host_memory(config_, env_);
+        check_offload_host_memory(config_, env_, device);
         train_data_ = std::make_unique<TokenDataset>(config_.data.paths, parse_token_dtype(config_.data.memmap_dtype),
                                                      m_.max_sequence_length, m_.vocab_size);
         for (size_t i = 0; i < config_.evaluators.size(); ++i) {
@@ -193,9 +193,9 @@ class TrainingRun {
         threads_ = configure_threads(config_.threads);
         if (config_.trace_file) {
             // Refuse an unwritable path now, not after the run.
-            const std::string path = trace_path(*config_.trace_file, env_.rank, env_.world_size);
-            std::FILE* f = std::fopen(path.c_str(), "w");
-            if (f == nullptr) user_error("trace_file {}: cannot be written ({})", path, std::strerror(errno));
+            trace_path_ = trace_path(*config_.trace_file, env_.rank, env_.world_size);
+            std::FILE* f = std::fopen(trace_path_.c_str(), "w");
+            if (f == nullptr) user_error("trace_file {}: cannot be written ({})", trace_path_, std::strerror(errno));
             std::fclose(f);
             trace::start(env_.rank);
             trace::name_thread("compute");
@@ -265,10 +265,9 @@ class TrainingRun {
             layout_->matmul_numel(), m_.n_layers, m_.d_model, L - 1, flops_per_token_, L - 1);
         std::printf("MFU peak: %.1f GFLOP/s = %s\n", peak_flops_ / 1e9, peak_how_.c_str());
         if (config_.cpu_offload.optimizer_state) {
-            const RankEnv& env = world_.env;
             std::printf("cpu offload: %s in host memory, %.1f MiB per rank; AdamW on the host\n",
                         config_.cpu_offload.parameters ? "optimizer state and parameters" : "optimizer state",
-                        offloaded_host_bytes(config_, env, *layout_) / 1048576.0);
+                        memory_snapshot().host_current / 1048576.0);
         }
         const std::string libraries = backend_->library_description();
         if (!libraries.empty()) std::printf("GEMMs: %s\n", libraries.c_str());
@@ -398,8 +397,8 @@ class TrainingRun {
                         {"peak_memory_bytes_per_rank", per_rank}};
         metrics_->write(summary);
         if (config_.trace_file) {
-            trace::write(trace_path(*config_.trace_file, env_.rank, world));
-            if (env_.rank == 0) std::printf("trace written to %s\n", trace_path(*config_.trace_file, 0, world).c_str());
+            trace::write(trace_path_);
+            if (env_.rank == 0) std::printf("trace written to %s\n", trace_path_.c_str());
         }
         if (total_steps_ > start_step_) {
             const double mib = 1048576.0;
@@ -433,6 +432,7 @@ class TrainingRun {
     std::optional<std::string> resume_path_;
     bool use_init_from_ = false;
     std::map<std::string, Tensor> init_tensors_;
+    std::string trace_path_;  // this rank's trace file (trace_file)
     std::unique_ptr<MetricsWriter> metrics_;
     int threads_ = 0;
     // build

@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <string>
 
@@ -102,43 +101,7 @@ std::unique_ptr<Strategy> make_strategy(const TrainConfig& config, World& world,
                     choice_name(fc.precision), choice_name(fc.grad_sync_mode)));
 }
 
-// Host memory the kernel could hand out now (MemAvailable); TRAINER_HOST_MEMORY_BYTES replaces it (tests).
-// 0 when unknown.
-int64_t available_host_bytes() {
-    if (const char* v = std::getenv("TRAINER_HOST_MEMORY_BYTES")) return std::atoll(v);
-    std::ifstream f("/proc/meminfo");
-    std::string key;
-    int64_t kb = 0;
-    std::string unit;
-    while (f >> key >> kb >> unit) {
-        if (key == "MemAvailable:") return kb * 1024;
-    }
-    return 0;
-}
-
-// Ranks that share one FSDP shard (the shard group's size).
-int shard_group_size(const TrainConfig& c, const RankEnv& env) {
-    if (c.fsdp.sharding_strategy == ShardingStrategy::kHybridShard) return env.world_size / hybrid_replicas(c, env);
-    return env.world_size;
-}
-
 }  // namespace
-
-int64_t offloaded_host_bytes(const TrainConfig& c, const RankEnv& env, const ParamLayout& layout) {
-    if (!c.cpu_offload.optimizer_state) return 0;
-    const bool sharded =
-        c.distributed_strategy == DistributedStrategy::kFsdp && c.fsdp.sharding_strategy != ShardingStrategy::kNoShard;
-    if (!sharded) return static_cast<int64_t>(layout.total_numel()) * 16;
-    const size_t size = static_cast<size_t>(shard_group_size(c, env));
-    const int64_t per_element = 16 + (c.fsdp.precision == FsdpPrecision::kFp32 ? 0 : 2);
-    int64_t bytes = 0;
-    for (const auto& group : fsdp_unit_groups(layout, c.fsdp)) {
-        size_t numel = 0;
-        for (int u : group) numel += layout.units()[u].numel;
-        bytes += static_cast<int64_t>((numel + size - 1) / size) * per_element;
-    }
-    return bytes;
-}
 
 void check_parallel_config(const TrainConfig& c, const RankEnv& env, Device device) {
     TRAINER_CHECK(c.distributed_strategy != DistributedStrategy::kAuto, "distributed_strategy auto is resolved first");
@@ -166,21 +129,6 @@ void check_parallel_config(const TrainConfig& c, const RankEnv& env, Device devi
     if (c.distributed_backend == DistributedBackend::kGloo && device == Device::kCuda && env.world_size > 1) {
         user_error(
             "distributed_backend \"gloo\" carries host memory, but the device is cuda; use nccl (or auto) on GPUs");
-    }
-}
-
-void check_offload_host_memory(const TrainConfig& c, const RankEnv& env) {
-    if (!c.cpu_offload.optimizer_state) return;
-    // Every rank of this node keeps its offloaded state in the node's memory.
-    const double gib = 1024.0 * 1024.0 * 1024.0;
-    const int64_t per_rank = offloaded_host_bytes(c, env, ParamLayout(c));
-    const int64_t need = per_rank * env.local_world_size, have = available_host_bytes();
-    if (have > 0 && need > have) {
-        user_error(
-            "cpu_offload.optimizer_state: the offloaded state needs {:.2f} GiB of host memory per rank x {} ranks on "
-            "this node = {:.2f} GiB, but {:.2f} GiB is available (MemAvailable); shard it over more ranks (fsdp "
-            "FULL_SHARD), use more nodes, or turn the offload off",
-            per_rank / gib, env.local_world_size, need / gib, have / gib);
     }
 }
 

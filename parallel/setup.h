@@ -30,16 +30,6 @@ struct Choices<Collectives> {
 // micro-batch x accumulation x ranks, NCCL without a GPU, Gloo between GPUs.
 void check_parallel_config(const TrainConfig& config, const RankEnv& env, Device device);
 
-// Refuses CPU offload whose host state (offloaded_host_bytes) times the node's ranks exceeds the host memory
-// available now (MemAvailable), naming both; nothing to check without offload.
-void check_offload_host_memory(const TrainConfig& config, const RankEnv& env);
-
-// Host bytes one rank's CPU offload holds (cpu_offload.optimizer_state; 0 without): for every element of
-// the state the rank owns (the whole model for a replica; its shards, padding included, under FSDP) the
-// fp32 master, the gradient copy and the two moments, plus the bf16 copy that mixed and pure FSDP upload.
-// The same arithmetic as the allocations (shard_storage.cpp, the FSDP shard sizes).
-int64_t offloaded_host_bytes(const TrainConfig& config, const RankEnv& env, const ParamLayout& layout);
-
 // The run's ranks, connected, and the strategy over them. Members are destroyed bottom-up: the strategy
 // before the communicators it uses, those before the store they met through.
 struct World {

@@ -115,7 +115,6 @@ void ShardStorage::grads_on_host() {
 
 void ShardStorage::after_update() {
     if (!offload_ || numel_ == 0) return;
-    grads_sent_ = false;
     if (params_.data() != nullptr)
         upload_ticket_ = backend_->copy_async(params_.data(), host_params_.data(), params_.bytes());
     if (bf16_.data() != nullptr) upload_ticket_ = backend_->copy_async(bf16_.data(), host_bf16_.data(), bf16_.bytes());
