@@ -196,6 +196,9 @@ class Backend {
     // Round to nearest even (NaN stays NaN), and the exact widening back (kernels/element.h).
     virtual void cast_float_to_bf16(uint16_t* out, const float* in, size_t n) = 0;
     virtual void cast_bf16_to_float(float* out, const uint16_t* in, size_t n) = 0;
+    // out = in rounded to bf16 and widened back (the values a bf16 copy holds, in fp32), in one pass; out
+    // may alias in.
+    virtual void round_to_bf16(float* out, const float* in, size_t n) = 0;
 };
 
 // How a backend computes (the CPU backend has one way and ignores these).

@@ -111,6 +111,7 @@ class DryBackend final : public Backend {
     }
     void cast_float_to_bf16(uint16_t*, const float*, size_t n) override { note("cast_float_to_bf16", 0, 6.0 * n); }
     void cast_bf16_to_float(float*, const uint16_t*, size_t n) override { note("cast_bf16_to_float", 0, 6.0 * n); }
+    void round_to_bf16(float*, const float*, size_t n) override { note("round_to_bf16", 0, 8.0 * n); }
 
    private:
     void rope(const char* op, int B, int T, int NH, int HS) {

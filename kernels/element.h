@@ -139,11 +139,22 @@ TRAINER_HD T silu_grad(T x) {
 // `decay_factor` = 1 - lr*wd, `step_size` = lr/bc1 and `bc2_sqrt` = sqrt(bc2) are precomputed per step.
 TRAINER_HD void adamw_element(float& p, float g, float& m, float& v, float beta1, float beta2, float eps,
                               float decay_factor, float step_size, float bc2_sqrt) {
+#if defined(__CUDA_ARCH__)
+    // Every product and sum rounded on its own (the _rn intrinsics are never fused into an FMA), so each
+    // kernel that inlines this (the one-range and the multi-tensor AdamW) gives the same bits whatever
+    // nvcc would contract in its context (it contracted them differently: the two disagreed in the last bit).
+    p = __fmul_rn(p, decay_factor);
+    m = __fadd_rn(__fmul_rn(m, beta1), __fmul_rn(g, 1.0f - beta1));
+    v = __fadd_rn(__fmul_rn(v, beta2), __fmul_rn(__fmul_rn(g, g), 1.0f - beta2));
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), bc2_sqrt), eps);
+    p = __fsub_rn(p, __fmul_rn(step_size, __fdiv_rn(m, denom)));
+#else
     p = p * decay_factor;
     m = m * beta1 + g * (1.0f - beta1);
     v = v * beta2 + g * g * (1.0f - beta2);
     const float denom = std::sqrt(v) / bc2_sqrt + eps;
     p = p - step_size * (m / denom);
+#endif
 }
 
 // bf16 <-> fp32. Round to nearest even, NaN kept quiet (as PyTorch's c10::BFloat16).

@@ -54,10 +54,8 @@ class DdpStrategy final : public Strategy {
         if (!precision_.bf16_params) return s.state.device_params();
         const size_t n = s.state.numel();
         if (s.compute_stale && n > 0) {
-            // The bf16-rounded compute copy of the fp32 parameters.
-            DeviceBuffer half(backend_, n * 2, MemCategory::kCommunication);
-            backend_->cast_float_to_bf16(half.bf16(), s.state.device_params(), n);
-            backend_->cast_bf16_to_float(s.compute.f32(), half.bf16(), n);
+            // The bf16-rounded compute copy of the fp32 parameters, in one pass.
+            backend_->round_to_bf16(s.compute.f32(), s.state.device_params(), n);
             s.compute_stale = false;
         }
         return s.compute.f32();

@@ -710,6 +710,15 @@ TEST_CASE("kernels: cast rounds to nearest even and keeps specials") {
         if (!ok && bad++ == 0) FAIL_CHECK(fmt::format("round trip of 0x{:04X} gave 0x{:04X}", all[i], back[i]));
     }
     CHECK(bad == 0);
+    // round_to_bf16 is the cast there and back, in one pass, and in place too.
+    std::vector<uint16_t> half(in.size());
+    cpu::cast_float_to_bf16(half.data(), in.data(), in.size());
+    std::vector<float> want(in.size()), rounded(in.size());
+    cpu::cast_bf16_to_float(want.data(), half.data(), half.size());
+    cpu::round_to_bf16(rounded.data(), in.data(), in.size());
+    CHECK(std::memcmp(want.data(), rounded.data(), want.size() * sizeof(float)) == 0);
+    cpu::round_to_bf16(in.data(), in.data(), in.size());
+    CHECK(std::memcmp(want.data(), in.data(), want.size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("kernels: backward kernels are bitwise deterministic") {

@@ -20,4 +20,10 @@ void cast_bf16_to_float(float* out, const uint16_t* in, size_t n) {
     for (long i = 0; i < count; ++i) out[i] = bf16_to_float(in[i]);
 }
 
+void round_to_bf16(float* out, const float* in, size_t n) {
+    const long count = static_cast<long>(n);
+#pragma omp parallel for simd schedule(static)
+    for (long i = 0; i < count; ++i) out[i] = bf16_to_float(float_to_bf16(in[i]));
+}
+
 }  // namespace trainer::cpu

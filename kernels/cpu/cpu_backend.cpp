@@ -183,6 +183,7 @@ class CpuBackend final : public Backend {
     }
     void cast_float_to_bf16(uint16_t* out, const float* in, size_t n) override { cpu::cast_float_to_bf16(out, in, n); }
     void cast_bf16_to_float(float* out, const uint16_t* in, size_t n) override { cpu::cast_bf16_to_float(out, in, n); }
+    void round_to_bf16(float* out, const float* in, size_t n) override { cpu::round_to_bf16(out, in, n); }
 
    private:
     static constexpr size_t kPoolMin = size_t(1) << 20, kPage = 4096;

@@ -89,5 +89,6 @@ double squared_norm(const T* x, size_t n);
 // ---- cast.cpp ----
 void cast_float_to_bf16(uint16_t* out, const float* in, size_t n);
 void cast_bf16_to_float(float* out, const uint16_t* in, size_t n);
+void round_to_bf16(float* out, const float* in, size_t n);
 
 }  // namespace trainer::cpu

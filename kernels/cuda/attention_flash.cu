@@ -7,19 +7,23 @@
 // Forward: a block owns 64 queries of one (batch, head), 16 per warp; key/value tiles of 64 stream
 // through shared memory (the next one loading while this one computes), only those the causal mask keeps.
 // S = Q K^T and the online softmax stay in registers; P is rounded to bf16 and fed to P V from registers.
-// Grid y walks the query tiles from the last (the most keys) to the first, so the long blocks start first.
+// Blocks are numbered head by head (within a head, from the last query tile, the most keys, to the
+// first), so the blocks running at once share a few heads' K and V in L2 (numbered tile by tile across
+// all heads, they streamed every head's K and V from DRAM: an L2 hit rate of 16% in the backward on an
+// H100).
 //
-// Backward, deterministic: a block owns 64 keys (16 per warp) and walks the query tiles of 32 that see
-// them. It recomputes P^T = exp(K Q^T * scale - lse), accumulates dV += P^T dO and dK += dS^T Q in
-// registers (dS = P (dO V^T - D), D = rowsum(dO * O) from a first kernel), and forms this block's
-// share of dQ = dS K for the query tile. The shares of the key tiles are added into an fp32 dQ buffer in
-// key-tile order, a per-(head, query tile) counter letting key tile j add only after j - 1 has: no
-// atomics in the sums, so two runs are bitwise equal. Blocks take their (head, key tile) from a ticket in
-// the order they start, key tile 0 of every head first, so a block only ever waits for blocks already
-// running. A last kernel scales dQ and writes it as bf16.
+// Backward, deterministic, after a first kernel's D = rowsum(dO * O): one launch of two kinds of tile,
+// neither waiting on another block: dK and dV per key tile, dQ per query tile. A dK/dV tile owns 64 keys
+// (16 per warp) and walks the query tiles of 32 that see them: it recomputes P^T = exp(K Q^T * scale -
+// lse) and accumulates dV += P^T dO and dK += dS^T Q in registers (dS = P (dP - D), dP = dO V^T). A dQ
+// tile has the forward's tiling (64 queries a block, key tiles of 64 up to the diagonal) and accumulates dQ +=
+// dS K in registers. FlashAttention-2 computes dQ in the dK/dV kernel and adds the key tiles' shares with
+// fp32 atomics (not reproducible); here every sum has one owner that adds in a fixed order, at the price
+// of recomputing S and dP a second time (7 products per tile pair instead of 5).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -106,6 +110,74 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, size_t st
     }
 }
 
+// The key/value tiles 0 .. n_tiles - 1 (64 keys each, of one head) through two shared-memory buffers each
+// (the next tile loading while body(j, k_tile, v_tile) computes on this one); tile 0 must be queued (and
+// committed) by the caller, with whatever else body's first call reads. Every warp finishes body before
+// the buffer it read is refilled.
+template <int D, typename Body>
+__device__ __forceinline__ void for_each_key_tile(bf16* sk, bf16* sv, const bf16* kbase, const bf16* vbase,
+                                                  size_t stride, int T, int n_tiles, Body body) {
+    for (int j = 0; j < n_tiles; ++j) {
+        if (j + 1 < n_tiles) {
+            const int nb = (j + 1) & 1;
+            load_tile<D, kFwdKeys>(sk + nb * kFwdKeys * D, kbase, stride, (j + 1) * kFwdKeys, T);
+            load_tile<D, kFwdKeys>(sv + nb * kFwdKeys * D, vbase, stride, (j + 1) * kFwdKeys, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        body(j, sk + (j & 1) * kFwdKeys * D, sv + (j & 1) * kFwdKeys * D);
+        __syncthreads();
+    }
+}
+
+// acc (a warp's 16 rows x D) += A B, A the warp's 16 x 64 accumulators of a product over a key tile (P or
+// dS, rounded to bf16 and fed from registers as the A operand, 16 keys a k-step) and B the tile's 64 rows
+// x D (V or K) through ldmatrix.trans.
+template <int D>
+__device__ __forceinline__ void accumulate_times_tile(float (&acc)[D / 8][4], const float (&a)[kFwdKeys / 8][4],
+                                                      bf16* tile, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < kFwdKeys / 16; ++kk) {
+        uint32_t af[4];
+        pack_a(af, a[2 * kk], a[2 * kk + 1]);
+#pragma unroll
+        for (int np = 0; np < D / 16; ++np) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, at<D>(tile, kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, np * 16 + (lane / 16) * 8));
+            mma(acc[2 * np], af, b[0], b[1]);
+            mma(acc[2 * np + 1], af, b[2], b[3]);
+        }
+    }
+}
+
+// x += A1 B1^T and y += A2 B2^T over D channels, for a warp: A1 and A2 its 16 rows (from row a0) of two
+// shared tiles (ldmatrix), B1 and B2 the kN rows of two others (ldmatrix, as the col-major B operand). The
+// backward's two products of every tile: S = Q K^T with dP = dO V^T, or their transposes.
+template <int D, int kN>
+__device__ __forceinline__ void two_products(float (&x)[kN / 8][4], float (&y)[kN / 8][4], bf16* a1, bf16* a2, int a0,
+                                             bf16* b1, bf16* b2, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t fa1[4], fa2[4];
+        ldmatrix_x4(fa1, at<D>(a1, a0 + (lane % 16), kk * 16 + (lane / 16) * 8));
+        ldmatrix_x4(fa2, at<D>(a2, a0 + (lane % 16), kk * 16 + (lane / 16) * 8));
+#pragma unroll
+        for (int np = 0; np < kN / 16; ++np) {
+            const int r = np * 16 + (lane % 8) + (lane / 16) * 8, c = kk * 16 + ((lane / 8) % 2) * 8;
+            uint32_t fb1[4], fb2[4];
+            ldmatrix_x4(fb1, at<D>(b1, r, c));
+            ldmatrix_x4(fb2, at<D>(b2, r, c));
+            mma(x[2 * np], fa1, fb1[0], fb1[1]);
+            mma(x[2 * np + 1], fa1, fb1[2], fb1[3]);
+            mma(y[2 * np], fa2, fb2[0], fb2[1]);
+            mma(y[2 * np + 1], fa2, fb2[2], fb2[3]);
+        }
+    }
+}
+
 // ---- forward ----
 template <int D>
 __global__ void __launch_bounds__(kThreads)
@@ -114,8 +186,9 @@ __global__ void __launch_bounds__(kThreads)
     bf16* sq = reinterpret_cast<bf16*>(smem_raw);
     bf16* sk = sq + kFwdRows * D;  // two buffers of kFwdKeys x D
     bf16* sv = sk + 2 * kFwdKeys * D;
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
-    const int qt = gridDim.y - 1 - blockIdx.y;  // the last query tile (most keys) first
+    const int n_qtiles = (T + kFwdRows - 1) / kFwdRows;
+    const int bh = static_cast<int>(blockIdx.x / n_qtiles), b = bh / NH, h = bh % NH;
+    const int qt = n_qtiles - 1 - static_cast<int>(blockIdx.x % n_qtiles);  // the last query tile (most keys) first
     const int q0 = qt * kFwdRows;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const size_t stride = static_cast<size_t>(3) * NH * D;
@@ -133,24 +206,12 @@ __global__ void __launch_bounds__(kThreads)
     uint32_t qf[D / 16][4];
     const int n_tiles = (q0 + kFwdRows - 1) / kFwdKeys + 1;  // key tiles up to the diagonal
     const int row_lo = q0 + warp * 16 + g;                   // this thread's first query
-    for (int j = 0; j < n_tiles; ++j) {
-        if (j + 1 < n_tiles) {
-            const int nb = (j + 1) & 1;
-            load_tile<D, kFwdKeys>(sk + nb * kFwdKeys * D, kbase, stride, (j + 1) * kFwdKeys, T);
-            load_tile<D, kFwdKeys>(sv + nb * kFwdKeys * D, vbase, stride, (j + 1) * kFwdKeys, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+    for_each_key_tile<D>(sk, sv, kbase, vbase, stride, T, n_tiles, [&](int j, bf16* k_tile, bf16* v_tile) {
         if (j == 0) {
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk)
                 ldmatrix_x4(qf[kk], at<D>(sq, warp * 16 + (lane % 16), kk * 16 + (lane / 16) * 8));
         }
-        bf16* k_tile = sk + (j & 1) * kFwdKeys * D;
-        bf16* v_tile = sv + (j & 1) * kFwdKeys * D;
         // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
         float s[kFwdKeys / 8][4] = {};
 #pragma unroll
@@ -199,22 +260,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int nt = 0; nt < D / 8; ++nt)
             o[nt][0] *= alpha[0], o[nt][1] *= alpha[0], o[nt][2] *= alpha[1], o[nt][3] *= alpha[1];
-            // O += P V: P from registers as the A operand (16 keys a k-step), V through ldmatrix.trans.
-#pragma unroll
-        for (int kk = 0; kk < kFwdKeys / 16; ++kk) {
-            uint32_t pa[4];
-            pack_a(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int np = 0; np < D / 16; ++np) {
-                uint32_t bv[4];
-                ldmatrix_x4_trans(
-                    bv, at<D>(v_tile, kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, np * 16 + (lane / 16) * 8));
-                mma(o[2 * np], pa, bv[0], bv[1]);
-                mma(o[2 * np + 1], pa, bv[2], bv[3]);
-            }
-        }
-        __syncthreads();  // every warp is done with this buffer before the next iteration refills it
-    }
+        // O += P V.
+        accumulate_times_tile<D>(o, s, v_tile, lane);
+    });
     // Normalise, write bf16 out and the natural-log lse of the scaled scores.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -260,28 +308,20 @@ __global__ void flash_backward_dot_kernel(float* dsum, const bf16* dout, const b
     }
 }
 
+// dK and dV of key tile `kt` of head `bh`.
 template <int D>
-__global__ void __launch_bounds__(kThreads)
-    flash_backward_kernel(bf16* dqkv, float* dq_acc, int* turn, int* ticket, const float* dsum, const bf16* dout,
-                          const bf16* qkv, const float* lse, int T, int NH, int BNH, float scale, float scale_log2) {
-    extern __shared__ __align__(128) uint8_t smem_raw[];
-    bf16* sk = reinterpret_cast<bf16*>(smem_raw);                        // kBwdKeys x D
-    bf16* sv = sk + kBwdKeys * D;                                        // kBwdKeys x D
-    bf16* sq = sv + kBwdKeys * D;                                        // two buffers of kBwdRows x D
-    bf16* sdo = sq + 2 * kBwdRows * D;                                   // two buffers of kBwdRows x D
-    constexpr int kDsStride = kBwdRows + 8;                              // padded rows: conflict-free ldmatrix.trans
-    bf16* sds = sdo + 2 * kBwdRows * D;                                  // kBwdKeys x kDsStride: dS^T of this tile
-    float* slse = reinterpret_cast<float*>(sds + kBwdKeys * kDsStride);  // two buffers of kBwdRows
-    float* sdsum = slse + 2 * kBwdRows;                                  // two buffers of kBwdRows
+__device__ __forceinline__ void backward_dkdv_tile(uint8_t* smem_raw, int bh, int kt, bf16* dqkv, const float* dsum,
+                                                   const bf16* dout, const bf16* qkv, const float* lse, int T, int NH,
+                                                   float scale, float scale_log2) {
+    bf16* sk = reinterpret_cast<bf16*>(smem_raw);                    // kBwdKeys x D
+    bf16* sv = sk + kBwdKeys * D;                                    // kBwdKeys x D
+    bf16* sq = sv + kBwdKeys * D;                                    // two buffers of kBwdRows x D
+    bf16* sdo = sq + 2 * kBwdRows * D;                               // two buffers of kBwdRows x D
+    float* slse = reinterpret_cast<float*>(sdo + 2 * kBwdRows * D);  // two buffers of kBwdRows
+    float* sdsum = slse + 2 * kBwdRows;                              // two buffers of kBwdRows
 
-    // Work in the order blocks start, not by blockIdx (CUDA does not promise to dispatch blocks in index
-    // order): ticket t is key tile t / BNH of head t % BNH, so every key tile a block waits for (a lower one
-    // of its head) belongs to a block that has already started.
-    __shared__ int s_ticket;
-    if (threadIdx.x == 0) s_ticket = atomicAdd(ticket, 1);
-    __syncthreads();
-    const int bh = s_ticket % BNH, b = bh / NH, h = bh % NH;
-    const int kt = s_ticket / BNH, k0 = kt * kBwdKeys;
+    const int b = bh / NH, h = bh % NH;
+    const int k0 = kt * kBwdKeys;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const size_t stride = static_cast<size_t>(3) * NH * D;
     const size_t head_off = static_cast<size_t>(b) * T * stride + static_cast<size_t>(h) * D;
@@ -328,25 +368,9 @@ __global__ void __launch_bounds__(kThreads)
         const float* dsum_t = sdsum + buf * kBwdRows;
         const int q0 = qt * kBwdRows;
 
-        // S^T = K Q^T (16 keys x 32 queries) and dP^T = V dO^T, A from K / V rows, B from Q / dO rows.
+        // S^T = K Q^T (16 keys x 32 queries) and dP^T = V dO^T.
         float s[kBwdRows / 8][4] = {}, dp[kBwdRows / 8][4] = {};
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t ka[4], va[4];
-            ldmatrix_x4(ka, at<D>(sk, warp * 16 + (lane % 16), kk * 16 + (lane / 16) * 8));
-            ldmatrix_x4(va, at<D>(sv, warp * 16 + (lane % 16), kk * 16 + (lane / 16) * 8));
-#pragma unroll
-            for (int np = 0; np < kBwdRows / 16; ++np) {
-                uint32_t qb[4], db[4];
-                const int r = np * 16 + (lane % 8) + (lane / 16) * 8, c = kk * 16 + ((lane / 8) % 2) * 8;
-                ldmatrix_x4(qb, at<D>(q_tile, r, c));
-                ldmatrix_x4(db, at<D>(do_tile, r, c));
-                mma(s[2 * np], ka, qb[0], qb[1]);
-                mma(s[2 * np + 1], ka, qb[2], qb[3]);
-                mma(dp[2 * np], va, db[0], db[1]);
-                mma(dp[2 * np + 1], va, db[2], db[3]);
-            }
-        }
+        two_products<D, kBwdRows>(s, dp, sk, sv, warp * 16, q_tile, do_tile, lane);
         // P^T = exp2(S^T * scale_log2 - lse_log2) with the causal mask (key > query: 0); dS^T = P^T (dP^T - D).
         const bool diagonal = q0 < k0 + kBwdKeys;  // some key of the block lies past a query of the tile
 #pragma unroll
@@ -378,62 +402,8 @@ __global__ void __launch_bounds__(kThreads)
                 mma(dk[2 * np], da, qb[0], qb[1]);
                 mma(dk[2 * np + 1], da, qb[2], qb[3]);
             }
-            // This warp's dS^T rows (its 16 keys) into shared memory for the dQ product.
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int qc = kk * 16 + half * 8 + 2 * t;
-                *reinterpret_cast<uint32_t*>(sds + (warp * 16 + g) * kDsStride + qc) = da[2 * half];
-                *reinterpret_cast<uint32_t*>(sds + (warp * 16 + g + 8) * kDsStride + qc) = da[2 * half + 1];
-            }
         }
-        __syncthreads();
-        // dQ share = dS K (32 queries x D over the block's 64 keys): warp w takes queries (w % 2) * 16 and
-        // channels (w / 2) * D/2; A = dS from dS^T through ldmatrix.trans, B = K through ldmatrix.trans.
-        constexpr int kHalf = D / 2;
-        float dq[kHalf / 8][4] = {};
-        const int qrow = (warp % 2) * 16, cbase = (warp / 2) * kHalf;
-#pragma unroll
-        for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
-            uint32_t a[4];
-            ldmatrix_x4_trans(a,
-                              sds + (kk * 16 + (lane % 8) + (lane / 16) * 8) * kDsStride + qrow + ((lane / 8) % 2) * 8);
-#pragma unroll
-            for (int np = 0; np < kHalf / 16; ++np) {
-                uint32_t kb[4];
-                ldmatrix_x4_trans(
-                    kb, at<D>(sk, kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, cbase + np * 16 + (lane / 16) * 8));
-                mma(dq[2 * np], a, kb[0], kb[1]);
-                mma(dq[2 * np + 1], a, kb[2], kb[3]);
-            }
-        }
-        // Add this key tile's share after the key tiles before it (fixed order: deterministic sums).
-        int* my_turn = turn + static_cast<size_t>(bh) * n_qtiles + qt;
-        const int order = kt;  // key tiles 0, 1, ... add their shares to this query tile in turn
-        if (threadIdx.x == 0) {
-            while (atomicAdd(my_turn, 0) != order) {
-            }
-            __threadfence();
-        }
-        __syncthreads();
-        float* acc = dq_acc + (static_cast<size_t>(bh) * T) * D;
-#pragma unroll
-        for (int nt = 0; nt < kHalf / 8; ++nt) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int q = q0 + qrow + g + r * 8;
-                if (q >= T) continue;
-                // Through L2 (ld/st .cg): another SM wrote these last, and L1 is not coherent.
-                float2* p = reinterpret_cast<float2*>(acc + static_cast<size_t>(q) * D + cbase + nt * 8 + 2 * t);
-                float2 v = __ldcg(p);
-                v.x += dq[nt][2 * r], v.y += dq[nt][2 * r + 1];
-                __stcg(p, v);
-            }
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {  // release: every thread's additions are done (barrier) and visible (fence)
-            __threadfence();
-            atomicExch(my_turn, order + 1);
-        }
+        __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     }
     // dK (scaled) and dV of this warp's 16 keys, as bf16 into dqkv.
 #pragma unroll
@@ -451,20 +421,75 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-// dq (B, T, q part of 3C) = scale * dq_acc (B, NH, T, D), as bf16.
-__global__ void flash_backward_dq_kernel(bf16* dqkv, const float* dq_acc, int B, int T, int NH, int D, float scale) {
-    const size_t n2 = static_cast<size_t>(B) * NH * T * D / 2;
-    for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n2;
-         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-        const size_t e = 2 * i;
-        const int c = static_cast<int>(e % D);
-        const size_t row = e / D;  // (b, h, t)
-        const int tq = static_cast<int>(row % T), h = static_cast<int>((row / T) % NH),
-                  b = static_cast<int>(row / T / NH);
-        const float2 v = *reinterpret_cast<const float2*>(dq_acc + e);
-        *reinterpret_cast<__nv_bfloat162*>(dqkv + (static_cast<size_t>(b) * T + tq) * 3 * NH * D +
-                                           static_cast<size_t>(h) * D + c) =
-            __floats2bfloat162_rn(v.x * scale, v.y * scale);
+// dQ of 64 queries of one (batch, head), 16 per warp, the forward's tiling: key/value tiles of 64 stream
+// through shared memory (double-buffered) up to the diagonal; per tile S = Q K^T and dP = dO V^T in
+// registers, P = exp2(S * scale_log2 - lse_log2) masked, dS = P (dP - D), and dQ += dS K with dS from
+// registers as the A operand and K through ldmatrix.trans. Each block sums its own rows over the key
+// tiles in order: deterministic without atomics or any wait on another block.
+template <int D>
+__device__ __forceinline__ void backward_dq_tile(uint8_t* smem_raw, int bh, int qt, bf16* dqkv, const float* dsum,
+                                                 const bf16* dout, const bf16* qkv, const float* lse, int T, int NH,
+                                                 float scale, float scale_log2) {
+    bf16* sq = reinterpret_cast<bf16*>(smem_raw);
+    bf16* sdo = sq + kFwdRows * D;
+    bf16* sk = sdo + kFwdRows * D;  // two buffers of kFwdKeys x D
+    bf16* sv = sk + 2 * kFwdKeys * D;
+    const int b = bh / NH, h = bh % NH;
+    const int q0 = qt * kFwdRows;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const size_t stride = static_cast<size_t>(3) * NH * D;
+    const bf16* qbase = qkv + static_cast<size_t>(b) * T * stride + static_cast<size_t>(h) * D;
+    const bf16* kbase = qbase + static_cast<size_t>(NH) * D;
+    const bf16* vbase = kbase + static_cast<size_t>(NH) * D;
+    const size_t ostride = static_cast<size_t>(NH) * D;
+    const bf16* dobase = dout + static_cast<size_t>(b) * T * ostride + static_cast<size_t>(h) * D;
+
+    load_tile<D, kFwdRows>(sq, qbase, stride, q0, T);
+    load_tile<D, kFwdRows>(sdo, dobase, ostride, q0, T);
+    load_tile<D, kFwdKeys>(sk, kbase, stride, 0, T);
+    load_tile<D, kFwdKeys>(sv, vbase, stride, 0, T);
+    cp_async_commit();
+
+    const int row_lo = q0 + warp * 16 + g;  // this thread's first query (rows g and g + 8 of the warp)
+    float lse_r[2], dsum_r[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row_lo + r * 8;
+        // Rows past T: lse +inf makes their P zero (and they are not written).
+        lse_r[r] = row < T ? lse[static_cast<size_t>(bh) * T + row] * kLog2e : INFINITY;
+        dsum_r[r] = row < T ? dsum[static_cast<size_t>(bh) * T + row] : 0.0f;
+    }
+    float dq[D / 8][4] = {};
+    const int n_tiles = (q0 + kFwdRows - 1) / kFwdKeys + 1;  // key tiles up to the diagonal
+    for_each_key_tile<D>(sk, sv, kbase, vbase, stride, T, n_tiles, [&](int j, bf16* k_tile, bf16* v_tile) {
+        // S = Q K^T and dP = dO V^T for this warp's 16 rows and the tile's 64 keys.
+        float s[kFwdKeys / 8][4] = {}, dp[kFwdKeys / 8][4] = {};
+        two_products<D, kFwdKeys>(s, dp, sq, sdo, warp * 16, k_tile, v_tile, lane);
+        const int k0 = j * kFwdKeys;
+        const bool diagonal = k0 + kFwdKeys - 1 > q0;
+#pragma unroll
+        for (int nt = 0; nt < kFwdKeys / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = k0 + nt * 8 + 2 * t + (e & 1), row = row_lo + (e >> 1) * 8;
+                float p = exp2f(s[nt][e] * scale_log2 - lse_r[e >> 1]);
+                if (diagonal && key > row) p = 0.0f;
+                dp[nt][e] = p * (dp[nt][e] - dsum_r[e >> 1]);
+            }
+        }
+        // dQ += dS K.
+        accumulate_times_tile<D>(dq, dp, k_tile, lane);
+    });
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row_lo + r * 8;
+        if (row >= T) continue;
+        bf16* dst = dqkv + (static_cast<size_t>(b) * T + row) * stride + static_cast<size_t>(h) * D;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) {
+            *reinterpret_cast<uint32_t*>(dst + nt * 8 + 2 * t) =
+                pack_bf16(dq[nt][2 * r] * scale, dq[nt][2 * r + 1] * scale);
+        }
     }
 }
 
@@ -472,10 +497,33 @@ template <int D>
 size_t forward_smem() {
     return static_cast<size_t>(kFwdRows + 4 * kFwdKeys) * D * sizeof(bf16);
 }
+// One launch for both kinds of tile, so neither kind's tail leaves SMs idle. Blocks go head by head (the
+// blocks running at once share a few heads' Q, K, V and dO in L2); within a head, block i takes dK/dV
+// tile i / 2 (even i) or dQ tile i / 2 (odd i), each kind ordered longest first (key tile 0 sees every
+// query; the last query tile sees every key). kBwdKeys == kFwdRows: both kinds have T / 64 tiles a head.
 template <int D>
-size_t backward_smem() {
-    return static_cast<size_t>(2 * kBwdKeys + 4 * kBwdRows) * D * sizeof(bf16) +
-           static_cast<size_t>(kBwdKeys) * (kBwdRows + 8) * sizeof(bf16) + 4 * kBwdRows * sizeof(float);
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_kernel(bf16* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse, int T,
+                          int NH, float scale, float scale_log2) {
+    extern __shared__ __align__(128) uint8_t smem_raw[];
+    const int n_tiles = (T + kFwdRows - 1) / kFwdRows;
+    const int bh = static_cast<int>(blockIdx.x / (2 * n_tiles)), within = static_cast<int>(blockIdx.x % (2 * n_tiles));
+    const int rank = within / 2;
+    if (within % 2 == 0) {
+        backward_dkdv_tile<D>(smem_raw, bh, rank, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
+    } else {
+        backward_dq_tile<D>(smem_raw, bh, n_tiles - 1 - rank, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
+    }
+}
+static_assert(kBwdKeys == kFwdRows, "the merged backward pairs the two kinds of tile one for one");
+
+template <int D>
+size_t backward_dkdv_smem() {
+    return static_cast<size_t>(2 * kBwdKeys + 4 * kBwdRows) * D * sizeof(bf16) + 4 * kBwdRows * sizeof(float);
+}
+template <int D>
+size_t backward_dq_smem() {
+    return static_cast<size_t>(2 * kFwdRows + 4 * kFwdKeys) * D * sizeof(bf16);
 }
 
 // log2(e) / sqrt(D): exp(x / sqrt(D)) = exp2(x * this), the same constant in the forward and the backward.
@@ -487,7 +535,7 @@ void forward_launch(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T
     // Per launch: the attribute belongs to the current device's context.
     TRAINER_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
-    const dim3 grid(B * NH, (T + kFwdRows - 1) / kFwdRows);
+    const unsigned grid = static_cast<unsigned>((T + kFwdRows - 1) / kFwdRows) * static_cast<unsigned>(B * NH);
     flash_forward_kernel<D><<<grid, kThreads, smem, stream>>>(
         reinterpret_cast<bf16*>(out), lse, reinterpret_cast<const bf16*>(qkv), T, NH, scale_log2e(D));
     TRAINER_CUDA_CHECK(cudaGetLastError());
@@ -496,27 +544,23 @@ void forward_launch(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T
 template <int D>
 void backward_launch(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out, const float* lse,
                      int B, int T, int NH, void* scratch, cudaStream_t stream) {
-    const size_t smem = backward_smem<D>();
+    const size_t smem = std::max(backward_dkdv_smem<D>(), backward_dq_smem<D>());
     TRAINER_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
     const size_t rows = static_cast<size_t>(B) * NH * T;
-    const int n_qtiles = (T + kBwdRows - 1) / kBwdRows, n_ktiles = (T + kBwdKeys - 1) / kBwdKeys;
-    auto* dq_acc = static_cast<float*>(scratch);
-    auto* dsum = dq_acc + rows * D;
-    auto* ticket = reinterpret_cast<int*>(dsum + rows);  // then the turn counters
-    int* turn = ticket + 1;
-    TRAINER_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, rows * D * sizeof(float), stream));
-    TRAINER_CUDA_CHECK(cudaMemsetAsync(ticket, 0, (1 + static_cast<size_t>(B) * NH * n_qtiles) * sizeof(int), stream));
+    auto* dsum = static_cast<float*>(scratch);
     flash_backward_dot_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream>>>(
         dsum, reinterpret_cast<const bf16*>(dout), reinterpret_cast<const bf16*>(out), B, T, NH, D);
     TRAINER_CUDA_CHECK(cudaGetLastError());
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    flash_backward_kernel<D><<<static_cast<unsigned>(B * NH * n_ktiles), kThreads, smem, stream>>>(
-        reinterpret_cast<bf16*>(dqkv), dq_acc, turn, ticket, dsum, reinterpret_cast<const bf16*>(dout),
-        reinterpret_cast<const bf16*>(qkv), lse, T, NH, B * NH, scale, scale_log2e(D));
-    TRAINER_CUDA_CHECK(cudaGetLastError());
-    flash_backward_dq_kernel<<<grid_for(rows * D / 2, 256), 256, 0, stream>>>(reinterpret_cast<bf16*>(dqkv), dq_acc, B,
-                                                                              T, NH, D, scale);
+    const auto* dout16 = reinterpret_cast<const bf16*>(dout);
+    const auto* qkv16 = reinterpret_cast<const bf16*>(qkv);
+    // dK/dV and dQ tiles, neither waiting on another block. Both recompute P (7 products per tile pair
+    // instead of FlashAttention-2's 5) so that every sum has one owner and a fixed order; they write
+    // disjoint parts of dqkv.
+    const unsigned blocks = 2u * static_cast<unsigned>(B * NH) * static_cast<unsigned>((T + kBwdKeys - 1) / kBwdKeys);
+    flash_backward_kernel<D><<<blocks, kThreads, smem, stream>>>(reinterpret_cast<bf16*>(dqkv), dsum, dout16, qkv16,
+                                                                 lse, T, NH, scale, scale_log2e(D));
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -525,10 +569,8 @@ void backward_launch(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, 
 bool flash_attention_supported(int HS) { return HS == 64 || HS == 128; }
 
 size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int HS) {
-    const size_t rows = static_cast<size_t>(B) * NH * T;
-    const size_t n_qtiles = (static_cast<size_t>(T) + kBwdRows - 1) / kBwdRows;
-    return rows * HS * sizeof(float) + rows * sizeof(float) +
-           (1 + static_cast<size_t>(B) * NH * n_qtiles) * sizeof(int);
+    (void)HS;
+    return static_cast<size_t>(B) * NH * T * sizeof(float);  // D = rowsum(dO * O) per (batch, head, query)
 }
 
 void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int HS,

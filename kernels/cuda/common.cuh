@@ -39,7 +39,7 @@ inline bool is_host_pointer(const void* p) {
 
 // True when every pointer is 16-byte aligned, so float4 (128-bit) loads and stores are legal.
 template <typename... P>
-inline bool aligned16(const P*... p) {
+__host__ __device__ inline bool aligned16(const P*... p) {
     return ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
 }
 

@@ -454,6 +454,7 @@ class CudaBackend final : public Backend {
     void cast_bf16_to_float(float* out, const uint16_t* in, size_t n) override {
         cuda::cast_bf16_to_float(out, in, n, stream_);
     }
+    void round_to_bf16(float* out, const float* in, size_t n) override { cuda::round_to_bf16(out, in, n, stream_); }
 
    private:
     struct Scratch {

@@ -6,6 +6,7 @@
 // two agree bitwise. dwpe: a thread owns one channel of one position and walks that position's rows
 // (n = t, t + T, ...) in order.
 #include <cub/cub.cuh>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
@@ -28,21 +29,38 @@ __global__ void iota_kernel(int32_t* out, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = i;
 }
 
-// Block r adds the rows of run r (token unique[r], rows rows[offset[r] .. offset[r] + count[r]) in row
-// order) into dwte[token]; blocks past the number of runs return.
+// Block (r, y) adds the rows of run r (token unique[r], rows rows[offset[r] .. offset[r] + count[r]) in
+// row order) into its slice of channels of dwte[token]; blocks past the number of runs return. Each thread
+// owns W consecutive channels (W = 4: 16-byte loads) and loads four rows ahead before adding them in order,
+// so a frequent token's long run streams at memory speed while its sums keep the CPU's order.
+template <int W>
 __global__ void embedding_backward_runs_kernel(float* dwte, const float* dout, const int32_t* unique,
                                                const int32_t* counts, const int32_t* offsets, const int32_t* rows,
                                                const int32_t* num_runs, int C) {
     const int r = blockIdx.x;
     if (r >= *num_runs) return;
+    const int c = (blockIdx.y * blockDim.x + threadIdx.x) * W;
+    if (c >= C) return;
+    using Vec = typename std::conditional<W == 4, float4, float>::type;
     const int32_t* run = rows + offsets[r];
     const int n = counts[r];
-    float* dst = dwte + static_cast<size_t>(unique[r]) * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float acc = dst[c];
-        for (int k = 0; k < n; ++k) acc += dout[static_cast<size_t>(run[k]) * C + c];
-        dst[c] = acc;
+    Vec* dst = reinterpret_cast<Vec*>(dwte + static_cast<size_t>(unique[r]) * C + c);
+    auto row = [&](int k) { return *reinterpret_cast<const Vec*>(dout + static_cast<size_t>(run[k]) * C + c); };
+    auto add = [](Vec& a, const Vec& x) {
+        if constexpr (W == 4) {
+            a.x += x.x, a.y += x.y, a.z += x.z, a.w += x.w;
+        } else {
+            a += x;
+        }
+    };
+    Vec acc = *dst;
+    int k = 0;
+    for (; k + 4 <= n; k += 4) {
+        const Vec x0 = row(k), x1 = row(k + 1), x2 = row(k + 2), x3 = row(k + 3);
+        add(acc, x0), add(acc, x1), add(acc, x2), add(acc, x3);
     }
+    for (; k < n; ++k) add(acc, row(k));
+    *dst = acc;
 }
 
 // The scratch of the grouping: int32 arrays of N (sorted tokens, rows in, rows sorted, unique tokens, run
@@ -121,8 +139,17 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
         cub::DeviceRunLengthEncode::Encode(g.temp, temp, g.keys_out, g.unique, g.counts, g.num_runs, N, stream));
     temp = g.temp_bytes;
     TRAINER_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(g.temp, temp, g.counts, g.offsets, N, stream));
-    embedding_backward_runs_kernel<<<static_cast<unsigned>(N), 256, 0, stream>>>(dwte, dout, g.unique, g.counts,
-                                                                                 g.offsets, g.rows_out, g.num_runs, C);
+    constexpr unsigned kRunBlock = 256;
+    const bool vec = C % 4 == 0 && aligned16(dwte, dout);
+    const unsigned per_block = kRunBlock * (vec ? 4 : 1);
+    const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>((C + per_block - 1) / per_block));
+    if (vec) {
+        embedding_backward_runs_kernel<4>
+            <<<grid, kRunBlock, 0, stream>>>(dwte, dout, g.unique, g.counts, g.offsets, g.rows_out, g.num_runs, C);
+    } else {
+        embedding_backward_runs_kernel<1>
+            <<<grid, kRunBlock, 0, stream>>>(dwte, dout, g.unique, g.counts, g.offsets, g.rows_out, g.num_runs, C);
+    }
     TRAINER_CUDA_CHECK(cudaGetLastError());
     if (dwpe != nullptr) {
         constexpr unsigned kBlock = 128;

@@ -182,5 +182,6 @@ double sum(const float* x, size_t n, double* scratch, cudaStream_t stream);
 // fp32 -> bf16 (round to nearest even) and back, elementwise (cast.cu).
 void cast_float_to_bf16(uint16_t* out, const float* in, size_t n, cudaStream_t stream);
 void cast_bf16_to_float(float* out, const uint16_t* in, size_t n, cudaStream_t stream);
+void round_to_bf16(float* out, const float* in, size_t n, cudaStream_t stream);
 
 }  // namespace trainer::cuda

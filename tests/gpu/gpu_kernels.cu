@@ -103,28 +103,35 @@ namespace gpu_kernel_tests {
 
 // Casts on odd sizes, bitwise equal to the CPU backend (same element function).
 void test_cast() {
+    // Offsets of 0 and 1 element: the vectorised (16-byte fp32, 8-byte bf16) and the scalar paths.
     for (size_t n : {1u, 7u, 1000u, 100003u}) {
-        const Where at("n={}", n);
-        std::vector<float> x(n);
-        for (size_t i = 0; i < n; ++i) x[i] = std::sin(0.37f * i) * std::pow(10.0f, float(i % 9) - 4.0f);
-        if (n > 3) x[1] = INFINITY, x[2] = -0.0f, x[3] = NAN;
-        std::vector<uint16_t> ref(n), got(n);
-        trainer::cpu::cast_float_to_bf16(ref.data(), x.data(), n);
-        float* dx = nullptr;
-        uint16_t* dy = nullptr;
-        cudaMalloc(&dx, n * sizeof(float));
-        cudaMalloc(&dy, n * sizeof(uint16_t));
-        cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice);
-        trainer::cuda::cast_float_to_bf16(dy, dx, n, nullptr);
-        cudaMemcpy(got.data(), dy, n * sizeof(uint16_t), cudaMemcpyDeviceToHost);
-        expect(std::memcmp(ref.data(), got.data(), n * sizeof(uint16_t)) == 0, "cast_float_to_bf16 matches the CPU");
-        std::vector<float> back_ref(n), back(n);
-        trainer::cpu::cast_bf16_to_float(back_ref.data(), ref.data(), n);
-        trainer::cuda::cast_bf16_to_float(dx, dy, n, nullptr);
-        cudaMemcpy(back.data(), dx, n * sizeof(float), cudaMemcpyDeviceToHost);
-        expect(std::memcmp(back_ref.data(), back.data(), n * sizeof(float)) == 0, "cast_bf16_to_float matches the CPU");
-        cudaFree(dx);
-        cudaFree(dy);
+        for (size_t off : {0u, 1u}) {
+            const Where at("n={} offset={}", n, off);
+            std::vector<float> x(n);
+            for (size_t i = 0; i < n; ++i) x[i] = std::sin(0.37f * i) * std::pow(10.0f, float(i % 9) - 4.0f);
+            if (n > 3) x[1] = INFINITY, x[2] = -0.0f, x[3] = NAN;
+            std::vector<uint16_t> ref(n), got(n);
+            trainer::cpu::cast_float_to_bf16(ref.data(), x.data(), n);
+            Dev<float> dx(n + off), dr(n + off);
+            Dev<uint16_t> dy(n + off);
+            cudaMemcpy(dx.p + off, x.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+            trainer::cuda::cast_float_to_bf16(dy.p + off, dx.p + off, n, nullptr);
+            cudaMemcpy(got.data(), dy.p + off, n * sizeof(uint16_t), cudaMemcpyDeviceToHost);
+            expect(std::memcmp(ref.data(), got.data(), n * sizeof(uint16_t)) == 0,
+                   "cast_float_to_bf16 matches the CPU");
+            std::vector<float> rounded_ref(n), rounded(n);
+            trainer::cpu::round_to_bf16(rounded_ref.data(), x.data(), n);
+            trainer::cuda::round_to_bf16(dr.p + off, dx.p + off, n, nullptr);
+            cudaMemcpy(rounded.data(), dr.p + off, n * sizeof(float), cudaMemcpyDeviceToHost);
+            expect(std::memcmp(rounded_ref.data(), rounded.data(), n * sizeof(float)) == 0,
+                   "round_to_bf16 matches the CPU");
+            std::vector<float> back_ref(n), back(n);
+            trainer::cpu::cast_bf16_to_float(back_ref.data(), ref.data(), n);
+            trainer::cuda::cast_bf16_to_float(dx.p + off, dy.p + off, n, nullptr);
+            cudaMemcpy(back.data(), dx.p + off, n * sizeof(float), cudaMemcpyDeviceToHost);
+            expect(std::memcmp(back_ref.data(), back.data(), n * sizeof(float)) == 0,
+                   "cast_bf16_to_float matches the CPU");
+        }
     }
 }
 
@@ -211,9 +218,11 @@ void test_adamw() {
 }
 
 // Multi-tensor AdamW and squared norm over ranges of odd sizes (one chunk, several, a partial last one),
-// each range with its own weight decay, one with the bf16 copy-out: the same as the one-range kernels.
+// each range with its own weight decay, one with the bf16 copy-out, one starting 4 bytes past an aligned
+// address (the element-wise path; the others take 16-byte accesses): the same as the one-range kernels.
 void test_multi_tensor() {
     const std::vector<size_t> sizes = {1, 4097, 10001, 3};
+    const std::vector<size_t> offsets = {0, 1, 0, 0};  // elements before the range in its buffers
     const std::vector<float> decays = {0.1f, 0.0f, 0.1f, 0.05f};
     std::vector<std::vector<float>> p, g, m, v;
     for (size_t r = 0; r < sizes.size(); ++r) {
@@ -223,10 +232,20 @@ void test_multi_tensor() {
         v.push_back(wave(sizes[r], 0.001f, 2.0f + r));
         for (auto& e : v.back()) e = std::fabs(e);
     }
+    // A device copy of host vector h after `off` leading elements, and the range read back.
+    auto padded = [](const std::vector<float>& h, size_t off) {
+        std::vector<float> x(off, 0.0f);
+        x.insert(x.end(), h.begin(), h.end());
+        return new Dev<float>(x);
+    };
+    auto range_of = [&](const Dev<float>* d, size_t r) {
+        const auto h = d->host();
+        return std::vector<float>(h.begin() + static_cast<long>(offsets[r]), h.end());
+    };
     std::vector<Dev<float>*> dp, dg, dm, dv;
     for (size_t r = 0; r < sizes.size(); ++r) {
-        dp.push_back(new Dev<float>(p[r])), dg.push_back(new Dev<float>(g[r]));
-        dm.push_back(new Dev<float>(m[r])), dv.push_back(new Dev<float>(v[r]));
+        dp.push_back(padded(p[r], offsets[r])), dg.push_back(padded(g[r], offsets[r]));
+        dm.push_back(padded(m[r], offsets[r])), dv.push_back(padded(v[r], offsets[r]));
     }
     Dev<uint16_t> d16(sizes[2]);
     std::vector<trainer::cuda::AdamwSegment> segs;
@@ -234,9 +253,10 @@ void test_multi_tensor() {
     size_t chunks = 0;
     const float lr = 1e-3f;
     for (size_t r = 0; r < sizes.size(); ++r) {
-        segs.push_back({dp[r]->p, dg[r]->p, dm[r]->p, dv[r]->p, r == 2 ? d16.p : nullptr, sizes[r], chunks,
-                        trainer::cuda::adamw_decay_factor(lr, decays[r])});
-        nsegs.push_back({dg[r]->p, sizes[r], chunks});
+        const size_t o = offsets[r];
+        segs.push_back({dp[r]->p + o, dg[r]->p + o, dm[r]->p + o, dv[r]->p + o, r == 2 ? d16.p : nullptr, sizes[r],
+                        chunks, trainer::cuda::adamw_decay_factor(lr, decays[r])});
+        nsegs.push_back({dg[r]->p + o, sizes[r], chunks});
         chunks += (sizes[r] + trainer::cuda::kAdamwChunk - 1) / trainer::cuda::kAdamwChunk;
     }
     Dev<uint8_t> dsegs(segs.size() * sizeof(segs[0])), dnsegs(nsegs.size() * sizeof(nsegs[0]));
@@ -262,22 +282,22 @@ void test_multi_tensor() {
         // The one-range kernel on copies: the multi-tensor one must give the same bits.
         std::vector<std::vector<float>> single_p;
         for (size_t r = 0; r < sizes.size(); ++r) {
-            Dev<float> cp(dp[r]->host()), cg(g[r]), cm(dm[r]->host()), cv(dv[r]->host());
+            Dev<float> cp(range_of(dp[r], r)), cg(g[r]), cm(range_of(dm[r], r)), cv(range_of(dv[r], r));
             trainer::cuda::adamw_update(cp.p, cg.p, cm.p, cv.p, sizes[r], lr, 0.9f, 0.95f, 1e-8f, decays[r], step, 0.7f,
                                         nullptr, nullptr);
             single_p.push_back(cp.host());
         }
         trainer::cuda::adamw_update_multi(reinterpret_cast<const trainer::cuda::AdamwSegment*>(dsegs.p), 4, chunks, lr,
                                           0.9f, 0.95f, 1e-8f, step, 0.7f, nullptr);
-        for (size_t r = 0; r < sizes.size(); ++r)
-            expect(dp[r]->host() == single_p[r], "adamw_update_multi is bitwise adamw_update on each range");
         for (size_t r = 0; r < sizes.size(); ++r) {
-            expect_close(p[r], dp[r]->host(), "adamw_update_multi parameters match the CPU");
-            expect_close(m[r], dm[r]->host(), "adamw_update_multi exp_avg matches the CPU");
-            expect_close(v[r], dv[r]->host(), "adamw_update_multi exp_avg_sq matches the CPU");
+            const Where in("range {} (offset {})", r, offsets[r]);
+            expect(range_of(dp[r], r) == single_p[r], "adamw_update_multi is bitwise adamw_update on each range");
+            expect_close(p[r], range_of(dp[r], r), "adamw_update_multi parameters match the CPU");
+            expect_close(m[r], range_of(dm[r], r), "adamw_update_multi exp_avg matches the CPU");
+            expect_close(v[r], range_of(dv[r], r), "adamw_update_multi exp_avg_sq matches the CPU");
         }
         std::vector<uint16_t> want16(sizes[2]);
-        const auto got2 = dp[2]->host();
+        const auto got2 = range_of(dp[2], 2);
         trainer::cpu::cast_float_to_bf16(want16.data(), got2.data(), sizes[2]);
         expect(want16 == d16.host(), "adamw_update_multi's bf16 copy-out is the updated parameters rounded");
     }
@@ -307,8 +327,9 @@ void test_embedding() {
         int V, T, C, B;
     };
     // A few tokens repeated over a small micro-batch, and many tokens (some 1000 of them, a run of one or
-    // more rows each) over a larger one with an odd width.
-    for (const Shape sh : {Shape{37, 5, 67, 3}, Shape{1000, 64, 133, 4}}) {
+    // more rows each) over a larger one with an odd width (the scalar path); a width that is a multiple of
+    // 4 and wider than one block's 1024 channels (the 16-byte path, two blocks per run, runs of ~30 rows).
+    for (const Shape sh : {Shape{37, 5, 67, 3}, Shape{1000, 64, 133, 4}, Shape{50, 128, 1032, 3}}) {
         for (bool with_wpe : {false, true}) {
             const int V = sh.V, T = sh.T, C = sh.C, N = sh.B * T;
             const Where at("V={} T={} C={} N={} wpe={}", V, T, C, N, with_wpe);

@@ -18,7 +18,7 @@ void check(void (*family)()) {
 
 using namespace gpu_kernel_tests;
 
-TEST_CASE("gpu kernel: cast_float_to_bf16 and cast_bf16_to_float are bitwise the CPU's") { check(test_cast); }
+TEST_CASE("gpu kernel: the bf16 casts and round_to_bf16 are bitwise the CPU's") { check(test_cast); }
 TEST_CASE("gpu kernel: residual_forward and scale_inplace match the CPU") { check(test_residual_and_scale); }
 TEST_CASE("gpu kernel: gelu_forward and gelu_backward (erf and tanh) match the CPU") { check(test_gelu); }
 TEST_CASE("gpu kernel: swiglu_forward and swiglu_backward match the CPU") { check(test_swiglu); }

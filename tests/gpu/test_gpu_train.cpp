@@ -141,28 +141,38 @@ TEST_CASE("gpu: two ranks on two GPUs (DDP and FULL_SHARD over NCCL) match one G
 
 TEST_CASE("gpu: cpu offload trains to the losses of the resident run") {
     // The host AdamW (the CPU backend's kernels on pinned memory) against the device's, with the copies on
-    // the copy stream: the same element math, so the losses agree to rounding.
+    // the copy stream: the same element math, rounded alike up to the compilers' FMA contraction (g++ and
+    // nvcc may differ in the last bit of an update). In fp32 that stays at rounding level; where the
+    // weights are rounded to bf16 for the GEMMs or the gathers (amp_bf16, FSDP mixed), a last-bit change
+    // can move a bf16 rounding, which the following steps carry (measured on an H100: 5.8e-4 relative at
+    // worst over 20 steps), so those runs are held to a bf16 tolerance.
     test_util::TempDir dir;
-    const std::vector<std::vector<std::string>> runs = {
-        {"--device", "cuda"},
-        {"--device", "cuda", "--precision", "amp_bf16"},
-        {"--device", "cuda", "--strategy", "fsdp", "--wrapping-strategy", "by_block", "--set",
-         "distributed_backend=nccl"},
-        {"--device", "cuda", "--strategy", "fsdp", "--sharding-strategy", "SHARD_GRAD_OP", "--wrapping-strategy",
-         "by_block", "--set", "fsdp.precision=fp32"},
+    struct Run {
+        std::vector<std::string> args;
+        double rel;
+    };
+    const std::vector<Run> runs = {
+        {{"--device", "cuda"}, 1e-5},
+        {{"--device", "cuda", "--precision", "amp_bf16"}, 5e-3},
+        {{"--device", "cuda", "--strategy", "fsdp", "--wrapping-strategy", "by_block", "--set",
+          "distributed_backend=nccl"},
+         5e-3},
+        {{"--device", "cuda", "--strategy", "fsdp", "--sharding-strategy", "SHARD_GRAD_OP", "--wrapping-strategy",
+          "by_block", "--set", "fsdp.precision=fp32"},
+         1e-5},
     };
     int k = 0;
-    for (const auto& run : runs) {
-        CAPTURE(run);
-        const auto resident = train(dir.path("r" + std::to_string(k) + ".jsonl"), run);
-        auto offloaded_args = run;
+    for (const Run& run : runs) {
+        CAPTURE(run.args);
+        const auto resident = train(dir.path("r" + std::to_string(k) + ".jsonl"), run.args);
+        auto offloaded_args = run.args;
         offloaded_args.insert(offloaded_args.end(), {"--set", "cpu_offload.optimizer_state=true"});
         const auto optimizer = train(dir.path("o" + std::to_string(k) + ".jsonl"), offloaded_args);
-        test_util::check_losses(resident, optimizer, 0, 1e-5);
-        if (run.size() > 2 && run[2] == "--strategy") {
+        test_util::check_losses(resident, optimizer, 0, run.rel);
+        if (run.args.size() > 2 && run.args[2] == "--strategy") {
             offloaded_args.insert(offloaded_args.end(), {"--set", "cpu_offload.parameters=true"});
             const auto both = train(dir.path("p" + std::to_string(k) + ".jsonl"), offloaded_args);
-            test_util::check_losses(resident, both, 0, 1e-5);
+            test_util::check_losses(resident, both, 0, run.rel);
         }
         ++k;
     }
