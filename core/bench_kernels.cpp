@@ -103,17 +103,25 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     DeviceBuffer p = buf(block_numel), g = buf(block_numel), m1 = buf(block_numel), m2 = buf(block_numel);
 
     std::vector<Op> ops;
+    // The blocks' Linear layers carry a bias where the model has them (GPT-2), as training runs them: its
+    // gradient is a column sum of every GEMM's output gradient.
+    const size_t widest = std::max<size_t>(3 * static_cast<size_t>(C), P);
+    DeviceBuffer gemm_bias = buf(widest), gemm_dbias = buf(widest);
+    float* bias = m.include_bias ? gemm_bias.f32() : nullptr;
+    float* dbias = m.include_bias ? gemm_dbias.f32() : nullptr;
     auto gemm = [&](const std::string& what, int M, int K, int Nn, float* out, float* in, float* w, float* dout,
-                    float* din, float* dw) {
-        ops.push_back({what + " forward", [=](Backend& b) { b.matmul_forward(out, in, w, nullptr, M, K, Nn); }});
+                    float* din, float* dw, float* b, float* db) {
+        ops.push_back({what + " forward", [=](Backend& be_) { be_.matmul_forward(out, in, w, b, M, K, Nn); }});
         ops.push_back({what + " backward",
-                       [=](Backend& b) { b.matmul_backward(din, dw, nullptr, dout, in, w, M, K, Nn, false); }});
+                       [=](Backend& be_) { be_.matmul_backward(din, dw, db, dout, in, w, M, K, Nn, false); }});
     };
-    gemm("att_proj GEMM", N, C, 3 * C, qkv.f32(), x.f32(), w_qkv.f32(), dqkv.f32(), dx.f32(), dw_qkv.f32());
-    gemm("attn_out GEMM", N, C, C, y.f32(), att.f32(), w_qkv.f32(), x.f32(), dx.f32(), dw_qkv.f32());
-    gemm("ff_proj GEMM", N, C, P, fch.f32(), x.f32(), w_fc.f32(), dfch.f32(), dx.f32(), dw_fc.f32());
-    gemm("ff_out GEMM", N, H, C, y.f32(), fact.f32(), w_out.f32(), x.f32(), dfact.f32(), dw_out.f32());
-    gemm("LM head GEMM (one chunk)", R, C, V, logits.f32(), x.f32(), wte.f32(), logits.f32(), dx.f32(), dwte.f32());
+    gemm("att_proj GEMM", N, C, 3 * C, qkv.f32(), x.f32(), w_qkv.f32(), dqkv.f32(), dx.f32(), dw_qkv.f32(), bias,
+         dbias);
+    gemm("attn_out GEMM", N, C, C, y.f32(), att.f32(), w_qkv.f32(), x.f32(), dx.f32(), dw_qkv.f32(), bias, dbias);
+    gemm("ff_proj GEMM", N, C, P, fch.f32(), x.f32(), w_fc.f32(), dfch.f32(), dx.f32(), dw_fc.f32(), bias, dbias);
+    gemm("ff_out GEMM", N, H, C, y.f32(), fact.f32(), w_out.f32(), x.f32(), dfact.f32(), dw_out.f32(), bias, dbias);
+    gemm("LM head GEMM (one chunk)", R, C, V, logits.f32(), x.f32(), wte.f32(), logits.f32(), dx.f32(), dwte.f32(),
+         nullptr, nullptr);
     const float* w = m.layer_norm_with_affine ? lnw.f32() : nullptr;
     float* dw = m.layer_norm_with_affine ? dlnw.f32() : nullptr;
     ops.push_back({"layernorm forward", [&](Backend& b) {
@@ -142,8 +150,7 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         // What training runs: the ff_proj GEMM and the GELU together (one GEMM with the GELU epilogue on the
         // CUDA backend where cuBLASLt allows; the two ops elsewhere).
         ops.push_back({"ff_proj GEMM + gelu forward", [&, tanh_gelu](Backend& b) {
-                           b.matmul_gelu_forward(fch.f32(), fact.f32(), x.f32(), w_fc.f32(), nullptr, N, C, P,
-                                                 tanh_gelu);
+                           b.matmul_gelu_forward(fch.f32(), fact.f32(), x.f32(), w_fc.f32(), bias, N, C, P, tanh_gelu);
                        }});
         ops.push_back(
             {"gelu forward", [&, tanh_gelu](Backend& b) { b.gelu_forward(fact.f32(), fch.f32(), NHh, tanh_gelu); }});

@@ -317,7 +317,7 @@ void Model::recompute_block(int l, int batch, const BlockParams& w) {
     }
 }
 
-double Model::head(int batch, float dloss_scale, bool backward) {
+void Model::head(int batch, float dloss_scale, bool backward) {
     const int N = batch * T_;
     const int hu = layout_.head_unit();
     const int emb = layout_.embedding_unit();
@@ -353,7 +353,6 @@ double Model::head(int batch, float dloss_scale, bool backward) {
         }
     }
     backend_->hold_weight(nullptr);
-    const double loss_sum = backend_->sum(act(losses_), N);
     if (backward) {
         backend_->fill_zero(act(dresid_), static_cast<size_t>(N) * C_ * sizeof(float));
         backend_->layernorm_backward(act(dresid_), dnorm_w, dnorm_b, act(dln_), act(resid_final_), norm_w,
@@ -362,7 +361,6 @@ double Model::head(int batch, float dloss_scale, bool backward) {
     }
     if (m_.weight_tying) strategy_->after_forward(emb);
     strategy_->after_forward(hu);
-    return loss_sum;
 }
 
 void Model::backward_blocks(int batch) {
@@ -413,18 +411,21 @@ void Model::backward_blocks(int batch) {
     strategy_->after_backward(emb);
 }
 
+// The losses are summed on the host after the whole pass is queued: the sum waits for the device, and
+// taken at the head it stalled the launches of the backward behind the forward.
 double Model::forward_backward(const int32_t* tokens, int batch, float dloss_scale) {
     upload_tokens(tokens, batch);
     forward_blocks(batch, true);
-    const double loss = head(batch, dloss_scale, true);
+    head(batch, dloss_scale, true);
     backward_blocks(batch);
-    return loss;
+    return backend_->sum(act(losses_), static_cast<size_t>(batch) * T_);
 }
 
 double Model::forward_loss(const int32_t* tokens, int batch) {
     upload_tokens(tokens, batch);
     forward_blocks(batch, false);
-    return head(batch, 0.0f, false);
+    head(batch, 0.0f, false);
+    return backend_->sum(act(losses_), static_cast<size_t>(batch) * T_);
 }
 
 double accumulate_gradients(Strategy& strategy, Model& model, long accumulation, int batch, float dloss_scale,

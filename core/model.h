@@ -68,7 +68,7 @@ class Model {
     HeadParams head_params(const float* base) const;  // all null for a null base
     void upload_tokens(const int32_t* tokens, int batch);
     void forward_blocks(int batch, bool backward_follows);
-    double head(int batch, float dloss_scale, bool backward);
+    void head(int batch, float dloss_scale, bool backward);
     void backward_blocks(int batch);
     float* act(size_t offset) const { return arena_.f32() + offset; }
 
