@@ -102,6 +102,20 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     be.copy_host_to_device(tokens.data(), token_ids.data(), tokens.bytes());
     DeviceBuffer p = buf(block_numel), g = buf(block_numel), m1 = buf(block_numel), m2 = buf(block_numel);
 
+    // The GemmOperand activations (the norms' and attention's outputs, the MLP activation) as training stores
+    // them on this backend: bf16 copies where it keeps them so (amp_bf16 on CUDA).
+    const bool op16 = be.gemm_operands_bf16();
+    const size_t NHh = static_cast<size_t>(N) * H;
+    auto operand = [&](DeviceBuffer& f, size_t n, DeviceBuffer& half) -> GemmOperand {
+        if (!op16) return f.f32();
+        half = DeviceBuffer(&be, n * sizeof(uint16_t), MemCategory::kOther);
+        be.cast_float_to_bf16(half.bf16(), f.f32(), n);
+        return GemmOperand::in_bf16(half.bf16());
+    };
+    DeviceBuffer x16, y16, att16, fact16;
+    const GemmOperand xo = operand(x, NC, x16), yo = operand(y, NC, y16), atto = operand(att, NC, att16),
+                      facto = operand(fact, NHh, fact16);
+
     std::vector<Op> ops;
     // The blocks' Linear layers carry a bias where the model has them (GPT-2), as training runs them: its
     // gradient is a column sum of every GEMM's output gradient.
@@ -109,23 +123,22 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     DeviceBuffer gemm_bias = buf(widest), gemm_dbias = buf(widest);
     float* bias = m.include_bias ? gemm_bias.f32() : nullptr;
     float* dbias = m.include_bias ? gemm_dbias.f32() : nullptr;
-    auto gemm = [&](const std::string& what, int M, int K, int Nn, float* out, float* in, float* w, float* dout,
+    auto gemm = [&](const std::string& what, int M, int K, int Nn, float* out, GemmOperand in, float* w, float* dout,
                     float* din, float* dw, float* b, float* db) {
         ops.push_back({what + " forward", [=](Backend& be_) { be_.matmul_forward(out, in, w, b, M, K, Nn); }});
         ops.push_back({what + " backward",
                        [=](Backend& be_) { be_.matmul_backward(din, dw, db, dout, in, w, M, K, Nn, false); }});
     };
-    gemm("att_proj GEMM", N, C, 3 * C, qkv.f32(), x.f32(), w_qkv.f32(), dqkv.f32(), dx.f32(), dw_qkv.f32(), bias,
-         dbias);
-    gemm("attn_out GEMM", N, C, C, y.f32(), att.f32(), w_qkv.f32(), x.f32(), dx.f32(), dw_qkv.f32(), bias, dbias);
-    gemm("ff_proj GEMM", N, C, P, fch.f32(), x.f32(), w_fc.f32(), dfch.f32(), dx.f32(), dw_fc.f32(), bias, dbias);
-    gemm("ff_out GEMM", N, H, C, y.f32(), fact.f32(), w_out.f32(), x.f32(), dfact.f32(), dw_out.f32(), bias, dbias);
-    gemm("LM head GEMM (one chunk)", R, C, V, logits.f32(), x.f32(), wte.f32(), logits.f32(), dx.f32(), dwte.f32(),
-         nullptr, nullptr);
+    gemm("att_proj GEMM", N, C, 3 * C, qkv.f32(), xo, w_qkv.f32(), dqkv.f32(), dx.f32(), dw_qkv.f32(), bias, dbias);
+    gemm("attn_out GEMM", N, C, C, y.f32(), atto, w_qkv.f32(), x.f32(), dx.f32(), dw_qkv.f32(), bias, dbias);
+    gemm("ff_proj GEMM", N, C, P, fch.f32(), xo, w_fc.f32(), dfch.f32(), dx.f32(), dw_fc.f32(), bias, dbias);
+    gemm("ff_out GEMM", N, H, C, y.f32(), facto, w_out.f32(), x.f32(), dfact.f32(), dw_out.f32(), bias, dbias);
+    gemm("LM head GEMM (one chunk)", R, C, V, logits.f32(), xo, wte.f32(), logits.f32(), dx.f32(), dwte.f32(), nullptr,
+         nullptr);
     const float* w = m.layer_norm_with_affine ? lnw.f32() : nullptr;
     float* dw = m.layer_norm_with_affine ? dlnw.f32() : nullptr;
     ops.push_back({"layernorm forward", [&](Backend& b) {
-                       b.layernorm_forward(y.f32(), mean.f32(), rstd.f32(), x.f32(), w, nullptr, N, C, 1e-5f);
+                       b.layernorm_forward(yo, mean.f32(), rstd.f32(), x.f32(), w, nullptr, N, C, 1e-5f);
                    }});
     ops.push_back({"layernorm backward", [&](Backend& b) {
                        b.layernorm_backward(dx.f32(), dw, nullptr, y.f32(), x.f32(), w, mean.f32(), rstd.f32(), N, C);
@@ -136,13 +149,12 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         ops.push_back({"rope backward", [&](Backend& b) { b.rope_backward(dqkv.f32(), B, T, NH, HS, theta); }});
     }
     ops.push_back(
-        {"attention forward", [&](Backend& b) { b.attention_forward(att.f32(), lse.f32(), qkv.f32(), B, T, NH, HS); }});
+        {"attention forward", [&](Backend& b) { b.attention_forward(atto, lse.f32(), qkv.f32(), B, T, NH, HS); }});
     ops.push_back({"attention backward", [&](Backend& b) {
-                       b.attention_backward(dqkv.f32(), y.f32(), qkv.f32(), att.f32(), lse.f32(), B, T, NH, HS);
+                       b.attention_backward(dqkv.f32(), y.f32(), qkv.f32(), atto, lse.f32(), B, T, NH, HS);
                    }});
-    const size_t NHh = static_cast<size_t>(N) * H;
     if (m.activation_type == ActivationType::kSwiglu) {
-        ops.push_back({"swiglu forward", [&](Backend& b) { b.swiglu_forward(fact.f32(), fch.f32(), N, H); }});
+        ops.push_back({"swiglu forward", [&](Backend& b) { b.swiglu_forward(facto, fch.f32(), N, H); }});
         ops.push_back(
             {"swiglu backward", [&](Backend& b) { b.swiglu_backward(dfch.f32(), fch.f32(), dfact.f32(), N, H); }});
     } else {
@@ -150,10 +162,10 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         // What training runs: the ff_proj GEMM and the GELU together (one GEMM with the GELU epilogue on the
         // CUDA backend where cuBLASLt allows; the two ops elsewhere).
         ops.push_back({"ff_proj GEMM + gelu forward", [&, tanh_gelu](Backend& b) {
-                           b.matmul_gelu_forward(fch.f32(), fact.f32(), x.f32(), w_fc.f32(), bias, N, C, P, tanh_gelu);
+                           b.matmul_gelu_forward(fch.f32(), facto, xo, w_fc.f32(), bias, N, C, P, tanh_gelu);
                        }});
         ops.push_back(
-            {"gelu forward", [&, tanh_gelu](Backend& b) { b.gelu_forward(fact.f32(), fch.f32(), NHh, tanh_gelu); }});
+            {"gelu forward", [&, tanh_gelu](Backend& b) { b.gelu_forward(facto, fch.f32(), NHh, tanh_gelu); }});
         ops.push_back({"gelu backward", [&, tanh_gelu](Backend& b) {
                            b.gelu_backward(dfch.f32(), fch.f32(), dfact.f32(), NHh, tanh_gelu);
                        }});
@@ -209,7 +221,7 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         "| op | time us | TFLOP/s | GB/s | bound | roofline us | %% of roofline |\n|---|---|---|---|---|---|---|\n");
     // Each op's FLOPs and bytes: what the dry backend (the plan's cost model) reports for the same call.
     std::vector<OpCost> costs;
-    auto dry = make_dry_backend([&costs](const OpCost& c) { costs.push_back(c); });
+    auto dry = make_dry_backend([&costs](const OpCost& c) { costs.push_back(c); }, op16);
     Calibration measured;  // what --calibration-out writes
     measured.bandwidth = bw;
     for (const Op& op : ops) {

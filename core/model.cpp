@@ -96,6 +96,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
       backend_(backend),
       strategy_(strategy),
       max_batch_(max_batch) {
+    operands_bf16_ = backend_->gemm_operands_bf16();
     T_ = m_.max_sequence_length - 1;
     C_ = m_.d_model;
     NH_ = m_.n_heads;
@@ -164,6 +165,8 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
         off += (n + 15) / 16 * 16;  // 64-byte alignment of every activation
         return o;
     };
+    // A GemmOperand activation of n elements (backend.h): half the floats where the backend keeps them in bf16.
+    auto take_operand = [&](size_t n) { return take(operands_bf16_ ? (n + 1) / 2 : n); };
     const size_t lse_n = static_cast<size_t>(max_batch_) * NH_ * T_;
     // 1. What each block keeps for its backward (every block keeps its input); kAbsent where the block uses
     // the work plan's slot.
@@ -172,23 +175,23 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
         const Keep k = keep_[l];
         const bool all = k == Keep::kAll, gemm = all || k == Keep::kGemmOutputs;
         p.resid = take(NC);
-        p.ln1 = all ? take(NC) : kAbsent;
+        p.ln1 = all ? take_operand(NC) : kAbsent;
         p.ln1_mean = all ? take(N) : kAbsent;
         p.ln1_rstd = all ? take(N) : kAbsent;
         p.qkv = gemm ? take(3 * NC) : kAbsent;
-        p.att = gemm ? take(NC) : kAbsent;
+        p.att = gemm ? take_operand(NC) : kAbsent;
         p.lse = gemm ? take(lse_n) : kAbsent;
         p.resid_mid = gemm ? take(NC) : kAbsent;
-        p.ln2 = all ? take(NC) : kAbsent;
+        p.ln2 = all ? take_operand(NC) : kAbsent;
         p.ln2_mean = all ? take(N) : kAbsent;
         p.ln2_rstd = all ? take(N) : kAbsent;
         p.fch = gemm ? take(N * P_) : kAbsent;
-        p.fch_act = all ? take(N * H_) : kAbsent;
+        p.fch_act = all ? take_operand(N * H_) : kAbsent;
         layers_.push_back(p);
     }
     // 2. What lives across the head: its input and output, the losses, and the gradients it writes.
     resid_final_ = take(NC);
-    lnf_ = take(NC);
+    lnf_ = take_operand(NC);
     lnf_mean_ = take(N);
     lnf_rstd_ = take(N);
     losses_ = take(N);
@@ -200,11 +203,12 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     const size_t region = off;
     Plan work{};
     if (recompute) {  // every recompute redoes the norms and the MLP activation
-        work.ln1 = take(NC), work.ln1_mean = take(N), work.ln1_rstd = take(N);
-        work.ln2 = take(NC), work.ln2_mean = take(N), work.ln2_rstd = take(N), work.fch_act = take(N * H_);
+        work.ln1 = take_operand(NC), work.ln1_mean = take(N), work.ln1_rstd = take(N);
+        work.ln2 = take_operand(NC), work.ln2_mean = take(N), work.ln2_rstd = take(N);
+        work.fch_act = take_operand(N * H_);
     }
     if (count(Keep::kInput) > 0) {  // whole blocks redo the GEMMs and attention as well
-        work.qkv = take(3 * NC), work.att = take(NC), work.lse = take(lse_n), work.resid_mid = take(NC);
+        work.qkv = take(3 * NC), work.att = take_operand(NC), work.lse = take(lse_n), work.resid_mid = take(NC);
         work.fch = take(N * P_);
     }
     scratch_ = take(NC);
@@ -267,10 +271,10 @@ void Model::block_norm(int l, int which, int N, const BlockParams& w) {
     const Plan& a = layers_[l];
     const float eps = 1e-5f;
     if (which == 1) {
-        backend_->layernorm_forward(act(a.ln1), act(a.ln1_mean), act(a.ln1_rstd), act(a.resid), w.attn_norm_w,
+        backend_->layernorm_forward(op(a.ln1), act(a.ln1_mean), act(a.ln1_rstd), act(a.resid), w.attn_norm_w,
                                     w.attn_norm_b, N, C_, eps);
     } else {
-        backend_->layernorm_forward(act(a.ln2), act(a.ln2_mean), act(a.ln2_rstd), act(a.resid_mid), w.ff_norm_w,
+        backend_->layernorm_forward(op(a.ln2), act(a.ln2_mean), act(a.ln2_rstd), act(a.resid_mid), w.ff_norm_w,
                                     w.ff_norm_b, N, C_, eps);
     }
 }
@@ -282,22 +286,22 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
     const bool tanh_gelu = m_.activation_type == ActivationType::kGeluTanh;
     const Plan& a = layers_[l];
     block_norm(l, 1, N, w);
-    backend_->matmul_forward(act(a.qkv), act(a.ln1), w.att_proj_w, w.att_proj_b, N, C_, 3 * C_);
+    backend_->matmul_forward(act(a.qkv), op(a.ln1), w.att_proj_w, w.att_proj_b, N, C_, 3 * C_);
     if (m_.rope) backend_->rope_forward(act(a.qkv), batch, T_, NH_, HS_, theta);
-    backend_->attention_forward(act(a.att), act(a.lse), act(a.qkv), batch, T_, NH_, HS_);
-    backend_->matmul_forward(act(scratch_), act(a.att), w.attn_out_w, w.attn_out_b, N, C_, C_);
+    backend_->attention_forward(op(a.att), act(a.lse), act(a.qkv), batch, T_, NH_, HS_);
+    backend_->matmul_forward(act(scratch_), op(a.att), w.attn_out_w, w.attn_out_b, N, C_, C_);
     backend_->residual_forward(act(a.resid_mid), act(a.resid), act(scratch_), NC);
     block_norm(l, 2, N, w);
     if (m_.activation_type == ActivationType::kSwiglu) {
-        backend_->matmul_forward(act(a.fch), act(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
-        backend_->swiglu_forward(act(a.fch_act), act(a.fch), N, H_);
+        backend_->matmul_forward(act(a.fch), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
+        backend_->swiglu_forward(op(a.fch_act), act(a.fch), N, H_);
     } else {  // P == H: the GELU keeps the width (a GEMM epilogue on the CUDA backend)
-        backend_->matmul_gelu_forward(act(a.fch), act(a.fch_act), act(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_,
+        backend_->matmul_gelu_forward(act(a.fch), op(a.fch_act), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_,
                                       tanh_gelu);
     }
     if (!out_resid) return;
     const size_t next_resid = (l + 1 < L_) ? layers_[l + 1].resid : resid_final_;
-    backend_->matmul_forward(act(scratch_), act(a.fch_act), w.ff_out_w, w.ff_out_b, N, H_, C_);
+    backend_->matmul_forward(act(scratch_), op(a.fch_act), w.ff_out_w, w.ff_out_b, N, H_, C_);
     backend_->residual_forward(act(next_resid), act(a.resid_mid), act(scratch_), NC);
 }
 
@@ -310,9 +314,9 @@ void Model::recompute_block(int l, int batch, const BlockParams& w) {
     block_norm(l, 1, N, w);
     block_norm(l, 2, N, w);
     if (m_.activation_type == ActivationType::kSwiglu) {
-        backend_->swiglu_forward(act(a.fch_act), act(a.fch), N, H_);
+        backend_->swiglu_forward(op(a.fch_act), act(a.fch), N, H_);
     } else {
-        backend_->gelu_forward(act(a.fch_act), act(a.fch), static_cast<size_t>(N) * H_,
+        backend_->gelu_forward(op(a.fch_act), act(a.fch), static_cast<size_t>(N) * H_,
                                m_.activation_type == ActivationType::kGeluTanh);
     }
 }
@@ -337,13 +341,13 @@ void Model::head(int batch, float dloss_scale, bool backward) {
         dhead_w = backward ? strategy_->unit_grads(emb) : nullptr;
     }
 
-    backend_->layernorm_forward(act(lnf_), act(lnf_mean_), act(lnf_rstd_), act(resid_final_), norm_w, norm_b, N, C_,
+    backend_->layernorm_forward(op(lnf_), act(lnf_mean_), act(lnf_rstd_), act(resid_final_), norm_w, norm_b, N, C_,
                                 1e-5f);
     backend_->hold_weight(head_w);  // every chunk multiplies by the same (V, C) weight
     for (int r0 = 0; r0 < N; r0 += head_chunk_rows_) {
         const int rows = std::min(head_chunk_rows_, N - r0);
         float* logits = act(logits_);
-        const float* x = act(lnf_) + static_cast<size_t>(r0) * C_;
+        const GemmOperand x = op(lnf_).at(static_cast<size_t>(r0) * C_);
         backend_->matmul_forward(logits, x, head_w, head_b, rows, C_, V_);
         backend_->classifier_forward_backward(logits, act(losses_) + r0, tokens_dev_.i32() + N + r0, rows, V_,
                                               dloss_scale, backward);
@@ -380,23 +384,23 @@ void Model::backward_blocks(int batch) {
             recompute_block(l, batch, w);
         }
         // MLP: x_out = resid_mid + ff_out(act(ff_proj(LN2(resid_mid)))); dresid holds d(x_out).
-        backend_->matmul_backward(act(dfch_act_), g.ff_out_w, g.ff_out_b, act(dresid_), act(a.fch_act), w.ff_out_w, N,
+        backend_->matmul_backward(act(dfch_act_), g.ff_out_w, g.ff_out_b, act(dresid_), op(a.fch_act), w.ff_out_w, N,
                                   H_, C_, false);
         if (m_.activation_type == ActivationType::kSwiglu) {
             backend_->swiglu_backward(act(dfch_), act(a.fch), act(dfch_act_), N, H_);
         } else {
             backend_->gelu_backward(act(dfch_), act(a.fch), act(dfch_act_), static_cast<size_t>(N) * H_, tanh_gelu);
         }
-        backend_->matmul_backward(act(dln_), g.ff_proj_w, g.ff_proj_b, act(dfch_), act(a.ln2), w.ff_proj_w, N, C_, P_,
+        backend_->matmul_backward(act(dln_), g.ff_proj_w, g.ff_proj_b, act(dfch_), op(a.ln2), w.ff_proj_w, N, C_, P_,
                                   false);
         backend_->layernorm_backward(act(dresid_), g.ff_norm_w, g.ff_norm_b, act(dln_), act(a.resid_mid), w.ff_norm_w,
                                      act(a.ln2_mean), act(a.ln2_rstd), N, C_);
         // Attention: resid_mid = resid + attn_out(attn(rope(att_proj(LN1(resid))))); dresid holds d(resid_mid).
-        backend_->matmul_backward(act(datt_), g.attn_out_w, g.attn_out_b, act(dresid_), act(a.att), w.attn_out_w, N, C_,
+        backend_->matmul_backward(act(datt_), g.attn_out_w, g.attn_out_b, act(dresid_), op(a.att), w.attn_out_w, N, C_,
                                   C_, false);
-        backend_->attention_backward(act(dqkv_), act(datt_), act(a.qkv), act(a.att), act(a.lse), batch, T_, NH_, HS_);
+        backend_->attention_backward(act(dqkv_), act(datt_), act(a.qkv), op(a.att), act(a.lse), batch, T_, NH_, HS_);
         if (m_.rope) backend_->rope_backward(act(dqkv_), batch, T_, NH_, HS_, theta);
-        backend_->matmul_backward(act(dln_), g.att_proj_w, g.att_proj_b, act(dqkv_), act(a.ln1), w.att_proj_w, N, C_,
+        backend_->matmul_backward(act(dln_), g.att_proj_w, g.att_proj_b, act(dqkv_), op(a.ln1), w.att_proj_w, N, C_,
                                   3 * C_, false);
         backend_->layernorm_backward(act(dresid_), g.attn_norm_w, g.attn_norm_b, act(dln_), act(a.resid), w.attn_norm_w,
                                      act(a.ln1_mean), act(a.ln1_rstd), N, C_);

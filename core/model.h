@@ -71,6 +71,12 @@ class Model {
     void head(int batch, float dloss_scale, bool backward);
     void backward_blocks(int batch);
     float* act(size_t offset) const { return arena_.f32() + offset; }
+    // The GemmOperand activation at `offset` (the norms' outputs, attention's output, the MLP activation), in
+    // the storage the backend keeps them in: bf16 where gemm_operands_bf16(), which halves their size.
+    GemmOperand op(size_t offset) const {
+        return operands_bf16_ ? GemmOperand::in_bf16(reinterpret_cast<uint16_t*>(act(offset)))
+                              : GemmOperand(act(offset));
+    }
 
     const TrainConfig& config_;
     const ModelConfig& m_;
@@ -78,6 +84,7 @@ class Model {
     Backend* backend_;
     Strategy* strategy_;
     int max_batch_, T_, C_, NH_, HS_, P_, H_, V_, L_;
+    bool operands_bf16_ = false;  // the backend keeps GemmOperand activations in bf16
     int head_chunk_rows_;
 
     // Arena offsets (in floats) of each activation of a block: the block's own where it keeps it for its

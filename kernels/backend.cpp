@@ -14,6 +14,10 @@ BackendOptions backend_options(const TrainConfig& c, int local_rank) {
     return o;
 }
 
+bool gemm_operands_bf16_for(const TrainConfig& c, Device device) {
+    return resolve_device(device) == Device::kCuda && c.precision == Precision::kAmpBf16;
+}
+
 AttentionKernel resolve_attention(const TrainConfig& c, Device device) {
     if (c.kernels_attention != AttentionKernel::kAuto) return c.kernels_attention;
     const int T = static_cast<int>(c.model.max_sequence_length - 1), HS = c.model.head_size();

@@ -25,6 +25,32 @@
 
 namespace trainer {
 
+// An activation that only Linear layers read (and attention's backward, for attention's output): the
+// norms' outputs, attention's output, the MLP activation. Stored in fp32, or in bf16 where the backend
+// keeps GEMM operands in bf16 (Backend::gemm_operands_bf16(): amp_bf16 on CUDA), so the GEMMs read it
+// without a cast pass and it takes half the memory; its producer rounds once, where the GEMM's cast
+// rounded before. Converts implicitly from an fp32 pointer.
+struct GemmOperand {
+    void* p = nullptr;
+    bool bf16 = false;
+    GemmOperand() = default;
+    GemmOperand(float* f) : p(f) {}                            // NOLINT(google-explicit-constructor): fp32
+    GemmOperand(const float* f) : p(const_cast<float*>(f)) {}  // NOLINT(google-explicit-constructor): fp32
+    static GemmOperand in_bf16(uint16_t* h) {
+        GemmOperand g;
+        g.p = h, g.bf16 = true;
+        return g;
+    }
+    float* f32() const { return static_cast<float*>(p); }
+    uint16_t* b16() const { return static_cast<uint16_t*>(p); }
+    // The operand `elements` further on, in its own storage type.
+    GemmOperand at(size_t elements) const {
+        GemmOperand g = *this;
+        g.p = static_cast<char*>(p) + elements * (bf16 ? 2 : 4);
+        return g;
+    }
+};
+
 class Backend {
    public:
     virtual ~Backend() = default;
@@ -85,14 +111,17 @@ class Backend {
     // One line on the compute libraries in use (the CPU backend: OpenBLAS's kernel set, with a note when a
     // faster one is available); empty where there is nothing to say. Default: empty.
     virtual std::string library_description() const { return ""; }
+    // Whether the model stores its GemmOperand activations in bf16 for this backend (only a backend that
+    // runs its GEMMs on bf16 does; the others refuse bf16 operands). Default: fp32.
+    virtual bool gemm_operands_bf16() const { return false; }
 
     // ---- forward/backward ops (fp32 storage) ----
     // PyTorch Linear: out(M,N) = inp(M,K) @ weight(N,K)^T + bias(N); bias nullable; out overwritten.
-    virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M, int K,
+    virtual void matmul_forward(float* out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
                                 int N) = 0;
     // dinp(M,K) = dout(M,N) @ weight(N,K) (+= when accumulate_dinp; dinp nullable: skipped);
     // dweight(N,K) += dout^T @ inp; dbias(N) += the column sums of dout (nullable).
-    virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+    virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, GemmOperand inp,
                                  const float* weight, int M, int K, int N, bool accumulate_dinp) = 0;
     // Until the next call, the weight at `w` does not change and may be converted once for all the GEMMs
     // that use it (the CUDA backend keeps its bf16 copy in amp_bf16: the LM head's chunks reuse one cast of
@@ -100,8 +129,8 @@ class Backend {
     virtual void hold_weight(const float* w) { (void)w; }
     // pre = the Linear forward, out = gelu(pre) (erf or tanh form). Default: the two ops; the CUDA backend
     // fuses the tanh form into the GEMM's epilogue.
-    virtual void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight, const float* bias,
-                                     int M, int K, int N, bool tanh_approx) {
+    virtual void matmul_gelu_forward(float* pre, GemmOperand out, GemmOperand inp, const float* weight,
+                                     const float* bias, int M, int K, int N, bool tanh_approx) {
         matmul_forward(pre, inp, weight, bias, M, K, N);
         gelu_forward(out, pre, static_cast<size_t>(M) * N, tanh_approx);
     }
@@ -114,7 +143,7 @@ class Backend {
     // out(N,C) = (inp - mean) * rstd * weight + bias; weight and bias nullable (OLMo's non-parametric
     // LayerNorm has neither; GPT-2's has both). mean(N) and rstd(N) = 1/sqrt(var + eps) are saved for the
     // backward; var is the biased variance, as torch.nn.functional.layer_norm.
-    virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+    virtual void layernorm_forward(GemmOperand out, float* mean, float* rstd, const float* inp, const float* weight,
                                    const float* bias, int N, int C, float eps) = 0;
     // dinp(N,C) += (ACCUMULATES: the input is the residual stream, whose gradient also flows around the
     // norm); dweight(C) += and dbias(C) += (nullable, and null when weight / bias are).
@@ -130,16 +159,16 @@ class Backend {
     // Causal scaled-dot-product attention (scale 1/sqrt(HS)) of qkv(B,T,3C): out(B,T,C) with head h at
     // channels [h*HS, (h+1)*HS); lse(B,NH,T) the log-sum-exp of each query's scaled scores, saved so the
     // backward recomputes the probabilities without a T x T matrix (nothing of size T x T is stored).
-    virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS) = 0;
+    virtual void attention_forward(GemmOperand out, float* lse, const float* qkv, int B, int T, int NH, int HS) = 0;
     // dqkv(B,T,3C) overwritten with d(q|k|v), from the forward's out and lse.
-    virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                                    const float* lse, int B, int T, int NH, int HS) = 0;
-    // out(n) = gelu(inp), the exact erf form or the tanh approximation; out == inp allowed.
-    virtual void gelu_forward(float* out, const float* inp, size_t n, bool tanh_approx) = 0;
+    virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, GemmOperand out, const float* lse,
+                                    int B, int T, int NH, int HS) = 0;
+    // out(n) = gelu(inp), the exact erf form or the tanh approximation; out == inp allowed (fp32).
+    virtual void gelu_forward(GemmOperand out, const float* inp, size_t n, bool tanh_approx) = 0;
     // dinp(n) = dout * gelu'(inp), overwritten; dinp == dout allowed.
     virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx) = 0;
     // inp(N,2H): columns [0,H) are x, [H,2H) the gate g (OLMo's ff_proj(x).chunk(2)); out(N,H) = silu(g) * x.
-    virtual void swiglu_forward(float* out, const float* inp, int N, int H) = 0;
+    virtual void swiglu_forward(GemmOperand out, const float* inp, int N, int H) = 0;
     // dinp(N,2H) overwritten from dout(N,H).
     virtual void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H) = 0;
     // out(n) = a + b; out may alias a or b.
@@ -265,8 +294,14 @@ struct OpCost {
 // A backend that computes nothing and allocates nothing (kernels/dry_backend.cpp), for dry runs of a step
 // (core/plan.h): alloc and alloc_host hand out distinct addresses that are never dereferenced, while the
 // DeviceBuffers that own them are counted by the memory accounting as in a real run; every op is reported
-// to `observer` (when set) with its cost for fp32 storage; host values (sums, norms) are 0.
-std::unique_ptr<Backend> make_dry_backend(std::function<void(const OpCost&)> observer = {});
+// to `observer` (when set) with its cost for fp32 storage (2 bytes an element of a bf16 GemmOperand); host
+// values (sums, norms) are 0. `gemm_operands_bf16`: what the backend it stands for answers (see
+// gemm_operands_bf16_for).
+std::unique_ptr<Backend> make_dry_backend(std::function<void(const OpCost&)> observer = {},
+                                          bool gemm_operands_bf16 = false);
+// Whether the backend a config computes on with `device` (resolved) keeps GEMM operands in bf16: amp_bf16
+// on CUDA.
+bool gemm_operands_bf16_for(const TrainConfig& config, Device device);
 
 #ifdef TRAINER_HAVE_CUDA
 // The CUDA backend (kernels/cuda/cuda_backend.cu); refuses when no GPU is usable, naming why.

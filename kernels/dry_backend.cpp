@@ -13,8 +13,10 @@ namespace {
 
 class DryBackend final : public Backend {
    public:
-    explicit DryBackend(std::function<void(const OpCost&)> observer) : observer_(std::move(observer)) {}
+    DryBackend(std::function<void(const OpCost&)> observer, bool gemm_operands_bf16)
+        : observer_(std::move(observer)), gemm_operands_bf16_(gemm_operands_bf16) {}
     std::string name() const override { return "dry"; }
+    bool gemm_operands_bf16() const override { return gemm_operands_bf16_; }
 
     // Addresses no one dereferences: distinct, 64-byte aligned, far from anything mapped.
     void* alloc(size_t bytes) override {
@@ -37,15 +39,16 @@ class DryBackend final : public Backend {
     }
     void fill_zero(void*, size_t bytes) override { note("fill_zero", 0, bytes); }
 
-    void matmul_forward(float*, const float*, const float*, const float* bias, int M, int K, int N) override {
+    void matmul_forward(float*, GemmOperand inp, const float*, const float* bias, int M, int K, int N) override {
         const double m = M, k = K, n = N;
-        note("matmul_forward", 2 * m * k * n, 4 * (m * k + n * k + m * n + (bias ? n : 0)));
+        note("matmul_forward", 2 * m * k * n, size(inp) * m * k + 4 * (n * k + m * n + (bias ? n : 0)));
     }
-    void matmul_backward(float* dinp, float*, float* dbias, const float*, const float*, const float*, int M, int K,
+    void matmul_backward(float* dinp, float*, float* dbias, const float*, GemmOperand inp, const float*, int M, int K,
                          int N, bool) override {
         const double m = M, k = K, n = N;
         const double flops = 2 * m * k * n * (dinp ? 2 : 1) + (dbias ? m * n : 0);
-        note("matmul_backward", flops, 4 * (m * n + m * k + 3 * n * k + (dinp ? m * k : 0) + (dbias ? 2 * n : 0)));
+        note("matmul_backward", flops,
+             size(inp) * m * k + 4 * (m * n + 3 * n * k + (dinp ? m * k : 0) + (dbias ? 2 * n : 0)));
     }
     void embedding_forward(float*, const int32_t*, const float*, const float* wpe, int N, int, int C) override {
         const double nc = static_cast<double>(N) * C;
@@ -55,10 +58,10 @@ class DryBackend final : public Backend {
         const double nc = static_cast<double>(N) * C;
         note("embedding_backward", nc * (dwpe ? 2 : 1), 4 * nc * (dwpe ? 5 : 3) + 4.0 * N);
     }
-    void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int N, int C,
+    void layernorm_forward(GemmOperand out, float*, float*, const float*, const float*, const float*, int N, int C,
                            float) override {
         const double nc = static_cast<double>(N) * C;
-        note("layernorm_forward", 8 * nc, 4 * (2 * nc + 2.0 * N));
+        note("layernorm_forward", 8 * nc, (4 + size(out)) * nc + 8.0 * N);
     }
     void layernorm_backward(float*, float*, float*, const float*, const float*, const float*, const float*,
                             const float*, int N, int C) override {
@@ -68,22 +71,26 @@ class DryBackend final : public Backend {
     void rope_forward(float*, int B, int T, int NH, int HS, float) override { rope("rope_forward", B, T, NH, HS); }
     void rope_backward(float*, int B, int T, int NH, int HS, float) override { rope("rope_backward", B, T, NH, HS); }
     // Causal: half the T x T scores; the backward recomputes the probabilities (QK^T) besides its three GEMMs.
-    void attention_forward(float*, float*, const float*, int B, int T, int NH, int HS) override {
+    void attention_forward(GemmOperand out, float*, const float*, int B, int T, int NH, int HS) override {
         const double btc = static_cast<double>(B) * T * NH * HS;
-        note("attention_forward", 2.0 * B * NH * static_cast<double>(T) * T * HS, 4 * (4 * btc + 1.0 * B * NH * T));
+        note("attention_forward", 2.0 * B * NH * static_cast<double>(T) * T * HS,
+             4 * (3 * btc + 1.0 * B * NH * T) + size(out) * btc);
     }
-    void attention_backward(float*, const float*, const float*, const float*, const float*, int B, int T, int NH,
+    void attention_backward(float*, const float*, const float*, GemmOperand out, const float*, int B, int T, int NH,
                             int HS) override {
         const double btc = static_cast<double>(B) * T * NH * HS;
-        note("attention_backward", 5.0 * B * NH * static_cast<double>(T) * T * HS, 4 * (8 * btc + 1.0 * B * NH * T));
+        note("attention_backward", 5.0 * B * NH * static_cast<double>(T) * T * HS,
+             4 * (7 * btc + 1.0 * B * NH * T) + size(out) * btc);
     }
-    void gelu_forward(float*, const float*, size_t n, bool) override { note("gelu_forward", 10.0 * n, 8.0 * n); }
+    void gelu_forward(GemmOperand out, const float*, size_t n, bool) override {
+        note("gelu_forward", 10.0 * n, (4 + size(out)) * n);
+    }
     void gelu_backward(float*, const float*, const float*, size_t n, bool) override {
         note("gelu_backward", 15.0 * n, 12.0 * n);
     }
-    void swiglu_forward(float*, const float*, int N, int H) override {
+    void swiglu_forward(GemmOperand out, const float*, int N, int H) override {
         const double nh = static_cast<double>(N) * H;
-        note("swiglu_forward", 6 * nh, 12 * nh);
+        note("swiglu_forward", 6 * nh, (8 + size(out)) * nh);
     }
     void swiglu_backward(float*, const float*, const float*, int N, int H) override {
         const double nh = static_cast<double>(N) * H;
@@ -114,6 +121,7 @@ class DryBackend final : public Backend {
     void round_to_bf16(float*, const float*, size_t n) override { note("round_to_bf16", 0, 8.0 * n); }
 
    private:
+    static double size(GemmOperand x) { return x.bf16 ? 2.0 : 4.0; }  // bytes an element
     void rope(const char* op, int B, int T, int NH, int HS) {
         const double qk = 2.0 * B * T * NH * HS;  // q and k rotated, v untouched
         note(op, 3 * qk, 8 * qk);
@@ -122,13 +130,14 @@ class DryBackend final : public Backend {
         if (observer_) observer_({op, flops, bytes});
     }
     std::function<void(const OpCost&)> observer_;
+    bool gemm_operands_bf16_;
     uintptr_t next_ = uintptr_t(1) << 44;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_dry_backend(std::function<void(const OpCost&)> observer) {
-    return std::make_unique<DryBackend>(std::move(observer));
+std::unique_ptr<Backend> make_dry_backend(std::function<void(const OpCost&)> observer, bool gemm_operands_bf16) {
+    return std::make_unique<DryBackend>(std::move(observer), gemm_operands_bf16);
 }
 
 }  // namespace trainer

@@ -31,7 +31,7 @@
 // Alone (a world of one rank, in_place_when_alone): nothing is gathered or reduced; the model computes on
 // the shard and accumulates into its gradients, as the single strategy does (mixed precision widens the
 // bf16 shard into the unit's compute copy instead of gathering it, once a step: the copies stay for the
-// step in every sharding mode; pure still reduces to round in bf16).
+// step in every sharding mode unless the parameters are offloaded; pure still reduces to round in bf16).
 // CPU offload (shard_storage.h): a shard's gradients are final when the step's last reduction into them
 // has been settled (HYBRID_SHARD: after the replicas' all-reduce); their copy to the host starts there,
 // beside the rest of the backward. With cpu_offload.parameters every gather first uploads the shard (bf16
@@ -65,8 +65,9 @@ class FsdpStrategy final : public Strategy {
         // Alone with bf16 parameters, a unit's compute copy is widened from its bf16 shard rather than
         // gathered. Nothing is sharded in a world of one, so every sharding mode keeps the copies for the step
         // as SHARD_GRAD_OP does: one widening per unit and step instead of one per pass (measured on an H100,
-        // OLMo-1B: FULL_SHARD at 0.966x `single` with a widening per pass).
-        if (alone_ && opt_.precision.bf16_params) opt_.keep_params_for_step = true;
+        // OLMo-1B: FULL_SHARD at 0.966x `single` with a widening per pass, 0.983x keeping them). Not with
+        // cpu_offload.parameters, whose point is that the device never holds every unit at once.
+        if (alone_ && opt_.precision.bf16_params && !opt_.offload.parameters) opt_.keep_params_for_step = true;
         const size_t size = static_cast<size_t>(group_->size());
         group_of_.assign(layout.num_units(), -1);
         offset_in_group_.assign(layout.num_units(), 0);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/element.h"
 
@@ -657,6 +658,18 @@ TEST_CASE("kernels: squared norm matches a naive sum") {
         check_close("double", Vec{ref}, Vec{cpu::squared_norm<double>(x.data(), n)}, 1e-300, 1e-12);
         check_close("float", Vec{ref}, Vec{cpu::squared_norm<float>(xf.data(), n)}, 1e-300, 1e-12);
     }
+}
+
+TEST_CASE("kernels: the CPU backend computes on fp32 activations and refuses bf16 GEMM operands") {
+    // The reference stores every activation in fp32 (the model asks the backend, backend.h's GemmOperand).
+    auto backend = trainer::make_cpu_backend();
+    CHECK_FALSE(backend->gemm_operands_bf16());
+    std::vector<float> out(4), w(4, 1.0f), x(4, 2.0f);
+    std::vector<uint16_t> x16(4, 0x4000);  // 2.0 in bf16
+    backend->matmul_forward(out.data(), x.data(), w.data(), nullptr, 2, 2, 2);
+    CHECK(out[0] == 4.0f);
+    CHECK_THROWS(
+        backend->matmul_forward(out.data(), trainer::GemmOperand::in_bf16(x16.data()), w.data(), nullptr, 2, 2, 2));
 }
 
 TEST_CASE("kernels: cast rounds to nearest even and keeps specials") {

@@ -93,6 +93,28 @@ TEST_CASE("dry run: predicted peak memory by category is the measured accounting
     }
 }
 
+TEST_CASE("dry run: amp_bf16 on a GPU stores the activations only GEMMs read in bf16") {
+    // The norms' outputs, attention's output and the MLP activation of every block and the final norm's output
+    // (GemmOperand, kernels/backend.h) take half the floats of their 64-byte aligned slots; nothing else moves.
+    RankEnv env;
+    const TrainConfig fp32 = tiny_with({"device_train_microbatch_size=4", "precision=fp32"});
+    const TrainConfig amp = tiny_with({"device_train_microbatch_size=4", "precision=amp_bf16"});
+    auto activations = [&](const TrainConfig& c, Device d) {
+        return dry_run_step(c, env, d).peak[static_cast<int>(MemCategory::kActivations)];
+    };
+    const ModelConfig& m = amp.model;
+    const size_t N = static_cast<size_t>(std::max(amp.device_train_microbatch_size, amp.device_eval_batch_size)) *
+                     (m.max_sequence_length - 1);
+    const size_t NC = N * m.d_model, NH = N * m.ff_hidden_size();
+    auto slot = [](size_t floats) { return static_cast<int64_t>((floats + 15) / 16 * 16 * sizeof(float)); };
+    auto saved = [&](size_t n) { return slot(n) - slot((n + 1) / 2); };
+    const int64_t expected = m.n_layers * (3 * saved(NC) + saved(NH)) + saved(NC);
+    CHECK(activations(fp32, Device::kCuda) - activations(amp, Device::kCuda) == expected);
+    // The CPU backend, the reference, keeps them in fp32.
+    CHECK(activations(amp, Device::kCpu) == activations(fp32, Device::kCpu));
+    CHECK(activations(fp32, Device::kCpu) == activations(fp32, Device::kCuda));
+}
+
 TEST_CASE("dry run: the events are the step's ops and collectives") {
     // DDP on 2 ranks, one micro-batch: every unit's gradients all-reduced once, the loss and the norm summed;
     // FULL_SHARD by_block: a reduce-scatter per FSDP unit and gathers around forward and backward.

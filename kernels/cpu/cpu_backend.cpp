@@ -44,6 +44,13 @@ class CpuBackend final : public Backend {
    public:
     std::string name() const override { return "cpu"; }
 
+    // The reference computes on fp32 activations only (gemm_operands_bf16() is false: the model never
+    // hands it bf16 ones).
+    static float* f32(GemmOperand x) {
+        TRAINER_CHECK(!x.bf16, "the CPU backend was handed a bf16 activation");
+        return x.f32();
+    }
+
     ~CpuBackend() override {
         for (auto& [size, blocks] : cache_) {
             for (void* p : blocks) ::munmap(p, size);
@@ -116,13 +123,13 @@ class CpuBackend final : public Backend {
     }
     std::string library_description() const override { return cpu_blas_description(); }
 
-    void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M, int K,
+    void matmul_forward(float* out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
                         int N) override {
-        cpu::matmul_forward(out, inp, weight, bias, M, K, N);
+        cpu::matmul_forward(out, f32(inp), weight, bias, M, K, N);
     }
-    void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+    void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, GemmOperand inp,
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override {
-        cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, M, K, N, accumulate_dinp);
+        cpu::matmul_backward(dinp, dweight, dbias, dout, f32(inp), weight, M, K, N, accumulate_dinp);
     }
     void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
                            int C) override {
@@ -132,9 +139,9 @@ class CpuBackend final : public Backend {
                             int C) override {
         cpu::embedding_backward(dwte, dwpe, dout, tokens, N, T, C);
     }
-    void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+    void layernorm_forward(GemmOperand out, float* mean, float* rstd, const float* inp, const float* weight,
                            const float* bias, int N, int C, float eps) override {
-        cpu::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
+        cpu::layernorm_forward(f32(out), mean, rstd, inp, weight, bias, N, C, eps);
     }
     void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                             const float* weight, const float* mean, const float* rstd, int N, int C) override {
@@ -146,20 +153,22 @@ class CpuBackend final : public Backend {
     void rope_backward(float* dqkv, int B, int T, int NH, int HS, float theta) override {
         cpu::rope_backward(dqkv, B, T, NH, HS, theta);
     }
-    void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS) override {
-        cpu::attention_forward(out, lse, qkv, B, T, NH, HS);
+    void attention_forward(GemmOperand out, float* lse, const float* qkv, int B, int T, int NH, int HS) override {
+        cpu::attention_forward(f32(out), lse, qkv, B, T, NH, HS);
     }
-    void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
+    void attention_backward(float* dqkv, const float* dout, const float* qkv, GemmOperand out, const float* lse, int B,
                             int T, int NH, int HS) override {
-        cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS);
+        cpu::attention_backward(dqkv, dout, qkv, f32(out), lse, B, T, NH, HS);
     }
-    void gelu_forward(float* out, const float* inp, size_t n, bool tanh_approx) override {
-        cpu::gelu_forward(out, inp, n, tanh_approx);
+    void gelu_forward(GemmOperand out, const float* inp, size_t n, bool tanh_approx) override {
+        cpu::gelu_forward(f32(out), inp, n, tanh_approx);
     }
     void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx) override {
         cpu::gelu_backward(dinp, inp, dout, n, tanh_approx);
     }
-    void swiglu_forward(float* out, const float* inp, int N, int H) override { cpu::swiglu_forward(out, inp, N, H); }
+    void swiglu_forward(GemmOperand out, const float* inp, int N, int H) override {
+        cpu::swiglu_forward(f32(out), inp, N, H);
+    }
     void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H) override {
         cpu::swiglu_backward(dinp, inp, dout, N, H);
     }

@@ -23,12 +23,13 @@ struct GeluTanhBackward {
 
 // SwiGLU over rows of 2H inputs (value half, then gate half) and H outputs; one thread per output
 // element, consecutive threads on consecutive columns (coalesced in all three arrays).
-__global__ void swiglu_forward_kernel(float* out, const float* inp, int N, int H) {
+template <typename Out>
+__global__ void swiglu_forward_kernel(Out* out, const float* inp, int N, int H) {
     const size_t total = static_cast<size_t>(N) * H, stride = static_cast<size_t>(gridDim.x) * blockDim.x;
     for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
         const size_t n = i / H, j = i % H;
         const float* x = inp + n * 2 * H;
-        out[i] = silu(x[H + j]) * x[j];
+        store_as(out + i, silu(x[H + j]) * x[j]);
     }
 }
 
@@ -44,7 +45,38 @@ __global__ void swiglu_backward_kernel(float* dinp, const float* inp, const floa
     }
 }
 
+// out(n) = f(inp) rounded to bf16 (a GEMM operand).
+template <typename F>
+__global__ void map1_to_bf16_kernel(uint16_t* out, const float* inp, size_t n, F f) {
+    const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+    for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+        out[i] = float_to_bf16(f(inp[i]));
+    }
+}
+
+template <typename Out>
+void swiglu_forward_launch(Out* out, const float* inp, int N, int H, cudaStream_t stream) {
+    const size_t total = static_cast<size_t>(N) * H;
+    if (total == 0) return;
+    swiglu_forward_kernel<Out><<<grid_for(total, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, inp, N, H);
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
+
+void gelu_forward_bf16(uint16_t* out, const float* inp, size_t n, bool tanh_approx, cudaStream_t stream) {
+    if (n == 0) return;
+    if (tanh_approx) {
+        map1_to_bf16_kernel<<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, inp, n, GeluTanh{});
+    } else {
+        map1_to_bf16_kernel<<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, inp, n, GeluErf{});
+    }
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+}
+
+void swiglu_forward_bf16(uint16_t* out, const float* inp, int N, int H, cudaStream_t stream) {
+    swiglu_forward_launch(out, inp, N, H, stream);
+}
 
 void gelu_forward(float* out, const float* inp, size_t n, bool tanh_approx, cudaStream_t stream) {
     if (tanh_approx) {
@@ -63,10 +95,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, b
 }
 
 void swiglu_forward(float* out, const float* inp, int N, int H, cudaStream_t stream) {
-    const size_t total = static_cast<size_t>(N) * H;
-    if (total == 0) return;
-    swiglu_forward_kernel<<<grid_for(total, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, inp, N, H);
-    TRAINER_CUDA_CHECK(cudaGetLastError());
+    swiglu_forward_launch(out, inp, N, H, stream);
 }
 
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H, cudaStream_t stream) {

@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/element.h"
+
 namespace trainer::cuda {
 
 // Checks a CUDA runtime call (or cudaGetLastError() after a launch); throws naming the call and the error.
@@ -36,6 +38,10 @@ inline bool is_host_pointer(const void* p) {
     }
     return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
 }
+
+// An fp32 value stored as the output's type: itself, or rounded to bf16 (element.h's rounding).
+__device__ __forceinline__ void store_as(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_as(uint16_t* p, float v) { *p = float_to_bf16(v); }
 
 // True when every pointer is 16-byte aligned, so float4 (128-bit) loads and stores are legal.
 template <typename... P>

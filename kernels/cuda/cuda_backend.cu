@@ -125,7 +125,7 @@ class CudaBackend final : public Backend {
     ~CudaBackend() override {
         for (auto& [key, t] : rope_tables_) free(t.first), free(t.second);
         for (Scratch* s : {&ln_scratch_, &att_scratch_, &emb_scratch_, &segments_, &norm_segments_, &a16_, &b16_, &c16_,
-                           &held16_, &att16_[0], &att16_[1], &att16_[2], &att16_[3]})
+                           &held16_, &att16_[0], &att16_[1], &att16_[2], &att16_[3], &f32_scratch_})
             free(s->ptr);
         cudnn_attention_.reset();
         free(norm_scratch_);
@@ -300,30 +300,41 @@ class CudaBackend final : public Backend {
         return static_cast<int64_t>(high);
     }
 
-    void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M, int K,
+    // amp_bf16: the model stores GEMM operands (GemmOperand) in bf16, read here without a cast.
+    bool gemm_operands_bf16() const override { return options_.bf16_matmuls; }
+    void matmul_forward(float* out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
                         int N) override {
-        if (!options_.bf16_matmuls) return cuda::matmul_forward(*gemm_, out, inp, weight, bias, M, K, N, stream_);
-        const uint16_t* inp16 = to_bf16(a16_, inp, size_t(M) * K);
+        if (!options_.bf16_matmuls) {
+            return cuda::matmul_forward(*gemm_, out, operand_f32(f32_scratch_, inp, size_t(M) * K), weight, bias, M, K,
+                                        N, stream_);
+        }
+        const uint16_t* inp16 = operand_bf16(a16_, inp, size_t(M) * K);
         const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
         cuda::matmul_forward_bf16(*gemm_, out, inp16, w16, bias, M, K, N, stream_);
     }
-    void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight, const float* bias, int M,
-                             int K, int N, bool tanh_approx) override {
-        if (!tanh_approx) return Backend::matmul_gelu_forward(pre, out, inp, weight, bias, M, K, N, false);
-        if (!options_.bf16_matmuls)
-            return cuda::matmul_gelu_forward(*gemm_, pre, out, inp, weight, bias, M, K, N, stream_);
-        const uint16_t* inp16 = to_bf16(a16_, inp, size_t(M) * K);
+    void matmul_gelu_forward(float* pre, GemmOperand out, GemmOperand inp, const float* weight, const float* bias,
+                             int M, int K, int N, bool tanh_approx) override {
+        // A bf16 output: the GEMM writes the pre-activation and one pass rounds gelu(pre) to bf16 (10 bytes an
+        // element; the fused epilogue's fp32 output would be read again and cast by the next GEMM: 14).
+        if (!tanh_approx || out.bf16)
+            return Backend::matmul_gelu_forward(pre, out, inp, weight, bias, M, K, N, tanh_approx);
+        if (!options_.bf16_matmuls) {
+            return cuda::matmul_gelu_forward(*gemm_, pre, out.f32(), operand_f32(f32_scratch_, inp, size_t(M) * K),
+                                             weight, bias, M, K, N, stream_);
+        }
+        const uint16_t* inp16 = operand_bf16(a16_, inp, size_t(M) * K);
         const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
-        cuda::matmul_gelu_forward_bf16(*gemm_, pre, out, inp16, w16, bias, M, K, N, stream_);
+        cuda::matmul_gelu_forward_bf16(*gemm_, pre, out.f32(), inp16, w16, bias, M, K, N, stream_);
     }
-    void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+    void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, GemmOperand inp,
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override {
         if (!options_.bf16_matmuls) {
-            return cuda::matmul_backward(*gemm_, dinp, dweight, dbias, dout, inp, weight, M, K, N, accumulate_dinp,
+            const float* in = dweight != nullptr ? operand_f32(f32_scratch_, inp, size_t(M) * K) : nullptr;
+            return cuda::matmul_backward(*gemm_, dinp, dweight, dbias, dout, in, weight, M, K, N, accumulate_dinp,
                                          stream_);
         }
         const uint16_t* dout16 = to_bf16(c16_, dout, size_t(M) * N);
-        const uint16_t* inp16 = dweight != nullptr ? to_bf16(a16_, inp, size_t(M) * K) : nullptr;
+        const uint16_t* inp16 = dweight != nullptr ? operand_bf16(a16_, inp, size_t(M) * K) : nullptr;
         const uint16_t* w16 = dinp != nullptr ? weight_bf16(weight, size_t(N) * K) : nullptr;
         cuda::matmul_backward_bf16(*gemm_, dinp, dweight, dbias, dout, dout16, inp16, w16, M, K, N, accumulate_dinp,
                                    stream_);
@@ -337,9 +348,10 @@ class CudaBackend final : public Backend {
         void* scratch = grow(emb_scratch_, cuda::embedding_backward_scratch_bytes(N));
         cuda::embedding_backward(dwte, dwpe, dout, tokens, N, T, C, scratch, stream_);
     }
-    void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+    void layernorm_forward(GemmOperand out, float* mean, float* rstd, const float* inp, const float* weight,
                            const float* bias, int N, int C, float eps) override {
-        cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps, stream_);
+        if (out.bf16) return cuda::layernorm_forward_bf16(out.b16(), mean, rstd, inp, weight, bias, N, C, eps, stream_);
+        cuda::layernorm_forward(out.f32(), mean, rstd, inp, weight, bias, N, C, eps, stream_);
     }
     void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                             const float* weight, const float* mean, const float* rstd, int N, int C) override {
@@ -355,30 +367,36 @@ class CudaBackend final : public Backend {
         const auto& [cos_t, sin_t] = rope_table(T, HS, theta);
         cuda::rope_backward(dqkv, cos_t, sin_t, B, T, NH, HS, stream_);
     }
-    void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS) override {
-        if (options_.attention == AttentionKernel::kNative)
-            return cuda::attention_forward(out, lse, qkv, B, T, NH, HS, stream_);
-        // cuDNN or ours: bf16 operands in, bf16 output widened back (exactly) into the fp32 activation.
+    void attention_forward(GemmOperand out, float* lse, const float* qkv, int B, int T, int NH, int HS) override {
         const size_t NC = static_cast<size_t>(B) * T * NH * HS;
+        if (options_.attention == AttentionKernel::kNative) {
+            if (!out.bf16) return cuda::attention_forward(out.f32(), lse, qkv, B, T, NH, HS, stream_);
+            auto* wide = static_cast<float*>(grow(f32_scratch_, NC * sizeof(float)));
+            cuda::attention_forward(wide, lse, qkv, B, T, NH, HS, stream_);
+            return cuda::cast_float_to_bf16(out.b16(), wide, NC, stream_);
+        }
+        // cuDNN or ours: bf16 operands in, the bf16 output straight into a bf16 operand (else widened back,
+        // exactly, into the fp32 one).
         const uint16_t* qkv16 = to_bf16(att16_[0], qkv, 3 * NC);
-        auto* out16 = static_cast<uint16_t*>(grow(att16_[1], NC * sizeof(uint16_t)));
+        auto* out16 = out.bf16 ? out.b16() : static_cast<uint16_t*>(grow(att16_[1], NC * sizeof(uint16_t)));
         if (cudnn_attention_) {
             cudnn_attention_->forward(out16, lse, qkv16, B, T, NH, HS, stream_);
         } else {
             cuda::flash_attention_forward(out16, lse, qkv16, B, T, NH, HS, stream_);
         }
-        cuda::cast_bf16_to_float(out, out16, NC, stream_);
+        if (!out.bf16) cuda::cast_bf16_to_float(out.f32(), out16, NC, stream_);
     }
-    void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
+    void attention_backward(float* dqkv, const float* dout, const float* qkv, GemmOperand out, const float* lse, int B,
                             int T, int NH, int HS) override {
+        const size_t NC = static_cast<size_t>(B) * T * NH * HS;
         if (options_.attention == AttentionKernel::kNative) {
             float* scratch = static_cast<float*>(
                 grow(att_scratch_, cuda::attention_backward_scratch_floats(B, T, NH) * sizeof(float)));
-            return cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS, scratch, stream_);
+            return cuda::attention_backward(dqkv, dout, qkv, operand_f32(f32_scratch_, out, NC), lse, B, T, NH, HS,
+                                            scratch, stream_);
         }
-        const size_t NC = static_cast<size_t>(B) * T * NH * HS;
         const uint16_t* qkv16 = to_bf16(att16_[0], qkv, 3 * NC);
-        const uint16_t* out16 = to_bf16(att16_[1], out, NC);  // out holds bf16 values: the same bits as forward's
+        const uint16_t* out16 = operand_bf16(att16_[1], out, NC);  // fp32 out holds bf16 values: forward's bits
         const uint16_t* dout16 = to_bf16(att16_[2], dout, NC);
         auto* dqkv16 = static_cast<uint16_t*>(grow(att16_[3], 3 * NC * sizeof(uint16_t)));
         if (cudnn_attention_) {
@@ -389,14 +407,16 @@ class CudaBackend final : public Backend {
         }
         cuda::cast_bf16_to_float(dqkv, dqkv16, 3 * NC, stream_);
     }
-    void gelu_forward(float* out, const float* inp, size_t n, bool tanh_approx) override {
-        cuda::gelu_forward(out, inp, n, tanh_approx, stream_);
+    void gelu_forward(GemmOperand out, const float* inp, size_t n, bool tanh_approx) override {
+        if (out.bf16) return cuda::gelu_forward_bf16(out.b16(), inp, n, tanh_approx, stream_);
+        cuda::gelu_forward(out.f32(), inp, n, tanh_approx, stream_);
     }
     void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx) override {
         cuda::gelu_backward(dinp, inp, dout, n, tanh_approx, stream_);
     }
-    void swiglu_forward(float* out, const float* inp, int N, int H) override {
-        cuda::swiglu_forward(out, inp, N, H, stream_);
+    void swiglu_forward(GemmOperand out, const float* inp, int N, int H) override {
+        if (out.bf16) return cuda::swiglu_forward_bf16(out.b16(), inp, N, H, stream_);
+        cuda::swiglu_forward(out.f32(), inp, N, H, stream_);
     }
     void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H) override {
         cuda::swiglu_backward(dinp, inp, dout, N, H, stream_);
@@ -490,6 +510,18 @@ class CudaBackend final : public Backend {
         cuda::cast_float_to_bf16(out, x, n, stream_);
         return out;
     }
+    // A GEMM operand as bf16: itself where stored so, else cast into `scratch`.
+    const uint16_t* operand_bf16(Scratch& scratch, GemmOperand x, size_t n) {
+        return x.bf16 ? x.b16() : to_bf16(scratch, x.f32(), n);
+    }
+    // An fp32 operand (the fp32 GEMMs and the native attention): itself, or widened into `scratch`.
+    const float* operand_f32(Scratch& scratch, GemmOperand x, size_t n) {
+        if (!x.bf16) return x.f32();
+        auto* wide = static_cast<float*>(grow(scratch, n * sizeof(float)));
+        cuda::cast_bf16_to_float(wide, x.b16(), n, stream_);
+        return wide;
+    }
+
     // The (T, HS/2) cos and sin tables of cpu::rope_table_f32, uploaded once per (T, HS, theta).
     const std::pair<float*, float*>& rope_table(int T, int HS, float theta) {
         const auto key = std::make_tuple(T, HS, theta);
@@ -534,7 +566,8 @@ class CudaBackend final : public Backend {
     Scratch held16_;                    // the held weight's bf16 copy (hold_weight)
     const float* held_ = nullptr;
     size_t held_numel_ = 0;
-    Scratch att16_[4];  // the bf16 attentions' qkv, out, dout and dqkv
+    Scratch att16_[4];     // the bf16 attentions' qkv, out, dout and dqkv
+    Scratch f32_scratch_;  // a bf16 operand widened for an fp32 kernel (the native attention)
     std::unique_ptr<CudnnAttention> cudnn_attention_;
     std::map<std::tuple<int, int, float>, std::pair<float*, float*>> rope_tables_;
 };

@@ -20,13 +20,14 @@ __device__ float warp_sum(float x) {
     return x;
 }
 
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+template <typename Out>
+__global__ void layernorm_forward_kernel(Out* out, float* mean, float* rstd, const float* inp, const float* weight,
                                          const float* bias, int N, int C, float eps) {
     const int lane = threadIdx.x % 32;
     const int n = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
     if (n >= N) return;
     const float* x = inp + static_cast<size_t>(n) * C;
-    float* o = out + static_cast<size_t>(n) * C;
+    Out* o = out + static_cast<size_t>(n) * C;
     float s = 0.0f;
     for (int c = lane; c < C; c += 32) s += x[c];
     const float m = warp_sum(s) / static_cast<float>(C);
@@ -41,7 +42,7 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
         float y = (x[c] - m) * rs;
         if (weight != nullptr) y *= weight[c];
         if (bias != nullptr) y += bias[c];
-        o[c] = y;
+        store_as(o + c, y);
     }
 }
 
@@ -109,12 +110,24 @@ size_t layernorm_backward_scratch_floats(int N, int C) {
     return static_cast<size_t>((N + kRowsPerChunk - 1) / kRowsPerChunk) * 2 * static_cast<size_t>(C);
 }
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       int N, int C, float eps, cudaStream_t stream) {
+template <typename Out>
+void layernorm_forward_launch(Out* out, float* mean, float* rstd, const float* inp, const float* weight,
+                              const float* bias, int N, int C, float eps, cudaStream_t stream) {
     if (N == 0) return;
     const unsigned blocks = (static_cast<unsigned>(N) + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    layernorm_forward_kernel<<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C, eps);
+    layernorm_forward_kernel<Out>
+        <<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C, eps);
     TRAINER_CUDA_CHECK(cudaGetLastError());
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int N, int C, float eps, cudaStream_t stream) {
+    layernorm_forward_launch(out, mean, rstd, inp, weight, bias, N, C, eps, stream);
+}
+
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
+                            const float* bias, int N, int C, float eps, cudaStream_t stream) {
+    layernorm_forward_launch(out, mean, rstd, inp, weight, bias, N, C, eps, stream);
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

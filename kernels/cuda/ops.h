@@ -72,6 +72,9 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 // dbias (nullable), with `scratch` of layernorm_backward_scratch_floats(N, C) floats (layernorm.cu).
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                        int N, int C, float eps, cudaStream_t stream);
+// The same with the output rounded to bf16 (a GEMM operand; the statistics stay fp32).
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
+                            const float* bias, int N, int C, float eps, cudaStream_t stream);
 size_t layernorm_backward_scratch_floats(int N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C, float* scratch,
@@ -93,6 +96,9 @@ void scale_inplace(float* x, size_t n, float s, cudaStream_t stream);
 void gelu_forward(float* out, const float* inp, size_t n, bool tanh_approx, cudaStream_t stream);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx, cudaStream_t stream);
 void swiglu_forward(float* out, const float* inp, int N, int H, cudaStream_t stream);
+// GELU and SwiGLU forward with the output rounded to bf16 (a GEMM operand; not in place).
+void gelu_forward_bf16(uint16_t* out, const float* inp, size_t n, bool tanh_approx, cudaStream_t stream);
+void swiglu_forward_bf16(uint16_t* out, const float* inp, int N, int H, cudaStream_t stream);
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H, cudaStream_t stream);
 
 // Causal attention over qkv (B, T, 3C): out (B, T, C), lse (B, NH, T) of the scaled scores; backward

@@ -157,6 +157,15 @@ void test_residual_and_scale() {
     }
 }
 
+// A bf16 output (a GEMM operand) widened, against the fp32 CPU reference: within one bf16 step (2^-8
+// relative) of it, the rounding plus the fp32 kernels' own differences.
+void expect_close_bf16(const std::vector<float>& ref, const Dev<uint16_t>& got, const char* what) {
+    std::vector<float> wide(got.n);
+    const auto h = got.host();
+    trainer::cpu::cast_bf16_to_float(wide.data(), h.data(), h.size());
+    expect_close(ref, wide, what, 1e-6, 1.0 / 128);
+}
+
 void test_gelu() {
     for (size_t n : kSizes) {
         for (bool tanh_approx : {false, true}) {
@@ -170,6 +179,9 @@ void test_gelu() {
             trainer::cuda::gelu_backward(dd.p, dx.p, dg.p, n, tanh_approx, nullptr);
             expect_close(ref, dout.host(), "gelu_forward matches the CPU");
             expect_close(dref, dd.host(), "gelu_backward matches the CPU");
+            Dev<uint16_t> dout16(n);
+            trainer::cuda::gelu_forward_bf16(dout16.p, dx.p, n, tanh_approx, nullptr);
+            expect_close_bf16(ref, dout16, "gelu_forward_bf16 matches the CPU rounded to bf16");
         }
     }
 }
@@ -188,6 +200,9 @@ void test_swiglu() {
             trainer::cuda::swiglu_backward(dd.p, di.p, dg.p, N, H, nullptr);
             expect_close(ref, dy.host(), "swiglu_forward matches the CPU");
             expect_close(dref, dd.host(), "swiglu_backward matches the CPU");
+            Dev<uint16_t> dy16(ref.size());
+            trainer::cuda::swiglu_forward_bf16(dy16.p, di.p, N, H, nullptr);
+            expect_close_bf16(ref, dy16, "swiglu_forward_bf16 matches the CPU rounded to bf16");
         }
     }
 }
@@ -378,6 +393,12 @@ void test_layernorm() {
                                                  bp ? dbs.p : nullptr, N, C, 1e-5f, nullptr);
                 expect_close(y, dy.host(), "layernorm_forward matches the CPU", 1e-5, 1e-4);
                 expect_close(rstd, drstd.host(), "layernorm rstd matches the CPU", 1e-5, 1e-4);
+                Dev<uint16_t> dy16(y.size());
+                Dev<float> dmean2(N), drstd2(N);
+                trainer::cuda::layernorm_forward_bf16(dy16.p, dmean2.p, drstd2.p, dxin.p, wp ? dwt.p : nullptr,
+                                                      bp ? dbs.p : nullptr, N, C, 1e-5f, nullptr);
+                expect_close_bf16(y, dy16, "layernorm_forward_bf16 matches the CPU rounded to bf16");
+                expect_close(rstd, drstd2.host(), "layernorm_forward_bf16 keeps the fp32 statistics", 1e-5, 1e-4);
                 trainer::cpu::layernorm_backward(dx.data(), wp ? dw.data() : nullptr, bp ? db.data() : nullptr,
                                                  g.data(), x.data(), wp, mean.data(), rstd.data(), N, C);
                 trainer::cuda::layernorm_backward(ddx.p, wp ? ddw.p : nullptr, bp ? ddb.p : nullptr, dg.p, dxin.p,
