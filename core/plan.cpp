@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -21,35 +22,42 @@
 
 namespace trainer {
 
-DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device) {
+DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device, StepTimer* timer) {
     DryRunStep r;
-    const auto on_op = [&r](const OpCost& c) {
-        StepEvent e;
-        e.what = c.op, e.flops = c.flops, e.bytes = c.bytes;
+    // The step's events (not the initialisation's), in order: to the timer where there is one, else kept.
+    bool live = false, in_optimizer = false;
+    const auto record = [&](const StepEvent& e) {
+        if (!live) return;
+        if (timer != nullptr) return timer->add(e, in_optimizer);
         r.events.push_back(e);
     };
-    const auto on_call = [&r](const CollectiveCall& c) {
+    const auto on_op = [&record](const OpCost& c) {
+        StepEvent e;
+        e.what = c.op, e.flops = c.flops, e.bytes = c.bytes;
+        record(e);
+    };
+    const auto on_call = [&record](const CollectiveCall& c) {
         StepEvent e;
         e.kind = c.wait ? StepEvent::kWait : StepEvent::kIssue;
         e.what = c.kind, e.bytes = static_cast<double>(c.bytes), e.group_size = c.group_size;
         e.spans_nodes = c.spans_nodes, e.id = c.id, e.channel = c.channel;
-        r.events.push_back(e);
+        record(e);
     };
     // The model's and the strategy's trace spans, in order with the ops, so a predicted step can be drawn.
     struct Spans final : trace::SpanObserver {
-        explicit Spans(std::vector<StepEvent>* events) : events(events) {}
+        explicit Spans(std::function<void(const StepEvent&)> record) : record(std::move(record)) {}
         void begin(const char* category, std::string_view name) override {
             StepEvent e;
             e.kind = StepEvent::kSpanBegin, e.what = category, e.label = std::string(name);
-            events->push_back(std::move(e));
+            record(e);
         }
         void end() override {
             StepEvent e;
             e.kind = StepEvent::kSpanEnd;
-            events->push_back(std::move(e));
+            record(e);
         }
-        std::vector<StepEvent>* events;
-    } spans(&r.events);
+        std::function<void(const StepEvent&)> record;
+    } spans(record);
     const MemorySnapshot before = memory_snapshot();
     memory_reset_peaks();
     {
@@ -61,7 +69,7 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
         Model model(config, layout, backend.get(), &strategy,
                     static_cast<int>(std::max(micro, config.device_eval_batch_size)));
         AdamW optimizer(config, layout, backend.get(), config.cpu_offload.optimizer_state ? backend.get() : nullptr);
-        r.events.clear();  // the step's work only, not the initialisation's
+        live = true;  // the step's work only, not the initialisation's
         const std::vector<int32_t> tokens(static_cast<size_t>(micro) * L, 0);
         const double global_tokens = static_cast<double>(config.global_train_batch_size) * (L - 1);
         struct Observing {  // the spans of this thread go to `spans` until the step is done (or throws)
@@ -78,6 +86,7 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
                 strategy.all_reduce_sum(0.0);
             }
             r.optimizer_begin = r.events.size();
+            in_optimizer = true;
             const trace::Span opt("optimizer", "optimizer step");
             optimizer.step(strategy, 1, 1);
         }
@@ -205,7 +214,7 @@ std::string describe(const TrainConfig& c, int world) {
 struct Row {
     TrainConfig config;
     bool is_config = false;
-    DryRunStep dry;  // its peaks (the events are dropped once timed: millions for a large accumulation)
+    DryRunStep dry;  // its peaks (its events went to the time model as they happened)
     StepTime time;
     double tokens_per_s = 0.0, mfu = 0.0;
     bool fits = true;
@@ -275,10 +284,10 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
         const std::string name = describe(c, world);
         if (!cand.is_config && std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
         seen.push_back(name);
-        Row row{c, cand.is_config, dry_run_step(c, env, device), {}};
         const bool bf16 = c.precision == Precision::kAmpBf16;
-        row.time = predict_step_time(row.dry, hw, cal, bf16, plan.slowdown);
-        row.dry.events = {};
+        StepTimer timer(hw, cal, bf16, plan.slowdown);
+        Row row{c, cand.is_config, dry_run_step(c, env, device, &timer), {}};
+        row.time = timer.result();
         const double L = static_cast<double>(c.model.max_sequence_length);
         row.tokens_per_s = static_cast<double>(c.global_train_batch_size) * L / world / row.time.total;
         double peak = bf16 ? hw.bf16_flops : hw.fp32_flops;
@@ -351,8 +360,8 @@ void write_predicted_trace(const Plan& plan, int world, const std::string& path,
                       {"args", {{"name", "predicted rank 0: " + describe(row->config, world)}}}});
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", "compute"}}}});
     const bool bf16 = row->config.precision == Precision::kAmpBf16;
-    predict_step_time(dry_run_step(row->config, plan.env, plan.device), *plan.hw,
-                      plan.calibration ? &*plan.calibration : nullptr, bf16, plan.slowdown, &events, pid);
+    StepTimer timer(*plan.hw, plan.calibration ? &*plan.calibration : nullptr, bf16, plan.slowdown, &events, pid);
+    dry_run_step(row->config, plan.env, plan.device, &timer);
     const std::string text = Json{{"displayTimeUnit", "ms"}, {"traceEvents", events}}.dump();
     std::FILE* f = std::fopen(path.c_str(), "w");
     if (f == nullptr) user_error("plan --trace-file {}: cannot be written", path);

@@ -42,7 +42,10 @@ struct DryRunStep {
 // (env.local_world_size per node) computing on `device` (kCpu or kCuda: which collectives a run would use).
 // Peaks are the step's own (what was allocated before the call does not count); the process's peaks are
 // left as they were.
-DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device);
+// With `timer`, the events go to it as they happen and `events` stays empty (a step of a thousand
+// micro-batches has millions).
+class StepTimer;
+DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device, StepTimer* timer = nullptr);
 
 // Refuses CPU offload whose host state times the node's ranks exceeds the host memory available now
 // (MemAvailable; TRAINER_HOST_MEMORY_BYTES replaces it in tests), naming both. The host state is what the

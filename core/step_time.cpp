@@ -101,93 +101,97 @@ Calibration read_calibration(const std::string& path) {
     return c;
 }
 
+StepTimer::StepTimer(const Hardware& hw, const Calibration* calibration, bool bf16, double slowdown, Json* trace,
+                     int pid)
+    : hw_(hw),
+      cal_(calibration),
+      peak_(bf16 ? hw.bf16_flops : hw.fp32_flops),
+      slowdown_(slowdown),
+      trace_(trace),
+      pid_(pid) {}
+
+double StepTimer::op_seconds(const StepEvent& e) const {
+    // The calibration entry of the same op whose work is closest; its time scaled by the work.
+    if (cal_ != nullptr) {
+        const bool by_flops = e.flops > 0.0;
+        const double work = by_flops ? e.flops : e.bytes;
+        const Calibration::Entry* best = nullptr;
+        double best_d = 0.0;
+        for (const auto& c : cal_->entries) {
+            const double cw = by_flops ? c.flops : c.bytes;
+            if (c.op != e.what || cw <= 0.0) continue;
+            const double d = std::fabs(std::log(work / cw));
+            if (best == nullptr || d < best_d) best = &c, best_d = d;
+        }
+        if (best != nullptr) return cal_->step_scale * best->seconds * work / (by_flops ? best->flops : best->bytes);
+        // An op the file has not: a copy's speed.
+        if (cal_->bandwidth > 0.0) return cal_->step_scale * e.bytes / cal_->bandwidth;
+    }
+    const bool gemm = std::strncmp(e.what, "matmul", 6) == 0, attention = std::strncmp(e.what, "attention", 9) == 0;
+    const double eff = gemm ? hw_.gemm_efficiency : attention ? hw_.attention_efficiency : 1.0;
+    const double t_flops = peak_ > 0.0 ? e.flops / (peak_ * eff) : 0.0;
+    const double t_bytes = hw_.bandwidth > 0.0 ? e.bytes / (hw_.bandwidth * hw_.memory_efficiency) : 0.0;
+    return std::max(t_flops, t_bytes) + hw_.op_overhead;
+}
+
+void StepTimer::emit(const std::string& name, const char* category, double begin, double seconds, int tid,
+                     double bytes) {
+    Json ev = {{"name", name},         {"cat", category}, {"ph", "X"}, {"ts", begin * 1e6},
+               {"dur", seconds * 1e6}, {"pid", pid_},     {"tid", tid}};
+    if (bytes >= 0.0) ev["args"] = {{"bytes", bytes}};
+    trace_->push_back(ev);
+}
+
+void StepTimer::add(const StepEvent& e, bool optimizer) {
+    double& clock = r_.total;
+    if (e.kind == StepEvent::kSpanBegin) {
+        if (trace_ != nullptr) open_.emplace_back(e.label, e.what, clock);
+        return;
+    }
+    if (e.kind == StepEvent::kSpanEnd) {
+        if (trace_ != nullptr) {
+            TRAINER_CHECK(!open_.empty(), "a span ended that did not begin");
+            const auto& [name, category, begin] = open_.back();
+            emit(name, category, begin, clock - begin, 0, -1.0);
+            open_.pop_back();
+        }
+        return;
+    }
+    const double before = clock;
+    if (e.kind == StepEvent::kOp) {
+        const auto [it, added] = costed_.emplace(std::make_tuple(e.what, e.flops, e.bytes), 0.0);
+        if (added) it->second = op_seconds(e);
+        const double t = it->second * slowdown_;
+        clock += t;
+        (optimizer ? r_.optimizer : r_.compute) += t;
+        return;
+    }
+    if (e.kind == StepEvent::kIssue) {
+        const double d = collective_seconds(e, e.spans_nodes ? hw_.inter : hw_.intra);
+        double& free = channel_free_[e.channel];
+        const double start = std::max(clock, free);
+        free = start + d;
+        done_[e.id] = free;
+        if (trace_ != nullptr) {
+            const int tid = track_.emplace(e.channel, static_cast<int>(track_.size()) + 1).first->second;
+            emit(e.what, "comm", start, d, tid, e.bytes);
+        }
+        clock += hw_.comm_compute_share * d;  // CPU: the collective's cycles come out of the compute's
+    } else {
+        const auto it = done_.find(e.id);
+        if (it != done_.end()) {
+            clock = std::max(clock, it->second);
+            done_.erase(it);  // a collective is waited for once
+        }
+    }
+    (optimizer ? r_.optimizer : r_.exposed_comm) += clock - before;
+}
+
 StepTime predict_step_time(const DryRunStep& step, const Hardware& hw, const Calibration* cal, bool bf16,
                            double slowdown, Json* trace, int pid) {
-    const double peak = bf16 ? hw.bf16_flops : hw.fp32_flops;
-    auto op_seconds = [&](const StepEvent& e) {
-        // The calibration entry of the same op whose work is closest; its time scaled by the work.
-        if (cal != nullptr) {
-            const bool by_flops = e.flops > 0.0;
-            const double work = by_flops ? e.flops : e.bytes;
-            const Calibration::Entry* best = nullptr;
-            double best_d = 0.0;
-            for (const auto& c : cal->entries) {
-                const double cw = by_flops ? c.flops : c.bytes;
-                if (c.op != e.what || cw <= 0.0) continue;
-                const double d = std::fabs(std::log(work / cw));
-                if (best == nullptr || d < best_d) best = &c, best_d = d;
-            }
-            if (best != nullptr) return cal->step_scale * best->seconds * work / (by_flops ? best->flops : best->bytes);
-            // An op the file has not: a copy's speed.
-            if (cal->bandwidth > 0.0) return cal->step_scale * e.bytes / cal->bandwidth;
-        }
-        const bool gemm = std::strncmp(e.what, "matmul", 6) == 0, attention = std::strncmp(e.what, "attention", 9) == 0;
-        const double eff = gemm ? hw.gemm_efficiency : attention ? hw.attention_efficiency : 1.0;
-        const double t_flops = peak > 0.0 ? e.flops / (peak * eff) : 0.0;
-        const double t_bytes = hw.bandwidth > 0.0 ? e.bytes / (hw.bandwidth * hw.memory_efficiency) : 0.0;
-        return std::max(t_flops, t_bytes) + hw.op_overhead;
-    };
-    // Every micro-batch repeats the same ops: each distinct one is costed once (op names are the dry
-    // backend's literals, so their addresses identify them).
-    std::map<std::tuple<const char*, double, double>, double> costed;
-    auto op_time = [&](const StepEvent& e) {
-        const auto [it, added] = costed.emplace(std::make_tuple(e.what, e.flops, e.bytes), 0.0);
-        if (added) it->second = op_seconds(e);
-        return it->second;
-    };
-    StepTime r;
-    double clock = 0.0;
-    std::map<const void*, double> channel_free;             // when each communicator's queue is next free
-    std::map<const void*, int> track;                       // trace: each communicator's track (the compute's is 0)
-    std::map<uint64_t, double> done;                        // when each issued collective completes
-    std::vector<std::pair<const StepEvent*, double>> open;  // trace: the spans begun and not ended
-    auto emit = [&](const std::string& name, const char* category, double begin, double seconds, int tid,
-                    double bytes) {
-        Json ev = {{"name", name},         {"cat", category}, {"ph", "X"}, {"ts", begin * 1e6},
-                   {"dur", seconds * 1e6}, {"pid", pid},      {"tid", tid}};
-        if (bytes >= 0.0) ev["args"] = {{"bytes", bytes}};
-        trace->push_back(ev);
-    };
-    for (size_t i = 0; i < step.events.size(); ++i) {
-        const StepEvent& e = step.events[i];
-        if (e.kind == StepEvent::kSpanBegin) {
-            open.push_back({&e, clock});
-            continue;
-        }
-        if (e.kind == StepEvent::kSpanEnd) {
-            TRAINER_CHECK(!open.empty(), "a span ended that did not begin");
-            if (trace != nullptr)
-                emit(open.back().first->label, open.back().first->what, open.back().second, clock - open.back().second,
-                     0, -1.0);
-            open.pop_back();
-            continue;
-        }
-        const bool optimizer = i >= step.optimizer_begin;
-        const double before = clock;
-        if (e.kind == StepEvent::kOp) {
-            const double t = op_time(e) * slowdown;
-            clock += t;
-            (optimizer ? r.optimizer : r.compute) += t;
-            continue;
-        }
-        if (e.kind == StepEvent::kIssue) {
-            const double d = collective_seconds(e, e.spans_nodes ? hw.inter : hw.intra);
-            double& free = channel_free[e.channel];
-            const double start = std::max(clock, free);
-            free = start + d;
-            done[e.id] = free;
-            if (trace != nullptr) {
-                const int tid = track.emplace(e.channel, static_cast<int>(track.size()) + 1).first->second;
-                emit(e.what, "comm", start, d, tid, e.bytes);
-            }
-            clock += hw.comm_compute_share * d;  // CPU: the collective's cycles come out of the compute's
-        } else {
-            clock = std::max(clock, done[e.id]);
-        }
-        (optimizer ? r.optimizer : r.exposed_comm) += clock - before;
-    }
-    r.total = clock;
-    return r;
+    StepTimer timer(hw, cal, bf16, slowdown, trace, pid);
+    for (size_t i = 0; i < step.events.size(); ++i) timer.add(step.events[i], i >= step.optimizer_begin);
+    return timer.result();
 }
 
 }  // namespace trainer

@@ -8,7 +8,9 @@
 // their time, comm_compute_share, lands on the compute clock).
 #pragma once
 
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "base/config.h"
@@ -60,9 +62,40 @@ struct StepTime {
     double optimizer = 0.0;     // the optimizer step's ops and its waits
 };
 
-// `slowdown` multiplies every op's time (CPU ranks sharing cores beyond their count). With `trace`, the
-// predicted step is appended to it as Chrome trace events (the step's spans on the compute track, each
-// collective on its communicator's track), process `pid`.
+// The time model, fed a step's events in order (dry_run_step streams them, so a step of a thousand
+// micro-batches is never held in memory): ops on the compute clock at their calibrated or roofline times,
+// collectives queued on their communicator's link, waits where the strategy waits. `slowdown` multiplies
+// every op's time (CPU ranks sharing cores beyond their count). With `trace`, the predicted step is
+// appended to it as Chrome trace events (the step's spans on the compute track, each collective on its
+// communicator's track), process `pid`.
+class StepTimer {
+   public:
+    StepTimer(const Hardware& hw, const Calibration* calibration, bool bf16, double slowdown = 1.0,
+              Json* trace = nullptr, int pid = 0);
+    // The next event of the step; `optimizer`: it belongs to the optimizer step.
+    void add(const StepEvent& e, bool optimizer);
+    const StepTime& result() const { return r_; }
+
+   private:
+    double op_seconds(const StepEvent& e) const;
+    void emit(const std::string& name, const char* category, double begin, double seconds, int tid, double bytes);
+    const Hardware& hw_;
+    const Calibration* cal_;
+    double peak_, slowdown_;
+    Json* trace_;
+    int pid_;
+    StepTime r_;
+    // Every micro-batch repeats the same ops: each distinct one is costed once (op names are the dry
+    // backend's literals, so their addresses identify them).
+    std::map<std::tuple<const char*, double, double>, double> costed_;
+    std::map<const void*, double> channel_free_;  // when each communicator's queue is next free
+    std::map<const void*, int> track_;            // trace: each communicator's track (compute's is 0)
+    std::map<uint64_t, double> done_;             // when each issued collective completes
+    std::vector<std::tuple<std::string, const char*, double>>
+        open_;  // spans begun and not ended: name, category, start
+};
+
+// The time model over a dry run's stored events (StepTimer).
 StepTime predict_step_time(const DryRunStep& step, const Hardware& hw, const Calibration* calibration, bool bf16,
                            double slowdown = 1.0, Json* trace = nullptr, int pid = 0);
 
