@@ -15,10 +15,21 @@ namespace trainer::trace {
 
 namespace detail {
 std::atomic<bool> g_enabled{false};
+std::atomic<bool> g_ranges{false};
 thread_local SpanObserver* t_observer = nullptr;
 }  // namespace detail
 
 void observe_spans(SpanObserver* observer) { detail::t_observer = observer; }
+
+namespace {
+RangeHooks g_hooks;  // written before g_ranges is set (release), read after it is seen set (acquire)
+}  // namespace
+
+void set_range_hooks(RangeHooks hooks) {
+    detail::g_ranges.store(false, std::memory_order_release);
+    g_hooks = hooks;
+    if (hooks.push != nullptr && hooks.pop != nullptr) detail::g_ranges.store(true, std::memory_order_release);
+}
 
 namespace {
 
@@ -95,15 +106,18 @@ void name_thread(const std::string& name) {
 Span::Span(const char* category, std::string_view name, int64_t bytes)
     : observer_(detail::t_observer),
       on_(observer_ == nullptr && enabled()),
+      pop_(observer_ == nullptr && detail::g_ranges.load(std::memory_order_acquire) ? g_hooks.pop : nullptr),
       category_(category),
-      name_(on_ ? std::string(name) : std::string()),
+      name_(on_ || pop_ != nullptr ? std::string(name) : std::string()),
       bytes_(bytes) {
     if (observer_ != nullptr) observer_->begin(category, name);
+    if (pop_ != nullptr) g_hooks.push(name_.empty() ? category : name_.c_str());
     if (on_) begin_us_ = now_us();
 }
 
 Span::~Span() {
     if (observer_ != nullptr) observer_->end();
+    if (pop_ != nullptr) pop_();
     if (!on_) return;
     const double end = now_us();
     State& s = state();

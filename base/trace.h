@@ -33,8 +33,23 @@ void observe_spans(SpanObserver* observer);
 namespace detail {
 extern thread_local SpanObserver* t_observer;
 }
-// Whether spans on this thread go anywhere (recorded, or observed): callers build span names only then.
-inline bool active() { return enabled() || detail::t_observer != nullptr; }
+// Ranges for an external profiler (NVTX ranges for Nsight Systems, registered by the CUDA backend): every
+// span of every thread is also pushed there at its begin and popped at its end, named as a trace names it,
+// whether or not a trace is being recorded. {nullptr, nullptr} stops it. Set before other threads run spans
+// (the CUDA backend sets it when it is made); a span pops through the hooks it pushed through.
+struct RangeHooks {
+    void (*push)(const char* name) = nullptr;
+    void (*pop)() = nullptr;
+};
+void set_range_hooks(RangeHooks hooks);
+namespace detail {
+extern std::atomic<bool> g_ranges;
+}
+// Whether spans on this thread go anywhere (recorded, observed, or profiler ranges): callers build span
+// names only then.
+inline bool active() {
+    return enabled() || detail::t_observer != nullptr || detail::g_ranges.load(std::memory_order_relaxed);
+}
 // Names the calling thread's track ("compute", "gloo world"); a track without a name is "thread <n>".
 void name_thread(const std::string& name);
 // Writes everything recorded so far as one Chrome trace JSON object to `path` (UserError when it cannot).
@@ -53,6 +68,7 @@ class Span {
    private:
     SpanObserver* observer_;
     bool on_;
+    void (*pop_)();  // the range hook to pop at the end, when a range was pushed
     const char* category_;
     std::string name_;
     int64_t bytes_;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/trace.h"
 #include "test_util.h"
 
 using namespace trainer;
@@ -191,4 +192,24 @@ TEST_CASE("trace: trainer plan --trace-file draws the predicted step with the me
         if (s.at("cat") == "step") CHECK(s.at("dur").get<double>() / 1e3 == Approx(predicted_ms).epsilon(1e-6));
         if (s.at("cat") == "comm" && s.contains("args")) CHECK(s.at("tid").get<int>() >= 1);
     }
+}
+
+namespace {
+std::vector<std::string> g_ranges;  // "+name" at each push, "-" at each pop
+}  // namespace
+
+TEST_CASE("trace: spans push and pop a profiler's ranges (NVTX on the GPU) without a trace being recorded") {
+    REQUIRE_FALSE(trace::enabled());
+    g_ranges.clear();
+    trace::set_range_hooks(
+        {[](const char* name) { g_ranges.push_back(std::string("+") + name); }, [] { g_ranges.emplace_back("-"); }});
+    CHECK(trace::active());  // span names are built: the ranges carry them
+    {
+        const trace::Span step("step", "step 1");
+        const trace::Span unnamed("forward", "");  // a range without a name takes its category
+    }
+    trace::set_range_hooks({});
+    CHECK_FALSE(trace::active());
+    { const trace::Span after("step", "step 2"); }
+    CHECK(g_ranges == std::vector<std::string>{"+step 1", "+forward", "-", "-"});
 }

@@ -16,6 +16,7 @@
 // work queued before it and records an event, its ticket; tickets complete in order (one stream), so the
 // events of finished copies are recycled from the front of a queue and a wait on an older ticket is free.
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <cstdint>
 #include <cstring>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "base/common.h"
+#include "base/trace.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/common.cuh"
@@ -111,6 +113,9 @@ const DenseSpec* dense_spec(const std::string& name) {
 class CudaBackend final : public Backend {
    public:
     explicit CudaBackend(const BackendOptions& options) : options_(options) {
+        // The trace's spans (every unit's forward, backward and recompute, collectives, the optimizer) as NVTX
+        // ranges, for Nsight Systems; no-ops unless a tool is attached.
+        trace::set_range_hooks({[](const char* name) { nvtxRangePushA(name); }, [] { nvtxRangePop(); }});
         TRAINER_CUDA_CHECK(cudaSetDevice(options.device_index));
         device_ = options.device_index;
         TRAINER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
