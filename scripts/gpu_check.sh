@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# The checks a session with a lent GPU runs, in one command that fits the device tool's 10-minute call, from
+# the portable bundle (../shared/tools/gpu_bundle.sh) and without building or installing anything:
+#
+#   bash .gpu-bundle/run.sh scripts/gpu_check.sh [STAGE...]
+#
+# Stages (default: tests kernels bench):
+#   tests     gpu_tests, then compute-sanitizer memcheck over the kernel cases (cuDNN's own kernels left out)
+#   race      compute-sanitizer racecheck over the kernel cases but the 1024-block flash case (over 7 minutes
+#             under racecheck; the small flash case runs the same kernels)
+#   kernels   trainer bench-kernels on OLMo-1B (micro-batch 4) and GPT-2 124M (16), our flash attention and
+#             cuDNN's: each op against the roofline, the attention rows giving flash's speed against cuDNN's
+#   bench     scripts/bench_gpu.sh: tokens/s, MFU and peak memory of the trainer against PyTorch eager and
+#             torch.compile on the three shapes, alternating in one run
+#   strategies  OLMo-1B micro-batch 4 under single, DDP and FSDP FULL_SHARD / SHARD_GRAD_OP / NO_SHARD at
+#             world size 1, tokens/s against single's
+#   memory    activation checkpointing and CPU offload on one GPU: OLMo-1B micro-batch 8 with null and
+#             whole_layer; OLMo-7B micro-batch 2 with whole_layer and cpu_offload.optimizer_state (3 steps of
+#             one micro-batch: tokens/s, MFU, device and host peaks)
+#   plan      trainer plan --hardware h100-sxm against a measured run of the same OLMo-1B configuration
+#
+# Each step has its own time limit; the logs go to $OUT/gpu-check.tgz (the device tool's output folder; else
+# ./gpu-check.tgz), and a summary is printed last. TRAINER_BIN and GPU_TESTS_BIN default to the bundle's.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+source scripts/bench_common.sh
+trainer=${TRAINER_BIN:-build-portable/bin/trainer}
+gpu_tests=${GPU_TESTS_BIN:-build-portable/bin/gpu_tests}
+for bin in "$trainer" "$gpu_tests"; do
+    [[ -x $bin ]] || { echo "error: $bin is not built (bash ../shared/tools/gpu_bundle.sh, or set TRAINER_BIN / GPU_TESTS_BIN)" >&2; exit 1; }
+done
+stages=("$@")
+((${#stages[@]})) || stages=(tests kernels bench)
+for s in "${stages[@]}"; do
+    case $s in tests | race | kernels | bench | strategies | memory | plan) ;;
+        *) echo "error: unknown stage $s (see the header of $0)" >&2; exit 2 ;;
+    esac
+done
+logs=$(mktemp -d)
+summary=$logs/summary.txt
+t0=$SECONDS
+note() { echo "$*" | tee -a "$summary"; }
+# Runs "$@" with a time limit, its output in $logs/$name.log; notes the exit status and the seconds.
+step() {
+    local name=$1 limit=$2
+    shift 2
+    local s=$SECONDS
+    timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+    local rc=$?
+    note "$name: exit $rc, $((SECONDS - s)) s"
+    return $rc
+}
+# The last metrics record of a run: tokens/s, MFU, mean step and the device pool's and host's peaks.
+summarize() {
+    python3 - "$1" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+s = rows[-1]
+peak = s.get("peak_memory_bytes", {})
+gib = 2 ** 30
+print(f"  {s['tokens_per_second_per_device']:,.0f} tokens/s, MFU {100 * s['mfu']:.1f}%, step {s['mean_step_time_ms']:.1f} ms, "
+      f"device pool {peak.get('device_pool', 0) / gib:.1f} GiB, activations {peak.get('activations', 0) / gib:.1f} GiB, "
+      f"host {peak.get('host_total', 0) / gib:.1f} GiB")
+PY
+}
+# A short training run of a config on the bench tokens, no checkpoint: name, config, micro-batch, steps, extra flags.
+train() {
+    local name=$1 config=$2 micro=$3 steps=$4
+    shift 4
+    step "$name" 300 "$trainer" --config "$config" --device cuda --data data/bench_tokens.bin --max-duration "$steps" \
+        --set console_log_interval=1000000 --set save_folder=null --set save_interval=0 \
+        --set device_train_microbatch_size="$micro" --set global_train_batch_size="$micro" \
+        --metrics-file "$logs/$name.jsonl" "$@" && summarize "$logs/$name.jsonl" | tee -a "$summary"
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | tee -a "$summary"
+bench_tokens "$trainer"
+
+for s in "${stages[@]}"; do
+    case $s in
+        tests)
+            step gpu_tests 240 "$gpu_tests" --durations yes
+            grep -E "^test cases|^assertions|All tests passed|FAILED" "$logs/gpu_tests.log" | tail -4 | tee -a "$summary"
+            step memcheck 240 compute-sanitizer --tool memcheck "$gpu_tests" "gpu kernel:*" "~*cuDNN*"
+            grep -E "ERROR SUMMARY" "$logs/memcheck.log" | tee -a "$summary"
+            ;;
+        race)
+            step racecheck 540 compute-sanitizer --tool racecheck "$gpu_tests" "gpu kernel:*" "~*cuDNN*" "~*1024 blocks*"
+            grep -E "RACECHECK SUMMARY|^test cases" "$logs/racecheck.log" | tee -a "$summary"
+            ;;
+        kernels)
+            for shape in "olmo_1b 4" "gpt2_124m 16"; do
+                read -r model micro <<<"$shape"
+                for attention in flash cudnn; do
+                    step "kernels_${model}_$attention" 120 "$trainer" bench-kernels --config "configs/$model.json" \
+                        --device cuda --precision amp_bf16 --set kernels.attention="$attention" \
+                        --set device_train_microbatch_size="$micro" --set global_train_batch_size="$micro"
+                    grep -E "^\| attention" "$logs/kernels_${model}_$attention.log" | sed "s/^/  $model $attention /" |
+                        tee -a "$summary"
+                done
+            done
+            ;;
+        bench)
+            TRAINER_BIN=$trainer step bench_gpu 480 bash scripts/bench_gpu.sh
+            grep -E "^\|" "$logs/bench_gpu.log" | tee -a "$summary"
+            ;;
+        strategies)
+            train single configs/olmo_1b.json 4 10 --precision amp_bf16
+            train fsdp_full_shard configs/olmo_1b.json 4 10 --precision amp_bf16 --strategy fsdp \
+                --sharding-strategy FULL_SHARD --wrapping-strategy by_block
+            train fsdp_shard_grad_op configs/olmo_1b.json 4 10 --precision amp_bf16 --strategy fsdp \
+                --sharding-strategy SHARD_GRAD_OP --wrapping-strategy by_block_and_size
+            train fsdp_no_shard configs/olmo_1b.json 4 10 --precision amp_bf16 --strategy fsdp --sharding-strategy NO_SHARD
+            train ddp configs/olmo_1b.json 4 10 --precision amp_bf16 --strategy ddp
+            ;;
+        memory)
+            train olmo1b_mb8 configs/olmo_1b.json 8 6 --precision amp_bf16
+            train olmo1b_mb8_whole_layer configs/olmo_1b.json 8 6 --precision amp_bf16 \
+                --set activation_checkpointing=whole_layer
+            train olmo7b_whole_layer_offload configs/olmo_7b.json 2 3 --precision amp_bf16 \
+                --set activation_checkpointing=whole_layer --set cpu_offload.optimizer_state=true
+            ;;
+        plan)
+            step plan_olmo1b 60 "$trainer" plan --config configs/olmo_1b.json --device cuda --hardware h100-sxm \
+                --set device_train_microbatch_size=4 --set global_train_batch_size=4 --json
+            python3 -c "
+import json, sys
+rows = [json.loads(l) for l in open('$logs/plan_olmo1b.log') if l.startswith('{')]
+row = next(r for r in rows if r.get('is_config'))
+print(f\"  plan, the config as given: {row['predicted_step_ms']:.1f} ms a step predicted\")" | tee -a "$summary"
+            train plan_measured configs/olmo_1b.json 4 10 --precision amp_bf16
+            ;;
+    esac
+done
+note "total: $((SECONDS - t0)) s"
+out=${OUT:-.}
+tar czf "$out/gpu-check.tgz" -C "$logs" . && echo "logs: $out/gpu-check.tgz"
+echo
+cat "$summary"
+rm -rf "$logs"
