@@ -112,9 +112,12 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         be.cast_float_to_bf16(half.bf16(), f.f32(), n);
         return GemmOperand::in_bf16(half.bf16());
     };
-    DeviceBuffer x16, y16, att16, fact16;
+    DeviceBuffer x16, y16, att16, fact16, fch16;
     const GemmOperand xo = operand(x, NC, x16), yo = operand(y, NC, y16), atto = operand(att, NC, att16),
                       facto = operand(fact, NHh, fact16);
+    // The ff_proj output: bf16 with SwiGLU where the backend keeps operands so; GELU's pre-activation is fp32.
+    const bool swiglu = m.activation_type == ActivationType::kSwiglu;
+    const GemmOperand fcho = swiglu ? operand(fch, static_cast<size_t>(N) * P, fch16) : GemmOperand(fch.f32());
 
     std::vector<Op> ops;
     // The blocks' Linear layers carry a bias where the model has them (GPT-2), as training runs them: its
@@ -123,15 +126,15 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     DeviceBuffer gemm_bias = buf(widest), gemm_dbias = buf(widest);
     float* bias = m.include_bias ? gemm_bias.f32() : nullptr;
     float* dbias = m.include_bias ? gemm_dbias.f32() : nullptr;
-    auto gemm = [&](const std::string& what, int M, int K, int Nn, float* out, GemmOperand in, float* w, float* dout,
-                    float* din, float* dw, float* b, float* db) {
+    auto gemm = [&](const std::string& what, int M, int K, int Nn, GemmOperand out, GemmOperand in, float* w,
+                    float* dout, float* din, float* dw, float* b, float* db) {
         ops.push_back({what + " forward", [=](Backend& be_) { be_.matmul_forward(out, in, w, b, M, K, Nn); }});
         ops.push_back({what + " backward",
                        [=](Backend& be_) { be_.matmul_backward(din, dw, db, dout, in, w, M, K, Nn, false); }});
     };
     gemm("att_proj GEMM", N, C, 3 * C, qkv.f32(), xo, w_qkv.f32(), dqkv.f32(), dx.f32(), dw_qkv.f32(), bias, dbias);
     gemm("attn_out GEMM", N, C, C, y.f32(), atto, w_qkv.f32(), x.f32(), dx.f32(), dw_qkv.f32(), bias, dbias);
-    gemm("ff_proj GEMM", N, C, P, fch.f32(), xo, w_fc.f32(), dfch.f32(), dx.f32(), dw_fc.f32(), bias, dbias);
+    gemm("ff_proj GEMM", N, C, P, fcho, xo, w_fc.f32(), dfch.f32(), dx.f32(), dw_fc.f32(), bias, dbias);
     gemm("ff_out GEMM", N, H, C, y.f32(), facto, w_out.f32(), x.f32(), dfact.f32(), dw_out.f32(), bias, dbias);
     gemm("LM head GEMM (one chunk)", R, C, V, logits.f32(), xo, wte.f32(), logits.f32(), dx.f32(), dwte.f32(), nullptr,
          nullptr);
@@ -153,10 +156,9 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     ops.push_back({"attention backward", [&](Backend& b) {
                        b.attention_backward(dqkv.f32(), y.f32(), qkv.f32(), atto, lse.f32(), B, T, NH, HS);
                    }});
-    if (m.activation_type == ActivationType::kSwiglu) {
-        ops.push_back({"swiglu forward", [&](Backend& b) { b.swiglu_forward(facto, fch.f32(), N, H); }});
-        ops.push_back(
-            {"swiglu backward", [&](Backend& b) { b.swiglu_backward(dfch.f32(), fch.f32(), dfact.f32(), N, H); }});
+    if (swiglu) {
+        ops.push_back({"swiglu forward", [&](Backend& b) { b.swiglu_forward(facto, fcho, N, H); }});
+        ops.push_back({"swiglu backward", [&](Backend& b) { b.swiglu_backward(dfch.f32(), fcho, dfact.f32(), N, H); }});
     } else {
         const bool tanh_gelu = m.activation_type == ActivationType::kGeluTanh;
         // What training runs: the ff_proj GEMM and the GELU together (one GEMM with the GELU epilogue on the

@@ -97,6 +97,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
       strategy_(strategy),
       max_batch_(max_batch) {
     operands_bf16_ = backend_->gemm_operands_bf16();
+    fch_bf16_ = operands_bf16_ && m_.activation_type == ActivationType::kSwiglu;
     T_ = m_.max_sequence_length - 1;
     C_ = m_.d_model;
     NH_ = m_.n_heads;
@@ -167,6 +168,8 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     };
     // A GemmOperand activation of n elements (backend.h): half the floats where the backend keeps them in bf16.
     auto take_operand = [&](size_t n) { return take(operands_bf16_ ? (n + 1) / 2 : n); };
+    // The ff_proj output: a GemmOperand with SwiGLU (its kernels read bf16); with GELU the fp32 pre-activation.
+    auto take_fch = [&](size_t n) { return fch_bf16_ ? take_operand(n) : take(n); };
     const size_t lse_n = static_cast<size_t>(max_batch_) * NH_ * T_;
     // 1. What each block keeps for its backward (every block keeps its input); kAbsent where the block uses
     // the work plan's slot.
@@ -185,7 +188,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
         p.ln2 = all ? take_operand(NC) : kAbsent;
         p.ln2_mean = all ? take(N) : kAbsent;
         p.ln2_rstd = all ? take(N) : kAbsent;
-        p.fch = gemm ? take(N * P_) : kAbsent;
+        p.fch = gemm ? take_fch(N * P_) : kAbsent;
         p.fch_act = all ? take_operand(N * H_) : kAbsent;
         layers_.push_back(p);
     }
@@ -209,7 +212,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     }
     if (count(Keep::kInput) > 0) {  // whole blocks redo the GEMMs and attention as well
         work.qkv = take(3 * NC), work.att = take_operand(NC), work.lse = take(lse_n), work.resid_mid = take(NC);
-        work.fch = take(N * P_);
+        work.fch = take_fch(N * P_);
     }
     scratch_ = take(NC);
     dqkv_ = take(3 * NC);
@@ -293,8 +296,8 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
     backend_->residual_forward(act(a.resid_mid), act(a.resid), act(scratch_), NC);
     block_norm(l, 2, N, w);
     if (m_.activation_type == ActivationType::kSwiglu) {
-        backend_->matmul_forward(act(a.fch), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
-        backend_->swiglu_forward(op(a.fch_act), act(a.fch), N, H_);
+        backend_->matmul_forward(fch(a.fch), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
+        backend_->swiglu_forward(op(a.fch_act), fch(a.fch), N, H_);
     } else {  // P == H: the GELU keeps the width (a GEMM epilogue on the CUDA backend)
         backend_->matmul_gelu_forward(act(a.fch), op(a.fch_act), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_,
                                       tanh_gelu);
@@ -314,7 +317,7 @@ void Model::recompute_block(int l, int batch, const BlockParams& w) {
     block_norm(l, 1, N, w);
     block_norm(l, 2, N, w);
     if (m_.activation_type == ActivationType::kSwiglu) {
-        backend_->swiglu_forward(op(a.fch_act), act(a.fch), N, H_);
+        backend_->swiglu_forward(op(a.fch_act), fch(a.fch), N, H_);
     } else {
         backend_->gelu_forward(op(a.fch_act), act(a.fch), static_cast<size_t>(N) * H_,
                                m_.activation_type == ActivationType::kGeluTanh);
@@ -387,7 +390,7 @@ void Model::backward_blocks(int batch) {
         backend_->matmul_backward(act(dfch_act_), g.ff_out_w, g.ff_out_b, act(dresid_), op(a.fch_act), w.ff_out_w, N,
                                   H_, C_, false);
         if (m_.activation_type == ActivationType::kSwiglu) {
-            backend_->swiglu_backward(act(dfch_), act(a.fch), act(dfch_act_), N, H_);
+            backend_->swiglu_backward(act(dfch_), fch(a.fch), act(dfch_act_), N, H_);
         } else {
             backend_->gelu_backward(act(dfch_), act(a.fch), act(dfch_act_), static_cast<size_t>(N) * H_, tanh_gelu);
         }

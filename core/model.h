@@ -77,6 +77,8 @@ class Model {
         return operands_bf16_ ? GemmOperand::in_bf16(reinterpret_cast<uint16_t*>(act(offset)))
                               : GemmOperand(act(offset));
     }
+    // The ff_proj output at `offset`: a GemmOperand with SwiGLU, fp32 with GELU (the GELU kernels read fp32).
+    GemmOperand fch(size_t offset) const { return fch_bf16_ ? op(offset) : GemmOperand(act(offset)); }
 
     const TrainConfig& config_;
     const ModelConfig& m_;
@@ -85,6 +87,7 @@ class Model {
     Strategy* strategy_;
     int max_batch_, T_, C_, NH_, HS_, P_, H_, V_, L_;
     bool operands_bf16_ = false;  // the backend keeps GemmOperand activations in bf16
+    bool fch_bf16_ = false;       // ... and the ff_proj output is one (SwiGLU)
     int head_chunk_rows_;
 
     // Arena offsets (in floats) of each activation of a block: the block's own where it keeps it for its

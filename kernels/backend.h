@@ -25,11 +25,12 @@
 
 namespace trainer {
 
-// An activation that only Linear layers read (and attention's backward, for attention's output): the
-// norms' outputs, attention's output, the MLP activation. Stored in fp32, or in bf16 where the backend
-// keeps GEMM operands in bf16 (Backend::gemm_operands_bf16(): amp_bf16 on CUDA), so the GEMMs read it
-// without a cast pass and it takes half the memory; its producer rounds once, where the GEMM's cast
-// rounded before. Converts implicitly from an fp32 pointer.
+// An activation a Linear layer reads, or writes for an element-wise op to read: the norms' outputs,
+// attention's output (which attention's backward also reads), the MLP activation, and with SwiGLU the
+// ff_proj output. Stored in fp32, or in bf16 where the backend keeps GEMM operands in bf16
+// (Backend::gemm_operands_bf16(): amp_bf16 on CUDA), so GEMMs read it without a cast pass and it takes half
+// the memory; its producer rounds once, where the GEMM's cast rounded before (the ff_proj output: where
+// PyTorch's autocast rounds it too). Converts implicitly from an fp32 pointer.
 struct GemmOperand {
     void* p = nullptr;
     bool bf16 = false;
@@ -117,7 +118,7 @@ class Backend {
 
     // ---- forward/backward ops (fp32 storage) ----
     // PyTorch Linear: out(M,N) = inp(M,K) @ weight(N,K)^T + bias(N); bias nullable; out overwritten.
-    virtual void matmul_forward(float* out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
+    virtual void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
                                 int N) = 0;
     // dinp(M,K) = dout(M,N) @ weight(N,K) (+= when accumulate_dinp; dinp nullable: skipped);
     // dweight(N,K) += dout^T @ inp; dbias(N) += the column sums of dout (nullable).
@@ -168,9 +169,9 @@ class Backend {
     // dinp(n) = dout * gelu'(inp), overwritten; dinp == dout allowed.
     virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx) = 0;
     // inp(N,2H): columns [0,H) are x, [H,2H) the gate g (OLMo's ff_proj(x).chunk(2)); out(N,H) = silu(g) * x.
-    virtual void swiglu_forward(GemmOperand out, const float* inp, int N, int H) = 0;
+    virtual void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) = 0;
     // dinp(N,2H) overwritten from dout(N,H).
-    virtual void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H) = 0;
+    virtual void swiglu_backward(float* dinp, GemmOperand inp, const float* dout, int N, int H) = 0;
     // out(n) = a + b; out may alias a or b.
     virtual void residual_forward(float* out, const float* a, const float* b, size_t n) = 0;
     // x(n) *= s.

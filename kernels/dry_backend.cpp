@@ -39,9 +39,10 @@ class DryBackend final : public Backend {
     }
     void fill_zero(void*, size_t bytes) override { note("fill_zero", 0, bytes); }
 
-    void matmul_forward(float*, GemmOperand inp, const float*, const float* bias, int M, int K, int N) override {
+    void matmul_forward(GemmOperand out, GemmOperand inp, const float*, const float* bias, int M, int K,
+                        int N) override {
         const double m = M, k = K, n = N;
-        note("matmul_forward", 2 * m * k * n, size(inp) * m * k + 4 * (n * k + m * n + (bias ? n : 0)));
+        note("matmul_forward", 2 * m * k * n, size(inp) * m * k + size(out) * m * n + 4 * (n * k + (bias ? n : 0)));
     }
     void matmul_backward(float* dinp, float*, float* dbias, const float*, GemmOperand inp, const float*, int M, int K,
                          int N, bool) override {
@@ -88,13 +89,13 @@ class DryBackend final : public Backend {
     void gelu_backward(float*, const float*, const float*, size_t n, bool) override {
         note("gelu_backward", 15.0 * n, 12.0 * n);
     }
-    void swiglu_forward(GemmOperand out, const float*, int N, int H) override {
+    void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) override {
         const double nh = static_cast<double>(N) * H;
-        note("swiglu_forward", 6 * nh, (8 + size(out)) * nh);
+        note("swiglu_forward", 6 * nh, (2 * size(inp) + size(out)) * nh);
     }
-    void swiglu_backward(float*, const float*, const float*, int N, int H) override {
+    void swiglu_backward(float*, GemmOperand inp, const float*, int N, int H) override {
         const double nh = static_cast<double>(N) * H;
-        note("swiglu_backward", 10 * nh, 20 * nh);
+        note("swiglu_backward", 10 * nh, (2 * size(inp) + 12) * nh);
     }
     void residual_forward(float*, const float*, const float*, size_t n) override {
         note("residual_forward", 1.0 * n, 12.0 * n);

@@ -123,9 +123,9 @@ class CpuBackend final : public Backend {
     }
     std::string library_description() const override { return cpu_blas_description(); }
 
-    void matmul_forward(float* out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
+    void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
                         int N) override {
-        cpu::matmul_forward(out, f32(inp), weight, bias, M, K, N);
+        cpu::matmul_forward(f32(out), f32(inp), weight, bias, M, K, N);
     }
     void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, GemmOperand inp,
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override {
@@ -166,11 +166,11 @@ class CpuBackend final : public Backend {
     void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx) override {
         cpu::gelu_backward(dinp, inp, dout, n, tanh_approx);
     }
-    void swiglu_forward(GemmOperand out, const float* inp, int N, int H) override {
-        cpu::swiglu_forward(f32(out), inp, N, H);
+    void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) override {
+        cpu::swiglu_forward(f32(out), f32(inp), N, H);
     }
-    void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H) override {
-        cpu::swiglu_backward(dinp, inp, dout, N, H);
+    void swiglu_backward(float* dinp, GemmOperand inp, const float* dout, int N, int H) override {
+        cpu::swiglu_backward(dinp, f32(inp), dout, N, H);
     }
     void residual_forward(float* out, const float* a, const float* b, size_t n) override {
         cpu::residual_forward(out, a, b, n);

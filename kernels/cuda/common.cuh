@@ -39,6 +39,9 @@ inline bool is_host_pointer(const void* p) {
     return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
 }
 
+// An element read as fp32: itself, or a bf16 widened (exactly).
+__device__ __forceinline__ float load_as_float(float x) { return x; }
+__device__ __forceinline__ float load_as_float(uint16_t x) { return bf16_to_float(x); }
 // An fp32 value stored as the output's type: itself, or rounded to bf16 (element.h's rounding).
 __device__ __forceinline__ void store_as(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_as(uint16_t* p, float v) { *p = float_to_bf16(v); }

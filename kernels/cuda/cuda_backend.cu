@@ -307,15 +307,25 @@ class CudaBackend final : public Backend {
 
     // amp_bf16: the model stores GEMM operands (GemmOperand) in bf16, read here without a cast.
     bool gemm_operands_bf16() const override { return options_.bf16_matmuls; }
-    void matmul_forward(float* out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
+    void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
                         int N) override {
+        TRAINER_CHECK(!out.bf16 || options_.bf16_matmuls, "a bf16 GEMM output without amp_bf16");
         if (!options_.bf16_matmuls) {
-            return cuda::matmul_forward(*gemm_, out, operand_f32(f32_scratch_, inp, size_t(M) * K), weight, bias, M, K,
-                                        N, stream_);
+            return cuda::matmul_forward(*gemm_, out.f32(), operand_f32(f32_scratch_, inp, size_t(M) * K), weight, bias,
+                                        M, K, N, stream_);
         }
         const uint16_t* inp16 = operand_bf16(a16_, inp, size_t(M) * K);
         const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
-        cuda::matmul_forward_bf16(*gemm_, out, inp16, w16, bias, M, K, N, stream_);
+        if (out.bf16) {
+            // Rounded once by cuBLASLt's epilogue; with a bias (or where it has no bf16-output kernel) the fp32
+            // product rounded by a cast.
+            if (bias == nullptr && cuda::matmul_forward_bf16_out(*gemm_, out.b16(), inp16, w16, M, K, N, stream_))
+                return;
+            auto* wide = static_cast<float*>(grow(f32_scratch_, size_t(M) * N * sizeof(float)));
+            cuda::matmul_forward_bf16(*gemm_, wide, inp16, w16, bias, M, K, N, stream_);
+            return cuda::cast_float_to_bf16(out.b16(), wide, size_t(M) * N, stream_);
+        }
+        cuda::matmul_forward_bf16(*gemm_, out.f32(), inp16, w16, bias, M, K, N, stream_);
     }
     void matmul_gelu_forward(float* pre, GemmOperand out, GemmOperand inp, const float* weight, const float* bias,
                              int M, int K, int N, bool tanh_approx) override {
@@ -419,12 +429,18 @@ class CudaBackend final : public Backend {
     void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx) override {
         cuda::gelu_backward(dinp, inp, dout, n, tanh_approx, stream_);
     }
-    void swiglu_forward(GemmOperand out, const float* inp, int N, int H) override {
-        if (out.bf16) return cuda::swiglu_forward_bf16(out.b16(), inp, N, H, stream_);
-        cuda::swiglu_forward(out.f32(), inp, N, H, stream_);
+    void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) override {
+        if (inp.bf16) {
+            const size_t NH = static_cast<size_t>(N) * H;
+            if (out.bf16) return cuda::swiglu_forward_bf16_in(out.b16(), inp.b16(), N, H, stream_);
+            return cuda::swiglu_forward(out.f32(), operand_f32(f32_scratch_, inp, 2 * NH), N, H, stream_);
+        }
+        if (out.bf16) return cuda::swiglu_forward_bf16(out.b16(), inp.f32(), N, H, stream_);
+        cuda::swiglu_forward(out.f32(), inp.f32(), N, H, stream_);
     }
-    void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H) override {
-        cuda::swiglu_backward(dinp, inp, dout, N, H, stream_);
+    void swiglu_backward(float* dinp, GemmOperand inp, const float* dout, int N, int H) override {
+        if (inp.bf16) return cuda::swiglu_backward_bf16_in(dinp, inp.b16(), dout, N, H, stream_);
+        cuda::swiglu_backward(dinp, inp.f32(), dout, N, H, stream_);
     }
     void residual_forward(float* out, const float* a, const float* b, size_t n) override {
         cuda::residual_forward(out, a, b, n, stream_);

@@ -108,12 +108,20 @@ Gemm::~Gemm() {
 
 void Gemm::run(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
                int ldb, float beta, float* C, int ldc, const float* bias, cudaStream_t stream) {
-    run_typed(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, CUDA_R_32F, beta, C, ldc, bias, nullptr, stream);
+    run_typed(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, CUDA_R_32F, beta, C, CUDA_R_32F, ldc, bias, nullptr,
+              stream);
 }
 
 void Gemm::run_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A, int lda,
                     const uint16_t* B, int ldb, float beta, float* C, int ldc, const float* bias, cudaStream_t stream) {
-    run_typed(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, CUDA_R_16BF, beta, C, ldc, bias, nullptr, stream);
+    run_typed(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, CUDA_R_16BF, beta, C, CUDA_R_32F, ldc, bias, nullptr,
+              stream);
+}
+
+bool Gemm::run_bf16_out(int M, int N, int K, const uint16_t* A, const uint16_t* B, uint16_t* C, cudaStream_t stream) {
+    if (K == 0) return false;  // C = 0: the fp32 path's empty product
+    return run_typed(false, true, M, N, K, 1.0f, A, K, B, K, CUDA_R_16BF, 0.0f, C, CUDA_R_16BF, N, nullptr, nullptr,
+                     stream);
 }
 
 bool Gemm::gelu_fusable(int N, const float* out, const float* pre, const float* bias) {
@@ -126,16 +134,18 @@ bool Gemm::gelu_fusable(int N, const float* out, const float* pre, const float* 
 bool Gemm::run_gelu(int M, int N, int K, const void* A, const void* B, cudaDataType_t ab_type, float* out, float* pre,
                     const float* bias, cudaStream_t stream) {
     // out(M, N) = gelu_tanh(pre), pre = A(M, K) @ B(N, K)^T + bias: the Linear forward with the GELU fused.
-    return run_typed(false, true, M, N, K, 1.0f, A, K, B, K, ab_type, 0.0f, out, N, bias, pre, stream);
+    return run_typed(false, true, M, N, K, 1.0f, A, K, B, K, ab_type, 0.0f, out, CUDA_R_32F, N, bias, pre, stream);
 }
 
 bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
-                     const void* B, int ldb, cudaDataType_t ab_type, float beta, float* C, int ldc, const float* bias,
-                     float* gelu_aux, cudaStream_t stream) {
+                     const void* B, int ldb, cudaDataType_t ab_type, float beta, void* C, cudaDataType_t c_type,
+                     int ldc, const float* bias, float* gelu_aux, cudaStream_t stream) {
     if (M == 0 || N == 0) return true;
+    // A bf16 C: no bias, no GELU, K > 0 (run_bf16_out's callers take the fp32 path for the rest).
+    if (c_type != CUDA_R_32F && (bias != nullptr || gelu_aux != nullptr || K == 0)) return false;
     if (K == 0) {  // an empty product: C = beta C (+ bias), which cuBLASLt's layouts cannot express
         if (gelu_aux != nullptr) return false;
-        scale_add_bias(C, ldc, M, N, beta, bias, stream);
+        scale_add_bias(static_cast<float*>(C), ldc, M, N, beta, bias, stream);
         return true;
     }
     // The bias epilogue reads the bias with vector loads; cuBLASLt has no alignment preference for it,
@@ -172,15 +182,16 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
         cublasLtMatrixLayoutCreate(&la, ab_type, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, ldb));
     TRAINER_CUBLAS_CHECK(
         cublasLtMatrixLayoutCreate(&lb, ab_type, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, lda));
-    TRAINER_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc));
+    TRAINER_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, c_type, m, n, ldc));
     // cuBLASLt's heuristic assumes 256-byte aligned operands unless told otherwise; parameters sit at
     // arbitrary 4-byte offsets of a unit's flat buffer and head chunks start mid-arena, so the real
     // alignments are passed (and are part of the cache key: an algorithm chosen for aligned operands may
     // not run on unaligned ones).
     const uint32_t align_first = alignment_of(B), align_second = alignment_of(A), align_c = alignment_of(C);
-    // Epilogue (< 1024), input type (< 64) and the five alignments (A, B, C, the bias and the GELU
-    // output, which the heuristic also reads from their pointers) as log2, 4 bits each: no overlap.
-    long long extra = static_cast<long long>(epi) + 1024LL * static_cast<int>(ab_type);
+    // Epilogue (< 1024), input and output types (< 64 each) and the five alignments (A, B, C, the bias and
+    // the GELU output, which the heuristic also reads from their pointers) as log2, 4 bits each: no overlap.
+    long long extra =
+        static_cast<long long>(epi) + 1024LL * static_cast<int>(ab_type) + (1LL << 40) * static_cast<int>(c_type);
     int shift = 16;
     for (const void* p : {static_cast<const void*>(B), A, static_cast<const void*>(C),
                           static_cast<const void*>(fuse_bias ? bias : nullptr), static_cast<const void*>(gelu_aux)}) {
@@ -211,9 +222,14 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
             TRAINER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
         cublasLtMatmulHeuristicResult_t result{};
         int found = 0;
-        TRAINER_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(s_->handle, op, la, lb, lc, lc, pref, 1, &result, &found));
+        const cublasStatus_t status =
+            cublasLtMatmulAlgoGetHeuristic(s_->handle, op, la, lb, lc, lc, pref, 1, &result, &found);
         cublasLtMatmulPreferenceDestroy(pref);
-        if (found == 0 && gelu_aux != nullptr) {  // no fused kernel for this GPU or shape: the caller falls back
+        const bool optional = gelu_aux != nullptr || c_type != CUDA_R_32F;
+        if (status != CUBLAS_STATUS_SUCCESS && !optional) TRAINER_CUBLAS_CHECK(status);
+        // No fused kernel (or no bf16 output) for this GPU or shape, or cuBLASLt refuses the combination: the
+        // caller falls back to the fp32 GEMM.
+        if (optional && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
             s_->no_algo.insert(key);
             cublasLtMatrixLayoutDestroy(lc);
             cublasLtMatrixLayoutDestroy(lb);
@@ -231,7 +247,7 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     // B and A swapped: the column-major product's first operand is B.
     TRAINER_CUBLAS_CHECK(cublasLtMatmul(s_->handle, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &it->second,
                                         s_->workspace, s_->workspace_bytes, stream));
-    if (bias != nullptr && !fuse_bias) scale_add_bias(C, ldc, M, N, 1.0f, bias, stream);
+    if (bias != nullptr && !fuse_bias) scale_add_bias(static_cast<float*>(C), ldc, M, N, 1.0f, bias, stream);
     cublasLtMatrixLayoutDestroy(lc);
     cublasLtMatrixLayoutDestroy(lb);
     cublasLtMatrixLayoutDestroy(la);
@@ -279,6 +295,11 @@ void matmul_gelu_forward_bf16(Gemm& gemm, float* pre, float* out, const uint16_t
 void matmul_forward_bf16(Gemm& gemm, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias, int M,
                          int K, int N, cudaStream_t stream) {
     gemm.run_bf16(false, true, M, N, K, 1.0f, inp, K, weight, K, 0.0f, out, N, bias, stream);
+}
+
+bool matmul_forward_bf16_out(Gemm& gemm, uint16_t* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
+                             int N, cudaStream_t stream) {
+    return gemm.run_bf16_out(M, N, K, inp, weight, out, stream);
 }
 
 void matmul_backward_bf16(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,

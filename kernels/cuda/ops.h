@@ -21,6 +21,10 @@ class Gemm {
     Gemm& operator=(const Gemm&) = delete;
     void run(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
              int ldb, float beta, float* C, int ldc, const float* bias, cudaStream_t stream);
+    // C(M, N) = A(M, K) @ B(N, K)^T in bf16 (fp32 accumulation, rounded once): the Linear forward writing a
+    // bf16 activation. False (nothing queued) where cuBLASLt has no such kernel or K is 0: the caller takes the
+    // fp32 output and rounds it.
+    bool run_bf16_out(int M, int N, int K, const uint16_t* A, const uint16_t* B, uint16_t* C, cudaStream_t stream);
     // The same with bf16 A and B, fp32 accumulation and an fp32 C (amp_bf16).
     void run_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A, int lda,
                   const uint16_t* B, int ldb, float beta, float* C, int ldc, const float* bias, cudaStream_t stream);
@@ -34,8 +38,8 @@ class Gemm {
 
    private:
     bool run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda, const void* B,
-                   int ldb, cudaDataType_t ab_type, float beta, float* C, int ldc, const float* bias, float* gelu_aux,
-                   cudaStream_t stream);
+                   int ldb, cudaDataType_t ab_type, float beta, void* C, cudaDataType_t c_type, int ldc,
+                   const float* bias, float* gelu_aux, cudaStream_t stream);
     struct State;
     State* s_;
 };
@@ -54,6 +58,10 @@ void matmul_gelu_forward_bf16(Gemm& gemm, float* pre, float* out, const uint16_t
                               const float* bias, int M, int K, int N, cudaStream_t stream);
 // The same products from bf16 copies of the operands (amp_bf16): fp32 accumulation and fp32 results;
 // dbias sums the fp32 dout.
+// The Linear forward writing a bf16 out (no bias: the caller takes the fp32 path with one, or where this
+// returns false).
+bool matmul_forward_bf16_out(Gemm& gemm, uint16_t* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
+                             int N, cudaStream_t stream);
 void matmul_forward_bf16(Gemm& gemm, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias, int M,
                          int K, int N, cudaStream_t stream);
 void matmul_backward_bf16(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
@@ -99,6 +107,9 @@ void swiglu_forward(float* out, const float* inp, int N, int H, cudaStream_t str
 // GELU and SwiGLU forward with the output rounded to bf16 (a GEMM operand; not in place).
 void gelu_forward_bf16(uint16_t* out, const float* inp, size_t n, bool tanh_approx, cudaStream_t stream);
 void swiglu_forward_bf16(uint16_t* out, const float* inp, int N, int H, cudaStream_t stream);
+// SwiGLU forward and backward from a bf16 input (the ff_proj GEMM's bf16 output).
+void swiglu_forward_bf16_in(uint16_t* out, const uint16_t* inp, int N, int H, cudaStream_t stream);
+void swiglu_backward_bf16_in(float* dinp, const uint16_t* inp, const float* dout, int N, int H, cudaStream_t stream);
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H, cudaStream_t stream);
 
 // Causal attention over qkv (B, T, 3C): out (B, T, C), lse (B, NH, T) of the scaled scores; backward

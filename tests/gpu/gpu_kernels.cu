@@ -203,6 +203,17 @@ void test_swiglu() {
             Dev<uint16_t> dy16(ref.size());
             trainer::cuda::swiglu_forward_bf16(dy16.p, di.p, N, H, nullptr);
             expect_close_bf16(ref, dy16, "swiglu_forward_bf16 matches the CPU rounded to bf16");
+            // From a bf16 input (the ff_proj GEMM's bf16 output): the CPU on the rounded input.
+            const auto [in16, inr] = bf16_rounded(inp);
+            std::vector<float> rref(ref.size()), rdref(inp.size());
+            trainer::cpu::swiglu_forward(rref.data(), inr.data(), N, H);
+            trainer::cpu::swiglu_backward(rdref.data(), inr.data(), dout.data(), N, H);
+            Dev<uint16_t> di16(in16), dyr16(ref.size());
+            Dev<float> ddr(inp.size());
+            trainer::cuda::swiglu_forward_bf16_in(dyr16.p, di16.p, N, H, nullptr);
+            trainer::cuda::swiglu_backward_bf16_in(ddr.p, di16.p, dg.p, N, H, nullptr);
+            expect_close_bf16(rref, dyr16, "swiglu_forward from bf16 matches the CPU rounded to bf16");
+            expect_close(rdref, ddr.host(), "swiglu_backward from bf16 matches the CPU on the rounded input");
         }
     }
 }
@@ -696,6 +707,14 @@ void test_matmul_bf16() {
                 Dev<float> dbias(b), dy(y.size()), dgrad(g), ddx(dx), ddw(dw), ddb(db);
                 trainer::cuda::matmul_forward_bf16(gemm, dy.p, dx16.p, dw16.p, dbias.p, M, K, N, nullptr);
                 expect_close(y, dy.host(), "bf16 matmul_forward matches the CPU on rounded operands", 1e-5, 1e-4);
+                // The bf16 output (no bias): the CPU's product rounded once.
+                std::vector<float> y0(y.size());
+                trainer::cpu::matmul_forward(y0.data(), xr.data(), wr.data(), static_cast<const float*>(nullptr), M, K,
+                                             N);
+                Dev<uint16_t> dy16(y.size());
+                expect(trainer::cuda::matmul_forward_bf16_out(gemm, dy16.p, dx16.p, dw16.p, M, K, N, nullptr),
+                       "cuBLASLt runs the bf16-output GEMM");
+                expect_close_bf16(y0, dy16, "bf16-output matmul_forward matches the CPU rounded to bf16");
                 // dbias sums the fp32 dout; the products use the rounded copies.
                 trainer::cpu::matmul_backward(dx.data(), dw.data(), static_cast<float*>(nullptr), gr.data(), xr.data(),
                                               wr.data(), M, K, N, false);
