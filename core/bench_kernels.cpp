@@ -112,9 +112,9 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         be.cast_float_to_bf16(half.bf16(), f.f32(), n);
         return GemmOperand::in_bf16(half.bf16());
     };
-    DeviceBuffer x16, y16, att16, fact16, fch16;
+    DeviceBuffer x16, y16, att16, fact16, fch16, qkv16;
     const GemmOperand xo = operand(x, NC, x16), yo = operand(y, NC, y16), atto = operand(att, NC, att16),
-                      facto = operand(fact, NHh, fact16);
+                      facto = operand(fact, NHh, fact16), qkvo = operand(qkv, 3 * NC, qkv16);
     // The ff_proj output: bf16 with SwiGLU where the backend keeps operands so; GELU's pre-activation is fp32.
     const bool swiglu = m.activation_type == ActivationType::kSwiglu;
     const GemmOperand fcho = swiglu ? operand(fch, static_cast<size_t>(N) * P, fch16) : GemmOperand(fch.f32());
@@ -132,7 +132,7 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         ops.push_back({what + " backward",
                        [=](Backend& be_) { be_.matmul_backward(din, dw, db, dout, in, w, M, K, Nn, false); }});
     };
-    gemm("att_proj GEMM", N, C, 3 * C, qkv.f32(), xo, w_qkv.f32(), dqkv.f32(), dx.f32(), dw_qkv.f32(), bias, dbias);
+    gemm("att_proj GEMM", N, C, 3 * C, qkvo, xo, w_qkv.f32(), dqkv.f32(), dx.f32(), dw_qkv.f32(), bias, dbias);
     gemm("attn_out GEMM", N, C, C, y.f32(), atto, w_qkv.f32(), x.f32(), dx.f32(), dw_qkv.f32(), bias, dbias);
     gemm("ff_proj GEMM", N, C, P, fcho, xo, w_fc.f32(), dfch.f32(), dx.f32(), dw_fc.f32(), bias, dbias);
     gemm("ff_out GEMM", N, H, C, y.f32(), facto, w_out.f32(), x.f32(), dfact.f32(), dw_out.f32(), bias, dbias);
@@ -148,13 +148,12 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
                    }});
     const float theta = static_cast<float>(m.rope_theta);
     if (m.rope) {
-        ops.push_back({"rope forward", [&](Backend& b) { b.rope_forward(qkv.f32(), B, T, NH, HS, theta); }});
+        ops.push_back({"rope forward", [&](Backend& b) { b.rope_forward(qkvo, B, T, NH, HS, theta); }});
         ops.push_back({"rope backward", [&](Backend& b) { b.rope_backward(dqkv.f32(), B, T, NH, HS, theta); }});
     }
-    ops.push_back(
-        {"attention forward", [&](Backend& b) { b.attention_forward(atto, lse.f32(), qkv.f32(), B, T, NH, HS); }});
+    ops.push_back({"attention forward", [&](Backend& b) { b.attention_forward(atto, lse.f32(), qkvo, B, T, NH, HS); }});
     ops.push_back({"attention backward", [&](Backend& b) {
-                       b.attention_backward(dqkv.f32(), y.f32(), qkv.f32(), atto, lse.f32(), B, T, NH, HS);
+                       b.attention_backward(dqkv.f32(), y.f32(), qkvo, atto, lse.f32(), B, T, NH, HS);
                    }});
     if (swiglu) {
         ops.push_back({"swiglu forward", [&](Backend& b) { b.swiglu_forward(facto, fcho, N, H); }});

@@ -181,7 +181,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
         p.ln1 = all ? take_operand(NC) : kAbsent;
         p.ln1_mean = all ? take(N) : kAbsent;
         p.ln1_rstd = all ? take(N) : kAbsent;
-        p.qkv = gemm ? take(3 * NC) : kAbsent;
+        p.qkv = gemm ? take_operand(3 * NC) : kAbsent;
         p.att = gemm ? take_operand(NC) : kAbsent;
         p.lse = gemm ? take(lse_n) : kAbsent;
         p.resid_mid = gemm ? take(NC) : kAbsent;
@@ -211,7 +211,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
         work.fch_act = take_operand(N * H_);
     }
     if (count(Keep::kInput) > 0) {  // whole blocks redo the GEMMs and attention as well
-        work.qkv = take(3 * NC), work.att = take_operand(NC), work.lse = take(lse_n), work.resid_mid = take(NC);
+        work.qkv = take_operand(3 * NC), work.att = take_operand(NC), work.lse = take(lse_n), work.resid_mid = take(NC);
         work.fch = take_fch(N * P_);
     }
     scratch_ = take(NC);
@@ -289,9 +289,9 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
     const bool tanh_gelu = m_.activation_type == ActivationType::kGeluTanh;
     const Plan& a = layers_[l];
     block_norm(l, 1, N, w);
-    backend_->matmul_forward(act(a.qkv), op(a.ln1), w.att_proj_w, w.att_proj_b, N, C_, 3 * C_);
-    if (m_.rope) backend_->rope_forward(act(a.qkv), batch, T_, NH_, HS_, theta);
-    backend_->attention_forward(op(a.att), act(a.lse), act(a.qkv), batch, T_, NH_, HS_);
+    backend_->matmul_forward(op(a.qkv), op(a.ln1), w.att_proj_w, w.att_proj_b, N, C_, 3 * C_);
+    if (m_.rope) backend_->rope_forward(op(a.qkv), batch, T_, NH_, HS_, theta);
+    backend_->attention_forward(op(a.att), act(a.lse), op(a.qkv), batch, T_, NH_, HS_);
     backend_->matmul_forward(act(scratch_), op(a.att), w.attn_out_w, w.attn_out_b, N, C_, C_);
     backend_->residual_forward(act(a.resid_mid), act(a.resid), act(scratch_), NC);
     block_norm(l, 2, N, w);
@@ -401,7 +401,7 @@ void Model::backward_blocks(int batch) {
         // Attention: resid_mid = resid + attn_out(attn(rope(att_proj(LN1(resid))))); dresid holds d(resid_mid).
         backend_->matmul_backward(act(datt_), g.attn_out_w, g.attn_out_b, act(dresid_), op(a.att), w.attn_out_w, N, C_,
                                   C_, false);
-        backend_->attention_backward(act(dqkv_), act(datt_), act(a.qkv), op(a.att), act(a.lse), batch, T_, NH_, HS_);
+        backend_->attention_backward(act(dqkv_), act(datt_), op(a.qkv), op(a.att), act(a.lse), batch, T_, NH_, HS_);
         if (m_.rope) backend_->rope_backward(act(dqkv_), batch, T_, NH_, HS_, theta);
         backend_->matmul_backward(act(dln_), g.att_proj_w, g.att_proj_b, act(dqkv_), op(a.ln1), w.att_proj_w, N, C_,
                                   3 * C_, false);

@@ -26,10 +26,10 @@
 namespace trainer {
 
 // An activation a Linear layer reads, or writes for an element-wise op to read: the norms' outputs,
-// attention's output (which attention's backward also reads), the MLP activation, and with SwiGLU the
-// ff_proj output. Stored in fp32, or in bf16 where the backend keeps GEMM operands in bf16
-// (Backend::gemm_operands_bf16(): amp_bf16 on CUDA), so GEMMs read it without a cast pass and it takes half
-// the memory; its producer rounds once, where the GEMM's cast rounded before (the ff_proj output: where
+// attention's output (which attention's backward also reads), the MLP activation, qkv (RoPE rotates it in
+// place, attention reads it), and with SwiGLU the ff_proj output. Stored in fp32, or in bf16 where the backend keeps
+// GEMM operands in bf16 (Backend::gemm_operands_bf16(): amp_bf16 on CUDA), so GEMMs read it without a cast pass and it
+// takes half the memory; its producer rounds once, where the GEMM's cast rounded before (the ff_proj output: where
 // PyTorch's autocast rounds it too). Converts implicitly from an fp32 pointer.
 struct GemmOperand {
     void* p = nullptr;
@@ -154,15 +154,15 @@ class Backend {
     // = q | k | v, each (NH,HS): q and k rotated at positions t = 0..T-1 by angle t / theta^(2i/HS) (i <
     // HS/2), y[i] = x[i] cos - x[i+HS/2] sin, y[i+HS/2] = x[i+HS/2] cos + x[i] sin, the tables in fp32 as
     // OLMo computes them; v untouched.
-    virtual void rope_forward(float* qkv, int B, int T, int NH, int HS, float theta) = 0;
+    virtual void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float theta) = 0;
     // In place on dqkv: the transpose (inverse) rotation of the dq and dk parts; dv untouched.
     virtual void rope_backward(float* dqkv, int B, int T, int NH, int HS, float theta) = 0;
     // Causal scaled-dot-product attention (scale 1/sqrt(HS)) of qkv(B,T,3C): out(B,T,C) with head h at
     // channels [h*HS, (h+1)*HS); lse(B,NH,T) the log-sum-exp of each query's scaled scores, saved so the
     // backward recomputes the probabilities without a T x T matrix (nothing of size T x T is stored).
-    virtual void attention_forward(GemmOperand out, float* lse, const float* qkv, int B, int T, int NH, int HS) = 0;
+    virtual void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) = 0;
     // dqkv(B,T,3C) overwritten with d(q|k|v), from the forward's out and lse.
-    virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, GemmOperand out, const float* lse,
+    virtual void attention_backward(float* dqkv, const float* dout, GemmOperand qkv, GemmOperand out, const float* lse,
                                     int B, int T, int NH, int HS) = 0;
     // out(n) = gelu(inp), the exact erf form or the tanh approximation; out == inp allowed (fp32).
     virtual void gelu_forward(GemmOperand out, const float* inp, size_t n, bool tanh_approx) = 0;

@@ -69,19 +69,21 @@ class DryBackend final : public Backend {
         const double nc = static_cast<double>(N) * C;
         note("layernorm_backward", 12 * nc, 4 * (4 * nc + 2.0 * N));
     }
-    void rope_forward(float*, int B, int T, int NH, int HS, float) override { rope("rope_forward", B, T, NH, HS); }
-    void rope_backward(float*, int B, int T, int NH, int HS, float) override { rope("rope_backward", B, T, NH, HS); }
+    void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float) override {
+        rope("rope_forward", B, T, NH, HS, size(qkv));
+    }
+    void rope_backward(float*, int B, int T, int NH, int HS, float) override { rope("rope_backward", B, T, NH, HS, 4); }
     // Causal: half the T x T scores; the backward recomputes the probabilities (QK^T) besides its three GEMMs.
-    void attention_forward(GemmOperand out, float*, const float*, int B, int T, int NH, int HS) override {
+    void attention_forward(GemmOperand out, float*, GemmOperand qkv, int B, int T, int NH, int HS) override {
         const double btc = static_cast<double>(B) * T * NH * HS;
         note("attention_forward", 2.0 * B * NH * static_cast<double>(T) * T * HS,
-             4 * (3 * btc + 1.0 * B * NH * T) + size(out) * btc);
+             4.0 * B * NH * T + size(qkv) * 3 * btc + size(out) * btc);
     }
-    void attention_backward(float*, const float*, const float*, GemmOperand out, const float*, int B, int T, int NH,
+    void attention_backward(float*, const float*, GemmOperand qkv, GemmOperand out, const float*, int B, int T, int NH,
                             int HS) override {
         const double btc = static_cast<double>(B) * T * NH * HS;
         note("attention_backward", 5.0 * B * NH * static_cast<double>(T) * T * HS,
-             4 * (7 * btc + 1.0 * B * NH * T) + size(out) * btc);
+             4 * (4 * btc + 1.0 * B * NH * T) + size(qkv) * 3 * btc + size(out) * btc);
     }
     void gelu_forward(GemmOperand out, const float*, size_t n, bool) override {
         note("gelu_forward", 10.0 * n, (4 + size(out)) * n);
@@ -123,9 +125,9 @@ class DryBackend final : public Backend {
 
    private:
     static double size(GemmOperand x) { return x.bf16 ? 2.0 : 4.0; }  // bytes an element
-    void rope(const char* op, int B, int T, int NH, int HS) {
+    void rope(const char* op, int B, int T, int NH, int HS, double element_bytes) {
         const double qk = 2.0 * B * T * NH * HS;  // q and k rotated, v untouched
-        note(op, 3 * qk, 8 * qk);
+        note(op, 3 * qk, 2 * element_bytes * qk);
     }
     void note(const char* op, double flops, double bytes) {
         if (observer_) observer_({op, flops, bytes});

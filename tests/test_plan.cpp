@@ -94,8 +94,8 @@ TEST_CASE("dry run: predicted peak memory by category is the measured accounting
 }
 
 TEST_CASE("dry run: amp_bf16 on a GPU stores the activations only GEMMs read in bf16") {
-    // The norms' outputs, attention's output, the MLP activation and (SwiGLU) the ff_proj output of every block
-    // and the final norm's output (GemmOperand, kernels/backend.h) take half the floats of their 64-byte aligned
+    // The norms' outputs, qkv, attention's output, the MLP activation and (SwiGLU) the ff_proj output of every
+    // block and the final norm's output (GemmOperand, kernels/backend.h) take half the floats of their 64-byte aligned
     // slots; nothing else moves.
     RankEnv env;
     const TrainConfig fp32 = tiny_with({"device_train_microbatch_size=4", "precision=fp32"});
@@ -110,7 +110,7 @@ TEST_CASE("dry run: amp_bf16 on a GPU stores the activations only GEMMs read in 
     const size_t NC = N * m.d_model, NH = N * m.ff_hidden_size(), NP = N * m.ff_proj_size();
     auto slot = [](size_t floats) { return static_cast<int64_t>((floats + 15) / 16 * 16 * sizeof(float)); };
     auto saved = [&](size_t n) { return slot(n) - slot((n + 1) / 2); };
-    const int64_t expected = m.n_layers * (3 * saved(NC) + saved(NH) + saved(NP)) + saved(NC);
+    const int64_t expected = m.n_layers * (3 * saved(NC) + saved(3 * NC) + saved(NH) + saved(NP)) + saved(NC);
     CHECK(activations(fp32, Device::kCuda) - activations(amp, Device::kCuda) == expected);
     // The CPU backend, the reference, keeps them in fp32.
     CHECK(activations(amp, Device::kCpu) == activations(fp32, Device::kCpu));

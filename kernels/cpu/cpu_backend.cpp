@@ -147,18 +147,18 @@ class CpuBackend final : public Backend {
                             const float* weight, const float* mean, const float* rstd, int N, int C) override {
         cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
     }
-    void rope_forward(float* qkv, int B, int T, int NH, int HS, float theta) override {
-        cpu::rope_forward(qkv, B, T, NH, HS, theta);
+    void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float theta) override {
+        cpu::rope_forward(f32(qkv), B, T, NH, HS, theta);
     }
     void rope_backward(float* dqkv, int B, int T, int NH, int HS, float theta) override {
         cpu::rope_backward(dqkv, B, T, NH, HS, theta);
     }
-    void attention_forward(GemmOperand out, float* lse, const float* qkv, int B, int T, int NH, int HS) override {
-        cpu::attention_forward(f32(out), lse, qkv, B, T, NH, HS);
+    void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) override {
+        cpu::attention_forward(f32(out), lse, f32(qkv), B, T, NH, HS);
     }
-    void attention_backward(float* dqkv, const float* dout, const float* qkv, GemmOperand out, const float* lse, int B,
+    void attention_backward(float* dqkv, const float* dout, GemmOperand qkv, GemmOperand out, const float* lse, int B,
                             int T, int NH, int HS) override {
-        cpu::attention_backward(dqkv, dout, qkv, f32(out), lse, B, T, NH, HS);
+        cpu::attention_backward(dqkv, dout, f32(qkv), f32(out), lse, B, T, NH, HS);
     }
     void gelu_forward(GemmOperand out, const float* inp, size_t n, bool tanh_approx) override {
         cpu::gelu_forward(f32(out), inp, n, tanh_approx);

@@ -130,7 +130,7 @@ class CudaBackend final : public Backend {
     ~CudaBackend() override {
         for (auto& [key, t] : rope_tables_) free(t.first), free(t.second);
         for (Scratch* s : {&ln_scratch_, &att_scratch_, &emb_scratch_, &segments_, &norm_segments_, &a16_, &b16_, &c16_,
-                           &held16_, &att16_[0], &att16_[1], &att16_[2], &att16_[3], &f32_scratch_})
+                           &held16_, &att16_[0], &att16_[1], &att16_[2], &att16_[3], &wide_[0], &wide_[1]})
             free(s->ptr);
         cudnn_attention_.reset();
         free(norm_scratch_);
@@ -311,8 +311,8 @@ class CudaBackend final : public Backend {
                         int N) override {
         TRAINER_CHECK(!out.bf16 || options_.bf16_matmuls, "a bf16 GEMM output without amp_bf16");
         if (!options_.bf16_matmuls) {
-            return cuda::matmul_forward(*gemm_, out.f32(), operand_f32(f32_scratch_, inp, size_t(M) * K), weight, bias,
-                                        M, K, N, stream_);
+            return cuda::matmul_forward(*gemm_, out.f32(), operand_f32(wide_[0], inp, size_t(M) * K), weight, bias, M,
+                                        K, N, stream_);
         }
         const uint16_t* inp16 = operand_bf16(a16_, inp, size_t(M) * K);
         const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
@@ -321,7 +321,7 @@ class CudaBackend final : public Backend {
             // product rounded by a cast.
             if (bias == nullptr && cuda::matmul_forward_bf16_out(*gemm_, out.b16(), inp16, w16, M, K, N, stream_))
                 return;
-            auto* wide = static_cast<float*>(grow(f32_scratch_, size_t(M) * N * sizeof(float)));
+            auto* wide = static_cast<float*>(grow(wide_[1], size_t(M) * N * sizeof(float)));
             cuda::matmul_forward_bf16(*gemm_, wide, inp16, w16, bias, M, K, N, stream_);
             return cuda::cast_float_to_bf16(out.b16(), wide, size_t(M) * N, stream_);
         }
@@ -334,8 +334,8 @@ class CudaBackend final : public Backend {
         if (!tanh_approx || out.bf16)
             return Backend::matmul_gelu_forward(pre, out, inp, weight, bias, M, K, N, tanh_approx);
         if (!options_.bf16_matmuls) {
-            return cuda::matmul_gelu_forward(*gemm_, pre, out.f32(), operand_f32(f32_scratch_, inp, size_t(M) * K),
-                                             weight, bias, M, K, N, stream_);
+            return cuda::matmul_gelu_forward(*gemm_, pre, out.f32(), operand_f32(wide_[0], inp, size_t(M) * K), weight,
+                                             bias, M, K, N, stream_);
         }
         const uint16_t* inp16 = operand_bf16(a16_, inp, size_t(M) * K);
         const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
@@ -344,7 +344,7 @@ class CudaBackend final : public Backend {
     void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, GemmOperand inp,
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override {
         if (!options_.bf16_matmuls) {
-            const float* in = dweight != nullptr ? operand_f32(f32_scratch_, inp, size_t(M) * K) : nullptr;
+            const float* in = dweight != nullptr ? operand_f32(wide_[0], inp, size_t(M) * K) : nullptr;
             return cuda::matmul_backward(*gemm_, dinp, dweight, dbias, dout, in, weight, M, K, N, accumulate_dinp,
                                          stream_);
         }
@@ -374,25 +374,27 @@ class CudaBackend final : public Backend {
             static_cast<float*>(grow(ln_scratch_, cuda::layernorm_backward_scratch_floats(N, C) * sizeof(float)));
         cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, scratch, stream_);
     }
-    void rope_forward(float* qkv, int B, int T, int NH, int HS, float theta) override {
+    void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float theta) override {
         const auto& [cos_t, sin_t] = rope_table(T, HS, theta);
-        cuda::rope_forward(qkv, cos_t, sin_t, B, T, NH, HS, stream_);
+        if (qkv.bf16) return cuda::rope_forward_bf16(qkv.b16(), cos_t, sin_t, B, T, NH, HS, stream_);
+        cuda::rope_forward(qkv.f32(), cos_t, sin_t, B, T, NH, HS, stream_);
     }
     void rope_backward(float* dqkv, int B, int T, int NH, int HS, float theta) override {
         const auto& [cos_t, sin_t] = rope_table(T, HS, theta);
         cuda::rope_backward(dqkv, cos_t, sin_t, B, T, NH, HS, stream_);
     }
-    void attention_forward(GemmOperand out, float* lse, const float* qkv, int B, int T, int NH, int HS) override {
+    void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) override {
         const size_t NC = static_cast<size_t>(B) * T * NH * HS;
-        if (options_.attention == AttentionKernel::kNative) {
-            if (!out.bf16) return cuda::attention_forward(out.f32(), lse, qkv, B, T, NH, HS, stream_);
-            auto* wide = static_cast<float*>(grow(f32_scratch_, NC * sizeof(float)));
-            cuda::attention_forward(wide, lse, qkv, B, T, NH, HS, stream_);
+        if (options_.attention == AttentionKernel::kNative) {  // fp32 kernels: bf16 operands widened
+            const float* q = operand_f32(wide_[0], qkv, 3 * NC);
+            if (!out.bf16) return cuda::attention_forward(out.f32(), lse, q, B, T, NH, HS, stream_);
+            auto* wide = static_cast<float*>(grow(wide_[1], NC * sizeof(float)));
+            cuda::attention_forward(wide, lse, q, B, T, NH, HS, stream_);
             return cuda::cast_float_to_bf16(out.b16(), wide, NC, stream_);
         }
-        // cuDNN or ours: bf16 operands in, the bf16 output straight into a bf16 operand (else widened back,
-        // exactly, into the fp32 one).
-        const uint16_t* qkv16 = to_bf16(att16_[0], qkv, 3 * NC);
+        // cuDNN or ours: bf16 qkv read where it lies, the bf16 output straight into a bf16 operand (else
+        // widened back, exactly, into the fp32 one).
+        const uint16_t* qkv16 = operand_bf16(att16_[0], qkv, 3 * NC);
         auto* out16 = out.bf16 ? out.b16() : static_cast<uint16_t*>(grow(att16_[1], NC * sizeof(uint16_t)));
         if (cudnn_attention_) {
             cudnn_attention_->forward(out16, lse, qkv16, B, T, NH, HS, stream_);
@@ -401,16 +403,16 @@ class CudaBackend final : public Backend {
         }
         if (!out.bf16) cuda::cast_bf16_to_float(out.f32(), out16, NC, stream_);
     }
-    void attention_backward(float* dqkv, const float* dout, const float* qkv, GemmOperand out, const float* lse, int B,
+    void attention_backward(float* dqkv, const float* dout, GemmOperand qkv, GemmOperand out, const float* lse, int B,
                             int T, int NH, int HS) override {
         const size_t NC = static_cast<size_t>(B) * T * NH * HS;
         if (options_.attention == AttentionKernel::kNative) {
             float* scratch = static_cast<float*>(
                 grow(att_scratch_, cuda::attention_backward_scratch_floats(B, T, NH) * sizeof(float)));
-            return cuda::attention_backward(dqkv, dout, qkv, operand_f32(f32_scratch_, out, NC), lse, B, T, NH, HS,
-                                            scratch, stream_);
+            return cuda::attention_backward(dqkv, dout, operand_f32(wide_[0], qkv, 3 * NC),
+                                            operand_f32(wide_[1], out, NC), lse, B, T, NH, HS, scratch, stream_);
         }
-        const uint16_t* qkv16 = to_bf16(att16_[0], qkv, 3 * NC);
+        const uint16_t* qkv16 = operand_bf16(att16_[0], qkv, 3 * NC);
         const uint16_t* out16 = operand_bf16(att16_[1], out, NC);  // fp32 out holds bf16 values: forward's bits
         const uint16_t* dout16 = to_bf16(att16_[2], dout, NC);
         auto* dqkv16 = static_cast<uint16_t*>(grow(att16_[3], 3 * NC * sizeof(uint16_t)));
@@ -433,7 +435,7 @@ class CudaBackend final : public Backend {
         if (inp.bf16) {
             const size_t NH = static_cast<size_t>(N) * H;
             if (out.bf16) return cuda::swiglu_forward_bf16_in(out.b16(), inp.b16(), N, H, stream_);
-            return cuda::swiglu_forward(out.f32(), operand_f32(f32_scratch_, inp, 2 * NH), N, H, stream_);
+            return cuda::swiglu_forward(out.f32(), operand_f32(wide_[0], inp, 2 * NH), N, H, stream_);
         }
         if (out.bf16) return cuda::swiglu_forward_bf16(out.b16(), inp.f32(), N, H, stream_);
         cuda::swiglu_forward(out.f32(), inp.f32(), N, H, stream_);
@@ -587,8 +589,8 @@ class CudaBackend final : public Backend {
     Scratch held16_;                    // the held weight's bf16 copy (hold_weight)
     const float* held_ = nullptr;
     size_t held_numel_ = 0;
-    Scratch att16_[4];     // the bf16 attentions' qkv, out, dout and dqkv
-    Scratch f32_scratch_;  // a bf16 operand widened for an fp32 kernel (the native attention)
+    Scratch att16_[4];  // the bf16 attentions' qkv, out, dout and dqkv
+    Scratch wide_[2];   // bf16 operands widened for fp32 kernels (the native attention), and fp32 products
     std::unique_ptr<CudnnAttention> cudnn_attention_;
     std::map<std::tuple<int, int, float>, std::pair<float*, float*>> rope_tables_;
 };

@@ -94,6 +94,9 @@ void rope_forward(float* qkv, const float* cos_t, const float* sin_t, int B, int
                   cudaStream_t stream);
 void rope_backward(float* dqkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
                    cudaStream_t stream);
+// The forward on a bf16 qkv (the att_proj GEMM's bf16 output): rotated in fp32, rounded back to bf16.
+void rope_forward_bf16(uint16_t* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
+                       cudaStream_t stream);
 
 // Residual add (out may alias a or b) and in-place scaling (residual.cu).
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);

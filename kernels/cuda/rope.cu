@@ -7,8 +7,9 @@
 namespace trainer::cuda {
 namespace {
 
-// One thread per (row, head of q or k, i < HS/2).
-__global__ void rope_kernel(float* qkv, const float* cos_t, const float* sin_t, int rows, int T, int NH, int HS,
+// One thread per (row, head of q or k, i < HS/2); qkv fp32, or bf16 (rotated in fp32, rounded back).
+template <typename E>
+__global__ void rope_kernel(E* qkv, const float* cos_t, const float* sin_t, int rows, int T, int NH, int HS,
                             float sign) {
     const int half = HS / 2, C = NH * HS;
     const size_t total = static_cast<size_t>(rows) * 2 * NH * half;
@@ -19,20 +20,21 @@ __global__ void rope_kernel(float* qkv, const float* cos_t, const float* sin_t, 
         const int head = static_cast<int>(rest % (2 * NH));
         const size_t row = rest / (2 * NH);
         const int t = static_cast<int>(row % T);
-        float* lo = qkv + row * 3 * C + static_cast<size_t>(head) * HS;
+        E* lo = qkv + row * 3 * C + static_cast<size_t>(head) * HS;
         const float c = cos_t[static_cast<size_t>(t) * half + i], s = sign * sin_t[static_cast<size_t>(t) * half + i];
-        const float x0 = lo[i], x1 = lo[i + half];
-        lo[i] = x0 * c - x1 * s;
-        lo[i + half] = x1 * c + x0 * s;
+        const float x0 = load_as_float(lo[i]), x1 = load_as_float(lo[i + half]);
+        store_as(lo + i, x0 * c - x1 * s);
+        store_as(lo + i + half, x1 * c + x0 * s);
     }
 }
 
-void rope_apply(float* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS, float sign,
+template <typename E>
+void rope_apply(E* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS, float sign,
                 cudaStream_t stream) {
     const size_t total = static_cast<size_t>(B) * T * 2 * NH * (HS / 2);
     if (total == 0) return;
-    rope_kernel<<<grid_for(total, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(qkv, cos_t, sin_t, B * T, T, NH, HS,
-                                                                                  sign);
+    rope_kernel<E>
+        <<<grid_for(total, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(qkv, cos_t, sin_t, B * T, T, NH, HS, sign);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -40,6 +42,11 @@ void rope_apply(float* qkv, const float* cos_t, const float* sin_t, int B, int T
 
 void rope_forward(float* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
                   cudaStream_t stream) {
+    rope_apply(qkv, cos_t, sin_t, B, T, NH, HS, 1.0f, stream);
+}
+
+void rope_forward_bf16(uint16_t* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
+                       cudaStream_t stream) {
     rope_apply(qkv, cos_t, sin_t, B, T, NH, HS, 1.0f, stream);
 }
 

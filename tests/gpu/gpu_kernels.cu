@@ -432,6 +432,13 @@ void test_rope() {
             std::vector<float> cos_t(static_cast<size_t>(T) * HS / 2), sin_t(cos_t.size());
             trainer::cpu::rope_table_f32(cos_t.data(), sin_t.data(), T, HS, 10000.0f);
             Dev<float> dq(qkv), dc(cos_t), ds(sin_t);
+            {  // On a bf16 qkv (the att_proj GEMM's bf16 output): the CPU on the rounded input, rounded.
+                auto [q16, qr] = bf16_rounded(qkv);
+                Dev<uint16_t> dq16(q16);
+                trainer::cpu::rope_forward(qr.data(), B, T, NH, HS, 10000.0f);
+                trainer::cuda::rope_forward_bf16(dq16.p, dc.p, ds.p, B, T, NH, HS, nullptr);
+                expect_close_bf16(qr, dq16, "rope_forward on bf16 matches the CPU rounded to bf16");
+            }
             trainer::cpu::rope_forward(qkv.data(), B, T, NH, HS, 10000.0f);
             trainer::cuda::rope_forward(dq.p, dc.p, ds.p, B, T, NH, HS, nullptr);
             expect_close(qkv, dq.host(), "rope_forward matches the CPU");

@@ -35,7 +35,7 @@ TEST_CASE("gpu kernel: embedding_forward matches and embedding_backward is bitwi
 TEST_CASE("gpu kernel: layernorm_forward (fp32 and bf16 out) and layernorm_backward match the CPU") {
     check(test_layernorm);
 }
-TEST_CASE("gpu kernel: rope_forward and rope_backward match the CPU") { check(test_rope); }
+TEST_CASE("gpu kernel: rope_forward (fp32 and bf16) and rope_backward match the CPU") { check(test_rope); }
 TEST_CASE("gpu kernel: classifier_forward_backward matches the CPU") { check(test_classifier); }
 TEST_CASE("gpu kernel: native attention forward and backward match the CPU") { check(test_attention); }
 TEST_CASE("gpu kernel: cuDNN attention forward and backward match the CPU at bf16 tolerance") {
