@@ -260,6 +260,7 @@ struct TrainConfig {
     Device device = Device::kAuto;
     Precision precision = Precision::kFp32;
     AttentionKernel kernels_attention = AttentionKernel::kAuto;  // CUDA; resolved by resolve_attention
+    bool kernels_bf16_activations = true;                        // amp_bf16 on CUDA: GemmOperand storage in bf16
     DistributedBackend distributed_backend = DistributedBackend::kAuto;
     DistributedStrategy distributed_strategy = DistributedStrategy::kSingle;
     FsdpConfig fsdp;

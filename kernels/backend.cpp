@@ -9,13 +9,14 @@ namespace trainer {
 BackendOptions backend_options(const TrainConfig& c, int local_rank) {
     BackendOptions o;
     o.bf16_matmuls = c.precision == Precision::kAmpBf16;
+    o.bf16_operands = o.bf16_matmuls && c.kernels_bf16_activations;
     o.attention = resolve_attention(c, resolve_device(c.device));
     o.device_index = local_rank;
     return o;
 }
 
 bool gemm_operands_bf16_for(const TrainConfig& c, Device device) {
-    return resolve_device(device) == Device::kCuda && c.precision == Precision::kAmpBf16;
+    return resolve_device(device) == Device::kCuda && c.precision == Precision::kAmpBf16 && c.kernels_bf16_activations;
 }
 
 AttentionKernel resolve_attention(const TrainConfig& c, Device device) {

@@ -233,7 +233,8 @@ class Backend {
 
 // How a backend computes (the CPU backend has one way and ignores these).
 struct BackendOptions {
-    bool bf16_matmuls = false;                             // precision amp_bf16: GEMMs on bf16, fp32 accumulation
+    bool bf16_matmuls = false;   // precision amp_bf16: GEMMs on bf16, fp32 accumulation
+    bool bf16_operands = false;  // with bf16_matmuls: GemmOperand activations stored in bf16 (kernels.bf16_activations)
     AttentionKernel attention = AttentionKernel::kNative;  // kernels.attention, resolved (never kAuto)
     int device_index = 0;                                  // which GPU (the rank's LOCAL_RANK modulo the GPUs present)
 };
@@ -301,7 +302,7 @@ struct OpCost {
 std::unique_ptr<Backend> make_dry_backend(std::function<void(const OpCost&)> observer = {},
                                           bool gemm_operands_bf16 = false);
 // Whether the backend a config computes on with `device` (resolved) keeps GEMM operands in bf16: amp_bf16
-// on CUDA.
+// on CUDA with kernels.bf16_activations.
 bool gemm_operands_bf16_for(const TrainConfig& config, Device device);
 
 #ifdef TRAINER_HAVE_CUDA

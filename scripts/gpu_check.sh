@@ -14,6 +14,8 @@
 #             torch.compile on the three shapes, alternating in one run
 #   strategies  OLMo-1B micro-batch 4 under single, DDP and FSDP FULL_SHARD / SHARD_GRAD_OP / NO_SHARD at
 #             world size 1, tokens/s against single's
+#   storage   bf16 activation storage against fp32 (kernels.bf16_activations), OLMo-1B micro-batch 4 and
+#             GPT-2 124M micro-batch 16, alternating: tokens/s and peak memory of each
 #   memory    activation checkpointing and CPU offload on one GPU: OLMo-1B micro-batch 8 with null and
 #             whole_layer; OLMo-7B micro-batch 2 with whole_layer and cpu_offload.optimizer_state (3 steps of
 #             one micro-batch: tokens/s, MFU, device and host peaks)
@@ -32,7 +34,7 @@ done
 stages=("$@")
 ((${#stages[@]})) || stages=(tests kernels bench)
 for s in "${stages[@]}"; do
-    case $s in tests | race | kernels | bench | strategies | memory | plan) ;;
+    case $s in tests | race | kernels | bench | strategies | storage | memory | plan) ;;
         *) echo "error: unknown stage $s (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -111,6 +113,16 @@ for s in "${stages[@]}"; do
                 --sharding-strategy SHARD_GRAD_OP --wrapping-strategy by_block_and_size
             train fsdp_no_shard configs/olmo_1b.json 4 10 --precision amp_bf16 --strategy fsdp --sharding-strategy NO_SHARD
             train ddp configs/olmo_1b.json 4 10 --precision amp_bf16 --strategy ddp
+            ;;
+        storage)
+            for round in 1 2; do
+                train "olmo1b_bf16_$round" configs/olmo_1b.json 4 10 --precision amp_bf16
+                train "olmo1b_fp32_$round" configs/olmo_1b.json 4 10 --precision amp_bf16 \
+                    --set kernels.bf16_activations=false
+                train "gpt2_bf16_$round" configs/gpt2_124m.json 16 10 --precision amp_bf16
+                train "gpt2_fp32_$round" configs/gpt2_124m.json 16 10 --precision amp_bf16 \
+                    --set kernels.bf16_activations=false
+            done
             ;;
         memory)
             train olmo1b_mb8 configs/olmo_1b.json 8 6 --precision amp_bf16

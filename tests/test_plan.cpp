@@ -112,7 +112,10 @@ TEST_CASE("dry run: amp_bf16 on a GPU stores the activations only GEMMs read in 
     auto saved = [&](size_t n) { return slot(n) - slot((n + 1) / 2); };
     const int64_t expected = m.n_layers * (3 * saved(NC) + saved(3 * NC) + saved(NH) + saved(NP)) + saved(NC);
     CHECK(activations(fp32, Device::kCuda) - activations(amp, Device::kCuda) == expected);
-    // The CPU backend, the reference, keeps them in fp32.
+    // kernels.bf16_activations false keeps them in fp32 (cast per GEMM), as the CPU backend, the reference, does.
+    const TrainConfig wide =
+        tiny_with({"device_train_microbatch_size=4", "precision=amp_bf16", "kernels.bf16_activations=false"});
+    CHECK(activations(wide, Device::kCuda) == activations(fp32, Device::kCuda));
     CHECK(activations(amp, Device::kCpu) == activations(fp32, Device::kCpu));
     CHECK(activations(fp32, Device::kCpu) == activations(fp32, Device::kCuda));
 }

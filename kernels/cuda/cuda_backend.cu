@@ -305,8 +305,9 @@ class CudaBackend final : public Backend {
         return static_cast<int64_t>(high);
     }
 
-    // amp_bf16: the model stores GEMM operands (GemmOperand) in bf16, read here without a cast.
-    bool gemm_operands_bf16() const override { return options_.bf16_matmuls; }
+    // amp_bf16 with kernels.bf16_activations: the model stores GEMM operands (GemmOperand) in bf16, read here
+    // without a cast.
+    bool gemm_operands_bf16() const override { return options_.bf16_operands; }
     void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
                         int N) override {
         TRAINER_CHECK(!out.bf16 || options_.bf16_matmuls, "a bf16 GEMM output without amp_bf16");

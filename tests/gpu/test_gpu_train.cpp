@@ -44,6 +44,9 @@ TEST_CASE("gpu: full model loss and gradients match the PyTorch fixtures") {
         BackendOptions amp;
         amp.bf16_matmuls = true;
         test_util::check_against_fixture(name, Device::kCuda, 2e-2, amp, 5e-2);
+        // The same with the GEMMs' operands stored in bf16 (kernels.bf16_activations, the default).
+        amp.bf16_operands = true;
+        test_util::check_against_fixture(name, Device::kCuda, 2e-2, amp, 5e-2);
     }
 }
 
@@ -62,6 +65,10 @@ TEST_CASE("gpu: 20 training steps match the CPU backend in fp32 and amp_bf16 (na
     const auto cudnn = train(dir.path("cudnn.jsonl"),
                              {"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.attention=cudnn"});
     test_util::check_losses(cpu, cudnn, 0, 2e-2);
+    // Activations in fp32, cast per GEMM (kernels.bf16_activations false): the same bound.
+    const auto wide = train(dir.path("wide.jsonl"),
+                            {"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.bf16_activations=false"});
+    test_util::check_losses(cpu, wide, 0, 2e-2);
     const auto refused = test_util::run_trainer(
         tiny_args(dir.path("x.jsonl"), {"--device", "cuda", "--set", "kernels.attention=cudnn"}));
     CHECK(refused.exit_code == 1);
