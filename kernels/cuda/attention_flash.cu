@@ -133,14 +133,14 @@ __device__ __forceinline__ void for_each_key_tile(bf16* sk, bf16* sv, const bf16
     }
 }
 
-// acc (a warp's 16 rows x D) += A B, A the warp's 16 x 64 accumulators of a product over a key tile (P or
-// dS, rounded to bf16 and fed from registers as the A operand, 16 keys a k-step) and B the tile's 64 rows
-// x D (V or K) through ldmatrix.trans.
-template <int D>
-__device__ __forceinline__ void accumulate_times_tile(float (&acc)[D / 8][4], const float (&a)[kFwdKeys / 8][4],
-                                                      bf16* tile, int lane) {
+// acc (a warp's 16 rows x D) += A B, A the warp's 16 x kK accumulators of a product over a tile (P or dS,
+// or their transposes; rounded to bf16 and fed from registers as the A operand, 16 a k-step) and B the
+// tile's kK rows x D (V or K; dO or Q) through ldmatrix.trans.
+template <int D, int kK = kFwdKeys>
+__device__ __forceinline__ void accumulate_times_tile(float (&acc)[D / 8][4], const float (&a)[kK / 8][4], bf16* tile,
+                                                      int lane) {
 #pragma unroll
-    for (int kk = 0; kk < kFwdKeys / 16; ++kk) {
+    for (int kk = 0; kk < kK / 16; ++kk) {
         uint32_t af[4];
         pack_a(af, a[2 * kk], a[2 * kk + 1]);
 #pragma unroll
@@ -384,25 +384,9 @@ __device__ __forceinline__ void backward_dkdv_tile(uint8_t* smem_raw, int bh, in
                 dp[nt][e] = p * (dp[nt][e] - dsum_t[qc]);
             }
         }
-        // dV += P^T dO and dK += dS^T Q: A from registers (k = queries), B through ldmatrix.trans.
-#pragma unroll
-        for (int kk = 0; kk < kBwdRows / 16; ++kk) {
-            uint32_t pa[4];
-            pack_a(pa, s[2 * kk], s[2 * kk + 1]);
-            uint32_t da[4];
-            pack_a(da, dp[2 * kk], dp[2 * kk + 1]);
-#pragma unroll
-            for (int np = 0; np < D / 16; ++np) {
-                const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = np * 16 + (lane / 16) * 8;
-                uint32_t ob[4], qb[4];
-                ldmatrix_x4_trans(ob, at<D>(do_tile, r, c));
-                ldmatrix_x4_trans(qb, at<D>(q_tile, r, c));
-                mma(dv[2 * np], pa, ob[0], ob[1]);
-                mma(dv[2 * np + 1], pa, ob[2], ob[3]);
-                mma(dk[2 * np], da, qb[0], qb[1]);
-                mma(dk[2 * np + 1], da, qb[2], qb[3]);
-            }
-        }
+        // dV += P^T dO and dK += dS^T Q (k = the tile's queries).
+        accumulate_times_tile<D, kBwdRows>(dv, s, do_tile, lane);
+        accumulate_times_tile<D, kBwdRows>(dk, dp, q_tile, lane);
         __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     }
     // dK (scaled) and dV of this warp's 16 keys, as bf16 into dqkv.
