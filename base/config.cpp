@@ -100,6 +100,7 @@ const std::vector<KeySpec>& schema() {
         {"save_safetensors", KeyType::kBool, false, false, {}, -kInf, kInf, "rank 0 also writes the full weights as model.safetensors (Hugging Face names) into every checkpoint folder"},
         {"save_num_checkpoints_to_keep", KeyType::kInt, -1, false, {}, -1, 9e18, "keep the newest N checkpoints; -1: all"},
         {"load_path", KeyType::kString, nullptr, true, {}, -kInf, kInf, "resume from this checkpoint folder, or \"latest\" in save_folder"},
+        {"try_load_latest_save", KeyType::kBool, false, false, {}, -kInf, kInf, "resume from the newest complete checkpoint in save_folder when there is one (over load_path), else start as configured: the same command serves the first run and every requeue after a preemption"},
         {"init_from", KeyType::kString, nullptr, true, {}, -kInf, kInf, "initial weights: a safetensors file with Hugging Face names (GPT2LMHeadModel / OlmoForCausalLM); a resumed run (load_path) takes the checkpoint's weights instead"},
         {"metrics_file", KeyType::kString, nullptr, true, {}, -kInf, kInf, "write one JSON object per step here (and a final summary)"},
         {"console_log_interval", KeyType::kInt, 1, false, {}, 1, 9e18, "print a console line every N steps"},
@@ -660,6 +661,7 @@ TrainConfig validate_config(const Json& user_doc) {
     c.save_num_checkpoints_to_keep = get_long(doc["save_num_checkpoints_to_keep"]);
     c.save_safetensors = doc["save_safetensors"].get<bool>();
     c.load_path = opt<std::string>(doc["load_path"]);
+    c.try_load_latest_save = doc["try_load_latest_save"].get<bool>();
     c.init_from = opt<std::string>(doc["init_from"]);
     c.metrics_file = opt<std::string>(doc["metrics_file"]);
     c.console_log_interval = get_long(doc["console_log_interval"]);
@@ -668,6 +670,12 @@ TrainConfig validate_config(const Json& user_doc) {
     }
     if (c.load_path && *c.load_path == "latest" && !c.save_folder) {
         user_error("config load_path: \"latest\" needs save_folder (the folder to look in)");
+    }
+    if (c.try_load_latest_save && !c.save_folder) {
+        user_error("config try_load_latest_save: true needs save_folder (the folder to look in)");
+    }
+    if (c.save_num_checkpoints_to_keep == 0) {
+        user_error("config save_num_checkpoints_to_keep: 0; expected -1 (keep all) or the number to keep (>= 1)");
     }
 
     c.device = choice<Device>(doc["device"]);

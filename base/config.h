@@ -254,6 +254,7 @@ struct TrainConfig {
     long save_num_checkpoints_to_keep = -1;
     bool save_safetensors = false;         // rank 0 also writes model.safetensors into each checkpoint
     std::optional<std::string> load_path;  // a checkpoint folder, or "latest" in save_folder
+    bool try_load_latest_save = false;     // resume from save_folder's newest checkpoint when it has one
     std::optional<std::string> init_from;  // a safetensors file with Hugging Face names
     std::optional<std::string> metrics_file;
     long console_log_interval = 1;

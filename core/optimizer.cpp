@@ -43,6 +43,37 @@ double clip_coefficient(double grad_norm, double max_norm) {
     return std::min(1.0, max_norm / (grad_norm + 1e-6));
 }
 
+namespace {
+
+// The first unit, in layout order, whose gradient has a non-finite element, and its first such parameter:
+// "unit U (parameter P)". Collective: every rank walks the same units and parameters (an empty part
+// adds 0), each sum over ranks through the strategy's gradient-norm reduction.
+std::string first_non_finite_gradient(Strategy& strategy, Backend& backend, const std::vector<ShardView>& shards,
+                                      const ParamLayout& layout) {
+    std::vector<const ShardView*> by_unit(layout.units().size(), nullptr);
+    for (const auto& s : shards) by_unit.at(s.unit) = &s;
+    auto global_sq = [&](const ShardView* s, Range part) {
+        double local = 0.0;
+        if (s != nullptr) {
+            part = intersect(part, {s->begin, s->end});
+            if (!part.empty()) local = backend.squared_norm_multi({{s->grad + (part.begin - s->begin), part.size()}});
+        }
+        return strategy.global_grad_sq(local);
+    };
+    for (size_t u = 0; u < by_unit.size(); ++u) {
+        const Unit& unit = layout.units()[u];
+        if (std::isfinite(global_sq(by_unit[u], {0, unit.numel}))) continue;
+        for (const ParamSpec& p : unit.params) {
+            if (!std::isfinite(global_sq(by_unit[u], {p.offset, p.offset + p.numel})))
+                return fmt::format("unit {} (parameter {})", unit.name, p.name);
+        }
+        return fmt::format("unit {}", unit.name);
+    }
+    return "in no unit: each unit's sum is finite, their total overflowed";
+}
+
+}  // namespace
+
 AdamW::AdamW(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Backend* host)
     : config_(config), layout_(layout), backend_(backend), host_(host) {}
 
@@ -63,9 +94,9 @@ OptimizerStepResult AdamW::step(Strategy& strategy, long step, long total_steps)
     r.lr = scheduled_lr(config_.optimizer, config_.scheduler, step, total_steps);
     if (!std::isfinite(r.grad_norm)) {
         user_error(
-            "step {}: the gradient norm is {} (the loss diverged); lower optimizer.learning_rate or check "
-            "the data",
-            step, r.grad_norm);
+            "step {}: the gradient norm is {}; the first gradient that is not finite is {} (nothing was updated "
+            "or saved); lower optimizer.learning_rate or check the data",
+            step, r.grad_norm, first_non_finite_gradient(strategy, *backend, shards, layout_));
     }
     const auto& o = config_.optimizer;
     std::vector<Backend::AdamwRange> ranges;

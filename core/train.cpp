@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -16,6 +17,7 @@
 
 #include "base/common.h"
 #include "base/layout.h"
+#include "base/stop.h"
 #include "base/trace.h"
 #include "core/checkpoint.h"
 #include "core/data.h"
@@ -42,27 +44,43 @@ std::string human_count(double x) {
     return fmt::format("{:.0f}", x);
 }
 
-// Mean loss of one evaluator over its batches (file order).
-double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& model, long batch) {
+// Mean loss of one evaluator over its first batches (all of them, or subset_num_batches of `batch`
+// instances), split across the ranks: rank r of W takes a contiguous 1/W of those instances in batches of
+// up to `batch`, and the loss sums and predicted-token counts are summed over the ranks. Every rank runs
+// the same number of forwards (FSDP gathers inside them): one past its share runs its first instance
+// again and adds nothing.
+double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& model, Strategy& strategy, long batch) {
     const long L = data.seq_len();
-    long batches = (data.num_instances() + batch - 1) / batch;
-    if (ev.subset_num_batches > 0) batches = std::min(batches, ev.subset_num_batches);
+    long instances = data.num_instances();
+    if (ev.subset_num_batches > 0) instances = std::min(instances, ev.subset_num_batches * batch);
+    const long world = strategy.world_size(), rank = strategy.rank();
+    const long begin = instances * rank / world, end = instances * (rank + 1) / world;
+    const long most = (instances + world - 1) / world;  // the largest share
+    const long forwards = (most + batch - 1) / batch;
     std::vector<int32_t> tokens(static_cast<size_t>(batch) * L);
-    double loss = 0.0;
-    long predicted = 0;
-    for (long b = 0; b < batches; ++b) {
-        const long first = b * batch;
-        const int n = static_cast<int>(std::min(batch, data.num_instances() - first));
+    double sums[2] = {0.0, 0.0};  // loss, predicted tokens
+    for (long b = 0; b < forwards; ++b) {
+        const long first = begin + b * batch;
+        const int n = static_cast<int>(std::max(0L, std::min(batch, end - first)));
+        if (n == 0) {
+            data.read_instance(std::min(begin, instances - 1), tokens.data());
+            (void)model.forward_loss(tokens.data(), 1);
+            continue;
+        }
         for (int i = 0; i < n; ++i) data.read_instance(first + i, tokens.data() + static_cast<size_t>(i) * L);
-        loss += model.forward_loss(tokens.data(), n);
-        predicted += static_cast<long>(n) * (L - 1);
+        sums[0] += model.forward_loss(tokens.data(), n);
+        sums[1] += static_cast<double>(n) * (L - 1);
     }
-    return loss / static_cast<double>(predicted);
+    strategy.all_reduce_sum(sums, 2);
+    return sums[0] / sums[1];
 }
 
 class ProgressBar {
    public:
-    ProgressBar(long total) : total_(total), enabled_(::isatty(fileno(stdout)) != 0) {}
+    // Drawn on a terminal only; mpirun hands its ranks a pseudo-terminal whatever its own output is (often a
+    // log file), so never under mpirun.
+    ProgressBar(long total)
+        : total_(total), enabled_(::isatty(fileno(stdout)) != 0 && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) {}
     void clear() {
         if (enabled_ && drawn_) std::printf("\r\033[K");
         drawn_ = false;
@@ -130,6 +148,7 @@ struct StepOutcome {
     double loss = 0.0;
     OptimizerStepResult opt;
     double seconds = 0.0, comm_wait = 0.0;
+    int stop_signal = 0;  // the ranks agreed to stop after this step (base/stop.h), 0: go on
 };
 
 // One training run, from preflight to summary. Members are declared in build order, so they are destroyed
@@ -142,10 +161,15 @@ class TrainingRun {
         preflight();
         build();
         print_header();
+        stop::install();
         run_t0_ = Clock::now();
-        for (long step = start_step_ + 1; step <= total_steps_; ++step) after_step(step, train_step(step));
+        for (long step = start_step_ + 1; step <= total_steps_; ++step) {
+            const StepOutcome r = train_step(step);
+            after_step(step, r);
+            if (r.stop_signal != 0 && step < total_steps_) return stop_after(step, r.stop_signal);
+        }
         bar_->clear();
-        summary();
+        summary(total_steps_);
         return 0;
     }
 
@@ -174,7 +198,11 @@ class TrainingRun {
         order_ = std::make_unique<InstanceOrder>(train_data_->num_instances(), config_.global_train_batch_size,
                                                  config_.data.seed, config_.data.shuffle);
         total_steps_ = config_.total_steps(train_data_->num_instances());
-        if (config_.load_path) resume_path_ = resolve_checkpoint(config_, *config_.load_path);
+        if (config_.try_load_latest_save && latest_checkpoint_step(*config_.save_folder)) {
+            resume_path_ = resolve_checkpoint(config_, "latest");  // OLMo's meaning: over load_path
+        } else if (config_.load_path) {
+            resume_path_ = resolve_checkpoint(config_, *config_.load_path);
+        }
         if (config_.save_folder && !resume_path_ && !config_.save_overwrite) {
             if (auto last = latest_checkpoint_step(*config_.save_folder)) {
                 user_error(
@@ -300,8 +328,13 @@ class TrainingRun {
             });
         StepOutcome r;
         {
+            // The loss sum and the ranks' votes on a stop request, in one collective.
             const trace::Span loss("comm", "loss all_reduce");
-            r.loss = strategy.all_reduce_sum(loss_sum) / global_tokens;
+            double sums[1 + stop::kVotes] = {loss_sum};
+            stop::vote(sums + 1);
+            strategy.all_reduce_sum(sums, 1 + stop::kVotes);
+            r.loss = sums[0] / global_tokens;
+            r.stop_signal = stop::agreed(sums + 1);
         }
         if (!std::isfinite(r.loss))
             user_error("step {}: the loss is {} (diverged); lower optimizer.learning_rate", step, r.loss);
@@ -346,36 +379,61 @@ class TrainingRun {
                 step, total_steps_, r.loss, r.opt.lr, r.opt.grad_norm, tps, 100.0 * mfu, r.seconds * 1e3);
         }
         metrics_->write(record);
-        // Every rank takes part (barriers); the strategy says which ranks write shard files.
         if (config_.save_folder &&
             ((config_.save_interval > 0 && step % config_.save_interval == 0) || step == total_steps_)) {
-            const trace::Span span("checkpoint", "save checkpoint");
-            const std::string path = save_checkpoint(config_, *layout_, backend_.get(), *world_.strategy, step);
-            bar_->clear();
-            std::printf("saved checkpoint %s\n", path.c_str());
+            save(step);
         }
         bar_->draw(step, (total_steps_ - step) * (total_time_ / std::max<long>(1, timed_steps_)));
         std::fflush(stdout);
     }
 
+    // Every rank takes part (barriers); the strategy says which ranks write shard files.
+    void save(long step) {
+        const trace::Span span("checkpoint", "save checkpoint");
+        saved_path_ = save_checkpoint(config_, *layout_, backend_.get(), *world_.strategy, step);
+        saved_step_ = step;
+        bar_->clear();
+        std::printf("saved checkpoint %s\n", saved_path_.c_str());
+    }
+
+    // The ranks agreed to stop after `step` (a stop signal, base/stop.h): a checkpoint of it when
+    // save_folder is set, a metrics record saying so, the summary of the steps run, and 128 + the signal.
+    int stop_after(long step, int sig) {
+        if (config_.save_folder && saved_step_ != step) save(step);
+        bar_->clear();
+        const std::string resume = config_.save_folder
+                                       ? fmt::format("checkpoint {}; resume with --load-path latest", saved_path_)
+                                       : std::string("no checkpoint (save_folder is not set)");
+        std::printf("stopped by %s after step %ld of %ld: %s\n", stop::signal_name(sig), step, total_steps_,
+                    resume.c_str());
+        Json record = {{"event", "stopped"}, {"step", step}, {"signal", stop::signal_name(sig)}};
+        if (config_.save_folder) record["checkpoint"] = saved_path_;
+        metrics_->write(record);
+        summary(step);
+        return stop::exit_code(sig);
+    }
+
     void run_evals(long step, Json& record) {
+        const auto t0 = Clock::now();
         Json all = Json::object();
         for (size_t i = 0; i < eval_data_.size(); ++i) {
             const trace::Span span("eval", "eval " + config_.evaluators[i].label);
-            const double v = evaluate(*eval_data_[i], config_.evaluators[i], *model_, config_.device_eval_batch_size);
+            const double v = evaluate(*eval_data_[i], config_.evaluators[i], *model_, *world_.strategy,
+                                      config_.device_eval_batch_size);
             all[config_.evaluators[i].label] = v;
             if (i == 0) record["val_loss"] = v;
             bar_->clear();
             std::printf("step %ld | eval %s | loss %.4f\n", step, config_.evaluators[i].label.c_str(), v);
         }
         if (eval_data_.size() > 1) record["val_losses"] = all;
+        record["eval_time_ms"] = seconds_since(t0) * 1e3;
     }
 
     Json peak_memory_per_rank() const { return gather_peak_memory(*world_.comm, *backend_, device_ == Device::kCuda); }
 
-    // The summary record (every rank's peak memory by category, gathered to every rank; rank 0 writes it)
-    // and the closing console line.
-    void summary() {
+    // The summary record of the steps up to `last_step` (every rank's peak memory by category, gathered to
+    // every rank; rank 0 writes it) and the closing console line.
+    void summary(long last_step) {
         const int world = world_.size();
         const MemorySnapshot mem = memory_snapshot();
         const Json per_rank = peak_memory_per_rank();
@@ -383,8 +441,8 @@ class TrainingRun {
         const double tps = mean_step > 0 ? tokens_per_step_ / world / mean_step : 0.0;
         const double mfu = mean_step > 0 ? flops_per_step_ / world / mean_step / peak_flops_ : 0.0;
         Json summary = {{"event", "summary"},
-                        {"steps", total_steps_ - start_step_},
-                        {"final_step", total_steps_},
+                        {"steps", last_step - start_step_},
+                        {"final_step", last_step},
                         {"final_loss", last_loss_},
                         {"tokens_per_second_per_device", tps},
                         {"mfu", mfu},
@@ -400,7 +458,7 @@ class TrainingRun {
             trace::write(trace_path_);
             if (env_.rank == 0) std::printf("trace written to %s\n", trace_path_.c_str());
         }
-        if (total_steps_ > start_step_) {
+        if (last_step > start_step_) {
             const double mib = 1048576.0;
             auto peak = [&](MemCategory c) { return mem.peak[static_cast<int>(c)] / mib; };
             const std::string host =
@@ -412,7 +470,7 @@ class TrainingRun {
             std::printf(
                 "done: %ld steps | final loss %.4f | %.0f tokens/s/device | MFU %.1f%% | mean step %.1f ms | peak "
                 "memory %.1f MiB (params %.1f, grads %.1f, optimizer %.1f, activations %.1f)%s, resident %.1f MiB\n",
-                total_steps_ - start_step_, last_loss_, tps, 100.0 * mfu, mean_step * 1e3, mem.total_peak / mib,
+                last_step - start_step_, last_loss_, tps, 100.0 * mfu, mean_step * 1e3, mem.total_peak / mib,
                 peak(MemCategory::kParameters), peak(MemCategory::kGradients), peak(MemCategory::kOptimizerState),
                 peak(MemCategory::kActivations), host.c_str(), process_peak_resident_bytes() / mib);
         } else {
@@ -451,6 +509,8 @@ class TrainingRun {
     double total_time_ = 0.0, total_comm_wait_ = 0.0, last_loss_ = 0.0;
     long timed_steps_ = 0;
     Clock::time_point run_t0_;
+    long saved_step_ = -1;  // the newest checkpoint this run wrote, and its path
+    std::string saved_path_;
 };
 
 }  // namespace

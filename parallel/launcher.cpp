@@ -76,8 +76,7 @@ int launch(const LaunchOptions& o) {
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, nullptr);
-    sigaction(SIGTERM, &sa, nullptr);
+    for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaction(sig, &sa, nullptr);
 
     std::vector<Child> children(o.nproc_per_node);
     for (int i = 0; i < o.nproc_per_node; ++i) {
@@ -124,12 +123,21 @@ int launch(const LaunchOptions& o) {
     }
     std::fflush(stdout);
 
-    int failed_rank = -1, failed_status = 0;
+    // A stop signal (SIGTERM, SIGINT, SIGUSR1) is forwarded to every rank, which finish their step, save
+    // and exit with 128 + the signal (base/stop.h): no deadline, the ranks' collective timeout bounds it. A
+    // second signal more than 2 s later kills them. A rank that fails (any other exit) gets the others
+    // SIGTERMed, then SIGKILLed after stop_grace_seconds.
+    int failed_rank = -1, failed_status = 0, stopped_code = 0;
+    int forwarded = 0;
+    auto forwarded_at = std::chrono::steady_clock::now();
     bool stopping = false;
     auto stop_all = [&](int sig) {
         for (auto& c : children) {
             if (!c.exited) ::kill(c.pid, sig);
         }
+    };
+    auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
     };
     auto stop_started = std::chrono::steady_clock::now();
     bool killed = false;
@@ -161,9 +169,16 @@ int launch(const LaunchOptions& o) {
         if (fds.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
 
         if (const int sig = g_forward_signal.exchange(0)) {
-            std::fprintf(stderr, "[launch] forwarding signal %d to every rank\n", sig);
-            stop_all(sig);
-            if (!stopping) stopping = true, stop_started = std::chrono::steady_clock::now();
+            if (forwarded == 0) {
+                std::fprintf(stderr, "[launch] %s: every rank stops after its current step\n", strsignal(sig));
+                stop_all(sig);
+                forwarded = sig;
+                forwarded_at = std::chrono::steady_clock::now();
+            } else if (seconds_since(forwarded_at) > 2.0 && !killed) {
+                std::fprintf(stderr, "[launch] second stop signal: killing every rank\n");
+                stop_all(SIGKILL);
+                killed = true;
+            }
         }
         int running = 0;
         const Child* first_failure = nullptr;  // of this pass: a rank killed by a signal wins over one that
@@ -175,7 +190,12 @@ int launch(const LaunchOptions& o) {
                 c.exited = true;
                 c.status = status;
                 const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-                if (!ok && (!first_failure || (WIFSIGNALED(status) && !WIFSIGNALED(first_failure->status)))) {
+                const bool stopped = forwarded != 0 && WIFEXITED(status) &&
+                                     (WEXITSTATUS(status) == 128 + SIGTERM || WEXITSTATUS(status) == 128 + SIGINT ||
+                                      WEXITSTATUS(status) == 128 + SIGUSR1);
+                if (stopped && stopped_code == 0) stopped_code = WEXITSTATUS(status);
+                if (!ok && !stopped &&
+                    (!first_failure || (WIFSIGNALED(status) && !WIFSIGNALED(first_failure->status)))) {
                     first_failure = &c;
                 }
             } else {
@@ -193,9 +213,7 @@ int launch(const LaunchOptions& o) {
                 stop_started = std::chrono::steady_clock::now();
             }
         }
-        if (stopping && !killed &&
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - stop_started).count() >
-                o.stop_grace_seconds) {
+        if (stopping && !killed && seconds_since(stop_started) > o.stop_grace_seconds) {
             stop_all(SIGKILL);
             killed = true;
         }
@@ -204,11 +222,15 @@ int launch(const LaunchOptions& o) {
         if (running == 0 && !pipes_open) break;
         if (running == 0 && killed) break;  // grandchildren may hold the pipes open
     }
+    std::fflush(stdout);
     if (failed_rank >= 0) {
-        std::fflush(stdout);
         std::fprintf(stderr, "error: launch: rank %d exited with %s; the other ranks were stopped\n", failed_rank,
                      describe(failed_status).c_str());
         return 1;
+    }
+    if (stopped_code != 0) {
+        std::fprintf(stderr, "[launch] every rank stopped on %s; exit status %d\n", strsignal(forwarded), stopped_code);
+        return stopped_code;
     }
     return 0;
 }

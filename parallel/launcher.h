@@ -1,8 +1,10 @@
 // `trainer launch`: a torchrun-like launcher. Starts the local ranks of one node as child processes of
 // the trainer binary with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
 // one thread per core share (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS); prefixes every output line with
-// `[rank N]`; forwards SIGINT/SIGTERM; and when any rank exits non-zero, stops the others and exits
-// non-zero naming the rank and its exit status.
+// `[rank N]`; forwards SIGTERM, SIGINT and SIGUSR1 (every rank then finishes its step, saves and exits
+// with 128 + the signal, which the launcher returns; a second signal over 2 s later kills the ranks); and
+// when any rank fails (exits non-zero otherwise), stops the others and exits 1 naming the rank and its
+// exit status.
 #pragma once
 
 #include <string>
@@ -16,11 +18,12 @@ struct LaunchOptions {
     int node_rank = 0;
     std::string master_addr = "127.0.0.1";
     int master_port = 29500;
-    double stop_grace_seconds = 5.0;  // SIGTERM, then SIGKILL after this long
+    double stop_grace_seconds = 5.0;  // after a rank failed: SIGTERM, then SIGKILL after this long
     std::vector<std::string> args;    // the trainer's own arguments for every rank
 };
 
-// Runs the ranks to completion; returns the launcher's exit code (0 when every rank exited 0).
+// Runs the ranks to completion; returns the launcher's exit code (0 when every rank exited 0, 128 + the
+// signal when they stopped on a forwarded one, 1 when a rank failed).
 int launch(const LaunchOptions& options);
 
 }  // namespace trainer

@@ -12,9 +12,11 @@ int Strategy::rank() const { return world_->rank(); }
 int Strategy::world_size() const { return world_->size(); }
 
 double Strategy::all_reduce_sum(double x) {
-    wait(world_->all_reduce(&x, 1, CommDType::kFloat64));
+    all_reduce_sum(&x, 1);
     return x;
 }
+
+void Strategy::all_reduce_sum(double* x, int n) { wait(world_->all_reduce(x, n, CommDType::kFloat64)); }
 
 void Strategy::barrier() { wait(world_->barrier()); }
 

@@ -77,8 +77,9 @@ class Strategy {
     virtual void zero_grads() = 0;
     // The shards this rank's optimizer updates, one per unit.
     virtual std::vector<ShardView> owned_shards() = 0;
-    // Sum of a host scalar over all ranks (loss sums).
+    // Sum of a host scalar over all ranks (loss sums), and of n host scalars in one collective.
     double all_reduce_sum(double x);
+    void all_reduce_sum(double* x, int n);
     // Sum of squared gradients over the whole model from this rank's owned shards: summed over ranks when
     // shards partition the model, local when every rank owns a full replica (the default).
     virtual double global_grad_sq(double local_sq) { return local_sq; }

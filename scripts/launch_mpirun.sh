@@ -6,6 +6,11 @@
 #   HOSTFILE: OpenMPI hostfile ("node1 slots=8" per line); NPROC: total ranks.
 #   MASTER_ADDR defaults to the first host of the hostfile, MASTER_PORT to 29500.
 # Example: scripts/launch_mpirun.sh hosts 16 -- --config configs/olmo_1b.json --strategy fsdp ...
+#
+# Stopping with a checkpoint: send mpirun SIGUSR1 (`kill -USR1 <mpirun pid>`), which it forwards to every
+# rank at once; each finishes its step, saves (with --save-folder) and exits 138. mpirun handles SIGTERM and
+# Ctrl-C itself: the ranks get SIGTERM only odls_base_sigkill_timeout seconds later (1 by default; raise it
+# with OMPI_MCA_odls_base_sigkill_timeout=N in the environment) and SIGKILL as long after.
 set -euo pipefail
 if (($# < 4)) || [[ $3 != "--" ]]; then
     echo "usage: $0 HOSTFILE NPROC -- TRAINER_ARGS..." >&2

@@ -273,3 +273,51 @@ TEST_CASE("fsdp: a mixed precision FULL_SHARD run resumed from its checkpoint re
     REQUIRE(r.exit_code == 0);
     check_losses(ref, test_util::read_metrics(dir.path("resumed/m.jsonl")), 4, 0.0);
 }
+
+TEST_CASE("evaluation: split over 2 ranks under DDP and FULL_SHARD gives the single-process val_loss") {
+    TempDir dir;
+    const std::string data = test_util::fixture("olmo_tiny_tokens.u16");
+    // 21 instances (7 batches of 3): shares of 10 and 11, the last batches partial, and a whole-set evaluator.
+    const std::string evaluators = "evaluators=[{\"label\": \"part\", \"data\": {\"paths\": [\"" + data +
+                                   "\"]}, \"subset_num_batches\": 7}, {\"label\": \"all\", \"data\": {\"paths\": [\"" +
+                                   data + "\"]}}]";
+    const std::vector<std::string> base = {"--config", test_util::fixture("olmo_tiny.json"), "--init-from",
+                                           test_util::fixture("olmo_tiny_init.safetensors"), "--max-duration", "2",
+                                           "--threads", "1", "--set", "eval_interval=1", "--set",
+                                           "device_eval_batch_size=3", "--set", evaluators,
+                                           // The ranks' training steps round differently; a learning rate
+                                           // this small keeps the evaluated weights equal to far below 1e-6.
+                                           "--set", "optimizer.learning_rate=1e-12"};
+    auto val_losses = [&](const std::string& name) {
+        std::vector<double> v;
+        for (const auto& row : test_util::read_metrics(dir.path(name))) {
+            for (const char* label : {"part", "all"}) v.push_back(row["val_losses"][label].get<double>());
+        }
+        return v;
+    };
+    auto with = [&](std::vector<std::string> extra, const std::string& metrics) {
+        std::vector<std::string> a = base;
+        extra.insert(extra.end(), {"--metrics-file", dir.path(metrics)});
+        a.insert(a.end(), extra.begin(), extra.end());
+        return a;
+    };
+    auto r = run_trainer(with({}, "one.jsonl"));
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    const auto ref = val_losses("one.jsonl");
+    REQUIRE(ref.size() == 4);
+    for (const std::string strategy : {"ddp", "fsdp"}) {
+        CAPTURE(strategy);
+        // FSDP in fp32 (its default mixed precision computes on bf16-rounded weights).
+        r = launch(2, with({"--strategy", strategy, "--set", "fsdp.precision=fp32", "--wrapping-strategy", "by_block"},
+                           strategy + ".jsonl"));
+        INFO(r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+        const auto got = val_losses(strategy + ".jsonl");
+        REQUIRE(got.size() == ref.size());
+        for (size_t i = 0; i < ref.size(); ++i) {
+            CAPTURE(i, got[i], ref[i]);
+            CHECK(std::fabs(got[i] - ref[i]) <= 1e-6 * std::fabs(ref[i]));
+        }
+    }
+}

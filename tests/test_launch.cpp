@@ -1,6 +1,7 @@
 // `trainer launch`: ranks get their environment and prefixed output; a failing rank is named and the
 // others stopped; SIGKILL of one rank brings down every other rank and the launcher within 30 s, for
-// `trainer launch` and for mpirun, during training (the survivors blocked in collectives).
+// `trainer launch` and for mpirun, during training (the survivors blocked in collectives); and a stop
+// signal to either launcher makes every rank save its last step and exit, the run resuming bitwise.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -9,7 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 
+#include "base/stop.h"
+#include "core/checkpoint.h"
 #include "test_util.h"
 
 using Catch::Matchers::Contains;
@@ -174,4 +178,118 @@ TEST_CASE("launch: SIGKILL of a training rank ends trainer launch and mpirun run
     kill_rank_during_training({"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
                                "2", "-x", "MASTER_PORT=" + test_util::free_port(), test_util::trainer_binary()},
                               true, "rank 1");
+}
+
+namespace {
+
+// Losses by step of a metrics file (the last record of each step).
+std::map<long, double> losses_by_step(const std::string& metrics) {
+    std::map<long, double> m;
+    for (const auto& r : test_util::read_metrics(metrics)) m[r["step"].get<long>()] = r["loss"].get<double>();
+    return m;
+}
+
+// Runs a 2-rank training of `steps` steps under `launcher_argv`, sends `sig` to the launcher once 3 steps
+// are logged, and checks: the launcher exits within 30 s (with `want_code` when it is not -1, non-zero
+// otherwise), the metrics file records the stop after the last logged step, the newest checkpoint is
+// that step's, and resuming it under `trainer launch` gives `ref`'s losses bitwise.
+void preempt_and_resume(const std::vector<std::string>& launcher_argv, const std::vector<std::string>& train_args,
+                        int sig, int want_code, const std::map<long, double>& ref) {
+    test_util::TempDir dir;
+    const std::string log = dir.path("log.txt"), metrics = dir.path("m.jsonl"), folder = dir.path("ckpt");
+    std::vector<std::string> argv = launcher_argv;
+    argv.insert(argv.end(), train_args.begin(), train_args.end());
+    argv.insert(argv.end(), {"--save-folder", folder, "--metrics-file", metrics});
+    const pid_t launcher = test_util::start_logged(argv, log);
+    REQUIRE(launcher > 0);
+    const auto start = std::chrono::steady_clock::now();
+    while (test_util::read_file_if_exists(metrics).find("\"step\":3") == std::string::npos &&
+           std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(::kill(launcher, sig) == 0);
+    int status = 0;
+    pid_t done = 0;
+    while ((done = ::waitpid(launcher, &status, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (done == 0) ::kill(launcher, SIGKILL), ::waitpid(launcher, &status, 0);
+    const std::string text = test_util::read_file(log);
+    INFO(text);
+    REQUIRE(done == launcher);
+    CHECK(seconds < 30.0);
+    REQUIRE(WIFEXITED(status));
+    if (want_code >= 0) CHECK(WEXITSTATUS(status) == want_code);
+    CHECK(WEXITSTATUS(status) != 0);
+    // The stop record names the last logged step, whose checkpoint is the newest.
+    trainer::Json stopped;
+    std::stringstream lines(test_util::read_file(metrics));
+    for (std::string line; std::getline(lines, line);) {
+        if (line.find("\"event\":\"stopped\"") != std::string::npos) stopped = trainer::Json::parse(line);
+    }
+    INFO("exit status " << WEXITSTATUS(status) << "; metrics:\n" << test_util::read_file_if_exists(metrics));
+    REQUIRE(stopped.is_object());
+    const long step = stopped["step"].get<long>();
+    const auto logged = losses_by_step(metrics);
+    CHECK(logged.rbegin()->first == step);
+    CHECK(step < static_cast<long>(ref.size()));
+    CHECK(trainer::latest_checkpoint_step(folder) == std::optional<long>(step));
+    CHECK_THAT(text, Contains("stopped by " + std::string(trainer::stop::signal_name(sig)) + " after step " +
+                              std::to_string(step)));
+    // Resume (on the same command line, through try_load_latest_save) to the end.
+    std::vector<std::string> resume = {"launch",        "--nproc-per-node",     "2",
+                                       "--master-port", test_util::free_port(), "--"};
+    resume.insert(resume.end(), train_args.begin(), train_args.end());
+    resume.insert(resume.end(),
+                  {"--save-folder", folder, "--metrics-file", metrics, "--set", "try_load_latest_save=true"});
+    const auto r = test_util::run_trainer(resume);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Contains("resumed from " + folder + "/step" + std::to_string(step)));
+    CHECK(losses_by_step(metrics) == ref);
+}
+
+}  // namespace
+
+TEST_CASE("preemption: a stop signal to trainer launch or mpirun saves the last step and resumes bitwise") {
+    const std::vector<std::string> args = {"--config",       test_util::fixture("olmo_tiny.json"),
+                                           "--max-duration", "2000",
+                                           "--threads",      "1",
+                                           "--strategy",     "fsdp",
+                                           "--set",          "console_log_interval=100"};
+    test_util::TempDir dir;
+    std::vector<std::string> ref_args = {"launch",        "--nproc-per-node",     "2",
+                                         "--master-port", test_util::free_port(), "--"};
+    ref_args.insert(ref_args.end(), args.begin(), args.end());
+    ref_args.insert(ref_args.end(), {"--metrics-file", dir.path("ref.jsonl")});
+    const auto r = test_util::run_trainer(ref_args);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    const auto ref = losses_by_step(dir.path("ref.jsonl"));
+    REQUIRE(ref.size() == 2000);
+    {
+        INFO("trainer launch, SIGTERM");
+        preempt_and_resume({test_util::trainer_binary(), "launch", "--nproc-per-node", "2", "--master-port",
+                            test_util::free_port(), "--"},
+                           args, SIGTERM, 128 + SIGTERM, ref);
+    }
+    // mpirun passes SIGTERM on after odls_base_sigkill_timeout seconds and SIGKILLs as long after that, and
+    // stops relaying its ranks' output meanwhile (a rank that logs every millisecond blocks on a full
+    // terminal: hence one console line per 100 steps); SIGUSR1 it forwards at once.
+    {
+        INFO("mpirun, SIGTERM");
+        preempt_and_resume({"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--mca",
+                            "odls_base_sigkill_timeout", "2", "-np", "2", "-x", "MASTER_PORT=" + test_util::free_port(),
+                            test_util::trainer_binary()},
+                           args, SIGTERM, -1, ref);
+    }
+    {
+        INFO("mpirun, SIGUSR1");
+        preempt_and_resume({"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
+                            "2", "-x", "MASTER_PORT=" + test_util::free_port(), test_util::trainer_binary()},
+                           args, SIGUSR1, 128 + SIGUSR1, ref);
+    }
 }

@@ -3,6 +3,7 @@
 // process-wide memory counters) and over three Gloo ranks as threads (gathered parameters, reduce-scattered
 // gradients, the global gradient norm, and DDP's all-reduce).
 #include <atomic>
+#include <cmath>
 #include <functional>
 #include <sstream>
 #include <stdexcept>
@@ -11,6 +12,7 @@
 #include "base/common.h"
 #include "base/layout.h"
 #include "base/memory.h"
+#include "core/optimizer.h"
 #include "kernels/backend.h"
 #include "kernels/element.h"
 #include "parallel/communicator.h"
@@ -120,6 +122,20 @@ void micro_batch(Strategy& s, const ParamLayout& layout, Backend& backend,
     }
     s.after_backward(emb);
     probe("after_backward", emb);
+}
+
+// FULL_SHARD (fsdp) or DDP over `comm`, every unit loaded with unit_values, at the start of a step of one
+// micro-batch.
+std::unique_ptr<Strategy> started_step(bool fsdp, const TrainConfig& c, const ParamLayout& layout, Backend& backend,
+                                       Communicator& comm) {
+    auto s = fsdp ? make_fsdp_strategy(&backend, layout, &comm, &comm, nullptr, fsdp_options(c, layout), "fsdp")
+                  : make_ddp_strategy(&backend, layout, &comm, false, "ddp");
+    for (int u = 0; u < layout.num_units(); ++u) s->load_full_unit_params(u, unit_values(layout, u).data());
+    s->params_loaded();
+    s->zero_grads();
+    s->begin_step(1);
+    s->begin_micro_batch(0);
+    return s;
 }
 
 }  // namespace
@@ -330,15 +346,8 @@ TEST_CASE("strategy: FULL_SHARD and DDP over 3 Gloo ranks gather what was loaded
         CAPTURE(fsdp);
         test_util::run_ranks(3, [&](int rank, Communicator& comm) {
             auto backend = make_backend(Device::kCpu);
-            auto s =
-                fsdp ? make_fsdp_strategy(backend.get(), layout, &comm, &comm, nullptr, fsdp_options(c, layout), "fsdp")
-                     : make_ddp_strategy(backend.get(), layout, &comm, false, "ddp");
+            auto s = started_step(fsdp, c, layout, *backend, comm);
             RANK_EXPECT(s->rank() == rank && s->world_size() == 3, "rank " << rank << " of " << s->world_size());
-            for (int u = 0; u < layout.num_units(); ++u) s->load_full_unit_params(u, unit_values(layout, u).data());
-            s->params_loaded();
-            s->zero_grads();
-            s->begin_step(1);
-            s->begin_micro_batch(0);
             micro_batch(
                 *s, layout, *backend,
                 [&](const std::string& event, int u) {
@@ -365,6 +374,49 @@ TEST_CASE("strategy: FULL_SHARD and DDP over 3 Gloo ranks gather what was loaded
             RANK_EXPECT(s->all_reduce_sum(rank + 1.0) == 6.0, "rank " << rank << ": loss sum over ranks");
             s->barrier();
             s->after_optimizer_step();
+        });
+    }
+}
+
+TEST_CASE("optimizer: a non-finite gradient is named by unit and parameter on every rank and nothing is updated") {
+    const TrainConfig c = tiny_config(2, WrappingStrategy::kByBlock, ShardingStrategy::kFullShard);
+    const ParamLayout layout(c);
+    // One element in the middle of unit 2's second parameter becomes NaN, on whichever rank owns it.
+    const int bad_unit = 2;
+    const ParamSpec& bad = layout.units()[bad_unit].params.at(1);
+    const size_t bad_at = bad.offset + bad.numel / 2;
+    const std::string want = "unit " + layout.units()[bad_unit].name + " (parameter " + bad.name + ")";
+    for (bool fsdp : {true, false}) {
+        CAPTURE(fsdp);
+        test_util::run_ranks(3, [&](int rank, Communicator& comm) {
+            auto backend = make_backend(Device::kCpu);
+            auto s = started_step(fsdp, c, layout, *backend, comm);
+            micro_batch(
+                *s, layout, *backend, [](const std::string&, int) {}, [](int u) { return 0.5f * (u + 1); });
+            s->finish_backward();
+            std::vector<std::vector<float>> before;
+            for (const ShardView& v : s->owned_shards()) {
+                before.emplace_back(v.end - v.begin);
+                backend->copy_device_to_host(before.back().data(), v.param, before.back().size() * sizeof(float));
+                if (v.unit == bad_unit && bad_at >= v.begin && bad_at < v.end) v.grad[bad_at - v.begin] = NAN;
+            }
+            AdamW adamw(c, layout, backend.get(), nullptr);
+            std::string message;
+            try {
+                adamw.step(*s, 7, 10);
+            } catch (const UserError& e) {
+                message = e.what();
+            }
+            RANK_EXPECT(message.find("step 7: the gradient norm is nan") != std::string::npos &&
+                            message.find(want) != std::string::npos,
+                        "rank " << rank << ": \"" << message << "\" does not name " << want);
+            size_t k = 0;
+            for (const ShardView& v : s->owned_shards()) {
+                std::vector<float> after(v.end - v.begin);
+                backend->copy_device_to_host(after.data(), v.param, after.size() * sizeof(float));
+                RANK_EXPECT(after == before[k++], "rank " << rank << ": unit " << v.unit << " was updated");
+            }
+            s->barrier();
         });
     }
 }

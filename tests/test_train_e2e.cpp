@@ -5,9 +5,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
+#include <thread>
 
+#include "base/common.h"
+#include "core/checkpoint.h"
 #include "core/safetensors.h"
 #include "kernels/backend.h"
 #include "test_util.h"
@@ -167,6 +172,53 @@ TEST_CASE("train: resume after SIGKILL at any step gives bitwise identical losse
     }
 }
 
+TEST_CASE("train: SIGINT stops a run after its step with a checkpoint and exit status 130") {
+    TempDir dir;
+    const std::string folder = dir.path("ckpt"), metrics = dir.path("m.jsonl"), log = dir.path("log.txt");
+    const auto args = concat(tiny_args("100000"), {"--save-folder", folder, "--metrics-file", metrics, "--set",
+                                                   "console_log_interval=1000"});
+    std::vector<std::string> argv = {test_util::trainer_binary()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const pid_t pid = test_util::start_logged(argv, log);
+    for (int i = 0; i < 6000 && test_util::read_metrics(metrics).size() < 3; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(::kill(pid, SIGINT) == 0);
+    CHECK(test_util::wait_exit_code(pid) == 128 + SIGINT);
+    const auto rows = test_util::read_metrics(metrics);
+    REQUIRE(!rows.empty());
+    const long last = rows.back()["step"].get<long>();
+    CHECK(latest_checkpoint_step(folder) == std::optional<long>(last));
+    const std::string text = test_util::read_file(log);
+    CHECK_THAT(text, Contains(fmt::format("stopped by SIGINT after step {} of 100000: checkpoint {}/step{}; resume "
+                                          "with --load-path latest",
+                                          last, folder, last)));
+    CHECK_THAT(text, Contains(fmt::format("done: {} steps", last)));
+}
+
+TEST_CASE("train: save_num_checkpoints_to_keep keeps the newest and try_load_latest_save resumes from it") {
+    TempDir dir;
+    const std::string folder = dir.path("ckpt");
+    auto args = [&](const std::string& steps) {
+        return concat(tiny_args(steps), {"--save-folder", folder, "--set", "save_interval=1", "--set",
+                                         "save_num_checkpoints_to_keep=2", "--set", "try_load_latest_save=true"});
+    };
+    // The first run finds no checkpoint and starts afresh; it keeps steps 5 and 6 only.
+    RunResult r = run_trainer(args("6"));
+    require_ok(r);
+    CHECK_THAT(r.out, !Contains("resumed from"));
+    std::vector<std::string> kept;
+    for (const auto& e : std::filesystem::directory_iterator(folder)) kept.push_back(e.path().filename());
+    std::sort(kept.begin(), kept.end());
+    CHECK(kept == std::vector<std::string>{"latest", "step5", "step6"});
+    // The same command with more steps resumes from step 6 (and still keeps two).
+    r = run_trainer(args("8"));
+    require_ok(r);
+    CHECK_THAT(r.out, Contains("resumed from " + folder + "/step6"));
+    CHECK(!std::filesystem::exists(folder + "/step6"));
+    CHECK(std::filesystem::exists(folder + "/step7"));
+    CHECK(std::filesystem::exists(folder + "/step8"));
+}
+
 TEST_CASE("train: a checkpoint written by an interrupted save is never loaded") {
     TempDir dir;
     const auto args = concat(tiny_args("8"), {"--save-folder", dir.path("ck"), "--set", "save_interval=1",
@@ -284,6 +336,10 @@ TEST_CASE("errors: bad config and flags end with one error line") {
     expect_error(run_trainer(concat(tiny_args("2"), {"--strategy", "zero3"})), "expected single, ddp, fsdp or auto");
     expect_error(run_trainer(concat(tiny_args("2"), {"--sharding-strategy", "FULL"})), "expected FULL_SHARD");
     expect_error(run_trainer(concat(tiny_args("2"), {"--wrapping-strategy", "by_blok"})), "by_block");
+    expect_error(run_trainer(concat(tiny_args("2"), {"--set", "save_num_checkpoints_to_keep=0"})),
+                 "save_num_checkpoints_to_keep: 0; expected -1 (keep all)");
+    expect_error(run_trainer(concat(tiny_args("2"), {"--set", "try_load_latest_save=true"})),
+                 "try_load_latest_save: true needs save_folder");
     if (trainer::cuda_device_count() == 0) {  // a machine without a GPU (a build with or without CUDA)
         expect_error(run_trainer(concat(tiny_args("2"), {"--device", "cuda"})),
 #ifdef TRAINER_HAVE_CUDA
