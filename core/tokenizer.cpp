@@ -6,10 +6,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <mutex>
+#include <thread>
 
 #include "base/common.h"
 
@@ -80,6 +85,14 @@ class TempOutput {
 
     int64_t written() const { return written_; }
 
+    // Overwrites bytes already written at `offset` (a header whose count is known only at the end).
+    void rewrite(int64_t offset, const void* data, size_t bytes) {
+        if (std::fseek(file_, static_cast<long>(offset), SEEK_SET) != 0 ||
+            std::fwrite(data, 1, bytes, file_) != bytes || std::fseek(file_, 0, SEEK_END) != 0) {
+            user_error("prepare data: cannot write {}: {}", tmp_, std::strerror(errno));
+        }
+    }
+
    private:
     std::string output_;
     std::string tmp_;
@@ -118,10 +131,9 @@ void append_tokens(const uint32_t* ids, size_t count, TokenDtype dtype, std::vec
     }
 }
 
-}  // namespace
-
-PrepareDataSummary prepare_data_bytes(const std::vector<std::string>& inputs, const std::string& output,
-                                      TokenDtype dtype, const std::string& format, int eos_token_id) {
+// The arguments every tokenizer's data preparation checks first.
+void check_prepare_args(const std::vector<std::string>& inputs, const std::string& output, TokenDtype dtype,
+                        const std::string& format) {
     if (inputs.empty()) user_error("prepare data: no input files; expected at least one document");
     if (output.empty()) user_error("prepare data: empty output path");
     if (format != "raw" && format != "npy" && format != "llmc") {
@@ -130,15 +142,11 @@ PrepareDataSummary prepare_data_bytes(const std::vector<std::string>& inputs, co
     if (format == "llmc" && dtype != TokenDtype::kUint16) {
         user_error("prepare data: format llmc stores uint16 tokens; got dtype {}", token_dtype_name(dtype));
     }
-    int64_t max_id = dtype == TokenDtype::kUint16 ? 65535 : std::numeric_limits<uint32_t>::max();
-    if (eos_token_id < 256 || eos_token_id > max_id) {
-        user_error("prepare data: eos_token_id {}; expected 256 to {} (ids 0..255 are the bytes, and it must fit {})",
-                   eos_token_id, max_id, token_dtype_name(dtype));
-    }
+}
 
-    // Every input is checked before anything is written.
+// The size of each input, each checked to be a readable regular file (named when not).
+std::vector<int64_t> input_sizes(const std::vector<std::string>& inputs) {
     std::vector<int64_t> sizes;
-    int64_t tokens = 0;
     for (const std::string& input : inputs) {
         struct stat st;
         if (::stat(input.c_str(), &st) != 0) {
@@ -149,8 +157,54 @@ PrepareDataSummary prepare_data_bytes(const std::vector<std::string>& inputs, co
                        S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
         }
         sizes.push_back(static_cast<int64_t>(st.st_size));
-        tokens += static_cast<int64_t>(st.st_size) + 1;
     }
+    return sizes;
+}
+
+// The header of `format` for `tokens` tokens (empty for raw). Its size does not depend on the count (an npy
+// header pads to 128 bytes for any count below 10^60), so a placeholder can be rewritten at the end.
+std::string format_header(const std::string& format, TokenDtype dtype, int64_t tokens) {
+    if (format == "npy") return npy_header(dtype, tokens);
+    if (format != "llmc") return std::string();
+    std::vector<int32_t> header(kLlmcHeaderInts, 0);
+    header[0] = kLlmcMagic;
+    header[1] = kLlmcVersion;
+    header[2] = static_cast<int32_t>(tokens);
+    return std::string(reinterpret_cast<const char*>(header.data()), header.size() * sizeof(int32_t));
+}
+
+// The whole of an input file, whose size was `size` when checked.
+std::string read_document(const std::string& input, int64_t size) {
+    std::FILE* in = std::fopen(input.c_str(), "rb");
+    if (in == nullptr) user_error("prepare data: input file {}: cannot open: {}", input, std::strerror(errno));
+    std::string text(static_cast<size_t>(size), '\0');
+    const size_t n = std::fread(text.data(), 1, text.size(), in);
+    const bool more = n == text.size() && std::fgetc(in) != EOF;
+    const bool failed = std::ferror(in) != 0;
+    const int read_errno = errno;
+    std::fclose(in);
+    if (failed) user_error("prepare data: input file {}: cannot read: {}", input, std::strerror(read_errno));
+    if (n != text.size() || more) {
+        user_error("prepare data: input file {}: changed while being read ({} bytes when checked)", input, size);
+    }
+    return text;
+}
+
+}  // namespace
+
+PrepareDataSummary prepare_data_bytes(const std::vector<std::string>& inputs, const std::string& output,
+                                      TokenDtype dtype, const std::string& format, int eos_token_id) {
+    check_prepare_args(inputs, output, dtype, format);
+    int64_t max_id = dtype == TokenDtype::kUint16 ? 65535 : std::numeric_limits<uint32_t>::max();
+    if (eos_token_id < 256 || eos_token_id > max_id) {
+        user_error("prepare data: eos_token_id {}; expected 256 to {} (ids 0..255 are the bytes, and it must fit {})",
+                   eos_token_id, max_id, token_dtype_name(dtype));
+    }
+
+    // Every input is checked before anything is written.
+    const std::vector<int64_t> sizes = input_sizes(inputs);
+    int64_t tokens = 0;
+    for (int64_t size : sizes) tokens += size + 1;
     if (format == "llmc" && tokens > std::numeric_limits<int32_t>::max()) {
         user_error(
             "prepare data: {} tokens; an llm.c shard holds at most {} (its count is an int32); split the "
@@ -159,16 +213,8 @@ PrepareDataSummary prepare_data_bytes(const std::vector<std::string>& inputs, co
     }
 
     TempOutput out(output);
-    if (format == "npy") {
-        std::string header = npy_header(dtype, tokens);
-        out.write(header.data(), header.size());
-    } else if (format == "llmc") {
-        std::vector<int32_t> header(kLlmcHeaderInts, 0);
-        header[0] = kLlmcMagic;
-        header[1] = kLlmcVersion;
-        header[2] = static_cast<int32_t>(tokens);
-        out.write(header.data(), header.size() * sizeof(int32_t));
-    }
+    const std::string header = format_header(format, dtype, tokens);
+    out.write(header.data(), header.size());
 
     constexpr size_t kChunk = size_t{1} << 20;
     std::vector<unsigned char> in_buf(kChunk);
@@ -205,14 +251,108 @@ PrepareDataSummary prepare_data_bytes(const std::vector<std::string>& inputs, co
     }
     out.commit();
 
-    PrepareDataSummary summary;
-    summary.documents = static_cast<int64_t>(inputs.size());
-    summary.tokens = tokens;
-    summary.bytes_written = out.written();
-    summary.output = output;
-    summary.format = format;
-    summary.dtype = dtype;
-    return summary;
+    return PrepareDataSummary{static_cast<int64_t>(inputs.size()), tokens, out.written(), output, format, dtype};
+}
+
+PrepareDataSummary prepare_data_bpe(const std::vector<std::string>& inputs, const std::string& output, TokenDtype dtype,
+                                    const std::string& format, int eos_token_id, const BpeTokenizer& tokenizer,
+                                    int threads) {
+    check_prepare_args(inputs, output, dtype, format);
+    const int64_t max_id = dtype == TokenDtype::kUint16 ? 65535 : std::numeric_limits<uint32_t>::max();
+    if (tokenizer.vocab_size() - 1 > max_id) {
+        user_error("prepare data: {} token ids reach {}, which {} cannot hold; use --dtype uint32{}", tokenizer.name(),
+                   tokenizer.vocab_size() - 1, token_dtype_name(dtype),
+                   format == "llmc" ? " and --format raw or npy (llm.c shards hold uint16)" : "");
+    }
+    if (eos_token_id < 0 || eos_token_id > max_id) {
+        user_error("prepare data: eos_token_id {}; expected 0 to {} (it must fit {})", eos_token_id, max_id,
+                   token_dtype_name(dtype));
+    }
+    const std::vector<int64_t> sizes = input_sizes(inputs);
+    if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+    TempOutput out(output);
+    const std::string placeholder = format_header(format, dtype, 0);
+    out.write(placeholder.data(), placeholder.size());
+    // Worker threads take the next document (up to `window` ahead of the writer, which bounds memory); this
+    // thread writes them in input order as each is done. The first failure stops the workers.
+    const size_t count = inputs.size(), window = static_cast<size_t>(threads) * 8;
+    std::vector<std::vector<int32_t>> ids(count);
+    std::vector<std::exception_ptr> errors(count);
+    std::vector<char> done(count, 0);
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t next = 0, written = 0;
+    bool stop = false;
+    auto work = [&] {
+        for (;;) {
+            size_t k;
+            {
+                std::unique_lock<std::mutex> lock(mu);
+                cv.wait(lock, [&] { return stop || next >= count || next < written + window; });
+                if (stop || next >= count) return;
+                k = next++;
+            }
+            std::vector<int32_t> doc;
+            std::exception_ptr error;
+            try {
+                doc = tokenizer.encode(read_document(inputs[k], sizes[k]), "prepare data: input file " + inputs[k]);
+            } catch (...) {
+                error = std::current_exception();
+            }
+            std::lock_guard<std::mutex> lock(mu);
+            ids[k] = std::move(doc);
+            errors[k] = error;
+            done[k] = 1;
+            cv.notify_all();
+        }
+    };
+    std::vector<std::thread> pool;
+    for (int t = 0; t < std::min<int>(threads, static_cast<int>(count)); ++t) pool.emplace_back(work);
+    auto stop_workers = [&] {
+        {
+            std::lock_guard<std::mutex> lock(mu);
+            stop = true;
+        }
+        cv.notify_all();
+        for (auto& t : pool) t.join();
+        pool.clear();
+    };
+    int64_t tokens = 0;
+    std::vector<unsigned char> out_buf;
+    try {
+        for (size_t k = 0; k < count; ++k) {
+            std::vector<int32_t> doc;
+            {
+                std::unique_lock<std::mutex> lock(mu);
+                cv.wait(lock, [&] { return done[k] != 0; });
+                if (errors[k]) std::rethrow_exception(errors[k]);
+                doc = std::move(ids[k]);
+                written = k + 1;
+            }
+            cv.notify_all();
+            doc.push_back(eos_token_id);
+            out_buf.clear();
+            append_tokens(reinterpret_cast<const uint32_t*>(doc.data()), doc.size(), dtype, out_buf);
+            out.write(out_buf.data(), out_buf.size());
+            tokens += static_cast<int64_t>(doc.size());
+        }
+    } catch (...) {
+        stop_workers();
+        throw;
+    }
+    stop_workers();
+    if (format == "llmc" && tokens > std::numeric_limits<int32_t>::max()) {
+        user_error(
+            "prepare data: {} tokens; an llm.c shard holds at most {} (its count is an int32); split the inputs "
+            "over several outputs",
+            tokens, std::numeric_limits<int32_t>::max());
+    }
+    const std::string header = format_header(format, dtype, tokens);
+    out.rewrite(0, header.data(), header.size());
+    out.commit();
+
+    return PrepareDataSummary{static_cast<int64_t>(inputs.size()), tokens, out.written(), output, format, dtype};
 }
 
 }  // namespace trainer

