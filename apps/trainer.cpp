@@ -20,6 +20,7 @@
 #include "base/common.h"
 #include "base/config.h"
 #include "core/bench_kernels.h"
+#include "core/bpe.h"
 #include "core/checkpoint.h"
 #include "core/data.h"
 #include "core/plan.h"
@@ -31,6 +32,26 @@
 namespace {
 
 using trainer::Json;
+
+// "5GB", "100MB", "2KB" (powers of 1000, as transformers reads max_shard_size) or a byte count.
+int64_t parse_size(const std::string& text, const std::string& what) {
+    size_t used = 0;
+    double v = -1;
+    try {
+        v = std::stod(text, &used);
+    } catch (const std::exception&) {
+    }
+    const std::string unit = text.substr(std::min(used, text.size()));
+    const double scale = unit.empty() || unit == "B" ? 1
+                         : unit == "KB"              ? 1e3
+                         : unit == "MB"              ? 1e6
+                         : unit == "GB"              ? 1e9
+                                                     : -1;
+    if (used == 0 || v <= 0 || scale < 0) {
+        trainer::user_error("{}: \"{}\"; expected a positive size such as 5GB, 200MB or 1000000", what, text);
+    }
+    return static_cast<int64_t>(v * scale);
+}
 
 // A named CLI shortcut for a config key: its value is typed and checked by the schema, and errors name
 // the flag.
@@ -110,10 +131,19 @@ int run_main(int argc, char** argv) {
     detok_cmd->add_option("--tokenizer-dir", tokenizer_dir, "folder of the BPE files");
     detok_cmd->add_option("input", detok_input, "file of ids (default: stdin)");
 
-    auto* exp = app.add_subcommand("export", "write a checkpoint's weights as safetensors with Hugging Face names");
-    std::string ckpt, export_out;
+    auto* exp = app.add_subcommand(
+        "export", "write a checkpoint's weights with Hugging Face names: a .safetensors file or a model directory");
+    std::string ckpt, export_out, max_shard = "5GB";
+    trainer::HfExportOptions export_opts;
+    export_opts.tokenizer_dir = trainer::default_tokenizer_dir();
     exp->add_option("--checkpoint", ckpt, "checkpoint folder (save_folder/step<N>)")->required();
-    exp->add_option("-o,--output", export_out, "output .safetensors file")->required();
+    exp->add_option("-o,--output", export_out,
+                    "FILE.safetensors, or a new directory transformers loads (config.json, generation_config.json, "
+                    "weights, sharded above --max-shard-size)")
+        ->required();
+    exp->add_option("--max-shard-size", max_shard, "largest weight file of a directory: bytes, or with KB MB GB");
+    exp->add_option("--tokenizer", export_opts.tokenizer, "also write this tokenizer's Hugging Face files (gpt2)");
+    exp->add_option("--tokenizer-dir", export_opts.tokenizer_dir, "folder of the tokenizer files");
 
     auto* launch_cmd = app.add_subcommand(
         "launch", "start the local ranks of one node (torchrun-like): trainer launch --nproc-per-node N -- ARGS");
@@ -246,7 +276,8 @@ int run_main(int argc, char** argv) {
         return 0;
     }
     if (*exp) {
-        const std::string arch = trainer::export_checkpoint(ckpt, export_out);
+        export_opts.max_shard_bytes = parse_size(max_shard, "export --max-shard-size");
+        const std::string arch = trainer::export_checkpoint(ckpt, export_out, export_opts);
         std::printf("%s: weights of %s (%s names)\n", export_out.c_str(), ckpt.c_str(), arch.c_str());
         return 0;
     }

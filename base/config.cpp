@@ -101,7 +101,7 @@ const std::vector<KeySpec>& schema() {
         {"save_num_checkpoints_to_keep", KeyType::kInt, -1, false, {}, -1, 9e18, "keep the newest N checkpoints; -1: all"},
         {"load_path", KeyType::kString, nullptr, true, {}, -kInf, kInf, "resume from this checkpoint folder, or \"latest\" in save_folder"},
         {"try_load_latest_save", KeyType::kBool, false, false, {}, -kInf, kInf, "resume from the newest complete checkpoint in save_folder when there is one (over load_path), else start as configured: the same command serves the first run and every requeue after a preemption"},
-        {"init_from", KeyType::kString, nullptr, true, {}, -kInf, kInf, "initial weights: a safetensors file with Hugging Face names (GPT2LMHeadModel / OlmoForCausalLM); a resumed run (load_path) takes the checkpoint's weights instead"},
+        {"init_from", KeyType::kString, nullptr, true, {}, -kInf, kInf, "initial weights with Hugging Face names (GPT2LMHeadModel / OlmoForCausalLM): a safetensors file, or a Hugging Face model directory (one model.safetensors or shards with their index; its config.json must agree); a resumed run (load_path) takes the checkpoint's weights instead"},
         {"metrics_file", KeyType::kString, nullptr, true, {}, -kInf, kInf, "write one JSON object per step here (and a final summary)"},
         {"console_log_interval", KeyType::kInt, 1, false, {}, 1, 9e18, "print a console line every N steps"},
         {"device", KeyType::kString, "auto", false, choice_names<Device>(), -kInf, kInf, "where to train: auto picks cuda when a GPU is present"},

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "base/common.h"
+#include "core/hf_export.h"
 #include "core/hf_names.h"
 #include "core/safetensors.h"
 
@@ -398,15 +399,17 @@ void read_checkpoint_params(const std::string& path, TrainConfig* config, std::v
     for (size_t u = 0; u < units->size(); ++u) read_unit_state(path, meta, static_cast<int>(u), 1, &(*units)[u]);
 }
 
-std::string export_checkpoint(const std::string& path, const std::string& out) {
+std::string export_checkpoint(const std::string& path, const std::string& out, const HfExportOptions& options) {
     TrainConfig config;
     std::vector<std::vector<float>> units;
     read_checkpoint_params(path, &config, &units);
     const ParamLayout layout(config);
+    const bool file = out.size() > 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0;
+    if (!file) return export_hf_directory(config, layout, units, out, options);
     const auto tensors = to_hf_tensors(config, layout, units);
     std::vector<TensorRef> refs;
     for (const auto& [name, t] : tensors) refs.push_back({name, t.shape, t.data.data()});
-    const std::string arch = hf_family(config.model, "export") == "gpt2" ? "GPT2LMHeadModel" : "OlmoForCausalLM";
+    const std::string arch = hf_config_json(config)["architectures"][0];
     const std::string tmp = out + fmt::format(".tmp-{}", ::getpid());
     write_safetensors(tmp, refs, {{"format", "pt"}, {"architecture", arch}});
     std::error_code ec;

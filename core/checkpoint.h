@@ -16,6 +16,7 @@
 
 #include "base/config.h"
 #include "base/layout.h"
+#include "core/hf_export.h"
 #include "kernels/backend.h"
 #include "parallel/strategy.h"
 
@@ -37,9 +38,10 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
                                Strategy& strategy, const std::string& path);
 // Reads the full parameters of every unit (host) and the config a checkpoint was written with (for export).
 void read_checkpoint_params(const std::string& path, TrainConfig* config, std::vector<std::vector<float>>* units);
-// Writes a checkpoint's full weights as one safetensors file with Hugging Face names (through a temporary
-// file and a rename); returns the architecture name (GPT2LMHeadModel or OlmoForCausalLM).
-std::string export_checkpoint(const std::string& path, const std::string& out);
+// Writes a checkpoint's full weights with Hugging Face names: to `out` as one safetensors file when it ends
+// in .safetensors (through a temporary file and a rename), else as a Hugging Face model directory
+// (hf_export.h); returns the architecture name (GPT2LMHeadModel or OlmoForCausalLM).
+std::string export_checkpoint(const std::string& path, const std::string& out, const HfExportOptions& options = {});
 // Newest complete checkpoint step in a folder, if any (interrupted saves are ignored).
 std::optional<long> latest_checkpoint_step(const std::string& save_folder);
 

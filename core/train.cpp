@@ -21,6 +21,7 @@
 #include "base/trace.h"
 #include "core/checkpoint.h"
 #include "core/data.h"
+#include "core/hf_export.h"
 #include "core/hf_names.h"
 #include "core/metrics.h"
 #include "core/model.h"
@@ -214,7 +215,7 @@ class TrainingRun {
         use_init_from_ = config_.init_from && !resume_path_;  // a checkpoint's weights supersede init_from
         if (use_init_from_) {
             hf_family(m_, "--init-from " + *config_.init_from);
-            init_tensors_ = read_safetensors(*config_.init_from);
+            init_tensors_ = read_hf_weights(config_, *config_.init_from);
         }
         metrics_ = std::make_unique<MetricsWriter>(env_.rank == 0 ? config_.metrics_file : std::nullopt,
                                                    resume_path_.has_value());

