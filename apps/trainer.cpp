@@ -19,6 +19,7 @@
 
 #include "base/common.h"
 #include "base/config.h"
+#include "base/olmo_yaml.h"
 #include "core/bench_kernels.h"
 #include "core/bpe.h"
 #include "core/checkpoint.h"
@@ -71,7 +72,12 @@ int run_main(int argc, char** argv) {
 
     std::string config_path;
     std::vector<std::string> sets, data_paths;
-    app.add_option("--config", config_path, "JSON config file (OLMo key names; configs/README.md lists every key)");
+    app.add_option("--config", config_path,
+                   "JSON config file (OLMo key names; configs/README.md lists every key), or one of OLMo's own YAML "
+                   "configs (.yaml, .yml)");
+    bool strict = false;
+    app.add_flag("--strict", strict,
+                 "with a YAML config: OLMo keys that have no effect here are errors, not a warning");
     app.add_option("--set", sets, "override any config key: --set key.path=value (repeatable)");
     app.add_option("--data", data_paths, "token files (config: data.paths)");
     // Named shortcuts for common keys: each value is typed and checked by the config schema.
@@ -172,6 +178,12 @@ int run_main(int argc, char** argv) {
     std::string calibration_out;
     bench->add_option("--calibration-out", calibration_out,
                       "also write each op's measured time with its FLOPs and bytes here (for trainer plan)");
+
+    auto* show = app.add_subcommand(
+        "show-config",
+        "print the configuration a run would use (file, --set overrides and flags applied, defaults filled in, "
+        "validated) as JSON with the trainer's key names (takes the training flags)");
+    show->fallthrough();
 
     auto* plan = app.add_subcommand(
         "plan",
@@ -302,18 +314,26 @@ int run_main(int argc, char** argv) {
     }
 
     // Training: schema defaults <- config file <- --set overrides <- named shortcuts.
-    if (config_path.empty()) trainer::user_error("--config: required (a JSON config file, see configs/)");
-    Json doc = trainer::read_config_file(config_path);
+    if (config_path.empty())
+        trainer::user_error("--config: required (a JSON config file, see configs/, or an OLMo YAML config)");
+    // An OLMo YAML config's ${...} are resolved after the overrides, as OmegaConf resolves them.
+    const bool yaml = trainer::is_yaml_config_path(config_path);
+    Json doc = yaml ? trainer::read_yaml_config(config_path) : trainer::read_config_file(config_path);
     for (const auto& s : sets) trainer::apply_override(doc, s);
     if (!data_paths.empty()) trainer::set_config_value(doc, "data.paths", Json(data_paths));
     for (const auto& s : shortcuts) {
         if (!s.value.empty()) set_from_flag(doc, s.flag, s.key, s.value);
     }
+    if (yaml) trainer::finish_olmo_config(doc, config_path, strict);
     trainer::TrainConfig config;
     try {
         config = trainer::validate_config(doc);
     } catch (const trainer::UserError& e) {
         throw trainer::UserError(std::string(e.what()) + " [in " + config_path + "]");
+    }
+    if (*show) {
+        std::printf("%s\n", trainer::resolved_config_json(config).dump(2).c_str());
+        return 0;
     }
     if (*bench) {
         return trainer::run_kernel_bench(config, bench_reps, calibration_out);

@@ -633,6 +633,14 @@ TrainConfig validate_config(const Json& user_doc) {
 
     const Json& d = doc["data"];
     c.data.paths = string_list(d["paths"]);
+    for (size_t i = 0; i < c.data.paths.size(); ++i) {
+        if (c.data.paths[i].find("://") != std::string::npos) {
+            user_error(
+                "config data.paths[{}]: {} is a URL; this trainer reads local token files: download them and "
+                "pass --data FILE...",
+                i, c.data.paths[i]);
+        }
+    }
     c.data.memmap_dtype = d["memmap_dtype"].get<std::string>();
     c.data.shuffle = d["shuffle"].get<bool>();
     c.data.seed = d["seed"].is_null() ? c.seed : d["seed"].get<unsigned long long>();
@@ -723,6 +731,15 @@ TrainConfig validate_config(const Json& user_doc) {
     c.distributed_timeout_seconds = doc["distributed_timeout_seconds"].get<double>();
     c.json = doc;
     return c;
+}
+
+Json resolved_config_json(const TrainConfig& c) {
+    Json j = c.json;
+    j["data"]["seed"] = c.data.seed;
+    j["device_eval_batch_size"] = c.device_eval_batch_size;
+    j["model"]["embedding_size"] = c.model.embedding_size;
+    j["model"]["bias_for_layer_norm"] = c.model.bias_for_layer_norm;
+    return j;
 }
 
 std::string config_keys_markdown() {

@@ -295,6 +295,10 @@ void apply_override(Json& doc, const std::string& assignment);
 void set_config_value(Json& doc, const std::string& path, const Json& value);
 // Validates `doc` against the schema, fills defaults, checks every cross-field rule and returns the config.
 TrainConfig validate_config(const Json& doc);
+// The configuration as `trainer show-config` prints it: the validated document with the keys whose null
+// means "derived" (data.seed, device_eval_batch_size, model.embedding_size, model.bias_for_layer_norm)
+// set to the values the run uses.
+Json resolved_config_json(const TrainConfig& config);
 // Markdown table of every key (configs/README.md's key list).
 std::string config_keys_markdown();
 // The closest schema key to `path` (for "did you mean"), or "" when none is close.

@@ -1,0 +1,483 @@
+// OLMo's YAML configs (see olmo_yaml.h).
+#include "base/olmo_yaml.h"
+
+#include <glob.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <regex>
+#include <sstream>
+
+#include "base/common.h"
+
+namespace trainer {
+namespace {
+
+// ---- YAML -> Json ----
+
+// A plain scalar as OmegaConf's loader (PyYAML's SafeLoader with YAML 1.1 number rules) types it.
+Json plain_scalar(const std::string& s) {
+    static const std::regex null_re("~|null|Null|NULL|");
+    static const std::regex bool_true("true|True|TRUE"), bool_false("false|False|FALSE");
+    static const std::regex int_re("[-+]?(0|[1-9][0-9_]*)");
+    static const std::regex hex_re("0x[0-9a-fA-F_]+");
+    static const std::regex float_re(
+        "[-+]?(([0-9][0-9_]*)?\\.[0-9_]*([eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+)|[-+]?\\.(inf|Inf|INF)|\\."
+        "(nan|NaN|NAN)");
+    if (std::regex_match(s, null_re)) return nullptr;
+    if (std::regex_match(s, bool_true)) return true;
+    if (std::regex_match(s, bool_false)) return false;
+    std::string digits;
+    for (char c : s) {
+        if (c != '_') digits += c;
+    }
+    if (std::regex_match(s, int_re)) {
+        try {
+            return std::stoll(digits);
+        } catch (const std::out_of_range&) {
+            return std::stod(digits);
+        }
+    }
+    if (std::regex_match(s, hex_re)) return std::stoll(digits.substr(2), nullptr, 16);
+    if (std::regex_match(s, float_re) && digits != "." && digits != "-." && digits != "+.") {
+        if (digits.find("inf") != std::string::npos || digits.find("Inf") != std::string::npos ||
+            digits.find("INF") != std::string::npos || digits.find("nan") != std::string::npos ||
+            digits.find("NaN") != std::string::npos || digits.find("NAN") != std::string::npos) {
+            return s;  // not representable in JSON: the schema refuses it by name
+        }
+        return std::stod(digits);
+    }
+    return s;
+}
+
+Json to_json(const YAML::Node& n, const std::string& path, const std::string& file) {
+    switch (n.Type()) {
+        case YAML::NodeType::Null:
+        case YAML::NodeType::Undefined:
+            return nullptr;
+        case YAML::NodeType::Scalar:
+            return n.Tag() == "!" ? Json(n.Scalar()) : plain_scalar(n.Scalar());
+        case YAML::NodeType::Sequence: {
+            Json a = Json::array();
+            for (size_t i = 0; i < n.size(); ++i) a.push_back(to_json(n[i], fmt::format("{}[{}]", path, i), file));
+            return a;
+        }
+        case YAML::NodeType::Map: {
+            Json o = Json::object();
+            for (const auto& kv : n) {
+                if (!kv.first.IsScalar()) user_error("config file {}: {}: a key that is not a scalar", file, path);
+                const std::string key = kv.first.Scalar();
+                if (o.contains(key))
+                    user_error("config file {}: {}{} appears twice", file, path.empty() ? "" : path + ".", key);
+                o[key] = to_json(kv.second, path.empty() ? key : path + "." + key, file);
+            }
+            return o;
+        }
+    }
+    return nullptr;
+}
+
+// ---- interpolation ----
+
+bool is_url(const std::string& s) { return s.find("://") != std::string::npos; }
+
+// Splits `s` at the commas outside ${...}.
+std::vector<std::string> split_args(const std::string& s) {
+    std::vector<std::string> out;
+    int depth = 0;
+    std::string cur;
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (s[i] == '$' && i + 1 < s.size() && s[i + 1] == '{') ++depth;
+        if (s[i] == '}' && depth > 0) --depth;
+        if (s[i] == ',' && depth == 0) {
+            out.push_back(cur);
+            cur.clear();
+        } else {
+            cur += s[i];
+        }
+    }
+    out.push_back(cur);
+    for (auto& a : out) {
+        const size_t b = a.find_first_not_of(' '), e = a.find_last_not_of(' ');
+        a = b == std::string::npos ? std::string() : a.substr(b, e - b + 1);
+    }
+    return out;
+}
+
+class Resolver {
+   public:
+    Resolver(Json& root, const std::string& file) : root_(root), file_(file) {}
+
+    void resolve_all() { walk(root_, ""); }
+
+   private:
+    void walk(Json& v, const std::string& path) {
+        if (v.is_object()) {
+            for (auto it = v.begin(); it != v.end(); ++it)
+                walk(it.value(), path.empty() ? it.key() : path + "." + it.key());
+        } else if (v.is_array()) {
+            for (size_t i = 0; i < v.size(); ++i) walk(v[i], fmt::format("{}[{}]", path, i));
+        } else if (v.is_string() && v.get<std::string>().find("${") != std::string::npos) {
+            v = value_of(v.get<std::string>(), path, 0);
+        }
+    }
+
+    // The value of a string with interpolations: the referenced value itself when the string is exactly
+    // one ${...}, else the text with each one replaced.
+    Json value_of(const std::string& s, const std::string& key, int depth) {
+        if (depth > 32) user_error("config file {}: {}: interpolations nest too deep (a cycle?)", file_, key);
+        size_t end = 0;
+        if (s.compare(0, 2, "${") == 0 && (end = closing(s, 0, key)) == s.size() - 1) {
+            return evaluate(s.substr(2, end - 2), key, depth);
+        }
+        std::string out;
+        for (size_t i = 0; i < s.size();) {
+            if (s.compare(i, 2, "${") == 0) {
+                const size_t e = closing(s, i, key);
+                const Json v = evaluate(s.substr(i + 2, e - i - 2), key, depth);
+                out += v.is_string() ? v.get<std::string>() : v.dump();
+                i = e + 1;
+            } else {
+                out += s[i++];
+            }
+        }
+        return out;
+    }
+
+    size_t closing(const std::string& s, size_t open, const std::string& key) const {
+        int depth = 0;
+        for (size_t i = open; i < s.size(); ++i) {
+            if (s.compare(i, 2, "${") == 0)
+                ++depth, ++i;
+            else if (s[i] == '}' && --depth == 0)
+                return i;
+        }
+        user_error("config file {}: {}: unclosed ${{ in \"{}\"", file_, key, s);
+    }
+
+    std::string text_of(const std::string& arg, const std::string& key, int depth) {
+        const Json v = value_of(arg, key, depth + 1);
+        return v.is_string() ? v.get<std::string>() : v.dump();
+    }
+
+    Json evaluate(const std::string& expr, const std::string& key, int depth) {
+        const size_t colon = expr.find(':');
+        const std::string head = colon == std::string::npos ? expr : expr.substr(0, colon);
+        if (head == "oc.env") {
+            const auto args = split_args(expr.substr(colon + 1));
+            const char* env = std::getenv(args[0].c_str());
+            if (env != nullptr) return std::string(env);
+            if (args.size() > 1) return value_of(args[1], key, depth + 1);
+            user_error("config file {}: {}: environment variable {} is not set (and ${{oc.env:{}}} has no default)",
+                       file_, key, args[0], args[0]);
+        }
+        if (head == "path.choose") {
+            std::vector<std::string> paths;
+            for (const auto& a : split_args(expr.substr(colon + 1))) {
+                const std::string p = text_of(a, key, depth);
+                if (is_url(p) || std::filesystem::exists(p)) return p;
+                paths.push_back(p);
+            }
+            user_error(
+                "config file {}: {}: ${{path.choose:...}} found none of {} (as OLMo, which would stop too); "
+                "set {} on the command line",
+                file_, key, fmt::join(paths, ", "), key);
+        }
+        if (head == "path.glob") {
+            Json out = Json::array();
+            for (const auto& a : split_args(expr.substr(colon + 1))) {
+                const std::string pattern = text_of(a, key, depth);
+                glob_t g{};
+                if (::glob(pattern.c_str(), 0, nullptr, &g) == 0) {
+                    for (size_t i = 0; i < g.gl_pathc; ++i) out.push_back(std::string(g.gl_pathv[i]));
+                }
+                globfree(&g);
+            }
+            return out;
+        }
+        if (colon != std::string::npos) {
+            user_error(
+                "config file {}: {}: the resolver {} is not one this trainer knows (oc.env, path.choose, "
+                "path.glob)",
+                file_, key, head);
+        }
+        // A key path, absolute from the root (OmegaConf's default).
+        const Json* v = &root_;
+        std::string part;
+        std::stringstream ss(expr);
+        while (std::getline(ss, part, '.')) {
+            if (v->is_object() && v->contains(part)) {
+                v = &(*v)[part];
+            } else if (v->is_array() && !part.empty() && part.find_first_not_of("0123456789") == std::string::npos &&
+                       std::stoul(part) < v->size()) {
+                v = &(*v)[std::stoul(part)];
+            } else {
+                user_error("config file {}: {}: ${{{}}} names no key of the config", file_, key, expr);
+            }
+        }
+        if (v->is_string() && v->get<std::string>().find("${") != std::string::npos) {
+            return value_of(v->get<std::string>(), expr, depth + 1);
+        }
+        return *v;
+    }
+
+    Json& root_;
+    std::string file_;
+};
+
+// ---- keys with no effect here ----
+
+// An OLMo key the trainer does not have. `ok` says whether a value leaves training as the trainer does
+// it (then the key is dropped and listed in the warning); any other value is refused, with `needs`.
+struct NoEffect {
+    const char* path;                     // dotted; "evaluators[]" for each evaluator
+    std::function<bool(const Json&)> ok;  // null: any value
+    const char* needs;                    // what the refused values would need
+};
+
+bool is_false_or_null(const Json& v) { return v.is_null() || (v.is_boolean() && !v.get<bool>()); }
+bool is_zero_or_null(const Json& v) { return v.is_null() || (v.is_number() && v.get<double>() == 0.0); }
+
+const std::vector<NoEffect>& no_effect_keys() {
+    static const std::vector<NoEffect> keys = {
+        {"dry_run", is_false_or_null, "a dry run (trainer plan does one)"},
+        {"wandb", nullptr, ""},
+        {"compile", nullptr, ""},
+        {"speed_monitor", nullptr, ""},
+        {"tokenizer", nullptr, ""},
+        {"remote_save_folder", [](const Json& v) { return v.is_null(); }, "remote checkpoint storage"},
+        {"sharded_checkpointer", nullptr, ""},
+        {"save_interval_unsharded", nullptr, ""},
+        {"save_num_unsharded_checkpoints_to_keep", nullptr, ""},
+        {"save_interval_ephemeral", [](const Json& v) { return v.is_null(); }, "ephemeral checkpoints"},
+        {"new_style_checkpoints", nullptr, ""},
+        {"load_path_sharded_checkpointer", nullptr, ""},
+        {"restore_dataloader", [](const Json& v) { return v.is_null() || v == true; }, "restarting the data order"},
+        {"fast_forward_batches", [](const Json& v) { return v.is_null(); }, "fast-forwarding batches"},
+        {"reset_optimizer_state", is_false_or_null, "resetting the optimizer state"},
+        {"reset_trainer_state", is_false_or_null, "resetting the trainer state"},
+        {"max_grad_norm_ratio", [](const Json& v) { return v.is_null(); }, "ratio-based clipping"},
+        {"time_limit", [](const Json& v) { return v.is_null(); }, "a time limit (stop with SIGUSR1 instead)"},
+        {"stop_at", [](const Json& v) { return v.is_null(); }, "stop_at (set max_duration)"},
+        {"stop_after", [](const Json& v) { return v.is_null(); }, "stop_after (set max_duration)"},
+        {"early_stopping_factor", [](const Json& v) { return v.is_null(); }, "early stopping"},
+        {"python_profiling", is_false_or_null, ""},
+        {"torch_profiling", is_false_or_null, ""},
+        {"gen1_gc_interval", nullptr, ""},
+        {"fused_loss", nullptr, ""},
+        {"softmax_auxiliary_loss", is_false_or_null, "the z-loss (OLMo-2), not implemented yet"},
+        {"auxiliary_loss_multiplier", nullptr, ""},
+        {"hf_datasets_cache_dir", nullptr, ""},
+        {"optimizer.metrics_log_interval", nullptr, ""},
+        {"optimizer.record_update_metrics", is_false_or_null, "update metrics"},
+        {"optimizer.selective_updates", is_false_or_null, "selective updates"},
+        {"model.flash_attention", nullptr, ""},
+        {"model.alibi", is_false_or_null, "ALiBi"},
+        {"model.alibi_bias_max", nullptr, ""},
+        {"model.attention_dropout", is_zero_or_null, "dropout"},
+        {"model.residual_dropout", is_zero_or_null, "dropout"},
+        {"model.embedding_dropout", is_zero_or_null, "dropout"},
+        {"model.attention_layer_norm", is_false_or_null, "QK-norm (OLMo-2), not implemented yet"},
+        {"model.attention_layer_norm_with_affine", nullptr, ""},
+        {"model.multi_query_attention", is_false_or_null, "multi-query attention"},
+        {"model.n_kv_heads", [](const Json& v) { return v.is_null(); }, "grouped-query attention"},
+        {"model.block_type", [](const Json& v) { return v.is_null() || v == "sequential"; }, "that block type"},
+        {"model.init_device", nullptr, ""},
+        {"model.clip_qkv", [](const Json& v) { return v.is_null(); }, "clipping q, k and v (clip_qkv)"},
+        {"model.norm_after", is_false_or_null, "norm-after blocks (OLMo-2), not implemented yet"},
+        {"model.scale_logits", is_false_or_null, "scaled logits"},
+        {"model.emb_init_std", [](const Json& v) { return v.is_null(); }, "a separate embedding init std"},
+        {"model.precision", nullptr, ""},
+        {"data.pad_direction", nullptr, ""},
+        {"data.num_workers", nullptr, ""},
+        {"data.drop_last", [](const Json& v) { return v.is_null() || v == true; }, "keeping a partial last batch"},
+        {"data.pin_memory", nullptr, ""},
+        {"data.prefetch_factor", nullptr, ""},
+        {"data.persistent_workers", nullptr, ""},
+        {"data.timeout", nullptr, ""},
+        {"data.generate_attention_mask", is_false_or_null, "attention masks"},
+        {"data.instance_filter", [](const Json& v) { return v.is_null(); }, "instance filters"},
+        {"data.label_mask_paths", [](const Json& v) { return v.is_null(); }, "label masks"},
+        {"data.datasets", [](const Json& v) { return v.is_null(); }, "named training datasets (list data.paths)"},
+        {"fsdp.use_orig_params", nullptr, ""},
+        {"ddp.find_unused_params", nullptr, ""},
+    };
+    return keys;
+}
+
+// Erases `path` (dotted, no "[]") from `doc`; returns the value it had, or nullopt.
+std::optional<Json> take(Json& doc, const std::string& path) {
+    Json* v = &doc;
+    std::stringstream ss(path);
+    std::string part;
+    std::vector<std::string> parts;
+    while (std::getline(ss, part, '.')) parts.push_back(part);
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+        if (!v->is_object() || !v->contains(parts[i])) return std::nullopt;
+        v = &(*v)[parts[i]];
+    }
+    if (!v->is_object() || !v->contains(parts.back())) return std::nullopt;
+    Json out = (*v)[parts.back()];
+    v->erase(parts.back());
+    return out;
+}
+
+}  // namespace
+
+bool is_yaml_config_path(const std::string& path) {
+    auto ends = [&](const std::string& ext) {
+        return path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+    };
+    return ends(".yaml") || ends(".yml");
+}
+
+Json read_yaml_config(const std::string& path) {
+    YAML::Node root;
+    try {
+        root = YAML::LoadFile(path);
+    } catch (const YAML::BadFile&) {
+        user_error("config file {}: cannot be read", path);
+    } catch (const YAML::Exception& e) {
+        user_error("config file {}: not valid YAML at line {}, column {}: {}", path, e.mark.line + 1, e.mark.column + 1,
+                   e.msg);
+    }
+    Json doc = to_json(root, "", path);
+    if (!doc.is_object()) user_error("config file {}: expected a mapping at the top level", path);
+    return doc;
+}
+
+void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
+    Resolver(doc, path).resolve_all();
+    std::vector<std::string> ignored;
+
+    // Evaluators: downstream ones and datasets that are URLs are not run here; each local dataset becomes
+    // an evaluator of its own, labelled with its name.
+    const long subset = doc.contains("eval_subset_num_batches") && doc["eval_subset_num_batches"].is_number_integer()
+                            ? doc["eval_subset_num_batches"].get<long>()
+                            : -1;
+    if (doc.contains("eval_subset_num_batches")) {
+        doc.erase("eval_subset_num_batches");  // -1 (every batch) is the trainer's default too
+    }
+    if (doc.contains("evaluators") && doc["evaluators"].is_array()) {
+        Json kept = Json::array();
+        std::vector<std::string> downstream, url_labels;
+        int url_sets = 0;
+        for (size_t i = 0; i < doc["evaluators"].size(); ++i) {
+            Json ev = doc["evaluators"][i];
+            const std::string label = ev.value("label", fmt::format("evaluators[{}]", i));
+            if (ev.contains("type") && ev["type"] == "downstream") {
+                downstream.push_back(label);
+                continue;
+            }
+            if (ev.contains("type") && (ev["type"].is_null() || ev["type"] == "lm"))
+                ev.erase("type");  // what runs here
+            if (ev.contains("data") && ev["data"].is_object()) {
+                for (const char* k : {"num_workers", "drop_last", "pin_memory", "prefetch_factor", "persistent_workers",
+                                      "timeout", "pad_direction"}) {
+                    if (ev["data"].contains(k)) {
+                        ev["data"].erase(k);
+                        const std::string shown = std::string("evaluators[].data.") + k;
+                        if (std::find(ignored.begin(), ignored.end(), shown) == ignored.end()) ignored.push_back(shown);
+                    }
+                }
+            }
+            std::vector<std::pair<std::string, Json>> sets;  // (label, paths)
+            if (ev.contains("data") && ev["data"].is_object() && ev["data"].contains("datasets") &&
+                ev["data"]["datasets"].is_object()) {
+                for (auto it = ev["data"]["datasets"].begin(); it != ev["data"]["datasets"].end(); ++it) {
+                    sets.emplace_back(it.key(), it.value());
+                }
+                ev["data"].erase("datasets");
+            } else if (ev.contains("data") && ev["data"].is_object() && ev["data"].contains("paths")) {
+                sets.emplace_back(label, ev["data"]["paths"]);
+            }
+            for (auto& [name, paths] : sets) {
+                bool url = false;
+                for (const auto& p : paths) url = url || (p.is_string() && is_url(p.get<std::string>()));
+                if (url) {
+                    ++url_sets;
+                    if (std::find(url_labels.begin(), url_labels.end(), label) == url_labels.end())
+                        url_labels.push_back(label);
+                    continue;
+                }
+                Json one = ev;
+                one["label"] = name;
+                one["data"]["paths"] = paths;
+                if (subset >= 0 && !one.contains("subset_num_batches")) one["subset_num_batches"] = subset;
+                kept.push_back(one);
+            }
+        }
+        doc["evaluators"] = kept;
+        if (url_sets > 0) {
+            ignored.push_back(fmt::format("evaluators {} ({} dataset{} at URLs: download them and list their paths)",
+                                          fmt::join(url_labels, ", "), url_sets, url_sets == 1 ? "" : "s"));
+        }
+        if (!downstream.empty()) {
+            ignored.push_back(fmt::format("downstream evaluators {}", fmt::join(downstream, ", ")));
+        }
+        if (kept.empty() && doc.contains("eval_interval")) {
+            doc.erase("eval_interval");
+            ignored.push_back("eval_interval (no evaluator left)");
+        }
+    }
+
+    // scheduler.units: tokens -> steps of global_train_batch_size x max_sequence_length tokens.
+    if (auto units = take(doc, "scheduler.units")) {
+        if (*units == "tokens") {
+            const double per_step =
+                doc["global_train_batch_size"].get<double>() * doc["model"]["max_sequence_length"].get<double>();
+            for (const char* k : {"t_warmup", "t_max", "grad_clip_warmup_steps"}) {
+                Json& v = doc["scheduler"][k];
+                if (v.is_null()) continue;
+                const double steps = v.get<double>() / per_step;
+                if (steps != static_cast<double>(static_cast<long>(steps))) {
+                    user_error(
+                        "config file {}: scheduler.{} is {} tokens with scheduler.units: tokens, {} steps of {} "
+                        "tokens; this trainer schedules in whole steps",
+                        path, k, v.dump(), steps, per_step);
+                }
+                v = static_cast<long>(steps);
+            }
+        } else if (*units != "steps") {
+            user_error("config file {}: scheduler.units: {}; expected steps or tokens", path, units->dump());
+        }
+    }
+
+    // The keys with no effect here.
+    for (const NoEffect& k : no_effect_keys()) {
+        const std::string p = k.path;
+        const size_t arr = p.find("[]");
+        std::vector<std::pair<std::string, Json*>> where;  // (shown name, object holding the key)
+        if (arr == std::string::npos) {
+            where.emplace_back(p, &doc);
+        } else if (doc.contains(p.substr(0, arr)) && doc[p.substr(0, arr)].is_array()) {
+            Json& list = doc[p.substr(0, arr)];
+            for (size_t i = 0; i < list.size(); ++i) {
+                where.emplace_back(fmt::format("{}[{}]{}", p.substr(0, arr), i, p.substr(arr + 2)), &list[i]);
+            }
+        }
+        for (auto& [shown, holder] : where) {
+            const std::string rel = arr == std::string::npos ? p : p.substr(arr + 3);
+            auto v = take(*holder, rel);
+            if (!v) continue;
+            if (k.ok && !k.ok(*v)) {
+                user_error(
+                    "config file {}: {}: {}; this trainer has no {} (an OLMo key it accepts only at the value "
+                    "that changes nothing)",
+                    path, shown, v->dump(), k.needs);
+            }
+            ignored.push_back(shown);
+        }
+    }
+    if (!ignored.empty()) {
+        const std::string list = fmt::format("{}", fmt::join(ignored, ", "));
+        if (strict) user_error("config file {}: OLMo keys with no effect here (--strict): {}", path, list);
+        std::fprintf(stderr, "warning: %s: OLMo keys with no effect here, ignored: %s\n", path.c_str(), list.c_str());
+    }
+}
+
+}  // namespace trainer

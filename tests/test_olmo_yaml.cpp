@@ -1,0 +1,139 @@
+// OLMo's YAML configs through `trainer show-config`: an OLMo-1B-style YAML resolves to configs/olmo_1b.json's
+// settings; interpolations (keys, oc.env, path.choose) resolve after --set overrides; OLMo-only structures
+// map to the trainer's keys; the keys with no effect here are listed in one warning (an error with
+// --strict); values the trainer cannot honour, URLs as training data and typos are refused by name.
+#include "base/common.h"
+#include "test_util.h"
+
+using namespace trainer;
+using Catch::Matchers::Contains;
+using test_util::fixture;
+using test_util::run_trainer;
+using test_util::RunResult;
+using test_util::TempDir;
+
+namespace {
+
+const std::string kYaml = fixture("olmo_1b_style.yaml");
+
+// show-config of the fixture with `args` (data and save folder given), its environment `env`.
+RunResult show(std::vector<std::string> args, const std::vector<std::string>& env = {}) {
+    std::vector<std::string> a = {"show-config", "--config", kYaml, "--data", fixture("olmo_tiny_tokens.u16")};
+    a.insert(a.end(), args.begin(), args.end());
+    return run_trainer(a, env);
+}
+
+// Numbers compared by value (YAML's 10000.0 is JSON's 10000).
+void check_same(const Json& a, const Json& b, const std::string& path) {
+    CAPTURE(path);
+    if (a.is_number() && b.is_number()) {
+        CHECK(a.get<double>() == b.get<double>());
+    } else if (a.is_object() && b.is_object()) {
+        CHECK(a.size() == b.size());
+        for (auto it = a.begin(); it != a.end(); ++it) {
+            REQUIRE(b.contains(it.key()));
+            check_same(it.value(), b[it.key()], path + "." + it.key());
+        }
+    } else if (a.is_array() && b.is_array()) {
+        REQUIRE(a.size() == b.size());
+        for (size_t i = 0; i < a.size(); ++i) check_same(a[i], b[i], path + "[" + std::to_string(i) + "]");
+    } else {
+        CHECK(a == b);
+    }
+}
+
+void expect_error(const RunResult& r, const std::string& what) {
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Contains(what));
+}
+
+}  // namespace
+
+TEST_CASE("olmo yaml: an OLMo-1B-style config resolves to configs/olmo_1b.json and names what has no effect") {
+    TempDir dir;
+    const RunResult r =
+        show({"--save-folder", dir.path("ck")}, {"TRAINER_TEST_DATA=" + fixture("gpt2_tiny_tokens.u16")});
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const Json got = Json::parse(r.out);
+    const RunResult ref = run_trainer({"show-config", "--config", test_util::source_dir() + "/configs/olmo_1b.json",
+                                       "--data", fixture("olmo_tiny_tokens.u16")});
+    REQUIRE(ref.exit_code == 0);
+    const Json want = Json::parse(ref.out);
+    for (const char* k :
+         {"model", "optimizer", "scheduler", "fsdp", "global_train_batch_size", "device_train_microbatch_size",
+          "device_eval_batch_size", "max_duration", "max_grad_norm", "precision", "seed", "run_name"}) {
+        check_same(want[k], got[k], k);
+    }
+    // Interpolations and OLMo's number forms.
+    CHECK(got["max_duration"] == 739328);  // 739_328
+    CHECK(got["eval_interval"] == 1000);   // ${save_interval}
+    CHECK(got["device_eval_batch_size"] == 8);
+    CHECK(got["save_folder"] == dir.path("ck"));  // the override won before path.choose ran
+    // The local dataset became an evaluator of its own, with eval_subset_num_batches.
+    REQUIRE(got["evaluators"].size() == 1);
+    CHECK(got["evaluators"][0]["label"] == "local-a-validation");
+    CHECK(got["evaluators"][0]["data"]["paths"][0] == fixture("gpt2_tiny_tokens.u16"));
+    CHECK(got["evaluators"][0]["subset_num_batches"] == 3);
+    // One warning line naming what has no effect.
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    for (const char* k :
+         {"warning: ", "wandb", "compile", "speed_monitor", "tokenizer", "model.flash_attention", "model.init_device",
+          "data.num_workers", "save_interval_unsharded", "downstream evaluators piqa, hellaswag",
+          "evaluators small-ppl-validation (1 dataset at URLs"}) {
+        CHECK_THAT(r.err, Contains(k));
+    }
+    // --strict makes them an error.
+    expect_error(show({"--save-folder", dir.path("ck"), "--strict"}), "OLMo keys with no effect here (--strict): ");
+}
+
+TEST_CASE("olmo yaml: interpolations resolve after the overrides from keys the environment and existing paths") {
+    TempDir dir;
+    // Without --save-folder, path.choose finds none of its paths: refused naming the key, as OLMo stops.
+    expect_error(show({}), "save_folder: ${path.choose:...} found none of no_exist/checkpoints, /no/results");
+    // With the scratch folder present, it is chosen and SLURM_JOB_ID fills the rest.
+    std::filesystem::create_directories(dir.path("scratch/checkpoints"));
+    const RunResult r = show({}, {"TRAINER_TEST_SCRATCH=" + dir.path("scratch"), "SLURM_JOB_ID=4242",
+                                  "TRAINER_TEST_DATA=" + fixture("gpt2_tiny_tokens.u16")});
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(Json::parse(r.out)["save_folder"] == dir.path("scratch") + "/checkpoints/4242");
+}
+
+TEST_CASE("olmo yaml: values the trainer cannot honour URLs typos and bad YAML are refused by name") {
+    TempDir dir;
+    const std::string base = test_util::read_file(kYaml);
+    auto with = [&](const std::string& from, const std::string& to, std::vector<std::string> extra = {}) {
+        std::string text = base;
+        const size_t at = text.find(from);
+        REQUIRE(at != std::string::npos);
+        text.replace(at, from.size(), to);
+        test_util::write_file(dir.path("c.yaml"), text);
+        std::vector<std::string> a = {"show-config", "--config", dir.path("c.yaml"), "--save-folder", dir.path("ck")};
+        a.insert(a.end(), extra.begin(), extra.end());
+        return run_trainer(a);
+    };
+    const std::vector<std::string> data = {"--data", fixture("olmo_tiny_tokens.u16")};
+    expect_error(with("  alibi: false", "  alibi: true", data), "model.alibi: true; this trainer has no ALiBi");
+    expect_error(with("  attention_dropout: 0.0", "  attention_dropout: 0.1", data),
+                 "model.attention_dropout: 0.1; this trainer has no dropout");
+    expect_error(with("  attention_layer_norm: false", "  attention_layer_norm: true", data),
+                 "model.attention_layer_norm: true; this trainer has no QK-norm");
+    // Training data at URLs: refused with the hint to pass --data.
+    expect_error(with("run_name: OLMo-1B", "run_name: OLMo-1B"),
+                 "data.paths[0]: r2://olmo-data/preprocessed/olmo-mix/v1_5/gpt-neox-20b-pii-special/part-000-00000.npy "
+                 "is a URL; this trainer reads local token files: download them and pass --data FILE");
+    // A typo is refused with the closest key.
+    expect_error(with("  d_model: 2048", "  d_modle: 2048", data), "did you mean \"model.d_model\"");
+    expect_error(with("run_name: OLMo-1B", "run_name: [unclosed", data), "not valid YAML at line");
+    expect_error(with("eval_interval: ${save_interval}", "eval_interval: ${save_intervall}", data),
+                 "eval_interval: ${save_intervall} names no key of the config");
+    // scheduler.units: tokens becomes steps of 2048 x 2048 tokens, or is refused when it does not divide.
+    RunResult r = with("  t_warmup: 2000\n", "  units: tokens\n  t_warmup: 8388608000\n", data);
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(Json::parse(r.out)["scheduler"]["t_warmup"] == 2000);
+    expect_error(with("  t_warmup: 2000\n", "  units: tokens\n  t_warmup: 1000\n", data),
+                 "scheduler.t_warmup is 1000 tokens with scheduler.units: tokens");
+}
