@@ -197,7 +197,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 std::string short_json(const Json& v) {
-    std::string s = v.dump();
+    // Invalid UTF-8 in a string (a YAML config can hold any bytes) is shown replaced, not thrown.
+    std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
     if (s.size() > 80) s = s.substr(0, 77) + "...";
     return s;
 }
@@ -470,6 +471,8 @@ Json read_json_file(const std::string& path, const std::string& what) {
         return Json::parse(ss.str());
     } catch (const Json::parse_error& e) {
         user_error("{} {}: not valid JSON at byte {}: {}", what, path, e.byte, e.what());
+    } catch (const Json::exception& e) {  // e.g. a number too large for a double
+        user_error("{} {}: not valid JSON: {}", what, path, e.what());
     }
 }
 

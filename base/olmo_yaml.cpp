@@ -54,12 +54,33 @@ Json plain_scalar(const std::string& s) {
     return s;
 }
 
+bool valid_utf8(const std::string& s) {
+    for (size_t i = 0; i < s.size();) {
+        const auto c = static_cast<unsigned char>(s[i]);
+        const int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        if (len == 0 || i + len > s.size()) return false;
+        uint32_t cp = len == 1 ? c : c & (0x7F >> len);
+        for (int k = 1; k < len; ++k) {
+            const auto d = static_cast<unsigned char>(s[i + k]);
+            if ((d & 0xC0) != 0x80) return false;
+            cp = (cp << 6) | (d & 0x3F);
+        }
+        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
+            (cp >= 0xD800 && cp <= 0xDFFF)) {
+            return false;
+        }
+        i += len;
+    }
+    return true;
+}
+
 Json to_json(const YAML::Node& n, const std::string& path, const std::string& file) {
     switch (n.Type()) {
         case YAML::NodeType::Null:
         case YAML::NodeType::Undefined:
             return nullptr;
         case YAML::NodeType::Scalar:
+            if (!valid_utf8(n.Scalar())) user_error("config file {}: {}: a value that is not valid UTF-8", file, path);
             return n.Tag() == "!" ? Json(n.Scalar()) : plain_scalar(n.Scalar());
         case YAML::NodeType::Sequence: {
             Json a = Json::array();
@@ -71,6 +92,7 @@ Json to_json(const YAML::Node& n, const std::string& path, const std::string& fi
             for (const auto& kv : n) {
                 if (!kv.first.IsScalar()) user_error("config file {}: {}: a key that is not a scalar", file, path);
                 const std::string key = kv.first.Scalar();
+                if (!valid_utf8(key)) user_error("config file {}: {}: a key that is not valid UTF-8", file, path);
                 if (o.contains(key))
                     user_error("config file {}: {}{} appears twice", file, path.empty() ? "" : path + ".", key);
                 o[key] = to_json(kv.second, path.empty() ? key : path + "." + key, file);
@@ -139,7 +161,7 @@ class Resolver {
             if (s.compare(i, 2, "${") == 0) {
                 const size_t e = closing(s, i, key);
                 const Json v = evaluate(s.substr(i + 2, e - i - 2), key, depth);
-                out += v.is_string() ? v.get<std::string>() : v.dump();
+                out += v.is_string() ? v.get<std::string>() : v.dump(-1, ' ', false, Json::error_handler_t::replace);
                 i = e + 1;
             } else {
                 out += s[i++];
@@ -161,7 +183,7 @@ class Resolver {
 
     std::string text_of(const std::string& arg, const std::string& key, int depth) {
         const Json v = value_of(arg, key, depth + 1);
-        return v.is_string() ? v.get<std::string>() : v.dump();
+        return v.is_string() ? v.get<std::string>() : v.dump(-1, ' ', false, Json::error_handler_t::replace);
     }
 
     Json evaluate(const std::string& expr, const std::string& key, int depth) {
@@ -368,7 +390,13 @@ void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
         int url_sets = 0;
         for (size_t i = 0; i < doc["evaluators"].size(); ++i) {
             Json ev = doc["evaluators"][i];
-            const std::string label = ev.value("label", fmt::format("evaluators[{}]", i));
+            if (!ev.is_object()) {  // not OLMo's either: validate_config names it
+                kept.push_back(ev);
+                continue;
+            }
+            const std::string label = ev.contains("label") && ev["label"].is_string()
+                                          ? ev["label"].get<std::string>()
+                                          : fmt::format("evaluators[{}]", i);
             if (ev.contains("type") && ev["type"] == "downstream") {
                 downstream.push_back(label);
                 continue;
@@ -428,22 +456,38 @@ void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
     // scheduler.units: tokens -> steps of global_train_batch_size x max_sequence_length tokens.
     if (auto units = take(doc, "scheduler.units")) {
         if (*units == "tokens") {
-            const double per_step =
-                doc["global_train_batch_size"].get<double>() * doc["model"]["max_sequence_length"].get<double>();
+            const Json* batch = doc.contains("global_train_batch_size") ? &doc["global_train_batch_size"] : nullptr;
+            const Json* length =
+                doc.contains("model") && doc["model"].is_object() && doc["model"].contains("max_sequence_length")
+                    ? &doc["model"]["max_sequence_length"]
+                    : nullptr;
+            if (!batch || !length || !batch->is_number() || !length->is_number() || !doc["scheduler"].is_object()) {
+                user_error(
+                    "config file {}: scheduler.units: tokens needs global_train_batch_size and "
+                    "model.max_sequence_length (numbers) to turn tokens into steps",
+                    path);
+            }
+            const double per_step = batch->get<double>() * length->get<double>();
             for (const char* k : {"t_warmup", "t_max", "grad_clip_warmup_steps"}) {
+                if (!doc["scheduler"].contains(k)) continue;
                 Json& v = doc["scheduler"][k];
                 if (v.is_null()) continue;
+                if (!v.is_number() || per_step <= 0) {
+                    user_error("config file {}: scheduler.{}: {}; expected a number of tokens", path, k,
+                               v.dump(-1, ' ', false, Json::error_handler_t::replace));
+                }
                 const double steps = v.get<double>() / per_step;
                 if (steps != static_cast<double>(static_cast<long>(steps))) {
                     user_error(
                         "config file {}: scheduler.{} is {} tokens with scheduler.units: tokens, {} steps of {} "
                         "tokens; this trainer schedules in whole steps",
-                        path, k, v.dump(), steps, per_step);
+                        path, k, v.dump(-1, ' ', false, Json::error_handler_t::replace), steps, per_step);
                 }
                 v = static_cast<long>(steps);
             }
         } else if (*units != "steps") {
-            user_error("config file {}: scheduler.units: {}; expected steps or tokens", path, units->dump());
+            user_error("config file {}: scheduler.units: {}; expected steps or tokens", path,
+                       units->dump(-1, ' ', false, Json::error_handler_t::replace));
         }
     }
 
@@ -468,7 +512,7 @@ void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
                 user_error(
                     "config file {}: {}: {}; this trainer has no {} (an OLMo key it accepts only at the value "
                     "that changes nothing)",
-                    path, shown, v->dump(), k.needs);
+                    path, shown, v->dump(-1, ' ', false, Json::error_handler_t::replace), k.needs);
             }
             ignored.push_back(shown);
         }

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "base/common.h"
+#include "core/checkpoint_meta.h"
 #include "core/hf_export.h"
 #include "core/hf_names.h"
 #include "core/safetensors.h"
@@ -25,7 +26,7 @@ namespace trainer {
 namespace fs = std::filesystem;
 namespace {
 
-constexpr int kFormatVersion = 2;
+constexpr int kFormatVersion = kCheckpointFormatVersion;
 
 // 64-bit checksum over 8-byte words (4 independent multiply-xor lanes, so it runs at memory speed),
 // plus the tail bytes and the length.
@@ -149,10 +150,7 @@ Json verified_metadata(const std::string& path) {
         user_error("checkpoint {}: no metadata.json, so it is not a complete checkpoint (an interrupted save?)", path);
     }
     Json meta = read_json_file(meta_path, "checkpoint");
-    if (meta.value("format", "") != "trainer-checkpoint" || meta.value("version", 0) != kFormatVersion) {
-        user_error("checkpoint {}: metadata.json is not a trainer checkpoint of format version {}", path,
-                   kFormatVersion);
-    }
+    check_checkpoint_metadata(meta, path);
     for (auto& [name, info] : meta["files"].items()) {
         const std::string file = (fs::path(path) / name).string();
         uint64_t bytes = 0;

@@ -10,14 +10,17 @@
 # Rounds alternate every configuration, so machine noise hits all alike; each row is the mean over rounds
 # of the run's mean step (first step excluded). Prints one markdown table: tokens/s/device, ratio to DDP
 # (batch), MFU, step time, time the compute thread waited on collectives, and rank 0's peak memory by
-# category (MiB; every rank's is in the metrics files).
+# category (MiB; every rank's is in the metrics files); then draws the same as a bar chart of tokens/s/device
+# and memory per rank per strategy into --png (default strategies.png; scripts/plot_metrics.py, which needs
+# Debian's python3-matplotlib).
 #
 # Usage: scripts/bench_strategies.sh [--config configs/cpu_bench.json] [--steps N] [--rounds R]
-#                                    [--global-batch G] [--micro-batch M]
+#                                    [--global-batch G] [--micro-batch M] [--png FILE]
+# Runs a given binary (TRAINER_BIN, default build/bin/trainer; built by scripts/build.sh when absent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench_common.sh
-config=configs/cpu_bench.json steps=4 rounds=2 global=16 micro=2
+config=configs/cpu_bench.json steps=4 rounds=2 global=16 micro=2 png=strategies.png
 while (($#)); do
     case $1 in
         --config) config=$2; shift 2 ;;
@@ -25,14 +28,11 @@ while (($#)); do
         --rounds) rounds=$2; shift 2 ;;
         --global-batch) global=$2; shift 2 ;;
         --micro-batch) micro=$2; shift 2 ;;
+        --png) png=$2; shift 2 ;;
         *) echo "error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
     esac
 done
-bash scripts/build.sh >/dev/null
-trainer=build/bin/trainer
-bench_tokens "$trainer"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+bench_setup  # $trainer (TRAINER_BIN, default build/bin/trainer), data/bench_tokens.bin, and $tmp (removed on exit)
 
 common=(--config "$config" --data data/bench_tokens.bin --max-duration "$steps" --set console_log_interval=1000
     --set "global_train_batch_size=$global" --set "device_train_microbatch_size=$micro")
@@ -107,4 +107,9 @@ for name, knob in zip(names, knobs):
           f"{mib(m['resident'])} |")
 print(f"\nDDP vs single: {ddp / rows['single']['tps']:.2f}x; FULL_SHARD by_block (batch) vs DDP: "
       f"{rows['fs_block_batch']['tps'] / ddp:.2f}x; NO_SHARD vs DDP: {rows['noshard']['tps'] / ddp:.2f}x")
+chart = [{"label": knob, "tokens_per_second_per_device": rows[name]["tps"],
+          "peak_memory_bytes_per_rank": summary(name, rounds)["peak_memory_bytes_per_rank"]}
+         for name, knob in zip(names, knobs)]
+json.dump(chart, open(f"{tmp}/chart.json", "w"))
 EOF
+/usr/bin/python3 scripts/plot_metrics.py --strategies "$tmp/chart.json" -o "$png" >&2

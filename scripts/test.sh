@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything, builds, and runs every test: format check -> release build (warnings as errors,
-# CUDA parts compiled when nvcc is found) + all tests -> address/undefined sanitizer build + all tests.
-# Usage: scripts/test.sh [--fast]   (--fast: skip the sanitizer pass)
+# CUDA parts compiled when nvcc is found) + all tests -> address/undefined sanitizer build + all tests ->
+# the fuzz targets for 30 s each (scripts/fuzz.sh).
+# Usage: scripts/test.sh [--fast]   (--fast: skip the sanitizer pass and the fuzzing)
 # The sanitizer pass leaves out the FSDP wrap-policy matrix, the 4-rank cpu_bench memory check and the
 # activation-checkpointing strategy matrix (CMakePresets.json): they run the code paths of the other
 # multi-rank and one-rank tests, at sizes too slow there.
@@ -30,5 +31,7 @@ if [[ "${1:-}" != "--fast" ]]; then
     cmake --build --preset cpu-asan -j "$jobs"
     echo "== tests (address + undefined sanitizers)"
     ctest --preset cpu-asan -j "$jobs"
+    echo "== fuzzing (libFuzzer: every reader of user input for 30 s)"
+    bash scripts/fuzz.sh 30
 fi
 echo "== all tests passed"

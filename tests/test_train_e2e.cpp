@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -378,6 +379,46 @@ TEST_CASE("train: metrics file and summary with evaluation and peak memory") {
     CHECK(mem["resident"].get<long>() >= mem["total"].get<long>());
 }
 
+TEST_CASE("plots: plot_metrics.py draws runs and the strategy chart as PNGs and refuses a bad file by name") {
+    TempDir dir;
+    for (const std::string run : {"a", "b"}) {
+        require_ok(run_trainer(
+            concat(tiny_args("4"), {"--metrics-file", dir.path(run + ".jsonl"), "--set", "eval_interval=2", "--set",
+                                    "evaluators=[{\"label\": \"val\", \"data\": {\"paths\": [\"" +
+                                        fixture("gpt2_tiny_tokens.u16") + "\"]}}]"})));
+    }
+    auto plot = [&](const std::string& args) {
+        const std::string cmd = "/usr/bin/python3 " + test_util::source_dir() + "/scripts/plot_metrics.py " + args +
+                                " > " + dir.path("out.txt") + " 2>&1";
+        const int rc = std::system(cmd.c_str());
+        return std::make_pair(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, test_util::read_file(dir.path("out.txt")));
+    };
+    auto is_png = [&](const std::string& path) {
+        const std::string bytes = test_util::read_file(path);
+        return bytes.size() > 10000 && bytes.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0;
+    };
+    auto r = plot(dir.path("a.jsonl") + " " + dir.path("b.jsonl") + " --labels one,two -o " + dir.path("run.png"));
+    INFO(r.second);
+    CHECK(r.first == 0);
+    CHECK(is_png(dir.path("run.png")));
+    // The strategy chart from rows as scripts/bench_strategies.sh writes them (here: the two runs' summaries).
+    Json rows = Json::array();
+    for (const std::string run : {"a", "b"}) {
+        const Json s = test_util::read_summary(dir.path(run + ".jsonl"));
+        rows.push_back({{"label", run},
+                        {"tokens_per_second_per_device", s["tokens_per_second_per_device"]},
+                        {"peak_memory_bytes_per_rank", s["peak_memory_bytes_per_rank"]}});
+    }
+    test_util::write_file(dir.path("rows.json"), rows.dump());
+    r = plot("--strategies " + dir.path("rows.json") + " -o " + dir.path("strategies.png"));
+    CHECK(r.first == 0);
+    CHECK(is_png(dir.path("strategies.png")));
+    test_util::write_file(dir.path("bad.jsonl"), "{\"step\": 1, \"loss\": 2.0}\nnot json\n");
+    r = plot(dir.path("bad.jsonl") + " -o " + dir.path("bad.png"));
+    CHECK(r.first != 0);
+    CHECK_THAT(r.second, Contains(dir.path("bad.jsonl") + ":2: not a JSON line"));
+}
+
 TEST_CASE("errors: bad config and flags end with one error line") {
     TempDir dir;
     auto with_config = [&](const std::string& text) {
@@ -492,6 +533,17 @@ TEST_CASE("errors: bad weights and checkpoints end with one error line and damag
                                                      "model.n_layers=3"})),
                  "model.n_layers is 2 in the checkpoint but 3");
     CHECK(test_util::read_file(dir.path("ck/step2/rank0.bin")) == before);
+    // A damaged metadata.json is refused at the entry that is wrong (and export reads it the same way).
+    Json meta = Json::parse(test_util::read_file(dir.path("ck/step2/metadata.json")));
+    meta["files"]["rank0.bin"]["bytes"] = "many";
+    meta["units"][1]["pieces"][0][2] = 1u << 30;
+    test_util::write_file(dir.path("ck/step2/metadata.json"), meta.dump());
+    expect_error(run_trainer({"export", "--checkpoint", dir.path("ck/step2"), "-o", dir.path("x.safetensors")}),
+                 "metadata.json units[1].pieces[0]: expected begin <= end <= numel");
+    meta["units"][1]["pieces"][0][2] = 0;
+    test_util::write_file(dir.path("ck/step2/metadata.json"), meta.dump());
+    expect_error(run_trainer(concat(tiny_args("3"), {"--save-folder", dir.path("ck"), "--load-path", "latest"})),
+                 "metadata.json files.rank0.bin.bytes: expected a non-negative integer, not \"many\"");
 }
 
 TEST_CASE("bench-kernels: times every op of a step at the config's shapes against the roofline") {

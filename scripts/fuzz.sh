@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Fuzzing (libFuzzer with address and undefined-behaviour sanitizers, Debian's clang): builds tests/fuzz
+# into build-fuzz/ and runs each target for SECONDS (default 30), two at a time, from seed inputs:
+#   config_json      the JSON config reader and validation      seeds: configs/*.json
+#   config_yaml      OLMo's YAML configs                         seeds: tests/fixtures/olmo_1b_style.yaml
+#   safetensors      the safetensors reader                      seeds: a small file written here
+#   token_file       raw / .npy / llm.c token files              seeds: tests/fixtures/*_tokens.u16, small
+#                                                                       .npy and llm.c files written here
+#   checkpoint_meta  a checkpoint's metadata.json structure      seeds: a metadata.json written here
+#   bpe              the gpt2 and cl100k tokenizers               seeds: tests/fixtures/tokenizer_stress.txt
+# A crash, a sanitizer report, a timeout, or an exception other than the trainer's UserError fails the
+# target; its log and the input that did it (build-fuzz/crash-*) are printed. Exit status 1 if any failed.
+# Usage: scripts/fuzz.sh [SECONDS] [TARGET...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-30}
+shift || true
+targets=("$@")
+((${#targets[@]})) || targets=(config_json config_yaml safetensors token_file checkpoint_meta bpe)
+bash scripts/install_deps.sh
+bash scripts/fetch_tokenizers.sh
+cmake -S tests/fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+cmake --build build-fuzz -j "$(nproc)" >/dev/null
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# Seed inputs, one folder per target (libFuzzer reads folders; it writes what it finds into the first).
+for t in "${targets[@]}"; do mkdir -p "$tmp/seed_$t" "$tmp/work_$t"; done
+[[ -d $tmp/seed_config_json ]] && cp configs/*.json "$tmp/seed_config_json/"
+[[ -d $tmp/seed_config_yaml ]] && cp tests/fixtures/olmo_1b_style.yaml "$tmp/seed_config_yaml/"
+[[ -d $tmp/seed_bpe ]] && cp tests/fixtures/tokenizer_stress.txt "$tmp/seed_bpe/"
+[[ -d $tmp/seed_token_file ]] && cp tests/fixtures/*_tokens.u16 "$tmp/seed_token_file/"
+python3 - "$tmp" <<'PY'
+import json, os, struct, sys
+tmp = sys.argv[1]
+def put(target, name, data):
+    if os.path.isdir(f"{tmp}/seed_{target}"):
+        open(f"{tmp}/seed_{target}/{name}", "wb").write(data)
+# safetensors: two small tensors, the header padded to 8 bytes as the reference writer pads it
+header = {"__metadata__": {"format": "pt"}, "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+          "b": {"dtype": "BF16", "shape": [3], "data_offsets": [16, 22]}}
+h = json.dumps(header).encode()
+h += b" " * ((8 - len(h) % 8) % 8)
+put("safetensors", "small.safetensors", struct.pack("<Q", len(h)) + h + bytes(range(22)))
+# token files: .npy (uint16 and uint32) and an llm.c shard
+def npy(descr, values):
+    d = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({len(values)},), }}"
+    d += " " * ((64 - (10 + len(d) + 1) % 64) % 64) + "\n"
+    fmt = "<" + ("H" if descr == "<u2" else "I") * len(values)
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(d)) + d.encode() + struct.pack(fmt, *values)
+put("token_file", "u2.npy", npy("<u2", list(range(40))))
+put("token_file", "u4.npy", npy("<u4", list(range(100000, 100040))))
+put("token_file", "llmc.bin", struct.pack("<256i", 20240520, 1, 40, *([0] * 253)) + struct.pack("<40H", *range(40)))
+# a checkpoint's metadata.json
+config = json.load(open("configs/tiny.json"))
+meta = {"format": "trainer-checkpoint", "version": 2, "step": 3, "world_size": 2,
+        "units": [{"name": "wte", "numel": 8, "pieces": [[0, 0, 4, 0], [1, 4, 8, 0]]},
+                  {"name": "blocks.0", "numel": 4, "pieces": [[0, 0, 4, 48]]}],
+        "data": {"global_train_batch_size": 8, "instances_consumed": 24, "seed": 1, "shuffle": True},
+        "rng": {"seed": 1}, "config": config,
+        "files": {"rank0.bin": {"bytes": 96, "checksum": "0123456789abcdef"},
+                  "rank1.bin": {"bytes": 48, "checksum": "fedcba9876543210"}}}
+put("checkpoint_meta", "metadata.json", json.dumps(meta, indent=2).encode())
+PY
+
+failed=()
+run() {
+    local t=$1
+    (cd build-fuzz && TRAINER_TOKENIZERS=$PWD/../data/tokenizers ./"fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+        "$tmp/work_$t" "$tmp/seed_$t" >"$tmp/$t.log" 2>&1)
+}
+report() {
+    local t=$1 rc=$2
+    local runs
+    runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$tmp/$t.log" | grep -o '[0-9]*$' || echo "?")
+    if ((rc == 0)); then
+        echo "fuzz_$t: $runs inputs in ${seconds} s, no finding"
+    else
+        echo "fuzz_$t: FAILED (exit $rc); the end of its log:"
+        tail -n 40 "$tmp/$t.log"
+        failed+=("$t")
+    fi
+}
+# Two at a time (one core each).
+for ((i = 0; i < ${#targets[@]}; i += 2)); do
+    a=${targets[i]} b=${targets[i + 1]:-}
+    run "$a" & pa=$!
+    if [[ -n $b ]]; then run "$b" & pb=$!; fi
+    rc=0; wait "$pa" || rc=$?; report "$a" "$rc"
+    if [[ -n $b ]]; then rc=0; wait "$pb" || rc=$?; report "$b" "$rc"; fi
+done
+if ((${#failed[@]})); then
+    echo "error: fuzz targets with findings: ${failed[*]}" >&2
+    exit 1
+fi
