@@ -190,9 +190,11 @@ int launch(const LaunchOptions& o) {
                 c.exited = true;
                 c.status = status;
                 const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-                const bool stopped = forwarded != 0 && WIFEXITED(status) &&
-                                     (WEXITSTATUS(status) == 128 + SIGTERM || WEXITSTATUS(status) == 128 + SIGINT ||
-                                      WEXITSTATUS(status) == 128 + SIGUSR1);
+                // A stop the ranks agreed on (base/stop.h), whether the signal came through this launcher or
+                // reached a rank directly (scancel signals every process of a job step).
+                const bool stopped =
+                    WIFEXITED(status) && (WEXITSTATUS(status) == 128 + SIGTERM || WEXITSTATUS(status) == 128 + SIGINT ||
+                                          WEXITSTATUS(status) == 128 + SIGUSR1);
                 if (stopped && stopped_code == 0) stopped_code = WEXITSTATUS(status);
                 if (!ok && !stopped &&
                     (!first_failure || (WIFSIGNALED(status) && !WIFSIGNALED(first_failure->status)))) {
@@ -229,7 +231,8 @@ int launch(const LaunchOptions& o) {
         return 1;
     }
     if (stopped_code != 0) {
-        std::fprintf(stderr, "[launch] every rank stopped on %s; exit status %d\n", strsignal(forwarded), stopped_code);
+        std::fprintf(stderr, "[launch] every rank stopped on %s; exit status %d\n", strsignal(stopped_code - 128),
+                     stopped_code);
         return stopped_code;
     }
     return 0;

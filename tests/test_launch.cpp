@@ -293,3 +293,61 @@ TEST_CASE("preemption: a stop signal to trainer launch or mpirun saves the last 
                            args, SIGUSR1, 128 + SIGUSR1, ref);
     }
 }
+
+TEST_CASE("preemption: SIGTERM to one rank alone stops every rank after the same step") {
+    test_util::TempDir dir;
+    const std::string log = dir.path("log.txt"), metrics = dir.path("m.jsonl"), folder = dir.path("ck");
+    const pid_t launcher = test_util::start_logged({test_util::trainer_binary(),
+                                                    "launch",
+                                                    "--nproc-per-node",
+                                                    "2",
+                                                    "--master-port",
+                                                    test_util::free_port(),
+                                                    "--",
+                                                    "--config",
+                                                    test_util::fixture("olmo_tiny.json"),
+                                                    "--max-duration",
+                                                    "100000",
+                                                    "--threads",
+                                                    "1",
+                                                    "--strategy",
+                                                    "ddp",
+                                                    "--save-folder",
+                                                    folder,
+                                                    "--metrics-file",
+                                                    metrics,
+                                                    "--set",
+                                                    "console_log_interval=100"},
+                                                   log);
+    // Rank 1's pid from the launcher's "[launch] rank 1 ...: pid P" line, once training runs.
+    pid_t rank1 = 0;
+    const auto start = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
+        const std::string text = test_util::read_file_if_exists(log);
+        const size_t at = text.find("[launch] rank 1 ");
+        if (at != std::string::npos &&
+            test_util::read_file_if_exists(metrics).find("\"step\":3") != std::string::npos) {
+            rank1 = static_cast<pid_t>(std::stol(text.substr(text.find(": pid ", at) + 6)));
+            break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    REQUIRE(rank1 > 0);
+    REQUIRE(::kill(rank1, SIGTERM) == 0);  // rank 0 never sees a signal: it learns of the stop in the all-reduce
+    int status = 0;
+    pid_t done = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    while ((done = ::waitpid(launcher, &status, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (done == 0) ::kill(launcher, SIGKILL), ::waitpid(launcher, &status, 0);
+    const std::string text = test_util::read_file(log);
+    INFO(text);
+    REQUIRE(done == launcher);
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM));
+    const auto rows = test_util::read_metrics(metrics);
+    REQUIRE(!rows.empty());
+    CHECK(trainer::latest_checkpoint_step(folder) == std::optional<long>(rows.back()["step"].get<long>()));
+    CHECK_THAT(text, Contains("every rank stopped on Terminated; exit status 143"));
+}
