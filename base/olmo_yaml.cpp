@@ -5,11 +5,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <optional>
-#include <regex>
 #include <sstream>
 
 #include "base/common.h"
@@ -19,37 +19,71 @@ namespace {
 
 // ---- YAML -> Json ----
 
-// A plain scalar as OmegaConf's loader (PyYAML's SafeLoader with YAML 1.1 number rules) types it.
+// Whether s[i..] starts a run of digits with '_' separators (YAML 1.1: the first a digit); moves i past it.
+bool digits(const std::string& s, size_t& i) {
+    if (i >= s.size() || !std::isdigit(static_cast<unsigned char>(s[i]))) return false;
+    while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '_')) ++i;
+    return true;
+}
+
+// A plain scalar as OmegaConf's loader (PyYAML's SafeLoader with YAML 1.1 number rules) types it: null,
+// true/false, integers ("739_328", "0x1F"), floats with or without a '.' ("4.0e-4", "3e12", ".5"); a
+// float JSON cannot hold (.inf, .nan) stays text, for the schema to refuse by name. (Hand-written:
+// std::regex trips GCC 12's -Wmaybe-uninitialized in the sanitizer build.)
 Json plain_scalar(const std::string& s) {
-    static const std::regex null_re("~|null|Null|NULL|");
-    static const std::regex bool_true("true|True|TRUE"), bool_false("false|False|FALSE");
-    static const std::regex int_re("[-+]?(0|[1-9][0-9_]*)");
-    static const std::regex hex_re("0x[0-9a-fA-F_]+");
-    static const std::regex float_re(
-        "[-+]?(([0-9][0-9_]*)?\\.[0-9_]*([eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+)|[-+]?\\.(inf|Inf|INF)|\\."
-        "(nan|NaN|NAN)");
-    if (std::regex_match(s, null_re)) return nullptr;
-    if (std::regex_match(s, bool_true)) return true;
-    if (std::regex_match(s, bool_false)) return false;
-    std::string digits;
+    if (s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
+    if (s == "true" || s == "True" || s == "TRUE") return true;
+    if (s == "false" || s == "False" || s == "FALSE") return false;
+    std::string plain;  // without the '_' separators
     for (char c : s) {
-        if (c != '_') digits += c;
+        if (c != '_') plain += c;
     }
-    if (std::regex_match(s, int_re)) {
+    size_t i = (s[0] == '+' || s[0] == '-') ? 1 : 0;
+    if (s.compare(i, 2, "0x") == 0 && i == 0 && s.size() > 2 &&
+        s.find_first_not_of("0123456789abcdefABCDEF_", 2) == std::string::npos) {
         try {
-            return std::stoll(digits);
+            return std::stoll(plain.substr(2), nullptr, 16);
         } catch (const std::out_of_range&) {
-            return std::stod(digits);
+            return s;
         }
     }
-    if (std::regex_match(s, hex_re)) return std::stoll(digits.substr(2), nullptr, 16);
-    if (std::regex_match(s, float_re) && digits != "." && digits != "-." && digits != "+.") {
-        if (digits.find("inf") != std::string::npos || digits.find("Inf") != std::string::npos ||
-            digits.find("INF") != std::string::npos || digits.find("nan") != std::string::npos ||
-            digits.find("NaN") != std::string::npos || digits.find("NAN") != std::string::npos) {
-            return s;  // not representable in JSON: the schema refuses it by name
+    size_t j = i;
+    const bool int_part = digits(s, j);
+    if (int_part && j == s.size() && (s[i] != '0' || j == i + 1)) {  // an integer (no leading zeros)
+        try {
+            return std::stoll(plain);
+        } catch (const std::out_of_range&) {
+            return std::stod(plain);
         }
-        return std::stod(digits);
+    }
+    bool is_float = false;
+    if (j < s.size() && s[j] == '.') {  // [digits] . [digits] [exponent]
+        ++j;
+        size_t k = j;
+        const bool frac = digits(s, k);
+        j = k;
+        is_float = int_part || frac;
+    } else {
+        is_float = int_part;  // digits then a required exponent
+        if (j == s.size() || (s[j] != 'e' && s[j] != 'E')) is_float = false;
+    }
+    if (is_float && j < s.size()) {  // the exponent
+        if (s[j] != 'e' && s[j] != 'E') {
+            is_float = false;
+        } else {
+            ++j;
+            if (j < s.size() && (s[j] == '+' || s[j] == '-')) ++j;
+            const size_t e = j;
+            while (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) ++j;
+            is_float = j > e && j == s.size();
+        }
+    }
+    if (is_float) {
+        try {
+            return std::stod(plain);
+        } catch (const std::out_of_range&) {
+            return s;  // beyond a double: the schema refuses it by name
+        }
     }
     return s;
 }
