@@ -197,8 +197,7 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 std::string short_json(const Json& v) {
-    // Invalid UTF-8 in a string (a YAML config can hold any bytes) is shown replaced, not thrown.
-    std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
+    std::string s = json_text(v);
     if (s.size() > 80) s = s.substr(0, 77) + "...";
     return s;
 }
@@ -735,6 +734,8 @@ TrainConfig validate_config(const Json& user_doc) {
     c.json = doc;
     return c;
 }
+
+std::string json_text(const Json& v) { return v.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
 Json resolved_config_json(const TrainConfig& c) {
     Json j = c.json;

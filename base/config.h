@@ -295,6 +295,9 @@ void apply_override(Json& doc, const std::string& assignment);
 void set_config_value(Json& doc, const std::string& path, const Json& value);
 // Validates `doc` against the schema, fills defaults, checks every cross-field rule and returns the config.
 TrainConfig validate_config(const Json& doc);
+// A value as JSON text for a message; invalid UTF-8 in a string (a YAML config can hold any bytes) is
+// shown replaced, never thrown.
+std::string json_text(const Json& v);
 // The configuration as `trainer show-config` prints it: the validated document with the keys whose null
 // means "derived" (data.seed, device_eval_batch_size, model.embedding_size, model.bias_for_layer_norm)
 // set to the values the run uses.

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "base/common.h"
+#include "base/utf8.h"
 
 namespace trainer {
 namespace {
@@ -88,33 +89,14 @@ Json plain_scalar(const std::string& s) {
     return s;
 }
 
-bool valid_utf8(const std::string& s) {
-    for (size_t i = 0; i < s.size();) {
-        const auto c = static_cast<unsigned char>(s[i]);
-        const int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-        if (len == 0 || i + len > s.size()) return false;
-        uint32_t cp = len == 1 ? c : c & (0x7F >> len);
-        for (int k = 1; k < len; ++k) {
-            const auto d = static_cast<unsigned char>(s[i + k]);
-            if ((d & 0xC0) != 0x80) return false;
-            cp = (cp << 6) | (d & 0x3F);
-        }
-        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-            (cp >= 0xD800 && cp <= 0xDFFF)) {
-            return false;
-        }
-        i += len;
-    }
-    return true;
-}
-
 Json to_json(const YAML::Node& n, const std::string& path, const std::string& file) {
     switch (n.Type()) {
         case YAML::NodeType::Null:
         case YAML::NodeType::Undefined:
             return nullptr;
         case YAML::NodeType::Scalar:
-            if (!valid_utf8(n.Scalar())) user_error("config file {}: {}: a value that is not valid UTF-8", file, path);
+            if (invalid_utf8_offset(n.Scalar()) != std::string_view::npos)
+                user_error("config file {}: {}: a value that is not valid UTF-8", file, path);
             return n.Tag() == "!" ? Json(n.Scalar()) : plain_scalar(n.Scalar());
         case YAML::NodeType::Sequence: {
             Json a = Json::array();
@@ -126,7 +108,8 @@ Json to_json(const YAML::Node& n, const std::string& path, const std::string& fi
             for (const auto& kv : n) {
                 if (!kv.first.IsScalar()) user_error("config file {}: {}: a key that is not a scalar", file, path);
                 const std::string key = kv.first.Scalar();
-                if (!valid_utf8(key)) user_error("config file {}: {}: a key that is not valid UTF-8", file, path);
+                if (invalid_utf8_offset(key) != std::string_view::npos)
+                    user_error("config file {}: {}: a key that is not valid UTF-8", file, path);
                 if (o.contains(key))
                     user_error("config file {}: {}{} appears twice", file, path.empty() ? "" : path + ".", key);
                 o[key] = to_json(kv.second, path.empty() ? key : path + "." + key, file);
@@ -195,7 +178,7 @@ class Resolver {
             if (s.compare(i, 2, "${") == 0) {
                 const size_t e = closing(s, i, key);
                 const Json v = evaluate(s.substr(i + 2, e - i - 2), key, depth);
-                out += v.is_string() ? v.get<std::string>() : v.dump(-1, ' ', false, Json::error_handler_t::replace);
+                out += v.is_string() ? v.get<std::string>() : json_text(v);
                 i = e + 1;
             } else {
                 out += s[i++];
@@ -217,7 +200,7 @@ class Resolver {
 
     std::string text_of(const std::string& arg, const std::string& key, int depth) {
         const Json v = value_of(arg, key, depth + 1);
-        return v.is_string() ? v.get<std::string>() : v.dump(-1, ' ', false, Json::error_handler_t::replace);
+        return v.is_string() ? v.get<std::string>() : json_text(v);
     }
 
     Json evaluate(const std::string& expr, const std::string& key, int depth) {
@@ -295,6 +278,7 @@ struct NoEffect {
     const char* needs;                    // what the refused values would need
 };
 
+bool is_null(const Json& v) { return v.is_null(); }
 bool is_false_or_null(const Json& v) { return v.is_null() || (v.is_boolean() && !v.get<bool>()); }
 bool is_zero_or_null(const Json& v) { return v.is_null() || (v.is_number() && v.get<double>() == 0.0); }
 
@@ -305,27 +289,27 @@ const std::vector<NoEffect>& no_effect_keys() {
         {"compile", nullptr, ""},
         {"speed_monitor", nullptr, ""},
         {"tokenizer", nullptr, ""},
-        {"remote_save_folder", [](const Json& v) { return v.is_null(); }, "remote checkpoint storage"},
+        {"remote_save_folder", is_null, "remote checkpoint storage"},
         {"sharded_checkpointer", nullptr, ""},
         {"save_interval_unsharded", nullptr, ""},
         {"save_num_unsharded_checkpoints_to_keep", nullptr, ""},
-        {"save_interval_ephemeral", [](const Json& v) { return v.is_null(); }, "ephemeral checkpoints"},
+        {"save_interval_ephemeral", is_null, "ephemeral checkpoints"},
         {"new_style_checkpoints", nullptr, ""},
         {"load_path_sharded_checkpointer", nullptr, ""},
         {"restore_dataloader", [](const Json& v) { return v.is_null() || v == true; }, "restarting the data order"},
-        {"fast_forward_batches", [](const Json& v) { return v.is_null(); }, "fast-forwarding batches"},
+        {"fast_forward_batches", is_null, "fast-forwarding batches"},
         {"reset_optimizer_state", is_false_or_null, "resetting the optimizer state"},
         {"reset_trainer_state", is_false_or_null, "resetting the trainer state"},
-        {"max_grad_norm_ratio", [](const Json& v) { return v.is_null(); }, "ratio-based clipping"},
-        {"time_limit", [](const Json& v) { return v.is_null(); }, "a time limit (stop with SIGUSR1 instead)"},
-        {"stop_at", [](const Json& v) { return v.is_null(); }, "stop_at (set max_duration)"},
-        {"stop_after", [](const Json& v) { return v.is_null(); }, "stop_after (set max_duration)"},
-        {"early_stopping_factor", [](const Json& v) { return v.is_null(); }, "early stopping"},
+        {"max_grad_norm_ratio", is_null, "ratio-based clipping"},
+        {"time_limit", is_null, "a time limit (stop with SIGUSR1 instead)"},
+        {"stop_at", is_null, "stop_at (set max_duration)"},
+        {"stop_after", is_null, "stop_after (set max_duration)"},
+        {"early_stopping_factor", is_null, "early stopping"},
         {"python_profiling", is_false_or_null, ""},
         {"torch_profiling", is_false_or_null, ""},
         {"gen1_gc_interval", nullptr, ""},
         {"fused_loss", nullptr, ""},
-        {"softmax_auxiliary_loss", is_false_or_null, "the z-loss (OLMo-2), not implemented yet"},
+        {"softmax_auxiliary_loss", is_false_or_null, "z-loss (OLMo-2's softmax_auxiliary_loss)"},
         {"auxiliary_loss_multiplier", nullptr, ""},
         {"hf_datasets_cache_dir", nullptr, ""},
         {"optimizer.metrics_log_interval", nullptr, ""},
@@ -337,16 +321,16 @@ const std::vector<NoEffect>& no_effect_keys() {
         {"model.attention_dropout", is_zero_or_null, "dropout"},
         {"model.residual_dropout", is_zero_or_null, "dropout"},
         {"model.embedding_dropout", is_zero_or_null, "dropout"},
-        {"model.attention_layer_norm", is_false_or_null, "QK-norm (OLMo-2), not implemented yet"},
+        {"model.attention_layer_norm", is_false_or_null, "QK-norm (OLMo-2's attention_layer_norm)"},
         {"model.attention_layer_norm_with_affine", nullptr, ""},
         {"model.multi_query_attention", is_false_or_null, "multi-query attention"},
-        {"model.n_kv_heads", [](const Json& v) { return v.is_null(); }, "grouped-query attention"},
+        {"model.n_kv_heads", is_null, "grouped-query attention"},
         {"model.block_type", [](const Json& v) { return v.is_null() || v == "sequential"; }, "that block type"},
         {"model.init_device", nullptr, ""},
-        {"model.clip_qkv", [](const Json& v) { return v.is_null(); }, "clipping q, k and v (clip_qkv)"},
-        {"model.norm_after", is_false_or_null, "norm-after blocks (OLMo-2), not implemented yet"},
+        {"model.clip_qkv", is_null, "clipping q, k and v (clip_qkv)"},
+        {"model.norm_after", is_false_or_null, "norm-after blocks (OLMo-2's norm_after)"},
         {"model.scale_logits", is_false_or_null, "scaled logits"},
-        {"model.emb_init_std", [](const Json& v) { return v.is_null(); }, "a separate embedding init std"},
+        {"model.emb_init_std", is_null, "a separate embedding init std"},
         {"model.precision", nullptr, ""},
         {"data.pad_direction", nullptr, ""},
         {"data.num_workers", nullptr, ""},
@@ -356,9 +340,9 @@ const std::vector<NoEffect>& no_effect_keys() {
         {"data.persistent_workers", nullptr, ""},
         {"data.timeout", nullptr, ""},
         {"data.generate_attention_mask", is_false_or_null, "attention masks"},
-        {"data.instance_filter", [](const Json& v) { return v.is_null(); }, "instance filters"},
-        {"data.label_mask_paths", [](const Json& v) { return v.is_null(); }, "label masks"},
-        {"data.datasets", [](const Json& v) { return v.is_null(); }, "named training datasets (list data.paths)"},
+        {"data.instance_filter", is_null, "instance filters"},
+        {"data.label_mask_paths", is_null, "label masks"},
+        {"data.datasets", is_null, "named training datasets (list data.paths)"},
         {"fsdp.use_orig_params", nullptr, ""},
         {"ddp.find_unused_params", nullptr, ""},
     };
@@ -507,21 +491,19 @@ void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
                 Json& v = doc["scheduler"][k];
                 if (v.is_null()) continue;
                 if (!v.is_number() || per_step <= 0) {
-                    user_error("config file {}: scheduler.{}: {}; expected a number of tokens", path, k,
-                               v.dump(-1, ' ', false, Json::error_handler_t::replace));
+                    user_error("config file {}: scheduler.{}: {}; expected a number of tokens", path, k, json_text(v));
                 }
                 const double steps = v.get<double>() / per_step;
                 if (steps != static_cast<double>(static_cast<long>(steps))) {
                     user_error(
                         "config file {}: scheduler.{} is {} tokens with scheduler.units: tokens, {} steps of {} "
                         "tokens; this trainer schedules in whole steps",
-                        path, k, v.dump(-1, ' ', false, Json::error_handler_t::replace), steps, per_step);
+                        path, k, json_text(v), steps, per_step);
                 }
                 v = static_cast<long>(steps);
             }
         } else if (*units != "steps") {
-            user_error("config file {}: scheduler.units: {}; expected steps or tokens", path,
-                       units->dump(-1, ' ', false, Json::error_handler_t::replace));
+            user_error("config file {}: scheduler.units: {}; expected steps or tokens", path, json_text(*units));
         }
     }
 
@@ -546,7 +528,7 @@ void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
                 user_error(
                     "config file {}: {}: {}; this trainer has no {} (an OLMo key it accepts only at the value "
                     "that changes nothing)",
-                    path, shown, v->dump(-1, ' ', false, Json::error_handler_t::replace), k.needs);
+                    path, shown, json_text(*v), k.needs);
             }
             ignored.push_back(shown);
         }

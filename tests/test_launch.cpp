@@ -92,6 +92,25 @@ TEST_CASE("launch: SIGKILL of one rank stops the others and the launcher within 
 
 namespace {
 
+// How a launcher ended: waited for up to 30 s from t0, then SIGKILLed (exited false).
+struct Ended {
+    bool exited = false;
+    double seconds = 0.0;
+    int status = 0;
+};
+Ended wait_up_to_30s(pid_t pid, std::chrono::steady_clock::time_point t0) {
+    Ended e;
+    pid_t done = 0;
+    while ((done = ::waitpid(pid, &e.status, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    e.exited = done == pid;
+    if (!e.exited) ::kill(pid, SIGKILL), ::waitpid(pid, &e.status, 0);
+    return e;
+}
+
 // The pid of the trainer process that is rank `rank` among the children of `parent` (mpirun's ranks),
 // found through /proc; 0 when none is there yet.
 pid_t mpi_rank_pid(pid_t parent, int rank) {
@@ -144,17 +163,12 @@ void kill_rank_during_training(const std::vector<std::string>& launcher_argv, bo
     REQUIRE(survivor > 0);
     const auto t0 = std::chrono::steady_clock::now();
     REQUIRE(::kill(victim, SIGKILL) == 0);
-    int status = 0;
-    pid_t done = 0;
-    while ((done = ::waitpid(launcher, &status, WNOHANG)) == 0 &&
-           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (done == 0) ::kill(launcher, SIGKILL), ::waitpid(launcher, &status, 0);
+    const Ended ended = wait_up_to_30s(launcher, t0);
+    const int status = ended.status;
+    const double seconds = ended.seconds;
     const std::string text = test_util::read_file(log);
     INFO(text);
-    CHECK(done == launcher);
+    CHECK(ended.exited);
     CHECK(seconds < 30.0);
     CHECK((WIFEXITED(status) && WEXITSTATUS(status) != 0));
     // Rank 0 is gone too (mpirun may return while its last rank is still being torn down: allow 10 s).
@@ -210,17 +224,12 @@ void preempt_and_resume(const std::vector<std::string>& launcher_argv, const std
     }
     const auto t0 = std::chrono::steady_clock::now();
     REQUIRE(::kill(launcher, sig) == 0);
-    int status = 0;
-    pid_t done = 0;
-    while ((done = ::waitpid(launcher, &status, WNOHANG)) == 0 &&
-           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (done == 0) ::kill(launcher, SIGKILL), ::waitpid(launcher, &status, 0);
+    const Ended ended = wait_up_to_30s(launcher, t0);
+    const int status = ended.status;
+    const double seconds = ended.seconds;
     const std::string text = test_util::read_file(log);
     INFO(text);
-    REQUIRE(done == launcher);
+    REQUIRE(ended.exited);
     CHECK(seconds < 30.0);
     REQUIRE(WIFEXITED(status));
     if (want_code >= 0) CHECK(WEXITSTATUS(status) == want_code);
@@ -336,17 +345,11 @@ TEST_CASE("preemption: SIGTERM to one rank alone stops every rank after the same
     }
     REQUIRE(rank1 > 0);
     REQUIRE(::kill(rank1, SIGTERM) == 0);  // rank 0 never sees a signal: it learns of the stop in the all-reduce
-    int status = 0;
-    pid_t done = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    while ((done = ::waitpid(launcher, &status, WNOHANG)) == 0 &&
-           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (done == 0) ::kill(launcher, SIGKILL), ::waitpid(launcher, &status, 0);
+    const Ended ended = wait_up_to_30s(launcher, std::chrono::steady_clock::now());
+    const int status = ended.status;
     const std::string text = test_util::read_file(log);
     INFO(text);
-    REQUIRE(done == launcher);
+    REQUIRE(ended.exited);
     CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM));
     const auto rows = test_util::read_metrics(metrics);
     REQUIRE(!rows.empty());
