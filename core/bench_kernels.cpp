@@ -56,7 +56,7 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     const int C = m.d_model, NH = m.n_heads, HS = m.head_size(), P = m.ff_proj_size(), H = m.ff_hidden_size();
     const int V = m.embedding_size, N = B * T;
     // The head's chunk of rows, as the model sizes it.
-    const int R = Model::head_chunk_rows(m, B);
+    const int R = Model::head_chunk_rows(m, B, be.gemm_operands_bf16());
     const size_t NC = static_cast<size_t>(N) * C;
     const size_t block_numel = layout.units()[layout.block_unit(0)].numel;
 
@@ -112,9 +112,15 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         be.cast_float_to_bf16(half.bf16(), f.f32(), n);
         return GemmOperand::in_bf16(half.bf16());
     };
-    DeviceBuffer x16, y16, att16, fact16, fch16, qkv16;
+    DeviceBuffer x16, y16, att16, fact16, fch16, qkv16, dqkv16, datt16, dfch16, dfact16, logits16;
     const GemmOperand xo = operand(x, NC, x16), yo = operand(y, NC, y16), atto = operand(att, NC, att16),
                       facto = operand(fact, NHh, fact16), qkvo = operand(qkv, 3 * NC, qkv16);
+    // The gradients training keeps in the same storage: those only a GEMM or a bf16 kernel reads next (the
+    // attention's and the MLP's), and the head's logits chunk.
+    DeviceBuffer datt = buf(NC);
+    const GemmOperand dqkvo = operand(dqkv, 3 * NC, dqkv16), datto = operand(datt, NC, datt16),
+                      dfcho = operand(dfch, static_cast<size_t>(N) * P, dfch16), dfacto = operand(dfact, NHh, dfact16),
+                      logitso = operand(logits, static_cast<size_t>(R) * V, logits16);
     // The ff_proj output: bf16 with SwiGLU where the backend keeps operands so; GELU's pre-activation is fp32.
     const bool swiglu = m.activation_type == ActivationType::kSwiglu;
     const GemmOperand fcho = swiglu ? operand(fch, static_cast<size_t>(N) * P, fch16) : GemmOperand(fch.f32());
@@ -127,17 +133,16 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     float* bias = m.include_bias ? gemm_bias.f32() : nullptr;
     float* dbias = m.include_bias ? gemm_dbias.f32() : nullptr;
     auto gemm = [&](const std::string& what, int M, int K, int Nn, GemmOperand out, GemmOperand in, float* w,
-                    float* dout, float* din, float* dw, float* b, float* db) {
+                    GemmOperand dout, GemmOperand din, float* dw, float* b, float* db) {
         ops.push_back({what + " forward", [=](Backend& be_) { be_.matmul_forward(out, in, w, b, M, K, Nn); }});
         ops.push_back({what + " backward",
                        [=](Backend& be_) { be_.matmul_backward(din, dw, db, dout, in, w, M, K, Nn, false); }});
     };
-    gemm("att_proj GEMM", N, C, 3 * C, qkvo, xo, w_qkv.f32(), dqkv.f32(), dx.f32(), dw_qkv.f32(), bias, dbias);
-    gemm("attn_out GEMM", N, C, C, y.f32(), atto, w_qkv.f32(), x.f32(), dx.f32(), dw_qkv.f32(), bias, dbias);
-    gemm("ff_proj GEMM", N, C, P, fcho, xo, w_fc.f32(), dfch.f32(), dx.f32(), dw_fc.f32(), bias, dbias);
-    gemm("ff_out GEMM", N, H, C, y.f32(), facto, w_out.f32(), x.f32(), dfact.f32(), dw_out.f32(), bias, dbias);
-    gemm("LM head GEMM (one chunk)", R, C, V, logits.f32(), xo, wte.f32(), logits.f32(), dx.f32(), dwte.f32(), nullptr,
-         nullptr);
+    gemm("att_proj GEMM", N, C, 3 * C, qkvo, xo, w_qkv.f32(), dqkvo, dx.f32(), dw_qkv.f32(), bias, dbias);
+    gemm("attn_out GEMM", N, C, C, y.f32(), atto, w_qkv.f32(), x.f32(), datto, dw_qkv.f32(), bias, dbias);
+    gemm("ff_proj GEMM", N, C, P, fcho, xo, w_fc.f32(), dfcho, dx.f32(), dw_fc.f32(), bias, dbias);
+    gemm("ff_out GEMM", N, H, C, y.f32(), facto, w_out.f32(), x.f32(), dfacto, dw_out.f32(), bias, dbias);
+    gemm("LM head GEMM (one chunk)", R, C, V, logitso, xo, wte.f32(), logitso, dx.f32(), dwte.f32(), nullptr, nullptr);
     const float* w = m.layer_norm_with_affine ? lnw.f32() : nullptr;
     float* dw = m.layer_norm_with_affine ? dlnw.f32() : nullptr;
     ops.push_back({"layernorm forward", [&](Backend& b) {
@@ -149,15 +154,14 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     const float theta = static_cast<float>(m.rope_theta);
     if (m.rope) {
         ops.push_back({"rope forward", [&](Backend& b) { b.rope_forward(qkvo, B, T, NH, HS, theta); }});
-        ops.push_back({"rope backward", [&](Backend& b) { b.rope_backward(dqkv.f32(), B, T, NH, HS, theta); }});
+        ops.push_back({"rope backward", [&](Backend& b) { b.rope_backward(dqkvo, B, T, NH, HS, theta); }});
     }
     ops.push_back({"attention forward", [&](Backend& b) { b.attention_forward(atto, lse.f32(), qkvo, B, T, NH, HS); }});
-    ops.push_back({"attention backward", [&](Backend& b) {
-                       b.attention_backward(dqkv.f32(), y.f32(), qkvo, atto, lse.f32(), B, T, NH, HS);
-                   }});
+    ops.push_back({"attention backward",
+                   [&](Backend& b) { b.attention_backward(dqkvo, datto, qkvo, atto, lse.f32(), B, T, NH, HS); }});
     if (swiglu) {
         ops.push_back({"swiglu forward", [&](Backend& b) { b.swiglu_forward(facto, fcho, N, H); }});
-        ops.push_back({"swiglu backward", [&](Backend& b) { b.swiglu_backward(dfch.f32(), fcho, dfact.f32(), N, H); }});
+        ops.push_back({"swiglu backward", [&](Backend& b) { b.swiglu_backward(dfcho, fcho, dfacto, N, H); }});
     } else {
         const bool tanh_gelu = m.activation_type == ActivationType::kGeluTanh;
         // What training runs: the ff_proj GEMM and the GELU together (one GEMM with the GELU epilogue on the
@@ -167,13 +171,12 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
                        }});
         ops.push_back(
             {"gelu forward", [&, tanh_gelu](Backend& b) { b.gelu_forward(facto, fch.f32(), NHh, tanh_gelu); }});
-        ops.push_back({"gelu backward", [&, tanh_gelu](Backend& b) {
-                           b.gelu_backward(dfch.f32(), fch.f32(), dfact.f32(), NHh, tanh_gelu);
-                       }});
+        ops.push_back({"gelu backward",
+                       [&, tanh_gelu](Backend& b) { b.gelu_backward(dfcho, fch.f32(), dfacto, NHh, tanh_gelu); }});
     }
     ops.push_back({"residual add", [&](Backend& b) { b.residual_forward(y.f32(), x.f32(), dx.f32(), NC); }});
     ops.push_back({"classifier (one chunk)", [&](Backend& b) {
-                       b.classifier_forward_backward(logits.f32(), losses.f32(), tokens.i32() + N, R, V, 1e-3f, true);
+                       b.classifier_forward_backward(logitso, losses.f32(), tokens.i32() + N, R, V, 1e-3f, true);
                    }});
     ops.push_back({"embedding forward",
                    [&](Backend& b) { b.embedding_forward(x.f32(), tokens.i32(), wte.f32(), nullptr, N, T, C); }});

@@ -75,17 +75,18 @@ Model::BlockParams Model::block_params(const float* base, int layer) const {
     return p;
 }
 
-int Model::head_chunk_rows(const ModelConfig& m, int max_batch) {
-    // Enough rows to keep the GEMMs efficient (at least 16), few enough that a chunk of fp32 logits stays
-    // within 256 MiB ((64 << 20) / V rows of V floats) and within one block's activations (what a block
-    // keeps without checkpointing), so the head never needs more than a block: the same chunks under every
-    // activation_checkpointing policy (the dW_head sums, and so the results, do not depend on it), and a
-    // checkpointed run's arena is its blocks' inputs plus about one block. Each chunk is written and read
-    // back at once.
+int Model::head_chunk_rows(const ModelConfig& m, int max_batch, bool bf16_logits) {
+    // Enough rows to keep the GEMMs efficient (at least 16), few enough that a chunk of logits stays within
+    // 256 MiB ((64 << 20) / V rows of V floats, twice as many rows of bf16 logits) and within one block's
+    // activations (what a block keeps without checkpointing, counted in the logits' storage), so the head
+    // never needs more than a block: the same chunks under every activation_checkpointing policy (the
+    // dW_head sums, and so the results, do not depend on it), and a checkpointed run's arena is its blocks'
+    // inputs plus about one block. Each chunk is written and read back at once.
     const size_t T = static_cast<size_t>(m.max_sequence_length - 1), N = static_cast<size_t>(max_batch) * T;
     const size_t NC = N * m.d_model, lse = static_cast<size_t>(max_batch) * m.n_heads * T;
     const size_t block_floats = 8 * NC + 4 * N + lse + N * (m.ff_proj_size() + m.ff_hidden_size());
-    const size_t cap = std::min(size_t(64) << 20, block_floats) / static_cast<size_t>(m.embedding_size);
+    const size_t elements = std::min(size_t(64) << 20, block_floats) * (bf16_logits ? 2 : 1);
+    const size_t cap = elements / static_cast<size_t>(m.embedding_size);
     return static_cast<int>(std::clamp<size_t>(cap, 16, N));
 }
 
@@ -214,15 +215,19 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
         work.qkv = take_operand(3 * NC), work.att = take_operand(NC), work.lse = take(lse_n), work.resid_mid = take(NC);
         work.fch = take_fch(N * P_);
     }
+    // The gradients that only a GEMM or a bf16 kernel reads next are GemmOperands too (bf16 in amp_bf16, as
+    // autocast's are): attention's and the MLP's inner ones. The residual stream's (dresid) and the norms'
+    // (dln), which accumulate across paths, stay fp32.
     scratch_ = take(NC);
-    dqkv_ = take(3 * NC);
-    datt_ = take(NC);
-    dfch_ = take(N * P_);
-    dfch_act_ = take(N * H_);
-    const size_t rows = static_cast<size_t>(head_chunk_rows(m_, max_batch_));
+    dqkv_ = take_operand(3 * NC);
+    datt_ = take_operand(NC);
+    dfch_ = take_operand(N * P_);
+    dfch_act_ = take_operand(N * H_);
+    const size_t rows = static_cast<size_t>(head_chunk_rows(m_, max_batch_, operands_bf16_));
     head_chunk_rows_ = static_cast<int>(rows);
     logits_ = region;
-    off = std::max(off, region + (rows * V_ + 15) / 16 * 16);
+    const size_t logit_floats = operands_bf16_ ? (rows * V_ + 1) / 2 : rows * V_;
+    off = std::max(off, region + (logit_floats + 15) / 16 * 16);
     for (Plan& p : layers_) {
         for (size_t Plan::*f :
              {&Plan::ln1, &Plan::ln1_mean, &Plan::ln1_rstd, &Plan::qkv, &Plan::att, &Plan::lse, &Plan::resid_mid,
@@ -349,7 +354,7 @@ void Model::head(int batch, float dloss_scale, bool backward) {
     backend_->hold_weight(head_w);  // every chunk multiplies by the same (V, C) weight
     for (int r0 = 0; r0 < N; r0 += head_chunk_rows_) {
         const int rows = std::min(head_chunk_rows_, N - r0);
-        float* logits = act(logits_);
+        const GemmOperand logits = op(logits_);  // bf16 in amp_bf16, as autocast's LM head writes them
         const GemmOperand x = op(lnf_).at(static_cast<size_t>(r0) * C_);
         backend_->matmul_forward(logits, x, head_w, head_b, rows, C_, V_);
         backend_->classifier_forward_backward(logits, act(losses_) + r0, tokens_dev_.i32() + N + r0, rows, V_,
@@ -387,23 +392,23 @@ void Model::backward_blocks(int batch) {
             recompute_block(l, batch, w);
         }
         // MLP: x_out = resid_mid + ff_out(act(ff_proj(LN2(resid_mid)))); dresid holds d(x_out).
-        backend_->matmul_backward(act(dfch_act_), g.ff_out_w, g.ff_out_b, act(dresid_), op(a.fch_act), w.ff_out_w, N,
-                                  H_, C_, false);
+        backend_->matmul_backward(op(dfch_act_), g.ff_out_w, g.ff_out_b, act(dresid_), op(a.fch_act), w.ff_out_w, N, H_,
+                                  C_, false);
         if (m_.activation_type == ActivationType::kSwiglu) {
-            backend_->swiglu_backward(act(dfch_), fch(a.fch), act(dfch_act_), N, H_);
+            backend_->swiglu_backward(op(dfch_), fch(a.fch), op(dfch_act_), N, H_);
         } else {
-            backend_->gelu_backward(act(dfch_), act(a.fch), act(dfch_act_), static_cast<size_t>(N) * H_, tanh_gelu);
+            backend_->gelu_backward(op(dfch_), act(a.fch), op(dfch_act_), static_cast<size_t>(N) * H_, tanh_gelu);
         }
-        backend_->matmul_backward(act(dln_), g.ff_proj_w, g.ff_proj_b, act(dfch_), op(a.ln2), w.ff_proj_w, N, C_, P_,
+        backend_->matmul_backward(act(dln_), g.ff_proj_w, g.ff_proj_b, op(dfch_), op(a.ln2), w.ff_proj_w, N, C_, P_,
                                   false);
         backend_->layernorm_backward(act(dresid_), g.ff_norm_w, g.ff_norm_b, act(dln_), act(a.resid_mid), w.ff_norm_w,
                                      act(a.ln2_mean), act(a.ln2_rstd), N, C_);
         // Attention: resid_mid = resid + attn_out(attn(rope(att_proj(LN1(resid))))); dresid holds d(resid_mid).
-        backend_->matmul_backward(act(datt_), g.attn_out_w, g.attn_out_b, act(dresid_), op(a.att), w.attn_out_w, N, C_,
+        backend_->matmul_backward(op(datt_), g.attn_out_w, g.attn_out_b, act(dresid_), op(a.att), w.attn_out_w, N, C_,
                                   C_, false);
-        backend_->attention_backward(act(dqkv_), act(datt_), op(a.qkv), op(a.att), act(a.lse), batch, T_, NH_, HS_);
-        if (m_.rope) backend_->rope_backward(act(dqkv_), batch, T_, NH_, HS_, theta);
-        backend_->matmul_backward(act(dln_), g.att_proj_w, g.att_proj_b, act(dqkv_), op(a.ln1), w.att_proj_w, N, C_,
+        backend_->attention_backward(op(dqkv_), op(datt_), op(a.qkv), op(a.att), act(a.lse), batch, T_, NH_, HS_);
+        if (m_.rope) backend_->rope_backward(op(dqkv_), batch, T_, NH_, HS_, theta);
+        backend_->matmul_backward(act(dln_), g.att_proj_w, g.att_proj_b, op(dqkv_), op(a.ln1), w.att_proj_w, N, C_,
                                   3 * C_, false);
         backend_->layernorm_backward(act(dresid_), g.attn_norm_w, g.attn_norm_b, act(dln_), act(a.resid), w.attn_norm_w,
                                      act(a.ln1_mean), act(a.ln1_rstd), N, C_);

@@ -42,7 +42,7 @@ class Model {
 
     int max_batch() const { return max_batch_; }
     // Rows of the LM head's logits chunk for micro-batches of up to `max_batch` (model.cpp says why).
-    static int head_chunk_rows(const ModelConfig& m, int max_batch);
+    static int head_chunk_rows(const ModelConfig& m, int max_batch, bool bf16_logits);
     int positions() const { return T_; }  // T = L - 1
 
     // Pointers to one block's (or the head's) parameters or gradients in its unit's flat buffer (model.cpp).

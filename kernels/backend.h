@@ -120,9 +120,10 @@ class Backend {
     // PyTorch Linear: out(M,N) = inp(M,K) @ weight(N,K)^T + bias(N); bias nullable; out overwritten.
     virtual void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
                                 int N) = 0;
-    // dinp(M,K) = dout(M,N) @ weight(N,K) (+= when accumulate_dinp; dinp nullable: skipped);
-    // dweight(N,K) += dout^T @ inp; dbias(N) += the column sums of dout (nullable).
-    virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, GemmOperand inp,
+    // dinp(M,K) = dout(M,N) @ weight(N,K) (+= when accumulate_dinp, fp32 only; dinp nullable: skipped);
+    // dweight(N,K) += dout^T @ inp; dbias(N) += the column sums of dout (nullable). dout and dinp may be bf16
+    // GemmOperands (gradients only a GEMM or a bf16 kernel reads next, as PyTorch's autocast keeps them).
+    virtual void matmul_backward(GemmOperand dinp, float* dweight, float* dbias, GemmOperand dout, GemmOperand inp,
                                  const float* weight, int M, int K, int N, bool accumulate_dinp) = 0;
     // Until the next call, the weight at `w` does not change and may be converted once for all the GEMMs
     // that use it (the CUDA backend keeps its bf16 copy in amp_bf16: the LM head's chunks reuse one cast of
@@ -156,22 +157,22 @@ class Backend {
     // OLMo computes them; v untouched.
     virtual void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float theta) = 0;
     // In place on dqkv: the transpose (inverse) rotation of the dq and dk parts; dv untouched.
-    virtual void rope_backward(float* dqkv, int B, int T, int NH, int HS, float theta) = 0;
+    virtual void rope_backward(GemmOperand dqkv, int B, int T, int NH, int HS, float theta) = 0;
     // Causal scaled-dot-product attention (scale 1/sqrt(HS)) of qkv(B,T,3C): out(B,T,C) with head h at
     // channels [h*HS, (h+1)*HS); lse(B,NH,T) the log-sum-exp of each query's scaled scores, saved so the
     // backward recomputes the probabilities without a T x T matrix (nothing of size T x T is stored).
     virtual void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) = 0;
     // dqkv(B,T,3C) overwritten with d(q|k|v), from the forward's out and lse.
-    virtual void attention_backward(float* dqkv, const float* dout, GemmOperand qkv, GemmOperand out, const float* lse,
-                                    int B, int T, int NH, int HS) = 0;
+    virtual void attention_backward(GemmOperand dqkv, GemmOperand dout, GemmOperand qkv, GemmOperand out,
+                                    const float* lse, int B, int T, int NH, int HS) = 0;
     // out(n) = gelu(inp), the exact erf form or the tanh approximation; out == inp allowed (fp32).
     virtual void gelu_forward(GemmOperand out, const float* inp, size_t n, bool tanh_approx) = 0;
-    // dinp(n) = dout * gelu'(inp), overwritten; dinp == dout allowed.
-    virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx) = 0;
+    // dinp(n) = dout * gelu'(inp), overwritten; dinp == dout allowed (same storage type).
+    virtual void gelu_backward(GemmOperand dinp, const float* inp, GemmOperand dout, size_t n, bool tanh_approx) = 0;
     // inp(N,2H): columns [0,H) are x, [H,2H) the gate g (OLMo's ff_proj(x).chunk(2)); out(N,H) = silu(g) * x.
     virtual void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) = 0;
     // dinp(N,2H) overwritten from dout(N,H).
-    virtual void swiglu_backward(float* dinp, GemmOperand inp, const float* dout, int N, int H) = 0;
+    virtual void swiglu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, int N, int H) = 0;
     // out(n) = a + b; out may alias a or b.
     virtual void residual_forward(float* out, const float* a, const float* b, size_t n) = 0;
     // x(n) *= s.
@@ -180,8 +181,9 @@ class Backend {
     // logsumexp(row) - row[target] (natural log); when compute_grad the row is overwritten with dlogits =
     // (softmax(row) - onehot(target)) * dloss_scale, dloss_scale being d(total loss)/d(this row's loss).
     // A target < 0 is ignored (loss 0, zero gradient row). The softmax spans all V columns (OLMo computes
-    // the cross-entropy over the padded embedding_size).
-    virtual void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int N, int V,
+    // the cross-entropy over the padded embedding_size). bf16 logits (amp_bf16, as autocast's LM head writes
+    // them) are read in fp32 math and the dlogits rounded back to bf16; the losses are fp32.
+    virtual void classifier_forward_backward(GemmOperand logits, float* losses, const int32_t* targets, int N, int V,
                                              float dloss_scale, bool compute_grad) = 0;
 
     // ---- optimizer ----

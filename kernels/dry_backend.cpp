@@ -44,12 +44,14 @@ class DryBackend final : public Backend {
         const double m = M, k = K, n = N;
         note("matmul_forward", 2 * m * k * n, size(inp) * m * k + size(out) * m * n + 4 * (n * k + (bias ? n : 0)));
     }
-    void matmul_backward(float* dinp, float*, float* dbias, const float*, GemmOperand inp, const float*, int M, int K,
-                         int N, bool) override {
+    void matmul_backward(GemmOperand dinp, float*, float* dbias, GemmOperand dout, GemmOperand inp, const float*, int M,
+                         int K, int N, bool) override {
         const double m = M, k = K, n = N;
-        const double flops = 2 * m * k * n * (dinp ? 2 : 1) + (dbias ? m * n : 0);
+        const bool has_dinp = dinp.p != nullptr;
+        const double flops = 2 * m * k * n * (has_dinp ? 2 : 1) + (dbias ? m * n : 0);
         note("matmul_backward", flops,
-             size(inp) * m * k + 4 * (m * n + 3 * n * k + (dinp ? m * k : 0) + (dbias ? 2 * n : 0)));
+             size(inp) * m * k + size(dout) * m * n + (has_dinp ? size(dinp) * m * k : 0) +
+                 4 * (3 * n * k + (dbias ? 2 * n : 0)));
     }
     void embedding_forward(float*, const int32_t*, const float*, const float* wpe, int N, int, int C) override {
         const double nc = static_cast<double>(N) * C;
@@ -72,40 +74,43 @@ class DryBackend final : public Backend {
     void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float) override {
         rope("rope_forward", B, T, NH, HS, size(qkv));
     }
-    void rope_backward(float*, int B, int T, int NH, int HS, float) override { rope("rope_backward", B, T, NH, HS, 4); }
+    void rope_backward(GemmOperand dqkv, int B, int T, int NH, int HS, float) override {
+        rope("rope_backward", B, T, NH, HS, size(dqkv));
+    }
     // Causal: half the T x T scores; the backward recomputes the probabilities (QK^T) besides its three GEMMs.
     void attention_forward(GemmOperand out, float*, GemmOperand qkv, int B, int T, int NH, int HS) override {
         const double btc = static_cast<double>(B) * T * NH * HS;
         note("attention_forward", 2.0 * B * NH * static_cast<double>(T) * T * HS,
              4.0 * B * NH * T + size(qkv) * 3 * btc + size(out) * btc);
     }
-    void attention_backward(float*, const float*, GemmOperand qkv, GemmOperand out, const float*, int B, int T, int NH,
-                            int HS) override {
+    void attention_backward(GemmOperand dqkv, GemmOperand dout, GemmOperand qkv, GemmOperand out, const float*, int B,
+                            int T, int NH, int HS) override {
         const double btc = static_cast<double>(B) * T * NH * HS;
         note("attention_backward", 5.0 * B * NH * static_cast<double>(T) * T * HS,
-             4 * (4 * btc + 1.0 * B * NH * T) + size(qkv) * 3 * btc + size(out) * btc);
+             4.0 * B * NH * T + size(dqkv) * 3 * btc + size(dout) * btc + size(qkv) * 3 * btc + size(out) * btc);
     }
     void gelu_forward(GemmOperand out, const float*, size_t n, bool) override {
         note("gelu_forward", 10.0 * n, (4 + size(out)) * n);
     }
-    void gelu_backward(float*, const float*, const float*, size_t n, bool) override {
-        note("gelu_backward", 15.0 * n, 12.0 * n);
+    void gelu_backward(GemmOperand dinp, const float*, GemmOperand dout, size_t n, bool) override {
+        note("gelu_backward", 15.0 * n, (4 + size(dinp) + size(dout)) * n);
     }
     void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) override {
         const double nh = static_cast<double>(N) * H;
         note("swiglu_forward", 6 * nh, (2 * size(inp) + size(out)) * nh);
     }
-    void swiglu_backward(float*, GemmOperand inp, const float*, int N, int H) override {
+    void swiglu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, int N, int H) override {
         const double nh = static_cast<double>(N) * H;
-        note("swiglu_backward", 10 * nh, (2 * size(inp) + 12) * nh);
+        note("swiglu_backward", 10 * nh, (2 * size(inp) + 2 * size(dinp) + size(dout)) * nh);
     }
     void residual_forward(float*, const float*, const float*, size_t n) override {
         note("residual_forward", 1.0 * n, 12.0 * n);
     }
     void scale_inplace(float*, size_t n, float) override { note("scale_inplace", 1.0 * n, 8.0 * n); }
-    void classifier_forward_backward(float*, float*, const int32_t*, int N, int V, float, bool compute_grad) override {
+    void classifier_forward_backward(GemmOperand logits, float*, const int32_t*, int N, int V, float,
+                                     bool compute_grad) override {
         const double nv = static_cast<double>(N) * V;
-        note("classifier_forward_backward", (compute_grad ? 6 : 4) * nv, 4 * nv * (compute_grad ? 2 : 1));
+        note("classifier_forward_backward", (compute_grad ? 6 : 4) * nv, size(logits) * nv * (compute_grad ? 2 : 1));
     }
     void adamw_update(float*, const float*, float*, float*, size_t n, float, float, float, float, float, long, float,
                       uint16_t* param_bf16) override {

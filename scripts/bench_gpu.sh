@@ -4,6 +4,11 @@
 # fused AdamW, clipping; eager and torch.compile), alternating the three in each round so machine noise hits
 # them alike; then (--kernels) every kernel of one step against the device's roofline (`trainer bench-kernels`).
 #
+# Each shape runs the trainer twice: as configured (activation_checkpointing null: every activation kept)
+# and with activation_checkpointing=fine_grained (the norms and the MLP activation recomputed in the
+# backward from what the GEMMs read, the cheap recompute torch.compile's partitioner chooses on its own);
+# --no-fine-grained leaves the second out.
+#
 # Prints one markdown table: tokens/s of each, the trainer's ratio to torch.compile, MFU against the
 # device's dense bf16 peak (the trainer's: the spec sheet's figure for known GPUs, e.g. H100 SXM 989.4
 # TFLOP/s; SMs x max clock x FLOP/clock/SM otherwise) and peak device memory (the trainer's pool
@@ -14,12 +19,12 @@
 # 14 GB). The tokens are this repository's own text, made once with the trainer (throughput only).
 #
 # Usage: scripts/bench_gpu.sh [--steps N] [--rounds R] [--attention native|cudnn|flash] [--shapes LIST]
-#                             [--no-torch] [--kernels]
+#                             [--no-torch] [--no-fine-grained] [--kernels]
 #   LIST: comma-separated of gpt2_124m, olmo_1b_mb4, olmo_1b_mb8 (default: all three)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench_common.sh
-steps=12 rounds=1 attention=cudnn shapes=gpt2_124m,olmo_1b_mb4,olmo_1b_mb8 torch=1 kernels=0
+steps=12 rounds=1 attention=cudnn shapes=gpt2_124m,olmo_1b_mb4,olmo_1b_mb8 torch=1 kernels=0 fine_grained=1
 while (($#)); do
     case $1 in
         --steps) steps=$2; shift 2 ;;
@@ -27,6 +32,7 @@ while (($#)); do
         --attention) attention=$2; shift 2 ;;
         --shapes) shapes=$2; shift 2 ;;
         --no-torch) torch=0; shift ;;
+        --no-fine-grained) fine_grained=0; shift ;;
         --kernels) kernels=1; shift ;;
         *) echo "error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
     esac
@@ -55,11 +61,18 @@ done
 for ((r = 1; r <= rounds; r++)); do
     for name in "${names[@]}"; do
         IFS='|' read -r config micro <<<"${spec[$name]}"
-        "$trainer" --config "$config" --device cuda --precision amp_bf16 --data data/bench_tokens.bin \
-            --max-duration "$steps" --set console_log_interval=1000000 --set kernels.attention="$attention" \
-            --set save_folder=null --set save_interval=0 --set device_train_microbatch_size="$micro" \
-            --set global_train_batch_size="$micro" --metrics-file "$tmp/trainer_${name}_$r.jsonl" \
-            >"$tmp/trainer_${name}_$r.log" 2>&1 || { cat "$tmp/trainer_${name}_$r.log" >&2; exit 1; }
+        policies=(null)
+        ((fine_grained)) && policies+=(fine_grained)
+        for ac in "${policies[@]}"; do
+            run=$name
+            [[ $ac == null ]] || run=${name}_$ac
+            "$trainer" --config "$config" --device cuda --precision amp_bf16 --data data/bench_tokens.bin \
+                --max-duration "$steps" --set console_log_interval=1000000 --set kernels.attention="$attention" \
+                --set save_folder=null --set save_interval=0 --set device_train_microbatch_size="$micro" \
+                --set global_train_batch_size="$micro" --set activation_checkpointing="$ac" \
+                --metrics-file "$tmp/trainer_${run}_$r.jsonl" >"$tmp/trainer_${run}_$r.log" 2>&1 ||
+                { cat "$tmp/trainer_${run}_$r.log" >&2; exit 1; }
+        done
         if ((torch)); then
             for mode in eager compile; do
                 "$py" scripts/bench_torch_gpu.py --config "$config" --micro-batch "$micro" --mode "$mode" \
@@ -74,20 +87,23 @@ for ((r = 1; r <= rounds; r++)); do
 done
 grep -h "^MFU peak" "$tmp"/trainer_*_1.log | head -1 >&2
 
-"$py" - "$tmp" "$rounds" "$attention" "${names[@]}" <<'PY'
+"$py" - "$tmp" "$rounds" "$attention" "$fine_grained" "${names[@]}" <<'PY'
 import json, os, statistics, sys
-tmp, rounds, attention, names = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+tmp, rounds, attention, fine_grained, names = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1", sys.argv[5:]
 gib = 2**30
 def load(path):
     return json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else None
 print(f"| shape | trainer tokens/s | eager tokens/s | compile tokens/s | trainer / compile | trainer MFU | "
       f"compile MFU | trainer GiB | eager GiB | compile GiB |")
 print("|---|---|---|---|---|---|---|---|---|---|")
-for name in names:
+runs = [(name, name) for name in names]
+if fine_grained:  # each shape's fine_grained run beside the same PyTorch figures
+    runs = [r for name in names for r in ((name, name), (name, f"{name}_fine_grained"))]
+for name, run in runs:
     ours, ours_mfu, eager, comp, mem = [], [], [], [], []
     teager = tcomp = None
     for r in range(1, rounds + 1):
-        rows = [json.loads(l) for l in open(f"{tmp}/trainer_{name}_{r}.jsonl") if l.strip()]
+        rows = [json.loads(l) for l in open(f"{tmp}/trainer_{run}_{r}.jsonl") if l.strip()]
         s = rows[-1]
         ours.append(s["tokens_per_second_per_device"])
         ours_mfu.append(100.0 * s["mfu"])
@@ -103,7 +119,7 @@ for name in names:
         return 100.0 * fpt * tps * (L - 1) / L / peak
     o = med(ours)
     fmt = lambda x: f"{x:,.0f}" if x else "-"
-    row = [name, fmt(o), fmt(med(eager)) if eager else "-", fmt(med(comp)) if comp else "-",
+    row = [run, fmt(o), fmt(med(eager)) if eager else "-", fmt(med(comp)) if comp else "-",
            f"{o / med(comp):.2f}" if comp else "-", f"{med(ours_mfu):.1f}%",
            f"{mfu(med(comp), tcomp['seq_len']):.1f}%" if comp else "-",
            f"{max(mem) / gib:.1f}",

@@ -95,8 +95,9 @@ TEST_CASE("dry run: predicted peak memory by category is the measured accounting
 
 TEST_CASE("dry run: amp_bf16 on a GPU stores the activations only GEMMs read in bf16") {
     // The norms' outputs, qkv, attention's output, the MLP activation and (SwiGLU) the ff_proj output of every
-    // block and the final norm's output (GemmOperand, kernels/backend.h) take half the floats of their 64-byte aligned
-    // slots; nothing else moves.
+    // block, the final norm's output, and the backward's gradients of qkv, attention's output, the ff_proj output
+    // and the MLP activation (GemmOperand, kernels/backend.h) take half the floats of their 64-byte aligned slots;
+    // the head's bf16 logits chunk shares the backward's slots as before; nothing else moves.
     RankEnv env;
     const TrainConfig fp32 = tiny_with({"device_train_microbatch_size=4", "precision=fp32"});
     const TrainConfig amp = tiny_with({"device_train_microbatch_size=4", "precision=amp_bf16"});
@@ -110,7 +111,8 @@ TEST_CASE("dry run: amp_bf16 on a GPU stores the activations only GEMMs read in 
     const size_t NC = N * m.d_model, NH = N * m.ff_hidden_size(), NP = N * m.ff_proj_size();
     auto slot = [](size_t floats) { return static_cast<int64_t>((floats + 15) / 16 * 16 * sizeof(float)); };
     auto saved = [&](size_t n) { return slot(n) - slot((n + 1) / 2); };
-    const int64_t expected = m.n_layers * (3 * saved(NC) + saved(3 * NC) + saved(NH) + saved(NP)) + saved(NC);
+    const int64_t expected = m.n_layers * (3 * saved(NC) + saved(3 * NC) + saved(NH) + saved(NP)) + saved(NC) +
+                             saved(3 * NC) + saved(NC) + saved(NP) + saved(NH);
     CHECK(activations(fp32, Device::kCuda) - activations(amp, Device::kCuda) == expected);
     // kernels.bf16_activations false keeps them in fp32 (cast per GEMM), as the CPU backend, the reference, does.
     const TrainConfig wide =

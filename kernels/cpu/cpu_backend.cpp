@@ -127,9 +127,9 @@ class CpuBackend final : public Backend {
                         int N) override {
         cpu::matmul_forward(f32(out), f32(inp), weight, bias, M, K, N);
     }
-    void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, GemmOperand inp,
+    void matmul_backward(GemmOperand dinp, float* dweight, float* dbias, GemmOperand dout, GemmOperand inp,
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override {
-        cpu::matmul_backward(dinp, dweight, dbias, dout, f32(inp), weight, M, K, N, accumulate_dinp);
+        cpu::matmul_backward(f32(dinp), dweight, dbias, f32(dout), f32(inp), weight, M, K, N, accumulate_dinp);
     }
     void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
                            int C) override {
@@ -150,35 +150,35 @@ class CpuBackend final : public Backend {
     void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float theta) override {
         cpu::rope_forward(f32(qkv), B, T, NH, HS, theta);
     }
-    void rope_backward(float* dqkv, int B, int T, int NH, int HS, float theta) override {
-        cpu::rope_backward(dqkv, B, T, NH, HS, theta);
+    void rope_backward(GemmOperand dqkv, int B, int T, int NH, int HS, float theta) override {
+        cpu::rope_backward(f32(dqkv), B, T, NH, HS, theta);
     }
     void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) override {
         cpu::attention_forward(f32(out), lse, f32(qkv), B, T, NH, HS);
     }
-    void attention_backward(float* dqkv, const float* dout, GemmOperand qkv, GemmOperand out, const float* lse, int B,
-                            int T, int NH, int HS) override {
-        cpu::attention_backward(dqkv, dout, f32(qkv), f32(out), lse, B, T, NH, HS);
+    void attention_backward(GemmOperand dqkv, GemmOperand dout, GemmOperand qkv, GemmOperand out, const float* lse,
+                            int B, int T, int NH, int HS) override {
+        cpu::attention_backward(f32(dqkv), f32(dout), f32(qkv), f32(out), lse, B, T, NH, HS);
     }
     void gelu_forward(GemmOperand out, const float* inp, size_t n, bool tanh_approx) override {
         cpu::gelu_forward(f32(out), inp, n, tanh_approx);
     }
-    void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx) override {
-        cpu::gelu_backward(dinp, inp, dout, n, tanh_approx);
+    void gelu_backward(GemmOperand dinp, const float* inp, GemmOperand dout, size_t n, bool tanh_approx) override {
+        cpu::gelu_backward(f32(dinp), inp, f32(dout), n, tanh_approx);
     }
     void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) override {
         cpu::swiglu_forward(f32(out), f32(inp), N, H);
     }
-    void swiglu_backward(float* dinp, GemmOperand inp, const float* dout, int N, int H) override {
-        cpu::swiglu_backward(dinp, f32(inp), dout, N, H);
+    void swiglu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, int N, int H) override {
+        cpu::swiglu_backward(f32(dinp), f32(inp), f32(dout), N, H);
     }
     void residual_forward(float* out, const float* a, const float* b, size_t n) override {
         cpu::residual_forward(out, a, b, n);
     }
     void scale_inplace(float* x, size_t n, float s) override { cpu::scale_inplace(x, n, s); }
-    void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int N, int V,
+    void classifier_forward_backward(GemmOperand logits, float* losses, const int32_t* targets, int N, int V,
                                      float dloss_scale, bool compute_grad) override {
-        cpu::classifier_forward_backward(logits, losses, targets, N, V, dloss_scale, compute_grad);
+        cpu::classifier_forward_backward(f32(logits), losses, targets, N, V, dloss_scale, compute_grad);
     }
     void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
                       float eps, float weight_decay, long step, float grad_scale, uint16_t* param_bf16) override {

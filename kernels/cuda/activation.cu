@@ -1,6 +1,8 @@
 // Pointwise MLP activations on the GPU: GELU (erf and tanh forms) and SwiGLU, forward and backward, with
 // the per-element formulas of kernels/element.h that the CPU twin (kernels/cpu/activation.cpp) uses.
 // Gradients are overwritten; GELU may run in place.
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/element.h"
@@ -22,29 +24,39 @@ struct GeluTanhBackward {
 };
 
 // SwiGLU over rows of 2H inputs (value half, then gate half; fp32, or bf16 from a bf16 GEMM output) and H
-// outputs; one thread per output element, consecutive threads on consecutive columns (coalesced in all
-// three arrays).
+// outputs. Rows stride over blockIdx.y and columns over blockIdx.x, consecutive threads on consecutive
+// columns (coalesced in every array), with no per-element division.
 template <typename In, typename Out>
 __global__ void swiglu_forward_kernel(Out* out, const In* inp, int N, int H) {
-    const size_t total = static_cast<size_t>(N) * H, stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-    for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-        const size_t n = i / H, j = i % H;
-        const In* x = inp + n * 2 * H;
-        store_as(out + i, silu(load_as_float(x[H + j])) * load_as_float(x[j]));
+    for (int n = blockIdx.y; n < N; n += gridDim.y) {
+        const In* x = inp + static_cast<size_t>(n) * 2 * H;
+        Out* y = out + static_cast<size_t>(n) * H;
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < H; j += gridDim.x * blockDim.x)
+            store_as(y + j, silu(load_as_float(x[H + j])) * load_as_float(x[j]));
     }
 }
 
-template <typename In>
-__global__ void swiglu_backward_kernel(float* dinp, const In* inp, const float* dout, int N, int H) {
-    const size_t total = static_cast<size_t>(N) * H, stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-    for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-        const size_t n = i / H, j = i % H;
-        const In* x = inp + n * 2 * H;
-        float* dx = dinp + n * 2 * H;
-        const float g = dout[i], gate = load_as_float(x[H + j]);
-        dx[j] = g * silu(gate);
-        dx[H + j] = g * load_as_float(x[j]) * silu_grad(gate);
+// dinp (rows of 2H, overwritten) from dout (rows of H): fp32 gradients, or bf16 ones (fp32 math, rounded
+// once).
+template <typename In, typename G>
+__global__ void swiglu_backward_kernel(G* dinp, const In* inp, const G* dout, int N, int H) {
+    for (int n = blockIdx.y; n < N; n += gridDim.y) {
+        const In* x = inp + static_cast<size_t>(n) * 2 * H;
+        const G* g_row = dout + static_cast<size_t>(n) * H;
+        G* dx = dinp + static_cast<size_t>(n) * 2 * H;
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < H; j += gridDim.x * blockDim.x) {
+            const float g = load_as_float(g_row[j]), gate = load_as_float(x[H + j]);
+            store_as(dx + j, g * silu(gate));
+            store_as(dx + H + j, g * load_as_float(x[j]) * silu_grad(gate));
+        }
     }
+}
+
+// The (columns, rows) grid of the SwiGLU kernels: every column of a row in one pass of a block row.
+dim3 swiglu_grid(int N, int H) {
+    const unsigned x = (static_cast<unsigned>(H) + kPointwiseBlock - 1) / kPointwiseBlock;
+    const unsigned y = static_cast<unsigned>(std::min(N, 65535));
+    return dim3(x, y);
 }
 
 // out(n) = f(inp) rounded to bf16 (a GEMM operand).
@@ -56,19 +68,26 @@ __global__ void map1_to_bf16_kernel(uint16_t* out, const float* inp, size_t n, F
     }
 }
 
+// dinp(n) = f(inp, dout) on bf16 gradients and the fp32 pre-activation, rounded once; in place allowed.
+template <typename F>
+__global__ void map2_bf16_grad_kernel(uint16_t* dinp, const float* inp, const uint16_t* dout, size_t n, F f) {
+    const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+    for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+        dinp[i] = float_to_bf16(f(inp[i], bf16_to_float(dout[i])));
+    }
+}
+
 template <typename In, typename Out>
 void swiglu_forward_launch(Out* out, const In* inp, int N, int H, cudaStream_t stream) {
-    const size_t total = static_cast<size_t>(N) * H;
-    if (total == 0) return;
-    swiglu_forward_kernel<In, Out><<<grid_for(total, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, inp, N, H);
+    if (static_cast<size_t>(N) * H == 0) return;
+    swiglu_forward_kernel<In, Out><<<swiglu_grid(N, H), kPointwiseBlock, 0, stream>>>(out, inp, N, H);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
-template <typename In>
-void swiglu_backward_launch(float* dinp, const In* inp, const float* dout, int N, int H, cudaStream_t stream) {
-    const size_t total = static_cast<size_t>(N) * H;
-    if (total == 0) return;
-    swiglu_backward_kernel<In><<<grid_for(total, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, N, H);
+template <typename In, typename G>
+void swiglu_backward_launch(G* dinp, const In* inp, const G* dout, int N, int H, cudaStream_t stream) {
+    if (static_cast<size_t>(N) * H == 0) return;
+    swiglu_backward_kernel<In, G><<<swiglu_grid(N, H), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, N, H);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -94,6 +113,24 @@ void swiglu_forward_bf16_in(uint16_t* out, const uint16_t* inp, int N, int H, cu
 
 void swiglu_backward_bf16_in(float* dinp, const uint16_t* inp, const float* dout, int N, int H, cudaStream_t stream) {
     swiglu_backward_launch(dinp, inp, dout, N, H, stream);
+}
+
+void swiglu_backward_bf16(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int N, int H,
+                          cudaStream_t stream) {
+    swiglu_backward_launch(dinp, inp, dout, N, H, stream);
+}
+
+void gelu_backward_bf16(uint16_t* dinp, const float* inp, const uint16_t* dout, size_t n, bool tanh_approx,
+                        cudaStream_t stream) {
+    if (n == 0) return;
+    if (tanh_approx) {
+        map2_bf16_grad_kernel<<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, n,
+                                                                                            GeluTanhBackward{});
+    } else {
+        map2_bf16_grad_kernel<<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, n,
+                                                                                            GeluErfBackward{});
+    }
+    TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
 void gelu_forward(float* out, const float* inp, size_t n, bool tanh_approx, cudaStream_t stream) {

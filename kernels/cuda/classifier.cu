@@ -25,20 +25,22 @@ __device__ void merge(float& m, float& s, float m2, float s2) {
     }
 }
 
-__global__ void classifier_kernel(float* logits, float* losses, const int32_t* targets, int V, float dloss_scale,
+// Logits of type E: fp32, or bf16 (read in fp32, the dlogits rounded back).
+template <typename E>
+__global__ void classifier_kernel(E* logits, float* losses, const int32_t* targets, int V, float dloss_scale,
                                   bool compute_grad) {
     __shared__ float sm[kThreads], ss[kThreads];
     const int n = blockIdx.x;
-    float* row = logits + static_cast<size_t>(n) * V;
+    E* row = logits + static_cast<size_t>(n) * V;
     const int target = targets[n];
     if (target < 0) {
         if (threadIdx.x == 0) losses[n] = 0.0f;
         if (compute_grad)
-            for (int c = threadIdx.x; c < V; c += kThreads) row[c] = 0.0f;
+            for (int c = threadIdx.x; c < V; c += kThreads) store_as(row + c, 0.0f);
         return;
     }
     float m = -FLT_MAX, s = 0.0f;
-    for (int c = threadIdx.x; c < V; c += kThreads) merge(m, s, row[c], 1.0f);
+    for (int c = threadIdx.x; c < V; c += kThreads) merge(m, s, load_as_float(row[c]), 1.0f);
     sm[threadIdx.x] = m, ss[threadIdx.x] = s;
     __syncthreads();
     for (unsigned half = kThreads / 2; half > 0; half /= 2) {
@@ -50,23 +52,34 @@ __global__ void classifier_kernel(float* logits, float* losses, const int32_t* t
         __syncthreads();
     }
     const float lse = sm[0] + logf(ss[0]);
-    if (threadIdx.x == 0) losses[n] = lse - row[target];
+    if (threadIdx.x == 0) losses[n] = lse - load_as_float(row[target]);
     __syncthreads();  // thread 0 has read row[target] before pass 2 overwrites it
     if (!compute_grad) return;
     for (int c = threadIdx.x; c < V; c += kThreads) {
-        const float p = expf(row[c] - lse);
-        row[c] = (p - (c == target ? 1.0f : 0.0f)) * dloss_scale;
+        const float p = expf(load_as_float(row[c]) - lse);
+        store_as(row + c, (p - (c == target ? 1.0f : 0.0f)) * dloss_scale);
     }
+}
+
+template <typename E>
+void classifier_launch(E* logits, float* losses, const int32_t* targets, int N, int V, float dloss_scale,
+                       bool compute_grad, cudaStream_t stream) {
+    if (N == 0) return;
+    classifier_kernel<E>
+        <<<static_cast<unsigned>(N), kThreads, 0, stream>>>(logits, losses, targets, V, dloss_scale, compute_grad);
+    TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
 void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int N, int V, float dloss_scale,
                                  bool compute_grad, cudaStream_t stream) {
-    if (N == 0) return;
-    classifier_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(logits, losses, targets, V, dloss_scale,
-                                                                         compute_grad);
-    TRAINER_CUDA_CHECK(cudaGetLastError());
+    classifier_launch(logits, losses, targets, N, V, dloss_scale, compute_grad, stream);
+}
+
+void classifier_forward_backward_bf16(uint16_t* logits, float* losses, const int32_t* targets, int N, int V,
+                                      float dloss_scale, bool compute_grad, cudaStream_t stream) {
+    classifier_launch(logits, losses, targets, N, V, dloss_scale, compute_grad, stream);
 }
 
 }  // namespace trainer::cuda

@@ -129,8 +129,9 @@ class CudaBackend final : public Backend {
     }
     ~CudaBackend() override {
         for (auto& [key, t] : rope_tables_) free(t.first), free(t.second);
-        for (Scratch* s : {&ln_scratch_, &att_scratch_, &emb_scratch_, &segments_, &norm_segments_, &a16_, &b16_, &c16_,
-                           &held16_, &att16_[0], &att16_[1], &att16_[2], &att16_[3], &wide_[0], &wide_[1]})
+        for (Scratch* s :
+             {&ln_scratch_, &att_scratch_, &emb_scratch_, &segments_, &norm_segments_, &a16_, &b16_, &c16_, &held16_,
+              &att16_[0], &att16_[1], &att16_[2], &att16_[3], &wide_[0], &wide_[1], &wide_[2], &wide_[3]})
             free(s->ptr);
         cudnn_attention_.reset();
         free(norm_scratch_);
@@ -342,18 +343,34 @@ class CudaBackend final : public Backend {
         const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
         cuda::matmul_gelu_forward_bf16(*gemm_, pre, out.f32(), inp16, w16, bias, M, K, N, stream_);
     }
-    void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, GemmOperand inp,
+    void matmul_backward(GemmOperand dinp, float* dweight, float* dbias, GemmOperand dout, GemmOperand inp,
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override {
+        TRAINER_CHECK(!(dinp.bf16 && accumulate_dinp), "a bf16 GEMM gradient cannot accumulate");
         if (!options_.bf16_matmuls) {
+            TRAINER_CHECK(!dinp.bf16 && !dout.bf16, "a bf16 GEMM gradient without amp_bf16");
             const float* in = dweight != nullptr ? operand_f32(wide_[0], inp, size_t(M) * K) : nullptr;
-            return cuda::matmul_backward(*gemm_, dinp, dweight, dbias, dout, in, weight, M, K, N, accumulate_dinp,
-                                         stream_);
+            return cuda::matmul_backward(*gemm_, dinp.f32(), dweight, dbias, dout.f32(), in, weight, M, K, N,
+                                         accumulate_dinp, stream_);
         }
-        const uint16_t* dout16 = to_bf16(c16_, dout, size_t(M) * N);
+        // A bf16 dout is read where it lies (its bias gradient summed from it too); an fp32 one is cast once and
+        // its bias gradient summed in fp32.
+        const uint16_t* dout16 = operand_bf16(c16_, dout, size_t(M) * N);
+        const float* dout32 = dout.bf16 ? nullptr : dout.f32();
         const uint16_t* inp16 = dweight != nullptr ? operand_bf16(a16_, inp, size_t(M) * K) : nullptr;
-        const uint16_t* w16 = dinp != nullptr ? weight_bf16(weight, size_t(N) * K) : nullptr;
-        cuda::matmul_backward_bf16(*gemm_, dinp, dweight, dbias, dout, dout16, inp16, w16, M, K, N, accumulate_dinp,
+        const uint16_t* w16 = dinp.p != nullptr ? weight_bf16(weight, size_t(N) * K) : nullptr;
+        if (!dinp.bf16) {
+            cuda::matmul_backward_bf16(*gemm_, dinp.f32(), nullptr, dweight, dbias, dout32, dout16, inp16, w16, M, K, N,
+                                       accumulate_dinp, stream_);
+            return;
+        }
+        // A bf16 dinp rounded once by cuBLASLt; where it has no such kernel, the fp32 product rounded by a cast.
+        if (cuda::matmul_backward_bf16(*gemm_, nullptr, dinp.b16(), dweight, dbias, dout32, dout16, inp16, w16, M, K, N,
+                                       false, stream_))
+            return;
+        auto* wide = static_cast<float*>(grow(wide_[1], size_t(M) * K * sizeof(float)));
+        cuda::matmul_backward_bf16(*gemm_, wide, nullptr, dweight, dbias, dout32, dout16, inp16, w16, M, K, N, false,
                                    stream_);
+        cuda::cast_float_to_bf16(dinp.b16(), wide, size_t(M) * K, stream_);
     }
     void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
                            int C) override {
@@ -380,9 +397,10 @@ class CudaBackend final : public Backend {
         if (qkv.bf16) return cuda::rope_forward_bf16(qkv.b16(), cos_t, sin_t, B, T, NH, HS, stream_);
         cuda::rope_forward(qkv.f32(), cos_t, sin_t, B, T, NH, HS, stream_);
     }
-    void rope_backward(float* dqkv, int B, int T, int NH, int HS, float theta) override {
+    void rope_backward(GemmOperand dqkv, int B, int T, int NH, int HS, float theta) override {
         const auto& [cos_t, sin_t] = rope_table(T, HS, theta);
-        cuda::rope_backward(dqkv, cos_t, sin_t, B, T, NH, HS, stream_);
+        if (dqkv.bf16) return cuda::rope_backward_bf16(dqkv.b16(), cos_t, sin_t, B, T, NH, HS, stream_);
+        cuda::rope_backward(dqkv.f32(), cos_t, sin_t, B, T, NH, HS, stream_);
     }
     void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) override {
         const size_t NC = static_cast<size_t>(B) * T * NH * HS;
@@ -404,33 +422,40 @@ class CudaBackend final : public Backend {
         }
         if (!out.bf16) cuda::cast_bf16_to_float(out.f32(), out16, NC, stream_);
     }
-    void attention_backward(float* dqkv, const float* dout, GemmOperand qkv, GemmOperand out, const float* lse, int B,
-                            int T, int NH, int HS) override {
+    void attention_backward(GemmOperand dqkv, GemmOperand dout, GemmOperand qkv, GemmOperand out, const float* lse,
+                            int B, int T, int NH, int HS) override {
         const size_t NC = static_cast<size_t>(B) * T * NH * HS;
-        if (options_.attention == AttentionKernel::kNative) {
+        if (options_.attention == AttentionKernel::kNative) {  // fp32 kernels: bf16 operands widened, and narrowed
             float* scratch = static_cast<float*>(
                 grow(att_scratch_, cuda::attention_backward_scratch_floats(B, T, NH) * sizeof(float)));
-            return cuda::attention_backward(dqkv, dout, operand_f32(wide_[0], qkv, 3 * NC),
-                                            operand_f32(wide_[1], out, NC), lse, B, T, NH, HS, scratch, stream_);
+            float* d32 = dqkv.bf16 ? static_cast<float*>(grow(wide_[3], 3 * NC * sizeof(float))) : dqkv.f32();
+            cuda::attention_backward(d32, operand_f32(wide_[2], dout, NC), operand_f32(wide_[0], qkv, 3 * NC),
+                                     operand_f32(wide_[1], out, NC), lse, B, T, NH, HS, scratch, stream_);
+            if (dqkv.bf16) cuda::cast_float_to_bf16(dqkv.b16(), d32, 3 * NC, stream_);
+            return;
         }
+        // cuDNN or ours, on bf16: bf16 operands and gradients read and written where they lie.
         const uint16_t* qkv16 = operand_bf16(att16_[0], qkv, 3 * NC);
         const uint16_t* out16 = operand_bf16(att16_[1], out, NC);  // fp32 out holds bf16 values: forward's bits
-        const uint16_t* dout16 = to_bf16(att16_[2], dout, NC);
-        auto* dqkv16 = static_cast<uint16_t*>(grow(att16_[3], 3 * NC * sizeof(uint16_t)));
+        const uint16_t* dout16 = operand_bf16(att16_[2], dout, NC);
+        auto* dqkv16 = dqkv.bf16 ? dqkv.b16() : static_cast<uint16_t*>(grow(att16_[3], 3 * NC * sizeof(uint16_t)));
         if (cudnn_attention_) {
             cudnn_attention_->backward(dqkv16, dout16, qkv16, out16, lse, B, T, NH, HS, stream_);
         } else {
             void* scratch = grow(att_scratch_, cuda::flash_attention_backward_scratch_bytes(B, T, NH, HS));
             cuda::flash_attention_backward(dqkv16, dout16, qkv16, out16, lse, B, T, NH, HS, scratch, stream_);
         }
-        cuda::cast_bf16_to_float(dqkv, dqkv16, 3 * NC, stream_);
+        if (!dqkv.bf16) cuda::cast_bf16_to_float(dqkv.f32(), dqkv16, 3 * NC, stream_);
     }
     void gelu_forward(GemmOperand out, const float* inp, size_t n, bool tanh_approx) override {
         if (out.bf16) return cuda::gelu_forward_bf16(out.b16(), inp, n, tanh_approx, stream_);
         cuda::gelu_forward(out.f32(), inp, n, tanh_approx, stream_);
     }
-    void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx) override {
-        cuda::gelu_backward(dinp, inp, dout, n, tanh_approx, stream_);
+    void gelu_backward(GemmOperand dinp, const float* inp, GemmOperand dout, size_t n, bool tanh_approx) override {
+        if (dinp.bf16) {
+            return cuda::gelu_backward_bf16(dinp.b16(), inp, operand_bf16(c16_, dout, n), n, tanh_approx, stream_);
+        }
+        cuda::gelu_backward(dinp.f32(), inp, operand_f32(wide_[0], dout, n), n, tanh_approx, stream_);
     }
     void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) override {
         if (inp.bf16) {
@@ -441,17 +466,32 @@ class CudaBackend final : public Backend {
         if (out.bf16) return cuda::swiglu_forward_bf16(out.b16(), inp.f32(), N, H, stream_);
         cuda::swiglu_forward(out.f32(), inp.f32(), N, H, stream_);
     }
-    void swiglu_backward(float* dinp, GemmOperand inp, const float* dout, int N, int H) override {
-        if (inp.bf16) return cuda::swiglu_backward_bf16_in(dinp, inp.b16(), dout, N, H, stream_);
-        cuda::swiglu_backward(dinp, inp.f32(), dout, N, H, stream_);
+    void swiglu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, int N, int H) override {
+        const size_t NH = static_cast<size_t>(N) * H;
+        if (dinp.bf16 && inp.bf16) {  // amp_bf16's: all three bf16
+            return cuda::swiglu_backward_bf16(dinp.b16(), inp.b16(), operand_bf16(c16_, dout, NH), N, H, stream_);
+        }
+        // Else fp32 gradients (a bf16 dinp from an fp32 input: computed in fp32 and rounded once).
+        float* d32 = dinp.bf16 ? static_cast<float*>(grow(wide_[1], 2 * NH * sizeof(float))) : dinp.f32();
+        const float* g32 = operand_f32(wide_[2], dout, NH);
+        if (inp.bf16) {
+            cuda::swiglu_backward_bf16_in(d32, inp.b16(), g32, N, H, stream_);
+        } else {
+            cuda::swiglu_backward(d32, inp.f32(), g32, N, H, stream_);
+        }
+        if (dinp.bf16) cuda::cast_float_to_bf16(dinp.b16(), d32, 2 * NH, stream_);
     }
     void residual_forward(float* out, const float* a, const float* b, size_t n) override {
         cuda::residual_forward(out, a, b, n, stream_);
     }
     void scale_inplace(float* x, size_t n, float s) override { cuda::scale_inplace(x, n, s, stream_); }
-    void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int N, int V,
+    void classifier_forward_backward(GemmOperand logits, float* losses, const int32_t* targets, int N, int V,
                                      float dloss_scale, bool compute_grad) override {
-        cuda::classifier_forward_backward(logits, losses, targets, N, V, dloss_scale, compute_grad, stream_);
+        if (logits.bf16) {
+            return cuda::classifier_forward_backward_bf16(logits.b16(), losses, targets, N, V, dloss_scale,
+                                                          compute_grad, stream_);
+        }
+        cuda::classifier_forward_backward(logits.f32(), losses, targets, N, V, dloss_scale, compute_grad, stream_);
     }
     void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
                       float eps, float weight_decay, long step, float grad_scale, uint16_t* param_bf16) override {
@@ -591,7 +631,7 @@ class CudaBackend final : public Backend {
     const float* held_ = nullptr;
     size_t held_numel_ = 0;
     Scratch att16_[4];  // the bf16 attentions' qkv, out, dout and dqkv
-    Scratch wide_[2];   // bf16 operands widened for fp32 kernels (the native attention), and fp32 products
+    Scratch wide_[4];   // bf16 operands widened for fp32 kernels (the native attention), and fp32 products
     std::unique_ptr<CudnnAttention> cudnn_attention_;
     std::map<std::tuple<int, int, float>, std::pair<float*, float*>> rope_tables_;
 };

@@ -32,12 +32,13 @@ namespace {
 // deterministic and the same on every device. (One thread per column walking all M rows, as before, ran
 // GPT-2's N = 768 columns on 6 blocks of the 132 SMs, each thread through 16368 rows.)
 constexpr int kColumnTile = 32;
-__global__ void column_sum_kernel(float* dbias, const float* dout, int M, int N) {
+template <typename T>
+__global__ void column_sum_kernel(float* dbias, const T* dout, int M, int N) {
     __shared__ float part[kColumnTile][kColumnTile + 1];
     const int c = blockIdx.x * kColumnTile + threadIdx.x;
     float s = 0.0f;
     if (c < N) {
-        for (int r = threadIdx.y; r < M; r += kColumnTile) s += dout[static_cast<size_t>(r) * N + c];
+        for (int r = threadIdx.y; r < M; r += kColumnTile) s += load_as_float(dout[static_cast<size_t>(r) * N + c]);
     }
     part[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
@@ -75,10 +76,12 @@ uint32_t alignment_of(const void* p) {
     return align;
 }
 
-void column_sum(float* dbias, const float* dout, int M, int N, cudaStream_t stream) {
+// dout fp32, or bf16 (a bf16 gradient, as cuBLASLt's BGRAD epilogues read it).
+template <typename T>
+void column_sum(float* dbias, const T* dout, int M, int N, cudaStream_t stream) {
     if (N <= 0) return;
     const unsigned blocks = (static_cast<unsigned>(N) + kColumnTile - 1) / kColumnTile;
-    column_sum_kernel<<<blocks, dim3(kColumnTile, kColumnTile), 0, stream>>>(dbias, dout, M, N);
+    column_sum_kernel<T><<<blocks, dim3(kColumnTile, kColumnTile), 0, stream>>>(dbias, dout, M, N);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -118,10 +121,11 @@ void Gemm::run_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
               stream);
 }
 
-bool Gemm::run_bf16_out(int M, int N, int K, const uint16_t* A, const uint16_t* B, uint16_t* C, cudaStream_t stream) {
+bool Gemm::run_bf16_out(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
+                        int ldb, uint16_t* C, int ldc, cudaStream_t stream) {
     if (K == 0) return false;  // C = 0: the fp32 path's empty product
-    return run_typed(false, true, M, N, K, 1.0f, A, K, B, K, CUDA_R_16BF, 0.0f, C, CUDA_R_16BF, N, nullptr, nullptr,
-                     stream);
+    return run_typed(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, CUDA_R_16BF, 0.0f, C, CUDA_R_16BF, ldc, nullptr,
+                     nullptr, stream);
 }
 
 bool Gemm::gelu_fusable(int N, const float* out, const float* pre, const float* bias) {
@@ -299,18 +303,29 @@ void matmul_forward_bf16(Gemm& gemm, float* out, const uint16_t* inp, const uint
 
 bool matmul_forward_bf16_out(Gemm& gemm, uint16_t* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
                              int N, cudaStream_t stream) {
-    return gemm.run_bf16_out(M, N, K, inp, weight, out, stream);
+    return gemm.run_bf16_out(false, true, M, N, K, inp, K, weight, K, out, N, stream);
 }
 
-void matmul_backward_bf16(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
+bool matmul_backward_bf16(Gemm& gemm, float* dinp, uint16_t* dinp16, float* dweight, float* dbias, const float* dout,
                           const uint16_t* dout16, const uint16_t* inp16, const uint16_t* weight16, int M, int K, int N,
                           bool accumulate_dinp, cudaStream_t stream) {
+    // The bf16 dinp first: where cuBLASLt has no kernel for it, nothing has been queued when this returns.
+    if (dinp16 != nullptr &&
+        (accumulate_dinp || !gemm.run_bf16_out(false, false, M, K, N, dout16, N, weight16, K, dinp16, K, stream)))
+        return false;
     if (dinp != nullptr)
         gemm.run_bf16(false, false, M, K, N, 1.0f, dout16, N, weight16, K, accumulate_dinp ? 1.0f : 0.0f, dinp, K,
                       nullptr, stream);
     if (dweight != nullptr)
         gemm.run_bf16(true, false, N, K, M, 1.0f, dout16, N, inp16, K, 1.0f, dweight, K, nullptr, stream);
-    if (dbias != nullptr) column_sum(dbias, dout, M, N, stream);
+    if (dbias != nullptr) {
+        if (dout != nullptr) {
+            column_sum(dbias, dout, M, N, stream);
+        } else {
+            column_sum(dbias, dout16, M, N, stream);
+        }
+    }
+    return true;
 }
 
 }  // namespace trainer::cuda

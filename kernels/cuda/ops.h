@@ -24,7 +24,9 @@ class Gemm {
     // C(M, N) = A(M, K) @ B(N, K)^T in bf16 (fp32 accumulation, rounded once): the Linear forward writing a
     // bf16 activation. False (nothing queued) where cuBLASLt has no such kernel or K is 0: the caller takes the
     // fp32 output and rounds it.
-    bool run_bf16_out(int M, int N, int K, const uint16_t* A, const uint16_t* B, uint16_t* C, cudaStream_t stream);
+    // Any layout (trans_a / trans_b and leading dimensions as run()), beta 0, no bias.
+    bool run_bf16_out(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
+                      int ldb, uint16_t* C, int ldc, cudaStream_t stream);
     // The same with bf16 A and B, fp32 accumulation and an fp32 C (amp_bf16).
     void run_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A, int lda,
                   const uint16_t* B, int ldb, float beta, float* C, int ldc, const float* bias, cudaStream_t stream);
@@ -64,7 +66,11 @@ bool matmul_forward_bf16_out(Gemm& gemm, uint16_t* out, const uint16_t* inp, con
                              int N, cudaStream_t stream);
 void matmul_forward_bf16(Gemm& gemm, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias, int M,
                          int K, int N, cudaStream_t stream);
-void matmul_backward_bf16(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
+// The backward from bf16 operands: dout16 is dout in bf16, and dbias sums the fp32 dout where one is given
+// (nullable), else dout16. dinp is written in fp32 (dinp) or rounded once to bf16 (dinp16, overwritten: not
+// with accumulate_dinp), at most one of them set. False, with nothing queued, where cuBLASLt has no
+// bf16-output kernel for dinp16 (or it would accumulate): the caller computes dinp in fp32 and rounds it.
+bool matmul_backward_bf16(Gemm& gemm, float* dinp, uint16_t* dinp16, float* dweight, float* dbias, const float* dout,
                           const uint16_t* dout16, const uint16_t* inp16, const uint16_t* weight16, int M, int K, int N,
                           bool accumulate_dinp, cudaStream_t stream);
 
@@ -94,9 +100,12 @@ void rope_forward(float* qkv, const float* cos_t, const float* sin_t, int B, int
                   cudaStream_t stream);
 void rope_backward(float* dqkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
                    cudaStream_t stream);
-// The forward on a bf16 qkv (the att_proj GEMM's bf16 output): rotated in fp32, rounded back to bf16.
+// The forward on a bf16 qkv (the att_proj GEMM's bf16 output) and the backward on a bf16 dqkv (the bf16
+// attentions' output): rotated in fp32, rounded back to bf16.
 void rope_forward_bf16(uint16_t* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
                        cudaStream_t stream);
+void rope_backward_bf16(uint16_t* dqkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
+                        cudaStream_t stream);
 
 // Residual add (out may alias a or b) and in-place scaling (residual.cu).
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
@@ -114,6 +123,12 @@ void swiglu_forward_bf16(uint16_t* out, const float* inp, int N, int H, cudaStre
 void swiglu_forward_bf16_in(uint16_t* out, const uint16_t* inp, int N, int H, cudaStream_t stream);
 void swiglu_backward_bf16_in(float* dinp, const uint16_t* inp, const float* dout, int N, int H, cudaStream_t stream);
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H, cudaStream_t stream);
+// The backwards on bf16 gradients (amp_bf16: dout the ff_out GEMM's bf16 dinp, dinp the ff_proj GEMM's bf16
+// dout), fp32 math, dinp rounded once; GELU's fp32 pre-activation, SwiGLU's bf16 ff_proj output. GELU may
+// run in place (dinp == dout).
+void gelu_backward_bf16(uint16_t* dinp, const float* inp, const uint16_t* dout, size_t n, bool tanh_approx,
+                        cudaStream_t stream);
+void swiglu_backward_bf16(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int N, int H, cudaStream_t stream);
 
 // Causal attention over qkv (B, T, 3C): out (B, T, C), lse (B, NH, T) of the scaled scores; backward
 // overwrites dqkv, with `scratch` of attention_backward_scratch_floats(B, T, NH) floats. The native
@@ -157,6 +172,10 @@ void flash_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16
 // ignored; targets must be < V (classifier.cu).
 void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int N, int V, float dloss_scale,
                                  bool compute_grad, cudaStream_t stream);
+// The same over bf16 logits (the LM head GEMM's bf16 output): fp32 math, fp32 losses, the dlogits rounded to
+// bf16 in place.
+void classifier_forward_backward_bf16(uint16_t* logits, float* losses, const int32_t* targets, int N, int V,
+                                      float dloss_scale, bool compute_grad, cudaStream_t stream);
 
 // Fused AdamW over a flat shard, PyTorch's semantics; grad_scale is the clip coefficient (adamw.cu).
 // param_bf16 (nullable) receives the updated parameters rounded to bf16 in the same pass.

@@ -55,4 +55,9 @@ void rope_backward(float* dqkv, const float* cos_t, const float* sin_t, int B, i
     rope_apply(dqkv, cos_t, sin_t, B, T, NH, HS, -1.0f, stream);
 }
 
+void rope_backward_bf16(uint16_t* dqkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
+                        cudaStream_t stream) {
+    rope_apply(dqkv, cos_t, sin_t, B, T, NH, HS, -1.0f, stream);
+}
+
 }  // namespace trainer::cuda

@@ -182,6 +182,15 @@ void test_gelu() {
             Dev<uint16_t> dout16(n);
             trainer::cuda::gelu_forward_bf16(dout16.p, dx.p, n, tanh_approx, nullptr);
             expect_close_bf16(ref, dout16, "gelu_forward_bf16 matches the CPU rounded to bf16");
+            // On bf16 gradients (amp_bf16): the CPU on the rounded dout, rounded once; and in place.
+            const auto [g16, gr] = bf16_rounded(g);
+            std::vector<float> rref(n);
+            trainer::cpu::gelu_backward(rref.data(), x.data(), gr.data(), n, tanh_approx);
+            Dev<uint16_t> dg16(g16), dd16(n);
+            trainer::cuda::gelu_backward_bf16(dd16.p, dx.p, dg16.p, n, tanh_approx, nullptr);
+            expect_close_bf16(rref, dd16, "gelu_backward_bf16 matches the CPU rounded to bf16");
+            trainer::cuda::gelu_backward_bf16(dg16.p, dx.p, dg16.p, n, tanh_approx, nullptr);
+            expect(dg16.host() == dd16.host(), "gelu_backward_bf16 in place gives the same bits");
         }
     }
 }
@@ -214,6 +223,13 @@ void test_swiglu() {
             trainer::cuda::swiglu_backward_bf16_in(ddr.p, di16.p, dg.p, N, H, nullptr);
             expect_close_bf16(rref, dyr16, "swiglu_forward from bf16 matches the CPU rounded to bf16");
             expect_close(rdref, ddr.host(), "swiglu_backward from bf16 matches the CPU on the rounded input");
+            // All bf16 (amp_bf16's gradients): the CPU on the rounded input and dout, rounded once.
+            const auto [g16, gr] = bf16_rounded(dout);
+            std::vector<float> bref(inp.size());
+            trainer::cpu::swiglu_backward(bref.data(), inr.data(), gr.data(), N, H);
+            Dev<uint16_t> dg16(g16), dd16(inp.size());
+            trainer::cuda::swiglu_backward_bf16(dd16.p, di16.p, dg16.p, N, H, nullptr);
+            expect_close_bf16(bref, dd16, "swiglu_backward on bf16 matches the CPU rounded to bf16");
         }
     }
 }
@@ -442,6 +458,13 @@ void test_rope() {
             trainer::cpu::rope_forward(qkv.data(), B, T, NH, HS, 10000.0f);
             trainer::cuda::rope_forward(dq.p, dc.p, ds.p, B, T, NH, HS, nullptr);
             expect_close(qkv, dq.host(), "rope_forward matches the CPU");
+            {  // The backward on a bf16 dqkv (the bf16 attentions' output).
+                auto [d16, dr] = bf16_rounded(qkv);
+                Dev<uint16_t> dd16(d16);
+                trainer::cpu::rope_backward(dr.data(), B, T, NH, HS, 10000.0f);
+                trainer::cuda::rope_backward_bf16(dd16.p, dc.p, ds.p, B, T, NH, HS, nullptr);
+                expect_close_bf16(dr, dd16, "rope_backward on bf16 matches the CPU rounded to bf16");
+            }
             trainer::cpu::rope_backward(qkv.data(), B, T, NH, HS, 10000.0f);
             trainer::cuda::rope_backward(dq.p, dc.p, ds.p, B, T, NH, HS, nullptr);
             expect_close(qkv, dq.host(), "rope_backward matches the CPU");
@@ -460,6 +483,20 @@ void test_classifier() {
                 std::vector<float> loss(N);
                 Dev<float> dl(logits), dloss(N);
                 Dev<int32_t> dt(tgt);
+                // bf16 logits (the LM head's bf16 output): the CPU on the rounded logits; dlogits rounded once.
+                auto [l16, lr] = bf16_rounded(logits);
+                Dev<uint16_t> dl16(l16);
+                Dev<float> dloss16(N);
+                std::vector<float> loss_r(N);
+                trainer::cpu::classifier_forward_backward(lr.data(), loss_r.data(), tgt.data(), N, V, 0.01f, grad);
+                trainer::cuda::classifier_forward_backward_bf16(dl16.p, dloss16.p, dt.p, N, V, 0.01f, grad, nullptr);
+                expect_close(loss_r, dloss16.host(), "classifier losses on bf16 logits match the CPU", 1e-5, 1e-4);
+                if (grad) {
+                    std::vector<float> wide(lr.size());
+                    const auto h = dl16.host();
+                    trainer::cpu::cast_bf16_to_float(wide.data(), h.data(), h.size());
+                    expect_close(lr, wide, "classifier dlogits on bf16 match the CPU rounded to bf16", 1e-9, 1.0 / 128);
+                }
                 trainer::cpu::classifier_forward_backward(logits.data(), loss.data(), tgt.data(), N, V, 0.01f, grad);
                 trainer::cuda::classifier_forward_backward(dl.p, dloss.p, dt.p, N, V, 0.01f, grad, nullptr);
                 expect_close(loss, dloss.host(), "classifier losses match the CPU", 1e-5, 1e-4);
@@ -727,11 +764,31 @@ void test_matmul_bf16() {
                                               wr.data(), M, K, N, false);
                 for (int n = 0; n < N; ++n)
                     for (int m = 0; m < M; ++m) db[n] += g[static_cast<size_t>(m) * N + n];
-                trainer::cuda::matmul_backward_bf16(gemm, ddx.p, ddw.p, ddb.p, dgrad.p, dg16.p, dx16.p, dw16.p, M, K, N,
-                                                    false, nullptr);
+                expect(trainer::cuda::matmul_backward_bf16(gemm, ddx.p, nullptr, ddw.p, ddb.p, dgrad.p, dg16.p, dx16.p,
+                                                           dw16.p, M, K, N, false, nullptr),
+                       "the fp32-dinp backward runs");
                 expect_close(dx, ddx.host(), "bf16 matmul_backward dinp matches the CPU", 1e-5, 1e-4);
                 expect_close(dw, ddw.host(), "bf16 matmul_backward dweight matches the CPU", 1e-5, 1e-4);
                 expect_close(db, ddb.host(), "bf16 matmul_backward dbias matches the CPU", 1e-5, 1e-4);
+                // A bf16 dout and a bf16 dinp (amp_bf16's inner gradients): dbias sums the bf16 dout, dinp is
+                // the CPU's product rounded once, dweight accumulates as before.
+                std::vector<float> db_r(N, 0.0f);
+                for (int n = 0; n < N; ++n)
+                    for (int m = 0; m < M; ++m) db_r[n] += gr[static_cast<size_t>(m) * N + n];
+                std::vector<float> dw2(w.size());
+                for (size_t i = 0; i < dw.size(); ++i) dw2[i] = 2.0f * dw[i];
+                Dev<uint16_t> ddx16(x.size());
+                Dev<float> ddb_r(std::vector<float>(N, 0.0f));
+                expect(trainer::cuda::matmul_backward_bf16(gemm, nullptr, ddx16.p, ddw.p, ddb_r.p, nullptr, dg16.p,
+                                                           dx16.p, dw16.p, M, K, N, false, nullptr),
+                       "cuBLASLt runs the bf16-output backward GEMM");
+                expect_close_bf16(dx, ddx16, "bf16 matmul_backward bf16 dinp matches the CPU rounded to bf16");
+                expect_close(dw2, ddw.host(), "bf16 matmul_backward dweight accumulates", 1e-5, 1e-4);
+                expect_close(db_r, ddb_r.host(), "bf16 matmul_backward dbias from bf16 dout matches the CPU", 1e-5,
+                             1e-4);
+                expect(!trainer::cuda::matmul_backward_bf16(gemm, nullptr, ddx16.p, ddw.p, nullptr, nullptr, dg16.p,
+                                                            dx16.p, dw16.p, M, K, N, true, nullptr),
+                       "a bf16 dinp refuses to accumulate");
             }
         }
     }

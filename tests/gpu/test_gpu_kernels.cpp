@@ -20,10 +20,10 @@ using namespace gpu_kernel_tests;
 
 TEST_CASE("gpu kernel: the bf16 casts and round_to_bf16 are bitwise the CPU's") { check(test_cast); }
 TEST_CASE("gpu kernel: residual_forward and scale_inplace match the CPU") { check(test_residual_and_scale); }
-TEST_CASE("gpu kernel: gelu_forward (fp32 and bf16 out) and gelu_backward (erf and tanh) match the CPU") {
+TEST_CASE("gpu kernel: gelu_forward and gelu_backward (erf and tanh; fp32 and bf16) match the CPU") {
     check(test_gelu);
 }
-TEST_CASE("gpu kernel: swiglu_forward (fp32 and bf16 out) and swiglu_backward match the CPU") { check(test_swiglu); }
+TEST_CASE("gpu kernel: swiglu_forward and swiglu_backward (fp32 and bf16) match the CPU") { check(test_swiglu); }
 TEST_CASE("gpu kernel: adamw_update and its bf16 copy-out match the CPU") { check(test_adamw); }
 TEST_CASE("gpu kernel: squared_norm and sum match the CPU in double and repeat bitwise") { check(test_norms); }
 TEST_CASE("gpu kernel: multi-tensor AdamW and squared norm over several ranges match the CPU") {
@@ -35,8 +35,8 @@ TEST_CASE("gpu kernel: embedding_forward matches and embedding_backward is bitwi
 TEST_CASE("gpu kernel: layernorm_forward (fp32 and bf16 out) and layernorm_backward match the CPU") {
     check(test_layernorm);
 }
-TEST_CASE("gpu kernel: rope_forward (fp32 and bf16) and rope_backward match the CPU") { check(test_rope); }
-TEST_CASE("gpu kernel: classifier_forward_backward matches the CPU") { check(test_classifier); }
+TEST_CASE("gpu kernel: rope_forward and rope_backward (fp32 and bf16) match the CPU") { check(test_rope); }
+TEST_CASE("gpu kernel: classifier_forward_backward on fp32 and bf16 logits matches the CPU") { check(test_classifier); }
 TEST_CASE("gpu kernel: native attention forward and backward match the CPU") { check(test_attention); }
 TEST_CASE("gpu kernel: cuDNN attention forward and backward match the CPU at bf16 tolerance") {
     check(test_attention_cudnn);
@@ -54,6 +54,6 @@ TEST_CASE("gpu kernel: matmul_forward with a bias at a 4-byte offset and with K 
 TEST_CASE("gpu kernel: matmul_gelu_forward (GELU epilogue and its fallback) matches the CPU") {
     check(test_matmul_gelu);
 }
-TEST_CASE("gpu kernel: bf16 matmul_forward (fp32 and bf16 out) and matmul_backward match the CPU on rounded operands") {
+TEST_CASE("gpu kernel: bf16 matmul_forward and matmul_backward (fp32 and bf16 out) match the CPU on rounded operands") {
     check(test_matmul_bf16);
 }
