@@ -289,7 +289,6 @@ void Model::block_norm(int l, int which, int N, const BlockParams& w) {
 
 void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid) {
     const int N = batch * T_;
-    const size_t NC = static_cast<size_t>(N) * C_;
     const float theta = static_cast<float>(m_.rope_theta);
     const bool tanh_gelu = m_.activation_type == ActivationType::kGeluTanh;
     const Plan& a = layers_[l];
@@ -297,8 +296,8 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
     backend_->matmul_forward(op(a.qkv), op(a.ln1), w.att_proj_w, w.att_proj_b, N, C_, 3 * C_);
     if (m_.rope) backend_->rope_forward(op(a.qkv), batch, T_, NH_, HS_, theta);
     backend_->attention_forward(op(a.att), act(a.lse), op(a.qkv), batch, T_, NH_, HS_);
-    backend_->matmul_forward(act(scratch_), op(a.att), w.attn_out_w, w.attn_out_b, N, C_, C_);
-    backend_->residual_forward(act(a.resid_mid), act(a.resid), act(scratch_), NC);
+    backend_->matmul_residual_forward(act(a.resid_mid), act(a.resid), op(a.att), w.attn_out_w, w.attn_out_b, N, C_, C_,
+                                      act(scratch_));
     block_norm(l, 2, N, w);
     if (m_.activation_type == ActivationType::kSwiglu) {
         backend_->matmul_forward(fch(a.fch), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
@@ -309,8 +308,8 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
     }
     if (!out_resid) return;
     const size_t next_resid = (l + 1 < L_) ? layers_[l + 1].resid : resid_final_;
-    backend_->matmul_forward(act(scratch_), op(a.fch_act), w.ff_out_w, w.ff_out_b, N, H_, C_);
-    backend_->residual_forward(act(next_resid), act(a.resid_mid), act(scratch_), NC);
+    backend_->matmul_residual_forward(act(next_resid), act(a.resid_mid), op(a.fch_act), w.ff_out_w, w.ff_out_b, N, H_,
+                                      C_, act(scratch_));
 }
 
 void Model::recompute_block(int l, int batch, const BlockParams& w) {

@@ -125,6 +125,14 @@ class Backend {
     // GemmOperands (gradients only a GEMM or a bf16 kernel reads next, as PyTorch's autocast keeps them).
     virtual void matmul_backward(GemmOperand dinp, float* dweight, float* dbias, GemmOperand dout, GemmOperand inp,
                                  const float* weight, int M, int K, int N, bool accumulate_dinp) = 0;
+    // out(M,N) = resid(M,N) + the Linear forward of inp: a block's sublayer output added to the residual
+    // stream (out may alias resid). Default: matmul_forward into `scratch` (M x N floats) and residual_forward;
+    // the CUDA backend adds resid in the GEMM's epilogue in amp_bf16 (scratch unused), saving a pass.
+    virtual void matmul_residual_forward(float* out, const float* resid, GemmOperand inp, const float* weight,
+                                         const float* bias, int M, int K, int N, float* scratch) {
+        matmul_forward(scratch, inp, weight, bias, M, K, N);
+        residual_forward(out, resid, scratch, static_cast<size_t>(M) * N);
+    }
     // Until the next call, the weight at `w` does not change and may be converted once for all the GEMMs
     // that use it (the CUDA backend keeps its bf16 copy in amp_bf16: the LM head's chunks reuse one cast of
     // the (V, C) weight). nullptr ends the promise. Default: nothing kept.

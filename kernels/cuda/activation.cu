@@ -24,83 +24,150 @@ struct GeluTanhBackward {
 };
 
 // SwiGLU over rows of 2H inputs (value half, then gate half; fp32, or bf16 from a bf16 GEMM output) and H
-// outputs. Rows stride over blockIdx.y and columns over blockIdx.x, consecutive threads on consecutive
+// outputs. Rows stride over blockIdx.y and columns over blockIdx.x, each thread on V consecutive columns
+// (kSwigluVec with 128-bit accesses where the rows allow, else 1), consecutive threads on consecutive
 // columns (coalesced in every array), with no per-element division.
-template <typename In, typename Out>
+constexpr int kSwigluVec = 8;
+
+template <int V, typename In, typename Out>
 __global__ void swiglu_forward_kernel(Out* out, const In* inp, int N, int H) {
     for (int n = blockIdx.y; n < N; n += gridDim.y) {
         const In* x = inp + static_cast<size_t>(n) * 2 * H;
         Out* y = out + static_cast<size_t>(n) * H;
-        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < H; j += gridDim.x * blockDim.x)
-            store_as(y + j, silu(load_as_float(x[H + j])) * load_as_float(x[j]));
+        for (int j = (blockIdx.x * blockDim.x + threadIdx.x) * V; j < H; j += gridDim.x * blockDim.x * V) {
+            float v[V], g[V], r[V];
+            load_vec<V>(x + j, v);
+            load_vec<V>(x + H + j, g);
+#pragma unroll
+            for (int k = 0; k < V; ++k) r[k] = silu(g[k]) * v[k];
+            store_vec<V>(y + j, r);
+        }
     }
 }
 
 // dinp (rows of 2H, overwritten) from dout (rows of H): fp32 gradients, or bf16 ones (fp32 math, rounded
 // once).
-template <typename In, typename G>
+template <int V, typename In, typename G>
 __global__ void swiglu_backward_kernel(G* dinp, const In* inp, const G* dout, int N, int H) {
     for (int n = blockIdx.y; n < N; n += gridDim.y) {
         const In* x = inp + static_cast<size_t>(n) * 2 * H;
         const G* g_row = dout + static_cast<size_t>(n) * H;
         G* dx = dinp + static_cast<size_t>(n) * 2 * H;
-        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < H; j += gridDim.x * blockDim.x) {
-            const float g = load_as_float(g_row[j]), gate = load_as_float(x[H + j]);
-            store_as(dx + j, g * silu(gate));
-            store_as(dx + H + j, g * load_as_float(x[j]) * silu_grad(gate));
+        for (int j = (blockIdx.x * blockDim.x + threadIdx.x) * V; j < H; j += gridDim.x * blockDim.x * V) {
+            float v[V], gate[V], g[V], dv[V], dgate[V];
+            load_vec<V>(x + j, v);
+            load_vec<V>(x + H + j, gate);
+            load_vec<V>(g_row + j, g);
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                dv[k] = g[k] * silu(gate[k]);
+                dgate[k] = g[k] * v[k] * silu_grad(gate[k]);
+            }
+            store_vec<V>(dx + j, dv);
+            store_vec<V>(dx + H + j, dgate);
         }
     }
 }
 
 // The (columns, rows) grid of the SwiGLU kernels: every column of a row in one pass of a block row.
-dim3 swiglu_grid(int N, int H) {
-    const unsigned x = (static_cast<unsigned>(H) + kPointwiseBlock - 1) / kPointwiseBlock;
+dim3 swiglu_grid(int N, int H, int vec) {
+    const unsigned x = (static_cast<unsigned>((H + vec - 1) / vec) + kPointwiseBlock - 1) / kPointwiseBlock;
     const unsigned y = static_cast<unsigned>(std::min(N, 65535));
     return dim3(x, y);
-}
-
-// out(n) = f(inp) rounded to bf16 (a GEMM operand).
-template <typename F>
-__global__ void map1_to_bf16_kernel(uint16_t* out, const float* inp, size_t n, F f) {
-    const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-    for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-        out[i] = float_to_bf16(f(inp[i]));
-    }
-}
-
-// dinp(n) = f(inp, dout) on bf16 gradients and the fp32 pre-activation, rounded once; in place allowed.
-template <typename F>
-__global__ void map2_bf16_grad_kernel(uint16_t* dinp, const float* inp, const uint16_t* dout, size_t n, F f) {
-    const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-    for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-        dinp[i] = float_to_bf16(f(inp[i], bf16_to_float(dout[i])));
-    }
 }
 
 template <typename In, typename Out>
 void swiglu_forward_launch(Out* out, const In* inp, int N, int H, cudaStream_t stream) {
     if (static_cast<size_t>(N) * H == 0) return;
-    swiglu_forward_kernel<In, Out><<<swiglu_grid(N, H), kPointwiseBlock, 0, stream>>>(out, inp, N, H);
+    if (H % kSwigluVec == 0 && aligned16(out, inp)) {
+        swiglu_forward_kernel<kSwigluVec, In, Out>
+            <<<swiglu_grid(N, H, kSwigluVec), kPointwiseBlock, 0, stream>>>(out, inp, N, H);
+    } else {
+        swiglu_forward_kernel<1, In, Out><<<swiglu_grid(N, H, 1), kPointwiseBlock, 0, stream>>>(out, inp, N, H);
+    }
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename In, typename G>
 void swiglu_backward_launch(G* dinp, const In* inp, const G* dout, int N, int H, cudaStream_t stream) {
     if (static_cast<size_t>(N) * H == 0) return;
-    swiglu_backward_kernel<In, G><<<swiglu_grid(N, H), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, N, H);
+    if (H % kSwigluVec == 0 && aligned16(dinp, inp, dout)) {
+        swiglu_backward_kernel<kSwigluVec, In, G>
+            <<<swiglu_grid(N, H, kSwigluVec), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, N, H);
+    } else {
+        swiglu_backward_kernel<1, In, G><<<swiglu_grid(N, H, 1), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, N, H);
+    }
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+}
+
+// out(n) = f(inp) rounded to bf16 (a GEMM operand), V elements a thread (128-bit accesses where V > 1),
+// then the tail one by one.
+template <int V, typename F>
+__global__ void map1_to_bf16_kernel(uint16_t* out, const float* inp, size_t n, F f) {
+    const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+    const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x, groups = n / V;
+    for (size_t i = tid; i < groups; i += stride) {
+        float x[V];
+        load_vec<V>(inp + i * V, x);
+#pragma unroll
+        for (int k = 0; k < V; ++k) x[k] = f(x[k]);
+        store_vec<V>(out + i * V, x);
+    }
+    for (size_t i = groups * V + tid; i < n; i += stride) out[i] = float_to_bf16(f(inp[i]));
+}
+
+// dinp(n) = f(inp, dout) on bf16 gradients and the fp32 pre-activation, rounded once; in place allowed
+// (each element reads and writes only its own index).
+template <int V, typename F>
+__global__ void map2_bf16_grad_kernel(uint16_t* dinp, const float* inp, const uint16_t* dout, size_t n, F f) {
+    const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+    const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x, groups = n / V;
+    for (size_t i = tid; i < groups; i += stride) {
+        float x[V], g[V];
+        load_vec<V>(inp + i * V, x);
+        load_vec<V>(dout + i * V, g);
+#pragma unroll
+        for (int k = 0; k < V; ++k) g[k] = f(x[k], g[k]);
+        store_vec<V>(dinp + i * V, g);
+    }
+    for (size_t i = groups * V + tid; i < n; i += stride) dinp[i] = float_to_bf16(f(inp[i], bf16_to_float(dout[i])));
+}
+
+constexpr int kMapVec = 8;
+
+template <typename F>
+void map1_to_bf16(uint16_t* out, const float* inp, size_t n, F f, cudaStream_t stream) {
+    if (n == 0) return;
+    if (aligned16(out, inp)) {
+        map1_to_bf16_kernel<kMapVec>
+            <<<grid_for((n + kMapVec - 1) / kMapVec, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, inp, n, f);
+    } else {
+        map1_to_bf16_kernel<1><<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, inp, n, f);
+    }
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename F>
+void map2_bf16_grad(uint16_t* dinp, const float* inp, const uint16_t* dout, size_t n, F f, cudaStream_t stream) {
+    if (n == 0) return;
+    if (aligned16(dinp, inp, dout)) {
+        map2_bf16_grad_kernel<kMapVec>
+            <<<grid_for((n + kMapVec - 1) / kMapVec, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, n,
+                                                                                                     f);
+    } else {
+        map2_bf16_grad_kernel<1><<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, n, f);
+    }
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
 void gelu_forward_bf16(uint16_t* out, const float* inp, size_t n, bool tanh_approx, cudaStream_t stream) {
-    if (n == 0) return;
     if (tanh_approx) {
-        map1_to_bf16_kernel<<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, inp, n, GeluTanh{});
+        map1_to_bf16(out, inp, n, GeluTanh{}, stream);
     } else {
-        map1_to_bf16_kernel<<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, inp, n, GeluErf{});
+        map1_to_bf16(out, inp, n, GeluErf{}, stream);
     }
-    TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
 void swiglu_forward_bf16(uint16_t* out, const float* inp, int N, int H, cudaStream_t stream) {
@@ -122,15 +189,11 @@ void swiglu_backward_bf16(uint16_t* dinp, const uint16_t* inp, const uint16_t* d
 
 void gelu_backward_bf16(uint16_t* dinp, const float* inp, const uint16_t* dout, size_t n, bool tanh_approx,
                         cudaStream_t stream) {
-    if (n == 0) return;
     if (tanh_approx) {
-        map2_bf16_grad_kernel<<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, n,
-                                                                                            GeluTanhBackward{});
+        map2_bf16_grad(dinp, inp, dout, n, GeluTanhBackward{}, stream);
     } else {
-        map2_bf16_grad_kernel<<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, n,
-                                                                                            GeluErfBackward{});
+        map2_bf16_grad(dinp, inp, dout, n, GeluErfBackward{}, stream);
     }
-    TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
 void gelu_forward(float* out, const float* inp, size_t n, bool tanh_approx, cudaStream_t stream) {

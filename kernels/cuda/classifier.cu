@@ -25,8 +25,9 @@ __device__ void merge(float& m, float& s, float m2, float s2) {
     }
 }
 
-// Logits of type E: fp32, or bf16 (read in fp32, the dlogits rounded back).
-template <typename E>
+// Logits of type E: fp32, or bf16 (read in fp32, the dlogits rounded back). Each thread takes W consecutive
+// columns at a time (128-bit accesses where W > 1: rows of whole 16-byte words).
+template <int W, typename E>
 __global__ void classifier_kernel(E* logits, float* losses, const int32_t* targets, int V, float dloss_scale,
                                   bool compute_grad) {
     __shared__ float sm[kThreads], ss[kThreads];
@@ -40,7 +41,12 @@ __global__ void classifier_kernel(E* logits, float* losses, const int32_t* targe
         return;
     }
     float m = -FLT_MAX, s = 0.0f;
-    for (int c = threadIdx.x; c < V; c += kThreads) merge(m, s, load_as_float(row[c]), 1.0f);
+    for (int c = threadIdx.x * W; c < V; c += kThreads * W) {
+        float x[W];
+        load_vec<W>(row + c, x);
+#pragma unroll
+        for (int k = 0; k < W; ++k) merge(m, s, x[k], 1.0f);
+    }
     sm[threadIdx.x] = m, ss[threadIdx.x] = s;
     __syncthreads();
     for (unsigned half = kThreads / 2; half > 0; half /= 2) {
@@ -55,9 +61,12 @@ __global__ void classifier_kernel(E* logits, float* losses, const int32_t* targe
     if (threadIdx.x == 0) losses[n] = lse - load_as_float(row[target]);
     __syncthreads();  // thread 0 has read row[target] before pass 2 overwrites it
     if (!compute_grad) return;
-    for (int c = threadIdx.x; c < V; c += kThreads) {
-        const float p = expf(load_as_float(row[c]) - lse);
-        store_as(row + c, (p - (c == target ? 1.0f : 0.0f)) * dloss_scale);
+    for (int c = threadIdx.x * W; c < V; c += kThreads * W) {
+        float x[W];
+        load_vec<W>(row + c, x);
+#pragma unroll
+        for (int k = 0; k < W; ++k) x[k] = (expf(x[k] - lse) - (c + k == target ? 1.0f : 0.0f)) * dloss_scale;
+        store_vec<W>(row + c, x);
     }
 }
 
@@ -65,8 +74,14 @@ template <typename E>
 void classifier_launch(E* logits, float* losses, const int32_t* targets, int N, int V, float dloss_scale,
                        bool compute_grad, cudaStream_t stream) {
     if (N == 0) return;
-    classifier_kernel<E>
-        <<<static_cast<unsigned>(N), kThreads, 0, stream>>>(logits, losses, targets, V, dloss_scale, compute_grad);
+    constexpr int kW = static_cast<int>(16 / sizeof(E));  // one 16-byte word
+    if (V % kW == 0 && aligned16(logits)) {
+        classifier_kernel<kW, E>
+            <<<static_cast<unsigned>(N), kThreads, 0, stream>>>(logits, losses, targets, V, dloss_scale, compute_grad);
+    } else {
+        classifier_kernel<1, E>
+            <<<static_cast<unsigned>(N), kThreads, 0, stream>>>(logits, losses, targets, V, dloss_scale, compute_grad);
+    }
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -46,6 +46,40 @@ __device__ __forceinline__ float load_as_float(uint16_t x) { return bf16_to_floa
 __device__ __forceinline__ void store_as(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_as(uint16_t* p, float v) { *p = float_to_bf16(v); }
 
+// V consecutive elements (fp32 or bf16) read as fp32 and written from fp32 (rounded as store_as rounds):
+// V = 1 is a scalar access; otherwise V elements span whole 16-byte words (V x sizeof(T) a multiple of
+// 16), read and written with 128-bit accesses, so `p` must be 16-byte aligned.
+template <int V, typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&f)[V]) {
+    if constexpr (V == 1) {
+        f[0] = load_as_float(p[0]);
+    } else {
+        static_assert((V * sizeof(T)) % 16 == 0, "whole 16-byte words");
+        constexpr int kWords = static_cast<int>(V * sizeof(T) / 16);
+        uint4 u[kWords];
+#pragma unroll
+        for (int w = 0; w < kWords; ++w) u[w] = reinterpret_cast<const uint4*>(p)[w];
+        const T* e = reinterpret_cast<const T*>(u);
+#pragma unroll
+        for (int k = 0; k < V; ++k) f[k] = load_as_float(e[k]);
+    }
+}
+template <int V, typename T>
+__device__ __forceinline__ void store_vec(T* p, const float (&f)[V]) {
+    if constexpr (V == 1) {
+        store_as(p, f[0]);
+    } else {
+        static_assert((V * sizeof(T)) % 16 == 0, "whole 16-byte words");
+        constexpr int kWords = static_cast<int>(V * sizeof(T) / 16);
+        uint4 u[kWords];
+        T* e = reinterpret_cast<T*>(u);
+#pragma unroll
+        for (int k = 0; k < V; ++k) store_as(e + k, f[k]);
+#pragma unroll
+        for (int w = 0; w < kWords; ++w) reinterpret_cast<uint4*>(p)[w] = u[w];
+    }
+}
+
 // True when every pointer is 16-byte aligned, so float4 (128-bit) loads and stores are legal.
 template <typename... P>
 __host__ __device__ inline bool aligned16(const P*... p) {

@@ -131,7 +131,7 @@ class CudaBackend final : public Backend {
         for (auto& [key, t] : rope_tables_) free(t.first), free(t.second);
         for (Scratch* s :
              {&ln_scratch_, &att_scratch_, &emb_scratch_, &segments_, &norm_segments_, &a16_, &b16_, &c16_, &held16_,
-              &att16_[0], &att16_[1], &att16_[2], &att16_[3], &wide_[0], &wide_[1], &wide_[2], &wide_[3]})
+              &bias16_, &att16_[0], &att16_[1], &att16_[2], &att16_[3], &wide_[0], &wide_[1], &wide_[2], &wide_[3]})
             free(s->ptr);
         cudnn_attention_.reset();
         free(norm_scratch_);
@@ -319,15 +319,24 @@ class CudaBackend final : public Backend {
         const uint16_t* inp16 = operand_bf16(a16_, inp, size_t(M) * K);
         const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
         if (out.bf16) {
-            // Rounded once by cuBLASLt's epilogue; with a bias (or where it has no bf16-output kernel) the fp32
-            // product rounded by a cast.
-            if (bias == nullptr && cuda::matmul_forward_bf16_out(*gemm_, out.b16(), inp16, w16, M, K, N, stream_))
-                return;
+            // Rounded once by cuBLASLt's epilogue, a bias rounded to bf16 first (as autocast's Linear does);
+            // where cuBLASLt has no such kernel, the fp32 product (fp32 bias) rounded by a cast.
+            const uint16_t* bias16 = bias != nullptr ? to_bf16(bias16_, bias, N) : nullptr;
+            if (cuda::matmul_forward_bf16_out(*gemm_, out.b16(), inp16, w16, bias16, M, K, N, stream_)) return;
             auto* wide = static_cast<float*>(grow(wide_[1], size_t(M) * N * sizeof(float)));
             cuda::matmul_forward_bf16(*gemm_, wide, inp16, w16, bias, M, K, N, stream_);
             return cuda::cast_float_to_bf16(out.b16(), wide, size_t(M) * N, stream_);
         }
         cuda::matmul_forward_bf16(*gemm_, out.f32(), inp16, w16, bias, M, K, N, stream_);
+    }
+    void matmul_residual_forward(float* out, const float* resid, GemmOperand inp, const float* weight,
+                                 const float* bias, int M, int K, int N, float* scratch) override {
+        if (options_.bf16_matmuls) {
+            const uint16_t* inp16 = operand_bf16(a16_, inp, size_t(M) * K);
+            const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
+            if (cuda::matmul_residual_forward_bf16(*gemm_, out, resid, inp16, w16, bias, M, K, N, stream_)) return;
+        }
+        Backend::matmul_residual_forward(out, resid, inp, weight, bias, M, K, N, scratch);
     }
     void matmul_gelu_forward(float* pre, GemmOperand out, GemmOperand inp, const float* weight, const float* bias,
                              int M, int K, int N, bool tanh_approx) override {
@@ -626,6 +635,7 @@ class CudaBackend final : public Backend {
     std::unique_ptr<Gemm> gemm_;
     double* norm_scratch_ = nullptr;
     Scratch ln_scratch_, att_scratch_, emb_scratch_, a16_, b16_, c16_;
+    Scratch bias16_;                    // a bias rounded to bf16 for a bf16-output GEMM's epilogue
     Scratch segments_, norm_segments_;  // the multi-tensor AdamW and norm descriptors
     Scratch held16_;                    // the held weight's bf16 copy (hold_weight)
     const float* held_ = nullptr;

@@ -20,7 +20,9 @@ __device__ float warp_sum(float x) {
     return x;
 }
 
-template <typename Out>
+// One warp per row; each lane takes W consecutive channels at a time (W = 8 with 128-bit accesses where
+// the rows and the affine vectors allow, else 1).
+template <int W, typename Out>
 __global__ void layernorm_forward_kernel(Out* out, float* mean, float* rstd, const float* inp, const float* weight,
                                          const float* bias, int N, int C, float eps) {
     const int lane = threadIdx.x % 32;
@@ -29,23 +31,38 @@ __global__ void layernorm_forward_kernel(Out* out, float* mean, float* rstd, con
     const float* x = inp + static_cast<size_t>(n) * C;
     Out* o = out + static_cast<size_t>(n) * C;
     float s = 0.0f;
-    for (int c = lane; c < C; c += 32) s += x[c];
+    for (int c = lane * W; c < C; c += 32 * W) {
+        float v[W];
+        load_vec<W>(x + c, v);
+#pragma unroll
+        for (int k = 0; k < W; ++k) s += v[k];
+    }
     const float m = warp_sum(s) / static_cast<float>(C);
     float sq = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        const float d = x[c] - m;
-        sq += d * d;
+    for (int c = lane * W; c < C; c += 32 * W) {
+        float v[W];
+        load_vec<W>(x + c, v);
+#pragma unroll
+        for (int k = 0; k < W; ++k) sq += (v[k] - m) * (v[k] - m);
     }
     const float rs = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
     if (lane == 0) mean[n] = m, rstd[n] = rs;
-    for (int c = lane; c < C; c += 32) {
-        float y = (x[c] - m) * rs;
-        if (weight != nullptr) y *= weight[c];
-        if (bias != nullptr) y += bias[c];
-        store_as(o + c, y);
+    for (int c = lane * W; c < C; c += 32 * W) {
+        float v[W], wt[W], b[W];
+        load_vec<W>(x + c, v);
+        if (weight != nullptr) load_vec<W>(weight + c, wt);
+        if (bias != nullptr) load_vec<W>(bias + c, b);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            v[k] = (v[k] - m) * rs;
+            if (weight != nullptr) v[k] *= wt[k];
+            if (bias != nullptr) v[k] += b[k];
+        }
+        store_vec<W>(o + c, v);
     }
 }
 
+template <int W>
 __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
                                                const float* mean, const float* rstd, int N, int C) {
     const int lane = threadIdx.x % 32;
@@ -57,18 +74,41 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
     const float m = mean[n], rs = rstd[n];
     // dx += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * weight.
     float sum_dn = 0.0f, sum_dn_norm = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        const float dn = weight != nullptr ? g[c] * weight[c] : g[c];
-        sum_dn += dn;
-        sum_dn_norm += dn * (x[c] - m) * rs;
+    for (int c = lane * W; c < C; c += 32 * W) {
+        float gv[W], xv[W], wt[W];
+        load_vec<W>(g + c, gv);
+        load_vec<W>(x + c, xv);
+        if (weight != nullptr) load_vec<W>(weight + c, wt);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            const float dn = weight != nullptr ? gv[k] * wt[k] : gv[k];
+            sum_dn += dn;
+            sum_dn_norm += dn * (xv[k] - m) * rs;
+        }
     }
     const float mean_dn = warp_sum(sum_dn) / static_cast<float>(C);
     const float mean_dn_norm = warp_sum(sum_dn_norm) / static_cast<float>(C);
-    for (int c = lane; c < C; c += 32) {
-        const float dn = weight != nullptr ? g[c] * weight[c] : g[c];
-        const float norm = (x[c] - m) * rs;
-        dx[c] += rs * (dn - mean_dn - norm * mean_dn_norm);
+    for (int c = lane * W; c < C; c += 32 * W) {
+        float gv[W], xv[W], wt[W], d[W];
+        load_vec<W>(g + c, gv);
+        load_vec<W>(x + c, xv);
+        load_vec<W>(dx + c, d);
+        if (weight != nullptr) load_vec<W>(weight + c, wt);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            const float dn = weight != nullptr ? gv[k] * wt[k] : gv[k];
+            const float norm = (xv[k] - m) * rs;
+            d[k] += rs * (dn - mean_dn - norm * mean_dn_norm);
+        }
+        store_vec<W>(dx + c, d);
     }
+}
+
+// The vector width for rows of C channels: 8 where every row and vector is whole 16-byte words.
+constexpr int kLnVec = 8;
+template <typename... P>
+bool layernorm_vec(int C, const P*... p) {
+    return C % kLnVec == 0 && ((p == nullptr || aligned16(p)) && ...);
 }
 
 // grid (ceil(C / blockDim.x), chunks): partial[chunk] = (sum dout * norm, sum dout) over the chunk's rows.
@@ -115,8 +155,13 @@ void layernorm_forward_launch(Out* out, float* mean, float* rstd, const float* i
                               const float* bias, int N, int C, float eps, cudaStream_t stream) {
     if (N == 0) return;
     const unsigned blocks = (static_cast<unsigned>(N) + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    layernorm_forward_kernel<Out>
-        <<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C, eps);
+    if (layernorm_vec(C, inp, weight, bias, out)) {
+        layernorm_forward_kernel<kLnVec, Out>
+            <<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C, eps);
+    } else {
+        layernorm_forward_kernel<1, Out>
+            <<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C, eps);
+    }
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -135,8 +180,13 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         cudaStream_t stream) {
     if (N == 0) return;
     const unsigned blocks = (static_cast<unsigned>(N) + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    layernorm_backward_dinp_kernel<<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N,
-                                                                               C);
+    if (layernorm_vec(C, dinp, dout, inp, weight)) {
+        layernorm_backward_dinp_kernel<kLnVec>
+            <<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    } else {
+        layernorm_backward_dinp_kernel<1>
+            <<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    }
     TRAINER_CUDA_CHECK(cudaGetLastError());
     if (dweight == nullptr && dbias == nullptr) return;
     constexpr unsigned kBlock = 128;

@@ -112,20 +112,26 @@ Gemm::~Gemm() {
 void Gemm::run(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
                int ldb, float beta, float* C, int ldc, const float* bias, cudaStream_t stream) {
     run_typed(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, CUDA_R_32F, beta, C, CUDA_R_32F, ldc, bias, nullptr,
-              stream);
+              stream, nullptr);
 }
 
 void Gemm::run_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A, int lda,
                     const uint16_t* B, int ldb, float beta, float* C, int ldc, const float* bias, cudaStream_t stream) {
     run_typed(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, CUDA_R_16BF, beta, C, CUDA_R_32F, ldc, bias, nullptr,
-              stream);
+              stream, nullptr);
 }
 
 bool Gemm::run_bf16_out(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
-                        int ldb, uint16_t* C, int ldc, cudaStream_t stream) {
+                        int ldb, uint16_t* C, int ldc, const uint16_t* bias, cudaStream_t stream) {
     if (K == 0) return false;  // C = 0: the fp32 path's empty product
-    return run_typed(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, CUDA_R_16BF, 0.0f, C, CUDA_R_16BF, ldc, nullptr,
-                     nullptr, stream);
+    return run_typed(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, CUDA_R_16BF, 0.0f, C, CUDA_R_16BF, ldc, bias,
+                     nullptr, stream, nullptr);
+}
+
+bool Gemm::run_bf16_residual(int M, int N, int K, const uint16_t* A, const uint16_t* B, const float* resid, float* C,
+                             const float* bias, cudaStream_t stream) {
+    return run_typed(false, true, M, N, K, 1.0f, A, K, B, K, CUDA_R_16BF, 1.0f, C, CUDA_R_32F, N, bias, nullptr, stream,
+                     resid);
 }
 
 bool Gemm::gelu_fusable(int N, const float* out, const float* pre, const float* bias) {
@@ -138,23 +144,27 @@ bool Gemm::gelu_fusable(int N, const float* out, const float* pre, const float* 
 bool Gemm::run_gelu(int M, int N, int K, const void* A, const void* B, cudaDataType_t ab_type, float* out, float* pre,
                     const float* bias, cudaStream_t stream) {
     // out(M, N) = gelu_tanh(pre), pre = A(M, K) @ B(N, K)^T + bias: the Linear forward with the GELU fused.
-    return run_typed(false, true, M, N, K, 1.0f, A, K, B, K, ab_type, 0.0f, out, CUDA_R_32F, N, bias, pre, stream);
+    return run_typed(false, true, M, N, K, 1.0f, A, K, B, K, ab_type, 0.0f, out, CUDA_R_32F, N, bias, pre, stream,
+                     nullptr);
 }
 
 bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
                      const void* B, int ldb, cudaDataType_t ab_type, float beta, void* C, cudaDataType_t c_type,
-                     int ldc, const float* bias, float* gelu_aux, cudaStream_t stream) {
+                     int ldc, const void* bias, float* gelu_aux, cudaStream_t stream, const float* c_in) {
     if (M == 0 || N == 0) return true;
-    // A bf16 C: no bias, no GELU, K > 0 (run_bf16_out's callers take the fp32 path for the rest).
-    if (c_type != CUDA_R_32F && (bias != nullptr || gelu_aux != nullptr || K == 0)) return false;
+    // D = alpha op(A) op(B) + beta c_in (+ bias) into C where c_in is given (fp32 C only; K > 0), else in place.
+    if (c_in != nullptr && (c_type != CUDA_R_32F || K == 0)) return false;
+    // The bias epilogue reads the bias with vector loads; cuBLASLt has no alignment preference for it,
+    // so an fp32 bias at a 4-byte offset of its unit is added by a separate pass instead. The bias has C's
+    // type (cuBLASLt's rule for bf16 outputs).
+    const bool fuse_bias = bias != nullptr && alignment_of(bias) >= 16;
+    // A bf16 C: an aligned bias or none, no GELU, K > 0 (run_bf16_out's callers take the fp32 path for the rest).
+    if (c_type != CUDA_R_32F && ((bias != nullptr && !fuse_bias) || gelu_aux != nullptr || K == 0)) return false;
     if (K == 0) {  // an empty product: C = beta C (+ bias), which cuBLASLt's layouts cannot express
         if (gelu_aux != nullptr) return false;
-        scale_add_bias(static_cast<float*>(C), ldc, M, N, beta, bias, stream);
+        scale_add_bias(static_cast<float*>(C), ldc, M, N, beta, static_cast<const float*>(bias), stream);
         return true;
     }
-    // The bias epilogue reads the bias with vector loads; cuBLASLt has no alignment preference for it,
-    // so a bias at a 4-byte offset of its unit is added by a separate pass instead.
-    const bool fuse_bias = bias != nullptr && alignment_of(bias) >= 16;
     // Column-major: C^T(N, M) = op(B)^T (N, K) x op(A)^T (K, M).
     const cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // on B, the first operand
     const cublasOperation_t tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // on A, the second
@@ -198,7 +208,8 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
         static_cast<long long>(epi) + 1024LL * static_cast<int>(ab_type) + (1LL << 40) * static_cast<int>(c_type);
     int shift = 16;
     for (const void* p : {static_cast<const void*>(B), A, static_cast<const void*>(C),
-                          static_cast<const void*>(fuse_bias ? bias : nullptr), static_cast<const void*>(gelu_aux)}) {
+                          static_cast<const void*>(fuse_bias ? bias : nullptr), static_cast<const void*>(gelu_aux),
+                          static_cast<const void*>(c_in)}) {
         const uint32_t a = p != nullptr ? alignment_of(p) : 256;
         extra += static_cast<long long>(__builtin_ctz(a)) << shift;
         shift += 4;
@@ -229,7 +240,7 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
         const cublasStatus_t status =
             cublasLtMatmulAlgoGetHeuristic(s_->handle, op, la, lb, lc, lc, pref, 1, &result, &found);
         cublasLtMatmulPreferenceDestroy(pref);
-        const bool optional = gelu_aux != nullptr || c_type != CUDA_R_32F;
+        const bool optional = gelu_aux != nullptr || c_type != CUDA_R_32F || c_in != nullptr;
         if (status != CUBLAS_STATUS_SUCCESS && !optional) TRAINER_CUBLAS_CHECK(status);
         // No fused kernel (or no bf16 output) for this GPU or shape, or cuBLASLt refuses the combination: the
         // caller falls back to the fp32 GEMM.
@@ -249,9 +260,10 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
         it = s_->algos.emplace(key, result.algo).first;
     }
     // B and A swapped: the column-major product's first operand is B.
-    TRAINER_CUBLAS_CHECK(cublasLtMatmul(s_->handle, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &it->second,
-                                        s_->workspace, s_->workspace_bytes, stream));
-    if (bias != nullptr && !fuse_bias) scale_add_bias(static_cast<float*>(C), ldc, M, N, 1.0f, bias, stream);
+    TRAINER_CUBLAS_CHECK(cublasLtMatmul(s_->handle, op, &alpha, B, la, A, lb, &beta, c_in != nullptr ? c_in : C, lc, C,
+                                        lc, &it->second, s_->workspace, s_->workspace_bytes, stream));
+    if (bias != nullptr && !fuse_bias)
+        scale_add_bias(static_cast<float*>(C), ldc, M, N, 1.0f, static_cast<const float*>(bias), stream);
     cublasLtMatrixLayoutDestroy(lc);
     cublasLtMatrixLayoutDestroy(lb);
     cublasLtMatrixLayoutDestroy(la);
@@ -301,17 +313,22 @@ void matmul_forward_bf16(Gemm& gemm, float* out, const uint16_t* inp, const uint
     gemm.run_bf16(false, true, M, N, K, 1.0f, inp, K, weight, K, 0.0f, out, N, bias, stream);
 }
 
-bool matmul_forward_bf16_out(Gemm& gemm, uint16_t* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
-                             int N, cudaStream_t stream) {
-    return gemm.run_bf16_out(false, true, M, N, K, inp, K, weight, K, out, N, stream);
+bool matmul_residual_forward_bf16(Gemm& gemm, float* out, const float* resid, const uint16_t* inp,
+                                  const uint16_t* weight, const float* bias, int M, int K, int N, cudaStream_t stream) {
+    return gemm.run_bf16_residual(M, N, K, inp, weight, resid, out, bias, stream);
+}
+
+bool matmul_forward_bf16_out(Gemm& gemm, uint16_t* out, const uint16_t* inp, const uint16_t* weight,
+                             const uint16_t* bias, int M, int K, int N, cudaStream_t stream) {
+    return gemm.run_bf16_out(false, true, M, N, K, inp, K, weight, K, out, N, bias, stream);
 }
 
 bool matmul_backward_bf16(Gemm& gemm, float* dinp, uint16_t* dinp16, float* dweight, float* dbias, const float* dout,
                           const uint16_t* dout16, const uint16_t* inp16, const uint16_t* weight16, int M, int K, int N,
                           bool accumulate_dinp, cudaStream_t stream) {
     // The bf16 dinp first: where cuBLASLt has no kernel for it, nothing has been queued when this returns.
-    if (dinp16 != nullptr &&
-        (accumulate_dinp || !gemm.run_bf16_out(false, false, M, K, N, dout16, N, weight16, K, dinp16, K, stream)))
+    if (dinp16 != nullptr && (accumulate_dinp || !gemm.run_bf16_out(false, false, M, K, N, dout16, N, weight16, K,
+                                                                    dinp16, K, nullptr, stream)))
         return false;
     if (dinp != nullptr)
         gemm.run_bf16(false, false, M, K, N, 1.0f, dout16, N, weight16, K, accumulate_dinp ? 1.0f : 0.0f, dinp, K,

@@ -24,13 +24,19 @@ class Gemm {
     // C(M, N) = A(M, K) @ B(N, K)^T in bf16 (fp32 accumulation, rounded once): the Linear forward writing a
     // bf16 activation. False (nothing queued) where cuBLASLt has no such kernel or K is 0: the caller takes the
     // fp32 output and rounds it.
-    // Any layout (trans_a / trans_b and leading dimensions as run()), beta 0, no bias.
+    // Any layout (trans_a / trans_b and leading dimensions as run()), beta 0; bias(N) (nullable) in bf16, as
+    // cuBLASLt's epilogue adds it to a bf16 output (autocast's Linear rounds its bias to bf16 alike), 16-byte
+    // aligned (else false).
     bool run_bf16_out(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
-                      int ldb, uint16_t* C, int ldc, cudaStream_t stream);
+                      int ldb, uint16_t* C, int ldc, const uint16_t* bias, cudaStream_t stream);
     // The same with bf16 A and B, fp32 accumulation and an fp32 C (amp_bf16).
     void run_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A, int lda,
                   const uint16_t* B, int ldb, float beta, float* C, int ldc, const float* bias, cudaStream_t stream);
 
+    // C(M, N) = resid + A(M, K) @ B(N, K)^T + bias (nullable) from bf16 A and B, in fp32 (the epilogue adds
+    // resid, beta 1; C may alias resid). False, nothing queued, where cuBLASLt has no such kernel or K is 0.
+    bool run_bf16_residual(int M, int N, int K, const uint16_t* A, const uint16_t* B, const float* resid, float* C,
+                           const float* bias, cudaStream_t stream);
     // out(M, N) = gelu_tanh(pre), pre = A(M, K) @ B(N, K)^T + bias, through cuBLASLt's GELU_AUX(_BIAS)
     // epilogue (A and B of ab_type: CUDA_R_32F or CUDA_R_16BF); only where gelu_fusable holds.
     static bool gelu_fusable(int N, const float* out, const float* pre, const float* bias);
@@ -41,7 +47,7 @@ class Gemm {
    private:
     bool run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda, const void* B,
                    int ldb, cudaDataType_t ab_type, float beta, void* C, cudaDataType_t c_type, int ldc,
-                   const float* bias, float* gelu_aux, cudaStream_t stream);
+                   const void* bias, float* gelu_aux, cudaStream_t stream, const float* c_in);
     struct State;
     State* s_;
 };
@@ -58,12 +64,15 @@ void matmul_gelu_forward(Gemm& gemm, float* pre, float* out, const float* inp, c
                          int M, int K, int N, cudaStream_t stream);
 void matmul_gelu_forward_bf16(Gemm& gemm, float* pre, float* out, const uint16_t* inp, const uint16_t* weight,
                               const float* bias, int M, int K, int N, cudaStream_t stream);
-// The same products from bf16 copies of the operands (amp_bf16): fp32 accumulation and fp32 results;
-// dbias sums the fp32 dout.
-// The Linear forward writing a bf16 out (no bias: the caller takes the fp32 path with one, or where this
-// returns false).
-bool matmul_forward_bf16_out(Gemm& gemm, uint16_t* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
-                             int N, cudaStream_t stream);
+// The same products from bf16 copies of the operands (amp_bf16): fp32 accumulation and fp32 results.
+// The Linear forward writing a bf16 out, its bias (nullable) in bf16 (Gemm::run_bf16_out); false where
+// cuBLASLt has no such kernel: the caller takes the fp32 path and rounds.
+// out = resid + inp @ weight^T + bias in one GEMM (Gemm::run_bf16_residual): a sublayer's output added to
+// the residual stream without its own pass; false where cuBLASLt cannot, the caller running the two ops.
+bool matmul_residual_forward_bf16(Gemm& gemm, float* out, const float* resid, const uint16_t* inp,
+                                  const uint16_t* weight, const float* bias, int M, int K, int N, cudaStream_t stream);
+bool matmul_forward_bf16_out(Gemm& gemm, uint16_t* out, const uint16_t* inp, const uint16_t* weight,
+                             const uint16_t* bias, int M, int K, int N, cudaStream_t stream);
 void matmul_forward_bf16(Gemm& gemm, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias, int M,
                          int K, int N, cudaStream_t stream);
 // The backward from bf16 operands: dout16 is dout in bf16, and dbias sums the fp32 dout where one is given

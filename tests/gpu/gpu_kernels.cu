@@ -197,7 +197,7 @@ void test_gelu() {
 
 void test_swiglu() {
     for (int N : {1, 7, 33}) {
-        for (int H : {1, 5, 131}) {
+        for (int H : {1, 5, 64, 131}) {  // 64: whole 16-byte words a row (the vector kernels)
             const Where at("N={} H={}", N, H);
             const auto inp = wave(static_cast<size_t>(N) * 2 * H, 3.0f, 0.2f);
             const auto dout = wave(static_cast<size_t>(N) * H, 1.0f, 0.9f);
@@ -404,7 +404,7 @@ void test_embedding() {
 
 void test_layernorm() {
     for (int N : {1, 33, 70}) {
-        for (int C : {1, 31, 257}) {
+        for (int C : {1, 31, 64, 257}) {                  // 64: rows of whole 16-byte words (the vector kernels)
             for (int affine = 0; affine < 3; ++affine) {  // none, weight, weight + bias
                 const Where at("N={} C={} affine={}", N, C, affine);
                 const auto x = wave(static_cast<size_t>(N) * C, 2.0f, 0.2f), g = wave(x.size(), 1.0f, 0.5f);
@@ -756,9 +756,31 @@ void test_matmul_bf16() {
                 trainer::cpu::matmul_forward(y0.data(), xr.data(), wr.data(), static_cast<const float*>(nullptr), M, K,
                                              N);
                 Dev<uint16_t> dy16(y.size());
-                expect(trainer::cuda::matmul_forward_bf16_out(gemm, dy16.p, dx16.p, dw16.p, M, K, N, nullptr),
+                expect(trainer::cuda::matmul_forward_bf16_out(gemm, dy16.p, dx16.p, dw16.p, nullptr, M, K, N, nullptr),
                        "cuBLASLt runs the bf16-output GEMM");
                 expect_close_bf16(y0, dy16, "bf16-output matmul_forward matches the CPU rounded to bf16");
+                // resid + the product + bias in one GEMM (the residual add in the epilogue), into another buffer
+                // and in place.
+                const auto resid = wave(y.size(), 2.0f, 0.7f);
+                std::vector<float> yr(y.size());
+                for (size_t i = 0; i < y.size(); ++i) yr[i] = resid[i] + y[i];
+                Dev<float> dres(resid), dres2(resid), dyr(y.size());
+                expect(trainer::cuda::matmul_residual_forward_bf16(gemm, dyr.p, dres.p, dx16.p, dw16.p, dbias.p, M, K,
+                                                                   N, nullptr),
+                       "cuBLASLt runs the residual GEMM");
+                expect_close(yr, dyr.host(), "matmul_residual_forward_bf16 matches the CPU", 1e-5, 1e-4);
+                expect(trainer::cuda::matmul_residual_forward_bf16(gemm, dres2.p, dres2.p, dx16.p, dw16.p, dbias.p, M,
+                                                                   K, N, nullptr),
+                       "cuBLASLt runs the residual GEMM in place");
+                expect_close(yr, dres2.host(), "matmul_residual_forward_bf16 in place matches the CPU", 1e-5, 1e-4);
+                // With a bias, rounded to bf16 and added by the epilogue: the CPU with the rounded bias.
+                const auto [b16, br] = bf16_rounded(b);
+                std::vector<float> yb(y.size());
+                trainer::cpu::matmul_forward(yb.data(), xr.data(), wr.data(), br.data(), M, K, N);
+                Dev<uint16_t> db16(b16), dyb16(y.size());
+                expect(trainer::cuda::matmul_forward_bf16_out(gemm, dyb16.p, dx16.p, dw16.p, db16.p, M, K, N, nullptr),
+                       "cuBLASLt runs the bf16-output GEMM with its bias epilogue");
+                expect_close_bf16(yb, dyb16, "bf16-output matmul_forward with a bias matches the CPU rounded to bf16");
                 // dbias sums the fp32 dout; the products use the rounded copies.
                 trainer::cpu::matmul_backward(dx.data(), dw.data(), static_cast<float*>(nullptr), gr.data(), xr.data(),
                                               wr.data(), M, K, N, false);
