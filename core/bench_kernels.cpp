@@ -121,9 +121,9 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     const GemmOperand dqkvo = operand(dqkv, 3 * NC, dqkv16), datto = operand(datt, NC, datt16),
                       dfcho = operand(dfch, static_cast<size_t>(N) * P, dfch16), dfacto = operand(dfact, NHh, dfact16),
                       logitso = operand(logits, static_cast<size_t>(R) * V, logits16);
-    // The ff_proj output: bf16 with SwiGLU where the backend keeps operands so; GELU's pre-activation is fp32.
+    // The ff_proj output (SwiGLU's input, GELU's pre-activation), stored like the other operands.
     const bool swiglu = m.activation_type == ActivationType::kSwiglu;
-    const GemmOperand fcho = swiglu ? operand(fch, static_cast<size_t>(N) * P, fch16) : GemmOperand(fch.f32());
+    const GemmOperand fcho = operand(fch, static_cast<size_t>(N) * P, fch16);
 
     std::vector<Op> ops;
     // The blocks' Linear layers carry a bias where the model has them (GPT-2), as training runs them: its
@@ -167,12 +167,11 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         // What training runs: the ff_proj GEMM and the GELU together (one GEMM with the GELU epilogue on the
         // CUDA backend where cuBLASLt allows; the two ops elsewhere).
         ops.push_back({"ff_proj GEMM + gelu forward", [&, tanh_gelu](Backend& b) {
-                           b.matmul_gelu_forward(fch.f32(), facto, xo, w_fc.f32(), bias, N, C, P, tanh_gelu);
+                           b.matmul_gelu_forward(fcho, facto, xo, w_fc.f32(), bias, N, C, P, tanh_gelu);
                        }});
+        ops.push_back({"gelu forward", [&, tanh_gelu](Backend& b) { b.gelu_forward(facto, fcho, NHh, tanh_gelu); }});
         ops.push_back(
-            {"gelu forward", [&, tanh_gelu](Backend& b) { b.gelu_forward(facto, fch.f32(), NHh, tanh_gelu); }});
-        ops.push_back({"gelu backward",
-                       [&, tanh_gelu](Backend& b) { b.gelu_backward(dfcho, fch.f32(), dfacto, NHh, tanh_gelu); }});
+            {"gelu backward", [&, tanh_gelu](Backend& b) { b.gelu_backward(dfcho, fcho, dfacto, NHh, tanh_gelu); }});
     }
     ops.push_back({"residual add", [&](Backend& b) { b.residual_forward(y.f32(), x.f32(), dx.f32(), NC); }});
     ops.push_back({"classifier (one chunk)", [&](Backend& b) {

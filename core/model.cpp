@@ -77,17 +77,21 @@ Model::BlockParams Model::block_params(const float* base, int layer) const {
 
 int Model::head_chunk_rows(const ModelConfig& m, int max_batch, bool bf16_logits) {
     // Enough rows to keep the GEMMs efficient (at least 16), few enough that a chunk of logits stays within
-    // 256 MiB ((64 << 20) / V rows of V floats, twice as many rows of bf16 logits) and within one block's
-    // activations (what a block keeps without checkpointing, counted in the logits' storage), so the head
-    // never needs more than a block: the same chunks under every activation_checkpointing policy (the
-    // dW_head sums, and so the results, do not depend on it), and a checkpointed run's arena is its blocks'
-    // inputs plus about one block. Each chunk is written and read back at once.
+    // a cap and within one block's activations (what a block keeps without checkpointing, counted in the
+    // logits' storage), so the head never needs more than a block: the same chunks under every
+    // activation_checkpointing policy (the dW_head sums, and so the results, do not depend on it), and a
+    // checkpointed run's arena is its blocks' inputs plus about one block. Each chunk is written and read
+    // back at once. fp32 logits (the CPU): 256 MiB, (64 << 20) / V rows of V floats. bf16 logits (a GPU):
+    // 512 MiB, in chunks of equal size: fewer and larger GEMMs, no small last one (OLMo-1B's 2 x 4094 rows
+    // at micro-batch 4 fit in the backward scratch they share; GPT-2's 4 x 4092 need 62 MB more).
     const size_t T = static_cast<size_t>(m.max_sequence_length - 1), N = static_cast<size_t>(max_batch) * T;
     const size_t NC = N * m.d_model, lse = static_cast<size_t>(max_batch) * m.n_heads * T;
     const size_t block_floats = 8 * NC + 4 * N + lse + N * (m.ff_proj_size() + m.ff_hidden_size());
-    const size_t elements = std::min(size_t(64) << 20, block_floats) * (bf16_logits ? 2 : 1);
-    const size_t cap = elements / static_cast<size_t>(m.embedding_size);
-    return static_cast<int>(std::clamp<size_t>(cap, 16, N));
+    const size_t V = static_cast<size_t>(m.embedding_size);
+    if (!bf16_logits) return static_cast<int>(std::clamp<size_t>(std::min(size_t(64) << 20, block_floats) / V, 16, N));
+    const size_t cap = std::clamp<size_t>(std::min(size_t(256) << 20, 2 * block_floats) / V, 16, N);
+    const size_t chunks = (N + cap - 1) / cap;
+    return static_cast<int>((N + chunks - 1) / chunks);
 }
 
 Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy* strategy, int max_batch)
@@ -98,7 +102,6 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
       strategy_(strategy),
       max_batch_(max_batch) {
     operands_bf16_ = backend_->gemm_operands_bf16();
-    fch_bf16_ = operands_bf16_ && m_.activation_type == ActivationType::kSwiglu;
     T_ = m_.max_sequence_length - 1;
     C_ = m_.d_model;
     NH_ = m_.n_heads;
@@ -169,8 +172,6 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     };
     // A GemmOperand activation of n elements (backend.h): half the floats where the backend keeps them in bf16.
     auto take_operand = [&](size_t n) { return take(operands_bf16_ ? (n + 1) / 2 : n); };
-    // The ff_proj output: a GemmOperand with SwiGLU (its kernels read bf16); with GELU the fp32 pre-activation.
-    auto take_fch = [&](size_t n) { return fch_bf16_ ? take_operand(n) : take(n); };
     const size_t lse_n = static_cast<size_t>(max_batch_) * NH_ * T_;
     // 1. What each block keeps for its backward (every block keeps its input); kAbsent where the block uses
     // the work plan's slot.
@@ -189,7 +190,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
         p.ln2 = all ? take_operand(NC) : kAbsent;
         p.ln2_mean = all ? take(N) : kAbsent;
         p.ln2_rstd = all ? take(N) : kAbsent;
-        p.fch = gemm ? take_fch(N * P_) : kAbsent;
+        p.fch = gemm ? take_operand(N * P_) : kAbsent;
         p.fch_act = all ? take_operand(N * H_) : kAbsent;
         layers_.push_back(p);
     }
@@ -213,7 +214,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     }
     if (count(Keep::kInput) > 0) {  // whole blocks redo the GEMMs and attention as well
         work.qkv = take_operand(3 * NC), work.att = take_operand(NC), work.lse = take(lse_n), work.resid_mid = take(NC);
-        work.fch = take_fch(N * P_);
+        work.fch = take_operand(N * P_);
     }
     // The gradients that only a GEMM or a bf16 kernel reads next are GemmOperands too (bf16 in amp_bf16, as
     // autocast's are): attention's and the MLP's inner ones. The residual stream's (dresid) and the norms'
@@ -300,10 +301,10 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
                                       act(scratch_));
     block_norm(l, 2, N, w);
     if (m_.activation_type == ActivationType::kSwiglu) {
-        backend_->matmul_forward(fch(a.fch), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
-        backend_->swiglu_forward(op(a.fch_act), fch(a.fch), N, H_);
+        backend_->matmul_forward(op(a.fch), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
+        backend_->swiglu_forward(op(a.fch_act), op(a.fch), N, H_);
     } else {  // P == H: the GELU keeps the width (a GEMM epilogue on the CUDA backend)
-        backend_->matmul_gelu_forward(act(a.fch), op(a.fch_act), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_,
+        backend_->matmul_gelu_forward(op(a.fch), op(a.fch_act), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_,
                                       tanh_gelu);
     }
     if (!out_resid) return;
@@ -321,9 +322,9 @@ void Model::recompute_block(int l, int batch, const BlockParams& w) {
     block_norm(l, 1, N, w);
     block_norm(l, 2, N, w);
     if (m_.activation_type == ActivationType::kSwiglu) {
-        backend_->swiglu_forward(op(a.fch_act), fch(a.fch), N, H_);
+        backend_->swiglu_forward(op(a.fch_act), op(a.fch), N, H_);
     } else {
-        backend_->gelu_forward(op(a.fch_act), act(a.fch), static_cast<size_t>(N) * H_,
+        backend_->gelu_forward(op(a.fch_act), op(a.fch), static_cast<size_t>(N) * H_,
                                m_.activation_type == ActivationType::kGeluTanh);
     }
 }
@@ -394,9 +395,9 @@ void Model::backward_blocks(int batch) {
         backend_->matmul_backward(op(dfch_act_), g.ff_out_w, g.ff_out_b, act(dresid_), op(a.fch_act), w.ff_out_w, N, H_,
                                   C_, false);
         if (m_.activation_type == ActivationType::kSwiglu) {
-            backend_->swiglu_backward(op(dfch_), fch(a.fch), op(dfch_act_), N, H_);
+            backend_->swiglu_backward(op(dfch_), op(a.fch), op(dfch_act_), N, H_);
         } else {
-            backend_->gelu_backward(op(dfch_), act(a.fch), op(dfch_act_), static_cast<size_t>(N) * H_, tanh_gelu);
+            backend_->gelu_backward(op(dfch_), op(a.fch), op(dfch_act_), static_cast<size_t>(N) * H_, tanh_gelu);
         }
         backend_->matmul_backward(act(dln_), g.ff_proj_w, g.ff_proj_b, op(dfch_), op(a.ln2), w.ff_proj_w, N, C_, P_,
                                   false);

@@ -71,14 +71,13 @@ class Model {
     void head(int batch, float dloss_scale, bool backward);
     void backward_blocks(int batch);
     float* act(size_t offset) const { return arena_.f32() + offset; }
-    // The GemmOperand activation at `offset` (the norms' outputs, attention's output, the MLP activation), in
-    // the storage the backend keeps them in: bf16 where gemm_operands_bf16(), which halves their size.
+    // The GemmOperand activation at `offset` (the norms' outputs, qkv, attention's output, the ff_proj output,
+    // the MLP activation, and the gradients only a GEMM or a bf16 kernel reads), in the storage the backend
+    // keeps them in: bf16 where gemm_operands_bf16(), which halves their size.
     GemmOperand op(size_t offset) const {
         return operands_bf16_ ? GemmOperand::in_bf16(reinterpret_cast<uint16_t*>(act(offset)))
                               : GemmOperand(act(offset));
     }
-    // The ff_proj output at `offset`: a GemmOperand with SwiGLU, fp32 with GELU (the GELU kernels read fp32).
-    GemmOperand fch(size_t offset) const { return fch_bf16_ ? op(offset) : GemmOperand(act(offset)); }
 
     const TrainConfig& config_;
     const ModelConfig& m_;
@@ -87,7 +86,6 @@ class Model {
     Strategy* strategy_;
     int max_batch_, T_, C_, NH_, HS_, P_, H_, V_, L_;
     bool operands_bf16_ = false;  // the backend keeps GemmOperand activations in bf16
-    bool fch_bf16_ = false;       // ... and the ff_proj output is one (SwiGLU)
     int head_chunk_rows_;
 
     // Arena offsets (in floats) of each activation of a block: the block's own where it keeps it for its

@@ -139,7 +139,7 @@ class Backend {
     virtual void hold_weight(const float* w) { (void)w; }
     // pre = the Linear forward, out = gelu(pre) (erf or tanh form). Default: the two ops; the CUDA backend
     // fuses the tanh form into the GEMM's epilogue.
-    virtual void matmul_gelu_forward(float* pre, GemmOperand out, GemmOperand inp, const float* weight,
+    virtual void matmul_gelu_forward(GemmOperand pre, GemmOperand out, GemmOperand inp, const float* weight,
                                      const float* bias, int M, int K, int N, bool tanh_approx) {
         matmul_forward(pre, inp, weight, bias, M, K, N);
         gelu_forward(out, pre, static_cast<size_t>(M) * N, tanh_approx);
@@ -174,9 +174,9 @@ class Backend {
     virtual void attention_backward(GemmOperand dqkv, GemmOperand dout, GemmOperand qkv, GemmOperand out,
                                     const float* lse, int B, int T, int NH, int HS) = 0;
     // out(n) = gelu(inp), the exact erf form or the tanh approximation; out == inp allowed (fp32).
-    virtual void gelu_forward(GemmOperand out, const float* inp, size_t n, bool tanh_approx) = 0;
+    virtual void gelu_forward(GemmOperand out, GemmOperand inp, size_t n, bool tanh_approx) = 0;
     // dinp(n) = dout * gelu'(inp), overwritten; dinp == dout allowed (same storage type).
-    virtual void gelu_backward(GemmOperand dinp, const float* inp, GemmOperand dout, size_t n, bool tanh_approx) = 0;
+    virtual void gelu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, size_t n, bool tanh_approx) = 0;
     // inp(N,2H): columns [0,H) are x, [H,2H) the gate g (OLMo's ff_proj(x).chunk(2)); out(N,H) = silu(g) * x.
     virtual void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) = 0;
     // dinp(N,2H) overwritten from dout(N,H).

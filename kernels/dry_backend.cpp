@@ -89,11 +89,11 @@ class DryBackend final : public Backend {
         note("attention_backward", 5.0 * B * NH * static_cast<double>(T) * T * HS,
              4.0 * B * NH * T + size(dqkv) * 3 * btc + size(dout) * btc + size(qkv) * 3 * btc + size(out) * btc);
     }
-    void gelu_forward(GemmOperand out, const float*, size_t n, bool) override {
-        note("gelu_forward", 10.0 * n, (4 + size(out)) * n);
+    void gelu_forward(GemmOperand out, GemmOperand inp, size_t n, bool) override {
+        note("gelu_forward", 10.0 * n, (size(inp) + size(out)) * n);
     }
-    void gelu_backward(GemmOperand dinp, const float*, GemmOperand dout, size_t n, bool) override {
-        note("gelu_backward", 15.0 * n, (4 + size(dinp) + size(dout)) * n);
+    void gelu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, size_t n, bool) override {
+        note("gelu_backward", 15.0 * n, (size(inp) + size(dinp) + size(dout)) * n);
     }
     void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) override {
         const double nh = static_cast<double>(N) * H;

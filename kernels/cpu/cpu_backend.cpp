@@ -160,11 +160,11 @@ class CpuBackend final : public Backend {
                             int B, int T, int NH, int HS) override {
         cpu::attention_backward(f32(dqkv), f32(dout), f32(qkv), f32(out), lse, B, T, NH, HS);
     }
-    void gelu_forward(GemmOperand out, const float* inp, size_t n, bool tanh_approx) override {
-        cpu::gelu_forward(f32(out), inp, n, tanh_approx);
+    void gelu_forward(GemmOperand out, GemmOperand inp, size_t n, bool tanh_approx) override {
+        cpu::gelu_forward(f32(out), f32(inp), n, tanh_approx);
     }
-    void gelu_backward(GemmOperand dinp, const float* inp, GemmOperand dout, size_t n, bool tanh_approx) override {
-        cpu::gelu_backward(f32(dinp), inp, f32(dout), n, tanh_approx);
+    void gelu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, size_t n, bool tanh_approx) override {
+        cpu::gelu_backward(f32(dinp), f32(inp), f32(dout), n, tanh_approx);
     }
     void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) override {
         cpu::swiglu_forward(f32(out), f32(inp), N, H);

@@ -100,10 +100,10 @@ void swiglu_backward_launch(G* dinp, const In* inp, const G* dout, int N, int H,
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
-// out(n) = f(inp) rounded to bf16 (a GEMM operand), V elements a thread (128-bit accesses where V > 1),
-// then the tail one by one.
-template <int V, typename F>
-__global__ void map1_to_bf16_kernel(uint16_t* out, const float* inp, size_t n, F f) {
+// out(n) = f(inp) rounded to bf16 (a GEMM operand), inp fp32 or bf16, V elements a thread (128-bit accesses
+// where V > 1), then the tail one by one.
+template <int V, typename In, typename F>
+__global__ void map1_to_bf16_kernel(uint16_t* out, const In* inp, size_t n, F f) {
     const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
     const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x, groups = n / V;
     for (size_t i = tid; i < groups; i += stride) {
@@ -113,13 +113,13 @@ __global__ void map1_to_bf16_kernel(uint16_t* out, const float* inp, size_t n, F
         for (int k = 0; k < V; ++k) x[k] = f(x[k]);
         store_vec<V>(out + i * V, x);
     }
-    for (size_t i = groups * V + tid; i < n; i += stride) out[i] = float_to_bf16(f(inp[i]));
+    for (size_t i = groups * V + tid; i < n; i += stride) out[i] = float_to_bf16(f(load_as_float(inp[i])));
 }
 
-// dinp(n) = f(inp, dout) on bf16 gradients and the fp32 pre-activation, rounded once; in place allowed
-// (each element reads and writes only its own index).
-template <int V, typename F>
-__global__ void map2_bf16_grad_kernel(uint16_t* dinp, const float* inp, const uint16_t* dout, size_t n, F f) {
+// dinp(n) = f(inp, dout) on bf16 gradients and the pre-activation (fp32 or bf16), rounded once; in place
+// allowed (each element reads and writes only its own index).
+template <int V, typename In, typename F>
+__global__ void map2_bf16_grad_kernel(uint16_t* dinp, const In* inp, const uint16_t* dout, size_t n, F f) {
     const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
     const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x, groups = n / V;
     for (size_t i = tid; i < groups; i += stride) {
@@ -130,32 +130,34 @@ __global__ void map2_bf16_grad_kernel(uint16_t* dinp, const float* inp, const ui
         for (int k = 0; k < V; ++k) g[k] = f(x[k], g[k]);
         store_vec<V>(dinp + i * V, g);
     }
-    for (size_t i = groups * V + tid; i < n; i += stride) dinp[i] = float_to_bf16(f(inp[i], bf16_to_float(dout[i])));
+    for (size_t i = groups * V + tid; i < n; i += stride)
+        dinp[i] = float_to_bf16(f(load_as_float(inp[i]), bf16_to_float(dout[i])));
 }
 
 constexpr int kMapVec = 8;
 
-template <typename F>
-void map1_to_bf16(uint16_t* out, const float* inp, size_t n, F f, cudaStream_t stream) {
+template <typename In, typename F>
+void map1_to_bf16(uint16_t* out, const In* inp, size_t n, F f, cudaStream_t stream) {
     if (n == 0) return;
     if (aligned16(out, inp)) {
-        map1_to_bf16_kernel<kMapVec>
+        map1_to_bf16_kernel<kMapVec, In>
             <<<grid_for((n + kMapVec - 1) / kMapVec, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, inp, n, f);
     } else {
-        map1_to_bf16_kernel<1><<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, inp, n, f);
+        map1_to_bf16_kernel<1, In><<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, inp, n, f);
     }
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
-template <typename F>
-void map2_bf16_grad(uint16_t* dinp, const float* inp, const uint16_t* dout, size_t n, F f, cudaStream_t stream) {
+template <typename In, typename F>
+void map2_bf16_grad(uint16_t* dinp, const In* inp, const uint16_t* dout, size_t n, F f, cudaStream_t stream) {
     if (n == 0) return;
     if (aligned16(dinp, inp, dout)) {
-        map2_bf16_grad_kernel<kMapVec>
+        map2_bf16_grad_kernel<kMapVec, In>
             <<<grid_for((n + kMapVec - 1) / kMapVec, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, n,
                                                                                                      f);
     } else {
-        map2_bf16_grad_kernel<1><<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, n, f);
+        map2_bf16_grad_kernel<1, In>
+            <<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, n, f);
     }
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
@@ -167,6 +169,23 @@ void gelu_forward_bf16(uint16_t* out, const float* inp, size_t n, bool tanh_appr
         map1_to_bf16(out, inp, n, GeluTanh{}, stream);
     } else {
         map1_to_bf16(out, inp, n, GeluErf{}, stream);
+    }
+}
+
+void gelu_forward_bf16_in(uint16_t* out, const uint16_t* inp, size_t n, bool tanh_approx, cudaStream_t stream) {
+    if (tanh_approx) {
+        map1_to_bf16(out, inp, n, GeluTanh{}, stream);
+    } else {
+        map1_to_bf16(out, inp, n, GeluErf{}, stream);
+    }
+}
+
+void gelu_backward_bf16_in(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, size_t n, bool tanh_approx,
+                           cudaStream_t stream) {
+    if (tanh_approx) {
+        map2_bf16_grad(dinp, inp, dout, n, GeluTanhBackward{}, stream);
+    } else {
+        map2_bf16_grad(dinp, inp, dout, n, GeluErfBackward{}, stream);
     }
 }
 

@@ -338,19 +338,27 @@ class CudaBackend final : public Backend {
         }
         Backend::matmul_residual_forward(out, resid, inp, weight, bias, M, K, N, scratch);
     }
-    void matmul_gelu_forward(float* pre, GemmOperand out, GemmOperand inp, const float* weight, const float* bias,
+    void matmul_gelu_forward(GemmOperand pre, GemmOperand out, GemmOperand inp, const float* weight, const float* bias,
                              int M, int K, int N, bool tanh_approx) override {
-        // A bf16 output: the GEMM writes the pre-activation and one pass rounds gelu(pre) to bf16 (10 bytes an
-        // element; the fused epilogue's fp32 output would be read again and cast by the next GEMM: 14).
-        if (!tanh_approx || out.bf16)
+        if (tanh_approx && options_.bf16_matmuls && pre.bf16 && out.bf16) {
+            // amp_bf16: pre and out in bf16 from cuBLASLt's GELU_AUX(_BIAS) epilogue (the bias rounded to bf16
+            // as the bf16-output GEMMs add it); else the bf16-output GEMM and one pass (below).
+            const uint16_t* inp16 = operand_bf16(a16_, inp, size_t(M) * K);
+            const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
+            const uint16_t* bias16 = bias != nullptr ? to_bf16(bias16_, bias, N) : nullptr;
+            if (cuda::matmul_gelu_forward_bf16_out(*gemm_, pre.b16(), out.b16(), inp16, w16, bias16, M, K, N, stream_))
+                return;
+        }
+        // A bf16 pre or out otherwise: the GEMM writes pre and one pass writes gelu(pre).
+        if (!tanh_approx || out.bf16 || pre.bf16)
             return Backend::matmul_gelu_forward(pre, out, inp, weight, bias, M, K, N, tanh_approx);
         if (!options_.bf16_matmuls) {
-            return cuda::matmul_gelu_forward(*gemm_, pre, out.f32(), operand_f32(wide_[0], inp, size_t(M) * K), weight,
-                                             bias, M, K, N, stream_);
+            return cuda::matmul_gelu_forward(*gemm_, pre.f32(), out.f32(), operand_f32(wide_[0], inp, size_t(M) * K),
+                                             weight, bias, M, K, N, stream_);
         }
         const uint16_t* inp16 = operand_bf16(a16_, inp, size_t(M) * K);
         const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
-        cuda::matmul_gelu_forward_bf16(*gemm_, pre, out.f32(), inp16, w16, bias, M, K, N, stream_);
+        cuda::matmul_gelu_forward_bf16(*gemm_, pre.f32(), out.f32(), inp16, w16, bias, M, K, N, stream_);
     }
     void matmul_backward(GemmOperand dinp, float* dweight, float* dbias, GemmOperand dout, GemmOperand inp,
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override {
@@ -456,15 +464,20 @@ class CudaBackend final : public Backend {
         }
         if (!dqkv.bf16) cuda::cast_bf16_to_float(dqkv.f32(), dqkv16, 3 * NC, stream_);
     }
-    void gelu_forward(GemmOperand out, const float* inp, size_t n, bool tanh_approx) override {
-        if (out.bf16) return cuda::gelu_forward_bf16(out.b16(), inp, n, tanh_approx, stream_);
-        cuda::gelu_forward(out.f32(), inp, n, tanh_approx, stream_);
+    void gelu_forward(GemmOperand out, GemmOperand inp, size_t n, bool tanh_approx) override {
+        if (inp.bf16 && out.bf16) return cuda::gelu_forward_bf16_in(out.b16(), inp.b16(), n, tanh_approx, stream_);
+        const float* x = operand_f32(wide_[0], inp, n);
+        if (out.bf16) return cuda::gelu_forward_bf16(out.b16(), x, n, tanh_approx, stream_);
+        cuda::gelu_forward(out.f32(), x, n, tanh_approx, stream_);
     }
-    void gelu_backward(GemmOperand dinp, const float* inp, GemmOperand dout, size_t n, bool tanh_approx) override {
+    void gelu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, size_t n, bool tanh_approx) override {
         if (dinp.bf16) {
-            return cuda::gelu_backward_bf16(dinp.b16(), inp, operand_bf16(c16_, dout, n), n, tanh_approx, stream_);
+            const uint16_t* g16 = operand_bf16(c16_, dout, n);
+            if (inp.bf16) return cuda::gelu_backward_bf16_in(dinp.b16(), inp.b16(), g16, n, tanh_approx, stream_);
+            return cuda::gelu_backward_bf16(dinp.b16(), inp.f32(), g16, n, tanh_approx, stream_);
         }
-        cuda::gelu_backward(dinp.f32(), inp, operand_f32(wide_[0], dout, n), n, tanh_approx, stream_);
+        cuda::gelu_backward(dinp.f32(), operand_f32(wide_[1], inp, n), operand_f32(wide_[0], dout, n), n, tanh_approx,
+                            stream_);
     }
     void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) override {
         if (inp.bf16) {

@@ -111,6 +111,87 @@ bool layernorm_vec(int C, const P*... p) {
     return C % kLnVec == 0 && ((p == nullptr || aligned16(p)) && ...);
 }
 
+// The dinp part and the chunk partials of dweight/dbias in one pass over dout and inp (rows of up to
+// 32 x W x G channels): block `chunk` owns the chunk's kRowsPerChunk rows, each warp kRowsPerChunk /
+// kWarpsPerBlock of them in order; each lane sums its channels' terms over its warp's rows in registers,
+// and the warps' sums are added in warp order through shared memory. Deterministic; the partials have the
+// layout of layernorm_backward_partials_kernel's.
+template <int W, int G>
+__global__ void layernorm_backward_fused_kernel(float* dinp, float* partial, const float* dout, const float* inp,
+                                                const float* weight, const float* mean, const float* rstd, int N,
+                                                int C) {
+    constexpr int kRowsPerWarp = kRowsPerChunk / kWarpsPerBlock;
+    __shared__ float red[kWarpsPerBlock][32 * W];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int chunk = blockIdx.x;
+    float dw[G][W], db[G][W];
+#pragma unroll
+    for (int gi = 0; gi < G; ++gi) {
+#pragma unroll
+        for (int k = 0; k < W; ++k) dw[gi][k] = 0.0f, db[gi][k] = 0.0f;
+    }
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+        const int n = chunk * kRowsPerChunk + warp * kRowsPerWarp + r;
+        if (n >= N) break;
+        const float* x = inp + static_cast<size_t>(n) * C;
+        const float* g = dout + static_cast<size_t>(n) * C;
+        float* dx = dinp + static_cast<size_t>(n) * C;
+        const float m = mean[n], rs = rstd[n];
+        float sum_dn = 0.0f, sum_dn_norm = 0.0f;
+#pragma unroll
+        for (int gi = 0; gi < G; ++gi) {
+            const int c = (gi * 32 + lane) * W;
+            if (c >= C) break;
+            float gv[W], xv[W], wt[W];
+            load_vec<W>(g + c, gv);
+            load_vec<W>(x + c, xv);
+            if (weight != nullptr) load_vec<W>(weight + c, wt);
+#pragma unroll
+            for (int k = 0; k < W; ++k) {
+                const float norm = (xv[k] - m) * rs;
+                const float dn = weight != nullptr ? gv[k] * wt[k] : gv[k];
+                sum_dn += dn;
+                sum_dn_norm += dn * norm;
+                dw[gi][k] += gv[k] * norm;
+                db[gi][k] += gv[k];
+            }
+        }
+        const float mean_dn = warp_sum(sum_dn) / static_cast<float>(C);
+        const float mean_dn_norm = warp_sum(sum_dn_norm) / static_cast<float>(C);
+#pragma unroll
+        for (int gi = 0; gi < G; ++gi) {
+            const int c = (gi * 32 + lane) * W;
+            if (c >= C) break;
+            float gv[W], xv[W], wt[W], d[W];
+            load_vec<W>(g + c, gv);
+            load_vec<W>(x + c, xv);
+            load_vec<W>(dx + c, d);
+            if (weight != nullptr) load_vec<W>(weight + c, wt);
+#pragma unroll
+            for (int k = 0; k < W; ++k) {
+                const float dn = weight != nullptr ? gv[k] * wt[k] : gv[k];
+                d[k] += rs * (dn - mean_dn - (xv[k] - m) * rs * mean_dn_norm);
+            }
+            store_vec<W>(dx + c, d);
+        }
+    }
+    // The warps' sums, added in warp order: group gi of dweight, then of dbias.
+    for (int gi = 0; gi < G; ++gi) {
+        for (int which = 0; which < 2; ++which) {
+#pragma unroll
+            for (int k = 0; k < W; ++k) red[warp][lane * W + k] = which == 0 ? dw[gi][k] : db[gi][k];
+            __syncthreads();
+            const int t = static_cast<int>(threadIdx.x), c = gi * 32 * W + t;
+            if (t < 32 * W && c < C) {
+                float sum = 0.0f;
+                for (int w = 0; w < static_cast<int>(kWarpsPerBlock); ++w) sum += red[w][t];
+                partial[static_cast<size_t>(chunk) * 2 * C + static_cast<size_t>(which) * C + c] = sum;
+            }
+            __syncthreads();
+        }
+    }
+}
+
 // grid (ceil(C / blockDim.x), chunks): partial[chunk] = (sum dout * norm, sum dout) over the chunk's rows.
 __global__ void layernorm_backward_partials_kernel(float* partial, const float* dout, const float* inp,
                                                    const float* mean, const float* rstd, int N, int C) {
@@ -179,6 +260,21 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* weight, const float* mean, const float* rstd, int N, int C, float* scratch,
                         cudaStream_t stream) {
     if (N == 0) return;
+    const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+    constexpr int kFusedGroups = 4;  // rows of up to 32 x 8 x 4 = 1024 channels (GPT-2's 768)
+    if ((dweight != nullptr || dbias != nullptr) && C <= 32 * kLnVec * kFusedGroups &&
+        layernorm_vec(C, dinp, dout, inp, weight)) {
+        // One pass for dinp and the partials (what an affine LayerNorm needs), then the partials added.
+        layernorm_backward_fused_kernel<kLnVec, kFusedGroups>
+            <<<static_cast<unsigned>(chunks), 32 * kWarpsPerBlock, 0, stream>>>(dinp, scratch, dout, inp, weight, mean,
+                                                                                rstd, N, C);
+        TRAINER_CUDA_CHECK(cudaGetLastError());
+        constexpr unsigned kBlock = 128;
+        const unsigned cblocks = static_cast<unsigned>((C + kBlock - 1) / kBlock);
+        layernorm_backward_params_kernel<<<cblocks, kBlock, 0, stream>>>(dweight, dbias, scratch, chunks, C);
+        TRAINER_CUDA_CHECK(cudaGetLastError());
+        return;
+    }
     const unsigned blocks = (static_cast<unsigned>(N) + kWarpsPerBlock - 1) / kWarpsPerBlock;
     if (layernorm_vec(C, dinp, dout, inp, weight)) {
         layernorm_backward_dinp_kernel<kLnVec>
@@ -191,7 +287,6 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     if (dweight == nullptr && dbias == nullptr) return;
     constexpr unsigned kBlock = 128;
     const unsigned cblocks = static_cast<unsigned>((C + kBlock - 1) / kBlock);
-    const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
     layernorm_backward_partials_kernel<<<dim3(cblocks, static_cast<unsigned>(std::min(chunks, 65535))), kBlock, 0,
                                          stream>>>(scratch, dout, inp, mean, rstd, N, C);
     TRAINER_CUDA_CHECK(cudaGetLastError());

@@ -134,7 +134,13 @@ bool Gemm::run_bf16_residual(int M, int N, int K, const uint16_t* A, const uint1
                      resid);
 }
 
-bool Gemm::gelu_fusable(int N, const float* out, const float* pre, const float* bias) {
+bool Gemm::run_gelu_bf16(int M, int N, int K, const uint16_t* A, const uint16_t* B, uint16_t* out, uint16_t* pre,
+                         const uint16_t* bias, cudaStream_t stream) {
+    return run_typed(false, true, M, N, K, 1.0f, A, K, B, K, CUDA_R_16BF, 0.0f, out, CUDA_R_16BF, N, bias, pre, stream,
+                     nullptr);
+}
+
+bool Gemm::gelu_fusable(int N, const void* out, const void* pre, const void* bias) {
     // cuBLASLt's GELU_AUX epilogue wants the auxiliary output's leading dimension a multiple of 8 and
     // vector-aligned outputs; a bias must go through the epilogue too (it precedes the GELU).
     return N % 8 == 0 && alignment_of(out) >= 16 && alignment_of(pre) >= 16 &&
@@ -150,7 +156,7 @@ bool Gemm::run_gelu(int M, int N, int K, const void* A, const void* B, cudaDataT
 
 bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
                      const void* B, int ldb, cudaDataType_t ab_type, float beta, void* C, cudaDataType_t c_type,
-                     int ldc, const void* bias, float* gelu_aux, cudaStream_t stream, const float* c_in) {
+                     int ldc, const void* bias, void* gelu_aux, cudaStream_t stream, const float* c_in) {
     if (M == 0 || N == 0) return true;
     // D = alpha op(A) op(B) + beta c_in (+ bias) into C where c_in is given (fp32 C only; K > 0), else in place.
     if (c_in != nullptr && (c_type != CUDA_R_32F || K == 0)) return false;
@@ -158,8 +164,9 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     // so an fp32 bias at a 4-byte offset of its unit is added by a separate pass instead. The bias has C's
     // type (cuBLASLt's rule for bf16 outputs).
     const bool fuse_bias = bias != nullptr && alignment_of(bias) >= 16;
-    // A bf16 C: an aligned bias or none, no GELU, K > 0 (run_bf16_out's callers take the fp32 path for the rest).
-    if (c_type != CUDA_R_32F && ((bias != nullptr && !fuse_bias) || gelu_aux != nullptr || K == 0)) return false;
+    // A bf16 C: an aligned bias or none, K > 0 (the callers take the fp32 path for the rest); a GELU auxiliary
+    // output has C's type too.
+    if (c_type != CUDA_R_32F && ((bias != nullptr && !fuse_bias) || K == 0)) return false;
     if (K == 0) {  // an empty product: C = beta C (+ bias), which cuBLASLt's layouts cannot express
         if (gelu_aux != nullptr) return false;
         scale_add_bias(static_cast<float*>(C), ldc, M, N, beta, static_cast<const float*>(bias), stream);
@@ -316,6 +323,12 @@ void matmul_forward_bf16(Gemm& gemm, float* out, const uint16_t* inp, const uint
 bool matmul_residual_forward_bf16(Gemm& gemm, float* out, const float* resid, const uint16_t* inp,
                                   const uint16_t* weight, const float* bias, int M, int K, int N, cudaStream_t stream) {
     return gemm.run_bf16_residual(M, N, K, inp, weight, resid, out, bias, stream);
+}
+
+bool matmul_gelu_forward_bf16_out(Gemm& gemm, uint16_t* pre, uint16_t* out, const uint16_t* inp, const uint16_t* weight,
+                                  const uint16_t* bias, int M, int K, int N, cudaStream_t stream) {
+    if (K == 0 || M == 0 || !Gemm::gelu_fusable(N, out, pre, bias)) return false;
+    return gemm.run_gelu_bf16(M, N, K, inp, weight, out, pre, bias, stream);
 }
 
 bool matmul_forward_bf16_out(Gemm& gemm, uint16_t* out, const uint16_t* inp, const uint16_t* weight,

@@ -39,15 +39,18 @@ class Gemm {
                            const float* bias, cudaStream_t stream);
     // out(M, N) = gelu_tanh(pre), pre = A(M, K) @ B(N, K)^T + bias, through cuBLASLt's GELU_AUX(_BIAS)
     // epilogue (A and B of ab_type: CUDA_R_32F or CUDA_R_16BF); only where gelu_fusable holds.
-    static bool gelu_fusable(int N, const float* out, const float* pre, const float* bias);
+    static bool gelu_fusable(int N, const void* out, const void* pre, const void* bias);
     // False (nothing queued) where cuBLASLt has no fused kernel for it: the caller runs the two ops.
+    // run_gelu_bf16: bf16 A, B, out, pre and bias (the bf16 forms of all five).
+    bool run_gelu_bf16(int M, int N, int K, const uint16_t* A, const uint16_t* B, uint16_t* out, uint16_t* pre,
+                       const uint16_t* bias, cudaStream_t stream);
     bool run_gelu(int M, int N, int K, const void* A, const void* B, cudaDataType_t ab_type, float* out, float* pre,
                   const float* bias, cudaStream_t stream);
 
    private:
     bool run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda, const void* B,
                    int ldb, cudaDataType_t ab_type, float beta, void* C, cudaDataType_t c_type, int ldc,
-                   const void* bias, float* gelu_aux, cudaStream_t stream, const float* c_in);
+                   const void* bias, void* gelu_aux, cudaStream_t stream, const float* c_in);
     struct State;
     State* s_;
 };
@@ -62,6 +65,11 @@ void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, cons
 // bias), else the GEMM and then the GELU kernel; fp32 and bf16-operand forms.
 void matmul_gelu_forward(Gemm& gemm, float* pre, float* out, const float* inp, const float* weight, const float* bias,
                          int M, int K, int N, cudaStream_t stream);
+// The bf16 form of it: out = gelu_tanh(pre) with pre and out in bf16 (each rounded once from fp32) and the
+// bias rounded to bf16 (as the bf16-output GEMMs add it); false, nothing queued, where the epilogue cannot
+// (the caller runs the bf16-output GEMM and gelu_forward_bf16_in).
+bool matmul_gelu_forward_bf16_out(Gemm& gemm, uint16_t* pre, uint16_t* out, const uint16_t* inp, const uint16_t* weight,
+                                  const uint16_t* bias, int M, int K, int N, cudaStream_t stream);
 void matmul_gelu_forward_bf16(Gemm& gemm, float* pre, float* out, const uint16_t* inp, const uint16_t* weight,
                               const float* bias, int M, int K, int N, cudaStream_t stream);
 // The same products from bf16 copies of the operands (amp_bf16): fp32 accumulation and fp32 results.
@@ -138,6 +146,11 @@ void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, in
 void gelu_backward_bf16(uint16_t* dinp, const float* inp, const uint16_t* dout, size_t n, bool tanh_approx,
                         cudaStream_t stream);
 void swiglu_backward_bf16(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int N, int H, cudaStream_t stream);
+// GELU on a bf16 pre-activation (the ff_proj GEMM's bf16 output): forward to bf16, backward on bf16
+// gradients; fp32 math, rounded once.
+void gelu_forward_bf16_in(uint16_t* out, const uint16_t* inp, size_t n, bool tanh_approx, cudaStream_t stream);
+void gelu_backward_bf16_in(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, size_t n, bool tanh_approx,
+                           cudaStream_t stream);
 
 // Causal attention over qkv (B, T, 3C): out (B, T, C), lse (B, NH, T) of the scaled scores; backward
 // overwrites dqkv, with `scratch` of attention_backward_scratch_floats(B, T, NH) floats. The native
