@@ -77,12 +77,26 @@ void init_unit_params(const TrainConfig& config, const Unit& unit, float* host) 
 
 void load_initial_params(const TrainConfig& config, const ParamLayout& layout, Strategy& strategy,
                          const std::map<std::string, Tensor>* hf_tensors, const std::string& hf_file) {
+    if (hf_tensors == nullptr) {
+        // One unit at a time: the host holds the largest unit's parameters, not the model's (every rank of a
+        // node would otherwise hold the whole model in fp32 at once: 27 GB each for OLMo-7B, beside a CPU
+        // offload's state).
+        std::vector<float> unit;
+        for (int u = 0; u < layout.num_units(); ++u) {
+            unit.assign(layout.units()[u].numel, 0.0f);
+            init_unit_params(config, layout.units()[u], unit.data());
+            strategy.load_full_unit_params(u, unit.data());
+        }
+        strategy.params_loaded();
+        return;
+    }
+    // Hugging Face tensors are in host memory already, the whole model; their units are filled together.
     std::vector<std::vector<float>> host(layout.num_units());
     for (int u = 0; u < layout.num_units(); ++u) {
         host[u].resize(layout.units()[u].numel);
         init_unit_params(config, layout.units()[u], host[u].data());
     }
-    if (hf_tensors) from_hf_tensors(config, layout, *hf_tensors, hf_file, host);
+    from_hf_tensors(config, layout, *hf_tensors, hf_file, host);
     for (int u = 0; u < layout.num_units(); ++u) strategy.load_full_unit_params(u, host[u].data());
     strategy.params_loaded();
 }

@@ -101,17 +101,53 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
 
 namespace {
 
-// Host memory the kernel could hand out now (MemAvailable); TRAINER_HOST_MEMORY_BYTES replaces it (tests).
-// 0 when unknown.
+// What this process's memory cgroup still allows (a container's or a Slurm job's limit): limit - usage,
+// from cgroup v2 (memory.max, memory.current) or v1 (memory.limit_in_bytes, memory.usage_in_bytes); -1
+// where there is no limit or no cgroup to read.
+int64_t cgroup_memory_left() {
+    std::ifstream cg("/proc/self/cgroup");
+    std::string line;
+    while (std::getline(cg, line)) {
+        const size_t a = line.find(':'), b = line.find(':', a + 1);
+        if (a == std::string::npos || b == std::string::npos) continue;
+        const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+        std::string dir, max_file, cur_file;
+        if (controllers.empty() && line.compare(0, a, "0") == 0) {
+            dir = "/sys/fs/cgroup" + path, max_file = "memory.max", cur_file = "memory.current";
+        } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
+            dir = "/sys/fs/cgroup/memory" + path, max_file = "memory.limit_in_bytes",
+            cur_file = "memory.usage_in_bytes";
+        } else {
+            continue;
+        }
+        std::ifstream max_f(dir + "/" + max_file), cur_f(dir + "/" + cur_file);
+        std::string max_s;
+        int64_t current = 0;
+        if (!(max_f >> max_s) || !(cur_f >> current) || max_s == "max") continue;
+        const int64_t limit = std::atoll(max_s.c_str());
+        if (limit <= 0 || limit >= (int64_t(1) << 60)) continue;  // v1 writes "no limit" as ~2^63
+        return std::max<int64_t>(limit - current, 0);
+    }
+    return -1;
+}
+
+// Host memory the kernel could hand out now: MemAvailable, or less where the memory cgroup leaves less;
+// TRAINER_HOST_MEMORY_BYTES replaces it (tests). 0 when unknown.
 int64_t available_host_bytes() {
     if (const char* v = std::getenv("TRAINER_HOST_MEMORY_BYTES")) return std::atoll(v);
+    int64_t available = 0;
     std::ifstream f("/proc/meminfo");
     std::string key, unit;
     int64_t kb = 0;
     while (f >> key >> kb >> unit) {
-        if (key == "MemAvailable:") return kb * 1024;
+        if (key == "MemAvailable:") {
+            available = kb * 1024;
+            break;
+        }
     }
-    return 0;
+    const int64_t left = cgroup_memory_left();
+    if (left >= 0) available = available > 0 ? std::min(available, left) : left;
+    return available;
 }
 
 }  // namespace
@@ -134,8 +170,8 @@ void check_offload_host_memory(const TrainConfig& config, const RankEnv& env, De
     if (have > 0 && need > have) {
         user_error(
             "cpu_offload.optimizer_state: the offloaded state needs {:.2f} GiB of host memory per rank x {} ranks on "
-            "this node = {:.2f} GiB, but {:.2f} GiB is available (MemAvailable); shard it over more ranks (fsdp "
-            "FULL_SHARD), use more nodes, or turn the offload off",
+            "this node = {:.2f} GiB, but {:.2f} GiB is available (MemAvailable, or the memory cgroup's limit); shard "
+            "it over more ranks (fsdp FULL_SHARD), use more nodes, or turn the offload off",
             per_rank / gib, env.local_world_size, need / gib, have / gib);
     }
 }

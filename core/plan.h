@@ -48,7 +48,8 @@ class StepTimer;
 DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device, StepTimer* timer = nullptr);
 
 // Refuses CPU offload whose host state times the node's ranks exceeds the host memory available now
-// (MemAvailable; TRAINER_HOST_MEMORY_BYTES replaces it in tests), naming both. The host state is what the
+// (MemAvailable, or what the memory cgroup's limit leaves where that is less; TRAINER_HOST_MEMORY_BYTES
+// replaces it in tests), naming both. The host state is what the
 // strategy allocates under the host categories, counted over a dry backend. Nothing to check without offload.
 void check_offload_host_memory(const TrainConfig& config, const RankEnv& env, Device device);
 
