@@ -24,11 +24,14 @@ Hardware gpu(const char* name, const char* description, double bf16, double fp32
 }
 
 // The shares of the roofline this trainer's kernels reached on an H100 (trainer bench-kernels, OLMo-1B
-// micro-batch 4, amp_bf16, cuDNN attention, commit 6aa9af3, docs/benchmarks.md): the GEMMs 0.58 of the
-// dense bf16 peak (their operand casts included), cuDNN's attention 0.23 (0.12 with GPT-2's heads of 64),
-// the memory-bound ops 0.67 of the bandwidth. The other GPUs keep the generic shares until measured.
+// micro-batch 4, amp_bf16, cuDNN attention, commit 6deb299, docs/benchmarks.md; each the roofline time
+// over the measured time, summed over a step's ops of the kind): the GEMMs 0.72 of the dense bf16 peak
+// (the blocks' 0.73, the LM head's 0.66), cuDNN's attention 0.38 (forward 0.49, backward 0.34; GPT-2's
+// heads of 64 reach less), the memory-bound ops 0.75 of the bandwidth (AdamW 0.89, SwiGLU 0.90, RoPE
+// 0.80, LayerNorm 0.45-0.58, the norm's reduction 0.35). At 6aa9af3, with fp32 gradients and a cast per
+// GEMM operand, they were 0.58, 0.23 and 0.67. The other GPUs keep the generic shares until measured.
 Hardware hopper(Hardware h) {
-    h.gemm_efficiency = 0.58, h.attention_efficiency = 0.23, h.memory_efficiency = 0.67;
+    h.gemm_efficiency = 0.72, h.attention_efficiency = 0.38, h.memory_efficiency = 0.75;
     return h;
 }
 
