@@ -99,13 +99,8 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
     return r;
 }
 
-namespace {
-
-// What this process's memory cgroup still allows (a container's or a Slurm job's limit): limit - usage,
-// from cgroup v2 (memory.max, memory.current) or v1 (memory.limit_in_bytes, memory.usage_in_bytes); -1
-// where there is no limit or no cgroup to read.
-int64_t cgroup_memory_left() {
-    std::ifstream cg("/proc/self/cgroup");
+int64_t cgroup_memory_left(const std::string& proc_cgroup, const std::string& sys_root) {
+    std::ifstream cg(proc_cgroup);
     std::string line;
     while (std::getline(cg, line)) {
         const size_t a = line.find(':'), b = line.find(':', a + 1);
@@ -113,10 +108,9 @@ int64_t cgroup_memory_left() {
         const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
         std::string dir, max_file, cur_file;
         if (controllers.empty() && line.compare(0, a, "0") == 0) {
-            dir = "/sys/fs/cgroup" + path, max_file = "memory.max", cur_file = "memory.current";
+            dir = sys_root + path, max_file = "memory.max", cur_file = "memory.current";
         } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
-            dir = "/sys/fs/cgroup/memory" + path, max_file = "memory.limit_in_bytes",
-            cur_file = "memory.usage_in_bytes";
+            dir = sys_root + "/memory" + path, max_file = "memory.limit_in_bytes", cur_file = "memory.usage_in_bytes";
         } else {
             continue;
         }
@@ -131,11 +125,13 @@ int64_t cgroup_memory_left() {
     return -1;
 }
 
+namespace {
+
 // Host memory the kernel could hand out now: MemAvailable, or less where the memory cgroup leaves less;
-// TRAINER_HOST_MEMORY_BYTES replaces it (tests). 0 when unknown.
+// TRAINER_HOST_MEMORY_BYTES replaces it (tests). -1 when unknown.
 int64_t available_host_bytes() {
     if (const char* v = std::getenv("TRAINER_HOST_MEMORY_BYTES")) return std::atoll(v);
-    int64_t available = 0;
+    int64_t available = -1;
     std::ifstream f("/proc/meminfo");
     std::string key, unit;
     int64_t kb = 0;
@@ -145,8 +141,8 @@ int64_t available_host_bytes() {
             break;
         }
     }
-    const int64_t left = cgroup_memory_left();
-    if (left >= 0) available = available > 0 ? std::min(available, left) : left;
+    const int64_t left = cgroup_memory_left("/proc/self/cgroup", "/sys/fs/cgroup");
+    if (left >= 0) available = available >= 0 ? std::min(available, left) : left;
     return available;
 }
 
@@ -167,7 +163,7 @@ void check_offload_host_memory(const TrainConfig& config, const RankEnv& env, De
     // Every rank of this node keeps its offloaded state in the node's memory.
     const double gib = 1024.0 * 1024.0 * 1024.0;
     const int64_t need = per_rank * env.local_world_size, have = available_host_bytes();
-    if (have > 0 && need > have) {
+    if (have >= 0 && need > have) {
         user_error(
             "cpu_offload.optimizer_state: the offloaded state needs {:.2f} GiB of host memory per rank x {} ranks on "
             "this node = {:.2f} GiB, but {:.2f} GiB is available (MemAvailable, or the memory cgroup's limit); shard "

@@ -47,6 +47,12 @@ struct DryRunStep {
 class StepTimer;
 DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device, StepTimer* timer = nullptr);
 
+// What a memory cgroup still allows (a container's or a Slurm job's limit): limit - usage of the cgroup
+// named in `proc_cgroup` (the format of /proc/self/cgroup), read under `sys_root` (/sys/fs/cgroup) from
+// cgroup v2 (memory.max, memory.current) or v1 (memory/<path>/memory.limit_in_bytes, memory.usage_in_bytes);
+// -1 where there is no limit or nothing to read.
+int64_t cgroup_memory_left(const std::string& proc_cgroup, const std::string& sys_root);
+
 // Refuses CPU offload whose host state times the node's ranks exceeds the host memory available now
 // (MemAvailable, or what the memory cgroup's limit leaves where that is less; TRAINER_HOST_MEMORY_BYTES
 // replaces it in tests), naming both. The host state is what the

@@ -4,9 +4,12 @@
 // the run without offload; checkpoints move between offloaded and resident runs and across rank counts;
 // the memory summary moves the optimizer state (and the parameters) into the host categories; and the
 // config checks refuse what cannot work before anything is allocated.
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "core/plan.h"
 #include "test_util.h"
 
 using namespace trainer;
@@ -190,4 +193,29 @@ TEST_CASE("cpu offload: bad combinations are refused before allocation") {
     // tiny.json's state is ~0.6 MiB of parameters: 16 bytes each offloaded does not fit in 1 MB.
     refused({"--set", kOptimizer}, {"TRAINER_HOST_MEMORY_BYTES=1000000"},
             "cpu_offload.optimizer_state: the offloaded state needs");
+}
+
+TEST_CASE("cpu offload: the host check reads a memory cgroup's limit under v1 and v2") {
+    test_util::TempDir d;
+    const std::string root = d.path() + "/sys", proc = d.path() + "/cgroup";
+    auto write = [](const std::string& path, const std::string& text) {
+        std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+        std::ofstream(path) << text;
+    };
+    // v2: "0::/path", memory.max - memory.current; "max" is no limit.
+    write(proc, "0::/job.slice/step\n");
+    write(root + "/job.slice/step/memory.max", "1000000\n");
+    write(root + "/job.slice/step/memory.current", "400000\n");
+    CHECK(cgroup_memory_left(proc, root) == 600000);
+    write(root + "/job.slice/step/memory.max", "max\n");
+    CHECK(cgroup_memory_left(proc, root) == -1);
+    // v1: the memory controller's line, limit_in_bytes - usage_in_bytes; ~2^63 is no limit.
+    write(proc, "9:pids:/x\n4:cpu,memory:/docker/abc\n1:name=systemd:/\n");
+    write(root + "/memory/docker/abc/memory.limit_in_bytes", "2000000\n");
+    write(root + "/memory/docker/abc/memory.usage_in_bytes", "2500000\n");
+    CHECK(cgroup_memory_left(proc, root) == 0);  // over the limit already: nothing left
+    write(root + "/memory/docker/abc/memory.limit_in_bytes", "9223372036854771712\n");
+    CHECK(cgroup_memory_left(proc, root) == -1);
+    // Nothing to read.
+    CHECK(cgroup_memory_left(d.path() + "/missing", root) == -1);
 }
