@@ -303,9 +303,15 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
     if (m_.activation_type == ActivationType::kSwiglu) {
         backend_->matmul_forward(op(a.fch), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
         backend_->swiglu_forward(op(a.fch_act), op(a.fch), N, H_);
-    } else {  // P == H: the GELU keeps the width (a GEMM epilogue on the CUDA backend)
+    } else if (keep_[l] != Keep::kGemmOutputs) {  // P == H: the GELU keeps the width (a GEMM epilogue on CUDA)
         backend_->matmul_gelu_forward(op(a.fch), op(a.fch_act), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_,
                                       tanh_gelu);
+    } else {
+        // A block whose backward recomputes the GELU from the kept ff_proj output runs the kernel that recompute
+        // runs, so the recomputed activation is the forward's bit for bit (cuBLASLt's epilogue computes the GELU
+        // its own way). The CPU's matmul_gelu_forward is these two ops.
+        backend_->matmul_forward(op(a.fch), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
+        backend_->gelu_forward(op(a.fch_act), op(a.fch), static_cast<size_t>(N) * H_, tanh_gelu);
     }
     if (!out_resid) return;
     const size_t next_resid = (l + 1 < L_) ? layers_[l + 1].resid : resid_final_;
