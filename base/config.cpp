@@ -52,9 +52,13 @@ const std::vector<KeySpec>& schema() {
         {"model.activation_type", KeyType::kString, "swiglu", false, choice_names<ActivationType>(), -kInf, kInf, "MLP activation: swiglu (silu(gate) * x, x = first half), gelu (erf), gelu_tanh (GPT-2)"},
         {"model.rope", KeyType::kBool, false, false, {}, -kInf, kInf, "rotary position embeddings; false: learned positional embedding (wpe)"},
         {"model.rope_theta", KeyType::kFloat, 10000.0, false, {}, 1, kInf, "RoPE base"},
-        {"model.layer_norm_type", KeyType::kString, "default", false, choice_names<LayerNormType>(), -kInf, kInf, "LayerNorm flavour (low_precision equals default in fp32; rms is refused for now)"},
-        {"model.layer_norm_with_affine", KeyType::kBool, false, false, {}, -kInf, kInf, "LayerNorm has a weight (and a bias if bias_for_layer_norm)"},
-        {"model.bias_for_layer_norm", KeyType::kBool, nullptr, true, {}, -kInf, kInf, "LayerNorm bias (with affine); null: same as include_bias"},
+        {"model.layer_norm_type", KeyType::kString, "default", false, choice_names<LayerNormType>(), -kInf, kInf, "every norm's kind: default (LayerNorm; low_precision is the same here: the norms compute in fp32) or rms (RMSNorm, OLMo-2)"},
+        {"model.layer_norm_with_affine", KeyType::kBool, false, false, {}, -kInf, kInf, "the block and final norms have a weight (and a bias if bias_for_layer_norm)"},
+        {"model.bias_for_layer_norm", KeyType::kBool, nullptr, true, {}, -kInf, kInf, "norm bias (with affine); null: same as include_bias"},
+        {"model.layer_norm_eps", KeyType::kFloat, 1e-5, false, {}, 0, 1, "epsilon of every norm (OLMo-2: 1e-6)"},
+        {"model.attention_layer_norm", KeyType::kBool, false, false, {}, -kInf, kInf, "QK-norm: a norm over each token's whole q and whole k before RoPE (OLMo-2)"},
+        {"model.attention_layer_norm_with_affine", KeyType::kBool, true, false, {}, -kInf, kInf, "the QK-norms have a weight (and a bias if bias_for_layer_norm)"},
+        {"model.norm_after", KeyType::kBool, false, false, {}, -kInf, kInf, "norm each sublayer's output before the residual add (x + norm(attn(x)), OLMo-2) instead of its input (x + attn(norm(x)))"},
         {"model.include_bias", KeyType::kBool, false, false, {}, -kInf, kInf, "biases in every Linear (att_proj, attn_out, ff_proj, ff_out, LM head)"},
         {"model.weight_tying", KeyType::kBool, true, false, {}, -kInf, kInf, "LM head shares the token embedding"},
         {"model.vocab_size", KeyType::kInt, nullptr, false, {}, 1, 1 << 28, "tokenizer vocabulary; every token id must be below it (required)"},
@@ -73,13 +77,15 @@ const std::vector<KeySpec>& schema() {
         {"optimizer.decay_norm_and_bias", KeyType::kBool, false, false, {}, -kInf, kInf, "also decay LayerNorm weights and all biases"},
         {"optimizer.decay_embeddings", KeyType::kBool, false, false, {}, -kInf, kInf, "also decay the token and position embeddings"},
         {"scheduler.name", KeyType::kString, "cosine_with_warmup", false, choice_names<SchedulerName>(), -kInf, kInf, "learning-rate schedule (OLMo's formulas)"},
-        {"scheduler.t_warmup", KeyType::kInt, 0, false, {}, 0, 9e18, "warmup steps (linear from warmup_min_lr to learning_rate)"},
-        {"scheduler.t_max", KeyType::kInt, nullptr, true, {}, 1, 9e18, "steps of the decay; null: the run's total steps"},
+        {"scheduler.t_warmup", KeyType::kFloat, 0, false, {}, 0, 9e18, "warmup steps (linear from warmup_min_lr to learning_rate); a fraction schedules as OLMo's token units do"},
+        {"scheduler.t_max", KeyType::kFloat, nullptr, true, {}, 1, 9e18, "the step at which the decay ends (may be fractional); null: the run's total steps"},
         {"scheduler.alpha_f", KeyType::kFloat, 0.1, false, {}, 0, 1, "final learning rate as a fraction of learning_rate"},
         {"scheduler.warmup_min_lr", KeyType::kFloat, nullptr, true, {}, 0, kInf, "learning rate at step 0 of warmup; null: 0.1 * learning_rate"},
-        {"scheduler.grad_clip_warmup_steps", KeyType::kInt, nullptr, true, {}, 0, 9e18, "steps during which max_grad_norm is multiplied by grad_clip_warmup_factor"},
+        {"scheduler.grad_clip_warmup_steps", KeyType::kFloat, nullptr, true, {}, 0, 9e18, "steps during which max_grad_norm is multiplied by grad_clip_warmup_factor (step <= this)"},
         {"scheduler.grad_clip_warmup_factor", KeyType::kFloat, nullptr, true, {}, 0, kInf, "factor on max_grad_norm during the clip warmup"},
         {"max_grad_norm", KeyType::kFloat, 1.0, true, {}, 0, kInf, "global gradient-norm clipping threshold; null: no clipping"},
+        {"softmax_auxiliary_loss", KeyType::kBool, false, false, {}, -kInf, kInf, "add the z-loss auxiliary_loss_multiplier * logsumexp(logits)^2 per token to the objective (PaLM's, OLMo-2's); logged as z_loss beside the cross-entropy loss"},
+        {"auxiliary_loss_multiplier", KeyType::kFloat, 1e-4, false, {}, 0, kInf, "the z-loss multiplier with softmax_auxiliary_loss (OLMo's default 1e-4; OLMo-2 1e-5)"},
         {"global_train_batch_size", KeyType::kInt, nullptr, false, {}, 1, 1e12, "instances per optimizer step, all ranks together (required)"},
         {"device_train_microbatch_size", KeyType::kInt, nullptr, false, {}, 1, 1e9, "instances per forward/backward on one rank (required)"},
         {"device_eval_batch_size", KeyType::kInt, nullptr, true, {}, 1, 1e9, "instances per evaluation forward; null: device_train_microbatch_size"},
@@ -88,6 +94,9 @@ const std::vector<KeySpec>& schema() {
         {"data.memmap_dtype", KeyType::kString, "uint16", false, {"uint16", "uint32"}, -kInf, kInf, "token type of raw files without a header"},
         {"data.shuffle", KeyType::kBool, true, false, {}, -kInf, kInf, "seeded permutation of instances per epoch; false: file order"},
         {"data.seed", KeyType::kInt, nullptr, true, {}, 0, 9.2e18, "seed of the data order; null: the run's seed"},
+        {"data.instance_filter.repetition_max_period", KeyType::kInt, nullptr, true, {}, 1, 1e6, "OLMo's instance filter: mask out of the loss every training instance that repeats a sequence of repetition_min_period..repetition_max_period tokens repetition_max_count times or more (OLMo-2's recipe: 13, 1, 32); null (with repetition_max_count): no filter"},
+        {"data.instance_filter.repetition_min_period", KeyType::kInt, 1, false, {}, 1, 1e6, "the instance filter's shortest repeated sequence"},
+        {"data.instance_filter.repetition_max_count", KeyType::kInt, nullptr, true, {}, 3, 1e9, "the instance filter's repeats that mask an instance; null (with repetition_max_period): no filter"},
         {"evaluators", KeyType::kObjectList, Json::array(), false, {}, -kInf, kInf, "validation sets, each {label, data: {paths, memmap_dtype}, subset_num_batches}"},
         {"evaluators[].label", KeyType::kString, "val", false, {}, -kInf, kInf, "name of the validation set in logs"},
         {"evaluators[].data.paths", KeyType::kStringList, nullptr, false, {}, -kInf, kInf, "validation token files (required in each evaluator)"},
@@ -429,6 +438,12 @@ Json parse_typed(const KeySpec& spec, const std::string& path, const std::string
 
 }  // namespace
 
+Json config_key_default(const std::string& path) {
+    const KeySpec* spec = find_spec(path);
+    TRAINER_CHECK(spec != nullptr, "no config key {}", path);
+    return spec->default_value;
+}
+
 std::string closest_config_key(const std::string& path) {
     std::string best;
     size_t best_d = std::numeric_limits<size_t>::max();
@@ -555,6 +570,10 @@ TrainConfig validate_config(const Json& user_doc) {
     mc.layer_norm_with_affine = m["layer_norm_with_affine"].get<bool>();
     mc.include_bias = m["include_bias"].get<bool>();
     mc.bias_for_layer_norm = opt<bool>(m["bias_for_layer_norm"]).value_or(mc.include_bias);
+    mc.layer_norm_eps = m["layer_norm_eps"].get<double>();
+    mc.attention_layer_norm = m["attention_layer_norm"].get<bool>();
+    mc.attention_layer_norm_with_affine = m["attention_layer_norm_with_affine"].get<bool>();
+    mc.norm_after = m["norm_after"].get<bool>();
     mc.weight_tying = m["weight_tying"].get<bool>();
     mc.vocab_size = m["vocab_size"].get<int>();
     mc.embedding_size = opt<int>(m["embedding_size"]).value_or(mc.vocab_size);
@@ -582,9 +601,6 @@ TrainConfig validate_config(const Json& user_doc) {
         user_error("config model.mlp_hidden_size: {} must be even with activation_type swiglu (it is split in two)",
                    mc.ff_proj_size());
     }
-    if (mc.layer_norm_type == LayerNormType::kRms) {
-        user_error("config model.layer_norm_type: \"rms\" is not supported yet; expected default or low_precision");
-    }
 
     const Json& o = doc["optimizer"];
     c.optimizer.name = o["name"].get<std::string>();
@@ -598,12 +614,11 @@ TrainConfig validate_config(const Json& user_doc) {
 
     const Json& s = doc["scheduler"];
     c.scheduler.name = choice<SchedulerName>(s["name"]);
-    c.scheduler.t_warmup = get_long(s["t_warmup"]);
-    if (!s["t_max"].is_null()) c.scheduler.t_max = get_long(s["t_max"]);
+    c.scheduler.t_warmup = s["t_warmup"].get<double>();
+    c.scheduler.t_max = opt<double>(s["t_max"]);
     c.scheduler.alpha_f = s["alpha_f"].get<double>();
     c.scheduler.warmup_min_lr = opt<double>(s["warmup_min_lr"]);
-    if (!s["grad_clip_warmup_steps"].is_null())
-        c.scheduler.grad_clip_warmup_steps = get_long(s["grad_clip_warmup_steps"]);
+    c.scheduler.grad_clip_warmup_steps = opt<double>(s["grad_clip_warmup_steps"]);
     c.scheduler.grad_clip_warmup_factor = opt<double>(s["grad_clip_warmup_factor"]);
     if (c.scheduler.grad_clip_warmup_steps.has_value() != c.scheduler.grad_clip_warmup_factor.has_value()) {
         user_error(
@@ -619,6 +634,7 @@ TrainConfig validate_config(const Json& user_doc) {
     }
 
     c.max_grad_norm = opt<double>(doc["max_grad_norm"]);
+    if (doc["softmax_auxiliary_loss"].get<bool>()) c.z_loss_multiplier = doc["auxiliary_loss_multiplier"].get<double>();
     c.global_train_batch_size = get_long(doc["global_train_batch_size"]);
     c.device_train_microbatch_size = get_long(doc["device_train_microbatch_size"]);
     c.device_eval_batch_size = doc["device_eval_batch_size"].is_null() ? c.device_train_microbatch_size
@@ -646,6 +662,26 @@ TrainConfig validate_config(const Json& user_doc) {
     c.data.memmap_dtype = d["memmap_dtype"].get<std::string>();
     c.data.shuffle = d["shuffle"].get<bool>();
     c.data.seed = d["seed"].is_null() ? c.seed : d["seed"].get<unsigned long long>();
+    {
+        const Json& f = d["instance_filter"];
+        const auto max_period = opt<int>(f["repetition_max_period"]), max_count = opt<int>(f["repetition_max_count"]);
+        if (max_period.has_value() != max_count.has_value()) {
+            user_error(
+                "config data.instance_filter: set repetition_max_period and repetition_max_count together (OLMo's "
+                "defaults: 13 and 32), or neither (no filter)");
+        }
+        if (max_period) {
+            InstanceFilter filter;
+            filter.max_period = *max_period;
+            filter.max_count = *max_count;
+            filter.min_period = f["repetition_min_period"].get<int>();
+            if (filter.min_period > filter.max_period) {
+                user_error("config data.instance_filter.repetition_min_period: {} exceeds repetition_max_period {}",
+                           filter.min_period, filter.max_period);
+            }
+            c.data.instance_filter = filter;
+        }
+    }
 
     for (size_t i = 0; i < doc["evaluators"].size(); ++i) {
         const Json& e = doc["evaluators"][i];

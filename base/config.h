@@ -155,6 +155,10 @@ struct ModelConfig {
     LayerNormType layer_norm_type = LayerNormType::kDefault;  // low_precision is default in fp32
     bool layer_norm_with_affine = false;
     bool bias_for_layer_norm = false;  // resolved: defaults to include_bias
+    double layer_norm_eps = 1e-5;
+    bool attention_layer_norm = false;  // QK-norm
+    bool attention_layer_norm_with_affine = true;
+    bool norm_after = false;  // x + norm(sublayer(x)) instead of x + sublayer(norm(x))
     bool include_bias = false;
     bool weight_tying = true;
     int vocab_size = 0;
@@ -174,6 +178,10 @@ struct ModelConfig {
     }
     bool norm_has_weight() const { return layer_norm_with_affine; }
     bool norm_has_bias() const { return layer_norm_with_affine && bias_for_layer_norm; }
+    // The QK-norms' parameters (OLMo's LayerNormBase with elementwise_affine = attention_layer_norm_with_affine).
+    bool qk_norm_has_weight() const { return attention_layer_norm && attention_layer_norm_with_affine; }
+    bool qk_norm_has_bias() const { return qk_norm_has_weight() && bias_for_layer_norm; }
+    bool rms_norm() const { return layer_norm_type == LayerNormType::kRms; }
 };
 
 struct OptimizerConfig {
@@ -188,15 +196,24 @@ struct OptimizerConfig {
 
 struct SchedulerConfig {
     SchedulerName name = SchedulerName::kCosineWithWarmup;
-    long t_warmup = 0;
-    std::optional<long> t_max;  // defaults to the run's total steps
+    // In steps, which may be fractional: OLMo's scheduler.units tokens counts the tokens seen, and a token
+    // count that is not a whole number of steps (OLMo-2's t_max of 5e12) schedules the same as the fraction.
+    double t_warmup = 0;
+    std::optional<double> t_max;  // defaults to the run's total steps
     double alpha_f = 0.1;
     std::optional<double> warmup_min_lr;  // defaults to 0.1 * learning_rate
-    std::optional<long> grad_clip_warmup_steps;
+    std::optional<double> grad_clip_warmup_steps;
     std::optional<double> grad_clip_warmup_factor;
 };
 
+// OLMo's data.instance_filter: instances repeating a sequence of min_period..max_period tokens max_count times
+// or more are masked out of the loss (core/data.h: repetitive_instance).
+struct InstanceFilter {
+    int min_period = 1, max_period = 13, max_count = 32;  // OLMo's defaults
+};
+
 struct DataConfig {
+    std::optional<InstanceFilter> instance_filter;  // null: every instance counts
     std::vector<std::string> paths;
     std::string memmap_dtype;  // uint16 | uint32
     bool shuffle = true;
@@ -241,6 +258,7 @@ struct TrainConfig {
     OptimizerConfig optimizer;
     SchedulerConfig scheduler;
     std::optional<double> max_grad_norm;  // null: no clipping
+    double z_loss_multiplier = 0.0;       // softmax_auxiliary_loss: auxiliary_loss_multiplier; 0: no z-loss
     long global_train_batch_size = 0;
     long device_train_microbatch_size = 0;
     long device_eval_batch_size = 0;  // resolved: defaults to device_train_microbatch_size
@@ -304,6 +322,9 @@ std::string json_text(const Json& v);
 Json resolved_config_json(const TrainConfig& config);
 // Markdown table of every key (configs/README.md's key list).
 std::string config_keys_markdown();
+// The schema's default of a key (dotted path; a key the schema lacks is an internal error): what a config
+// written before the key existed meant by its absence.
+Json config_key_default(const std::string& path);
 // The closest schema key to `path` (for "did you mean"), or "" when none is close.
 std::string closest_config_key(const std::string& path);
 

@@ -32,9 +32,13 @@ void add(Unit& u, std::string name, std::vector<int64_t> shape, ParamKind kind, 
     u.params.push_back(std::move(p));
 }
 
+void add_norm(Unit& u, const std::string& prefix, const ModelConfig& m, int layer, const OptimizerConfig& opt,
+              bool weight, bool bias) {
+    if (weight) add(u, prefix + ".weight", {m.d_model}, ParamKind::kNormWeight, layer, opt);
+    if (bias) add(u, prefix + ".bias", {m.d_model}, ParamKind::kNormBias, layer, opt);
+}
 void add_norm(Unit& u, const std::string& prefix, const ModelConfig& m, int layer, const OptimizerConfig& opt) {
-    if (m.norm_has_weight()) add(u, prefix + ".weight", {m.d_model}, ParamKind::kNormWeight, layer, opt);
-    if (m.norm_has_bias()) add(u, prefix + ".bias", {m.d_model}, ParamKind::kNormBias, layer, opt);
+    add_norm(u, prefix, m, layer, opt, m.norm_has_weight(), m.norm_has_bias());
 }
 
 void add_linear(Unit& u, const std::string& prefix, int64_t out, int64_t in, const ModelConfig& m, int layer,
@@ -65,6 +69,9 @@ ParamLayout::ParamLayout(const TrainConfig& config) {
         const std::string p = fmt::format("transformer.blocks.{}.", l);
         add_norm(b, p + "attn_norm", m, l, opt);
         add_linear(b, p + "att_proj", 3 * C, C, m, l, opt);
+        // QK-norm over the whole q and k (OLMo's q_norm, k_norm: d_model wide with n_kv_heads = n_heads).
+        add_norm(b, p + "q_norm", m, l, opt, m.qk_norm_has_weight(), m.qk_norm_has_bias());
+        add_norm(b, p + "k_norm", m, l, opt, m.qk_norm_has_weight(), m.qk_norm_has_bias());
         add_linear(b, p + "attn_out", C, C, m, l, opt);
         add_norm(b, p + "ff_norm", m, l, opt);
         add_linear(b, p + "ff_proj", m.ff_proj_size(), C, m, l, opt);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -291,9 +292,6 @@ const std::vector<NoEffect>& no_effect_keys() {
         {"tokenizer", nullptr, ""},
         {"remote_save_folder", is_null, "remote checkpoint storage"},
         {"sharded_checkpointer", nullptr, ""},
-        {"save_interval_unsharded", nullptr, ""},
-        {"save_num_unsharded_checkpoints_to_keep", nullptr, ""},
-        {"save_interval_ephemeral", is_null, "ephemeral checkpoints"},
         {"new_style_checkpoints", nullptr, ""},
         {"load_path_sharded_checkpointer", nullptr, ""},
         {"restore_dataloader", [](const Json& v) { return v.is_null() || v == true; }, "restarting the data order"},
@@ -309,8 +307,6 @@ const std::vector<NoEffect>& no_effect_keys() {
         {"torch_profiling", is_false_or_null, ""},
         {"gen1_gc_interval", nullptr, ""},
         {"fused_loss", nullptr, ""},
-        {"softmax_auxiliary_loss", is_false_or_null, "z-loss (OLMo-2's softmax_auxiliary_loss)"},
-        {"auxiliary_loss_multiplier", nullptr, ""},
         {"hf_datasets_cache_dir", nullptr, ""},
         {"optimizer.metrics_log_interval", nullptr, ""},
         {"optimizer.record_update_metrics", is_false_or_null, "update metrics"},
@@ -321,14 +317,11 @@ const std::vector<NoEffect>& no_effect_keys() {
         {"model.attention_dropout", is_zero_or_null, "dropout"},
         {"model.residual_dropout", is_zero_or_null, "dropout"},
         {"model.embedding_dropout", is_zero_or_null, "dropout"},
-        {"model.attention_layer_norm", is_false_or_null, "QK-norm (OLMo-2's attention_layer_norm)"},
-        {"model.attention_layer_norm_with_affine", nullptr, ""},
         {"model.multi_query_attention", is_false_or_null, "multi-query attention"},
         {"model.n_kv_heads", is_null, "grouped-query attention"},
         {"model.block_type", [](const Json& v) { return v.is_null() || v == "sequential"; }, "that block type"},
         {"model.init_device", nullptr, ""},
         {"model.clip_qkv", is_null, "clipping q, k and v (clip_qkv)"},
-        {"model.norm_after", is_false_or_null, "norm-after blocks (OLMo-2's norm_after)"},
         {"model.scale_logits", is_false_or_null, "scaled logits"},
         {"model.emb_init_std", is_null, "a separate embedding init std"},
         {"model.precision", nullptr, ""},
@@ -340,7 +333,6 @@ const std::vector<NoEffect>& no_effect_keys() {
         {"data.persistent_workers", nullptr, ""},
         {"data.timeout", nullptr, ""},
         {"data.generate_attention_mask", is_false_or_null, "attention masks"},
-        {"data.instance_filter", is_null, "instance filters"},
         {"data.label_mask_paths", is_null, "label masks"},
         {"data.datasets", is_null, "named training datasets (list data.paths)"},
         {"fsdp.use_orig_params", nullptr, ""},
@@ -471,7 +463,77 @@ void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
         }
     }
 
-    // scheduler.units: tokens -> steps of global_train_batch_size x max_sequence_length tokens.
+    // Checkpoints. OLMo writes sharded ones (save_interval, save_num_checkpoints_to_keep), unsharded ones
+    // (save_interval_unsharded, save_num_unsharded_checkpoints_to_keep) and ephemeral ones (every
+    // save_interval_ephemeral steps, only the newest kept); save_num_checkpoints_to_keep: 0 turns the sharded
+    // ones off (OLMo-2's recipe). The trainer writes one kind, sharded and loadable on any world size and
+    // exportable, like both of OLMo's: it follows the sharded keys, or the unsharded ones where the sharded
+    // are off. Ephemeral checkpoints change nothing where they fall on those steps anyway.
+    {
+        const auto number = [&](const char* key) -> std::optional<double> {
+            if (!doc.contains(key) || doc[key].is_null()) return std::nullopt;
+            if (!doc[key].is_number()) {
+                user_error("config file {}: {}: {}; expected a number", path, key, json_text(doc[key]));
+            }
+            return doc[key].get<double>();
+        };
+        const auto unsharded_interval = number("save_interval_unsharded");
+        const auto unsharded_keep = number("save_num_unsharded_checkpoints_to_keep");
+        const auto keep = number("save_num_checkpoints_to_keep");
+        if (keep && *keep == 0.0) {
+            doc.erase("save_num_checkpoints_to_keep");
+            if (unsharded_keep) doc["save_num_checkpoints_to_keep"] = static_cast<long>(*unsharded_keep);
+            if (unsharded_interval)
+                doc["save_interval"] = static_cast<long>(*unsharded_interval);
+            else
+                doc.erase("save_interval");
+            ignored.push_back("save_num_checkpoints_to_keep: 0 (sharded checkpoints off: the unsharded keys apply)");
+        } else {
+            if (unsharded_interval) ignored.push_back("save_interval_unsharded");
+            if (unsharded_keep) ignored.push_back("save_num_unsharded_checkpoints_to_keep");
+        }
+        doc.erase("save_interval_unsharded");
+        doc.erase("save_num_unsharded_checkpoints_to_keep");
+        if (const auto ephemeral = number("save_interval_ephemeral")) {
+            const auto every = number("save_interval");
+            if (!every || *every <= 0.0 || std::fmod(*ephemeral, *every) != 0.0) {
+                user_error(
+                    "config file {}: save_interval_ephemeral: {}; this trainer has no ephemeral checkpoints (it "
+                    "accepts the key where those steps are checkpointed anyway: a multiple of save_interval {})",
+                    path, json_text(doc["save_interval_ephemeral"]), every ? json_text(doc["save_interval"]) : "null");
+            }
+            ignored.push_back("save_interval_ephemeral");
+        }
+        doc.erase("save_interval_ephemeral");
+    }
+
+    // QK-norm's affine setting without QK-norm (OLMo-1B's and 7B's configs set it false) changes nothing.
+    if (doc.contains("model") && doc["model"].is_object() &&
+        doc["model"].contains("attention_layer_norm_with_affine")) {
+        const Json& on = doc["model"].contains("attention_layer_norm") ? doc["model"]["attention_layer_norm"] : Json();
+        if (!(on.is_boolean() && on.get<bool>())) {
+            doc["model"].erase("attention_layer_norm_with_affine");
+            ignored.push_back("model.attention_layer_norm_with_affine (without attention_layer_norm)");
+        }
+    }
+
+    // data.instance_filter: an object (OLMo's defaults for what it leaves out, as OLMo's InstanceFilterConfig),
+    // or null (no filter).
+    if (doc.contains("data") && doc["data"].is_object() && doc["data"].contains("instance_filter")) {
+        Json& f = doc["data"]["instance_filter"];
+        if (f.is_null()) {
+            doc["data"].erase("instance_filter");
+        } else if (f.is_object()) {
+            const std::pair<const char*, int> defaults[] = {
+                {"repetition_max_period", 13}, {"repetition_min_period", 1}, {"repetition_max_count", 32}};
+            for (const auto& [key, value] : defaults) {
+                if (!f.contains(key) || f[key].is_null()) f[key] = value;
+            }
+        }  // anything else: validate_config names it
+    }
+
+    // scheduler.units: tokens -> steps of global_train_batch_size x max_sequence_length tokens (fractional where
+    // they do not divide: the schedule on tokens seen is the same formula on fractional steps).
     if (auto units = take(doc, "scheduler.units")) {
         if (*units == "tokens") {
             const Json* batch = doc.contains("global_train_batch_size") ? &doc["global_train_batch_size"] : nullptr;
@@ -494,13 +556,11 @@ void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
                     user_error("config file {}: scheduler.{}: {}; expected a number of tokens", path, k, json_text(v));
                 }
                 const double steps = v.get<double>() / per_step;
-                if (steps != static_cast<double>(static_cast<long>(steps))) {
-                    user_error(
-                        "config file {}: scheduler.{} is {} tokens with scheduler.units: tokens, {} steps of {} "
-                        "tokens; this trainer schedules in whole steps",
-                        path, k, json_text(v), steps, per_step);
+                if (steps == std::floor(steps) && steps < 9e15) {
+                    v = static_cast<long>(steps);
+                } else {
+                    v = steps;
                 }
-                v = static_cast<long>(steps);
             }
         } else if (*units != "steps") {
             user_error("config file {}: scheduler.units: {}; expected steps or tokens", path, json_text(*units));

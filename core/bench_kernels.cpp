@@ -145,12 +145,48 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     gemm("LM head GEMM (one chunk)", R, C, V, logitso, xo, wte.f32(), logitso, dx.f32(), dwte.f32(), nullptr, nullptr);
     const float* w = m.layer_norm_with_affine ? lnw.f32() : nullptr;
     float* dw = m.layer_norm_with_affine ? dlnw.f32() : nullptr;
-    ops.push_back({"layernorm forward", [&](Backend& b) {
-                       b.layernorm_forward(yo, mean.f32(), rstd.f32(), x.f32(), w, nullptr, N, C, 1e-5f);
-                   }});
-    ops.push_back({"layernorm backward", [&](Backend& b) {
-                       b.layernorm_backward(dx.f32(), dw, nullptr, y.f32(), x.f32(), w, mean.f32(), rstd.f32(), N, C);
-                   }});
+    const NormKind kind = m.rms_norm() ? NormKind::kRms : NormKind::kLayerNorm;
+    const float eps = static_cast<float>(m.layer_norm_eps);
+    const char* norm_name = m.rms_norm() ? "rmsnorm" : "layernorm";
+    // The norms as the model runs them: before each sublayer, or after it (norm_after: the sublayer's output
+    // normed and added to the residual stream), and the QK-norm on q and k.
+    if (m.norm_after) {
+        ops.push_back({fmt::format("{} + residual forward", norm_name), [&, kind, eps](Backend& b) {
+                           b.norm_residual_forward(y.f32(), x.f32(), mean.f32(), rstd.f32(), atto, w, nullptr, N, C,
+                                                   eps, kind);
+                       }});
+        ops.push_back({fmt::format("{} + residual backward", norm_name), [&, kind](Backend& b) {
+                           b.norm_residual_backward(datto, dw, nullptr, x.f32(), atto, w, mean.f32(), rstd.f32(), N, C,
+                                                    kind);
+                       }});
+    } else {
+        ops.push_back({fmt::format("{} forward", norm_name), [&, kind, eps](Backend& b) {
+                           b.layernorm_forward(yo, mean.f32(), rstd.f32(), x.f32(), w, nullptr, N, C, eps, kind);
+                       }});
+        ops.push_back({fmt::format("{} backward", norm_name), [&, kind](Backend& b) {
+                           b.layernorm_backward(dx.f32(), dw, nullptr, y.f32(), x.f32(), w, mean.f32(), rstd.f32(), N,
+                                                C, kind);
+                       }});
+    }
+    DeviceBuffer qk, qk16, qk_stats;
+    GemmOperand qko;
+    if (m.attention_layer_norm) {
+        qk = buf(2 * NC);
+        qk_stats = buf(4 * static_cast<size_t>(N));
+        qko = operand(qk, 2 * NC, qk16);
+        const float* qw = m.qk_norm_has_weight() ? lnw.f32() : nullptr;
+        float* dqw = m.qk_norm_has_weight() ? dlnw.f32() : nullptr;
+        float* dkw = m.qk_norm_has_weight() ? dlnb.f32() : nullptr;
+        ops.push_back({"qk_norm forward", [&, qw, kind, eps](Backend& b) {
+                           float* st = qk_stats.f32();
+                           b.qk_norm_forward(qkvo, qko, st, st + 2 * N, qw, nullptr, qw, nullptr, N, C, eps, kind);
+                       }});
+        ops.push_back({"qk_norm backward", [&, qw, dqw, dkw, kind](Backend& b) {
+                           float* st = qk_stats.f32();
+                           b.qk_norm_backward(dqkvo, dqw, nullptr, dkw, nullptr, qko, qw, qw, st, st + 2 * N, N, C,
+                                              kind);
+                       }});
+    }
     const float theta = static_cast<float>(m.rope_theta);
     if (m.rope) {
         ops.push_back({"rope forward", [&](Backend& b) { b.rope_forward(qkvo, B, T, NH, HS, theta); }});
@@ -174,8 +210,10 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
             {"gelu backward", [&, tanh_gelu](Backend& b) { b.gelu_backward(dfcho, fcho, dfacto, NHh, tanh_gelu); }});
     }
     ops.push_back({"residual add", [&](Backend& b) { b.residual_forward(y.f32(), x.f32(), dx.f32(), NC); }});
-    ops.push_back({"classifier (one chunk)", [&](Backend& b) {
-                       b.classifier_forward_backward(logitso, losses.f32(), tokens.i32() + N, R, V, 1e-3f, true);
+    const float z_loss = static_cast<float>(config.z_loss_multiplier);
+    ops.push_back({"classifier (one chunk)", [&, z_loss](Backend& b) {
+                       b.classifier_forward_backward(logitso, losses.f32(), tokens.i32() + N, R, V, 1e-3f, true, z_loss,
+                                                     z_loss > 0.0f ? dx.f32() : nullptr);
                    }});
     ops.push_back({"embedding forward",
                    [&](Backend& b) { b.embedding_forward(x.f32(), tokens.i32(), wte.f32(), nullptr, N, T, C); }});

@@ -203,9 +203,11 @@ void check_model_matches(const Json& saved_config, const TrainConfig& config, co
     const Json& b = config.json["model"];
     for (auto it = b.begin(); it != b.end(); ++it) {
         if (it.key() == "init_fn" || it.key() == "init_std" || it.key() == "init_cutoff_factor") continue;
-        if (!a.contains(it.key()) || a[it.key()] != it.value()) {
+        // A key the checkpoint's trainer did not have yet meant its default (layer_norm_eps, norm_after, ...).
+        const Json saved = a.contains(it.key()) ? a[it.key()] : config_key_default("model." + it.key());
+        if (saved != it.value()) {
             user_error("checkpoint {}: model.{} is {} in the checkpoint but {} in this run's config", path, it.key(),
-                       a.contains(it.key()) ? a[it.key()].dump() : "absent", it.value().dump());
+                       saved.dump(), it.value().dump());
         }
     }
 }

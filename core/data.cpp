@@ -517,4 +517,49 @@ void InstanceOrder::rank_slice(const std::vector<int64_t>& global, int rank, int
     }
 }
 
+bool repetitive_instance(const int32_t* tokens, int n, const InstanceFilter& filter) {
+    const int64_t len = n;
+    const int64_t max_period = std::min<int64_t>(filter.max_period, len / 3);
+    for (int64_t p = std::max(1, filter.min_period); p <= max_period; ++p) {
+        const int64_t rows = (len + (p - len % p)) / p;  // numpy pads p - len % p: a whole row when p divides len
+        const auto at = [&](int64_t i) -> int64_t { return i < len ? tokens[i] : -1; };
+        // Token c of row r equals the same token of the row before (row 0: of the last row, as np.roll).
+        const auto equal = [&](int64_t r, int64_t c) {
+            const int64_t prev = r == 0 ? rows - 1 : r - 1;
+            return at(r * p + c) == at(prev * p + c);
+        };
+        const auto whole = [&](int64_t r) {
+            for (int64_t c = 0; c < p; ++c) {
+                if (!equal(r, c)) return false;
+            }
+            return true;
+        };
+        int64_t r = 0;
+        while (r < rows) {
+            if (!whole(r)) {
+                ++r;
+                continue;
+            }
+            const int64_t start_row = r;
+            while (r + 1 < rows && whole(r + 1)) ++r;
+            const int64_t end_row = r++;
+            // The equal tokens that end the row before the run (Python's index -1 is the last row) and start
+            // the row after it (never past the last row: it holds padding no token equals).
+            const int64_t before = start_row == 0 ? rows - 1 : start_row - 1;
+            int64_t trailing = 0;
+            while (trailing < p && equal(before, p - 1 - trailing)) ++trailing;
+            const int64_t start_offset = trailing > 0 && trailing < p ? trailing : 0;
+            int64_t leading = 0;
+            if (end_row + 1 < rows) {
+                while (leading < p && equal(end_row + 1, leading)) ++leading;
+            }
+            const int64_t start = (start_row - 1) * p - start_offset, end = (end_row + 1) * p + leading;
+            const int64_t span = end - start;
+            const int64_t times = span >= 0 ? span / p : -((-span + p - 1) / p);  // Python's floor division
+            if (times > 2 && times >= filter.max_count) return true;
+        }
+    }
+    return false;
+}
+
 }  // namespace trainer

@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "base/config.h"
+
 namespace trainer {
 
 // The element type of a raw token file (OLMo's data.memmap_dtype).
@@ -159,5 +161,15 @@ class InstanceOrder {
     mutable int64_t cached_epoch_ = -1;
     mutable std::vector<int64_t> order_;  // the cached epoch's order (only when shuffling)
 };
+
+// OLMo's instance filter (data.instance_filter): an instance holding a run of `max_count` or more repeats of
+// a sequence of min_period..max_period tokens is masked out of the loss. The detection is OLMo's
+// find_periodic_sequences over the instance's L tokens, reproduced exactly: for each period p up to L / 3,
+// the tokens (padded with -1 to whole rows of p; a whole row of padding where p divides L) are cut into
+// rows, each token compared with the one p before it (the first row with the last, as numpy's roll
+// wraps), and each run of whole equal rows, widened by the equal tokens at the end of the row before and
+// the start of the row after, is a repetition of (end - start) / p times, counted when above 2.
+// Whether OLMo's filter masks the instance of n tokens.
+bool repetitive_instance(const int32_t* tokens, int n, const InstanceFilter& filter);
 
 }  // namespace trainer

@@ -56,7 +56,7 @@ Json hf_config_json(const TrainConfig& config) {
                     {"n_head", m.n_heads},
                     {"n_inner", m.ff_hidden_size()},
                     {"activation_function", m.activation_type == ActivationType::kGeluTanh ? "gelu_new" : "gelu"},
-                    {"layer_norm_epsilon", 1e-5},
+                    {"layer_norm_epsilon", m.layer_norm_eps},
                     {"resid_pdrop", 0.0},
                     {"embd_pdrop", 0.0},
                     {"attn_pdrop", 0.0},
@@ -68,28 +68,34 @@ Json hf_config_json(const TrainConfig& config) {
                     {"tie_word_embeddings", true},
                     {"torch_dtype", "float32"}};
     }
-    return Json{{"architectures", {"OlmoForCausalLM"}},
-                {"model_type", "olmo"},
-                {"vocab_size", m.embedding_size},
-                {"hidden_size", m.d_model},
-                {"intermediate_size", m.ff_hidden_size()},
-                {"num_hidden_layers", m.n_layers},
-                {"num_attention_heads", m.n_heads},
-                {"num_key_value_heads", m.n_heads},
-                {"hidden_act", "silu"},
-                {"max_position_embeddings", m.max_sequence_length},
-                {"initializer_range", m.init_std},
-                {"use_cache", true},
-                {"pad_token_id", nullptr},  // not the EOS: transformers would make its embedding row untrainable
-                {"bos_token_id", nullptr},
-                {"eos_token_id", m.eos_token_id},
-                {"tie_word_embeddings", m.weight_tying},
-                {"rope_theta", m.rope_theta},
-                {"rope_scaling", nullptr},
-                {"attention_bias", false},
-                {"attention_dropout", 0.0},
-                {"clip_qkv", nullptr},
-                {"torch_dtype", "float32"}};
+    const bool olmo2 = hf_family(m, "export") == "olmo2";
+    Json j{{"architectures", {olmo2 ? "Olmo2ForCausalLM" : "OlmoForCausalLM"}},
+           {"model_type", olmo2 ? "olmo2" : "olmo"},
+           {"vocab_size", m.embedding_size},
+           {"hidden_size", m.d_model},
+           {"intermediate_size", m.ff_hidden_size()},
+           {"num_hidden_layers", m.n_layers},
+           {"num_attention_heads", m.n_heads},
+           {"num_key_value_heads", m.n_heads},
+           {"hidden_act", "silu"},
+           {"max_position_embeddings", m.max_sequence_length},
+           {"initializer_range", m.init_std},
+           {"use_cache", true},
+           {"pad_token_id", nullptr},  // not the EOS: transformers would make its embedding row untrainable
+           {"bos_token_id", nullptr},
+           {"eos_token_id", m.eos_token_id},
+           {"tie_word_embeddings", m.weight_tying},
+           {"rope_theta", m.rope_theta},
+           {"rope_scaling", nullptr},
+           {"attention_bias", false},
+           {"attention_dropout", 0.0},
+           {"torch_dtype", "float32"}};
+    if (olmo2) {
+        j["rms_norm_eps"] = m.layer_norm_eps;
+    } else {
+        j["clip_qkv"] = nullptr;
+    }
+    return j;
 }
 
 std::string export_hf_directory(const TrainConfig& config, const ParamLayout& layout,
@@ -180,12 +186,14 @@ void check_hf_config(const TrainConfig& config, const std::string& dir) {
         user_error("--init-from {}: model_type is {}; this config's model maps to {}", path,
                    have.contains("model_type") ? have["model_type"].dump() : "absent", want["model_type"].dump());
     }
-    const std::vector<std::string> keys =
+    std::vector<std::string> keys =
         want["model_type"] == "gpt2"
             ? std::vector<std::string>{"n_embd", "n_layer", "n_head", "n_positions", "activation_function"}
             : std::vector<std::string>{"hidden_size",         "intermediate_size",   "num_hidden_layers",
                                        "num_attention_heads", "num_key_value_heads", "rope_theta",
-                                       "tie_word_embeddings", "attention_bias",      "clip_qkv"};
+                                       "tie_word_embeddings", "attention_bias"};
+    if (want["model_type"] == "olmo") keys.push_back("clip_qkv");
+    if (want["model_type"] == "olmo2") keys.push_back("rms_norm_eps");
     for (const auto& k : keys) {
         if (!have.contains(k)) continue;  // transformers' default applies; the tensors' shapes are checked
         const Json& a = have[k];

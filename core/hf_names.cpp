@@ -45,6 +45,9 @@ std::vector<HfEntry> hf_entries(const TrainConfig& config) {
         e.push_back({"transformer.ln_f.weight", "transformer.ln_f.weight"});
         e.push_back({"transformer.ln_f.bias", "transformer.ln_f.bias"});
     } else {
+        // OlmoForCausalLM, and Olmo2ForCausalLM with its QK-norms and its norms after the sublayers (named
+        // post_*: OLMo's attn_norm and ff_norm) and the final norm, each a weight.
+        const bool olmo2 = family == "olmo2";
         e.push_back({"model.embed_tokens.weight", "transformer.wte.weight"});
         for (int l = 0; l < m.n_layers; ++l) {
             const std::string h = fmt::format("model.layers.{}.", l), b = fmt::format("transformer.blocks.{}.", l);
@@ -52,10 +55,17 @@ std::vector<HfEntry> hf_entries(const TrainConfig& config) {
             e.push_back({h + "self_attn.k_proj.weight", b + "att_proj.weight", C, 2 * C});
             e.push_back({h + "self_attn.v_proj.weight", b + "att_proj.weight", 2 * C, 3 * C});
             e.push_back({h + "self_attn.o_proj.weight", b + "attn_out.weight"});
+            if (olmo2) {
+                e.push_back({h + "self_attn.q_norm.weight", b + "q_norm.weight"});
+                e.push_back({h + "self_attn.k_norm.weight", b + "k_norm.weight"});
+                e.push_back({h + "post_attention_layernorm.weight", b + "attn_norm.weight"});
+            }
             e.push_back({h + "mlp.up_proj.weight", b + "ff_proj.weight", 0, P / 2});
             e.push_back({h + "mlp.gate_proj.weight", b + "ff_proj.weight", P / 2, P});
             e.push_back({h + "mlp.down_proj.weight", b + "ff_out.weight"});
+            if (olmo2) e.push_back({h + "post_feedforward_layernorm.weight", b + "ff_norm.weight"});
         }
+        if (olmo2) e.push_back({"model.norm.weight", "transformer.ln_f.weight"});
         if (!m.weight_tying) e.push_back({"lm_head.weight", "transformer.ff_out.weight"});
     }
     return e;
@@ -112,14 +122,29 @@ std::string hf_family(const ModelConfig& m, const std::string& what) {
         for (size_t i = 1; i < diff.size(); ++i) msg += "; " + diff[i];
         user_error("{}: a model without RoPE maps to GPT2LMHeadModel, but {}", what, msg);
     }
+    // OLMo-2's shape (RMSNorm with weights after the sublayers, QK-norm) is Olmo2ForCausalLM; the first OLMo's
+    // (non-parametric LayerNorm before them) OlmoForCausalLM. Which one a RoPE model is meant to be is told by
+    // norm_after.
     std::vector<std::string> diff;
     if (m.activation_type != ActivationType::kSwiglu) diff.push_back("model.activation_type must be swiglu");
-    if (m.layer_norm_with_affine) diff.push_back("model.layer_norm_with_affine must be false");
     if (m.include_bias) diff.push_back("model.include_bias must be false");
+    if (m.norm_after) {
+        if (!m.rms_norm()) diff.push_back("model.layer_norm_type must be rms");
+        if (!m.layer_norm_with_affine || m.bias_for_layer_norm) {
+            diff.push_back("model.layer_norm_with_affine must be true and bias_for_layer_norm false");
+        }
+        if (!m.attention_layer_norm || !m.attention_layer_norm_with_affine) {
+            diff.push_back("model.attention_layer_norm and attention_layer_norm_with_affine must be true");
+        }
+        if (diff.empty()) return "olmo2";
+        user_error("{}: a RoPE model with norm_after maps to Olmo2ForCausalLM, but {}", what, fmt::join(diff, "; "));
+    }
+    if (m.layer_norm_with_affine) diff.push_back("model.layer_norm_with_affine must be false");
+    if (m.rms_norm()) diff.push_back("model.layer_norm_type must be default (LayerNorm)");
+    if (m.attention_layer_norm) diff.push_back("model.attention_layer_norm must be false");
     if (diff.empty()) return "olmo";
-    std::string msg = diff[0];
-    for (size_t i = 1; i < diff.size(); ++i) msg += "; " + diff[i];
-    user_error("{}: a RoPE model maps to OlmoForCausalLM, but {}", what, msg);
+    user_error("{}: a RoPE model maps to OlmoForCausalLM (Olmo2ForCausalLM with norm_after), but {}", what,
+               fmt::join(diff, "; "));
 }
 
 std::vector<std::pair<std::string, Tensor>> to_hf_tensors(const TrainConfig& config, const ParamLayout& layout,

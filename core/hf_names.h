@@ -1,6 +1,7 @@
 // Hugging Face names for import (--init-from) and export (trainer export): GPT2LMHeadModel for the
-// GPT-2 shape (learned positions, affine LayerNorm with bias, biases, GELU, tied head) and
-// OlmoForCausalLM for the OLMo shape (RoPE, SwiGLU, non-parametric LayerNorm, no biases).
+// GPT-2 shape (learned positions, affine LayerNorm with bias, biases, GELU, tied head),
+// OlmoForCausalLM for the OLMo shape (RoPE, SwiGLU, non-parametric LayerNorm, no biases) and
+// Olmo2ForCausalLM for OLMo-2's (RMSNorm with weights after each sublayer, QK-norm).
 // The trainer's fused tensors are split and transposed on the way out and joined on the way in:
 // att_proj = [q_proj; k_proj; v_proj], ff_proj = [up_proj; gate_proj] (OLMo's x, gate order), and GPT-2's
 // Conv1D weights are stored (in, out), the transpose of a Linear's (out, in).
@@ -16,7 +17,7 @@
 
 namespace trainer {
 
-// "gpt2" or "olmo"; a model matching neither has no Hugging Face class and is refused with the keys
+// "gpt2", "olmo" or "olmo2"; a model matching none has no Hugging Face class and is refused with the keys
 // that differ, naming `what` ("--init-from", "export").
 std::string hf_family(const ModelConfig& m, const std::string& what);
 

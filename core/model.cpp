@@ -20,6 +20,8 @@ struct Model::HeadParams {
 struct Model::BlockParams {
     float *attn_norm_w = nullptr, *attn_norm_b = nullptr;
     float *att_proj_w = nullptr, *att_proj_b = nullptr;  // (3C, C), (3C)
+    float *q_norm_w = nullptr, *q_norm_b = nullptr;      // (C), (C): QK-norm
+    float *k_norm_w = nullptr, *k_norm_b = nullptr;
     float *attn_out_w = nullptr, *attn_out_b = nullptr;  // (C, C), (C)
     float *ff_norm_w = nullptr, *ff_norm_b = nullptr;
     float *ff_proj_w = nullptr, *ff_proj_b = nullptr;  // (P, C), (P)
@@ -32,6 +34,8 @@ namespace {
 constexpr std::pair<const char*, float * Model::BlockParams::*> kBlockFields[] = {
     {"attn_norm.weight", &Model::BlockParams::attn_norm_w}, {"attn_norm.bias", &Model::BlockParams::attn_norm_b},
     {"att_proj.weight", &Model::BlockParams::att_proj_w},   {"att_proj.bias", &Model::BlockParams::att_proj_b},
+    {"q_norm.weight", &Model::BlockParams::q_norm_w},       {"q_norm.bias", &Model::BlockParams::q_norm_b},
+    {"k_norm.weight", &Model::BlockParams::k_norm_w},       {"k_norm.bias", &Model::BlockParams::k_norm_b},
     {"attn_out.weight", &Model::BlockParams::attn_out_w},   {"attn_out.bias", &Model::BlockParams::attn_out_b},
     {"ff_norm.weight", &Model::BlockParams::ff_norm_w},     {"ff_norm.bias", &Model::BlockParams::ff_norm_b},
     {"ff_proj.weight", &Model::BlockParams::ff_proj_w},     {"ff_proj.bias", &Model::BlockParams::ff_proj_b},
@@ -47,8 +51,7 @@ constexpr std::pair<const char*, float * Model::HeadParams::*> kHeadFields[] = {
     {"transformer.ff_out.bias", &Model::HeadParams::b},
 };
 constexpr size_t kNumHeadFields = sizeof(kHeadFields) / sizeof(kHeadFields[0]);
-constexpr size_t kAbsent = static_cast<size_t>(-1);
-static_assert(kNumBlockFields == 12, "Model::block_offsets_ holds one offset per entry of kBlockFields");
+static_assert(kNumBlockFields == 16, "Model::block_offsets_ holds one offset per entry of kBlockFields");
 static_assert(kNumHeadFields == 4, "Model::head_offsets_ holds one offset per entry of kHeadFields");
 
 }  // namespace
@@ -162,6 +165,12 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     for (int l = 0; l < L_; ++l) keep_.push_back(keep_for(l));
     const auto count = [&](Keep k) { return std::count(keep_.begin(), keep_.end(), k); };
     const bool recompute = count(Keep::kAll) < L_;
+    norm_kind_ = m_.rms_norm() ? NormKind::kRms : NormKind::kLayerNorm;
+    norm_eps_ = static_cast<float>(m_.layer_norm_eps);
+    norm_after_ = m_.norm_after;
+    qk_norm_ = m_.attention_layer_norm;
+    z_loss_ = static_cast<float>(config.z_loss_multiplier);
+    const bool rms = m_.rms_norm();
 
     // The arena, in three parts.
     size_t off = 0;
@@ -173,67 +182,88 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     // A GemmOperand activation of n elements (backend.h): half the floats where the backend keeps them in bf16.
     auto take_operand = [&](size_t n) { return take(operands_bf16_ ? (n + 1) / 2 : n); };
     const size_t lse_n = static_cast<size_t>(max_batch_) * NH_ * T_;
-    // 1. What each block keeps for its backward (every block keeps its input); kAbsent where the block uses
-    // the work plan's slot.
+    // What a block's backward reads, by who provides it when the block does not keep everything: its input
+    // (always kept), the GEMM and attention outputs (kept by fine_grained blocks, recomputed by whole ones)
+    // and the cheap ones (recomputed by every block that does not keep everything: the pre-norms and their
+    // statistics, the sublayers' GEMM inputs and the MLP activation). The post-norms' statistics are N floats
+    // each and their recompute would need the GEMM before them: fine_grained keeps them.
+    enum class Need { kInput, kGemm, kCheap };
+    struct Slot {
+        size_t Plan::*field;
+        size_t n;
+        bool operand;
+        Need need;
+    };
+    const Need norm_stats = norm_after_ ? Need::kGemm : Need::kCheap;
+    std::vector<Slot> slots = {{&Plan::resid, NC, false, Need::kInput}};
+    // With norm_after and fp32 operands the sublayers' GEMMs read the residual stream in place.
+    const bool sublayer_inputs = !norm_after_ || operands_bf16_;
+    if (sublayer_inputs) slots.push_back({&Plan::ln1, NC, true, Need::kCheap});
+    if (!rms) slots.push_back({&Plan::ln1_mean, N, false, norm_stats});
+    slots.push_back({&Plan::ln1_rstd, N, false, norm_stats});
+    if (qk_norm_) {
+        slots.push_back({&Plan::qk, 2 * NC, true, Need::kGemm});
+        if (!rms) slots.push_back({&Plan::qk_mean, 2 * N, false, Need::kGemm});
+        slots.push_back({&Plan::qk_rstd, 2 * N, false, Need::kGemm});
+    }
+    slots.push_back({&Plan::qkv, 3 * NC, true, Need::kGemm});
+    slots.push_back({&Plan::att, NC, true, Need::kGemm});
+    slots.push_back({&Plan::lse, lse_n, false, Need::kGemm});
+    if (norm_after_) slots.push_back({&Plan::att_o, NC, true, Need::kGemm});
+    slots.push_back({&Plan::resid_mid, NC, false, Need::kGemm});
+    if (sublayer_inputs) slots.push_back({&Plan::ln2, NC, true, Need::kCheap});
+    if (!rms) slots.push_back({&Plan::ln2_mean, N, false, norm_stats});
+    slots.push_back({&Plan::ln2_rstd, N, false, norm_stats});
+    slots.push_back({&Plan::fch, N * P_, true, Need::kGemm});
+    slots.push_back({&Plan::fch_act, N * H_, true, Need::kCheap});
+    if (norm_after_) slots.push_back({&Plan::ff_o, NC, true, Need::kGemm});
+    const auto take_slot = [&](const Slot& slot) { return slot.operand ? take_operand(slot.n) : take(slot.n); };
+    const auto kept = [&](Keep k, Need need) {
+        return k == Keep::kAll || need == Need::kInput || (need == Need::kGemm && k == Keep::kGemmOutputs);
+    };
+    // 1. What each block keeps for its backward.
     for (int l = 0; l < L_; ++l) {
         Plan p;
-        const Keep k = keep_[l];
-        const bool all = k == Keep::kAll, gemm = all || k == Keep::kGemmOutputs;
-        p.resid = take(NC);
-        p.ln1 = all ? take_operand(NC) : kAbsent;
-        p.ln1_mean = all ? take(N) : kAbsent;
-        p.ln1_rstd = all ? take(N) : kAbsent;
-        p.qkv = gemm ? take_operand(3 * NC) : kAbsent;
-        p.att = gemm ? take_operand(NC) : kAbsent;
-        p.lse = gemm ? take(lse_n) : kAbsent;
-        p.resid_mid = gemm ? take(NC) : kAbsent;
-        p.ln2 = all ? take_operand(NC) : kAbsent;
-        p.ln2_mean = all ? take(N) : kAbsent;
-        p.ln2_rstd = all ? take(N) : kAbsent;
-        p.fch = gemm ? take_operand(N * P_) : kAbsent;
-        p.fch_act = all ? take_operand(N * H_) : kAbsent;
+        for (const Slot& slot : slots) {
+            if (kept(keep_[l], slot.need)) p.*slot.field = take_slot(slot);
+        }
         layers_.push_back(p);
     }
     // 2. What lives across the head: its input and output, the losses, and the gradients it writes.
     resid_final_ = take(NC);
     lnf_ = take_operand(NC);
-    lnf_mean_ = take(N);
+    lnf_mean_ = rms ? kAbsent : take(N);
     lnf_rstd_ = take(N);
     losses_ = take(N);
+    z_losses_ = z_loss_ > 0.0f ? take(N) : kAbsent;
     dresid_ = take(NC);
     dln_ = take(NC);
     // 3. What is dead while the head runs, shared with the head's logits chunk: the work plan (the recomputed
     // activations, one block's worth, only what the policy recomputes), the forward's projection scratch and
     // the blocks' backward scratch.
     const size_t region = off;
-    Plan work{};
-    if (recompute) {  // every recompute redoes the norms and the MLP activation
-        work.ln1 = take_operand(NC), work.ln1_mean = take(N), work.ln1_rstd = take(N);
-        work.ln2 = take_operand(NC), work.ln2_mean = take(N), work.ln2_rstd = take(N);
-        work.fch_act = take_operand(N * H_);
-    }
-    if (count(Keep::kInput) > 0) {  // whole blocks redo the GEMMs and attention as well
-        work.qkv = take_operand(3 * NC), work.att = take_operand(NC), work.lse = take(lse_n), work.resid_mid = take(NC);
-        work.fch = take_operand(N * P_);
+    Plan work;
+    for (const Slot& slot : slots) {
+        const bool needed = slot.need == Need::kCheap ? recompute : count(Keep::kInput) > 0;
+        if (slot.need != Need::kInput && needed) work.*slot.field = take_slot(slot);
     }
     // The gradients that only a GEMM or a bf16 kernel reads next are GemmOperands too (bf16 in amp_bf16, as
-    // autocast's are): attention's and the MLP's inner ones. The residual stream's (dresid) and the norms'
-    // (dln), which accumulate across paths, stay fp32.
+    // autocast's are): attention's and the MLP's inner ones, and with norm_after the sublayers' outputs'. The
+    // residual stream's (dresid) and the pre-norms' (dln), which accumulate across paths, stay fp32.
     scratch_ = take(NC);
     dqkv_ = take_operand(3 * NC);
     datt_ = take_operand(NC);
     dfch_ = take_operand(N * P_);
     dfch_act_ = take_operand(N * H_);
+    dsub_ = norm_after_ ? take_operand(NC) : kAbsent;
     const size_t rows = static_cast<size_t>(head_chunk_rows(m_, max_batch_, operands_bf16_));
     head_chunk_rows_ = static_cast<int>(rows);
     logits_ = region;
     const size_t logit_floats = operands_bf16_ ? (rows * V_ + 1) / 2 : rows * V_;
     off = std::max(off, region + (logit_floats + 15) / 16 * 16);
     for (Plan& p : layers_) {
-        for (size_t Plan::*f :
-             {&Plan::ln1, &Plan::ln1_mean, &Plan::ln1_rstd, &Plan::qkv, &Plan::att, &Plan::lse, &Plan::resid_mid,
-              &Plan::ln2, &Plan::ln2_mean, &Plan::ln2_rstd, &Plan::fch, &Plan::fch_act}) {
-            if (p.*f == kAbsent) p.*f = work.*f;
+        for (const Slot& slot : slots) {
+            if (p.*slot.field == kAbsent) p.*slot.field = work.*slot.field;
         }
     }
     arena_ = DeviceBuffer(backend_, off * sizeof(float), MemCategory::kActivations);
@@ -241,13 +271,17 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     tokens_host_.resize(2 * N);
 }
 
-void Model::upload_tokens(const int32_t* tokens, int batch) {
+void Model::upload_tokens(const int32_t* tokens, int batch, const uint8_t* keep) {
     TRAINER_CHECK(batch >= 1 && batch <= max_batch_, "batch {} outside [1, {}]", batch, max_batch_);
     const int L = m_.max_sequence_length;
     const size_t N = static_cast<size_t>(batch) * T_;
     for (int b = 0; b < batch; ++b) {
         std::memcpy(&tokens_host_[b * T_], tokens + static_cast<size_t>(b) * L, T_ * sizeof(int32_t));
-        std::memcpy(&tokens_host_[N + b * T_], tokens + static_cast<size_t>(b) * L + 1, T_ * sizeof(int32_t));
+        if (keep != nullptr && keep[b] == 0) {
+            std::fill_n(&tokens_host_[N + b * T_], T_, -1);  // ignored targets: no loss, no gradient
+        } else {
+            std::memcpy(&tokens_host_[N + b * T_], tokens + static_cast<size_t>(b) * L + 1, T_ * sizeof(int32_t));
+        }
     }
     backend_->copy_host_to_device(tokens_dev_.data(), tokens_host_.data(), 2 * N * sizeof(int32_t));
 }
@@ -276,15 +310,29 @@ void Model::forward_blocks(int batch, bool backward_follows) {
     }
 }
 
-void Model::block_norm(int l, int which, int N, const BlockParams& w) {
+float* Model::mean_at(size_t offset) const { return offset == kAbsent ? nullptr : act(offset); }
+
+GemmOperand Model::sublayer_input(int l, int which) const {
     const Plan& a = layers_[l];
-    const float eps = 1e-5f;
+    if (norm_after_ && !operands_bf16_) return GemmOperand(act(which == 1 ? a.resid : a.resid_mid));
+    return op(which == 1 ? a.ln1 : a.ln2);
+}
+
+void Model::block_sublayer_input(int l, int which, int N, const BlockParams& w) {
+    const Plan& a = layers_[l];
+    const size_t in = which == 1 ? a.resid : a.resid_mid, out = which == 1 ? a.ln1 : a.ln2;
+    if (norm_after_) {
+        // The sublayer reads its input itself: a bf16 copy where GEMM operands are bf16 (one rounding, as
+        // autocast's Linear casts it), else the fp32 stream in place.
+        if (operands_bf16_) backend_->cast_float_to_bf16(op(out).b16(), act(in), static_cast<size_t>(N) * C_);
+        return;
+    }
     if (which == 1) {
-        backend_->layernorm_forward(op(a.ln1), act(a.ln1_mean), act(a.ln1_rstd), act(a.resid), w.attn_norm_w,
-                                    w.attn_norm_b, N, C_, eps);
+        backend_->layernorm_forward(op(out), mean_at(a.ln1_mean), act(a.ln1_rstd), act(in), w.attn_norm_w,
+                                    w.attn_norm_b, N, C_, norm_eps_, norm_kind_);
     } else {
-        backend_->layernorm_forward(op(a.ln2), act(a.ln2_mean), act(a.ln2_rstd), act(a.resid_mid), w.ff_norm_w,
-                                    w.ff_norm_b, N, C_, eps);
+        backend_->layernorm_forward(op(out), mean_at(a.ln2_mean), act(a.ln2_rstd), act(in), w.ff_norm_w, w.ff_norm_b, N,
+                                    C_, norm_eps_, norm_kind_);
     }
 }
 
@@ -293,27 +341,46 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
     const float theta = static_cast<float>(m_.rope_theta);
     const bool tanh_gelu = m_.activation_type == ActivationType::kGeluTanh;
     const Plan& a = layers_[l];
-    block_norm(l, 1, N, w);
-    backend_->matmul_forward(op(a.qkv), op(a.ln1), w.att_proj_w, w.att_proj_b, N, C_, 3 * C_);
+    block_sublayer_input(l, 1, N, w);
+    backend_->matmul_forward(op(a.qkv), sublayer_input(l, 1), w.att_proj_w, w.att_proj_b, N, C_, 3 * C_);
+    if (qk_norm_) {
+        backend_->qk_norm_forward(op(a.qkv), op(a.qk), mean_at(a.qk_mean), act(a.qk_rstd), w.q_norm_w, w.q_norm_b,
+                                  w.k_norm_w, w.k_norm_b, N, C_, norm_eps_, norm_kind_);
+    }
     if (m_.rope) backend_->rope_forward(op(a.qkv), batch, T_, NH_, HS_, theta);
     backend_->attention_forward(op(a.att), act(a.lse), op(a.qkv), batch, T_, NH_, HS_);
-    backend_->matmul_residual_forward(act(a.resid_mid), act(a.resid), op(a.att), w.attn_out_w, w.attn_out_b, N, C_, C_,
-                                      act(scratch_));
-    block_norm(l, 2, N, w);
+    if (norm_after_) {
+        backend_->matmul_forward(op(a.att_o), op(a.att), w.attn_out_w, w.attn_out_b, N, C_, C_);
+        backend_->norm_residual_forward(act(a.resid_mid), act(a.resid), mean_at(a.ln1_mean), act(a.ln1_rstd),
+                                        op(a.att_o), w.attn_norm_w, w.attn_norm_b, N, C_, norm_eps_, norm_kind_);
+    } else {
+        backend_->matmul_residual_forward(act(a.resid_mid), act(a.resid), op(a.att), w.attn_out_w, w.attn_out_b, N, C_,
+                                          C_, act(scratch_));
+    }
+    block_sublayer_input(l, 2, N, w);
+    const GemmOperand mlp_in = sublayer_input(l, 2);
     if (m_.activation_type == ActivationType::kSwiglu) {
-        backend_->matmul_forward(op(a.fch), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
+        backend_->matmul_forward(op(a.fch), mlp_in, w.ff_proj_w, w.ff_proj_b, N, C_, P_);
         backend_->swiglu_forward(op(a.fch_act), op(a.fch), N, H_);
     } else if (keep_[l] != Keep::kGemmOutputs) {  // P == H: the GELU keeps the width (a GEMM epilogue on CUDA)
-        backend_->matmul_gelu_forward(op(a.fch), op(a.fch_act), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_,
-                                      tanh_gelu);
+        backend_->matmul_gelu_forward(op(a.fch), op(a.fch_act), mlp_in, w.ff_proj_w, w.ff_proj_b, N, C_, P_, tanh_gelu);
     } else {
         // A block whose backward recomputes the GELU from the kept ff_proj output runs the kernel that recompute
         // runs, so the recomputed activation is the forward's bit for bit (cuBLASLt's epilogue computes the GELU
         // its own way). The CPU's matmul_gelu_forward is these two ops.
-        backend_->matmul_forward(op(a.fch), op(a.ln2), w.ff_proj_w, w.ff_proj_b, N, C_, P_);
+        backend_->matmul_forward(op(a.fch), mlp_in, w.ff_proj_w, w.ff_proj_b, N, C_, P_);
         backend_->gelu_forward(op(a.fch_act), op(a.fch), static_cast<size_t>(N) * H_, tanh_gelu);
     }
-    if (!out_resid) return;
+    if (!out_resid && !norm_after_) return;
+    if (norm_after_) {
+        // A recompute (!out_resid) needs ff_norm's input and statistics too: its output goes to the scratch,
+        // not over the next block's kept input.
+        const size_t next_resid = !out_resid ? scratch_ : (l + 1 < L_) ? layers_[l + 1].resid : resid_final_;
+        backend_->matmul_forward(op(a.ff_o), op(a.fch_act), w.ff_out_w, w.ff_out_b, N, H_, C_);
+        backend_->norm_residual_forward(act(next_resid), act(a.resid_mid), mean_at(a.ln2_mean), act(a.ln2_rstd),
+                                        op(a.ff_o), w.ff_norm_w, w.ff_norm_b, N, C_, norm_eps_, norm_kind_);
+        return;
+    }
     const size_t next_resid = (l + 1 < L_) ? layers_[l + 1].resid : resid_final_;
     backend_->matmul_residual_forward(act(next_resid), act(a.resid_mid), op(a.fch_act), w.ff_out_w, w.ff_out_b, N, H_,
                                       C_, act(scratch_));
@@ -321,12 +388,13 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
 
 void Model::recompute_block(int l, int batch, const BlockParams& w) {
     if (keep_[l] == Keep::kInput) return block_forward(l, batch, w, false);
-    // Fine-grained: the norms from the kept residual stream, the activation from the kept ff_proj output,
-    // with the kernels of the forward, so the values are the forward's.
+    // Fine-grained: the sublayers' GEMM inputs (the pre-norms, or norm_after's bf16 copies) from the kept
+    // residual stream, the activation from the kept ff_proj output, with the kernels of the forward, so the
+    // values are the forward's.
     const int N = batch * T_;
     const Plan& a = layers_[l];
-    block_norm(l, 1, N, w);
-    block_norm(l, 2, N, w);
+    block_sublayer_input(l, 1, N, w);
+    block_sublayer_input(l, 2, N, w);
     if (m_.activation_type == ActivationType::kSwiglu) {
         backend_->swiglu_forward(op(a.fch_act), op(a.fch), N, H_);
     } else {
@@ -355,8 +423,8 @@ void Model::head(int batch, float dloss_scale, bool backward) {
         dhead_w = backward ? strategy_->unit_grads(emb) : nullptr;
     }
 
-    backend_->layernorm_forward(op(lnf_), act(lnf_mean_), act(lnf_rstd_), act(resid_final_), norm_w, norm_b, N, C_,
-                                1e-5f);
+    backend_->layernorm_forward(op(lnf_), mean_at(lnf_mean_), act(lnf_rstd_), act(resid_final_), norm_w, norm_b, N, C_,
+                                norm_eps_, norm_kind_);
     backend_->hold_weight(head_w);  // every chunk multiplies by the same (V, C) weight
     for (int r0 = 0; r0 < N; r0 += head_chunk_rows_) {
         const int rows = std::min(head_chunk_rows_, N - r0);
@@ -364,7 +432,8 @@ void Model::head(int batch, float dloss_scale, bool backward) {
         const GemmOperand x = op(lnf_).at(static_cast<size_t>(r0) * C_);
         backend_->matmul_forward(logits, x, head_w, head_b, rows, C_, V_);
         backend_->classifier_forward_backward(logits, act(losses_) + r0, tokens_dev_.i32() + N + r0, rows, V_,
-                                              dloss_scale, backward);
+                                              dloss_scale, backward, z_loss_,
+                                              z_loss_ > 0.0f ? act(z_losses_) + r0 : nullptr);
         if (backward) {
             backend_->matmul_backward(act(dln_) + static_cast<size_t>(r0) * C_, dhead_w, dhead_b, logits, x, head_w,
                                       rows, C_, V_, false);
@@ -374,7 +443,7 @@ void Model::head(int batch, float dloss_scale, bool backward) {
     if (backward) {
         backend_->fill_zero(act(dresid_), static_cast<size_t>(N) * C_ * sizeof(float));
         backend_->layernorm_backward(act(dresid_), dnorm_w, dnorm_b, act(dln_), act(resid_final_), norm_w,
-                                     act(lnf_mean_), act(lnf_rstd_), N, C_);
+                                     mean_at(lnf_mean_), act(lnf_rstd_), N, C_, norm_kind_);
         strategy_->after_backward(hu);
     }
     if (m_.weight_tying) strategy_->after_forward(emb);
@@ -397,27 +466,55 @@ void Model::backward_blocks(int batch) {
                                         trace::active() ? fmt::format("recompute block.{}", l) : std::string());
             recompute_block(l, batch, w);
         }
-        // MLP: x_out = resid_mid + ff_out(act(ff_proj(LN2(resid_mid)))); dresid holds d(x_out).
-        backend_->matmul_backward(op(dfch_act_), g.ff_out_w, g.ff_out_b, act(dresid_), op(a.fch_act), w.ff_out_w, N, H_,
-                                  C_, false);
+        // MLP: x_out = resid_mid + ff_out(act(ff_proj(LN2(resid_mid)))), or with norm_after resid_mid +
+        // LN2(ff_o), ff_o = ff_out(act(ff_proj(resid_mid))); dresid holds d(x_out).
+        GemmOperand dff_out = act(dresid_);
+        if (norm_after_) {
+            backend_->norm_residual_backward(op(dsub_), g.ff_norm_w, g.ff_norm_b, act(dresid_), op(a.ff_o), w.ff_norm_w,
+                                             mean_at(a.ln2_mean), act(a.ln2_rstd), N, C_, norm_kind_);
+            dff_out = op(dsub_);
+        }
+        backend_->matmul_backward(op(dfch_act_), g.ff_out_w, g.ff_out_b, dff_out, op(a.fch_act), w.ff_out_w, N, H_, C_,
+                                  false);
         if (m_.activation_type == ActivationType::kSwiglu) {
             backend_->swiglu_backward(op(dfch_), op(a.fch), op(dfch_act_), N, H_);
         } else {
             backend_->gelu_backward(op(dfch_), op(a.fch), op(dfch_act_), static_cast<size_t>(N) * H_, tanh_gelu);
         }
-        backend_->matmul_backward(act(dln_), g.ff_proj_w, g.ff_proj_b, op(dfch_), op(a.ln2), w.ff_proj_w, N, C_, P_,
+        if (norm_after_) {  // ff_proj read resid_mid itself: its input gradient adds to the stream's
+            backend_->matmul_backward(act(dresid_), g.ff_proj_w, g.ff_proj_b, op(dfch_), sublayer_input(l, 2),
+                                      w.ff_proj_w, N, C_, P_, true);
+        } else {
+            backend_->matmul_backward(act(dln_), g.ff_proj_w, g.ff_proj_b, op(dfch_), op(a.ln2), w.ff_proj_w, N, C_, P_,
+                                      false);
+            backend_->layernorm_backward(act(dresid_), g.ff_norm_w, g.ff_norm_b, act(dln_), act(a.resid_mid),
+                                         w.ff_norm_w, mean_at(a.ln2_mean), act(a.ln2_rstd), N, C_, norm_kind_);
+        }
+        // Attention: resid_mid = resid + attn_out(attn(rope(qk_norm(att_proj(LN1(resid)))))), or with norm_after
+        // resid + LN1(att_o); dresid holds d(resid_mid).
+        GemmOperand datt_out = act(dresid_);
+        if (norm_after_) {
+            backend_->norm_residual_backward(op(dsub_), g.attn_norm_w, g.attn_norm_b, act(dresid_), op(a.att_o),
+                                             w.attn_norm_w, mean_at(a.ln1_mean), act(a.ln1_rstd), N, C_, norm_kind_);
+            datt_out = op(dsub_);
+        }
+        backend_->matmul_backward(op(datt_), g.attn_out_w, g.attn_out_b, datt_out, op(a.att), w.attn_out_w, N, C_, C_,
                                   false);
-        backend_->layernorm_backward(act(dresid_), g.ff_norm_w, g.ff_norm_b, act(dln_), act(a.resid_mid), w.ff_norm_w,
-                                     act(a.ln2_mean), act(a.ln2_rstd), N, C_);
-        // Attention: resid_mid = resid + attn_out(attn(rope(att_proj(LN1(resid))))); dresid holds d(resid_mid).
-        backend_->matmul_backward(op(datt_), g.attn_out_w, g.attn_out_b, act(dresid_), op(a.att), w.attn_out_w, N, C_,
-                                  C_, false);
         backend_->attention_backward(op(dqkv_), op(datt_), op(a.qkv), op(a.att), act(a.lse), batch, T_, NH_, HS_);
         if (m_.rope) backend_->rope_backward(op(dqkv_), batch, T_, NH_, HS_, theta);
-        backend_->matmul_backward(act(dln_), g.att_proj_w, g.att_proj_b, op(dqkv_), op(a.ln1), w.att_proj_w, N, C_,
-                                  3 * C_, false);
-        backend_->layernorm_backward(act(dresid_), g.attn_norm_w, g.attn_norm_b, act(dln_), act(a.resid), w.attn_norm_w,
-                                     act(a.ln1_mean), act(a.ln1_rstd), N, C_);
+        if (qk_norm_) {
+            backend_->qk_norm_backward(op(dqkv_), g.q_norm_w, g.q_norm_b, g.k_norm_w, g.k_norm_b, op(a.qk), w.q_norm_w,
+                                       w.k_norm_w, mean_at(a.qk_mean), act(a.qk_rstd), N, C_, norm_kind_);
+        }
+        if (norm_after_) {
+            backend_->matmul_backward(act(dresid_), g.att_proj_w, g.att_proj_b, op(dqkv_), sublayer_input(l, 1),
+                                      w.att_proj_w, N, C_, 3 * C_, true);
+        } else {
+            backend_->matmul_backward(act(dln_), g.att_proj_w, g.att_proj_b, op(dqkv_), op(a.ln1), w.att_proj_w, N, C_,
+                                      3 * C_, false);
+            backend_->layernorm_backward(act(dresid_), g.attn_norm_w, g.attn_norm_b, act(dln_), act(a.resid),
+                                         w.attn_norm_w, mean_at(a.ln1_mean), act(a.ln1_rstd), N, C_, norm_kind_);
+        }
         strategy_->after_backward(u);
     }
     const int emb = layout_.embedding_unit();
@@ -431,30 +528,35 @@ void Model::backward_blocks(int batch) {
 
 // The losses are summed on the host after the whole pass is queued: the sum waits for the device, and
 // taken at the head it stalled the launches of the backward behind the forward.
-double Model::forward_backward(const int32_t* tokens, int batch, float dloss_scale) {
-    upload_tokens(tokens, batch);
+LossSums Model::forward_backward(const int32_t* tokens, int batch, float dloss_scale, const uint8_t* keep) {
+    upload_tokens(tokens, batch, keep);
     forward_blocks(batch, true);
     head(batch, dloss_scale, true);
     backward_blocks(batch);
-    return backend_->sum(act(losses_), static_cast<size_t>(batch) * T_);
+    const size_t n = static_cast<size_t>(batch) * T_;
+    LossSums sums;
+    sums.ce = backend_->sum(act(losses_), n);
+    if (z_loss_ > 0.0f) sums.z = backend_->sum(act(z_losses_), n);
+    return sums;
 }
 
 double Model::forward_loss(const int32_t* tokens, int batch) {
-    upload_tokens(tokens, batch);
+    upload_tokens(tokens, batch, nullptr);
     forward_blocks(batch, false);
     head(batch, 0.0f, false);
     return backend_->sum(act(losses_), static_cast<size_t>(batch) * T_);
 }
 
-double accumulate_gradients(Strategy& strategy, Model& model, long accumulation, int batch, float dloss_scale,
-                            const std::function<const int32_t*(long)>& tokens_for) {
+LossSums accumulate_gradients(Strategy& strategy, Model& model, long accumulation, int batch, float dloss_scale,
+                              const std::function<MicroBatchTokens(long)>& tokens_for) {
     strategy.zero_grads();
     strategy.begin_step(static_cast<int>(accumulation));
-    double loss_sum = 0.0;
+    LossSums loss_sum;
     for (long k = 0; k < accumulation; ++k) {
         const trace::Span span("micro-batch", trace::active() ? fmt::format("micro-batch {}", k) : std::string());
         strategy.begin_micro_batch(static_cast<int>(k));
-        loss_sum += model.forward_backward(tokens_for(k), batch, dloss_scale);
+        const MicroBatchTokens mb = tokens_for(k);
+        loss_sum += model.forward_backward(mb.tokens, batch, dloss_scale, mb.keep);
     }
     const trace::Span span("comm", "finish backward");
     strategy.finish_backward();

@@ -4,8 +4,11 @@
 //
 // Data flow for one micro-batch of B instances of L tokens: inputs are tokens[:, :-1], targets
 // tokens[:, 1:], so the model runs on T = L-1 positions (the L-th position would predict nothing).
-//   x0 = wte[in] (+ wpe[t]);  per block l: x += attn_out(attn(rope(att_proj(LN(x)))));
-//   x += ff_out(act(ff_proj(LN(x))));  logits = LN_f(x) @ W_head^T;  loss = CE(logits, targets)
+//   x0 = wte[in] (+ wpe[t]);  per block l: x += attn_out(attn(rope(qk_norm(att_proj(LN(x))))));
+//   x += ff_out(act(ff_proj(LN(x))));  logits = LN_f(x) @ W_head^T;  loss = CE(logits, targets) (+ z-loss)
+// where LN is LayerNorm or RMSNorm (layer_norm_type) and qk_norm only with attention_layer_norm; with
+// norm_after (OLMo-2) each sublayer's output is normed instead of its input: x += LN(attn_out(...(x))),
+// x += LN(ff_out(act(ff_proj(x)))).
 // The LM head is fused with the loss and its backward, chunked over rows, so the full (N, V) logits are
 // never materialised: a chunk's logits become its dlogits in place, then feed dx and dW_head at once.
 //
@@ -28,6 +31,15 @@
 
 namespace trainer {
 
+// The loss sums of a pass: the cross-entropy of every predicted token, and the z-loss (0 without one).
+struct LossSums {
+    double ce = 0.0, z = 0.0;
+    LossSums& operator+=(const LossSums& o) {
+        ce += o.ce, z += o.z;
+        return *this;
+    }
+};
+
 class Model {
    public:
     // Plans and allocates the activation arena for micro-batches of up to `max_batch` instances.
@@ -35,8 +47,10 @@ class Model {
 
     // Forward, loss and backward of one micro-batch: `tokens` is (batch, L) on the host. Each predicted
     // token's loss gradient is scaled by dloss_scale (1 / tokens of the global batch, so micro-batch
-    // gradients sum to the gradient of the global mean). Returns the sum of the token losses.
-    double forward_backward(const int32_t* tokens, int batch, float dloss_scale);
+    // gradients sum to the gradient of the global mean). keep (nullable, one flag an instance): an instance with
+    // keep 0 predicts nothing (its targets are ignored: OLMo's instance filter). Returns the sums of the token
+    // losses.
+    LossSums forward_backward(const int32_t* tokens, int batch, float dloss_scale, const uint8_t* keep = nullptr);
     // Forward and loss only (evaluation): the sum of the token losses of (batch, L) tokens.
     double forward_loss(const int32_t* tokens, int batch);
 
@@ -60,17 +74,23 @@ class Model {
     // block's input, or (out_resid false: a recompute) the pass stops after the MLP activation, the last
     // activation the backward reads.
     void block_forward(int l, int batch, const BlockParams& w, bool out_resid);
-    // Block l's LayerNorm before attention (which 1) or before the MLP (which 2), into its plan: one code
-    // path for the forward and the recompute, so the recomputed values are the forward's.
-    void block_norm(int l, int which, int N, const BlockParams& w);
+    // What block l's attention (which 1) or MLP (which 2) sublayer's first GEMM reads, into its plan: the
+    // pre-norm's output, or with norm_after the sublayer's input as a GEMM operand (its bf16 copy where
+    // operands are bf16; nothing to do where the fp32 stream is read in place). One code path for the forward
+    // and the recompute, so the recomputed values are the forward's.
+    void block_sublayer_input(int l, int which, int N, const BlockParams& w);
+    // That GEMM operand.
+    GemmOperand sublayer_input(int l, int which) const;
     // What block l's backward reads and the block did not keep, recomputed into the shared work plan.
     void recompute_block(int l, int batch, const BlockParams& w);
     HeadParams head_params(const float* base) const;  // all null for a null base
-    void upload_tokens(const int32_t* tokens, int batch);
+    void upload_tokens(const int32_t* tokens, int batch, const uint8_t* keep);
     void forward_blocks(int batch, bool backward_follows);
     void head(int batch, float dloss_scale, bool backward);
     void backward_blocks(int batch);
     float* act(size_t offset) const { return arena_.f32() + offset; }
+    // A norm's mean: null where the plan has none (RMSNorm).
+    float* mean_at(size_t offset) const;
     // The GemmOperand activation at `offset` (the norms' outputs, qkv, attention's output, the ff_proj output,
     // the MLP activation, and the gradients only a GEMM or a bf16 kernel reads), in the storage the backend
     // keeps them in: bf16 where gemm_operands_bf16(), which halves their size.
@@ -87,18 +107,29 @@ class Model {
     int max_batch_, T_, C_, NH_, HS_, P_, H_, V_, L_;
     bool operands_bf16_ = false;  // the backend keeps GemmOperand activations in bf16
     int head_chunk_rows_;
+    NormKind norm_kind_ = NormKind::kLayerNorm;  // every norm's (layer_norm_type)
+    float norm_eps_ = 1e-5f;
+    bool norm_after_ = false, qk_norm_ = false;
+    float z_loss_ = 0.0f;  // z-loss multiplier; 0: none
 
     // Arena offsets (in floats) of each activation of a block: the block's own where it keeps it for its
-    // backward, else the shared work plan's (overwritten by every block that does not keep it).
+    // backward, else the shared work plan's (overwritten by every block that does not keep it); kAbsent
+    // where the config has no such activation. ln1/ln2: the attention and MLP sublayers' GEMM input (the
+    // pre-norms' outputs; with norm_after the bf16 copy of resid / resid_mid, absent when the GEMMs read the
+    // fp32 stream); ln1_*/ln2_*: attn_norm's and ff_norm's statistics, of resid / resid_mid or (norm_after)
+    // of att_o / ff_o, the outputs of attn_out and ff_out; qk and qk_*: the QK-norm's inputs and statistics.
+    static constexpr size_t kAbsent = static_cast<size_t>(-1);
     struct Plan {
-        size_t resid, ln1, ln1_mean, ln1_rstd, qkv, att, lse, resid_mid, ln2, ln2_mean, ln2_rstd, fch, fch_act;
+        size_t resid = kAbsent, ln1 = kAbsent, ln1_mean = kAbsent, ln1_rstd = kAbsent, qk = kAbsent, qk_mean = kAbsent,
+               qk_rstd = kAbsent, qkv = kAbsent, att = kAbsent, lse = kAbsent, att_o = kAbsent, resid_mid = kAbsent,
+               ln2 = kAbsent, ln2_mean = kAbsent, ln2_rstd = kAbsent, fch = kAbsent, fch_act = kAbsent, ff_o = kAbsent;
     };
     std::vector<Plan> layers_;
     std::vector<Keep> keep_;                             // per layer
-    std::vector<std::array<size_t, 12>> block_offsets_;  // per layer: each block parameter's offset in its unit
+    std::vector<std::array<size_t, 16>> block_offsets_;  // per layer: each block parameter's offset in its unit
     std::array<size_t, 4> head_offsets_;                 // each head parameter's offset in the head unit
-    size_t resid_final_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, scratch_;
-    size_t dresid_, dln_, dqkv_, datt_, dfch_, dfch_act_;
+    size_t resid_final_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, z_losses_, scratch_;
+    size_t dresid_, dln_, dqkv_, datt_, dfch_, dfch_act_, dsub_;
     DeviceBuffer arena_;
     DeviceBuffer tokens_dev_;  // inputs (N) then targets (N), int32
     std::vector<int32_t> tokens_host_;
@@ -106,10 +137,17 @@ class Model {
 
 // The forward and backward passes of one optimizer step under the strategy's hooks: zero_grads and
 // begin_step, each of the `accumulation` micro-batches of `batch` instances (tokens_for(k) gives micro-batch
-// k's tokens, (batch, L) on the host), then finish_backward. Returns the sum of the token losses. The
+// k's tokens), then finish_backward. Returns the sums of the token losses. The
 // training loop and the dry runs (core/plan.h) both take a step through it.
-double accumulate_gradients(Strategy& strategy, Model& model, long accumulation, int batch, float dloss_scale,
-                            const std::function<const int32_t*(long)>& tokens_for);
+// A micro-batch's tokens, (batch, L) on the host, and which instances count (nullable: all; see
+// Model::forward_backward).
+struct MicroBatchTokens {
+    const int32_t* tokens = nullptr;
+    const uint8_t* keep = nullptr;
+    MicroBatchTokens(const int32_t* t, const uint8_t* k = nullptr) : tokens(t), keep(k) {}  // NOLINT: implicit
+};
+LossSums accumulate_gradients(Strategy& strategy, Model& model, long accumulation, int batch, float dloss_scale,
+                              const std::function<MicroBatchTokens(long)>& tokens_for);
 
 // Initialises every parameter of a unit into `host` (unit.numel floats) as OLMo does (init_fn normal or
 // mitchell), from a counter-based generator keyed by (seed, parameter name, element): the result is

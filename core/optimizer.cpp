@@ -11,20 +11,17 @@ namespace trainer {
 double scheduled_lr(const OptimizerConfig& opt, const SchedulerConfig& sched, long step, long total_steps) {
     const double lr = opt.learning_rate;
     if (sched.name == SchedulerName::kConstant) return lr;
-    const long warmup = sched.t_warmup;
+    // Steps as doubles: whole-step settings give exactly the integer arithmetic; fractional ones (OLMo's token
+    // units) the same formulas on tokens seen, divided by the tokens of a step.
+    const double warmup = sched.t_warmup, at = static_cast<double>(step);
     const double warmup_min = sched.warmup_min_lr ? *sched.warmup_min_lr : 0.1 * lr;
-    if (step < warmup) {
-        return warmup_min +
-               (lr - warmup_min) * static_cast<double>(std::min(step, warmup)) / static_cast<double>(warmup);
-    }
-    if (sched.name == SchedulerName::kInverseSqrtWithWarmup) {
-        return lr * std::sqrt(static_cast<double>(warmup) / static_cast<double>(std::max(warmup, step)));
-    }
-    const long t_max = sched.t_max ? *sched.t_max : total_steps;
+    if (at < warmup) return warmup_min + (lr - warmup_min) * at / warmup;
+    if (sched.name == SchedulerName::kInverseSqrtWithWarmup) return lr * std::sqrt(warmup / std::max(warmup, at));
+    const double t_max = sched.t_max ? *sched.t_max : static_cast<double>(total_steps);
     const double eta_min = lr * sched.alpha_f;
-    if (step >= t_max) return eta_min;
-    const double s = static_cast<double>(step - warmup);
-    const double span = static_cast<double>(t_max - warmup);
+    if (at >= t_max) return eta_min;
+    const double s = at - warmup;
+    const double span = t_max - warmup;
     if (sched.name == SchedulerName::kLinearWithWarmup) return lr - (lr - eta_min) * (s / span);
     return eta_min + (lr - eta_min) * (1.0 + std::cos(M_PI * s / span)) / 2.0;
 }
@@ -32,7 +29,7 @@ double scheduled_lr(const OptimizerConfig& opt, const SchedulerConfig& sched, lo
 double scheduled_max_grad_norm(const TrainConfig& config, long step) {
     if (!config.max_grad_norm) return -1.0;
     const auto& s = config.scheduler;
-    if (s.grad_clip_warmup_steps && step <= *s.grad_clip_warmup_steps) {
+    if (s.grad_clip_warmup_steps && static_cast<double>(step) <= *s.grad_clip_warmup_steps) {
         return *config.max_grad_norm * *s.grad_clip_warmup_factor;
     }
     return *config.max_grad_norm;

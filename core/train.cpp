@@ -146,7 +146,9 @@ std::string trace_path(const std::string& path, int rank, int world) {
 
 // One optimizer step's results, as the log and the metrics file report them.
 struct StepOutcome {
-    double loss = 0.0;
+    double loss = 0.0;          // the cross-entropy, mean over the global batch's predicted tokens
+    double z_loss = 0.0;        // the z-loss's mean (softmax_auxiliary_loss), 0 without one
+    long masked_instances = 0;  // the global batch's instances the instance filter masked
     OptimizerStepResult opt;
     double seconds = 0.0, comm_wait = 0.0;
     int stop_signal = 0;  // the ranks agreed to stop after this step (base/stop.h), 0: go on
@@ -257,6 +259,7 @@ class TrainingRun {
         }
         optimizer_ = std::make_unique<AdamW>(config_, *layout_, backend_.get(), host);
         tokens_.resize(static_cast<size_t>(micro) * m_.max_sequence_length);
+        keep_.resize(static_cast<size_t>(micro));
 
         const long L = m_.max_sequence_length;
         flops_per_token_ = flops_per_token(m_, *layout_);
@@ -319,26 +322,35 @@ class TrainingRun {
         strategy.take_comm_wait_seconds();  // what evaluation and checkpoints waited is not the step's
         order_->global_batch(step - 1, global_batch_);
         InstanceOrder::rank_slice(global_batch_, strategy.rank(), world, local_);
-        const double loss_sum =
+        double masked = 0.0;  // instances the instance filter masked, this rank
+        const LossSums loss_sum =
             accumulate_gradients(strategy, *model_, accumulation, static_cast<int>(micro), dloss_scale, [&](long k) {
                 const trace::Span data("data", "read micro-batch");
+                const auto& filter = config_.data.instance_filter;
                 for (long i = 0; i < micro; ++i) {
-                    train_data_->read_instance(local_[k * micro + i], tokens_.data() + static_cast<size_t>(i) * L);
+                    int32_t* instance = tokens_.data() + static_cast<size_t>(i) * L;
+                    train_data_->read_instance(local_[k * micro + i], instance);
+                    keep_[i] = filter && repetitive_instance(instance, static_cast<int>(L), *filter) ? 0 : 1;
+                    masked += 1 - keep_[i];
                 }
-                return tokens_.data();
+                return MicroBatchTokens(tokens_.data(), keep_.data());
             });
         StepOutcome r;
         {
-            // The loss sum and the ranks' votes on a stop request, in one collective.
+            // The loss sums and the ranks' votes on a stop request, in one collective.
             const trace::Span loss("comm", "loss all_reduce");
-            double sums[1 + stop::kVotes] = {loss_sum};
-            stop::vote(sums + 1);
-            strategy.all_reduce_sum(sums, 1 + stop::kVotes);
+            double sums[3 + stop::kVotes] = {loss_sum.ce, loss_sum.z, masked};
+            stop::vote(sums + 3);
+            strategy.all_reduce_sum(sums, 3 + stop::kVotes);
             r.loss = sums[0] / global_tokens;
-            r.stop_signal = stop::agreed(sums + 1);
+            r.z_loss = sums[1] / global_tokens;
+            r.masked_instances = static_cast<long>(sums[2]);
+            r.stop_signal = stop::agreed(sums + 3);
         }
-        if (!std::isfinite(r.loss))
-            user_error("step {}: the loss is {} (diverged); lower optimizer.learning_rate", step, r.loss);
+        if (!std::isfinite(r.loss) || !std::isfinite(r.z_loss)) {
+            user_error("step {}: the {} is {} (diverged); lower optimizer.learning_rate", step,
+                       std::isfinite(r.loss) ? "z-loss" : "loss", std::isfinite(r.loss) ? r.z_loss : r.loss);
+        }
         {
             const trace::Span opt("optimizer", "optimizer step");
             r.opt = optimizer_->step(strategy, step, total_steps_);
@@ -368,6 +380,8 @@ class TrainingRun {
                        {"mfu", mfu},
                        {"step_time_ms", r.seconds * 1e3},
                        {"comm_wait_ms", r.comm_wait * 1e3}};
+        if (config_.z_loss_multiplier > 0.0) record["z_loss"] = r.z_loss;  // OLMo's train/ZLoss
+        if (config_.data.instance_filter) record["masked_instances"] = r.masked_instances;
         if (config_.eval_interval > 0 && (step % config_.eval_interval == 0 || step == total_steps_)) {
             run_evals(step, record);
         }
@@ -375,9 +389,10 @@ class TrainingRun {
         if (config_.metrics_file) record["peak_memory_bytes_per_rank"] = peak_memory_per_rank();
         if (step % config_.console_log_interval == 0 || step == total_steps_ || step == start_step_ + 1) {
             bar_->clear();
+            const std::string z = config_.z_loss_multiplier > 0.0 ? fmt::format(" | z_loss {:.3e}", r.z_loss) : "";
             std::printf(
-                "step %ld/%ld | loss %.4f | lr %.3e | grad_norm %.4f | tok/s/dev %.0f | mfu %.1f%% | step %.1f ms\n",
-                step, total_steps_, r.loss, r.opt.lr, r.opt.grad_norm, tps, 100.0 * mfu, r.seconds * 1e3);
+                "step %ld/%ld | loss %.4f%s | lr %.3e | grad_norm %.4f | tok/s/dev %.0f | mfu %.1f%% | step %.1f ms\n",
+                step, total_steps_, r.loss, z.c_str(), r.opt.lr, r.opt.grad_norm, tps, 100.0 * mfu, r.seconds * 1e3);
         }
         metrics_->write(record);
         if (config_.save_folder &&
@@ -507,6 +522,7 @@ class TrainingRun {
     // the step loop
     std::vector<int64_t> global_batch_, local_;
     std::vector<int32_t> tokens_;
+    std::vector<uint8_t> keep_;  // per instance of a micro-batch: 0 where the instance filter masks it
     double total_time_ = 0.0, total_comm_wait_ = 0.0, last_loss_ = 0.0;
     long timed_steps_ = 0;
     Clock::time_point run_t0_;

@@ -52,6 +52,12 @@ struct GemmOperand {
     }
 };
 
+// How a norm normalises a row of C channels (OLMo's layer_norm_type): LayerNorm, (x - mean) * rstd with
+// rstd = 1/sqrt(var + eps) and the biased variance (torch.nn.functional.layer_norm); or RMSNorm, x * rstd
+// with rstd = 1/sqrt(mean(x^2) + eps) (OLMo's RMSLayerNorm), which has no mean (mean buffers may be null).
+// Either is then multiplied by its weight and added its bias where it has them.
+enum class NormKind { kLayerNorm, kRms };
+
 class Backend {
    public:
     virtual ~Backend() = default;
@@ -150,15 +156,38 @@ class Backend {
     // dwte[tokens[n]] += dout[n]; dwpe[n % T] += dout[n] (nullable); deterministic without atomics.
     virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,
                                     int C) = 0;
-    // out(N,C) = (inp - mean) * rstd * weight + bias; weight and bias nullable (OLMo's non-parametric
-    // LayerNorm has neither; GPT-2's has both). mean(N) and rstd(N) = 1/sqrt(var + eps) are saved for the
-    // backward; var is the biased variance, as torch.nn.functional.layer_norm.
+    // The norm before a sublayer (and the final norm): out(N,C) = norm(inp) * weight + bias (NormKind); weight
+    // and bias nullable (OLMo's non-parametric LayerNorm has neither; GPT-2's has both; OLMo-2's RMSNorm a
+    // weight). mean(N) (LayerNorm; nullable with RMSNorm) and rstd(N) are saved for the backward.
     virtual void layernorm_forward(GemmOperand out, float* mean, float* rstd, const float* inp, const float* weight,
-                                   const float* bias, int N, int C, float eps) = 0;
+                                   const float* bias, int N, int C, float eps, NormKind kind) = 0;
     // dinp(N,C) += (ACCUMULATES: the input is the residual stream, whose gradient also flows around the
     // norm); dweight(C) += and dbias(C) += (nullable, and null when weight / bias are).
     virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                    const float* weight, const float* mean, const float* rstd, int N, int C) = 0;
+                                    const float* weight, const float* mean, const float* rstd, int N, int C,
+                                    NormKind kind) = 0;
+    // The norm after a sublayer (OLMo-2's norm_after): out(N,C) = resid + norm(inp) * weight + bias, inp the
+    // sublayer's output (a GEMM's); out may alias resid; mean (nullable with RMSNorm) and rstd saved.
+    virtual void norm_residual_forward(float* out, const float* resid, float* mean, float* rstd, GemmOperand inp,
+                                       const float* weight, const float* bias, int N, int C, float eps,
+                                       NormKind kind) = 0;
+    // dinp(N,C) OVERWRITTEN with the gradient of the norm's input from dout (the residual stream's gradient,
+    // which also flows on around the norm unchanged); dweight and dbias += (nullable).
+    virtual void norm_residual_backward(GemmOperand dinp, float* dweight, float* dbias, const float* dout,
+                                        GemmOperand inp, const float* weight, const float* mean, const float* rstd,
+                                        int N, int C, NormKind kind) = 0;
+    // QK-norm (OLMo's attention_layer_norm): q and k of qkv(N,3C), each row's C channels (all heads together,
+    // as OLMo and HF's Olmo2 norm them), normalised in place with their own weight and bias (nullable); their
+    // inputs are saved in qk(N,2C) = q | k, and mean (nullable with RMSNorm) and rstd, (2,N) each: q's rows,
+    // then k's. v untouched.
+    virtual void qk_norm_forward(GemmOperand qkv, GemmOperand qk, float* mean, float* rstd, const float* q_weight,
+                                 const float* q_bias, const float* k_weight, const float* k_bias, int N, int C,
+                                 float eps, NormKind kind) = 0;
+    // In place on dqkv(N,3C): its dq and dk parts become the gradients of the norms' inputs (dv untouched);
+    // the weights' and biases' gradients += (nullable).
+    virtual void qk_norm_backward(GemmOperand dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias,
+                                  GemmOperand qk, const float* q_weight, const float* k_weight, const float* mean,
+                                  const float* rstd, int N, int C, NormKind kind) = 0;
     // Rotary embeddings, non-interleaved ("rotate_half", as OLMo and HF Llama), in place on qkv(B,T,3C)
     // = q | k | v, each (NH,HS): q and k rotated at positions t = 0..T-1 by angle t / theta^(2i/HS) (i <
     // HS/2), y[i] = x[i] cos - x[i+HS/2] sin, y[i+HS/2] = x[i+HS/2] cos + x[i] sin, the tables in fp32 as
@@ -190,9 +219,13 @@ class Backend {
     // (softmax(row) - onehot(target)) * dloss_scale, dloss_scale being d(total loss)/d(this row's loss).
     // A target < 0 is ignored (loss 0, zero gradient row). The softmax spans all V columns (OLMo computes
     // the cross-entropy over the padded embedding_size). bf16 logits (amp_bf16, as autocast's LM head writes
-    // them) are read in fp32 math and the dlogits rounded back to bf16; the losses are fp32.
+    // them) are read in fp32 math and the dlogits rounded back to bf16; the losses are fp32. With
+    // z_loss_multiplier z > 0 (PaLM's z-loss, OLMo's softmax_auxiliary_loss) each counted row's objective also has
+    // z * logsumexp(row)^2: z_losses(N) receives it (0 for an ignored row) and the dlogits include its gradient,
+    // 2 z logsumexp * softmax * dloss_scale. z = 0: z_losses may be null.
     virtual void classifier_forward_backward(GemmOperand logits, float* losses, const int32_t* targets, int N, int V,
-                                             float dloss_scale, bool compute_grad) = 0;
+                                             float dloss_scale, bool compute_grad, float z_loss_multiplier,
+                                             float* z_losses) = 0;
 
     // ---- optimizer ----
     // One AdamW step over a flat range (PyTorch semantics, kernels/element.h adamw_element) on

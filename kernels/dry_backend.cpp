@@ -62,14 +62,36 @@ class DryBackend final : public Backend {
         note("embedding_backward", nc * (dwpe ? 2 : 1), 4 * nc * (dwpe ? 5 : 3) + 4.0 * N);
     }
     void layernorm_forward(GemmOperand out, float*, float*, const float*, const float*, const float*, int N, int C,
-                           float) override {
+                           float, NormKind) override {
         const double nc = static_cast<double>(N) * C;
         note("layernorm_forward", 8 * nc, (4 + size(out)) * nc + 8.0 * N);
     }
     void layernorm_backward(float*, float*, float*, const float*, const float*, const float*, const float*,
-                            const float*, int N, int C) override {
+                            const float*, int N, int C, NormKind) override {
         const double nc = static_cast<double>(N) * C;
         note("layernorm_backward", 12 * nc, 4 * (4 * nc + 2.0 * N));
+    }
+    // The pre-norm's costs with the residual read and added (forward), dinp written not added (backward).
+    void norm_residual_forward(float*, const float*, float*, float*, GemmOperand inp, const float*, const float*, int N,
+                               int C, float, NormKind) override {
+        const double nc = static_cast<double>(N) * C;
+        note("norm_residual_forward", 9 * nc, (size(inp) + 8) * nc + 8.0 * N);
+    }
+    void norm_residual_backward(GemmOperand dinp, float*, float*, const float*, GemmOperand inp, const float*,
+                                const float*, const float*, int N, int C, NormKind) override {
+        const double nc = static_cast<double>(N) * C;
+        note("norm_residual_backward", 12 * nc, (size(dinp) + size(inp) + 4) * nc + 8.0 * N);
+    }
+    // q and k (2NC) copied aside, then normalised in place.
+    void qk_norm_forward(GemmOperand qkv, GemmOperand qk, float*, float*, const float*, const float*, const float*,
+                         const float*, int N, int C, float, NormKind) override {
+        const double nc2 = 2.0 * N * C;
+        note("qk_norm_forward", 8 * nc2, (2 * size(qkv) + size(qk)) * nc2 + 16.0 * N);
+    }
+    void qk_norm_backward(GemmOperand dqkv, float*, float*, float*, float*, GemmOperand qk, const float*, const float*,
+                          const float*, const float*, int N, int C, NormKind) override {
+        const double nc2 = 2.0 * N * C;
+        note("qk_norm_backward", 12 * nc2, (2 * size(dqkv) + size(qk)) * nc2 + 16.0 * N);
     }
     void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float) override {
         rope("rope_forward", B, T, NH, HS, size(qkv));
@@ -107,8 +129,8 @@ class DryBackend final : public Backend {
         note("residual_forward", 1.0 * n, 12.0 * n);
     }
     void scale_inplace(float*, size_t n, float) override { note("scale_inplace", 1.0 * n, 8.0 * n); }
-    void classifier_forward_backward(GemmOperand logits, float*, const int32_t*, int N, int V, float,
-                                     bool compute_grad) override {
+    void classifier_forward_backward(GemmOperand logits, float*, const int32_t*, int N, int V, float, bool compute_grad,
+                                     float, float*) override {
         const double nv = static_cast<double>(N) * V;
         note("classifier_forward_backward", (compute_grad ? 6 : 4) * nv, size(logits) * nv * (compute_grad ? 2 : 1));
     }

@@ -1,9 +1,9 @@
 """Generate the trainer's correctness fixtures from the PyTorch reference.
 
-Usage (system Python, which has torch 1.13):
-    /usr/bin/python3 tests/make_fixtures.py
+Usage (system Python, which has torch 1.13; scripts/install_deps.sh --with-torch installs it):
+    /usr/bin/python3 tests/make_fixtures.py [NAME...]     (default: every fixture)
 
-For each config tests/fixtures/{gpt2_tiny,olmo_tiny}.json this writes into
+For each config tests/fixtures/{gpt2_tiny,olmo_tiny,olmo2_tiny}.json this writes into
 tests/fixtures/:
   <name>_tokens.u16         raw little-endian uint16 tokens, G * max_duration
                             instances of L tokens plus 5 tokens of remainder
@@ -30,7 +30,7 @@ sys.path.insert(0, HERE)
 import torch_ref as ref  # noqa: E402
 
 FIXTURES = os.path.join(HERE, "fixtures")
-CONFIGS = ["gpt2_tiny", "olmo_tiny"]
+CONFIGS = ["gpt2_tiny", "olmo_tiny", "olmo2_tiny"]
 EXTRA_TOKENS = 5          # remainder the trainer must drop
 FP32_CHECK_STEPS = 3      # steps whose float32 loss must match float64 to 1e-4 relative
 
@@ -57,9 +57,10 @@ def write_u16(tokens, path):
 
 def hf_forward(hf, mc, tokens):
     """Logits from the Hugging Face-named tensors, written independently of
-    torch_ref the way HF's GPT2LMHeadModel / OlmoForCausalLM compute them
-    (hand-written layer norm, GELU-tanh, SiLU and softmax). Checks the name
-    mapping (Conv1D transposes, q/k/v blocks, up = value / gate halves)."""
+    torch_ref the way HF's GPT2LMHeadModel / OlmoForCausalLM / Olmo2ForCausalLM
+    compute them (hand-written layer and RMS norms, GELU-tanh, SiLU and softmax).
+    Checks the name mapping (Conv1D transposes, q/k/v blocks, up = value / gate
+    halves, Olmo2's q/k norms and post-sublayer norms)."""
     B, T = tokens.shape
     C, NH, HS = mc.d_model, mc.n_heads, mc.head_size
 
@@ -68,6 +69,9 @@ def hf_forward(hf, mc, tokens):
         var = ((x - mu) ** 2).mean(-1, keepdim=True)
         y = (x - mu) / torch.sqrt(var + 1e-5)
         return y * w + b if w is not None else y
+
+    def rms_norm(x, w):  # Olmo2RMSNorm
+        return w * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + mc.layer_norm_eps))
 
     def split_heads(*ts):  # (B, T, C) each -> (B, NH, T, HS) each
         return [t.reshape(B, T, NH, HS).permute(0, 2, 1, 3) for t in ts]
@@ -111,6 +115,20 @@ def hf_forward(hf, mc, tokens):
         return t * cos + torch.cat([-t2, t1], dim=-1) * sin
 
     x = hf["model.embed_tokens.weight"][tokens]
+    if ref.hf_flavor(mc) == "olmo2":
+        # Olmo2ForCausalLM: q/k RMSNorms over the whole projections, RMSNorms after each sublayer.
+        for i in range(mc.n_layers):
+            h = f"model.layers.{i}."
+            q = rms_norm(x @ hf[h + "self_attn.q_proj.weight"].t(), hf[h + "self_attn.q_norm.weight"])
+            k = rms_norm(x @ hf[h + "self_attn.k_proj.weight"].t(), hf[h + "self_attn.k_norm.weight"])
+            q, k, v = split_heads(q, k, x @ hf[h + "self_attn.v_proj.weight"].t())
+            y = softmax_attention(rope(q), rope(k), v) @ hf[h + "self_attn.o_proj.weight"].t()
+            x = x + rms_norm(y, hf[h + "post_attention_layernorm.weight"])
+            gate = x @ hf[h + "mlp.gate_proj.weight"].t()
+            up = x @ hf[h + "mlp.up_proj.weight"].t()
+            y = (gate * torch.sigmoid(gate) * up) @ hf[h + "mlp.down_proj.weight"].t()
+            x = x + rms_norm(y, hf[h + "post_feedforward_layernorm.weight"])
+        return rms_norm(x, hf["model.norm.weight"]) @ hf["lm_head.weight"].t()
     for i in range(mc.n_layers):
         h = f"model.layers.{i}."
         a = layer_norm(x)
@@ -250,7 +268,10 @@ def make(name):
 
 def main():
     torch.set_num_threads(1)  # deterministic and cheap; the models are tiny
-    for name in CONFIGS:
+    names = sys.argv[1:] or CONFIGS
+    for name in names:
+        if name not in CONFIGS:
+            raise SystemExit(f"make_fixtures.py: unknown fixture {name!r}; expected one of {CONFIGS}")
         make(name)
 
 

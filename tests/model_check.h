@@ -50,7 +50,7 @@ inline void check_against_fixture(const std::string& name, trainer::Device devic
     const float scale = static_cast<float>(1.0 / (G * (L - 1)));
     for (long k = 0; k < G / micro; ++k) {
         for (long i = 0; i < micro; ++i) data.read_instance(k * micro + i, tokens.data() + i * L);
-        loss += model.forward_backward(tokens.data(), static_cast<int>(micro), scale);
+        loss += model.forward_backward(tokens.data(), static_cast<int>(micro), scale).ce;
     }
     loss /= static_cast<double>(G * (L - 1));
     const double ref_loss = expected["loss_step1"].get<double>();

@@ -1,6 +1,6 @@
 // Activation checkpointing (OLMo's activation_checkpointing): every policy gives bitwise the loss and the
 // gradients of keeping everything (the recompute runs the forward's kernels on the same inputs), in
-// process for one rank on both model flavours, and through the binary under every strategy on 2 ranks;
+// process for one rank on the OLMo, GPT-2 and OLMo-2 flavours, and through the binary under every strategy on 2 ranks;
 // and the activation arena shrinks as each policy promises.
 #include <algorithm>
 #include <string>
@@ -21,16 +21,29 @@ namespace {
 const std::vector<std::string> kPolicies = {"whole_layer",  "one_in_two",   "one_in_three",  "one_in_four",
                                             "one_in_eight", "two_in_three", "three_in_four", "fine_grained"};
 
-// tiny.json with 5 blocks (so the one_in_N policies differ) on the fixture tokens; GPT-2 style when `gpt2`
-// (learned positions, affine LayerNorm, biases, tanh GELU: the fused GEMM + GELU and its recompute).
-TrainConfig config_for(const std::string& policy, bool gpt2) {
+enum class Flavour { kOlmo, kGpt2, kOlmo2 };
+
+// The OLMo-2 block's keys as --set overrides (RMSNorm with weights after each sublayer, QK-norm, z-loss).
+const std::vector<std::string> kOlmo2Sets = {
+    "--set", "model.layer_norm_type=rms",     "--set", "model.layer_norm_with_affine=true",
+    "--set", "model.norm_after=true",         "--set", "model.attention_layer_norm=true",
+    "--set", "model.layer_norm_eps=1e-6",     "--set", "softmax_auxiliary_loss=true",
+    "--set", "auxiliary_loss_multiplier=1e-3"};
+
+// tiny.json with 5 blocks (so the one_in_N policies differ) on the fixture tokens; GPT-2 style (learned
+// positions, affine LayerNorm, biases, tanh GELU: the fused GEMM + GELU and its recompute) or OLMo-2 style
+// (the norms after the sublayers, whose statistics and inputs the recompute must rebuild, and QK-norm).
+TrainConfig config_for(const std::string& policy, Flavour flavour) {
     Json doc = Json::parse(test_util::read_file(test_util::source_dir() + "/configs/tiny.json"));
     doc["model"]["n_layers"] = 5;
-    if (gpt2) {
+    if (flavour == Flavour::kGpt2) {
         doc["model"]["rope"] = false;
         doc["model"]["layer_norm_with_affine"] = true;
         doc["model"]["include_bias"] = true;
         doc["model"]["activation_type"] = "gelu_tanh";
+    }
+    if (flavour == Flavour::kOlmo2) {
+        for (size_t i = 1; i < kOlmo2Sets.size(); i += 2) apply_override(doc, kOlmo2Sets[i]);
     }
     doc["data"]["paths"] = Json::array({test_util::fixture("olmo_tiny_tokens.u16")});
     if (policy != "null") doc["activation_checkpointing"] = policy;
@@ -62,7 +75,7 @@ Pass run_pass(const TrainConfig& config) {
     for (long k = 0; k < G / micro; ++k) {
         strategy->begin_micro_batch(static_cast<int>(k));
         for (long i = 0; i < micro; ++i) data.read_instance(k * micro + i, tokens.data() + i * L);
-        p.loss += model.forward_backward(tokens.data(), static_cast<int>(micro), 1.0f / (G * (L - 1)));
+        p.loss += model.forward_backward(tokens.data(), static_cast<int>(micro), 1.0f / (G * (L - 1))).ce;
     }
     strategy->finish_backward();
     for (int u = 0; u < layout.num_units(); ++u) {
@@ -75,11 +88,11 @@ Pass run_pass(const TrainConfig& config) {
 }  // namespace
 
 TEST_CASE("activation checkpointing: every policy gives bitwise the loss and gradients of null on one rank") {
-    for (bool gpt2 : {false, true}) {
-        const Pass ref = run_pass(config_for("null", gpt2));
+    for (const Flavour flavour : {Flavour::kOlmo, Flavour::kGpt2, Flavour::kOlmo2}) {
+        const Pass ref = run_pass(config_for("null", flavour));
         for (const std::string& policy : kPolicies) {
-            CAPTURE(gpt2, policy);
-            const Pass got = run_pass(config_for(policy, gpt2));
+            CAPTURE(static_cast<int>(flavour), policy);
+            const Pass got = run_pass(config_for(policy, flavour));
             CHECK(got.loss == ref.loss);
             for (size_t u = 0; u < ref.grads.size(); ++u) {
                 CAPTURE(u);
@@ -90,27 +103,29 @@ TEST_CASE("activation checkpointing: every policy gives bitwise the loss and gra
 }
 
 TEST_CASE("activation checkpointing: the activation arena shrinks as each policy keeps less") {
-    auto bytes = [](const std::string& policy) { return run_pass(config_for(policy, false)).activation_bytes; };
-    const int64_t null_b = bytes("null"), whole = bytes("whole_layer"), fine = bytes("fine_grained");
-    const int64_t half = bytes("one_in_two"), eighth = bytes("one_in_eight");
-    CAPTURE(null_b, whole, fine, half, eighth);
-    // The blocks' share of the arena: what null keeps beyond the head and the backward scratch, which every
-    // policy keeps alike. whole_layer keeps 5 inputs and one block's working set.
-    CHECK(whole < half);
-    CHECK(half < eighth);
-    CHECK(eighth <= null_b);  // one block of 5 recomputed: what it frees, the shared work plan takes back
-    CHECK(whole < fine);
-    CHECK(fine < null_b);
-    // One block kept whole (null) against its input alone: whole_layer saves (L - 1) blocks' worth, less the
-    // inputs it keeps.
-    const int64_t per_block = (null_b - whole) / 4;
-    CHECK(per_block > 0);
-    CHECK(null_b - half >= 2 * per_block);  // one_in_two recomputes blocks 0, 2 and 4 (the work plan is shared)
+    for (const Flavour flavour : {Flavour::kOlmo, Flavour::kOlmo2}) {
+        auto bytes = [&](const std::string& policy) { return run_pass(config_for(policy, flavour)).activation_bytes; };
+        const int64_t null_b = bytes("null"), whole = bytes("whole_layer"), fine = bytes("fine_grained");
+        const int64_t half = bytes("one_in_two"), eighth = bytes("one_in_eight");
+        CAPTURE(static_cast<int>(flavour), null_b, whole, fine, half, eighth);
+        // The blocks' share of the arena: what null keeps beyond the head and the backward scratch, which every
+        // policy keeps alike. whole_layer keeps 5 inputs and one block's working set.
+        CHECK(whole < half);
+        CHECK(half < eighth);
+        CHECK(eighth <= null_b);  // one block of 5 recomputed: what it frees, the shared work plan takes back
+        CHECK(whole < fine);
+        CHECK(fine < null_b);
+        // One block kept whole (null) against its input alone: whole_layer saves (L - 1) blocks' worth, less the
+        // inputs it keeps.
+        const int64_t per_block = (null_b - whole) / 4;
+        CHECK(per_block > 0);
+        CHECK(null_b - half >= 2 * per_block);  // one_in_two recomputes blocks 0, 2 and 4 (the work plan is shared)
+    }
 }
 
 TEST_CASE("activation checkpointing: every policy under every strategy on 2 ranks matches null bitwise") {
     test_util::TempDir dir;
-    const std::vector<std::vector<std::string>> strategies = {
+    std::vector<std::vector<std::string>> strategies = {
         {"--strategy", "ddp"},
         {"--strategy", "fsdp", "--sharding-strategy", "FULL_SHARD", "--wrapping-strategy", "by_block"},
         {"--strategy", "fsdp", "--sharding-strategy", "SHARD_GRAD_OP", "--wrapping-strategy", "by_block_and_size"},
@@ -118,6 +133,11 @@ TEST_CASE("activation checkpointing: every policy under every strategy on 2 rank
         {"--strategy", "fsdp", "--sharding-strategy", "HYBRID_SHARD", "--wrapping-strategy", "by_block", "--set",
          "fsdp.hybrid_sharding_num_model_replicas=2"},
     };
+    // The OLMo-2 block under the strategy that re-gathers each unit for its recompute.
+    std::vector<std::string> olmo2 = {"--strategy",          "fsdp",    "--sharding-strategy", "FULL_SHARD",
+                                      "--wrapping-strategy", "by_block"};
+    olmo2.insert(olmo2.end(), kOlmo2Sets.begin(), kOlmo2Sets.end());
+    strategies.push_back(olmo2);
     int run = 0;
     for (const auto& strategy : strategies) {
         std::vector<std::string> base = {"--config",       "configs/tiny.json",

@@ -274,61 +274,180 @@ TEST_CASE("kernels: embedding forward and backward match finite differences") {
     }
 }
 
-TEST_CASE("kernels: layernorm backward matches finite differences") {
+// The norm of one row as the definition says (LayerNorm, or RMSNorm without the mean), in double.
+void naive_norm_row(const double* x, double* y, double* mean, double* rstd, const double* w, const double* b, int C,
+                    double eps, bool rms) {
+    double m = 0.0, var = 0.0;
+    if (!rms) {
+        for (int c = 0; c < C; ++c) m += x[c];
+        m /= C;
+    }
+    for (int c = 0; c < C; ++c) var += std::pow(x[c] - m, 2);
+    var /= C;
+    *mean = m;
+    *rstd = 1.0 / std::sqrt(var + eps);
+    for (int c = 0; c < C; ++c) {
+        y[c] = (x[c] - m) * *rstd;
+        if (w) y[c] *= w[c];
+        if (b) y[c] += b[c];
+    }
+}
+
+TEST_CASE("kernels: layernorm and rmsnorm backward match finite differences") {
     const int C = 13;
     const float eps = 1e-5f;
-    // variant 0: weight and bias (GPT-2), 1: weight only, 2: non-parametric (OLMo). N = 75 rows span
-    // three of the fixed row chunks whose partial dweight/dbias sums are reduced at the end.
+    // variant 0: weight and bias (GPT-2), 1: weight only (OLMo-2's RMSNorm), 2: non-parametric (OLMo). N = 75
+    // rows span three of the fixed row chunks whose partial dweight/dbias sums are reduced at the end.
     struct Case {
         int variant, N;
     };
-    for (const Case cs : {Case{0, 7}, Case{1, 7}, Case{2, 7}, Case{0, 75}}) {
-        const int variant = cs.variant, N = cs.N;
-        CAPTURE(variant, N);
-        std::mt19937_64 rng(20 + variant + N);
-        Vec inp = random_vec(rng, static_cast<size_t>(N) * C, -2.0, 3.0);
-        Vec weight = random_vec(rng, C, 0.5, 1.5);
-        Vec bias = random_vec(rng, C);
-        const Vec R = random_vec(rng, static_cast<size_t>(N) * C);
-        const double* w = variant <= 1 ? weight.data() : nullptr;
-        const double* bptr = variant == 0 ? bias.data() : nullptr;
-        Vec out(inp.size()), mean(N), rstd(N);
-        cpu::layernorm_forward<double>(out.data(), mean.data(), rstd.data(), inp.data(), w, bptr, N, C, eps);
-        Vec ref_out(out.size()), ref_mean(N), ref_rstd(N);
-        for (int n = 0; n < N; ++n) {
-            double m = 0.0, var = 0.0;
-            for (int c = 0; c < C; ++c) m += inp[static_cast<size_t>(n) * C + c];
-            m /= C;
-            for (int c = 0; c < C; ++c) var += std::pow(inp[static_cast<size_t>(n) * C + c] - m, 2);
-            var /= C;
-            ref_mean[n] = m;
-            ref_rstd[n] = 1.0 / std::sqrt(var + eps);
-            for (int c = 0; c < C; ++c) {
-                double y = (inp[static_cast<size_t>(n) * C + c] - m) * ref_rstd[n];
-                if (w) y *= weight[c];
-                if (bptr) y += bias[c];
-                ref_out[static_cast<size_t>(n) * C + c] = y;
+    for (const bool rms : {false, true}) {
+        for (const Case cs : {Case{0, 7}, Case{1, 7}, Case{2, 7}, Case{0, 75}}) {
+            const int variant = cs.variant, N = cs.N;
+            CAPTURE(rms, variant, N);
+            std::mt19937_64 rng(20 + variant + N + (rms ? 100 : 0));
+            Vec inp = random_vec(rng, static_cast<size_t>(N) * C, -2.0, 3.0);
+            Vec weight = random_vec(rng, C, 0.5, 1.5);
+            Vec bias = random_vec(rng, C);
+            const Vec R = random_vec(rng, static_cast<size_t>(N) * C);
+            const double* w = variant <= 1 ? weight.data() : nullptr;
+            const double* bptr = variant == 0 ? bias.data() : nullptr;
+            Vec out(inp.size()), mean(N), rstd(N);
+            double* mean_p = rms ? nullptr : mean.data();  // RMSNorm has no mean to save
+            cpu::layernorm_forward<double>(out.data(), mean_p, rstd.data(), inp.data(), w, bptr, N, C, eps, rms);
+            Vec ref_out(out.size()), ref_mean(N), ref_rstd(N);
+            for (int n = 0; n < N; ++n) {
+                naive_norm_row(&inp[static_cast<size_t>(n) * C], &ref_out[static_cast<size_t>(n) * C], &ref_mean[n],
+                               &ref_rstd[n], w, bptr, C, eps, rms);
+            }
+            check_close("norm out", ref_out, out, 1e-13, 1e-12);
+            if (!rms) check_close("layernorm mean", ref_mean, mean, 1e-13, 1e-12);
+            check_close("norm rstd", ref_rstd, rstd, 1e-13, 1e-12);
+
+            auto loss = [&]() {
+                cpu::layernorm_forward<double>(out.data(), mean_p, rstd.data(), inp.data(), w, bptr, N, C, eps, rms);
+                return dot(out, R);
+            };
+            loss();
+            // All three gradients accumulate into what is already there.
+            const Vec dinp0 = random_vec(rng, inp.size());
+            const Vec dweight0 = random_vec(rng, C);
+            const Vec dbias0 = random_vec(rng, C);
+            Vec dinp = dinp0, dweight = dweight0, dbias = dbias0;
+            cpu::layernorm_backward<double>(dinp.data(), w ? dweight.data() : nullptr, bptr ? dbias.data() : nullptr,
+                                            R.data(), inp.data(), w, mean_p, rstd.data(), N, C, rms);
+            check_fd("dinp", numeric_grad(inp, loss), minus(dinp, dinp0));
+            if (w) check_fd("dweight", numeric_grad(weight, loss), minus(dweight, dweight0));
+            if (bptr) check_fd("dbias", numeric_grad(bias, loss), minus(dbias, dbias0));
+        }
+    }
+}
+
+TEST_CASE("kernels: the norm after a sublayer adds to the residual and its backward overwrites dinp") {
+    const int N = 37, C = 11;  // N spans two row chunks
+    const float eps = 1e-6f;
+    for (const bool rms : {false, true}) {
+        for (const bool affine : {false, true}) {
+            CAPTURE(rms, affine);
+            std::mt19937_64 rng(40 + (rms ? 1 : 0) + (affine ? 2 : 0));
+            Vec inp = random_vec(rng, static_cast<size_t>(N) * C, -2.0, 3.0);
+            const Vec resid = random_vec(rng, inp.size());
+            Vec weight = random_vec(rng, C, 0.5, 1.5), bias = random_vec(rng, C);
+            const double* w = affine ? weight.data() : nullptr;
+            const double* b = affine ? bias.data() : nullptr;
+            const Vec R = random_vec(rng, inp.size());
+            Vec out(inp.size()), mean(N), rstd(N);
+            double* mean_p = rms ? nullptr : mean.data();
+            cpu::norm_residual_forward<double>(out.data(), resid.data(), mean_p, rstd.data(), inp.data(), w, b, N, C,
+                                               eps, rms);
+            Vec ref(inp.size());
+            for (int n = 0; n < N; ++n) {
+                double m, rs;
+                naive_norm_row(&inp[static_cast<size_t>(n) * C], &ref[static_cast<size_t>(n) * C], &m, &rs, w, b, C,
+                               eps, rms);
+            }
+            for (size_t i = 0; i < ref.size(); ++i) ref[i] += resid[i];
+            check_close("resid + norm(inp)", ref, out, 1e-13, 1e-12);
+            // In place on the residual (out == resid), the same values.
+            Vec inplace = resid;
+            cpu::norm_residual_forward<double>(inplace.data(), inplace.data(), mean_p, rstd.data(), inp.data(), w, b, N,
+                                               C, eps, rms);
+            check_close("in place", out, inplace, 0.0, 0.0);
+
+            auto loss = [&]() {
+                cpu::norm_residual_forward<double>(out.data(), resid.data(), mean_p, rstd.data(), inp.data(), w, b, N,
+                                                   C, eps, rms);
+                return dot(out, R);
+            };
+            loss();
+            Vec dinp = random_vec(rng, inp.size());  // overwritten: what was there must not matter
+            const Vec dweight0 = random_vec(rng, C), dbias0 = random_vec(rng, C);
+            Vec dweight = dweight0, dbias = dbias0;
+            cpu::norm_residual_backward<double>(dinp.data(), affine ? dweight.data() : nullptr,
+                                                affine ? dbias.data() : nullptr, R.data(), inp.data(), w, mean_p,
+                                                rstd.data(), N, C, rms);
+            check_fd("dinp", numeric_grad(inp, loss), dinp);
+            if (affine) {
+                check_fd("dweight", numeric_grad(weight, loss), minus(dweight, dweight0));
+                check_fd("dbias", numeric_grad(bias, loss), minus(dbias, dbias0));
             }
         }
-        check_close("layernorm out", ref_out, out, 1e-13, 1e-12);
-        check_close("layernorm mean", ref_mean, mean, 1e-13, 1e-12);
-        check_close("layernorm rstd", ref_rstd, rstd, 1e-13, 1e-12);
+    }
+}
 
-        auto loss = [&]() {
-            cpu::layernorm_forward<double>(out.data(), mean.data(), rstd.data(), inp.data(), w, bptr, N, C, eps);
-            return dot(out, R);
-        };
-        loss();
-        // All three gradients accumulate into what is already there.
-        const Vec dinp0 = random_vec(rng, inp.size());
-        const Vec dweight0 = random_vec(rng, C);
-        const Vec dbias0 = random_vec(rng, C);
-        Vec dinp = dinp0, dweight = dweight0, dbias = dbias0;
-        cpu::layernorm_backward<double>(dinp.data(), w ? dweight.data() : nullptr, bptr ? dbias.data() : nullptr,
-                                        R.data(), inp.data(), w, mean.data(), rstd.data(), N, C);
-        check_fd("dinp", numeric_grad(inp, loss), minus(dinp, dinp0));
-        if (w) check_fd("dweight", numeric_grad(weight, loss), minus(dweight, dweight0));
-        if (bptr) check_fd("dbias", numeric_grad(bias, loss), minus(dbias, dbias0));
+TEST_CASE("kernels: QK-norm on q and k in place and its in-place backward match finite differences") {
+    const int N = 35, C = 9;
+    const float eps = 1e-6f;
+    for (const bool rms : {false, true}) {
+        for (const int affine : {0, 1, 2}) {  // none, weight, weight + bias
+            CAPTURE(rms, affine);
+            std::mt19937_64 rng(50 + (rms ? 10 : 0) + affine);
+            Vec qkv = random_vec(rng, static_cast<size_t>(N) * 3 * C, -2.0, 2.0);
+            Vec qw = random_vec(rng, C, 0.5, 1.5), qb = random_vec(rng, C), kw = random_vec(rng, C, 0.5, 1.5),
+                kb = random_vec(rng, C);
+            const double* qwp = affine >= 1 ? qw.data() : nullptr;
+            const double* qbp = affine == 2 ? qb.data() : nullptr;
+            const double* kwp = affine >= 1 ? kw.data() : nullptr;
+            const double* kbp = affine == 2 ? kb.data() : nullptr;
+            const Vec R = random_vec(rng, qkv.size());
+            Vec out(qkv.size()), qk(static_cast<size_t>(N) * 2 * C), mean(2 * N), rstd(2 * N);
+            double* mean_p = rms ? nullptr : mean.data();
+            out = qkv;
+            cpu::qk_norm_forward<double>(out.data(), qk.data(), mean_p, rstd.data(), qwp, qbp, kwp, kbp, N, C, eps,
+                                         rms);
+            Vec ref = qkv;
+            for (int n = 0; n < N; ++n) {
+                double m, rs;
+                const size_t row = static_cast<size_t>(n) * 3 * C;
+                naive_norm_row(&qkv[row], &ref[row], &m, &rs, qwp, qbp, C, eps, rms);
+                naive_norm_row(&qkv[row + C], &ref[row + C], &m, &rs, kwp, kbp, C, eps, rms);
+                for (int c = 0; c < 2 * C; ++c) REQUIRE(qk[static_cast<size_t>(n) * 2 * C + c] == qkv[row + c]);
+            }
+            check_close("normed q, k and untouched v", ref, out, 1e-13, 1e-12);
+
+            auto loss = [&]() {
+                out = qkv;
+                cpu::qk_norm_forward<double>(out.data(), qk.data(), mean_p, rstd.data(), qwp, qbp, kwp, kbp, N, C, eps,
+                                             rms);
+                return dot(out, R);
+            };
+            loss();
+            Vec dqkv = R;  // in place: d(out) becomes d(qkv)
+            const Vec g0 = random_vec(rng, C);
+            Vec dqw = g0, dqb = g0, dkw = g0, dkb = g0;
+            cpu::qk_norm_backward<double>(dqkv.data(), qwp ? dqw.data() : nullptr, qbp ? dqb.data() : nullptr,
+                                          kwp ? dkw.data() : nullptr, kbp ? dkb.data() : nullptr, qk.data(), qwp, kwp,
+                                          mean_p, rstd.data(), N, C, rms);
+            check_fd("dqkv", numeric_grad(qkv, loss), dqkv);
+            if (qwp) {
+                check_fd("dq_weight", numeric_grad(qw, loss), minus(dqw, g0));
+                check_fd("dk_weight", numeric_grad(kw, loss), minus(dkw, g0));
+            }
+            if (qbp) {
+                check_fd("dq_bias", numeric_grad(qb, loss), minus(dqb, g0));
+                check_fd("dk_bias", numeric_grad(kb, loss), minus(dkb, g0));
+            }
+        }
     }
 }
 
@@ -562,7 +681,8 @@ TEST_CASE("kernels: classifier matches finite differences") {
     // Forward only: losses against logsumexp - logit, and the logits left exactly as they were.
     Vec losses(N, std::numeric_limits<double>::quiet_NaN());
     Vec untouched = logits;
-    cpu::classifier_forward_backward<double>(untouched.data(), losses.data(), targets.data(), N, V, scale, false);
+    cpu::classifier_forward_backward<double>(untouched.data(), losses.data(), targets.data(), N, V, scale, false, 0.0,
+                                             nullptr);
     check_close("logits unchanged without grad", logits, untouched, 0.0, 0.0);
     Vec ref_losses(N, 0.0);
     for (int n = 0; n < N; ++n) {
@@ -576,17 +696,59 @@ TEST_CASE("kernels: classifier matches finite differences") {
     Vec work(logits.size());
     auto loss = [&]() {
         work = logits;
-        cpu::classifier_forward_backward<double>(work.data(), losses.data(), targets.data(), N, V, scale, false);
+        cpu::classifier_forward_backward<double>(work.data(), losses.data(), targets.data(), N, V, scale, false, 0.0,
+                                                 nullptr);
         double total = 0.0;
         for (int n = 0; n < N; ++n) total += losses[n] * scale;
         return total;
     };
     Vec dlogits = logits;
     Vec losses_g(N);
-    cpu::classifier_forward_backward<double>(dlogits.data(), losses_g.data(), targets.data(), N, V, scale, true);
+    cpu::classifier_forward_backward<double>(dlogits.data(), losses_g.data(), targets.data(), N, V, scale, true, 0.0,
+                                             nullptr);
     check_close("losses with grad", ref_losses, losses_g, 1e-14, 1e-13);
     check_fd("dlogits", numeric_grad(logits, loss), dlogits);
     for (int j = 0; j < V; ++j) REQUIRE(dlogits[3 * static_cast<size_t>(V) + j] == 0.0);
+}
+
+TEST_CASE("kernels: classifier with the z-loss matches finite differences of CE + z logsumexp^2") {
+    const int N = 6, V = 19;
+    const std::vector<int32_t> targets = {3, -1, 18, 0, 7, 7};  // row 1 is ignored
+    const double scale = 1.0 / 5.0, z = 0.05;                   // a large z, so its gradient is far above the FD error
+    std::mt19937_64 rng(105);
+    Vec logits = random_vec(rng, static_cast<size_t>(N) * V, -3.0, 4.0);
+    Vec work(logits.size()), losses(N), zl(N);
+    Vec ref_z(N, 0.0);
+    for (int n = 0; n < N; ++n) {
+        if (targets[n] < 0) continue;
+        double sum = 0.0;
+        for (int j = 0; j < V; ++j) sum += std::exp(logits[static_cast<size_t>(n) * V + j]);
+        ref_z[n] = z * std::log(sum) * std::log(sum);
+    }
+    work = logits;
+    cpu::classifier_forward_backward<double>(work.data(), losses.data(), targets.data(), N, V, scale, false, z,
+                                             zl.data());
+    check_close("z-losses", ref_z, zl, 1e-14, 1e-13);
+    auto loss = [&]() {
+        work = logits;
+        cpu::classifier_forward_backward<double>(work.data(), losses.data(), targets.data(), N, V, scale, false, z,
+                                                 zl.data());
+        double total = 0.0;
+        for (int n = 0; n < N; ++n) total += (losses[n] + zl[n]) * scale;
+        return total;
+    };
+    Vec dlogits = logits;
+    cpu::classifier_forward_backward<double>(dlogits.data(), losses.data(), targets.data(), N, V, scale, true, z,
+                                             zl.data());
+    check_fd("dlogits with the z-loss", numeric_grad(logits, loss), dlogits);
+    for (int j = 0; j < V; ++j) REQUIRE(dlogits[static_cast<size_t>(V) + j] == 0.0);
+    // Without a z-loss the gradient is bitwise the plain classifier's.
+    Vec plain = logits, zero = logits;
+    cpu::classifier_forward_backward<double>(plain.data(), losses.data(), targets.data(), N, V, scale, true, 0.0,
+                                             nullptr);
+    cpu::classifier_forward_backward<double>(zero.data(), losses.data(), targets.data(), N, V, scale, true, 0.0,
+                                             zl.data());
+    check_bitwise("z = 0 changes nothing", plain, zero);
 }
 
 TEST_CASE("kernels: classifier float matches double") {
@@ -595,9 +757,10 @@ TEST_CASE("kernels: classifier float matches double") {
     std::mt19937_64 rng(110);
     const Vec logits = random_float_exact(rng, static_cast<size_t>(N) * V, -8.0, 8.0);
     Vec d = logits, losses(N);
-    cpu::classifier_forward_backward<double>(d.data(), losses.data(), targets.data(), N, V, 0.25, true);
+    cpu::classifier_forward_backward<double>(d.data(), losses.data(), targets.data(), N, V, 0.25, true, 0.0, nullptr);
     VecF f = to_float(logits), losses_f(N);
-    cpu::classifier_forward_backward<float>(f.data(), losses_f.data(), targets.data(), N, V, 0.25f, true);
+    cpu::classifier_forward_backward<float>(f.data(), losses_f.data(), targets.data(), N, V, 0.25f, true, 0.0f,
+                                            nullptr);
     check_close("losses", losses, losses_f, 1e-6, 1e-5);
     // dlogits are ~1e-4 each: an absolute floor would hide relative errors, so use (almost) none.
     check_close("dlogits", d, f, 1e-12, 1e-5);
@@ -773,10 +936,13 @@ TEST_CASE("kernels: backward kernels are bitwise deterministic") {
         std::vector<int32_t> targets(N);
         for (int n = 0; n < N; ++n) targets[n] = (n * 331) % V;
         const VecF logits = to_float(random_vec(rng, static_cast<size_t>(N) * V, -6.0, 6.0));
-        VecF a = logits, b = logits, la(N), lb(N);
-        cpu::classifier_forward_backward<float>(a.data(), la.data(), targets.data(), N, V, 1.0f / N, true);
-        cpu::classifier_forward_backward<float>(b.data(), lb.data(), targets.data(), N, V, 1.0f / N, true);
+        VecF a = logits, b = logits, la(N), lb(N), za(N), zb(N);
+        cpu::classifier_forward_backward<float>(a.data(), la.data(), targets.data(), N, V, 1.0f / N, true, 1e-4f,
+                                                za.data());
+        cpu::classifier_forward_backward<float>(b.data(), lb.data(), targets.data(), N, V, 1.0f / N, true, 1e-4f,
+                                                zb.data());
         check_bitwise("losses", la, lb);
+        check_bitwise("z-losses", za, zb);
         check_bitwise("dlogits", a, b);
     }
 }

@@ -1,5 +1,5 @@
 // The full model against PyTorch: loss and every parameter gradient of one global batch (with gradient
-// accumulation) for the GPT-2 and OLMo shapes, against fixtures made by tests/make_fixtures.py in
+// accumulation) for the GPT-2, OLMo and OLMo-2 shapes, against fixtures made by tests/make_fixtures.py in
 // float64 from the same initial weights (loaded through the Hugging Face importer). Also: initialisation
 // statistics and independence from the thread count, and the parameter layout's decay groups.
 #include <omp.h>
@@ -25,6 +25,9 @@ using test_util::fixture_config;
 TEST_CASE("model: GPT-2 shape loss and gradients match the PyTorch fixture") { check_against_fixture("gpt2"); }
 
 TEST_CASE("model: OLMo shape loss and gradients match the PyTorch fixture") { check_against_fixture("olmo"); }
+
+// RMSNorm after the sublayers, QK-norm, the z-loss.
+TEST_CASE("model: OLMo-2 shape loss and gradients match the PyTorch fixture") { check_against_fixture("olmo2"); }
 
 TEST_CASE("model: layout units and OLMo decay groups") {
     const TrainConfig olmo = fixture_config("olmo");
@@ -92,4 +95,47 @@ TEST_CASE("model: mitchell init is truncated with the right scale and independen
     std::vector<float> c(block.numel);
     init_unit_params(other, block, c.data());
     CHECK(c != a);
+}
+
+TEST_CASE("model: an instance kept out (the instance filter) adds no loss and no gradient") {
+    // Micro-batch of 4 with instance 1 kept out against the three others run one by one, on the OLMo-2 shape
+    // (its z-loss must skip the instance too).
+    const TrainConfig config = fixture_config("olmo2");
+    const int L = config.model.max_sequence_length;
+    TokenDataset data(config.data.paths, TokenDtype::kUint16, L, config.model.vocab_size);
+    std::vector<int32_t> tokens(4 * static_cast<size_t>(L));
+    for (int i = 0; i < 4; ++i) data.read_instance(i, tokens.data() + static_cast<size_t>(i) * L);
+    auto backend = make_backend(Device::kCpu);
+    const ParamLayout layout(config);
+    const auto init = read_safetensors(fixture("olmo2_tiny_init.safetensors"));
+    auto grads_of = [&](Strategy& s) {
+        std::vector<std::vector<float>> g(layout.num_units());
+        for (int u = 0; u < layout.num_units(); ++u) {
+            g[u].resize(layout.units()[u].numel);
+            backend->copy_device_to_host(g[u].data(), s.unit_grads(u), g[u].size() * sizeof(float));
+        }
+        return g;
+    };
+    auto masked = make_single_strategy(backend.get(), layout);
+    load_initial_params(config, layout, *masked, &init, "init");
+    Model m1(config, layout, backend.get(), masked.get(), 4);
+    masked->zero_grads();
+    const uint8_t keep[4] = {1, 0, 1, 1};
+    const LossSums got = m1.forward_backward(tokens.data(), 4, 0.125f, keep);
+    auto single = make_single_strategy(backend.get(), layout);
+    load_initial_params(config, layout, *single, &init, "init");
+    Model m2(config, layout, backend.get(), single.get(), 1);
+    single->zero_grads();
+    LossSums want;
+    for (int i : {0, 2, 3}) want += m2.forward_backward(tokens.data() + static_cast<size_t>(i) * L, 1, 0.125f);
+    CHECK(got.ce == Approx(want.ce).epsilon(1e-6));
+    CHECK(got.z == Approx(want.z).epsilon(1e-6));
+    CHECK(got.z > 0.0);
+    const auto a = grads_of(*masked), b = grads_of(*single);
+    for (size_t u = 0; u < a.size(); ++u) {
+        for (size_t i = 0; i < a[u].size(); ++i) {
+            CAPTURE(u, i);
+            REQUIRE(a[u][i] == Approx(b[u][i]).epsilon(1e-4).margin(1e-6));  // fp32 sums in another order
+        }
+    }
 }

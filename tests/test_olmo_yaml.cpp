@@ -1,6 +1,7 @@
 // OLMo's YAML configs through `trainer show-config`: an OLMo-1B-style YAML resolves to configs/olmo_1b.json's
-// settings; interpolations (keys, oc.env, path.choose) resolve after --set overrides; OLMo-only structures
-// map to the trainer's keys; the keys with no effect here are listed in one warning (an error with
+// settings and an OLMo2-1B-stage1-style one to configs/olmo2_1b.json's; interpolations (keys, oc.env, path.choose)
+// resolve after --set overrides; OLMo-only structures map to the trainer's keys; the keys with no effect here are
+// listed in one warning (an error with
 // --strict); values the trainer cannot honour, URLs as training data and typos are refused by name.
 #include "base/common.h"
 #include "test_util.h"
@@ -88,6 +89,40 @@ TEST_CASE("olmo yaml: an OLMo-1B-style config resolves to configs/olmo_1b.json a
     expect_error(show({"--save-folder", dir.path("ck"), "--strict"}), "OLMo keys with no effect here (--strict): ");
 }
 
+TEST_CASE("olmo yaml: an OLMo2-1B-stage1-style config resolves to configs/olmo2_1b.json") {
+    // OLMo-2's architecture keys, the z-loss, the instance filter with OLMo's defaults, t_max of 5e12 tokens (a
+    // fraction of a step), and save_num_checkpoints_to_keep: 0 (the unsharded checkpoints' keys apply).
+    TempDir dir;
+    const std::vector<std::string> common = {"--data", fixture("olmo_tiny_tokens.u16"), "--save-folder",
+                                             dir.path("ck")};
+    std::vector<std::string> a = {"show-config", "--config", fixture("olmo2_1b_style.yaml")};
+    a.insert(a.end(), common.begin(), common.end());
+    const RunResult r = run_trainer(a);
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    std::vector<std::string> b = {"show-config", "--config", test_util::source_dir() + "/configs/olmo2_1b.json"};
+    b.insert(b.end(), common.begin(), common.end());
+    const RunResult ref = run_trainer(b);
+    REQUIRE(ref.exit_code == 0);
+    check_same(Json::parse(ref.out), Json::parse(r.out), "");
+    const Json got = Json::parse(r.out);
+    CHECK(got["scheduler"]["t_max"].get<double>() == 5e12 / (512.0 * 4096.0));
+    CHECK(got["save_interval"] == 1000);
+    CHECK(got["save_num_checkpoints_to_keep"] == -1);
+    CHECK(got["data"]["instance_filter"]["repetition_max_count"] == 32);
+    for (const char* k : {"save_num_checkpoints_to_keep: 0 (sharded checkpoints off", "save_interval_ephemeral",
+                          "sharded_checkpointer", "fused_loss", "downstream evaluators piqa"}) {
+        CHECK_THAT(r.err, Contains(k));
+    }
+    // An ephemeral interval that is not a multiple of the checkpoints' is refused: it would save more often.
+    std::string text = test_util::read_file(fixture("olmo2_1b_style.yaml"));
+    text.replace(text.find("save_interval_ephemeral: 1000"), 29, "save_interval_ephemeral: 250");
+    test_util::write_file(dir.path("e.yaml"), text);
+    std::vector<std::string> e = {"show-config", "--config", dir.path("e.yaml")};
+    e.insert(e.end(), common.begin(), common.end());
+    expect_error(run_trainer(e), "save_interval_ephemeral: 250; this trainer has no ephemeral checkpoints");
+}
+
 TEST_CASE("olmo yaml: interpolations resolve after the overrides from keys the environment and existing paths") {
     TempDir dir;
     // Without --save-folder, path.choose finds none of its paths: refused naming the key, as OLMo stops.
@@ -118,8 +153,8 @@ TEST_CASE("olmo yaml: values the trainer cannot honour URLs typos and bad YAML a
     expect_error(with("  alibi: false", "  alibi: true", data), "model.alibi: true; this trainer has no ALiBi");
     expect_error(with("  attention_dropout: 0.0", "  attention_dropout: 0.1", data),
                  "model.attention_dropout: 0.1; this trainer has no dropout");
-    expect_error(with("  attention_layer_norm: false", "  attention_layer_norm: true", data),
-                 "model.attention_layer_norm: true; this trainer has no QK-norm");
+    expect_error(with("  multi_query_attention: false", "  multi_query_attention: true", data),
+                 "model.multi_query_attention: true; this trainer has no multi-query attention");
     // Training data at URLs: refused with the hint to pass --data.
     expect_error(with("run_name: OLMo-1B", "run_name: OLMo-1B"),
                  "data.paths[0]: r2://olmo-data/preprocessed/olmo-mix/v1_5/gpt-neox-20b-pii-special/part-000-00000.npy "
@@ -129,11 +164,14 @@ TEST_CASE("olmo yaml: values the trainer cannot honour URLs typos and bad YAML a
     expect_error(with("run_name: OLMo-1B", "run_name: [unclosed", data), "not valid YAML at line");
     expect_error(with("eval_interval: ${save_interval}", "eval_interval: ${save_intervall}", data),
                  "eval_interval: ${save_intervall} names no key of the config");
-    // scheduler.units: tokens becomes steps of 2048 x 2048 tokens, or is refused when it does not divide.
+    // scheduler.units: tokens becomes steps of 2048 x 2048 tokens, fractional where they do not divide (OLMo
+    // schedules on the tokens seen: the same formula).
     RunResult r = with("  t_warmup: 2000\n", "  units: tokens\n  t_warmup: 8388608000\n", data);
     INFO(r.err);
     REQUIRE(r.exit_code == 0);
     CHECK(Json::parse(r.out)["scheduler"]["t_warmup"] == 2000);
-    expect_error(with("  t_warmup: 2000\n", "  units: tokens\n  t_warmup: 1000\n", data),
-                 "scheduler.t_warmup is 1000 tokens with scheduler.units: tokens");
+    r = with("  t_warmup: 2000\n", "  units: tokens\n  t_warmup: 1000\n  t_max: 5e12\n", data);
+    REQUIRE(r.exit_code == 0);
+    CHECK(Json::parse(r.out)["scheduler"]["t_warmup"].get<double>() == 1000.0 / (2048.0 * 2048.0));
+    CHECK(Json::parse(r.out)["scheduler"]["t_max"].get<double>() == 5e12 / (2048.0 * 2048.0));
 }

@@ -131,6 +131,9 @@ TEST_CASE("train: 20 steps match the PyTorch losses for the GPT-2 shape") { chec
 
 TEST_CASE("train: 20 steps match the PyTorch losses for the OLMo shape") { check_pytorch_parity("olmo"); }
 
+// RMSNorm after each sublayer, QK-norm, the z-loss, an untied head, decayed norms and a fractional t_max.
+TEST_CASE("train: 20 steps match the PyTorch losses for the OLMo-2 shape") { check_pytorch_parity("olmo2"); }
+
 TEST_CASE("train: k micro-batches of B over k give the losses of one micro-batch of B") {
     TempDir dir;
     require_ok(
@@ -250,7 +253,7 @@ TEST_CASE("train: a checkpoint written by an interrupted save is never loaded") 
 
 TEST_CASE("train: exported weights import back exactly") {
     TempDir dir;
-    for (const std::string name : {"gpt2", "olmo"}) {
+    for (const std::string name : {"gpt2", "olmo", "olmo2"}) {
         const std::string ck = dir.path(name + "_ck");
         require_ok(run_trainer(concat(fixture_args(name), {"--max-duration", "2", "--save-folder", ck})));
         const RunResult ex =
@@ -271,7 +274,9 @@ TEST_CASE("train: exported weights import back exactly") {
 
 TEST_CASE("export: a Hugging Face directory sharded or not imports back bit for bit and is checked on import") {
     TempDir dir;
-    for (const std::string name : {"gpt2", "olmo"}) {
+    const std::map<std::string, std::string> architecture = {
+        {"gpt2", "GPT2LMHeadModel"}, {"olmo", "OlmoForCausalLM"}, {"olmo2", "Olmo2ForCausalLM"}};
+    for (const std::string name : {"gpt2", "olmo", "olmo2"}) {
         CAPTURE(name);
         const std::string ck = dir.path(name + "_ck");
         require_ok(run_trainer(concat(fixture_args(name), {"--max-duration", "2", "--save-folder", ck})));
@@ -285,7 +290,7 @@ TEST_CASE("export: a Hugging Face directory sharded or not imports back bit for 
         require_ok(run_trainer({"export", "--checkpoint", ck + "/step2", "-o", sharded, "--max-shard-size", "20KB"}));
         // The layout transformers expects.
         const Json config = Json::parse(test_util::read_file(one + "/config.json"));
-        CHECK(config["architectures"][0] == (name == "gpt2" ? "GPT2LMHeadModel" : "OlmoForCausalLM"));
+        CHECK(config["architectures"][0] == architecture.at(name));
         CHECK(config["model_type"] == name);
         CHECK(std::filesystem::exists(one + "/generation_config.json"));
         CHECK(std::filesystem::exists(one + "/model.safetensors"));

@@ -11,7 +11,12 @@ names): {"model": {...}, "optimizer": {...}, "scheduler": {...},
 ignored.
 
 Semantics follow OLMo (allenai/OLMo, olmo/model.py and olmo/optim.py):
-  * pre-norm blocks: x += attn_out(attn(LN(x))); x += ff_out(act(ff_proj(LN(x))))
+  * pre-norm blocks: x += attn_out(attn(LN(x))); x += ff_out(act(ff_proj(LN(x))));
+    with norm_after (OLMo-2): x += LN(attn_out(attn(x))); x += LN(ff_out(act(ff_proj(x))))
+  * LN: LayerNorm, or RMSNorm with layer_norm_type rms (OLMo's RMSLayerNorm), eps layer_norm_eps
+  * QK-norm (attention_layer_norm): LN over each token's whole q and whole k before RoPE
+  * z-loss (softmax_auxiliary_loss): + auxiliary_loss_multiplier * logsumexp(logits)^2 per token in the
+    objective; the reported loss is the cross-entropy
   * fused att_proj (C -> 3C) split into q, k, v row blocks
   * RoPE non-interleaved ("rotate_half")
   * SwiGLU: x, gate = ff_proj(x).chunk(2); out = silu(gate) * x
@@ -22,7 +27,8 @@ Semantics follow OLMo (allenai/OLMo, olmo/model.py and olmo/optim.py):
 
 Parameter names are OLMo's internal names (transformer.wte.weight,
 transformer.blocks.N.att_proj.weight, ...). hf_state_dict() / load_hf_state_dict()
-convert to and from the Hugging Face names (GPT2LMHeadModel or OlmoForCausalLM).
+convert to and from the Hugging Face names (GPT2LMHeadModel, OlmoForCausalLM or
+Olmo2ForCausalLM).
 
 Only torch and the Python standard library are used.
 """
@@ -61,7 +67,13 @@ class ModelConfig:
         emb = model.get("embedding_size")
         self.embedding_size = self.vocab_size if emb is None else int(emb)
         self.max_sequence_length = int(model["max_sequence_length"])
-        self.layer_norm_eps = 1e-5
+        self.layer_norm_type = model.get("layer_norm_type", "default")
+        self.layer_norm_eps = float(model.get("layer_norm_eps", 1e-5))
+        self.attention_layer_norm = bool(model.get("attention_layer_norm", False))
+        self.attention_layer_norm_with_affine = bool(model.get("attention_layer_norm_with_affine", True))
+        self.norm_after = bool(model.get("norm_after", False))
+        if self.layer_norm_type not in ("default", "low_precision", "rms"):
+            raise ValueError(f"unsupported layer_norm_type {self.layer_norm_type!r}")
 
         if self.activation_type not in ("gelu", "gelu_tanh", "swiglu"):
             raise ValueError(f"unsupported activation_type {self.activation_type!r}")
@@ -84,6 +96,8 @@ class ModelConfig:
         # Norm parameters: weight when affine, bias when affine and bias_for_layer_norm.
         self.norm_weight = self.layer_norm_with_affine
         self.norm_bias = self.layer_norm_with_affine and self.bias_for_layer_norm
+        self.qk_norm_weight = self.attention_layer_norm and self.attention_layer_norm_with_affine
+        self.qk_norm_bias = self.qk_norm_weight and self.bias_for_layer_norm
 
 
 class TrainConfig:
@@ -111,6 +125,10 @@ class TrainConfig:
         gcwf = sch.get("grad_clip_warmup_factor", cfg.get("grad_clip_warmup_factor"))
         self.grad_clip_warmup_steps = None if gcws is None else int(gcws)
         self.grad_clip_warmup_factor = None if gcwf is None else float(gcwf)
+
+        t_max = sch.get("t_max")
+        self.t_max = None if t_max is None else float(t_max)
+        self.z_loss = float(cfg.get("auxiliary_loss_multiplier", 1e-4)) if cfg.get("softmax_auxiliary_loss") else 0.0
 
         mgn = cfg.get("max_grad_norm")
         self.max_grad_norm = None if mgn is None else float(mgn)
@@ -143,6 +161,23 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x, (self.size,), self.weight, self.bias, self.eps)
 
 
+class RMSNorm(LayerNorm):
+    """OLMo's RMSLayerNorm: x * rsqrt(mean(x^2) + eps), then * weight (+ bias) where it has them."""
+
+    def forward(self, x):
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight is not None:
+            y = y * self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+
+def make_norm(mc, with_weight, with_bias):
+    cls = RMSNorm if mc.layer_norm_type == "rms" else LayerNorm
+    return cls(mc.d_model, with_weight, with_bias, mc.layer_norm_eps)
+
+
 def rotate_half(x):
     """Non-interleaved RoPE helper: (x1, x2) -> (-x2, x1) over the last dim."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -156,10 +191,13 @@ class Block(nn.Module):
         super().__init__()
         self.mc = mc
         C = mc.d_model
-        self.attn_norm = LayerNorm(C, mc.norm_weight, mc.norm_bias, mc.layer_norm_eps)
+        self.attn_norm = make_norm(mc, mc.norm_weight, mc.norm_bias)
         self.att_proj = nn.Linear(C, 3 * C, bias=mc.include_bias)
+        if mc.attention_layer_norm:
+            self.q_norm = make_norm(mc, mc.qk_norm_weight, mc.qk_norm_bias)
+            self.k_norm = make_norm(mc, mc.qk_norm_weight, mc.qk_norm_bias)
         self.attn_out = nn.Linear(C, C, bias=mc.include_bias)
-        self.ff_norm = LayerNorm(C, mc.norm_weight, mc.norm_bias, mc.layer_norm_eps)
+        self.ff_norm = make_norm(mc, mc.norm_weight, mc.norm_bias)
         self.ff_proj = nn.Linear(C, mc.ff_proj_size, bias=mc.include_bias)
         self.ff_out = nn.Linear(mc.ff_hidden_size, C, bias=mc.include_bias)
 
@@ -184,15 +222,19 @@ class Block(nn.Module):
         mc = self.mc
         B, T, C = x.shape
         # Attention sub-block.
-        h = self.attn_norm(x)
+        h = x if mc.norm_after else self.attn_norm(x)
         qkv = self.att_proj(h)
         q, k, v = qkv.split(C, dim=-1)
+        if mc.attention_layer_norm:  # over each token's whole q and k, before RoPE
+            q = self.q_norm(q)
+            k = self.k_norm(k)
         q = q.view(B, T, mc.n_heads, mc.head_size)
         k = k.view(B, T, mc.n_heads, mc.head_size)
         v = v.view(B, T, mc.n_heads, mc.head_size)
-        x = x + self.attn_out(self.attention(q, k, v, rope_cos, rope_sin, causal_mask))
+        att = self.attn_out(self.attention(q, k, v, rope_cos, rope_sin, causal_mask))
+        x = x + (self.attn_norm(att) if mc.norm_after else att)
         # MLP sub-block.
-        h = self.ff_norm(x)
+        h = x if mc.norm_after else self.ff_norm(x)
         u = self.ff_proj(h)
         if mc.activation_type == "gelu":
             a = F.gelu(u)  # exact (erf)
@@ -201,7 +243,8 @@ class Block(nn.Module):
         else:  # swiglu: first half is the value, second half the gate
             xv, g = u.chunk(2, dim=-1)
             a = F.silu(g) * xv
-        return x + self.ff_out(a)
+        m = self.ff_out(a)
+        return x + (self.ff_norm(m) if mc.norm_after else m)
 
 
 class Transformer(nn.Module):
@@ -213,7 +256,7 @@ class Transformer(nn.Module):
         if not mc.rope:
             self.wpe = nn.Embedding(mc.max_sequence_length, mc.d_model)
         self.blocks = nn.ModuleList([Block(mc) for _ in range(mc.n_layers)])
-        self.ln_f = LayerNorm(mc.d_model, mc.norm_weight, mc.norm_bias, mc.layer_norm_eps)
+        self.ln_f = make_norm(mc, mc.norm_weight, mc.norm_bias)
         if not mc.weight_tying:
             self.ff_out = nn.Linear(mc.d_model, mc.embedding_size, bias=mc.include_bias)
 
@@ -331,10 +374,11 @@ def build_optimizer(model, tc):
 
 
 def lr_at(tc, step):
-    """Learning rate of 1-based step `step`, OLMo's schedulers with t_max = max_duration."""
+    """Learning rate of 1-based step `step`, OLMo's schedulers (t_max: max_duration unless set; it may be a
+    fraction, as OLMo's token units give)."""
     lr = tc.learning_rate
     t_warmup = tc.t_warmup
-    t_max = tc.max_duration
+    t_max = tc.t_max if tc.t_max is not None else tc.max_duration
     name = tc.scheduler_name
     if name == "constant":
         # OLMo's ConstantScheduler has no warmup.
@@ -400,7 +444,9 @@ def batch_for_step(all_instances, tc, step):
 
 def forward_backward(model, batch, tc):
     """Loss and accumulated gradients of one global batch (B=G, L tokens each).
-    Each micro-batch's loss = sum of token CE / (G * T); returns the sum over
+    Each micro-batch's loss = sum of token CE / (G * T), plus the z-loss
+    z * sum of logsumexp^2 / (G * T) in what is differentiated (OLMo's
+    cross_entropy_loss with compute_z_loss); returns the sum of the CE over
     micro-batches (= mean CE over the batch) as a Python float."""
     G, L = batch.shape
     T = L - 1
@@ -409,10 +455,12 @@ def forward_backward(model, batch, tc):
     for start in range(0, G, micro):
         mb = batch[start: start + micro]
         inp, tgt = mb[:, :-1], mb[:, 1:]
-        logits = model(inp)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt.reshape(-1),
-                               reduction="sum") / (G * T)
-        loss.backward()
+        logits = model(inp).reshape(-1, model.mc.embedding_size)
+        loss = F.cross_entropy(logits, tgt.reshape(-1), reduction="sum") / (G * T)
+        objective = loss
+        if tc.z_loss > 0.0:
+            objective = objective + tc.z_loss * logits.logsumexp(-1).pow(2).sum() / (G * T)
+        objective.backward()
         total += loss.item()
     return total
 
@@ -440,10 +488,11 @@ def train_step(model, optimizer, batch, tc, step):
 # ---------------------------------------------------------------------------
 
 def hf_flavor(mc):
-    """'gpt2' (learned positions, affine norms) or 'olmo' (RoPE, SwiGLU, no norm params)."""
+    """'gpt2' (learned positions, affine norms), 'olmo' (RoPE, SwiGLU, no norm params) or
+    'olmo2' (norm_after, RMSNorm with weights, QK-norm)."""
     if not mc.rope:
         return "gpt2"
-    return "olmo"
+    return "olmo2" if mc.norm_after else "olmo"
 
 
 def hf_state_dict(state, mc):
@@ -471,9 +520,16 @@ def hf_state_dict(state, mc):
         out["transformer.ln_f.weight"] = state["transformer.ln_f.weight"]
         out["transformer.ln_f.bias"] = state["transformer.ln_f.bias"]
     else:
-        # OlmoForCausalLM: non-parametric LayerNorm, no biases, SwiGLU.
-        if mc.norm_weight or mc.include_bias or mc.activation_type != "swiglu":
-            raise ValueError("OLMo export needs non-affine norms, no biases and SwiGLU")
+        # OlmoForCausalLM: non-parametric LayerNorm, no biases, SwiGLU. Olmo2ForCausalLM: RMSNorm weights
+        # after the sublayers (post_*), QK-norm weights, the final norm's weight.
+        olmo2 = flavor == "olmo2"
+        if mc.include_bias or mc.activation_type != "swiglu":
+            raise ValueError("OLMo export needs no biases and SwiGLU")
+        if olmo2 and not (mc.layer_norm_type == "rms" and mc.norm_weight and not mc.norm_bias
+                          and mc.qk_norm_weight and not mc.qk_norm_bias):
+            raise ValueError("OLMo-2 export needs RMSNorm weights without biases and QK-norm weights")
+        if not olmo2 and (mc.norm_weight or mc.attention_layer_norm or mc.layer_norm_type == "rms"):
+            raise ValueError("OLMo export needs non-affine LayerNorms and no QK-norm")
         out["model.embed_tokens.weight"] = state["transformer.wte.weight"]
         for i in range(mc.n_layers):
             s, h = f"transformer.blocks.{i}.", f"model.layers.{i}."
@@ -487,6 +543,13 @@ def hf_state_dict(state, mc):
             out[h + "mlp.up_proj.weight"] = w[:half]     # value
             out[h + "mlp.gate_proj.weight"] = w[half:]   # gate
             out[h + "mlp.down_proj.weight"] = state[s + "ff_out.weight"]
+            if olmo2:
+                out[h + "self_attn.q_norm.weight"] = state[s + "q_norm.weight"]
+                out[h + "self_attn.k_norm.weight"] = state[s + "k_norm.weight"]
+                out[h + "post_attention_layernorm.weight"] = state[s + "attn_norm.weight"]
+                out[h + "post_feedforward_layernorm.weight"] = state[s + "ff_norm.weight"]
+        if olmo2:
+            out["model.norm.weight"] = state["transformer.ln_f.weight"]
         if not mc.weight_tying:
             out["lm_head.weight"] = state["transformer.ff_out.weight"]
     return {k: v.detach().clone().contiguous() for k, v in out.items()}
@@ -511,6 +574,7 @@ def olmo_state_from_hf(hf, mc):
         st["transformer.ln_f.weight"] = hf["transformer.ln_f.weight"]
         st["transformer.ln_f.bias"] = hf["transformer.ln_f.bias"]
     else:
+        olmo2 = hf_flavor(mc) == "olmo2"
         st["transformer.wte.weight"] = hf["model.embed_tokens.weight"]
         for i in range(mc.n_layers):
             s, h = f"transformer.blocks.{i}.", f"model.layers.{i}."
@@ -520,6 +584,13 @@ def olmo_state_from_hf(hf, mc):
             st[s + "ff_proj.weight"] = torch.cat([hf[h + "mlp.up_proj.weight"],
                                                   hf[h + "mlp.gate_proj.weight"]], dim=0)
             st[s + "ff_out.weight"] = hf[h + "mlp.down_proj.weight"]
+            if olmo2:
+                st[s + "q_norm.weight"] = hf[h + "self_attn.q_norm.weight"]
+                st[s + "k_norm.weight"] = hf[h + "self_attn.k_norm.weight"]
+                st[s + "attn_norm.weight"] = hf[h + "post_attention_layernorm.weight"]
+                st[s + "ff_norm.weight"] = hf[h + "post_feedforward_layernorm.weight"]
+        if olmo2:
+            st["transformer.ln_f.weight"] = hf["model.norm.weight"]
         if not mc.weight_tying:
             st["transformer.ff_out.weight"] = hf["lm_head.weight"]
     return {k: v.contiguous() for k, v in st.items()}

@@ -3,7 +3,9 @@
 // online max + sum over L1-sized chunks) and written once with its gradient, in place.
 // Sums run in double over a fixed chunk order, one row per task: bitwise repeatable for any thread
 // count. The exponentials are element.h's exp_simd, which vectorises where expf would not.
-// Targets < 0 are ignored (loss 0, gradient row 0), as PyTorch's ignore_index.
+// Targets < 0 are ignored (loss 0, gradient row 0), as PyTorch's ignore_index. The z-loss (PaLM's, OLMo's
+// softmax_auxiliary_loss) needs nothing more than the row's logsumexp the loss already has: it scales the
+// softmax part of the gradient by 1 + 2 z lse (exactly 1 without it, so the plain path is unchanged).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -59,7 +61,7 @@ T sum_exp(const T* __restrict x, int n, T m) {
 
 template <typename T>
 void classifier_forward_backward(T* logits, T* losses, const int32_t* targets, int N, int V, T dloss_scale,
-                                 bool compute_grad) {
+                                 bool compute_grad, T z_loss_multiplier, T* z_losses) {
     // Checked before the parallel loop: an exception cannot leave an OpenMP region.
     for (int n = 0; n < N; ++n) {
         TRAINER_CHECK(targets[n] < V, "target {} of row {} is outside the vocabulary of {}", targets[n], n, V);
@@ -70,6 +72,7 @@ void classifier_forward_backward(T* logits, T* losses, const int32_t* targets, i
         const int target = targets[n];
         if (target < 0) {
             losses[n] = T(0);
+            if (z_losses != nullptr) z_losses[n] = T(0);
             if (compute_grad) std::fill(row, row + V, T(0));
             continue;
         }
@@ -87,16 +90,21 @@ void classifier_forward_backward(T* logits, T* losses, const int32_t* targets, i
         }
         const double lse = static_cast<double>(m) + std::log(sum);
         losses[n] = static_cast<T>(lse - static_cast<double>(row[target]));
+        const T lse_t = static_cast<T>(lse);
+        if (z_losses != nullptr) z_losses[n] = z_loss_multiplier * lse_t * lse_t;
         if (compute_grad) {
-            const T lse_t = static_cast<T>(lse);
+            // d(z lse^2)/d logit_j = 2 z lse softmax_j: the softmax term's scale grows by 2 z lse.
+            const T softmax_scale =
+                z_loss_multiplier != T(0) ? dloss_scale * (T(1) + T(2) * z_loss_multiplier * lse_t) : dloss_scale;
 #pragma omp simd
-            for (int j = 0; j < V; ++j) row[j] = exp_simd(row[j] - lse_t) * dloss_scale;
+            for (int j = 0; j < V; ++j) row[j] = exp_simd(row[j] - lse_t) * softmax_scale;
             row[target] -= dloss_scale;
         }
     }
 }
 
-template void classifier_forward_backward<float>(float*, float*, const int32_t*, int, int, float, bool);
-template void classifier_forward_backward<double>(double*, double*, const int32_t*, int, int, double, bool);
+template void classifier_forward_backward<float>(float*, float*, const int32_t*, int, int, float, bool, float, float*);
+template void classifier_forward_backward<double>(double*, double*, const int32_t*, int, int, double, bool, double,
+                                                  double*);
 
 }  // namespace trainer::cpu

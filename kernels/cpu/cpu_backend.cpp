@@ -140,12 +140,36 @@ class CpuBackend final : public Backend {
         cpu::embedding_backward(dwte, dwpe, dout, tokens, N, T, C);
     }
     void layernorm_forward(GemmOperand out, float* mean, float* rstd, const float* inp, const float* weight,
-                           const float* bias, int N, int C, float eps) override {
-        cpu::layernorm_forward(f32(out), mean, rstd, inp, weight, bias, N, C, eps);
+                           const float* bias, int N, int C, float eps, NormKind kind) override {
+        cpu::layernorm_forward(f32(out), mean, rstd, inp, weight, bias, N, C, eps, kind == NormKind::kRms);
     }
     void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                            const float* weight, const float* mean, const float* rstd, int N, int C) override {
-        cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+                            const float* weight, const float* mean, const float* rstd, int N, int C,
+                            NormKind kind) override {
+        cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, kind == NormKind::kRms);
+    }
+    void norm_residual_forward(float* out, const float* resid, float* mean, float* rstd, GemmOperand inp,
+                               const float* weight, const float* bias, int N, int C, float eps,
+                               NormKind kind) override {
+        cpu::norm_residual_forward(out, resid, mean, rstd, f32(inp), weight, bias, N, C, eps, kind == NormKind::kRms);
+    }
+    void norm_residual_backward(GemmOperand dinp, float* dweight, float* dbias, const float* dout, GemmOperand inp,
+                                const float* weight, const float* mean, const float* rstd, int N, int C,
+                                NormKind kind) override {
+        cpu::norm_residual_backward(f32(dinp), dweight, dbias, dout, f32(inp), weight, mean, rstd, N, C,
+                                    kind == NormKind::kRms);
+    }
+    void qk_norm_forward(GemmOperand qkv, GemmOperand qk, float* mean, float* rstd, const float* q_weight,
+                         const float* q_bias, const float* k_weight, const float* k_bias, int N, int C, float eps,
+                         NormKind kind) override {
+        cpu::qk_norm_forward(f32(qkv), f32(qk), mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, eps,
+                             kind == NormKind::kRms);
+    }
+    void qk_norm_backward(GemmOperand dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias,
+                          GemmOperand qk, const float* q_weight, const float* k_weight, const float* mean,
+                          const float* rstd, int N, int C, NormKind kind) override {
+        cpu::qk_norm_backward(f32(dqkv), dq_weight, dq_bias, dk_weight, dk_bias, f32(qk), q_weight, k_weight, mean,
+                              rstd, N, C, kind == NormKind::kRms);
     }
     void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float theta) override {
         cpu::rope_forward(f32(qkv), B, T, NH, HS, theta);
@@ -177,8 +201,10 @@ class CpuBackend final : public Backend {
     }
     void scale_inplace(float* x, size_t n, float s) override { cpu::scale_inplace(x, n, s); }
     void classifier_forward_backward(GemmOperand logits, float* losses, const int32_t* targets, int N, int V,
-                                     float dloss_scale, bool compute_grad) override {
-        cpu::classifier_forward_backward(f32(logits), losses, targets, N, V, dloss_scale, compute_grad);
+                                     float dloss_scale, bool compute_grad, float z_loss_multiplier,
+                                     float* z_losses) override {
+        cpu::classifier_forward_backward(f32(logits), losses, targets, N, V, dloss_scale, compute_grad,
+                                         z_loss_multiplier, z_losses);
     }
     void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
                       float eps, float weight_decay, long step, float grad_scale, uint16_t* param_bf16) override {

@@ -34,12 +34,25 @@ void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe
 template <typename T>
 void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int N, int T_, int C);
 
-// ---- layernorm.cpp ----
+// ---- layernorm.cpp: LayerNorm and RMSNorm (rms), as a pre-norm, after a sublayer, and on q and k. ----
 template <typename T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int N, int C, float eps);
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int N, int C, float eps,
+                       bool rms);
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
-                        const T* rstd, int N, int C);
+                        const T* rstd, int N, int C, bool rms);
+template <typename T>
+void norm_residual_forward(T* out, const T* resid, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
+                           int N, int C, float eps, bool rms);
+template <typename T>
+void norm_residual_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
+                            const T* rstd, int N, int C, bool rms);
+template <typename T>
+void qk_norm_forward(T* qkv, T* qk, T* mean, T* rstd, const T* q_weight, const T* q_bias, const T* k_weight,
+                     const T* k_bias, int N, int C, float eps, bool rms);
+template <typename T>
+void qk_norm_backward(T* dqkv, T* dq_weight, T* dq_bias, T* dk_weight, T* dk_bias, const T* qk, const T* q_weight,
+                      const T* k_weight, const T* mean, const T* rstd, int N, int C, bool rms);
 
 // ---- rope.cpp ----
 // For T = float the angles are computed in fp32 as OLMo does.
@@ -76,7 +89,7 @@ void scale_inplace(T* x, size_t n, T s);
 // ---- classifier.cpp ----
 template <typename T>
 void classifier_forward_backward(T* logits, T* losses, const int32_t* targets, int N, int V, T dloss_scale,
-                                 bool compute_grad);
+                                 bool compute_grad, T z_loss_multiplier, T* z_losses);
 
 // ---- adamw.cpp ----
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,

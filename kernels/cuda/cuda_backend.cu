@@ -399,15 +399,67 @@ class CudaBackend final : public Backend {
         cuda::embedding_backward(dwte, dwpe, dout, tokens, N, T, C, scratch, stream_);
     }
     void layernorm_forward(GemmOperand out, float* mean, float* rstd, const float* inp, const float* weight,
-                           const float* bias, int N, int C, float eps) override {
-        if (out.bf16) return cuda::layernorm_forward_bf16(out.b16(), mean, rstd, inp, weight, bias, N, C, eps, stream_);
-        cuda::layernorm_forward(out.f32(), mean, rstd, inp, weight, bias, N, C, eps, stream_);
+                           const float* bias, int N, int C, float eps, NormKind kind) override {
+        const bool rms = kind == NormKind::kRms;
+        if (out.bf16) {
+            return cuda::layernorm_forward_bf16(out.b16(), mean, rstd, inp, weight, bias, N, C, eps, rms, stream_);
+        }
+        cuda::layernorm_forward(out.f32(), mean, rstd, inp, weight, bias, N, C, eps, rms, stream_);
     }
     void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                            const float* weight, const float* mean, const float* rstd, int N, int C) override {
-        float* scratch =
-            static_cast<float*>(grow(ln_scratch_, cuda::layernorm_backward_scratch_floats(N, C) * sizeof(float)));
-        cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, scratch, stream_);
+                            const float* weight, const float* mean, const float* rstd, int N, int C,
+                            NormKind kind) override {
+        cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, kind == NormKind::kRms,
+                                 norm_scratch(N, C), stream_);
+    }
+    void norm_residual_forward(float* out, const float* resid, float* mean, float* rstd, GemmOperand inp,
+                               const float* weight, const float* bias, int N, int C, float eps,
+                               NormKind kind) override {
+        const bool rms = kind == NormKind::kRms;
+        if (inp.bf16) {
+            return cuda::norm_residual_forward(out, resid, mean, rstd, static_cast<const uint16_t*>(inp.b16()), weight,
+                                               bias, N, C, eps, rms, stream_);
+        }
+        cuda::norm_residual_forward(out, resid, mean, rstd, static_cast<const float*>(inp.f32()), weight, bias, N, C,
+                                    eps, rms, stream_);
+    }
+    void norm_residual_backward(GemmOperand dinp, float* dweight, float* dbias, const float* dout, GemmOperand inp,
+                                const float* weight, const float* mean, const float* rstd, int N, int C,
+                                NormKind kind) override {
+        TRAINER_CHECK(dinp.bf16 == inp.bf16, "norm_residual_backward: dinp and inp in one storage type");
+        const bool rms = kind == NormKind::kRms;
+        if (inp.bf16) {
+            return cuda::norm_residual_backward(dinp.b16(), dweight, dbias, dout,
+                                                static_cast<const uint16_t*>(inp.b16()), weight, mean, rstd, N, C, rms,
+                                                norm_scratch(N, C), stream_);
+        }
+        cuda::norm_residual_backward(dinp.f32(), dweight, dbias, dout, static_cast<const float*>(inp.f32()), weight,
+                                     mean, rstd, N, C, rms, norm_scratch(N, C), stream_);
+    }
+    void qk_norm_forward(GemmOperand qkv, GemmOperand qk, float* mean, float* rstd, const float* q_weight,
+                         const float* q_bias, const float* k_weight, const float* k_bias, int N, int C, float eps,
+                         NormKind kind) override {
+        TRAINER_CHECK(qkv.bf16 == qk.bf16, "qk_norm_forward: qkv and qk in one storage type");
+        const bool rms = kind == NormKind::kRms;
+        if (qkv.bf16) {
+            return cuda::qk_norm_forward(qkv.b16(), qk.b16(), mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, eps,
+                                         rms, stream_);
+        }
+        cuda::qk_norm_forward(qkv.f32(), qk.f32(), mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, eps, rms,
+                              stream_);
+    }
+    void qk_norm_backward(GemmOperand dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias,
+                          GemmOperand qk, const float* q_weight, const float* k_weight, const float* mean,
+                          const float* rstd, int N, int C, NormKind kind) override {
+        TRAINER_CHECK(dqkv.bf16 == qk.bf16, "qk_norm_backward: dqkv and qk in one storage type");
+        const bool rms = kind == NormKind::kRms;
+        if (qk.bf16) {
+            return cuda::qk_norm_backward(dqkv.b16(), dq_weight, dq_bias, dk_weight, dk_bias,
+                                          static_cast<const uint16_t*>(qk.b16()), q_weight, k_weight, mean, rstd, N, C,
+                                          rms, norm_scratch(N, C), stream_);
+        }
+        cuda::qk_norm_backward(dqkv.f32(), dq_weight, dq_bias, dk_weight, dk_bias, static_cast<const float*>(qk.f32()),
+                               q_weight, k_weight, mean, rstd, N, C, rms, norm_scratch(N, C), stream_);
     }
     void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float theta) override {
         const auto& [cos_t, sin_t] = rope_table(T, HS, theta);
@@ -508,12 +560,14 @@ class CudaBackend final : public Backend {
     }
     void scale_inplace(float* x, size_t n, float s) override { cuda::scale_inplace(x, n, s, stream_); }
     void classifier_forward_backward(GemmOperand logits, float* losses, const int32_t* targets, int N, int V,
-                                     float dloss_scale, bool compute_grad) override {
+                                     float dloss_scale, bool compute_grad, float z_loss_multiplier,
+                                     float* z_losses) override {
         if (logits.bf16) {
             return cuda::classifier_forward_backward_bf16(logits.b16(), losses, targets, N, V, dloss_scale,
-                                                          compute_grad, stream_);
+                                                          compute_grad, z_loss_multiplier, z_losses, stream_);
         }
-        cuda::classifier_forward_backward(logits.f32(), losses, targets, N, V, dloss_scale, compute_grad, stream_);
+        cuda::classifier_forward_backward(logits.f32(), losses, targets, N, V, dloss_scale, compute_grad,
+                                          z_loss_multiplier, z_losses, stream_);
     }
     void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
                       float eps, float weight_decay, long step, float grad_scale, uint16_t* param_bf16) override {
@@ -577,6 +631,10 @@ class CudaBackend final : public Backend {
         s.bytes = bytes;
         memory_record_alloc(MemCategory::kActivations, static_cast<int64_t>(bytes));
         return s.ptr;
+    }
+    // The norms' backward partials of dweight/dbias (layernorm.cu) for N rows of C channels.
+    float* norm_scratch(int N, int C) {
+        return static_cast<float*>(grow(ln_scratch_, cuda::layernorm_backward_scratch_floats(N, C) * sizeof(float)));
     }
     void hold_weight(const float* w) override {
         held_ = w;

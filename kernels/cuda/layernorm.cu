@@ -1,10 +1,16 @@
-// LayerNorm over the last dimension on the GPU (affine, weight only, or non-parametric), the twin of
-// kernels/cpu/layernorm.cpp, with the same two-pass (centred) variance and the same backward formula.
+// The norms over the last dimension on the GPU, the twins of kernels/cpu/layernorm.cpp: LayerNorm (affine,
+// weight only, or non-parametric) and RMSNorm, as the pre-norm (layernorm_*), after a sublayer before the
+// residual add (norm_residual_*: OLMo-2's norm_after) and on q and k inside qkv (qk_norm_*: QK-norm), with
+// the same two-pass (centred) variance and the same backward formula; RMSNorm is the same code with the
+// mean fixed at 0 and the mean of the gradient term dropped (kRms). One kernel per direction serves every
+// use: rows may lie apart (ld_*, q and k rows are 3C apart in qkv), the input and output in fp32 or bf16.
 // Forward and the dinp part of backward: one warp per row, lanes striding over the channels, warp-shuffle
 // sums. dweight/dbias: fixed chunks of kRowsPerChunk rows give partial sums (a thread per channel walks
 // the chunk's rows in order), then one thread per channel adds the partials in chunk order: no atomics,
-// the same result on every run.
+// the same result on every run. The backward may run in place (dinp == dout, QK-norm): every lane reads
+// the dout of its own channels before it writes their dinp, and the partials are taken first.
 #include <algorithm>
+#include <initializer_list>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
@@ -21,23 +27,27 @@ __device__ float warp_sum(float x) {
 }
 
 // One warp per row; each lane takes W consecutive channels at a time (W = 8 with 128-bit accesses where
-// the rows and the affine vectors allow, else 1).
-template <int W, typename Out>
-__global__ void layernorm_forward_kernel(Out* out, float* mean, float* rstd, const float* inp, const float* weight,
-                                         const float* bias, int N, int C, float eps) {
+// the rows and the affine vectors allow, else 1). out = resid + y where resid is given (rows ld_out apart).
+template <int W, bool kRms, typename In, typename Out>
+__global__ void norm_forward_kernel(Out* out, int ld_out, const float* resid, float* mean, float* rstd, const In* inp,
+                                    int ld_in, const float* weight, const float* bias, int N, int C, float eps) {
     const int lane = threadIdx.x % 32;
     const int n = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
     if (n >= N) return;
-    const float* x = inp + static_cast<size_t>(n) * C;
-    Out* o = out + static_cast<size_t>(n) * C;
-    float s = 0.0f;
-    for (int c = lane * W; c < C; c += 32 * W) {
-        float v[W];
-        load_vec<W>(x + c, v);
+    const In* x = inp + static_cast<size_t>(n) * ld_in;
+    Out* o = out + static_cast<size_t>(n) * ld_out;
+    const float* r = resid != nullptr ? resid + static_cast<size_t>(n) * ld_out : nullptr;
+    float m = 0.0f;
+    if (!kRms) {
+        float s = 0.0f;
+        for (int c = lane * W; c < C; c += 32 * W) {
+            float v[W];
+            load_vec<W>(x + c, v);
 #pragma unroll
-        for (int k = 0; k < W; ++k) s += v[k];
+            for (int k = 0; k < W; ++k) s += v[k];
+        }
+        m = warp_sum(s) / static_cast<float>(C);
     }
-    const float m = warp_sum(s) / static_cast<float>(C);
     float sq = 0.0f;
     for (int c = lane * W; c < C; c += 32 * W) {
         float v[W];
@@ -46,33 +56,40 @@ __global__ void layernorm_forward_kernel(Out* out, float* mean, float* rstd, con
         for (int k = 0; k < W; ++k) sq += (v[k] - m) * (v[k] - m);
     }
     const float rs = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
-    if (lane == 0) mean[n] = m, rstd[n] = rs;
+    if (lane == 0) {
+        if (mean != nullptr) mean[n] = m;
+        rstd[n] = rs;
+    }
     for (int c = lane * W; c < C; c += 32 * W) {
-        float v[W], wt[W], b[W];
+        float v[W], wt[W], b[W], rv[W];
         load_vec<W>(x + c, v);
         if (weight != nullptr) load_vec<W>(weight + c, wt);
         if (bias != nullptr) load_vec<W>(bias + c, b);
+        if (r != nullptr) load_vec<W>(r + c, rv);
 #pragma unroll
         for (int k = 0; k < W; ++k) {
             v[k] = (v[k] - m) * rs;
             if (weight != nullptr) v[k] *= wt[k];
             if (bias != nullptr) v[k] += b[k];
+            if (r != nullptr) v[k] = rv[k] + v[k];
         }
         store_vec<W>(o + c, v);
     }
 }
 
-template <int W>
-__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
-                                               const float* mean, const float* rstd, int N, int C) {
+// dinp (+)= rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * weight (RMSNorm: no
+// mean(dnorm) term); rows of dinp, dout and inp ld_dinp, ld_dout and ld_in apart.
+template <int W, bool kRms, typename In, typename G, typename D>
+__global__ void norm_backward_dinp_kernel(D* dinp, int ld_dinp, bool accumulate, const G* dout, int ld_dout,
+                                          const In* inp, int ld_in, const float* weight, const float* mean,
+                                          const float* rstd, int N, int C) {
     const int lane = threadIdx.x % 32;
     const int n = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
     if (n >= N) return;
-    const float* x = inp + static_cast<size_t>(n) * C;
-    const float* g = dout + static_cast<size_t>(n) * C;
-    float* dx = dinp + static_cast<size_t>(n) * C;
-    const float m = mean[n], rs = rstd[n];
-    // dx += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * weight.
+    const In* x = inp + static_cast<size_t>(n) * ld_in;
+    const G* g = dout + static_cast<size_t>(n) * ld_dout;
+    D* dx = dinp + static_cast<size_t>(n) * ld_dinp;
+    const float m = kRms ? 0.0f : mean[n], rs = rstd[n];
     float sum_dn = 0.0f, sum_dn_norm = 0.0f;
     for (int c = lane * W; c < C; c += 32 * W) {
         float gv[W], xv[W], wt[W];
@@ -86,13 +103,13 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
             sum_dn_norm += dn * (xv[k] - m) * rs;
         }
     }
-    const float mean_dn = warp_sum(sum_dn) / static_cast<float>(C);
+    const float mean_dn = kRms ? 0.0f : warp_sum(sum_dn) / static_cast<float>(C);
     const float mean_dn_norm = warp_sum(sum_dn_norm) / static_cast<float>(C);
     for (int c = lane * W; c < C; c += 32 * W) {
-        float gv[W], xv[W], wt[W], d[W];
+        float gv[W], xv[W], wt[W], d[W] = {};
         load_vec<W>(g + c, gv);
         load_vec<W>(x + c, xv);
-        load_vec<W>(dx + c, d);
+        if (accumulate) load_vec<W>(dx + c, d);
         if (weight != nullptr) load_vec<W>(weight + c, wt);
 #pragma unroll
         for (int k = 0; k < W; ++k) {
@@ -107,39 +124,41 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
 // The vector width for rows of C channels: 8 where every row and vector is whole 16-byte words.
 constexpr int kLnVec = 8;
 template <typename... P>
-bool layernorm_vec(int C, const P*... p) {
-    return C % kLnVec == 0 && ((p == nullptr || aligned16(p)) && ...);
+bool norm_vec(int C, std::initializer_list<int> lds, const P*... p) {
+    bool ok = C % kLnVec == 0 && ((p == nullptr || aligned16(p)) && ...);
+    for (int ld : lds) ok = ok && ld % kLnVec == 0;
+    return ok;
 }
 
 // The dinp part and the chunk partials of dweight/dbias in one pass over dout and inp (rows of up to
 // 32 x W x G channels): block `chunk` owns the chunk's kRowsPerChunk rows, each warp kRowsPerChunk /
 // kWarpsPerBlock of them in order; each lane sums its channels' terms over its warp's rows in registers,
 // and the warps' sums are added in warp order through shared memory. Deterministic; the partials have the
-// layout of layernorm_backward_partials_kernel's.
-template <int W, int G>
-__global__ void layernorm_backward_fused_kernel(float* dinp, float* partial, const float* dout, const float* inp,
-                                                const float* weight, const float* mean, const float* rstd, int N,
-                                                int C) {
+// layout of norm_backward_partials_kernel's.
+template <int W, int Gr, bool kRms, typename In, typename G, typename D>
+__global__ void norm_backward_fused_kernel(D* dinp, int ld_dinp, bool accumulate, float* partial, const G* dout,
+                                           int ld_dout, const In* inp, int ld_in, const float* weight,
+                                           const float* mean, const float* rstd, int N, int C) {
     constexpr int kRowsPerWarp = kRowsPerChunk / kWarpsPerBlock;
     __shared__ float red[kWarpsPerBlock][32 * W];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int chunk = blockIdx.x;
-    float dw[G][W], db[G][W];
+    float dw[Gr][W], db[Gr][W];
 #pragma unroll
-    for (int gi = 0; gi < G; ++gi) {
+    for (int gi = 0; gi < Gr; ++gi) {
 #pragma unroll
         for (int k = 0; k < W; ++k) dw[gi][k] = 0.0f, db[gi][k] = 0.0f;
     }
     for (int r = 0; r < kRowsPerWarp; ++r) {
         const int n = chunk * kRowsPerChunk + warp * kRowsPerWarp + r;
         if (n >= N) break;
-        const float* x = inp + static_cast<size_t>(n) * C;
-        const float* g = dout + static_cast<size_t>(n) * C;
-        float* dx = dinp + static_cast<size_t>(n) * C;
-        const float m = mean[n], rs = rstd[n];
+        const In* x = inp + static_cast<size_t>(n) * ld_in;
+        const G* g = dout + static_cast<size_t>(n) * ld_dout;
+        D* dx = dinp + static_cast<size_t>(n) * ld_dinp;
+        const float m = kRms ? 0.0f : mean[n], rs = rstd[n];
         float sum_dn = 0.0f, sum_dn_norm = 0.0f;
 #pragma unroll
-        for (int gi = 0; gi < G; ++gi) {
+        for (int gi = 0; gi < Gr; ++gi) {
             const int c = (gi * 32 + lane) * W;
             if (c >= C) break;
             float gv[W], xv[W], wt[W];
@@ -156,16 +175,16 @@ __global__ void layernorm_backward_fused_kernel(float* dinp, float* partial, con
                 db[gi][k] += gv[k];
             }
         }
-        const float mean_dn = warp_sum(sum_dn) / static_cast<float>(C);
+        const float mean_dn = kRms ? 0.0f : warp_sum(sum_dn) / static_cast<float>(C);
         const float mean_dn_norm = warp_sum(sum_dn_norm) / static_cast<float>(C);
 #pragma unroll
-        for (int gi = 0; gi < G; ++gi) {
+        for (int gi = 0; gi < Gr; ++gi) {
             const int c = (gi * 32 + lane) * W;
             if (c >= C) break;
-            float gv[W], xv[W], wt[W], d[W];
+            float gv[W], xv[W], wt[W], d[W] = {};
             load_vec<W>(g + c, gv);
             load_vec<W>(x + c, xv);
-            load_vec<W>(dx + c, d);
+            if (accumulate) load_vec<W>(dx + c, d);
             if (weight != nullptr) load_vec<W>(weight + c, wt);
 #pragma unroll
             for (int k = 0; k < W; ++k) {
@@ -176,7 +195,7 @@ __global__ void layernorm_backward_fused_kernel(float* dinp, float* partial, con
         }
     }
     // The warps' sums, added in warp order: group gi of dweight, then of dbias.
-    for (int gi = 0; gi < G; ++gi) {
+    for (int gi = 0; gi < Gr; ++gi) {
         for (int which = 0; which < 2; ++which) {
 #pragma unroll
             for (int k = 0; k < W; ++k) red[warp][lane * W + k] = which == 0 ? dw[gi][k] : db[gi][k];
@@ -193,8 +212,9 @@ __global__ void layernorm_backward_fused_kernel(float* dinp, float* partial, con
 }
 
 // grid (ceil(C / blockDim.x), chunks): partial[chunk] = (sum dout * norm, sum dout) over the chunk's rows.
-__global__ void layernorm_backward_partials_kernel(float* partial, const float* dout, const float* inp,
-                                                   const float* mean, const float* rstd, int N, int C) {
+template <bool kRms, typename In, typename G>
+__global__ void norm_backward_partials_kernel(float* partial, const G* dout, int ld_dout, const In* inp, int ld_in,
+                                              const float* mean, const float* rstd, int N, int C) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
@@ -203,8 +223,9 @@ __global__ void layernorm_backward_partials_kernel(float* partial, const float* 
         float dw = 0.0f, db = 0.0f;
         const int n1 = min(N, (chunk + 1) * kRowsPerChunk);
         for (int n = chunk * kRowsPerChunk; n < n1; ++n) {
-            const float g = dout[static_cast<size_t>(n) * C + c];
-            dw += g * (inp[static_cast<size_t>(n) * C + c] - mean[n]) * rstd[n];
+            const float g = load_as_float(dout[static_cast<size_t>(n) * ld_dout + c]);
+            const float m = kRms ? 0.0f : mean[n];
+            dw += g * (load_as_float(inp[static_cast<size_t>(n) * ld_in + c]) - m) * rstd[n];
             db += g;
         }
         partial[static_cast<size_t>(chunk) * 2 * C + c] = dw;
@@ -212,8 +233,7 @@ __global__ void layernorm_backward_partials_kernel(float* partial, const float* 
     }
 }
 
-__global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, const float* partial, int chunks,
-                                                 int C) {
+__global__ void norm_backward_params_kernel(float* dweight, float* dbias, const float* partial, int chunks, int C) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float dw = 0.0f, db = 0.0f;
@@ -225,73 +245,174 @@ __global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, c
     if (dbias != nullptr) dbias[c] += db;
 }
 
+template <typename In, typename Out>
+void norm_forward_launch(Out* out, int ld_out, const float* resid, float* mean, float* rstd, const In* inp, int ld_in,
+                         const float* weight, const float* bias, int N, int C, float eps, bool rms,
+                         cudaStream_t stream) {
+    if (N == 0) return;
+    const unsigned blocks = (static_cast<unsigned>(N) + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    const bool vec = norm_vec(C, {ld_out, ld_in}, inp, weight, bias, out, resid);
+    const auto launch = [&](auto kernel) {
+        kernel<<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(out, ld_out, resid, mean, rstd, inp, ld_in, weight, bias, N,
+                                                           C, eps);
+    };
+    if (vec) {
+        rms ? launch(norm_forward_kernel<kLnVec, true, In, Out>) : launch(norm_forward_kernel<kLnVec, false, In, Out>);
+    } else {
+        rms ? launch(norm_forward_kernel<1, true, In, Out>) : launch(norm_forward_kernel<1, false, In, Out>);
+    }
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+}
+
+template <bool kRms, typename In, typename G, typename D>
+void norm_backward_typed(D* dinp, int ld_dinp, bool accumulate, float* dweight, float* dbias, const G* dout,
+                         int ld_dout, const In* inp, int ld_in, const float* weight, const float* mean,
+                         const float* rstd, int N, int C, float* scratch, cudaStream_t stream) {
+    const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+    const bool vec = norm_vec(C, {ld_dinp, ld_dout, ld_in}, dinp, dout, inp, weight);
+    constexpr unsigned kBlock = 128;
+    const unsigned cblocks = static_cast<unsigned>((C + kBlock - 1) / kBlock);
+    constexpr int kFusedGroups = 4;  // rows of up to 32 x 8 x 4 = 1024 channels (GPT-2's 768)
+    const bool params = dweight != nullptr || dbias != nullptr;
+    if (params && C <= 32 * kLnVec * kFusedGroups && vec) {
+        // One pass for dinp and the partials (what an affine norm needs), then the partials added.
+        norm_backward_fused_kernel<kLnVec, kFusedGroups, kRms, In, G, D>
+            <<<static_cast<unsigned>(chunks), 32 * kWarpsPerBlock, 0, stream>>>(
+                dinp, ld_dinp, accumulate, scratch, dout, ld_dout, inp, ld_in, weight, mean, rstd, N, C);
+        TRAINER_CUDA_CHECK(cudaGetLastError());
+        norm_backward_params_kernel<<<cblocks, kBlock, 0, stream>>>(dweight, dbias, scratch, chunks, C);
+        TRAINER_CUDA_CHECK(cudaGetLastError());
+        return;
+    }
+    if (params) {  // first: in place, dinp overwrites the dout they read
+        norm_backward_partials_kernel<kRms, In, G>
+            <<<dim3(cblocks, static_cast<unsigned>(std::min(chunks, 65535))), kBlock, 0, stream>>>(
+                scratch, dout, ld_dout, inp, ld_in, mean, rstd, N, C);
+        TRAINER_CUDA_CHECK(cudaGetLastError());
+        norm_backward_params_kernel<<<cblocks, kBlock, 0, stream>>>(dweight, dbias, scratch, chunks, C);
+        TRAINER_CUDA_CHECK(cudaGetLastError());
+    }
+    const unsigned blocks = (static_cast<unsigned>(N) + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    if (vec) {
+        norm_backward_dinp_kernel<kLnVec, kRms, In, G, D><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
+            dinp, ld_dinp, accumulate, dout, ld_dout, inp, ld_in, weight, mean, rstd, N, C);
+    } else {
+        norm_backward_dinp_kernel<1, kRms, In, G, D><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
+            dinp, ld_dinp, accumulate, dout, ld_dout, inp, ld_in, weight, mean, rstd, N, C);
+    }
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename In, typename G, typename D>
+void norm_backward_launch(D* dinp, int ld_dinp, bool accumulate, float* dweight, float* dbias, const G* dout,
+                          int ld_dout, const In* inp, int ld_in, const float* weight, const float* mean,
+                          const float* rstd, int N, int C, bool rms, float* scratch, cudaStream_t stream) {
+    if (N == 0) return;
+    if (rms) {
+        norm_backward_typed<true>(dinp, ld_dinp, accumulate, dweight, dbias, dout, ld_dout, inp, ld_in, weight, mean,
+                                  rstd, N, C, scratch, stream);
+    } else {
+        norm_backward_typed<false>(dinp, ld_dinp, accumulate, dweight, dbias, dout, ld_dout, inp, ld_in, weight, mean,
+                                   rstd, N, C, scratch, stream);
+    }
+}
+
+// q and k of qkv copied aside into qk (rows of 2C), then each normalised from there back into qkv.
+template <typename T>
+void qk_norm_forward_launch(T* qkv, T* qk, float* mean, float* rstd, const float* q_weight, const float* q_bias,
+                            const float* k_weight, const float* k_bias, int N, int C, float eps, bool rms,
+                            cudaStream_t stream) {
+    if (N == 0) return;
+    TRAINER_CUDA_CHECK(cudaMemcpy2DAsync(qk, 2 * C * sizeof(T), qkv, 3 * C * sizeof(T), 2 * C * sizeof(T),
+                                         static_cast<size_t>(N), cudaMemcpyDeviceToDevice, stream));
+    norm_forward_launch(qkv, 3 * C, nullptr, mean, rstd, qk, 2 * C, q_weight, q_bias, N, C, eps, rms, stream);
+    norm_forward_launch(qkv + C, 3 * C, nullptr, mean != nullptr ? mean + N : nullptr, rstd + N, qk + C, 2 * C,
+                        k_weight, k_bias, N, C, eps, rms, stream);
+}
+
+template <typename T>
+void qk_norm_backward_launch(T* dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias, const T* qk,
+                             const float* q_weight, const float* k_weight, const float* mean, const float* rstd, int N,
+                             int C, bool rms, float* scratch, cudaStream_t stream) {
+    norm_backward_launch(dqkv, 3 * C, false, dq_weight, dq_bias, static_cast<const T*>(dqkv), 3 * C, qk, 2 * C,
+                         q_weight, mean, rstd, N, C, rms, scratch, stream);
+    norm_backward_launch(dqkv + C, 3 * C, false, dk_weight, dk_bias, static_cast<const T*>(dqkv + C), 3 * C, qk + C,
+                         2 * C, k_weight, mean != nullptr ? mean + N : nullptr, rstd + N, N, C, rms, scratch, stream);
+}
+
 }  // namespace
 
 size_t layernorm_backward_scratch_floats(int N, int C) {
     return static_cast<size_t>((N + kRowsPerChunk - 1) / kRowsPerChunk) * 2 * static_cast<size_t>(C);
 }
 
-template <typename Out>
-void layernorm_forward_launch(Out* out, float* mean, float* rstd, const float* inp, const float* weight,
-                              const float* bias, int N, int C, float eps, cudaStream_t stream) {
-    if (N == 0) return;
-    const unsigned blocks = (static_cast<unsigned>(N) + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    if (layernorm_vec(C, inp, weight, bias, out)) {
-        layernorm_forward_kernel<kLnVec, Out>
-            <<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C, eps);
-    } else {
-        layernorm_forward_kernel<1, Out>
-            <<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C, eps);
-    }
-    TRAINER_CUDA_CHECK(cudaGetLastError());
-}
-
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       int N, int C, float eps, cudaStream_t stream) {
-    layernorm_forward_launch(out, mean, rstd, inp, weight, bias, N, C, eps, stream);
+                       int N, int C, float eps, bool rms, cudaStream_t stream) {
+    norm_forward_launch(out, C, nullptr, mean, rstd, inp, C, weight, bias, N, C, eps, rms, stream);
 }
 
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
-                            const float* bias, int N, int C, float eps, cudaStream_t stream) {
-    layernorm_forward_launch(out, mean, rstd, inp, weight, bias, N, C, eps, stream);
+                            const float* bias, int N, int C, float eps, bool rms, cudaStream_t stream) {
+    norm_forward_launch(out, C, nullptr, mean, rstd, inp, C, weight, bias, N, C, eps, rms, stream);
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C, float* scratch,
-                        cudaStream_t stream) {
-    if (N == 0) return;
-    const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
-    constexpr int kFusedGroups = 4;  // rows of up to 32 x 8 x 4 = 1024 channels (GPT-2's 768)
-    if ((dweight != nullptr || dbias != nullptr) && C <= 32 * kLnVec * kFusedGroups &&
-        layernorm_vec(C, dinp, dout, inp, weight)) {
-        // One pass for dinp and the partials (what an affine LayerNorm needs), then the partials added.
-        layernorm_backward_fused_kernel<kLnVec, kFusedGroups>
-            <<<static_cast<unsigned>(chunks), 32 * kWarpsPerBlock, 0, stream>>>(dinp, scratch, dout, inp, weight, mean,
-                                                                                rstd, N, C);
-        TRAINER_CUDA_CHECK(cudaGetLastError());
-        constexpr unsigned kBlock = 128;
-        const unsigned cblocks = static_cast<unsigned>((C + kBlock - 1) / kBlock);
-        layernorm_backward_params_kernel<<<cblocks, kBlock, 0, stream>>>(dweight, dbias, scratch, chunks, C);
-        TRAINER_CUDA_CHECK(cudaGetLastError());
-        return;
-    }
-    const unsigned blocks = (static_cast<unsigned>(N) + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    if (layernorm_vec(C, dinp, dout, inp, weight)) {
-        layernorm_backward_dinp_kernel<kLnVec>
-            <<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
-    } else {
-        layernorm_backward_dinp_kernel<1>
-            <<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
-    }
-    TRAINER_CUDA_CHECK(cudaGetLastError());
-    if (dweight == nullptr && dbias == nullptr) return;
-    constexpr unsigned kBlock = 128;
-    const unsigned cblocks = static_cast<unsigned>((C + kBlock - 1) / kBlock);
-    layernorm_backward_partials_kernel<<<dim3(cblocks, static_cast<unsigned>(std::min(chunks, 65535))), kBlock, 0,
-                                         stream>>>(scratch, dout, inp, mean, rstd, N, C);
-    TRAINER_CUDA_CHECK(cudaGetLastError());
-    layernorm_backward_params_kernel<<<cblocks, kBlock, 0, stream>>>(dweight, dbias, scratch, chunks, C);
-    TRAINER_CUDA_CHECK(cudaGetLastError());
+                        const float* weight, const float* mean, const float* rstd, int N, int C, bool rms,
+                        float* scratch, cudaStream_t stream) {
+    norm_backward_launch(dinp, C, true, dweight, dbias, dout, C, inp, C, weight, mean, rstd, N, C, rms, scratch,
+                         stream);
+}
+
+void norm_residual_forward(float* out, const float* resid, float* mean, float* rstd, const float* inp,
+                           const float* weight, const float* bias, int N, int C, float eps, bool rms,
+                           cudaStream_t stream) {
+    norm_forward_launch(out, C, resid, mean, rstd, inp, C, weight, bias, N, C, eps, rms, stream);
+}
+
+void norm_residual_forward(float* out, const float* resid, float* mean, float* rstd, const uint16_t* inp,
+                           const float* weight, const float* bias, int N, int C, float eps, bool rms,
+                           cudaStream_t stream) {
+    norm_forward_launch(out, C, resid, mean, rstd, inp, C, weight, bias, N, C, eps, rms, stream);
+}
+
+void norm_residual_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                            const float* weight, const float* mean, const float* rstd, int N, int C, bool rms,
+                            float* scratch, cudaStream_t stream) {
+    norm_backward_launch(dinp, C, false, dweight, dbias, dout, C, inp, C, weight, mean, rstd, N, C, rms, scratch,
+                         stream);
+}
+
+void norm_residual_backward(uint16_t* dinp, float* dweight, float* dbias, const float* dout, const uint16_t* inp,
+                            const float* weight, const float* mean, const float* rstd, int N, int C, bool rms,
+                            float* scratch, cudaStream_t stream) {
+    norm_backward_launch(dinp, C, false, dweight, dbias, dout, C, inp, C, weight, mean, rstd, N, C, rms, scratch,
+                         stream);
+}
+
+void qk_norm_forward(float* qkv, float* qk, float* mean, float* rstd, const float* q_weight, const float* q_bias,
+                     const float* k_weight, const float* k_bias, int N, int C, float eps, bool rms,
+                     cudaStream_t stream) {
+    qk_norm_forward_launch(qkv, qk, mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, eps, rms, stream);
+}
+
+void qk_norm_forward(uint16_t* qkv, uint16_t* qk, float* mean, float* rstd, const float* q_weight, const float* q_bias,
+                     const float* k_weight, const float* k_bias, int N, int C, float eps, bool rms,
+                     cudaStream_t stream) {
+    qk_norm_forward_launch(qkv, qk, mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, eps, rms, stream);
+}
+
+void qk_norm_backward(float* dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias, const float* qk,
+                      const float* q_weight, const float* k_weight, const float* mean, const float* rstd, int N, int C,
+                      bool rms, float* scratch, cudaStream_t stream) {
+    qk_norm_backward_launch(dqkv, dq_weight, dq_bias, dk_weight, dk_bias, qk, q_weight, k_weight, mean, rstd, N, C, rms,
+                            scratch, stream);
+}
+
+void qk_norm_backward(uint16_t* dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias,
+                      const uint16_t* qk, const float* q_weight, const float* k_weight, const float* mean,
+                      const float* rstd, int N, int C, bool rms, float* scratch, cudaStream_t stream) {
+    qk_norm_backward_launch(dqkv, dq_weight, dq_bias, dk_weight, dk_bias, qk, q_weight, k_weight, mean, rstd, N, C, rms,
+                            scratch, stream);
 }
 
 }  // namespace trainer::cuda

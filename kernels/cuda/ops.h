@@ -99,17 +99,46 @@ size_t embedding_backward_scratch_bytes(int N);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T, int C,
                         void* scratch, cudaStream_t stream);
 
-// LayerNorm forward (weight/bias nullable) saving mean and rstd; backward ADDS into dinp, dweight and
-// dbias (nullable), with `scratch` of layernorm_backward_scratch_floats(N, C) floats (layernorm.cu).
+// The norms (layernorm.cu): LayerNorm, or RMSNorm with `rms` (mean nullable then). The pre-norm's forward
+// (weight/bias nullable) saves mean and rstd; its backward ADDS into dinp, dweight and dbias (nullable).
+// Every backward takes `scratch` of layernorm_backward_scratch_floats(N, C) floats.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       int N, int C, float eps, cudaStream_t stream);
+                       int N, int C, float eps, bool rms, cudaStream_t stream);
 // The same with the output rounded to bf16 (a GEMM operand; the statistics stay fp32).
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
-                            const float* bias, int N, int C, float eps, cudaStream_t stream);
+                            const float* bias, int N, int C, float eps, bool rms, cudaStream_t stream);
 size_t layernorm_backward_scratch_floats(int N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C, float* scratch,
-                        cudaStream_t stream);
+                        const float* weight, const float* mean, const float* rstd, int N, int C, bool rms,
+                        float* scratch, cudaStream_t stream);
+// The norm after a sublayer (norm_after): out = resid + norm(inp) (out may alias resid), inp in fp32 or bf16;
+// the backward OVERWRITES dinp (in inp's type) from the fp32 dout.
+void norm_residual_forward(float* out, const float* resid, float* mean, float* rstd, const float* inp,
+                           const float* weight, const float* bias, int N, int C, float eps, bool rms,
+                           cudaStream_t stream);
+void norm_residual_forward(float* out, const float* resid, float* mean, float* rstd, const uint16_t* inp,
+                           const float* weight, const float* bias, int N, int C, float eps, bool rms,
+                           cudaStream_t stream);
+void norm_residual_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                            const float* weight, const float* mean, const float* rstd, int N, int C, bool rms,
+                            float* scratch, cudaStream_t stream);
+void norm_residual_backward(uint16_t* dinp, float* dweight, float* dbias, const float* dout, const uint16_t* inp,
+                            const float* weight, const float* mean, const float* rstd, int N, int C, bool rms,
+                            float* scratch, cudaStream_t stream);
+// QK-norm on q and k of qkv(N,3C) in place, their inputs saved in qk(N,2C) (a strided copy, then the norm
+// from there); mean/rstd (2N each). The backward runs in place on dqkv. fp32 or bf16 throughout.
+void qk_norm_forward(float* qkv, float* qk, float* mean, float* rstd, const float* q_weight, const float* q_bias,
+                     const float* k_weight, const float* k_bias, int N, int C, float eps, bool rms,
+                     cudaStream_t stream);
+void qk_norm_forward(uint16_t* qkv, uint16_t* qk, float* mean, float* rstd, const float* q_weight, const float* q_bias,
+                     const float* k_weight, const float* k_bias, int N, int C, float eps, bool rms,
+                     cudaStream_t stream);
+void qk_norm_backward(float* dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias, const float* qk,
+                      const float* q_weight, const float* k_weight, const float* mean, const float* rstd, int N, int C,
+                      bool rms, float* scratch, cudaStream_t stream);
+void qk_norm_backward(uint16_t* dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias,
+                      const uint16_t* qk, const float* q_weight, const float* k_weight, const float* mean,
+                      const float* rstd, int N, int C, bool rms, float* scratch, cudaStream_t stream);
 
 // RoPE in place on q and k of qkv (B, T, 3C), with the (T, HS/2) cos/sin tables of cpu::rope_table_f32 on
 // the device; the backward rotates back (rope.cu).
@@ -190,14 +219,16 @@ void flash_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16
                               const float* lse, int B, int T, int NH, int HS, void* scratch, cudaStream_t stream);
 
 // Fused softmax + cross-entropy + dlogits in place over (N, V) logits: losses(N) = logsumexp - logit of
-// the target; with compute_grad the row becomes (softmax - onehot) * dloss_scale. Targets < 0 are
-// ignored; targets must be < V (classifier.cu).
+// the target; with compute_grad the row becomes (softmax - onehot) * dloss_scale, plus the z-loss's
+// gradient where z_loss_multiplier > 0 (z_losses(N) = z logsumexp^2 then). Targets < 0 are ignored;
+// targets must be < V (classifier.cu).
 void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int N, int V, float dloss_scale,
-                                 bool compute_grad, cudaStream_t stream);
+                                 bool compute_grad, float z_loss_multiplier, float* z_losses, cudaStream_t stream);
 // The same over bf16 logits (the LM head GEMM's bf16 output): fp32 math, fp32 losses, the dlogits rounded to
 // bf16 in place.
 void classifier_forward_backward_bf16(uint16_t* logits, float* losses, const int32_t* targets, int N, int V,
-                                      float dloss_scale, bool compute_grad, cudaStream_t stream);
+                                      float dloss_scale, bool compute_grad, float z_loss_multiplier, float* z_losses,
+                                      cudaStream_t stream);
 
 // Fused AdamW over a flat shard, PyTorch's semantics; grad_scale is the clip coefficient (adamw.cu).
 // param_bf16 (nullable) receives the updated parameters rounded to bf16 in the same pass.

@@ -416,37 +416,194 @@ void test_embedding() {
 }
 
 void test_layernorm() {
-    for (int N : {1, 33, 70}) {
-        for (int C : {1, 31, 64, 257}) {                  // 64: rows of whole 16-byte words (the vector kernels)
-            for (int affine = 0; affine < 3; ++affine) {  // none, weight, weight + bias
-                const Where at("N={} C={} affine={}", N, C, affine);
-                const auto x = wave(static_cast<size_t>(N) * C, 2.0f, 0.2f), g = wave(x.size(), 1.0f, 0.5f);
-                const auto w = wave(C, 1.0f, 1.0f), b = wave(C, 0.3f, 1.5f);
-                const float* wp = affine >= 1 ? w.data() : nullptr;
-                const float* bp = affine == 2 ? b.data() : nullptr;
-                std::vector<float> y(x.size()), mean(N), rstd(N), dx = wave(x.size(), 0.5f, 3.0f);
-                std::vector<float> dw(C, 0.25f), db(C, -0.5f);
-                trainer::cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), wp, bp, N, C, 1e-5f);
-                Dev<float> dxin(x), dg(g), dwt(w), dbs(b), dy(y.size()), dmean(N), drstd(N), ddx(dx), ddw(dw), ddb(db);
-                Dev<float> scratch(trainer::cuda::layernorm_backward_scratch_floats(N, C));
-                trainer::cuda::layernorm_forward(dy.p, dmean.p, drstd.p, dxin.p, wp ? dwt.p : nullptr,
-                                                 bp ? dbs.p : nullptr, N, C, 1e-5f, nullptr);
-                expect_close(y, dy.host(), "layernorm_forward matches the CPU", 1e-5, 1e-4);
-                expect_close(rstd, drstd.host(), "layernorm rstd matches the CPU", 1e-5, 1e-4);
-                Dev<uint16_t> dy16(y.size());
-                Dev<float> dmean2(N), drstd2(N);
-                trainer::cuda::layernorm_forward_bf16(dy16.p, dmean2.p, drstd2.p, dxin.p, wp ? dwt.p : nullptr,
-                                                      bp ? dbs.p : nullptr, N, C, 1e-5f, nullptr);
-                expect_close_bf16(y, dy16, "layernorm_forward_bf16 matches the CPU rounded to bf16");
-                expect_close(rstd, drstd2.host(), "layernorm_forward_bf16 keeps the fp32 statistics", 1e-5, 1e-4);
-                trainer::cpu::layernorm_backward(dx.data(), wp ? dw.data() : nullptr, bp ? db.data() : nullptr,
-                                                 g.data(), x.data(), wp, mean.data(), rstd.data(), N, C);
-                trainer::cuda::layernorm_backward(ddx.p, wp ? ddw.p : nullptr, bp ? ddb.p : nullptr, dg.p, dxin.p,
-                                                  wp ? dwt.p : nullptr, dmean.p, drstd.p, N, C, scratch.p, nullptr);
-                // Reductions over C (and over rows for dweight/dbias): STYLE.md's reduction tolerance.
-                expect_close(dx, ddx.host(), "layernorm_backward dinp matches the CPU", 1e-5, 1e-4);
-                if (wp) expect_close(dw, ddw.host(), "layernorm_backward dweight matches the CPU", 1e-5, 1e-4);
-                if (bp) expect_close(db, ddb.host(), "layernorm_backward dbias matches the CPU", 1e-5, 1e-4);
+    for (const bool rms : {false, true}) {
+        for (int N : {1, 33, 70}) {
+            for (int C : {1, 31, 64, 257}) {                  // 64: rows of whole 16-byte words (the vector kernels)
+                for (int affine = 0; affine < 3; ++affine) {  // none, weight, weight + bias
+                    const Where at("rms={} N={} C={} affine={}", rms, N, C, affine);
+                    const auto x = wave(static_cast<size_t>(N) * C, 2.0f, 0.2f), g = wave(x.size(), 1.0f, 0.5f);
+                    const auto w = wave(C, 1.0f, 1.0f), b = wave(C, 0.3f, 1.5f);
+                    const float* wp = affine >= 1 ? w.data() : nullptr;
+                    const float* bp = affine == 2 ? b.data() : nullptr;
+                    std::vector<float> y(x.size()), mean(N), rstd(N), dx = wave(x.size(), 0.5f, 3.0f);
+                    std::vector<float> dw(C, 0.25f), db(C, -0.5f);
+                    float* mean_h = rms ? nullptr : mean.data();  // RMSNorm saves no mean
+                    trainer::cpu::layernorm_forward(y.data(), mean_h, rstd.data(), x.data(), wp, bp, N, C, 1e-5f, rms);
+                    Dev<float> dxin(x), dg(g), dwt(w), dbs(b), dy(y.size()), dmean(N), drstd(N), ddx(dx), ddw(dw),
+                        ddb(db);
+                    Dev<float> scratch(trainer::cuda::layernorm_backward_scratch_floats(N, C));
+                    float* mean_d = rms ? nullptr : dmean.p;
+                    trainer::cuda::layernorm_forward(dy.p, mean_d, drstd.p, dxin.p, wp ? dwt.p : nullptr,
+                                                     bp ? dbs.p : nullptr, N, C, 1e-5f, rms, nullptr);
+                    expect_close(y, dy.host(), "layernorm_forward matches the CPU", 1e-5, 1e-4);
+                    expect_close(rstd, drstd.host(), "layernorm rstd matches the CPU", 1e-5, 1e-4);
+                    Dev<uint16_t> dy16(y.size());
+                    Dev<float> dmean2(N), drstd2(N);
+                    trainer::cuda::layernorm_forward_bf16(dy16.p, rms ? nullptr : dmean2.p, drstd2.p, dxin.p,
+                                                          wp ? dwt.p : nullptr, bp ? dbs.p : nullptr, N, C, 1e-5f, rms,
+                                                          nullptr);
+                    expect_close_bf16(y, dy16, "layernorm_forward_bf16 matches the CPU rounded to bf16");
+                    expect_close(rstd, drstd2.host(), "layernorm_forward_bf16 keeps the fp32 statistics", 1e-5, 1e-4);
+                    trainer::cpu::layernorm_backward(dx.data(), wp ? dw.data() : nullptr, bp ? db.data() : nullptr,
+                                                     g.data(), x.data(), wp, mean_h, rstd.data(), N, C, rms);
+                    trainer::cuda::layernorm_backward(ddx.p, wp ? ddw.p : nullptr, bp ? ddb.p : nullptr, dg.p, dxin.p,
+                                                      wp ? dwt.p : nullptr, mean_d, drstd.p, N, C, rms, scratch.p,
+                                                      nullptr);
+                    // Reductions over C (and over rows for dweight/dbias): STYLE.md's reduction tolerance.
+                    expect_close(dx, ddx.host(), "layernorm_backward dinp matches the CPU", 1e-5, 1e-4);
+                    if (wp) expect_close(dw, ddw.host(), "layernorm_backward dweight matches the CPU", 1e-5, 1e-4);
+                    if (bp) expect_close(db, ddb.host(), "layernorm_backward dbias matches the CPU", 1e-5, 1e-4);
+                }
+            }
+        }
+    }
+}
+
+// The norm after a sublayer (norm_after): fp32 and bf16 inputs; the backward overwrites dinp (in the input's
+// type) and adds into dweight/dbias. C = 2048 (OLMo-2 1B's width) takes the unfused backward.
+void test_norm_residual() {
+    for (const bool rms : {false, true}) {
+        for (int N : {1, 33, 70}) {
+            for (int C : {31, 64, 2048}) {
+                for (const bool affine : {false, true}) {
+                    const Where at("rms={} N={} C={} affine={}", rms, N, C, affine);
+                    const size_t NC = static_cast<size_t>(N) * C;
+                    const auto x = wave(NC, 2.0f, 0.2f), r = wave(NC, 1.0f, 0.9f), g = wave(NC, 1.0f, 0.5f);
+                    const auto w = wave(C, 1.0f, 1.0f), b = wave(C, 0.3f, 1.5f);
+                    const float* wp = affine ? w.data() : nullptr;
+                    const float* bp = affine ? b.data() : nullptr;
+                    Dev<float> dwt(w), dbs(b), dr(r), dg(g);
+                    Dev<float> scratch(trainer::cuda::layernorm_backward_scratch_floats(N, C));
+                    for (const bool bf16 : {false, true}) {
+                        const Where at2("bf16 input={}", bf16);
+                        // The CPU runs on the input the GPU reads (rounded to bf16 on the bf16 path).
+                        auto [x16, xr] = bf16_rounded(x);
+                        const std::vector<float>& xin = bf16 ? xr : x;
+                        std::vector<float> out(NC), mean(N), rstd(N), dx(NC), dw(C, 0.25f), db(C, -0.5f);
+                        float* mean_h = rms ? nullptr : mean.data();
+                        trainer::cpu::norm_residual_forward(out.data(), r.data(), mean_h, rstd.data(), xin.data(), wp,
+                                                            bp, N, C, 1e-6f, rms);
+                        trainer::cpu::norm_residual_backward(dx.data(), wp ? dw.data() : nullptr,
+                                                             bp ? db.data() : nullptr, g.data(), xin.data(), wp, mean_h,
+                                                             rstd.data(), N, C, rms);
+                        Dev<float> dout(NC), dmean(N), drstd(N), ddw(std::vector<float>(C, 0.25f)),
+                            ddb(std::vector<float>(C, -0.5f));
+                        float* mean_d = rms ? nullptr : dmean.p;
+                        float* dw_d = wp ? ddw.p : nullptr;
+                        float* db_d = bp ? ddb.p : nullptr;
+                        if (bf16) {
+                            Dev<uint16_t> dx16(x16), ddx16(NC);
+                            trainer::cuda::norm_residual_forward(
+                                dout.p, dr.p, mean_d, drstd.p, static_cast<const uint16_t*>(dx16.p),
+                                wp ? dwt.p : nullptr, bp ? dbs.p : nullptr, N, C, 1e-6f, rms, nullptr);
+                            trainer::cuda::norm_residual_backward(
+                                ddx16.p, dw_d, db_d, dg.p, static_cast<const uint16_t*>(dx16.p), wp ? dwt.p : nullptr,
+                                mean_d, drstd.p, N, C, rms, scratch.p, nullptr);
+                            expect_close_bf16(dx, ddx16, "norm_residual_backward's bf16 dinp matches the CPU rounded");
+                        } else {
+                            Dev<float> dxin(x), ddx(wave(NC, 0.5f, 3.0f));  // overwritten: its contents must not matter
+                            trainer::cuda::norm_residual_forward(
+                                dout.p, dr.p, mean_d, drstd.p, static_cast<const float*>(dxin.p), wp ? dwt.p : nullptr,
+                                bp ? dbs.p : nullptr, N, C, 1e-6f, rms, nullptr);
+                            trainer::cuda::norm_residual_backward(
+                                ddx.p, dw_d, db_d, dg.p, static_cast<const float*>(dxin.p), wp ? dwt.p : nullptr,
+                                mean_d, drstd.p, N, C, rms, scratch.p, nullptr);
+                            expect_close(dx, ddx.host(), "norm_residual_backward dinp matches the CPU", 1e-5, 1e-4);
+                        }
+                        expect_close(out, dout.host(), "norm_residual_forward matches the CPU", 1e-5, 1e-4);
+                        expect_close(rstd, drstd.host(), "norm_residual_forward's rstd matches the CPU", 1e-5, 1e-4);
+                        if (wp)
+                            expect_close(dw, ddw.host(), "norm_residual_backward dweight matches the CPU", 1e-5, 1e-4);
+                        if (bp)
+                            expect_close(db, ddb.host(), "norm_residual_backward dbias matches the CPU", 1e-5, 1e-4);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// QK-norm on q and k inside qkv, fp32 and bf16: the forward in place with the inputs saved, the backward in
+// place on dqkv (the fused kernel up to 1024 channels, the unfused one above, whose partials must be taken
+// before dinp overwrites dout).
+void test_qk_norm() {
+    for (const bool rms : {false, true}) {
+        for (int N : {1, 33}) {
+            for (int C : {31, 64, 2048}) {
+                for (int affine = 0; affine < 3; ++affine) {
+                    const Where at("rms={} N={} C={} affine={}", rms, N, C, affine);
+                    const size_t N3C = static_cast<size_t>(N) * 3 * C, N2C = static_cast<size_t>(N) * 2 * C;
+                    const auto qkv = wave(N3C, 2.0f, 0.4f), g = wave(N3C, 1.0f, 0.7f);
+                    const auto qw = wave(C, 1.0f, 1.0f), qb = wave(C, 0.3f, 1.5f), kw = wave(C, 1.0f, 2.0f),
+                               kb = wave(C, 0.3f, 2.5f);
+                    const float* qwp = affine >= 1 ? qw.data() : nullptr;
+                    const float* qbp = affine == 2 ? qb.data() : nullptr;
+                    const float* kwp = affine >= 1 ? kw.data() : nullptr;
+                    const float* kbp = affine == 2 ? kb.data() : nullptr;
+                    Dev<float> dqw(qw), dqb(qb), dkw(kw), dkb(kb);
+                    Dev<float> scratch(trainer::cuda::layernorm_backward_scratch_floats(N, C));
+                    for (const bool bf16 : {false, true}) {
+                        const Where at2("bf16={}", bf16);
+                        auto [q16, qr] = bf16_rounded(qkv);
+                        auto [g16, gr] = bf16_rounded(g);
+                        std::vector<float> out = bf16 ? qr : qkv, dq = bf16 ? gr : g, qk(N2C), mean(2 * N), rstd(2 * N);
+                        std::vector<float> gq(C, 0.25f), gqb(C, 0.5f), gk(C, -0.25f), gkb(C, 0.125f);
+                        float* mean_h = rms ? nullptr : mean.data();
+                        trainer::cpu::qk_norm_forward(out.data(), qk.data(), mean_h, rstd.data(), qwp, qbp, kwp, kbp, N,
+                                                      C, 1e-6f, rms);
+                        trainer::cpu::qk_norm_backward(dq.data(), qwp ? gq.data() : nullptr, qbp ? gqb.data() : nullptr,
+                                                       kwp ? gk.data() : nullptr, kbp ? gkb.data() : nullptr, qk.data(),
+                                                       qwp, kwp, mean_h, rstd.data(), N, C, rms);
+                        Dev<float> dmean(2 * N), drstd(2 * N), dgq(std::vector<float>(C, 0.25f)),
+                            dgqb(std::vector<float>(C, 0.5f)), dgk(std::vector<float>(C, -0.25f)),
+                            dgkb(std::vector<float>(C, 0.125f));
+                        float* mean_d = rms ? nullptr : dmean.p;
+                        float* gq_d = qwp ? dgq.p : nullptr;
+                        float* gqb_d = qbp ? dgqb.p : nullptr;
+                        float* gk_d = kwp ? dgk.p : nullptr;
+                        float* gkb_d = kbp ? dgkb.p : nullptr;
+                        if (bf16) {
+                            Dev<uint16_t> d_qkv(q16), d_qk(N2C), d_g(g16);
+                            trainer::cuda::qk_norm_forward(d_qkv.p, d_qk.p, mean_d, drstd.p, qwp ? dqw.p : nullptr,
+                                                           qbp ? dqb.p : nullptr, kwp ? dkw.p : nullptr,
+                                                           kbp ? dkb.p : nullptr, N, C, 1e-6f, rms, nullptr);
+                            std::vector<uint16_t> saved = d_qk.host(), want(N2C);
+                            for (int n = 0; n < N; ++n) {
+                                std::copy_n(q16.begin() + static_cast<size_t>(n) * 3 * C, 2 * C,
+                                            want.begin() + static_cast<size_t>(n) * 2 * C);
+                            }
+                            expect(saved == want, "qk_norm_forward saves q and k bitwise (bf16)");
+                            expect_close_bf16(out, d_qkv, "qk_norm_forward (bf16) matches the CPU rounded");
+                            trainer::cuda::qk_norm_backward(d_g.p, gq_d, gqb_d, gk_d, gkb_d,
+                                                            static_cast<const uint16_t*>(d_qk.p), qwp ? dqw.p : nullptr,
+                                                            kwp ? dkw.p : nullptr, mean_d, drstd.p, N, C, rms,
+                                                            scratch.p, nullptr);
+                            expect_close_bf16(dq, d_g, "qk_norm_backward (bf16) matches the CPU rounded");
+                        } else {
+                            Dev<float> d_qkv(qkv), d_qk(N2C), d_g(g);
+                            trainer::cuda::qk_norm_forward(d_qkv.p, d_qk.p, mean_d, drstd.p, qwp ? dqw.p : nullptr,
+                                                           qbp ? dqb.p : nullptr, kwp ? dkw.p : nullptr,
+                                                           kbp ? dkb.p : nullptr, N, C, 1e-6f, rms, nullptr);
+                            expect(d_qk.host() == qk, "qk_norm_forward saves q and k bitwise");
+                            expect_close(out, d_qkv.host(), "qk_norm_forward matches the CPU (v untouched)", 1e-5,
+                                         1e-4);
+                            trainer::cuda::qk_norm_backward(d_g.p, gq_d, gqb_d, gk_d, gkb_d,
+                                                            static_cast<const float*>(d_qk.p), qwp ? dqw.p : nullptr,
+                                                            kwp ? dkw.p : nullptr, mean_d, drstd.p, N, C, rms,
+                                                            scratch.p, nullptr);
+                            expect_close(dq, d_g.host(), "qk_norm_backward matches the CPU (dv untouched)", 1e-5, 1e-4);
+                        }
+                        expect_close(rstd, drstd.host(), "qk_norm_forward's rstd matches the CPU", 1e-5, 1e-4);
+                        if (qwp) {
+                            expect_close(gq, dgq.host(), "qk_norm_backward dq_weight matches the CPU", 1e-5, 1e-4);
+                            expect_close(gk, dgk.host(), "qk_norm_backward dk_weight matches the CPU", 1e-5, 1e-4);
+                        }
+                        if (qbp) {
+                            expect_close(gqb, dgqb.host(), "qk_norm_backward dq_bias matches the CPU", 1e-5, 1e-4);
+                            expect_close(gkb, dgkb.host(), "qk_norm_backward dk_bias matches the CPU", 1e-5, 1e-4);
+                        }
+                    }
+                }
             }
         }
     }
@@ -501,8 +658,10 @@ void test_classifier() {
                 Dev<uint16_t> dl16(l16);
                 Dev<float> dloss16(N);
                 std::vector<float> loss_r(N);
-                trainer::cpu::classifier_forward_backward(lr.data(), loss_r.data(), tgt.data(), N, V, 0.01f, grad);
-                trainer::cuda::classifier_forward_backward_bf16(dl16.p, dloss16.p, dt.p, N, V, 0.01f, grad, nullptr);
+                trainer::cpu::classifier_forward_backward(lr.data(), loss_r.data(), tgt.data(), N, V, 0.01f, grad, 0.0f,
+                                                          static_cast<float*>(nullptr));
+                trainer::cuda::classifier_forward_backward_bf16(dl16.p, dloss16.p, dt.p, N, V, 0.01f, grad, 0.0f,
+                                                                nullptr, nullptr);
                 expect_close(loss_r, dloss16.host(), "classifier losses on bf16 logits match the CPU", 1e-5, 1e-4);
                 if (grad) {
                     std::vector<float> wide(lr.size());
@@ -510,8 +669,20 @@ void test_classifier() {
                     trainer::cpu::cast_bf16_to_float(wide.data(), h.data(), h.size());
                     expect_close(lr, wide, "classifier dlogits on bf16 match the CPU rounded to bf16", 1e-9, 1.0 / 128);
                 }
-                trainer::cpu::classifier_forward_backward(logits.data(), loss.data(), tgt.data(), N, V, 0.01f, grad);
-                trainer::cuda::classifier_forward_backward(dl.p, dloss.p, dt.p, N, V, 0.01f, grad, nullptr);
+                // With the z-loss (a large multiplier, so its gradient term is well above the tolerance).
+                std::vector<float> lz = logits, loss_z(N), z_ref(N);
+                Dev<float> dlz(logits), dloss_z(N), dz(N);
+                trainer::cpu::classifier_forward_backward(lz.data(), loss_z.data(), tgt.data(), N, V, 0.01f, grad,
+                                                          0.05f, z_ref.data());
+                trainer::cuda::classifier_forward_backward(dlz.p, dloss_z.p, dt.p, N, V, 0.01f, grad, 0.05f, dz.p,
+                                                           nullptr);
+                expect_close(z_ref, dz.host(), "classifier z-losses match the CPU", 1e-5, 1e-4);
+                expect_close(loss_z, dloss_z.host(), "classifier losses with the z-loss match the CPU", 1e-5, 1e-4);
+                if (grad) expect_close(lz, dlz.host(), "classifier dlogits with the z-loss match the CPU", 1e-9, 1e-4);
+                trainer::cpu::classifier_forward_backward(logits.data(), loss.data(), tgt.data(), N, V, 0.01f, grad,
+                                                          0.0f, static_cast<float*>(nullptr));
+                trainer::cuda::classifier_forward_backward(dl.p, dloss.p, dt.p, N, V, 0.01f, grad, 0.0f, nullptr,
+                                                           nullptr);
                 expect_close(loss, dloss.host(), "classifier losses match the CPU", 1e-5, 1e-4);
                 if (grad) expect_close(logits, dl.host(), "classifier dlogits match the CPU", 1e-9, 1e-4);
             }

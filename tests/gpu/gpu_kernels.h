@@ -16,6 +16,8 @@ void test_norms();
 void test_multi_tensor();
 void test_embedding();
 void test_layernorm();
+void test_norm_residual();
+void test_qk_norm();
 void test_rope();
 void test_classifier();
 void test_attention();

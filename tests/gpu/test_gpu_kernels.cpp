@@ -32,11 +32,19 @@ TEST_CASE("gpu kernel: multi-tensor AdamW and squared norm over several ranges m
 TEST_CASE("gpu kernel: embedding_forward matches and embedding_backward is bitwise the CPU's") {
     check(test_embedding);
 }
-TEST_CASE("gpu kernel: layernorm_forward (fp32 and bf16 out) and layernorm_backward match the CPU") {
+TEST_CASE("gpu kernel: layernorm_forward and layernorm_backward (LayerNorm and RMSNorm) match the CPU") {
     check(test_layernorm);
 }
+TEST_CASE("gpu kernel: norm_residual_forward and norm_residual_backward (norm_after; fp32 and bf16) match the CPU") {
+    check(test_norm_residual);
+}
+TEST_CASE("gpu kernel: qk_norm_forward and its in-place backward (QK-norm; fp32 and bf16) match the CPU") {
+    check(test_qk_norm);
+}
 TEST_CASE("gpu kernel: rope_forward and rope_backward (fp32 and bf16) match the CPU") { check(test_rope); }
-TEST_CASE("gpu kernel: classifier_forward_backward on fp32 and bf16 logits matches the CPU") { check(test_classifier); }
+TEST_CASE("gpu kernel: classifier_forward_backward (fp32 and bf16 logits; z-loss) matches the CPU") {
+    check(test_classifier);
+}
 TEST_CASE("gpu kernel: native attention forward and backward match the CPU") { check(test_attention); }
 TEST_CASE("gpu kernel: cuDNN attention forward and backward match the CPU at bf16 tolerance") {
     check(test_attention_cudnn);

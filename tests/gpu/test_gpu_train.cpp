@@ -35,7 +35,7 @@ std::vector<Json> train(const std::string& metrics, const std::vector<std::strin
 }  // namespace
 
 TEST_CASE("gpu: full model loss and gradients match the PyTorch fixtures") {
-    for (const char* name : {"gpt2", "olmo"}) {
+    for (const char* name : {"gpt2", "olmo", "olmo2"}) {
         CAPTURE(name);
         // fp32 (TF32 off): the CPU backend's bound.
         test_util::check_against_fixture(name, Device::kCuda, 1e-5);
@@ -76,6 +76,40 @@ TEST_CASE("gpu: 20 training steps match the CPU backend in fp32 and amp_bf16 (na
     // The same run twice on the GPU gives the same losses bit for bit (no atomics in the native kernels).
     const auto again = train(dir.path("fp32b.jsonl"), {"--device", "cuda"});
     test_util::check_losses(fp32, again, 0, 0.0);
+}
+
+TEST_CASE("gpu: 20 OLMo-2 training steps match the CPU backend in fp32 and amp_bf16 and repeat bitwise") {
+    // The OLMo-2 fixture: RMSNorm after each sublayer (its fp32 and bf16 inputs), QK-norm in place on qkv, the
+    // z-loss in the classifier, under every activation storage; whole_layer recompute on the GPU too.
+    test_util::TempDir dir;
+    auto run = [&](const std::string& name, const std::vector<std::string>& extra) {
+        std::vector<std::string> a = {
+            "--config",       fixture("olmo2_tiny.json"), "--init-from", fixture("olmo2_tiny_init.safetensors"),
+            "--metrics-file", dir.path(name + ".jsonl"),  "--set",       "console_log_interval=10"};
+        a.insert(a.end(), extra.begin(), extra.end());
+        const auto r = test_util::run_trainer(a);
+        INFO(r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+        return test_util::read_metrics(dir.path(name + ".jsonl"));
+    };
+    const auto cpu = run("cpu", {"--device", "cpu"});
+    REQUIRE(cpu.size() == 20);
+    test_util::check_losses(cpu, run("fp32", {"--device", "cuda"}), 0, 1e-4);
+    const auto amp = run("amp", {"--device", "cuda", "--precision", "amp_bf16"});
+    test_util::check_losses(cpu, amp, 0, 2e-2);
+    test_util::check_losses(
+        amp, run("amp2", {"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.attention=native"}), 0,
+        2e-2);
+    test_util::check_losses(
+        cpu, run("wide", {"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.bf16_activations=false"}), 0,
+        2e-2);
+    const std::vector<std::string> whole = {"--device",    "cuda",
+                                            "--precision", "amp_bf16",
+                                            "--set",       "kernels.attention=native",
+                                            "--set",       "activation_checkpointing=whole_layer"};
+    const auto recomputed = run("whole", whole);
+    test_util::check_losses(cpu, recomputed, 0, 2e-2);
+    test_util::check_losses(recomputed, run("whole2", whole), 0, 0.0);  // native attention: bitwise repeatable
 }
 
 TEST_CASE("gpu: 20 training steps with our flash attention match the CPU backend and repeat bitwise") {
