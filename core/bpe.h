@@ -8,6 +8,11 @@
 //           and tiktoken's merge (the lowest rank of the concatenated bytes of adjacent parts, the
 //           leftmost on ties). EOS <|endoftext|> = 100257; a special token's text in a document is
 //           refused, as js-tiktoken's encode() refuses it by default.
+//   dolma2  OLMo-2's tokenizer: cl100k and its 22 added tokens (ids 100256..100277, vocabulary 100278, EOS
+//           100257, pad 100277), as dolma tokenized OLMo-2's data (HF tokenizers with
+//           encode_special_tokens): the non-special added tokens (|||EMAIL_ADDRESS|||, <|extra_id_0|>, ...)
+//           are found in text as one token each, the special ones' text (<|endoftext|>, ...) is encoded as
+//           text. The same as js-tiktoken with those tokens allowed and no special refused.
 // The regexes run in PCRE2 (JIT) with JavaScript's meaning of \s spelled out (PCRE2's differs: it takes
 // U+0085 and not U+FEFF). Each word's token ids are cached (LRU, per thread). Text must be valid UTF-8:
 // invalid bytes are refused with their byte offset (Node would read them as U+FFFD).
@@ -23,7 +28,7 @@ namespace trainer {
 
 class BpeTokenizer {
    public:
-    // "gpt2" or "cl100k", its files read from `dir` (the npm install of scripts/fetch_tokenizers.sh);
+    // "gpt2", "cl100k" or "dolma2", its files read from `dir` (the npm install of scripts/fetch_tokenizers.sh);
     // UserError naming the file when one is missing or malformed.
     static std::unique_ptr<BpeTokenizer> load(const std::string& name, const std::string& dir);
     virtual ~BpeTokenizer() = default;

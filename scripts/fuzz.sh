@@ -7,7 +7,7 @@
 #   token_file       raw / .npy / llm.c token files              seeds: tests/fixtures/*_tokens.u16, small
 #                                                                       .npy and llm.c files written here
 #   checkpoint_meta  a checkpoint's metadata.json structure      seeds: a metadata.json written here
-#   bpe              the gpt2 and cl100k tokenizers               seeds: tests/fixtures/tokenizer_stress.txt
+#   bpe              the gpt2, cl100k and dolma2 tokenizers       seeds: tests/fixtures/tokenizer_stress.txt
 # A crash, a sanitizer report, a timeout, or an exception other than the trainer's UserError fails the
 # target; its log and the input that did it (build-fuzz/crash-*) are printed. Exit status 1 if any failed.
 # Usage: scripts/fuzz.sh [SECONDS] [TARGET...]

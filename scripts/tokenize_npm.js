@@ -2,7 +2,7 @@
 // array per line, by the npm package the trainer's tokenizer matches (scripts/fetch_tokenizers.sh installs
 // them). With --time, prints instead the seconds spent encoding (reading excluded), for
 // scripts/bench_tokenizers.sh.
-// Usage: node scripts/tokenize_npm.js gpt2|cl100k [--time] FILE...
+// Usage: node scripts/tokenize_npm.js gpt2|cl100k|dolma2 [--time] FILE...
 "use strict";
 const path = require("path");
 const fs = require("fs");
@@ -18,8 +18,19 @@ if (name === "gpt2") {
     const ranks = require(path.join(modules, "js-tiktoken", "dist", "ranks", "cl100k_base.cjs"));
     const enc = new Tiktoken(ranks);
     encode = (text) => enc.encode(text);
+} else if (name === "dolma2") {
+    // OLMo-2's tokenizer as dolma applied it: cl100k_base and OLMo-2's added tokens (allenai_dolma2.json),
+    // the non-special ones found in text (allowed), the special ones' text encoded as text (none disallowed).
+    const { Tiktoken } = require(path.join(modules, "js-tiktoken", "dist", "lite.cjs"));
+    const ranks = require(path.join(modules, "js-tiktoken", "dist", "ranks", "cl100k_base.cjs"));
+    const matched = { "<|extra_id_0|>": 100256, "|||PHONE_NUMBER|||": 100261, "|||EMAIL_ADDRESS|||": 100262,
+                      "|||IP_ADDRESS|||": 100263 };
+    for (let i = 1; i <= 10; ++i) matched[`<|extra_id_${i}|>`] = 100265 + i;
+    const enc = new Tiktoken(ranks, matched);
+    const allowed = Object.keys(matched);
+    encode = (text) => enc.encode(text, allowed, []);
 } else {
-    console.error(`usage: node ${process.argv[1]} gpt2|cl100k [--time] FILE...`);
+    console.error(`usage: node ${process.argv[1]} gpt2|cl100k|dolma2 [--time] FILE...`);
     process.exit(2);
 }
 const texts = files.map((f) => fs.readFileSync(f, "utf8"));

@@ -568,3 +568,53 @@ TEST_CASE("bench-kernels: times every op of a step at the config's shapes agains
     const auto bad = run_trainer({"bench-kernels", "--reps", "0", "--config", "configs/tiny.json"});
     CHECK(bad.exit_code != 0);
 }
+
+TEST_CASE("train: the instance filter masks repetitive instances out of the loss and counts them") {
+    // 16 instances of 65 tokens, the even ones repeating a 3-token motif 20 times (60 tokens): with a filter of
+    // 16 repeats they carry no loss, and the step counts them; without one every instance counts.
+    TempDir dir;
+    const int L = 65, n = 16;
+    std::string bytes;
+    uint32_t lcg = 12345;
+    for (int i = 0; i < n; ++i) {
+        for (int t = 0; t < L; ++t) {
+            lcg = lcg * 1664525u + 1013904223u;
+            uint16_t v = static_cast<uint16_t>((lcg >> 8) % 256);
+            if (i % 2 == 0 && t >= 2 && t < 62) v = static_cast<uint16_t>(100 + (t - 2) % 3);
+            bytes.append(reinterpret_cast<const char*>(&v), 2);
+        }
+    }
+    test_util::write_file(dir.path("tokens.u16"), bytes);
+    auto run = [&](const std::string& name, std::vector<std::string> extra) {
+        std::vector<std::string> a = {"--config",       "configs/tiny.json",
+                                      "--data",         dir.path("tokens.u16"),
+                                      "--max-duration", "2",
+                                      "--set",          "global_train_batch_size=16",
+                                      "--set",          "data.shuffle=false",
+                                      "--metrics-file", dir.path(name)};
+        a.insert(a.end(), extra.begin(), extra.end());
+        require_ok(run_trainer(a));
+        return test_util::read_metrics(dir.path(name));
+    };
+    const std::vector<std::string> filter = {"--set", "data.instance_filter.repetition_max_period=13", "--set",
+                                             "data.instance_filter.repetition_max_count=16"};
+    const auto masked = run("f.jsonl", filter);
+    REQUIRE(masked.size() == 2);
+    CHECK(masked[0]["masked_instances"] == 8);
+    const auto all = run("a.jsonl", {});
+    CHECK_FALSE(all[0].contains("masked_instances"));
+    // Half the instances count: the loss (a sum over the batch's tokens divided by all of them, as OLMo divides)
+    // is near half of the unfiltered one at the first step.
+    const double a = all[0]["loss"], f = masked[0]["loss"];
+    CHECK(f < 0.75 * a);
+    CHECK(f > 0.25 * a);
+    // 20 repeats are below a filter of 32: nothing is masked.
+    const auto loose = run("l.jsonl", {"--set", "data.instance_filter.repetition_max_period=13", "--set",
+                                       "data.instance_filter.repetition_max_count=32"});
+    CHECK(loose[0]["masked_instances"] == 0);
+    CHECK(loose[0]["loss"] == all[0]["loss"]);
+    // One of the two keys alone is refused.
+    expect_error(run_trainer({"--config", "configs/tiny.json", "--data", dir.path("tokens.u16"), "--set",
+                              "data.instance_filter.repetition_max_count=16"}),
+                 "set repetition_max_period and repetition_max_count together");
+}

@@ -1,14 +1,15 @@
-// The BPE tokenizers (gpt2, cl100k; their files from scripts/fetch_tokenizers.sh, found through
-// TRAINER_TOKENIZERS): any bytes as a document. Valid UTF-8 must decode back to itself exactly; invalid
-// UTF-8 and cl100k's special tokens are refused with a UserError.
+// The BPE tokenizers (gpt2, cl100k, dolma2; their files from scripts/fetch_tokenizers.sh, found through
+// TRAINER_TOKENIZERS): any bytes as a document. Valid UTF-8 must decode back to itself exactly (dolma2's added
+// tokens included); invalid UTF-8 and cl100k's special tokens are refused with a UserError.
 #include "core/bpe.h"
 #include "fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static const auto gpt2 = trainer::BpeTokenizer::load("gpt2", trainer::default_tokenizer_dir());
     static const auto cl100k = trainer::BpeTokenizer::load("cl100k", trainer::default_tokenizer_dir());
+    static const auto dolma2 = trainer::BpeTokenizer::load("dolma2", trainer::default_tokenizer_dir());
     const std::string text(reinterpret_cast<const char*>(data), size);
-    for (const auto* t : {gpt2.get(), cl100k.get()}) {
+    for (const auto* t : {gpt2.get(), cl100k.get(), dolma2.get()}) {
         fuzz::expect_user_errors_only([&] {
             const std::vector<int32_t> ids = t->encode(text, "fuzz input");
             for (int32_t id : ids) {
