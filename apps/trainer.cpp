@@ -5,6 +5,7 @@
 //   trainer prepare-data --tokenizer bytes a.txt b.txt -o tokens.bin   (or gpt2, cl100k, dolma2)
 //   trainer tokenize --tokenizer gpt2 a.txt | trainer detokenize --tokenizer gpt2
 //   trainer export --checkpoint runs/x/step100 -o model.safetensors
+//   trainer logits --config C --init-from hf_dir --data tokens.bin --instances 4 -o logits.npy
 //   trainer plan --config configs/olmo_7b.json --nproc-per-node 8 --device cuda --device-memory 80
 //
 // Every user error ends as one `error: ...` line on stderr and a non-zero exit (1; 2 for bad flags).
@@ -24,6 +25,7 @@
 #include "core/bpe.h"
 #include "core/checkpoint.h"
 #include "core/data.h"
+#include "core/logits.h"
 #include "core/plan.h"
 #include "core/tokenizer.h"
 #include "core/train.h"
@@ -181,6 +183,18 @@ int run_main(int argc, char** argv) {
     std::string calibration_out;
     bench->add_option("--calibration-out", calibration_out,
                       "also write each op's measured time with its FLOPs and bytes here (for trainer plan)");
+
+    auto* logits_cmd = app.add_subcommand(
+        "logits",
+        "write the model's logits on the first instances of the data as a float32 .npy (instances, L-1, "
+        "embedding_size), from --load-path's checkpoint, --init-from's weights or the initialisation (takes the "
+        "training flags; scripts/check_hf_export.py compares them with transformers')");
+    logits_cmd->fallthrough();
+    long logits_instances = 1;
+    std::string logits_out;
+    logits_cmd->add_option("--instances", logits_instances, "instances of max_sequence_length tokens")
+        ->check(CLI::PositiveNumber);
+    logits_cmd->add_option("-o,--output", logits_out, "the .npy file to write")->required();
 
     auto* show = app.add_subcommand(
         "show-config",
@@ -341,6 +355,7 @@ int run_main(int argc, char** argv) {
     if (*bench) {
         return trainer::run_kernel_bench(config, bench_reps, calibration_out);
     }
+    if (*logits_cmd) return trainer::run_logits(config, logits_instances, logits_out);
     if (*plan) return trainer::run_plan(config, plan_opts);
     return trainer::run_training(config);
 }

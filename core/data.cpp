@@ -517,6 +517,22 @@ void InstanceOrder::rank_slice(const std::vector<int64_t>& global, int rank, int
     }
 }
 
+std::string npy_header(const char* descr, const std::vector<int64_t>& shape) {
+    std::string dims = fmt::format("{}", fmt::join(shape, ", "));
+    if (shape.size() == 1) dims += ',';  // (n,) for one dimension, (a, b) for more
+    std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}", descr, dims);
+    size_t total = 10 + dict.size() + 1;
+    dict.append((64 - total % 64) % 64, ' ');
+    dict += '\n';
+    std::string header = "\x93NUMPY";
+    header += '\x01';
+    header += '\x00';
+    auto len = static_cast<uint16_t>(dict.size());
+    header += static_cast<char>(len & 0xff);
+    header += static_cast<char>(len >> 8);
+    return header + dict;
+}
+
 bool repetitive_instance(const int32_t* tokens, int n, const InstanceFilter& filter) {
     const int64_t len = n;
     const int64_t max_period = std::min<int64_t>(filter.max_period, len / 3);

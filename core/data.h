@@ -162,6 +162,10 @@ class InstanceOrder {
     mutable std::vector<int64_t> order_;  // the cached epoch's order (only when shuffling)
 };
 
+// An npy version 1.0 header for a C-order array of `shape` with numpy's type string `descr` ("<u2", "<f4"),
+// padded as numpy pads it: spaces, then a newline, so that the data starts at a multiple of 64 bytes.
+std::string npy_header(const char* descr, const std::vector<int64_t>& shape);
+
 // OLMo's instance filter (data.instance_filter): an instance holding a run of `max_count` or more repeats of
 // a sequence of min_period..max_period tokens is masked out of the loss. The detection is OLMo's
 // find_periodic_sequences over the instance's L tokens, reproduced exactly: for each period p up to L / 3,

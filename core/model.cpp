@@ -7,6 +7,7 @@
 
 #include "base/common.h"
 #include "base/trace.h"
+#include "kernels/element.h"
 
 namespace trainer {
 
@@ -403,7 +404,7 @@ void Model::recompute_block(int l, int batch, const BlockParams& w) {
     }
 }
 
-void Model::head(int batch, float dloss_scale, bool backward) {
+void Model::head(int batch, float dloss_scale, bool backward, const LogitsSink* sink) {
     const int N = batch * T_;
     const int hu = layout_.head_unit();
     const int emb = layout_.embedding_unit();
@@ -431,6 +432,19 @@ void Model::head(int batch, float dloss_scale, bool backward) {
         const GemmOperand logits = op(logits_);  // bf16 in amp_bf16, as autocast's LM head writes them
         const GemmOperand x = op(lnf_).at(static_cast<size_t>(r0) * C_);
         backend_->matmul_forward(logits, x, head_w, head_b, rows, C_, V_);
+        if (sink != nullptr) {
+            const size_t n = static_cast<size_t>(rows) * V_;
+            logits_host_.resize(n);
+            if (logits.bf16) {
+                std::vector<uint16_t> half(n);
+                backend_->copy_device_to_host(half.data(), logits.b16(), n * sizeof(uint16_t));
+                for (size_t i = 0; i < n; ++i) logits_host_[i] = bf16_to_float(half[i]);
+            } else {
+                backend_->copy_device_to_host(logits_host_.data(), logits.f32(), n * sizeof(float));
+            }
+            (*sink)(r0, rows, logits_host_.data());
+            continue;
+        }
         backend_->classifier_forward_backward(logits, act(losses_) + r0, tokens_dev_.i32() + N + r0, rows, V_,
                                               dloss_scale, backward, z_loss_,
                                               z_loss_ > 0.0f ? act(z_losses_) + r0 : nullptr);
@@ -538,6 +552,12 @@ LossSums Model::forward_backward(const int32_t* tokens, int batch, float dloss_s
     sums.ce = backend_->sum(act(losses_), n);
     if (z_loss_ > 0.0f) sums.z = backend_->sum(act(z_losses_), n);
     return sums;
+}
+
+void Model::forward_logits(const int32_t* tokens, int batch, const LogitsSink& sink) {
+    upload_tokens(tokens, batch, nullptr);
+    forward_blocks(batch, false);
+    head(batch, 0.0f, false, &sink);
 }
 
 double Model::forward_loss(const int32_t* tokens, int batch) {

@@ -53,6 +53,10 @@ class Model {
     LossSums forward_backward(const int32_t* tokens, int batch, float dloss_scale, const uint8_t* keep = nullptr);
     // Forward and loss only (evaluation): the sum of the token losses of (batch, L) tokens.
     double forward_loss(const int32_t* tokens, int batch);
+    // Forward only, the logits of (batch, L) tokens: rows r0.. r0+rows-1 of the (batch * T, embedding_size)
+    // logits handed to `sink` in fp32 on the host, chunk by chunk (`trainer logits`).
+    using LogitsSink = std::function<void(int r0, int rows, const float* logits)>;
+    void forward_logits(const int32_t* tokens, int batch, const LogitsSink& sink);
 
     int max_batch() const { return max_batch_; }
     // Rows of the LM head's logits chunk for micro-batches of up to `max_batch` (model.cpp says why).
@@ -86,7 +90,9 @@ class Model {
     HeadParams head_params(const float* base) const;  // all null for a null base
     void upload_tokens(const int32_t* tokens, int batch, const uint8_t* keep);
     void forward_blocks(int batch, bool backward_follows);
-    void head(int batch, float dloss_scale, bool backward);
+    // The final norm and the LM head: the loss (and with `backward` the head's backward), or with a sink the
+    // logits instead of the loss.
+    void head(int batch, float dloss_scale, bool backward, const LogitsSink* sink = nullptr);
     void backward_blocks(int batch);
     float* act(size_t offset) const { return arena_.f32() + offset; }
     // A norm's mean: null where the plan has none (RMSNorm).
@@ -133,6 +139,7 @@ class Model {
     DeviceBuffer arena_;
     DeviceBuffer tokens_dev_;  // inputs (N) then targets (N), int32
     std::vector<int32_t> tokens_host_;
+    std::vector<float> logits_host_;  // forward_logits' chunk on the host
 };
 
 // The forward and backward passes of one optimizer step under the strategy's hooks: zero_grads and

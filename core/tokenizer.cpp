@@ -101,21 +101,9 @@ class TempOutput {
     int64_t written_ = 0;
 };
 
-// An npy version 1.0 header for a 1-D little-endian array, padded as numpy pads it: spaces, then a
-// newline, so that the data starts at a multiple of 64 bytes.
+// An npy version 1.0 header for a 1-D array of tokens.
 std::string npy_header(TokenDtype dtype, int64_t n) {
-    std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({},), }}",
-                                   dtype == TokenDtype::kUint16 ? "<u2" : "<u4", n);
-    size_t total = 10 + dict.size() + 1;
-    dict.append((64 - total % 64) % 64, ' ');
-    dict += '\n';
-    std::string header = "\x93NUMPY";
-    header += '\x01';
-    header += '\x00';
-    auto len = static_cast<uint16_t>(dict.size());
-    header += static_cast<char>(len & 0xff);
-    header += static_cast<char>(len >> 8);
-    return header + dict;
+    return trainer::npy_header(dtype == TokenDtype::kUint16 ? "<u2" : "<u4", {n});
 }
 
 // Appends `count` token ids to `out` as `dtype`, little-endian.

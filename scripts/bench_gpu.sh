@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU benchmark: one-GPU training throughput of the gpt2_124m and OLMo-1B shapes, this trainer against a
+# GPU benchmark: one-GPU training throughput of the gpt2_124m, OLMo-1B and OLMo-2 1B shapes, this trainer against a
 # PyTorch peer (scripts/bench_torch_gpu.py: the same model and batch, bf16 autocast, SDPA flash attention,
 # fused AdamW, clipping; eager and torch.compile), alternating the three in each round so machine noise hits
 # them alike; then (--kernels) every kernel of one step against the device's roofline (`trainer bench-kernels`).
@@ -20,11 +20,12 @@
 #
 # Usage: scripts/bench_gpu.sh [--steps N] [--rounds R] [--attention native|cudnn|flash] [--shapes LIST]
 #                             [--no-torch] [--no-fine-grained] [--kernels]
-#   LIST: comma-separated of gpt2_124m, olmo_1b_mb4, olmo_1b_mb8 (default: all three)
+#   LIST: comma-separated of gpt2_124m, olmo_1b_mb4, olmo_1b_mb8, olmo2_1b_mb4 (default: all four; OLMo-2 1B at
+#         micro-batch 4 of its 4096 tokens: the 16K tokens a step of OLMo-1B at 8)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench_common.sh
-steps=12 rounds=1 attention=cudnn shapes=gpt2_124m,olmo_1b_mb4,olmo_1b_mb8 torch=1 kernels=0 fine_grained=1
+steps=12 rounds=1 attention=cudnn shapes=gpt2_124m,olmo_1b_mb4,olmo_1b_mb8,olmo2_1b_mb4 torch=1 kernels=0 fine_grained=1
 while (($#)); do
     case $1 in
         --steps) steps=$2; shift 2 ;;
@@ -52,6 +53,7 @@ declare -A spec=(
     [gpt2_124m]="configs/gpt2_124m.json|16"
     [olmo_1b_mb4]="configs/olmo_1b.json|4"
     [olmo_1b_mb8]="configs/olmo_1b.json|8"
+    [olmo2_1b_mb4]="configs/olmo2_1b.json|4"
 )
 IFS=',' read -r -a names <<<"$shapes"
 for name in "${names[@]}"; do

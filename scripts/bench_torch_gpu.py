@@ -1,9 +1,10 @@
 """PyTorch peer of the trainer's GPU benchmark (scripts/bench_gpu.sh).
 
 Trains the trainer's model (tests/torch_ref.py: OLMo's parameter layout, RoPE,
-SwiGLU or GELU, tied head) on one GPU the way a PyTorch user would run it fast:
-bf16 autocast, F.scaled_dot_product_attention (causal, flash), fused AdamW
-with the config's betas / eps / decay groups, clip_grad_norm_ at max_grad_norm,
+SwiGLU or GELU, tied or untied head; OLMo-2's RMSNorm after the sublayers,
+QK-norm and z-loss) on one GPU the way a PyTorch user would run it fast:
+bf16 autocast, F.scaled_dot_product_attention (causal, flash), F.rms_norm,
+fused AdamW with the config's betas / eps / decay groups, clip_grad_norm_ at max_grad_norm,
 one micro-batch per optimizer step (no accumulation, as bench_gpu.sh runs the
 trainer), eager or torch.compile. Prints one JSON line:
 
@@ -46,6 +47,11 @@ def sdpa_attention(self, q, k, v, rope_cos, rope_sin, causal_mask):
     return y.transpose(1, 2).reshape(B, T, NH * HS)
 
 
+def rms_norm(self, x):
+    """RMSNorm through PyTorch's own op (fused on the GPU) where this PyTorch has it."""
+    return F.rms_norm(x, (self.size,), self.weight, self.eps) + (self.bias if self.bias is not None else 0)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="trainer JSON config")
@@ -76,6 +82,8 @@ def main():
     L, T = mc.max_sequence_length, mc.max_sequence_length - 1
 
     ref.Block.attention = sdpa_attention
+    if hasattr(F, "rms_norm"):
+        ref.RMSNorm.forward = rms_norm
     model = ref.RefModel(mc).to(dev)
     ref.init_normal(model, std=0.02)
     model.train()
@@ -87,8 +95,11 @@ def main():
     def loss_fn(inp, tgt):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(inp)
-        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), tgt.reshape(-1), reduction="sum") / (
-            micro * T)
+        flat = logits.float().reshape(-1, logits.size(-1))
+        loss = F.cross_entropy(flat, tgt.reshape(-1), reduction="sum") / (micro * T)
+        if tc.z_loss > 0.0:  # OLMo-2's softmax_auxiliary_loss, as the trainer adds it
+            loss = loss + tc.z_loss * flat.logsumexp(-1).pow(2).sum() / (micro * T)
+        return loss
 
     step_fn = torch.compile(loss_fn) if args.mode == "compile" else loss_fn
     gen = torch.Generator(device=dev).manual_seed(args.seed)

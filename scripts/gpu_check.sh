@@ -11,7 +11,7 @@
 #   kernels   trainer bench-kernels on OLMo-1B (micro-batch 4) and GPT-2 124M (16), our flash attention and
 #             cuDNN's: each op against the roofline, the attention rows giving flash's speed against cuDNN's
 #   bench     scripts/bench_gpu.sh: tokens/s, MFU and peak memory of the trainer against PyTorch eager and
-#             torch.compile on the three shapes, alternating in one run
+#             torch.compile on the four shapes (GPT-2 124M, OLMo-1B at micro-batch 4 and 8, OLMo-2 1B), alternating
 #   strategies  OLMo-1B micro-batch 4 under single, DDP and FSDP FULL_SHARD / SHARD_GRAD_OP / NO_SHARD at
 #             world size 1, tokens/s against single's
 #   storage   bf16 activation storage against fp32 (kernels.bf16_activations), OLMo-1B micro-batch 4 and
@@ -102,7 +102,7 @@ for s in "${stages[@]}"; do
             done
             ;;
         bench)
-            TRAINER_BIN=$trainer step bench_gpu 480 bash scripts/bench_gpu.sh
+            TRAINER_BIN=$trainer step bench_gpu 570 bash scripts/bench_gpu.sh
             grep -E "^\|" "$logs/bench_gpu.log" | tee -a "$summary"
             ;;
         strategies)

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -15,6 +16,7 @@
 
 #include "base/common.h"
 #include "core/checkpoint.h"
+#include "core/data.h"
 #include "core/safetensors.h"
 #include "kernels/backend.h"
 #include "test_util.h"
@@ -617,4 +619,45 @@ TEST_CASE("train: the instance filter masks repetitive instances out of the loss
     expect_error(run_trainer({"--config", "configs/tiny.json", "--data", dir.path("tokens.u16"), "--set",
                               "data.instance_filter.repetition_max_count=16"}),
                  "set repetition_max_period and repetition_max_count together");
+}
+
+TEST_CASE("logits: trainer logits writes the logits whose cross-entropy is the PyTorch fixture's loss") {
+    // The first global batch of each fixture: the mean cross-entropy of the written logits against the next
+    // tokens is the float64 reference's first loss (the logits themselves agree with torch_ref's to ~2e-6).
+    TempDir dir;
+    for (const std::string name : {"gpt2", "olmo", "olmo2"}) {
+        CAPTURE(name);
+        const std::string out = dir.path(name + ".npy");
+        const auto r = run_trainer({"logits", "--config", fixture(name + "_tiny.json"), "--init-from",
+                                    fixture(name + "_tiny_init.safetensors"), "--instances", "8", "-o", out});
+        require_ok(r);
+        const std::string bytes = test_util::read_file(out);
+        REQUIRE(bytes.compare(0, 6, "\x93NUMPY") == 0);
+        const size_t header = 10 + static_cast<unsigned char>(bytes[8]) + 256 * static_cast<unsigned char>(bytes[9]);
+        CHECK_THAT(bytes.substr(0, header), Contains("'descr': '<f4'") && Contains("'shape': (8, 16, "));
+        const Json cfg = Json::parse(test_util::read_file(fixture(name + "_tiny.json")));
+        const int V = cfg["model"]["embedding_size"], L = cfg["model"]["max_sequence_length"];
+        REQUIRE(bytes.size() == header + 8 * 16 * static_cast<size_t>(V) * 4);
+        std::vector<float> logits(8 * 16 * static_cast<size_t>(V));
+        std::memcpy(logits.data(), bytes.data() + header, logits.size() * sizeof(float));
+        TokenDataset data({fixture(name + "_tiny_tokens.u16")}, TokenDtype::kUint16, L, cfg["model"]["vocab_size"]);
+        std::vector<int32_t> tokens(L);
+        double total = 0.0;
+        for (int i = 0; i < 8; ++i) {
+            data.read_instance(i, tokens.data());
+            for (int t = 0; t < L - 1; ++t) {
+                const float* row = logits.data() + (static_cast<size_t>(i) * 16 + t) * V;
+                double mx = row[0], sum = 0.0;
+                for (int j = 1; j < V; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+                for (int j = 0; j < V; ++j) sum += std::exp(row[j] - mx);
+                total += mx + std::log(sum) - row[tokens[t + 1]];
+            }
+        }
+        const double loss = total / (8 * 16);
+        const double want = Json::parse(test_util::read_file(fixture(name + "_tiny_expected.json")))["loss_step1"];
+        CHECK(std::fabs(loss - want) <= 1e-5 * want);
+    }
+    expect_error(
+        run_trainer({"logits", "--config", fixture("olmo2_tiny.json"), "--instances", "1000", "-o", dir.path("x.npy")}),
+        "logits --instances: 1000, but the data holds 160 instances of 17 tokens");
 }
