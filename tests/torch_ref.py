@@ -495,6 +495,12 @@ def hf_flavor(mc):
     return "olmo2" if mc.norm_after else "olmo"
 
 
+# Olmo2ForCausalLM's per-layer norm weights and the OLMo names they hold: the QK-norms, and the norms after
+# attention and the MLP (OLMo's attn_norm and ff_norm with norm_after).
+OLMO2_NORMS = (("self_attn.q_norm", "q_norm"), ("self_attn.k_norm", "k_norm"),
+               ("post_attention_layernorm", "attn_norm"), ("post_feedforward_layernorm", "ff_norm"))
+
+
 def hf_state_dict(state, mc):
     """OLMo-named tensors -> Hugging Face-named tensors (copies)."""
     C = mc.d_model
@@ -544,10 +550,8 @@ def hf_state_dict(state, mc):
             out[h + "mlp.gate_proj.weight"] = w[half:]   # gate
             out[h + "mlp.down_proj.weight"] = state[s + "ff_out.weight"]
             if olmo2:
-                out[h + "self_attn.q_norm.weight"] = state[s + "q_norm.weight"]
-                out[h + "self_attn.k_norm.weight"] = state[s + "k_norm.weight"]
-                out[h + "post_attention_layernorm.weight"] = state[s + "attn_norm.weight"]
-                out[h + "post_feedforward_layernorm.weight"] = state[s + "ff_norm.weight"]
+                for theirs, ours in OLMO2_NORMS:
+                    out[h + theirs + ".weight"] = state[s + ours + ".weight"]
         if olmo2:
             out["model.norm.weight"] = state["transformer.ln_f.weight"]
         if not mc.weight_tying:
@@ -585,10 +589,8 @@ def olmo_state_from_hf(hf, mc):
                                                   hf[h + "mlp.gate_proj.weight"]], dim=0)
             st[s + "ff_out.weight"] = hf[h + "mlp.down_proj.weight"]
             if olmo2:
-                st[s + "q_norm.weight"] = hf[h + "self_attn.q_norm.weight"]
-                st[s + "k_norm.weight"] = hf[h + "self_attn.k_norm.weight"]
-                st[s + "attn_norm.weight"] = hf[h + "post_attention_layernorm.weight"]
-                st[s + "ff_norm.weight"] = hf[h + "post_feedforward_layernorm.weight"]
+                for theirs, ours in OLMO2_NORMS:
+                    st[s + ours + ".weight"] = hf[h + theirs + ".weight"]
         if olmo2:
             st["transformer.ln_f.weight"] = hf["model.norm.weight"]
         if not mc.weight_tying:
