@@ -571,19 +571,21 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& name, const 
             // tokens, ids 100256..100277. The special ones (EOS, FIM, chat, pad) keep their text in a document
             // as text: dolma tokenized OLMo-2's data with encode_special_tokens. The others (PII placeholders,
             // extra ids) are matched in text, as HF tokenizers match added tokens.
-            for (const auto& [id, text, special] : kDolma2Added) {
+            for (const AddedToken& added : kDolma2Added) {
+                const std::string name_text = added.text;
                 auto it = std::find_if(impl->specials.begin(), impl->specials.end(),
-                                       [&](const auto& sp) { return sp.first == text; });
-                if (special && it == impl->specials.end()) impl->specials.emplace_back(text, id);
-                if (it != impl->specials.end() && it->second != id) {
-                    user_error("tokenizer file {}: {} is id {}, dolma2 has it as {}", path, text, it->second, id);
+                                       [&](const auto& sp) { return sp.first == name_text; });
+                if (added.special && it == impl->specials.end()) impl->specials.emplace_back(name_text, added.id);
+                if (it != impl->specials.end() && it->second != added.id) {
+                    user_error("tokenizer file {}: {} is id {}, dolma2 has it as {}", path, name_text, it->second,
+                               added.id);
                 }
-                if (!special) impl->added.emplace_back(text, id);
-                if (static_cast<size_t>(id) >= impl->bytes_of.size()) impl->bytes_of.resize(id + 1);
-                if (!impl->bytes_of[id].empty() && impl->bytes_of[id] != text) {
-                    user_error("tokenizer file {}: id {} is taken; dolma2 adds {} there", path, id, text);
+                if (!added.special) impl->added.emplace_back(name_text, added.id);
+                if (static_cast<size_t>(added.id) >= impl->bytes_of.size()) impl->bytes_of.resize(added.id + 1);
+                if (!impl->bytes_of[added.id].empty() && impl->bytes_of[added.id] != name_text) {
+                    user_error("tokenizer file {}: id {} is taken; dolma2 adds {} there", path, added.id, name_text);
                 }
-                impl->bytes_of[id] = text;
+                impl->bytes_of[added.id] = name_text;
             }
             impl->refuse_specials = false;
         }

@@ -131,11 +131,15 @@ TEST_CASE("model: an instance kept out (the instance filter) adds no loss and no
     CHECK(got.ce == Approx(want.ce).epsilon(1e-6));
     CHECK(got.z == Approx(want.z).epsilon(1e-6));
     CHECK(got.z > 0.0);
+    // The same sums in another order and grouping (GEMMs of 4 instances against 1, three accumulations against
+    // one): fp32 rounding, judged against each tensor's scale as the fixture checks judge (model_check.h).
     const auto a = grads_of(*masked), b = grads_of(*single);
     for (size_t u = 0; u < a.size(); ++u) {
+        float scale = 0.0f;
+        for (float x : b[u]) scale = std::max(scale, std::fabs(x));
         for (size_t i = 0; i < a[u].size(); ++i) {
-            CAPTURE(u, i);
-            REQUIRE(a[u][i] == Approx(b[u][i]).epsilon(1e-4).margin(1e-6));  // fp32 sums in another order
+            CAPTURE(u, i, a[u][i], b[u][i], scale);
+            REQUIRE(std::fabs(a[u][i] - b[u][i]) <= 1e-4 * (scale + std::fabs(b[u][i])));
         }
     }
 }
