@@ -61,6 +61,10 @@ TEST_CASE("dry run: predicted peak memory by category is the measured accounting
          {"distributed_strategy=fsdp", "fsdp.sharding_strategy=HYBRID_SHARD", "fsdp.wrapping_strategy=by_block",
           "fsdp.hybrid_sharding_num_model_replicas=2"}},
         {1, fsdp},
+        // OLMo-2's block (the norms after the sublayers, QK-norm, the z-loss) with a recompute under FULL_SHARD.
+        {2, with(fsdp, {"model.layer_norm_type=rms", "model.layer_norm_with_affine=true", "model.norm_after=true",
+                        "model.attention_layer_norm=true", "softmax_auxiliary_loss=true",
+                        "activation_checkpointing=one_in_two"})},
     };
     int k = 0;
     for (const Case& c : cases) {
