@@ -113,6 +113,7 @@ const std::vector<KeySpec>& schema() {
         {"init_from", KeyType::kString, nullptr, true, {}, -kInf, kInf, "initial weights with Hugging Face names (GPT2LMHeadModel / OlmoForCausalLM): a safetensors file, or a Hugging Face model directory (one model.safetensors or shards with their index; its config.json must agree); a resumed run (load_path) takes the checkpoint's weights instead"},
         {"metrics_file", KeyType::kString, nullptr, true, {}, -kInf, kInf, "write one JSON object per step here (and a final summary)"},
         {"console_log_interval", KeyType::kInt, 1, false, {}, 1, 9e18, "print a console line every N steps"},
+        {"utilization_interval", KeyType::kInt, 1, false, {}, 0, 9e18, "every N steps, measure how much of the step the device ran kernels (device_busy_fraction), waited for collectives (device_comm_wait_fraction) or waited for the host (device_host_wait_fraction), with the GPU's NVML counters; CUDA times each op with a pair of events; 0: never (a trace_file measures every step)"},
         {"device", KeyType::kString, "auto", false, choice_names<Device>(), -kInf, kInf, "where to train: auto picks cuda when a GPU is present"},
         {"precision", KeyType::kString, "fp32", false, choice_names<Precision>(), -kInf, kInf, "compute precision (amp_bf16 needs the CUDA backend)"},
         {"kernels.attention", KeyType::kString, "auto", false, choice_names<AttentionKernel>(), -kInf, kInf, "CUDA attention: auto (cudnn in amp_bf16 where cuDNN runs the shape, else native), native (hand-written, online softmax, fp32, deterministic; the reference), cudnn (cuDNN's fused flash attention in bf16; not bitwise reproducible) or flash (ours, on tensor cores, in bf16, deterministic; heads of 64 or 128 channels); cudnn and flash need precision amp_bf16"},
@@ -711,6 +712,7 @@ TrainConfig validate_config(const Json& user_doc) {
     c.init_from = opt<std::string>(doc["init_from"]);
     c.metrics_file = opt<std::string>(doc["metrics_file"]);
     c.console_log_interval = get_long(doc["console_log_interval"]);
+    c.utilization_interval = get_long(doc["utilization_interval"]);
     if (c.save_interval > 0 && !c.save_folder) {
         user_error("config save_interval: {} but save_folder is not set", c.save_interval);
     }

@@ -276,6 +276,7 @@ struct TrainConfig {
     std::optional<std::string> init_from;  // a safetensors file with Hugging Face names
     std::optional<std::string> metrics_file;
     long console_log_interval = 1;
+    long utilization_interval = 1;  // measure the device's busy / wait shares every N steps (0: never)
     Device device = Device::kAuto;
     Precision precision = Precision::kFp32;
     AttentionKernel kernels_attention = AttentionKernel::kAuto;  // CUDA; resolved by resolve_attention

@@ -23,7 +23,21 @@ void observe_spans(SpanObserver* observer) { detail::t_observer = observer; }
 
 namespace {
 RangeHooks g_hooks;  // written before g_ranges is set (release), read after it is seen set (acquire)
+// The device hooks, under their own mutex: set and cleared while no span runs (the backend's construction
+// and destruction), read at every traced span.
+std::mutex g_device_mutex;
+DeviceHooks g_device;
 }  // namespace
+
+void set_device_hooks(DeviceHooks hooks) {
+    std::lock_guard<std::mutex> lock(g_device_mutex);
+    g_device = hooks.begin != nullptr && hooks.end != nullptr ? hooks : DeviceHooks{};
+}
+
+void clear_device_hooks(void* ctx) {
+    std::lock_guard<std::mutex> lock(g_device_mutex);
+    if (g_device.ctx == ctx) g_device = DeviceHooks{};
+}
 
 void set_range_hooks(RangeHooks hooks) {
     detail::g_ranges.store(false, std::memory_order_release);
@@ -56,10 +70,13 @@ State& state() {
     return s;
 }
 
-double now_us() {
+double clock_us() {
     const State& s = state();
     return s.wall0_us + std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - s.t0).count();
 }
+
+// Track numbers of the named tracks (device streams), beyond any thread's.
+constexpr int kNamedTracks = 1000;
 
 // The calling thread's track (the state's mutex held).
 int tid_locked(State& s) {
@@ -83,7 +100,27 @@ std::string quoted(const std::string& text) {
     return out + "\"";
 }
 
+// A track that is no thread's (State's mutex held): the next free track number, named `name`.
+int named_track_locked(State& s, const std::string& name) {
+    for (const auto& [tid, n] : s.names) {
+        if (n == name && tid >= kNamedTracks) return tid;
+    }
+    const int tid = kNamedTracks + static_cast<int>(s.names.size());
+    s.names[tid] = name;
+    return tid;
+}
+
 }  // namespace
+
+double now_us() { return enabled() ? clock_us() : 0.0; }
+
+void add_span(const std::string& track, const char* category, std::string name, int64_t bytes, double begin_us,
+              double dur_us) {
+    if (!enabled()) return;
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.events.push_back({category, std::move(name), bytes, begin_us, dur_us, named_track_locked(s, track)});
+}
 
 void start(int rank) {
     State& s = state();
@@ -95,6 +132,15 @@ void start(int rank) {
             std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch()).count();
     }
     detail::g_enabled.store(true);
+}
+
+void stop() {
+    detail::g_enabled.store(false);
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.events.clear();
+    s.tids.clear();
+    s.names.clear();
 }
 
 void name_thread(const std::string& name) {
@@ -112,14 +158,22 @@ Span::Span(const char* category, std::string_view name, int64_t bytes)
       bytes_(bytes) {
     if (observer_ != nullptr) observer_->begin(category, name);
     if (pop_ != nullptr) g_hooks.push(name_.empty() ? category : name_.c_str());
-    if (on_) begin_us_ = now_us();
+    if (on_) {
+        std::lock_guard<std::mutex> lock(g_device_mutex);
+        if (g_device.begin != nullptr) device_token_ = g_device.begin(g_device.ctx);
+    }
+    if (on_) begin_us_ = clock_us();
 }
 
 Span::~Span() {
     if (observer_ != nullptr) observer_->end();
     if (pop_ != nullptr) pop_();
     if (!on_) return;
-    const double end = now_us();
+    const double end = clock_us();
+    if (device_token_ != nullptr) {
+        std::lock_guard<std::mutex> lock(g_device_mutex);
+        if (g_device.end != nullptr) g_device.end(g_device.ctx, device_token_, category_, name_, bytes_);
+    }
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mutex);
     s.events.push_back({category_, std::move(name_), bytes_, begin_us_, end - begin_us_, tid_locked(s)});

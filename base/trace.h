@@ -18,6 +18,8 @@ extern std::atomic<bool> g_enabled;
 
 // Starts recording for this process, `rank` being its process id in the trace.
 void start(int rank);
+// Stops recording and drops what was recorded (a test's trace, in a process that goes on).
+void stop();
 inline bool enabled() { return detail::g_enabled.load(std::memory_order_relaxed); }
 
 // A dry run's view of the spans (core/plan.h): while an observer is set on a thread, that thread's spans are
@@ -50,6 +52,24 @@ extern std::atomic<bool> g_ranges;
 inline bool active() {
     return enabled() || detail::t_observer != nullptr || detail::g_ranges.load(std::memory_order_relaxed);
 }
+// Device tracks (registered by the CUDA backend): while a trace is recorded, every span also calls `begin`
+// at its start, which may return a token (a CUDA event recorded on the device's stream), and `end` with
+// that token at its close; the device later reports what its stream ran as add_span() on a track of its
+// own. {nullptr, ...} stops it; a backend clears only the hooks it set (`ctx`).
+struct DeviceHooks {
+    void* ctx = nullptr;
+    void* (*begin)(void* ctx) = nullptr;
+    void (*end)(void* ctx, void* token, const char* category, const std::string& name, int64_t bytes) = nullptr;
+};
+void set_device_hooks(DeviceHooks hooks);
+// Clears the device hooks if `ctx` set them.
+void clear_device_hooks(void* ctx);
+// The trace's clock: wall-clock microseconds, as the spans' times (0 before start()).
+double now_us();
+// Records a span that happened on the track named `track` (created at its first use; not a thread's: a
+// device stream), from `begin_us` for `dur_us` on the trace's clock.
+void add_span(const std::string& track, const char* category, std::string name, int64_t bytes, double begin_us,
+              double dur_us);
 // Names the calling thread's track ("compute", "gloo world"); a track without a name is "thread <n>".
 void name_thread(const std::string& name);
 // Writes everything recorded so far as one Chrome trace JSON object to `path` (UserError when it cannot).
@@ -68,7 +88,8 @@ class Span {
    private:
     SpanObserver* observer_;
     bool on_;
-    void (*pop_)();  // the range hook to pop at the end, when a range was pushed
+    void (*pop_)();                 // the range hook to pop at the end, when a range was pushed
+    void* device_token_ = nullptr;  // the device hooks' token, when they gave one
     const char* category_;
     std::string name_;
     int64_t bytes_;

@@ -151,7 +151,8 @@ struct StepOutcome {
     long masked_instances = 0;  // the global batch's instances the instance filter masked
     OptimizerStepResult opt;
     double seconds = 0.0, comm_wait = 0.0;
-    int stop_signal = 0;  // the ranks agreed to stop after this step (base/stop.h), 0: go on
+    Backend::Activity activity;  // the device's busy and wait time, when measured
+    int stop_signal = 0;         // the ranks agreed to stop after this step (base/stop.h), 0: go on
 };
 
 // One training run, from preflight to summary. Members are declared in build order, so they are destroyed
@@ -317,47 +318,55 @@ class TrainingRun {
         // the global-batch mean loss (world / global tokens).
         const double global_tokens = static_cast<double>(config_.global_train_batch_size) * (L - 1);
         const float dloss_scale = static_cast<float>(world / global_tokens);
+        // The device's busy and wait shares of the step, measured every utilization_interval steps (every
+        // step while a trace is recorded: its device tracks come from the same window).
+        const bool measure =
+            trace::enabled() || (config_.utilization_interval > 0 && step % config_.utilization_interval == 0);
         const auto t0 = Clock::now();
-        const trace::Span span("step", trace::active() ? fmt::format("step {}", step) : std::string());
-        strategy.take_comm_wait_seconds();  // what evaluation and checkpoints waited is not the step's
-        order_->global_batch(step - 1, global_batch_);
-        InstanceOrder::rank_slice(global_batch_, strategy.rank(), world, local_);
-        double masked = 0.0;  // instances the instance filter masked, this rank
-        const LossSums loss_sum =
-            accumulate_gradients(strategy, *model_, accumulation, static_cast<int>(micro), dloss_scale, [&](long k) {
-                const trace::Span data("data", "read micro-batch");
-                const auto& filter = config_.data.instance_filter;
-                for (long i = 0; i < micro; ++i) {
-                    int32_t* instance = tokens_.data() + static_cast<size_t>(i) * L;
-                    train_data_->read_instance(local_[k * micro + i], instance);
-                    keep_[i] = filter && repetitive_instance(instance, static_cast<int>(L), *filter) ? 0 : 1;
-                    masked += 1 - keep_[i];
-                }
-                return MicroBatchTokens(tokens_.data(), keep_.data());
-            });
+        if (measure) backend_->begin_activity();
         StepOutcome r;
         {
-            // The loss sums and the ranks' votes on a stop request, in one collective.
-            const trace::Span loss("comm", "loss all_reduce");
-            double sums[3 + stop::kVotes] = {loss_sum.ce, loss_sum.z, masked};
-            stop::vote(sums + 3);
-            strategy.all_reduce_sum(sums, 3 + stop::kVotes);
-            r.loss = sums[0] / global_tokens;
-            r.z_loss = sums[1] / global_tokens;
-            r.masked_instances = static_cast<long>(sums[2]);
-            r.stop_signal = stop::agreed(sums + 3);
-        }
-        if (!std::isfinite(r.loss) || !std::isfinite(r.z_loss)) {
-            user_error("step {}: the {} is {} (diverged); lower optimizer.learning_rate", step,
-                       std::isfinite(r.loss) ? "z-loss" : "loss", std::isfinite(r.loss) ? r.z_loss : r.loss);
-        }
-        {
-            const trace::Span opt("optimizer", "optimizer step");
-            r.opt = optimizer_->step(strategy, step, total_steps_);
-            backend_->synchronize();
+            const trace::Span span("step", trace::active() ? fmt::format("step {}", step) : std::string());
+            strategy.take_comm_wait_seconds();  // what evaluation and checkpoints waited is not the step's
+            order_->global_batch(step - 1, global_batch_);
+            InstanceOrder::rank_slice(global_batch_, strategy.rank(), world, local_);
+            double masked = 0.0;  // instances the instance filter masked, this rank
+            const LossSums loss_sum = accumulate_gradients(
+                strategy, *model_, accumulation, static_cast<int>(micro), dloss_scale, [&](long k) {
+                    const trace::Span data("data", "read micro-batch");
+                    const auto& filter = config_.data.instance_filter;
+                    for (long i = 0; i < micro; ++i) {
+                        int32_t* instance = tokens_.data() + static_cast<size_t>(i) * L;
+                        train_data_->read_instance(local_[k * micro + i], instance);
+                        keep_[i] = filter && repetitive_instance(instance, static_cast<int>(L), *filter) ? 0 : 1;
+                        masked += 1 - keep_[i];
+                    }
+                    return MicroBatchTokens(tokens_.data(), keep_.data());
+                });
+            {
+                // The loss sums and the ranks' votes on a stop request, in one collective.
+                const trace::Span loss("comm", "loss all_reduce");
+                double sums[3 + stop::kVotes] = {loss_sum.ce, loss_sum.z, masked};
+                stop::vote(sums + 3);
+                strategy.all_reduce_sum(sums, 3 + stop::kVotes);
+                r.loss = sums[0] / global_tokens;
+                r.z_loss = sums[1] / global_tokens;
+                r.masked_instances = static_cast<long>(sums[2]);
+                r.stop_signal = stop::agreed(sums + 3);
+            }
+            if (!std::isfinite(r.loss) || !std::isfinite(r.z_loss)) {
+                user_error("step {}: the {} is {} (diverged); lower optimizer.learning_rate", step,
+                           std::isfinite(r.loss) ? "z-loss" : "loss", std::isfinite(r.loss) ? r.z_loss : r.loss);
+            }
+            {
+                const trace::Span opt("optimizer", "optimizer step");
+                r.opt = optimizer_->step(strategy, step, total_steps_);
+                backend_->synchronize();
+            }
         }
         r.seconds = seconds_since(t0);
         r.comm_wait = strategy.take_comm_wait_seconds();
+        if (measure) r.activity = backend_->end_activity();
         return r;
     }
 
@@ -381,6 +390,23 @@ class TrainingRun {
                        {"step_time_ms", r.seconds * 1e3},
                        {"comm_wait_ms", r.comm_wait * 1e3}};
         if (config_.z_loss_multiplier > 0.0) record["z_loss"] = r.z_loss;  // OLMo's train/ZLoss
+        std::string busy_text;
+        if (r.activity.measured) {
+            // Shares of the step: the device ran kernels, waited for collectives (the CUDA stream's waits; on
+            // the CPU the host's), or had nothing to run, waiting for the host.
+            const double busy = std::min(1.0, r.activity.busy_s / r.seconds);
+            const double wait =
+                std::min(1.0 - busy, (r.activity.wait_s >= 0.0 ? r.activity.wait_s : r.comm_wait) / r.seconds);
+            record["device_busy_fraction"] = busy;
+            record["device_comm_wait_fraction"] = wait;
+            record["device_host_wait_fraction"] = std::max(0.0, 1.0 - busy - wait);
+            for (const auto& [name, value] : backend_->device_counters()) record[name] = value;
+            busy_text = fmt::format(" | busy {:.0f}%", 100.0 * busy);
+            if (step > start_step_ + 1 || total_steps_ - start_step_ == 1) {
+                total_busy_ += busy;
+                ++busy_steps_;
+            }
+        }
         if (config_.data.instance_filter) record["masked_instances"] = r.masked_instances;
         if (config_.eval_interval > 0 && (step % config_.eval_interval == 0 || step == total_steps_)) {
             run_evals(step, record);
@@ -391,8 +417,10 @@ class TrainingRun {
             bar_->clear();
             const std::string z = config_.z_loss_multiplier > 0.0 ? fmt::format(" | z_loss {:.3e}", r.z_loss) : "";
             std::printf(
-                "step %ld/%ld | loss %.4f%s | lr %.3e | grad_norm %.4f | tok/s/dev %.0f | mfu %.1f%% | step %.1f ms\n",
-                step, total_steps_, r.loss, z.c_str(), r.opt.lr, r.opt.grad_norm, tps, 100.0 * mfu, r.seconds * 1e3);
+                "step %ld/%ld | loss %.4f%s | lr %.3e | grad_norm %.4f | tok/s/dev %.0f | mfu %.1f%% | step %.1f "
+                "ms%s\n",
+                step, total_steps_, r.loss, z.c_str(), r.opt.lr, r.opt.grad_norm, tps, 100.0 * mfu, r.seconds * 1e3,
+                busy_text.c_str());
         }
         metrics_->write(record);
         if (config_.save_folder &&
@@ -469,6 +497,7 @@ class TrainingRun {
                         {"peak_flops_per_device", peak_flops_},
                         {"peak_memory_bytes", per_rank[world_.rank()]},
                         {"peak_memory_bytes_per_rank", per_rank}};
+        if (busy_steps_ > 0) summary["mean_device_busy_fraction"] = total_busy_ / busy_steps_;
         metrics_->write(summary);
         if (config_.trace_file) {
             trace::write(trace_path_);
@@ -483,12 +512,15 @@ class TrainingRun {
                                   mem.host_peak / mib, peak(MemCategory::kHostParameters),
                                   peak(MemCategory::kHostGradients), peak(MemCategory::kHostOptimizerState))
                     : std::string();
+            const std::string busy =
+                busy_steps_ > 0 ? fmt::format(" (device busy {:.0f}%)", 100.0 * total_busy_ / busy_steps_) : "";
             std::printf(
-                "done: %ld steps | final loss %.4f | %.0f tokens/s/device | MFU %.1f%% | mean step %.1f ms | peak "
+                "done: %ld steps | final loss %.4f | %.0f tokens/s/device | MFU %.1f%% | mean step %.1f ms%s | peak "
                 "memory %.1f MiB (params %.1f, grads %.1f, optimizer %.1f, activations %.1f)%s, resident %.1f MiB\n",
-                last_step - start_step_, last_loss_, tps, 100.0 * mfu, mean_step * 1e3, mem.total_peak / mib,
-                peak(MemCategory::kParameters), peak(MemCategory::kGradients), peak(MemCategory::kOptimizerState),
-                peak(MemCategory::kActivations), host.c_str(), process_peak_resident_bytes() / mib);
+                last_step - start_step_, last_loss_, tps, 100.0 * mfu, mean_step * 1e3, busy.c_str(),
+                mem.total_peak / mib, peak(MemCategory::kParameters), peak(MemCategory::kGradients),
+                peak(MemCategory::kOptimizerState), peak(MemCategory::kActivations), host.c_str(),
+                process_peak_resident_bytes() / mib);
         } else {
             std::printf("nothing to do: the checkpoint is already at step %ld of %ld\n", start_step_, total_steps_);
         }
@@ -524,6 +556,8 @@ class TrainingRun {
     std::vector<int32_t> tokens_;
     std::vector<uint8_t> keep_;  // per instance of a micro-batch: 0 where the instance filter masks it
     double total_time_ = 0.0, total_comm_wait_ = 0.0, last_loss_ = 0.0;
+    double total_busy_ = 0.0;  // the measured steps' device_busy_fraction, summed over busy_steps_ of them
+    long busy_steps_ = 0;
     long timed_steps_ = 0;
     Clock::time_point run_t0_;
     long saved_step_ = -1;  // the newest checkpoint this run wrote, and its path

@@ -122,6 +122,26 @@ class Backend {
     // runs its GEMMs on bf16 does; the others refuse bf16 operands). Default: fp32.
     virtual bool gemm_operands_bf16() const { return false; }
 
+    // ---- utilisation (a training step's metrics) ----
+    // Between begin_activity() and end_activity(), called on one thread with the work queued in between,
+    // the backend measures how long its compute engine ran this thread's ops (busy_s: the CPU backend's ops
+    // by the host clock; the CUDA backend's kernels on its compute stream, from a pair of CUDA events
+    // around each op) and, where the device waits on its own (the CUDA stream's waits for collectives and
+    // offload copies), how long it waited (wait_s; negative: not measured here, the host's waits are the
+    // caller's to time). end_activity() waits for the window's work. With a trace recording (base/trace.h),
+    // the CUDA backend also adds what its streams ran in the window as the trace's device tracks. Default:
+    // nothing measured.
+    struct Activity {
+        bool measured = false;
+        double busy_s = 0.0;
+        double wait_s = -1.0;
+    };
+    virtual void begin_activity() {}
+    virtual Activity end_activity() { return {}; }
+    // The device's own counters, read now (NVML on CUDA, where the driver's library is present): name and
+    // value, for the metrics file. Default: none.
+    virtual std::vector<std::pair<std::string, double>> device_counters() { return {}; }
+
     // ---- forward/backward ops (fp32 storage) ----
     // PyTorch Linear: out(M,N) = inp(M,K) @ weight(N,K)^T + bias(N); bias nullable; out overwritten.
     virtual void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,

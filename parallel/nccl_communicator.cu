@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -29,6 +30,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/timeline.h"
 #include "parallel/communicator.h"
 #include "parallel/tcp_store.h"
 
@@ -66,7 +68,9 @@ class NcclCommunicator final : public Communicator {
           size_(size),
           device_(cuda::backend_device(backend)),
           timeout_(timeout),
-          compute_(cuda::backend_stream(backend)) {
+          compute_(cuda::backend_stream(backend)),
+          timeline_(&cuda::backend_timeline(backend)),
+          track_("nccl " + prefix) {
         TRAINER_CUDA_CHECK(cudaSetDevice(device_));
         TRAINER_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority_high()));
         ncclUniqueId id{};
@@ -192,11 +196,19 @@ class NcclCommunicator final : public Communicator {
         auto ready = std::make_shared<Event>();
         TRAINER_CUDA_CHECK(cudaEventRecord(ready->e, compute_));
         TRAINER_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready->e, 0));
+        // The collective's extent on this stream for a recorded trace, the compute stream's wait for it for
+        // the step's wait time (kernels/cuda/timeline.h).
+        cudaEvent_t began = timeline_->begin(stream_, cuda::Timeline::Kind::kComm);
         auto done = enqueue(name, op, in, out);
+        timeline_->end(began, stream_, cuda::Timeline::Kind::kComm, "comm", name,
+                       static_cast<int64_t>(std::max(in_count, out_count) * esize), track_);
         cudaStream_t compute = compute_;
-        return CommHandle(std::function<void()>([this, done, compute, name] {
+        cuda::Timeline* timeline = timeline_;
+        return CommHandle(std::function<void()>([this, done, compute, timeline, name] {
             if (failed_.load()) user_error("NCCL {} on rank {}/{} failed (see above)", name, rank_, size_);
+            cudaEvent_t waited = timeline->begin(compute, cuda::Timeline::Kind::kWait);
             TRAINER_CUDA_CHECK(cudaStreamWaitEvent(compute, done->e, 0));
+            timeline->end(waited, compute, cuda::Timeline::Kind::kWait);
         }));
     }
 
@@ -283,6 +295,8 @@ class NcclCommunicator final : public Communicator {
     int rank_, size_, device_;
     std::chrono::milliseconds timeout_;
     cudaStream_t compute_ = nullptr, stream_ = nullptr;
+    cuda::Timeline* timeline_;
+    std::string track_;  // its collectives' track in a trace
     ncclComm_t comm_ = nullptr;
     std::mutex mutex_;
     std::condition_variable cv_;

@@ -18,14 +18,19 @@
 # bundle (../shared/tools/gpu_bundle.sh); writes no checkpoint (save_folder=null: an OLMo-1B checkpoint is
 # 14 GB). The tokens are this repository's own text, made once with the trainer (throughput only).
 #
+# The table's "busy" column is the trainer's mean device_busy_fraction (the share of a step the compute
+# stream ran kernels, from a pair of CUDA events around each op). --utilization-cost runs each shape once
+# more with utilization_interval=0 (no events) and prints what measuring costs.
+#
 # Usage: scripts/bench_gpu.sh [--steps N] [--rounds R] [--attention native|cudnn|flash] [--shapes LIST]
-#                             [--no-torch] [--no-fine-grained] [--kernels]
+#                             [--no-torch] [--no-fine-grained] [--utilization-cost] [--kernels]
 #   LIST: comma-separated of gpt2_124m, olmo_1b_mb4, olmo_1b_mb8, olmo2_1b_mb4 (default: all four; OLMo-2 1B at
 #         micro-batch 4 of its 4096 tokens: the 16K tokens a step of OLMo-1B at 8)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench_common.sh
 steps=12 rounds=1 attention=cudnn shapes=gpt2_124m,olmo_1b_mb4,olmo_1b_mb8,olmo2_1b_mb4 torch=1 kernels=0 fine_grained=1
+util_cost=0
 while (($#)); do
     case $1 in
         --steps) steps=$2; shift 2 ;;
@@ -35,6 +40,7 @@ while (($#)); do
         --no-torch) torch=0; shift ;;
         --no-fine-grained) fine_grained=0; shift ;;
         --kernels) kernels=1; shift ;;
+        --utilization-cost) util_cost=1; shift ;;
         *) echo "error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -63,15 +69,18 @@ done
 for ((r = 1; r <= rounds; r++)); do
     for name in "${names[@]}"; do
         IFS='|' read -r config micro <<<"${spec[$name]}"
-        policies=(null)
-        ((fine_grained)) && policies+=(fine_grained)
-        for ac in "${policies[@]}"; do
-            run=$name
-            [[ $ac == null ]] || run=${name}_$ac
+        variants=(null)
+        ((fine_grained)) && variants+=(fine_grained)
+        ((util_cost)) && variants+=(noutil)
+        for variant in "${variants[@]}"; do
+            run=$name ac=$variant interval=1
+            [[ $variant == null ]] || run=${name}_$variant
+            [[ $variant == noutil ]] && ac=null interval=0
             "$trainer" --config "$config" --device cuda --precision amp_bf16 --data data/bench_tokens.bin \
                 --max-duration "$steps" --set console_log_interval=1000000 --set kernels.attention="$attention" \
                 --set save_folder=null --set save_interval=0 --set device_train_microbatch_size="$micro" \
                 --set global_train_batch_size="$micro" --set activation_checkpointing="$ac" \
+                --set utilization_interval="$interval" \
                 --metrics-file "$tmp/trainer_${run}_$r.jsonl" >"$tmp/trainer_${run}_$r.log" 2>&1 ||
                 { cat "$tmp/trainer_${run}_$r.log" >&2; exit 1; }
         done
@@ -89,20 +98,21 @@ for ((r = 1; r <= rounds; r++)); do
 done
 grep -h "^MFU peak" "$tmp"/trainer_*_1.log | head -1 >&2
 
-"$py" - "$tmp" "$rounds" "$attention" "$fine_grained" "${names[@]}" <<'PY'
+"$py" - "$tmp" "$rounds" "$attention" "$fine_grained" "$util_cost" "${names[@]}" <<'PY'
 import json, os, statistics, sys
-tmp, rounds, attention, fine_grained, names = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1", sys.argv[5:]
+tmp, rounds, attention = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+fine_grained, util_cost, names = sys.argv[4] == "1", sys.argv[5] == "1", sys.argv[6:]
 gib = 2**30
 def load(path):
     return json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else None
 print(f"| shape | trainer tokens/s | eager tokens/s | compile tokens/s | trainer / compile | trainer MFU | "
-      f"compile MFU | trainer GiB | eager GiB | compile GiB |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+      f"compile MFU | trainer GiB | eager GiB | compile GiB | busy |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 runs = [(name, name) for name in names]
 if fine_grained:  # each shape's fine_grained run beside the same PyTorch figures
     runs = [r for name in names for r in ((name, name), (name, f"{name}_fine_grained"))]
 for name, run in runs:
-    ours, ours_mfu, eager, comp, mem = [], [], [], [], []
+    ours, ours_mfu, eager, comp, mem, busy = [], [], [], [], [], []
     teager = tcomp = None
     for r in range(1, rounds + 1):
         rows = [json.loads(l) for l in open(f"{tmp}/trainer_{run}_{r}.jsonl") if l.strip()]
@@ -111,6 +121,7 @@ for name, run in runs:
         ours_mfu.append(100.0 * s["mfu"])
         fpt, peak = s["flops_per_token"], s["peak_flops_per_device"]
         mem.append(s["peak_memory_bytes"].get("device_pool", 0))
+        if "mean_device_busy_fraction" in s: busy.append(100.0 * s["mean_device_busy_fraction"])
         e, c = load(f"{tmp}/torch_eager_{name}_{r}.json"), load(f"{tmp}/torch_compile_{name}_{r}.json")
         if e: eager.append(e["tokens_per_second"]); teager = e
         if c: comp.append(c["tokens_per_second"]); tcomp = c
@@ -126,10 +137,21 @@ for name, run in runs:
            f"{mfu(med(comp), tcomp['seq_len']):.1f}%" if comp else "-",
            f"{max(mem) / gib:.1f}",
            f"{teager['peak_reserved_bytes'] / gib:.1f} ({teager['peak_allocated_bytes'] / gib:.1f})" if teager else "-",
-           f"{tcomp['peak_reserved_bytes'] / gib:.1f} ({tcomp['peak_allocated_bytes'] / gib:.1f})" if tcomp else "-"]
+           f"{tcomp['peak_reserved_bytes'] / gib:.1f} ({tcomp['peak_allocated_bytes'] / gib:.1f})" if tcomp else "-",
+           f"{med(busy):.0f}%" if busy else "-"]
     print("| " + " | ".join(row) + " |")
 print(f"\ntrainer: amp_bf16, kernels.attention={attention}; {rounds} round(s), medians; MFU = flops_per_token x "
       f"predicted tokens/s / the trainer's dense bf16 peak")
+if util_cost:
+    def tps(run):
+        return statistics.median(
+            [json.loads([l for l in open(f"{tmp}/trainer_{run}_{r}.jsonl") if l.strip()][-1])["tokens_per_second_per_device"]
+             for r in range(1, rounds + 1)])
+    print("\n| shape | utilisation measured, tokens/s | not measured, tokens/s | measured / not |")
+    print("|---|---|---|---|")
+    for name in names:
+        on, off = tps(name), tps(f"{name}_noutil")
+        print(f"| {name} | {on:,.0f} | {off:,.0f} | {on / off:.3f} |")
 PY
 
 if ((kernels)); then

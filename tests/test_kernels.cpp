@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -833,6 +835,37 @@ TEST_CASE("kernels: the CPU backend computes on fp32 activations and refuses bf1
     CHECK(out[0] == 4.0f);
     CHECK_THROWS(
         backend->matmul_forward(out.data(), trainer::GemmOperand::in_bf16(x16.data()), w.data(), nullptr, 2, 2, 2));
+}
+
+TEST_CASE("kernels: the CPU backend's activity window counts its ops' time on its thread, not the host's gaps") {
+    auto backend = trainer::make_cpu_backend();
+    const int n = 256;
+    std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), w(a.size(), 0.25f), out(a.size());
+    const auto t0 = std::chrono::steady_clock::now();
+    backend->begin_activity();
+    backend->matmul_forward(out.data(), a.data(), w.data(), nullptr, n, n, n);
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));  // the host busy elsewhere: no op runs
+    // Ops on another thread (a communicator's worker) are not this window's.
+    std::vector<float> out2(out.size());
+    const auto o0 = std::chrono::steady_clock::now();
+    std::thread other([&] {
+        for (int i = 0; i < 20; ++i) backend->matmul_forward(out2.data(), a.data(), w.data(), nullptr, n, n, n);
+    });
+    other.join();
+    const double other_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - o0).count();
+    backend->scale_inplace(out.data(), out.size(), 0.5f);
+    const trainer::Backend::Activity act = backend->end_activity();
+    const double window = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(act.measured);
+    CHECK(act.wait_s < 0.0);  // the host's waits are the strategy's to time
+    CHECK(act.busy_s > 0.0);
+    CHECK(act.busy_s < window - 0.06 - 0.9 * other_s);
+    // Outside a window nothing is counted, and a second window starts from zero.
+    backend->matmul_forward(out.data(), a.data(), w.data(), nullptr, n, n, n);
+    backend->begin_activity();
+    const double empty = backend->end_activity().busy_s;
+    CHECK(empty == 0.0);
+    CHECK_THROWS(backend->end_activity());
 }
 
 TEST_CASE("kernels: cast rounds to nearest even and keeps specials") {

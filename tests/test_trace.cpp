@@ -1,8 +1,9 @@
-// --trace-file: each rank writes a Chrome trace whose step spans are the steps the metrics time, tiled by
-// their children (data, micro-batches with every unit's forward, backward and recompute, the gradient
-// settling, the loss, the optimizer), with every collective on its communicator's track, bytes included;
-// scripts/merge_traces.py joins the ranks; an unwritable path is refused before the run; and the plan draws
-// its predicted step with the same spans.
+// --trace-file: each rank writes a Chrome trace whose step spans are the steps the metrics time (whose
+// utilisation shares it measures), tiled by their children (data, micro-batches with every unit's forward,
+// backward and recompute, the gradient settling, the loss, the optimizer), with every collective on its
+// communicator's track, bytes included; scripts/merge_traces.py joins the ranks; an unwritable path is
+// refused before the run; the plan draws its predicted step with the same spans; and a device's hooks
+// mirror the spans on the device's own track.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -58,6 +59,14 @@ TEST_CASE("trace: every unit and collective of every step on 2 ranks with the st
     REQUIRE(r.exit_code == 0);
     const auto rows = test_util::read_metrics(metrics);
     REQUIRE(rows.size() == steps);
+    // A trace measures the utilisation of every step: on the CPU the ops' time, and the host's waits for
+    // the Gloo collectives.
+    for (const Json& row : rows) {
+        CHECK(row["device_busy_fraction"].get<double>() > 0.0);
+        CHECK(row["device_comm_wait_fraction"].get<double>() ==
+              Approx(row["comm_wait_ms"].get<double>() / row["step_time_ms"].get<double>()).margin(1e-9));
+        CHECK(row["device_busy_fraction"].get<double>() + row["device_comm_wait_fraction"].get<double>() <= 1.0);
+    }
     for (int rank = 0; rank < 2; ++rank) {
         CAPTURE(rank);
         const std::vector<Json> spans = spans_of(dir.path("trace.rank" + std::to_string(rank) + ".json"));
@@ -212,4 +221,72 @@ TEST_CASE("trace: spans push and pop a profiler's ranges (NVTX on the GPU) witho
     CHECK_FALSE(trace::active());
     { const trace::Span after("step", "step 2"); }
     CHECK(g_ranges == std::vector<std::string>{"+step 1", "+forward", "-", "-"});
+}
+
+namespace {
+// A device that "runs" each span 1 ms after its host begin, for as long as the host span lasted + 5 us.
+struct FakeDevice {
+    std::vector<std::string> ended;
+};
+double g_device_begin_us = 0.0;
+}  // namespace
+
+TEST_CASE("trace: device hooks mirror each span onto the device's own track") {
+    REQUIRE_FALSE(trace::enabled());
+    test_util::TempDir dir;
+    FakeDevice device;
+    trace::start(3);
+    trace::set_device_hooks({&device,
+                             [](void*) -> void* {
+                                 g_device_begin_us = trace::now_us();
+                                 return &g_device_begin_us;
+                             },
+                             [](void* ctx, void* token, const char* category, const std::string& name, int64_t bytes) {
+                                 static_cast<FakeDevice*>(ctx)->ended.push_back(name);
+                                 const double begin = *static_cast<double*>(token) + 1000.0;
+                                 trace::add_span("cuda compute stream", category, name, bytes, begin,
+                                                 trace::now_us() + 1005.0 - begin);
+                             }});
+    { const trace::Span span("forward", "forward block.0", 7); }
+    trace::clear_device_hooks(nullptr);  // not the setter: the hooks stay
+    { const trace::Span span("backward", "backward block.0"); }
+    trace::clear_device_hooks(&device);
+    { const trace::Span span("optimizer", "optimizer step"); }
+    const std::string path = dir.path("t.json");
+    trace::write(path);
+    trace::stop();
+    CHECK_FALSE(trace::enabled());
+    CHECK(device.ended == std::vector<std::string>{"forward block.0", "backward block.0"});
+
+    const Json trace = Json::parse(test_util::read_file(path));
+    int device_tid = -1;
+    for (const Json& e : trace.at("traceEvents")) {
+        if (e.at("ph") == "M" && e.at("name") == "thread_name" && e.at("args").at("name") == "cuda compute stream")
+            device_tid = e.at("tid").get<int>();
+    }
+    REQUIRE(device_tid >= 0);
+    std::map<std::string, std::vector<Json>> by_name;
+    for (const Json& s : spans_of(path)) by_name[s.at("name").get<std::string>()].push_back(s);
+    REQUIRE(by_name["forward block.0"].size() == 2);  // the host's span and the device's
+    REQUIRE(by_name["backward block.0"].size() == 2);
+    REQUIRE(by_name["optimizer step"].size() == 1);  // hooks cleared: the host's only
+    for (const char* name : {"forward block.0", "backward block.0"}) {
+        CAPTURE(name);
+        const Json& host = by_name[name][0].at("tid") == device_tid ? by_name[name][1] : by_name[name][0];
+        const Json& dev = by_name[name][0].at("tid") == device_tid ? by_name[name][0] : by_name[name][1];
+        CHECK(dev.at("tid").get<int>() == device_tid);
+        CHECK(host.at("tid").get<int>() != device_tid);
+        CHECK(dev.at("cat") == host.at("cat"));
+        CHECK(dev.at("ts").get<double>() >= host.at("ts").get<double>() + 1000.0 - 1.0);
+        CHECK(dev.at("ts").get<double>() + dev.at("dur").get<double>() >=
+              host.at("ts").get<double>() + host.at("dur").get<double>() + 1000.0);
+    }
+    CHECK(by_name["forward block.0"][0].at("args").at("bytes") == 7);
+    // A stopped trace records nothing more and starts empty again.
+    { const trace::Span span("step", "after"); }
+    trace::start(0);
+    const std::string again = dir.path("t2.json");
+    trace::write(again);
+    trace::stop();
+    CHECK(spans_of(again).empty());
 }

@@ -362,12 +362,12 @@ TEST_CASE("train: golden loss curve of the tiny config") {
     CHECK(rows.size() == 30);
 }
 
-TEST_CASE("train: metrics file and summary with evaluation and peak memory") {
+TEST_CASE("train: metrics file and summary with evaluation, peak memory and utilisation") {
     TempDir dir;
-    const RunResult r =
-        run_trainer(concat(tiny_args("4"), {"--metrics-file", dir.path("m.jsonl"), "--set", "eval_interval=2", "--set",
-                                            "evaluators=[{\"label\": \"val\", \"data\": {\"paths\": [\"" +
-                                                fixture("gpt2_tiny_tokens.u16") + "\"]}}]"}));
+    const RunResult r = run_trainer(concat(
+        tiny_args("4"),
+        {"--metrics-file", dir.path("m.jsonl"), "--set", "eval_interval=2", "--set", "utilization_interval=2", "--set",
+         "evaluators=[{\"label\": \"val\", \"data\": {\"paths\": [\"" + fixture("gpt2_tiny_tokens.u16") + "\"]}}]"}));
     require_ok(r);
     CHECK_THAT(r.out, Contains("FLOPs per token = 6N + 12*L*d*T"));
     CHECK_THAT(r.out, Contains("MFU peak"));
@@ -378,7 +378,26 @@ TEST_CASE("train: metrics file and summary with evaluation and peak memory") {
     }
     CHECK(rows[1].contains("val_loss"));
     CHECK_FALSE(rows[0].contains("val_loss"));
+    // Utilisation on every second step: the CPU backend's ops are most of a step of one rank, and the three
+    // shares split the step.
+    for (size_t i = 0; i < rows.size(); ++i) {
+        CAPTURE(i);
+        const Json& row = rows[i];
+        REQUIRE(row.contains("device_busy_fraction") == (i % 2 == 1));
+        if (i % 2 == 0) continue;
+        const double busy = row["device_busy_fraction"], wait = row["device_comm_wait_fraction"],
+                     host = row["device_host_wait_fraction"];
+        CHECK(busy > 0.3);
+        CHECK(busy <= 1.0);
+        CHECK(wait == Approx(row["comm_wait_ms"].get<double>() / row["step_time_ms"].get<double>()).margin(1e-9));
+        CHECK(host >= 0.0);
+        CHECK(busy + wait + host == Approx(1.0).margin(1e-9));
+    }
+    CHECK_THAT(r.out, Contains("| busy "));
     const Json summary = test_util::read_summary(dir.path("m.jsonl"));
+    // The first step warms caches and is left out of the means, as from the mean step time.
+    CHECK(summary["mean_device_busy_fraction"].get<double>() ==
+          Approx((rows[1]["device_busy_fraction"].get<double>() + rows[3]["device_busy_fraction"].get<double>()) / 2));
     const Json& mem = summary["peak_memory_bytes_per_rank"][0];
     CHECK(mem["parameters"].get<long>() > 0);
     CHECK(mem["optimizer_state"].get<long>() == 2 * mem["parameters"].get<long>());

@@ -5,11 +5,14 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <new>
+#include <thread>
 #include <vector>
 
 #include "base/common.h"
@@ -55,6 +58,25 @@ class CpuBackend final : public Backend {
         for (auto& [size, blocks] : cache_) {
             for (void* p : blocks) ::munmap(p, size);
         }
+    }
+
+    // The activity window: the host time of the ops the window's thread runs (ops on other threads, the
+    // Gloo workers' reductions, are communication's). The host's waits for collectives are the strategy's
+    // to time (wait_s stays negative).
+    void begin_activity() override {
+        TRAINER_CHECK(!activity_open_.load(std::memory_order_relaxed), "an activity window is already open");
+        activity_thread_ = std::this_thread::get_id();
+        busy_s_ = 0.0;
+        activity_open_.store(true, std::memory_order_release);
+    }
+    Activity end_activity() override {
+        TRAINER_CHECK(activity_open_.load(std::memory_order_relaxed) && std::this_thread::get_id() == activity_thread_,
+                      "no activity window is open on this thread");
+        activity_open_.store(false, std::memory_order_relaxed);
+        Activity a;
+        a.measured = true;
+        a.busy_s = busy_s_;
+        return a;
     }
 
     // Host memory kept as the GPU's stream-ordered pool keeps device memory: blocks of kPoolMin bytes or
@@ -109,10 +131,20 @@ class CpuBackend final : public Backend {
         return static_cast<int64_t>(pool_bytes_);
     }
     // Empty units (a tied head without norm parameters) pass null pointers with 0 bytes: not memcpy's to see.
-    void copy_host_to_device(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
-    void copy_device_to_host(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
-    void copy_device_to_device(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+    void copy_host_to_device(void* dst, const void* src, size_t bytes) override {
+        const Busy busy(*this);
+        copy(dst, src, bytes);
+    }
+    void copy_device_to_host(void* dst, const void* src, size_t bytes) override {
+        const Busy busy(*this);
+        copy(dst, src, bytes);
+    }
+    void copy_device_to_device(void* dst, const void* src, size_t bytes) override {
+        const Busy busy(*this);
+        copy(dst, src, bytes);
+    }
     void fill_zero(void* ptr, size_t bytes) override {
+        const Busy busy(*this);
         if (bytes > 0) std::memset(ptr, 0, bytes);
     }
     double peak_flops(bool bf16, std::string* how) const override {
@@ -125,102 +157,163 @@ class CpuBackend final : public Backend {
 
     void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
                         int N) override {
+        const Busy busy(*this);
         cpu::matmul_forward(f32(out), f32(inp), weight, bias, M, K, N);
     }
     void matmul_backward(GemmOperand dinp, float* dweight, float* dbias, GemmOperand dout, GemmOperand inp,
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override {
+        const Busy busy(*this);
         cpu::matmul_backward(f32(dinp), dweight, dbias, f32(dout), f32(inp), weight, M, K, N, accumulate_dinp);
     }
     void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
                            int C) override {
+        const Busy busy(*this);
         cpu::embedding_forward(out, tokens, wte, wpe, N, T, C);
     }
     void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,
                             int C) override {
+        const Busy busy(*this);
         cpu::embedding_backward(dwte, dwpe, dout, tokens, N, T, C);
     }
     void layernorm_forward(GemmOperand out, float* mean, float* rstd, const float* inp, const float* weight,
                            const float* bias, int N, int C, float eps, NormKind kind) override {
+        const Busy busy(*this);
         cpu::layernorm_forward(f32(out), mean, rstd, inp, weight, bias, N, C, eps, kind == NormKind::kRms);
     }
     void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                             const float* weight, const float* mean, const float* rstd, int N, int C,
                             NormKind kind) override {
+        const Busy busy(*this);
         cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, kind == NormKind::kRms);
     }
     void norm_residual_forward(float* out, const float* resid, float* mean, float* rstd, GemmOperand inp,
                                const float* weight, const float* bias, int N, int C, float eps,
                                NormKind kind) override {
+        const Busy busy(*this);
         cpu::norm_residual_forward(out, resid, mean, rstd, f32(inp), weight, bias, N, C, eps, kind == NormKind::kRms);
     }
     void norm_residual_backward(GemmOperand dinp, float* dweight, float* dbias, const float* dout, GemmOperand inp,
                                 const float* weight, const float* mean, const float* rstd, int N, int C,
                                 NormKind kind) override {
+        const Busy busy(*this);
         cpu::norm_residual_backward(f32(dinp), dweight, dbias, dout, f32(inp), weight, mean, rstd, N, C,
                                     kind == NormKind::kRms);
     }
     void qk_norm_forward(GemmOperand qkv, GemmOperand qk, float* mean, float* rstd, const float* q_weight,
                          const float* q_bias, const float* k_weight, const float* k_bias, int N, int C, float eps,
                          NormKind kind) override {
+        const Busy busy(*this);
         cpu::qk_norm_forward(f32(qkv), f32(qk), mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, eps,
                              kind == NormKind::kRms);
     }
     void qk_norm_backward(GemmOperand dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias,
                           GemmOperand qk, const float* q_weight, const float* k_weight, const float* mean,
                           const float* rstd, int N, int C, NormKind kind) override {
+        const Busy busy(*this);
         cpu::qk_norm_backward(f32(dqkv), dq_weight, dq_bias, dk_weight, dk_bias, f32(qk), q_weight, k_weight, mean,
                               rstd, N, C, kind == NormKind::kRms);
     }
     void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float theta) override {
+        const Busy busy(*this);
         cpu::rope_forward(f32(qkv), B, T, NH, HS, theta);
     }
     void rope_backward(GemmOperand dqkv, int B, int T, int NH, int HS, float theta) override {
+        const Busy busy(*this);
         cpu::rope_backward(f32(dqkv), B, T, NH, HS, theta);
     }
     void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) override {
+        const Busy busy(*this);
         cpu::attention_forward(f32(out), lse, f32(qkv), B, T, NH, HS);
     }
     void attention_backward(GemmOperand dqkv, GemmOperand dout, GemmOperand qkv, GemmOperand out, const float* lse,
                             int B, int T, int NH, int HS) override {
+        const Busy busy(*this);
         cpu::attention_backward(f32(dqkv), f32(dout), f32(qkv), f32(out), lse, B, T, NH, HS);
     }
     void gelu_forward(GemmOperand out, GemmOperand inp, size_t n, bool tanh_approx) override {
+        const Busy busy(*this);
         cpu::gelu_forward(f32(out), f32(inp), n, tanh_approx);
     }
     void gelu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, size_t n, bool tanh_approx) override {
+        const Busy busy(*this);
         cpu::gelu_backward(f32(dinp), f32(inp), f32(dout), n, tanh_approx);
     }
     void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) override {
+        const Busy busy(*this);
         cpu::swiglu_forward(f32(out), f32(inp), N, H);
     }
     void swiglu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, int N, int H) override {
+        const Busy busy(*this);
         cpu::swiglu_backward(f32(dinp), f32(inp), f32(dout), N, H);
     }
     void residual_forward(float* out, const float* a, const float* b, size_t n) override {
+        const Busy busy(*this);
         cpu::residual_forward(out, a, b, n);
     }
-    void scale_inplace(float* x, size_t n, float s) override { cpu::scale_inplace(x, n, s); }
+    void scale_inplace(float* x, size_t n, float s) override {
+        const Busy busy(*this);
+        cpu::scale_inplace(x, n, s);
+    }
     void classifier_forward_backward(GemmOperand logits, float* losses, const int32_t* targets, int N, int V,
                                      float dloss_scale, bool compute_grad, float z_loss_multiplier,
                                      float* z_losses) override {
+        const Busy busy(*this);
         cpu::classifier_forward_backward(f32(logits), losses, targets, N, V, dloss_scale, compute_grad,
                                          z_loss_multiplier, z_losses);
     }
     void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
                       float eps, float weight_decay, long step, float grad_scale, uint16_t* param_bf16) override {
+        const Busy busy(*this);
         cpu::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale, param_bf16);
     }
-    double squared_norm(const float* x, size_t n) override { return cpu::squared_norm(x, n); }
+    double squared_norm(const float* x, size_t n) override {
+        const Busy busy(*this);
+        return cpu::squared_norm(x, n);
+    }
     double sum(const float* x, size_t n) override {
+        const Busy busy(*this);
         double s = 0.0;
         for (size_t i = 0; i < n; ++i) s += x[i];
         return s;
     }
-    void cast_float_to_bf16(uint16_t* out, const float* in, size_t n) override { cpu::cast_float_to_bf16(out, in, n); }
-    void cast_bf16_to_float(float* out, const uint16_t* in, size_t n) override { cpu::cast_bf16_to_float(out, in, n); }
-    void round_to_bf16(float* out, const float* in, size_t n) override { cpu::round_to_bf16(out, in, n); }
+    void cast_float_to_bf16(uint16_t* out, const float* in, size_t n) override {
+        const Busy busy(*this);
+        cpu::cast_float_to_bf16(out, in, n);
+    }
+    void cast_bf16_to_float(float* out, const uint16_t* in, size_t n) override {
+        const Busy busy(*this);
+        cpu::cast_bf16_to_float(out, in, n);
+    }
+    void round_to_bf16(float* out, const float* in, size_t n) override {
+        const Busy busy(*this);
+        cpu::round_to_bf16(out, in, n);
+    }
 
    private:
+    // One op's host time, added to the open activity window when the op runs on the window's thread.
+    class Busy {
+       public:
+        explicit Busy(CpuBackend& b)
+            : b_(b.activity_open_.load(std::memory_order_acquire) && std::this_thread::get_id() == b.activity_thread_
+                     ? &b
+                     : nullptr) {
+            if (b_ != nullptr) t0_ = std::chrono::steady_clock::now();
+        }
+        ~Busy() {
+            if (b_ != nullptr)
+                b_->busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+        }
+        Busy(const Busy&) = delete;
+        Busy& operator=(const Busy&) = delete;
+
+       private:
+        CpuBackend* b_;
+        std::chrono::steady_clock::time_point t0_;
+    };
+    std::atomic<bool> activity_open_{false};
+    std::thread::id activity_thread_;
+    double busy_s_ = 0.0;
+
     static constexpr size_t kPoolMin = size_t(1) << 20, kPage = 4096;
     mutable std::mutex mutex_;
     std::map<size_t, std::vector<void*>> cache_;  // freed pool blocks by size

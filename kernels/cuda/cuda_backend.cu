@@ -31,7 +31,9 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/nvml.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/timeline.h"
 
 namespace trainer {
 
@@ -119,6 +121,22 @@ class CudaBackend final : public Backend {
         TRAINER_CUDA_CHECK(cudaSetDevice(options.device_index));
         device_ = options.device_index;
         TRAINER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        timeline_ = std::make_unique<Timeline>(stream_);
+        // A recorded trace's spans, mirrored on the compute stream (timeline.h).
+        trace::set_device_hooks(
+            {timeline_.get(),
+             [](void* ctx) -> void* {
+                 auto* t = static_cast<Timeline*>(ctx);
+                 return t->begin(t->compute_stream(), Timeline::Kind::kSpan);
+             },
+             [](void* ctx, void* token, const char* category, const std::string& name, int64_t bytes) {
+                 auto* t = static_cast<Timeline*>(ctx);
+                 try {  // called from a span's destructor; a CUDA error is sticky and reported by the next op
+                     t->end(static_cast<cudaEvent_t>(token), t->compute_stream(), Timeline::Kind::kSpan, category, name,
+                            bytes);
+                 } catch (...) {
+                 }
+             }});
         // Keep freed blocks cached in the pool instead of returning them to the driver at every sync.
         TRAINER_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device_));
         uint64_t threshold = UINT64_MAX;
@@ -137,6 +155,8 @@ class CudaBackend final : public Backend {
         free(norm_scratch_);
         gemm_.reset();
         cudaStreamSynchronize(stream_);
+        trace::clear_device_hooks(timeline_.get());
+        timeline_.reset();
         if (staging_ != nullptr) cudaFreeHost(staging_), cudaEventDestroy(staging_done_);
         if (copy_stream_ != nullptr) {
             cudaStreamSynchronize(copy_stream_);
@@ -151,6 +171,21 @@ class CudaBackend final : public Backend {
     std::string name() const override { return "cuda"; }
     cudaStream_t stream() const { return stream_; }
     int device() const { return device_; }
+    Timeline& timeline() { return *timeline_; }
+
+    void begin_activity() override { timeline_->begin_window(); }
+    Activity end_activity() override {
+        const Timeline::Totals t = timeline_->end_window();
+        Activity a;
+        a.measured = true;
+        a.busy_s = t.busy_s;
+        a.wait_s = t.wait_s;
+        return a;
+    }
+    std::vector<std::pair<std::string, double>> device_counters() override {
+        if (!nvml_) nvml_ = std::make_unique<Nvml>(device_);
+        return nvml_->read();
+    }
 
     void* alloc(size_t bytes) override {
         void* p = nullptr;
@@ -172,6 +207,7 @@ class CudaBackend final : public Backend {
         if (ptr != nullptr) cudaFreeAsync(ptr, stream_);  // no throw: called from destructors
     }
     void copy_host_to_device(void* dst, const void* src, size_t bytes) override {
+        const OpMark mark(*timeline_, "copy_host_to_device");
         if (bytes == 0) return;
         if (bytes <= kStagingBytes) {
             // Small uploads (a micro-batch's tokens) go through a pinned staging buffer: the caller may reuse
@@ -192,20 +228,24 @@ class CudaBackend final : public Backend {
         TRAINER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the caller may reuse `src` on return
     }
     void copy_device_to_host(void* dst, const void* src, size_t bytes) override {
+        const OpMark mark(*timeline_, "copy_device_to_host");
         if (bytes == 0) return;
         TRAINER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
         TRAINER_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
     void copy_device_to_device(void* dst, const void* src, size_t bytes) override {
+        const OpMark mark(*timeline_, "copy_device_to_device");
         if (bytes > 0) TRAINER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
     }
     void copy_any(void* dst, const void* src, size_t bytes) override {
+        const OpMark mark(*timeline_, "copy_any");
         if (bytes == 0) return;
         TRAINER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
         if (cuda::is_host_pointer(dst) || cuda::is_host_pointer(src))
             TRAINER_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
     void fill_zero(void* ptr, size_t bytes) override {
+        const OpMark mark(*timeline_, "fill_zero");
         if (bytes > 0) TRAINER_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream_));
     }
     void synchronize() override { TRAINER_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
@@ -256,7 +296,11 @@ class CudaBackend final : public Backend {
         if (cudaEvent_t e = pending_copy(ticket)) TRAINER_CUDA_CHECK(cudaEventSynchronize(e));
     }
     void device_wait(uint64_t ticket) override {
-        if (cudaEvent_t e = pending_copy(ticket)) TRAINER_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
+        if (cudaEvent_t e = pending_copy(ticket)) {
+            cudaEvent_t first = timeline_->begin(stream_, Timeline::Kind::kWait);
+            TRAINER_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
+            timeline_->end(first, stream_, Timeline::Kind::kWait);
+        }
     }
 
     double peak_flops(bool bf16, std::string* how) const override {
@@ -311,6 +355,7 @@ class CudaBackend final : public Backend {
     bool gemm_operands_bf16() const override { return options_.bf16_operands; }
     void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
                         int N) override {
+        const OpMark mark(*timeline_, "matmul_forward");
         TRAINER_CHECK(!out.bf16 || options_.bf16_matmuls, "a bf16 GEMM output without amp_bf16");
         if (!options_.bf16_matmuls) {
             return cuda::matmul_forward(*gemm_, out.f32(), operand_f32(wide_[0], inp, size_t(M) * K), weight, bias, M,
@@ -331,6 +376,7 @@ class CudaBackend final : public Backend {
     }
     void matmul_residual_forward(float* out, const float* resid, GemmOperand inp, const float* weight,
                                  const float* bias, int M, int K, int N, float* scratch) override {
+        const OpMark mark(*timeline_, "matmul_residual_forward");
         if (options_.bf16_matmuls) {
             const uint16_t* inp16 = operand_bf16(a16_, inp, size_t(M) * K);
             const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
@@ -340,6 +386,7 @@ class CudaBackend final : public Backend {
     }
     void matmul_gelu_forward(GemmOperand pre, GemmOperand out, GemmOperand inp, const float* weight, const float* bias,
                              int M, int K, int N, bool tanh_approx) override {
+        const OpMark mark(*timeline_, "matmul_gelu_forward");
         if (tanh_approx && options_.bf16_matmuls && pre.bf16 && out.bf16) {
             // amp_bf16: pre and out in bf16 from cuBLASLt's GELU_AUX(_BIAS) epilogue (the bias rounded to bf16
             // as the bf16-output GEMMs add it); else the bf16-output GEMM and one pass (below).
@@ -362,6 +409,7 @@ class CudaBackend final : public Backend {
     }
     void matmul_backward(GemmOperand dinp, float* dweight, float* dbias, GemmOperand dout, GemmOperand inp,
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override {
+        const OpMark mark(*timeline_, "matmul_backward");
         TRAINER_CHECK(!(dinp.bf16 && accumulate_dinp), "a bf16 GEMM gradient cannot accumulate");
         if (!options_.bf16_matmuls) {
             TRAINER_CHECK(!dinp.bf16 && !dout.bf16, "a bf16 GEMM gradient without amp_bf16");
@@ -391,15 +439,18 @@ class CudaBackend final : public Backend {
     }
     void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
                            int C) override {
+        const OpMark mark(*timeline_, "embedding_forward");
         cuda::embedding_forward(out, tokens, wte, wpe, N, T, C, stream_);
     }
     void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,
                             int C) override {
+        const OpMark mark(*timeline_, "embedding_backward");
         void* scratch = grow(emb_scratch_, cuda::embedding_backward_scratch_bytes(N));
         cuda::embedding_backward(dwte, dwpe, dout, tokens, N, T, C, scratch, stream_);
     }
     void layernorm_forward(GemmOperand out, float* mean, float* rstd, const float* inp, const float* weight,
                            const float* bias, int N, int C, float eps, NormKind kind) override {
+        const OpMark mark(*timeline_, "layernorm_forward");
         const bool rms = kind == NormKind::kRms;
         if (out.bf16) {
             return cuda::layernorm_forward_bf16(out.b16(), mean, rstd, inp, weight, bias, N, C, eps, rms, stream_);
@@ -409,12 +460,14 @@ class CudaBackend final : public Backend {
     void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                             const float* weight, const float* mean, const float* rstd, int N, int C,
                             NormKind kind) override {
+        const OpMark mark(*timeline_, "layernorm_backward");
         cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, kind == NormKind::kRms,
                                  norm_scratch(N, C), stream_);
     }
     void norm_residual_forward(float* out, const float* resid, float* mean, float* rstd, GemmOperand inp,
                                const float* weight, const float* bias, int N, int C, float eps,
                                NormKind kind) override {
+        const OpMark mark(*timeline_, "norm_residual_forward");
         const bool rms = kind == NormKind::kRms;
         if (inp.bf16) {
             return cuda::norm_residual_forward(out, resid, mean, rstd, static_cast<const uint16_t*>(inp.b16()), weight,
@@ -426,6 +479,7 @@ class CudaBackend final : public Backend {
     void norm_residual_backward(GemmOperand dinp, float* dweight, float* dbias, const float* dout, GemmOperand inp,
                                 const float* weight, const float* mean, const float* rstd, int N, int C,
                                 NormKind kind) override {
+        const OpMark mark(*timeline_, "norm_residual_backward");
         TRAINER_CHECK(dinp.bf16 == inp.bf16, "norm_residual_backward: dinp and inp in one storage type");
         const bool rms = kind == NormKind::kRms;
         if (inp.bf16) {
@@ -439,6 +493,7 @@ class CudaBackend final : public Backend {
     void qk_norm_forward(GemmOperand qkv, GemmOperand qk, float* mean, float* rstd, const float* q_weight,
                          const float* q_bias, const float* k_weight, const float* k_bias, int N, int C, float eps,
                          NormKind kind) override {
+        const OpMark mark(*timeline_, "qk_norm_forward");
         TRAINER_CHECK(qkv.bf16 == qk.bf16, "qk_norm_forward: qkv and qk in one storage type");
         const bool rms = kind == NormKind::kRms;
         if (qkv.bf16) {
@@ -451,6 +506,7 @@ class CudaBackend final : public Backend {
     void qk_norm_backward(GemmOperand dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias,
                           GemmOperand qk, const float* q_weight, const float* k_weight, const float* mean,
                           const float* rstd, int N, int C, NormKind kind) override {
+        const OpMark mark(*timeline_, "qk_norm_backward");
         TRAINER_CHECK(dqkv.bf16 == qk.bf16, "qk_norm_backward: dqkv and qk in one storage type");
         const bool rms = kind == NormKind::kRms;
         if (qk.bf16) {
@@ -462,16 +518,19 @@ class CudaBackend final : public Backend {
                                q_weight, k_weight, mean, rstd, N, C, rms, norm_scratch(N, C), stream_);
     }
     void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float theta) override {
+        const OpMark mark(*timeline_, "rope_forward");
         const auto& [cos_t, sin_t] = rope_table(T, HS, theta);
         if (qkv.bf16) return cuda::rope_forward_bf16(qkv.b16(), cos_t, sin_t, B, T, NH, HS, stream_);
         cuda::rope_forward(qkv.f32(), cos_t, sin_t, B, T, NH, HS, stream_);
     }
     void rope_backward(GemmOperand dqkv, int B, int T, int NH, int HS, float theta) override {
+        const OpMark mark(*timeline_, "rope_backward");
         const auto& [cos_t, sin_t] = rope_table(T, HS, theta);
         if (dqkv.bf16) return cuda::rope_backward_bf16(dqkv.b16(), cos_t, sin_t, B, T, NH, HS, stream_);
         cuda::rope_backward(dqkv.f32(), cos_t, sin_t, B, T, NH, HS, stream_);
     }
     void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) override {
+        const OpMark mark(*timeline_, "attention_forward");
         const size_t NC = static_cast<size_t>(B) * T * NH * HS;
         if (options_.attention == AttentionKernel::kNative) {  // fp32 kernels: bf16 operands widened
             const float* q = operand_f32(wide_[0], qkv, 3 * NC);
@@ -493,6 +552,7 @@ class CudaBackend final : public Backend {
     }
     void attention_backward(GemmOperand dqkv, GemmOperand dout, GemmOperand qkv, GemmOperand out, const float* lse,
                             int B, int T, int NH, int HS) override {
+        const OpMark mark(*timeline_, "attention_backward");
         const size_t NC = static_cast<size_t>(B) * T * NH * HS;
         if (options_.attention == AttentionKernel::kNative) {  // fp32 kernels: bf16 operands widened, and narrowed
             float* scratch = static_cast<float*>(
@@ -517,12 +577,14 @@ class CudaBackend final : public Backend {
         if (!dqkv.bf16) cuda::cast_bf16_to_float(dqkv.f32(), dqkv16, 3 * NC, stream_);
     }
     void gelu_forward(GemmOperand out, GemmOperand inp, size_t n, bool tanh_approx) override {
+        const OpMark mark(*timeline_, "gelu_forward");
         if (inp.bf16 && out.bf16) return cuda::gelu_forward_bf16_in(out.b16(), inp.b16(), n, tanh_approx, stream_);
         const float* x = operand_f32(wide_[0], inp, n);
         if (out.bf16) return cuda::gelu_forward_bf16(out.b16(), x, n, tanh_approx, stream_);
         cuda::gelu_forward(out.f32(), x, n, tanh_approx, stream_);
     }
     void gelu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, size_t n, bool tanh_approx) override {
+        const OpMark mark(*timeline_, "gelu_backward");
         if (dinp.bf16) {
             const uint16_t* g16 = operand_bf16(c16_, dout, n);
             if (inp.bf16) return cuda::gelu_backward_bf16_in(dinp.b16(), inp.b16(), g16, n, tanh_approx, stream_);
@@ -532,6 +594,7 @@ class CudaBackend final : public Backend {
                             stream_);
     }
     void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) override {
+        const OpMark mark(*timeline_, "swiglu_forward");
         if (inp.bf16) {
             const size_t NH = static_cast<size_t>(N) * H;
             if (out.bf16) return cuda::swiglu_forward_bf16_in(out.b16(), inp.b16(), N, H, stream_);
@@ -541,6 +604,7 @@ class CudaBackend final : public Backend {
         cuda::swiglu_forward(out.f32(), inp.f32(), N, H, stream_);
     }
     void swiglu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, int N, int H) override {
+        const OpMark mark(*timeline_, "swiglu_backward");
         const size_t NH = static_cast<size_t>(N) * H;
         if (dinp.bf16 && inp.bf16) {  // amp_bf16's: all three bf16
             return cuda::swiglu_backward_bf16(dinp.b16(), inp.b16(), operand_bf16(c16_, dout, NH), N, H, stream_);
@@ -556,12 +620,17 @@ class CudaBackend final : public Backend {
         if (dinp.bf16) cuda::cast_float_to_bf16(dinp.b16(), d32, 2 * NH, stream_);
     }
     void residual_forward(float* out, const float* a, const float* b, size_t n) override {
+        const OpMark mark(*timeline_, "residual_forward");
         cuda::residual_forward(out, a, b, n, stream_);
     }
-    void scale_inplace(float* x, size_t n, float s) override { cuda::scale_inplace(x, n, s, stream_); }
+    void scale_inplace(float* x, size_t n, float s) override {
+        const OpMark mark(*timeline_, "scale_inplace");
+        cuda::scale_inplace(x, n, s, stream_);
+    }
     void classifier_forward_backward(GemmOperand logits, float* losses, const int32_t* targets, int N, int V,
                                      float dloss_scale, bool compute_grad, float z_loss_multiplier,
                                      float* z_losses) override {
+        const OpMark mark(*timeline_, "classifier_forward_backward");
         if (logits.bf16) {
             return cuda::classifier_forward_backward_bf16(logits.b16(), losses, targets, N, V, dloss_scale,
                                                           compute_grad, z_loss_multiplier, z_losses, stream_);
@@ -571,12 +640,17 @@ class CudaBackend final : public Backend {
     }
     void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
                       float eps, float weight_decay, long step, float grad_scale, uint16_t* param_bf16) override {
+        const OpMark mark(*timeline_, "adamw_update");
         cuda::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale, param_bf16,
                            stream_);
     }
-    double squared_norm(const float* x, size_t n) override { return cuda::squared_norm(x, n, norm_scratch_, stream_); }
+    double squared_norm(const float* x, size_t n) override {
+        const OpMark mark(*timeline_, "squared_norm");
+        return cuda::squared_norm(x, n, norm_scratch_, stream_);
+    }
     void adamw_update_multi(const std::vector<AdamwRange>& ranges, float lr, float beta1, float beta2, float eps,
                             long step, float grad_scale) override {
+        const OpMark mark(*timeline_, "adamw_update_multi");
         std::vector<cuda::AdamwSegment> segs;
         size_t chunks = 0;
         for (const AdamwRange& r : ranges) {
@@ -593,6 +667,7 @@ class CudaBackend final : public Backend {
                                  beta1, beta2, eps, step, grad_scale, stream_);
     }
     double squared_norm_multi(const std::vector<std::pair<const float*, size_t>>& ranges) override {
+        const OpMark mark(*timeline_, "squared_norm_multi");
         std::vector<cuda::NormSegment> segs;
         size_t chunks = 0;
         for (const auto& [x, n] : ranges) {
@@ -607,14 +682,22 @@ class CudaBackend final : public Backend {
         return cuda::squared_norm_multi(static_cast<const cuda::NormSegment*>(dev), static_cast<int>(segs.size()),
                                         chunks, norm_scratch_, stream_);
     }
-    double sum(const float* x, size_t n) override { return cuda::sum(x, n, norm_scratch_, stream_); }
+    double sum(const float* x, size_t n) override {
+        const OpMark mark(*timeline_, "sum");
+        return cuda::sum(x, n, norm_scratch_, stream_);
+    }
     void cast_float_to_bf16(uint16_t* out, const float* in, size_t n) override {
+        const OpMark mark(*timeline_, "cast_float_to_bf16");
         cuda::cast_float_to_bf16(out, in, n, stream_);
     }
     void cast_bf16_to_float(float* out, const uint16_t* in, size_t n) override {
+        const OpMark mark(*timeline_, "cast_bf16_to_float");
         cuda::cast_bf16_to_float(out, in, n, stream_);
     }
-    void round_to_bf16(float* out, const float* in, size_t n) override { cuda::round_to_bf16(out, in, n, stream_); }
+    void round_to_bf16(float* out, const float* in, size_t n) override {
+        const OpMark mark(*timeline_, "round_to_bf16");
+        cuda::round_to_bf16(out, in, n, stream_);
+    }
 
    private:
     struct Scratch {
@@ -637,6 +720,7 @@ class CudaBackend final : public Backend {
         return static_cast<float*>(grow(ln_scratch_, cuda::layernorm_backward_scratch_floats(N, C) * sizeof(float)));
     }
     void hold_weight(const float* w) override {
+        const OpMark mark(*timeline_, "hold_weight");
         held_ = w;
         held_numel_ = 0;  // cast on first use
     }
@@ -704,6 +788,8 @@ class CudaBackend final : public Backend {
     cudaStream_t stream_ = nullptr;
     cudaMemPool_t pool_ = nullptr;
     std::unique_ptr<Gemm> gemm_;
+    std::unique_ptr<Timeline> timeline_;
+    std::unique_ptr<Nvml> nvml_;  // made at the first device_counters()
     double* norm_scratch_ = nullptr;
     Scratch ln_scratch_, att_scratch_, emb_scratch_, a16_, b16_, c16_;
     Scratch bias16_;                    // a bias rounded to bf16 for a bf16-output GEMM's epilogue
@@ -723,6 +809,12 @@ cudaStream_t backend_stream(Backend* backend) {
     auto* cb = dynamic_cast<CudaBackend*>(backend);
     TRAINER_CHECK(cb != nullptr, "backend {} is not the CUDA backend", backend->name());
     return cb->stream();
+}
+
+Timeline& backend_timeline(Backend* backend) {
+    auto* cb = dynamic_cast<CudaBackend*>(backend);
+    TRAINER_CHECK(cb != nullptr, "backend {} is not the CUDA backend", backend->name());
+    return cb->timeline();
 }
 
 int backend_device(Backend* backend) {

@@ -1,8 +1,12 @@
 // GPU tests above the kernels (each kernel against the CPU is in test_gpu_kernels.cpp): the full model
 // against the PyTorch fixtures, 20 training steps against the CPU backend, every strategy over a one-rank NCCL
-// communicator, two ranks on two GPUs where a machine has them, and CPU offload against the resident run.
+// communicator, two ranks on two GPUs where a machine has them, CPU offload against the resident run, and
+// the utilisation metrics and device tracks of a trace.
+#include <chrono>
 #include <cmath>
+#include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -216,5 +220,90 @@ TEST_CASE("gpu: cpu offload trains to the losses of the resident run") {
             test_util::check_losses(resident, both, 0, run.rel);
         }
         ++k;
+    }
+}
+
+TEST_CASE("gpu: the activity window times the stream's kernels and waits, not the host's gaps") {
+    auto backend = make_backend(Device::kCuda);
+    const int n = 2048;
+    const size_t bytes = static_cast<size_t>(n) * n * sizeof(float);
+    DeviceBuffer a(backend.get(), bytes, MemCategory::kOther), w(backend.get(), bytes, MemCategory::kOther),
+        out(backend.get(), bytes, MemCategory::kOther);
+    backend->fill_zero(a.data(), bytes);
+    backend->fill_zero(w.data(), bytes);
+    backend->matmul_forward(out.f32(), a.f32(), w.f32(), nullptr, n, n, n);  // warm the GEMM's plan
+    backend->synchronize();
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    backend->begin_activity();
+    for (int i = 0; i < 4; ++i) backend->matmul_forward(out.f32(), a.f32(), w.f32(), nullptr, n, n, n);
+    backend->synchronize();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the device has nothing to run
+    for (int i = 0; i < 4; ++i) backend->matmul_forward(out.f32(), a.f32(), w.f32(), nullptr, n, n, n);
+    // An offload copy of 256 MiB the compute stream waits for: wait time, not busy time.
+    const size_t copy_bytes = size_t(256) << 20;
+    void* host = backend->alloc_host(copy_bytes);
+    DeviceBuffer dst(backend.get(), copy_bytes, MemCategory::kOther);
+    const uint64_t ticket = backend->copy_async(dst.data(), host, copy_bytes);
+    backend->device_wait(ticket);
+    backend->scale_inplace(out.f32(), 1, 1.0f);
+    const Backend::Activity act = backend->end_activity();
+    const double window = std::chrono::duration<double>(Clock::now() - t0).count();
+    backend->free_host(host);
+    INFO("busy " << act.busy_s << " s, wait " << act.wait_s << " s, window " << window << " s");
+    CHECK(act.measured);
+    CHECK(act.busy_s > 0.0);
+    CHECK(act.busy_s + act.wait_s < window - 0.045);
+    CHECK(act.wait_s > 0.002);  // 256 MiB over PCIe takes at least 5 ms
+    // A second window starts from zero.
+    backend->begin_activity();
+    const Backend::Activity empty = backend->end_activity();
+    CHECK(empty.busy_s == 0.0);
+    CHECK(empty.wait_s == 0.0);
+}
+
+TEST_CASE("gpu: a traced run carries the device's utilisation and NVML counters, and its stream's spans") {
+    test_util::TempDir dir;
+    const std::string trace = dir.path("trace.json");
+    const auto rows = train(dir.path("m.jsonl"), {"--device", "cuda", "--precision", "amp_bf16", "--max-duration", "3",
+                                                  "--trace-file", trace});
+    REQUIRE(rows.size() == 3);
+    for (const Json& row : rows) {
+        const double busy = row["device_busy_fraction"], wait = row["device_comm_wait_fraction"];
+        CHECK(busy > 0.0);
+        CHECK(busy + wait <= 1.0);
+        CHECK(row.contains("gpu_utilization_percent"));
+        CHECK(row.contains("sm_clock_mhz"));
+    }
+    const Json all = Json::parse(test_util::read_file(trace));
+    int device_tid = -1;
+    for (const Json& e : all.at("traceEvents")) {
+        if (e.at("ph") == "M" && e.at("name") == "thread_name" && e.at("args").at("name") == "cuda compute stream")
+            device_tid = e.at("tid").get<int>();
+    }
+    REQUIRE(device_tid >= 0);
+    std::map<std::string, int> device_count;
+    std::vector<std::pair<double, double>> steps;  // the host's step spans
+    for (const Json& e : all.at("traceEvents")) {
+        if (e.at("ph") != "X") continue;
+        if (e.at("tid") == device_tid) ++device_count[e.at("name").get<std::string>()];
+        if (e.at("cat") == "step" && e.at("tid") != device_tid) steps.push_back({e.at("ts"), e.at("dur")});
+    }
+    REQUIRE(steps.size() == 3);
+    // Every unit's forward and backward and each op kind, on the device's track.
+    CHECK(device_count["forward block.0"] == 3);
+    CHECK(device_count["backward block.0"] == 3);
+    CHECK(device_count["optimizer step"] == 3);
+    CHECK(device_count["matmul_forward"] > 0);
+    CHECK(device_count["attention_backward"] > 0);
+    // The device's spans lie inside the host's step windows (placed from the window's first event), up to
+    // the alignment's few microseconds.
+    for (const Json& e : all.at("traceEvents")) {
+        if (e.at("ph") != "X" || e.at("tid") != device_tid) continue;
+        const double b = e.at("ts"), d = e.at("dur");
+        bool inside = false;
+        for (const auto& [sb, sd] : steps) inside |= b >= sb - 50.0 && b + d <= sb + sd + 50.0;
+        CAPTURE(e.dump());
+        CHECK(inside);
     }
 }
