@@ -19,8 +19,11 @@ def load(path):
 
 
 def coverage(events):
-    """(step name, step ms, covered ms) for each step span of each rank's compute track."""
+    """(step name, step ms, covered ms) for each step span of each rank's compute track, and of its device
+    track on a GPU (the same spans when the device ran them, named with the track)."""
     spans = [e for e in events if e.get("ph") == "X"]
+    tracks = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
+              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     rows = []
     for step in (e for e in spans if e.get("cat") == "step"):
         begin, end = step["ts"], step["ts"] + step["dur"]
@@ -31,7 +34,9 @@ def coverage(events):
                     if not any(o is not c and o["ts"] <= c["ts"] and c["ts"] + c["dur"] <= o["ts"] + o["dur"]
                                and o["dur"] > c["dur"] for o in inside)]
         covered = sum(c["dur"] for c in children)
-        rows.append((f"rank {step['pid']} {step['name']}", step["dur"] / 1e3, covered / 1e3))
+        track = tracks.get((step["pid"], step["tid"]), "")
+        where = f" ({track})" if track and track != "compute" else ""
+        rows.append((f"rank {step['pid']} {step['name']}{where}", step["dur"] / 1e3, covered / 1e3))
     return rows
 
 

@@ -3,8 +3,9 @@
 
   scripts/plot_metrics.py RUN.jsonl [RUN2.jsonl ...] -o run.png [--labels a,b]
       One figure of four panels, the runs overlaid: training loss (validation loss as markers), learning
-      rate and tokens/s/device over steps, and each run's peak memory of rank 0 by category (MiB, from the
-      summary record). Each run is labelled by --labels or its file name.
+      rate and tokens/s/device over steps (with the device's busy share of each measured step, dotted, on
+      the right axis), and each run's peak memory of rank 0 by category (MiB, from the summary record).
+      Each run is labelled by --labels or its file name.
 
   scripts/plot_metrics.py --strategies ROWS.json -o strategies.png
       The bar chart of scripts/bench_strategies.sh: tokens/s/device and every rank's peak memory (total,
@@ -53,6 +54,7 @@ def read_run(path):
 def plot_runs(paths, labels, out):
     fig, ax = plt.subplots(2, 2, figsize=(12, 8))
     (loss_ax, lr_ax), (tps_ax, mem_ax) = ax
+    busy_ax = None
     for path, label in zip(paths, labels):
         steps, _ = read_run(path)
         x = [r["step"] for r in steps]
@@ -61,7 +63,13 @@ def plot_runs(paths, labels, out):
         if val:
             loss_ax.plot(*zip(*val), "o--", color=line.get_color(), label=f"{label} validation", markersize=4)
         lr_ax.plot(x, [r["lr"] for r in steps], label=label)
-        tps_ax.plot(x, [r["tokens_per_second_per_device"] for r in steps], label=label)
+        tps_line, = tps_ax.plot(x, [r["tokens_per_second_per_device"] for r in steps], label=label)
+        busy = [(r["step"], 100.0 * r["device_busy_fraction"]) for r in steps if "device_busy_fraction" in r]
+        if busy:
+            if busy_ax is None:
+                busy_ax = tps_ax.twinx()
+                busy_ax.set(ylabel="device busy %", ylim=(0, 105))
+            busy_ax.plot(*zip(*busy), ":", color=tps_line.get_color(), label=f"{label} busy")
     # Memory: each run's peak by category at its end (rank 0), one stacked bar per run.
     peaks = []
     for path, label in zip(paths, labels):

@@ -122,7 +122,15 @@ class CudaBackend final : public Backend {
         device_ = options.device_index;
         TRAINER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         timeline_ = std::make_unique<Timeline>(stream_);
-        // A recorded trace's spans, mirrored on the compute stream (timeline.h).
+        // Keep freed blocks cached in the pool instead of returning them to the driver at every sync.
+        TRAINER_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device_));
+        uint64_t threshold = UINT64_MAX;
+        TRAINER_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+        gemm_ = std::make_unique<Gemm>();
+        if (options.attention == AttentionKernel::kCudnn) cudnn_attention_ = std::make_unique<CudnnAttention>();
+        norm_scratch_ = static_cast<double*>(alloc(kNormScratchDoubles * sizeof(double)));
+        // A recorded trace's spans, mirrored on the compute stream (timeline.h); last, so that a constructor
+        // that throws leaves no hooks to a destroyed timeline.
         trace::set_device_hooks(
             {timeline_.get(),
              [](void* ctx) -> void* {
@@ -137,13 +145,6 @@ class CudaBackend final : public Backend {
                  } catch (...) {
                  }
              }});
-        // Keep freed blocks cached in the pool instead of returning them to the driver at every sync.
-        TRAINER_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device_));
-        uint64_t threshold = UINT64_MAX;
-        TRAINER_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
-        gemm_ = std::make_unique<Gemm>();
-        if (options.attention == AttentionKernel::kCudnn) cudnn_attention_ = std::make_unique<CudnnAttention>();
-        norm_scratch_ = static_cast<double*>(alloc(kNormScratchDoubles * sizeof(double)));
     }
     ~CudaBackend() override {
         for (auto& [key, t] : rope_tables_) free(t.first), free(t.second);

@@ -6,7 +6,9 @@
 // An interval's first event is recorded before its work is queued and its second after it: the stream
 // reaches the first once everything queued before is done (or, when it had nothing left, as the host
 // records it), and the second once the work is done, so the time between them is the work's device time and
-// no idle time before it. The intervals of ops give the busy time, those around the compute stream's waits
+// no idle time before it. An op's interval holds all its kernels and whatever gaps the host leaves between
+// them (or before the first, on an empty stream), so busy time bounds the kernels' time from above; the gaps
+// between ops, where the stream had nothing queued, are the host's share. The intervals of ops give the busy time, those around the compute stream's waits
 // on other streams the wait time. The events are recycled: pending intervals are folded into the sums as
 // their events complete, looked at every kHarvestEvery intervals, and the host waits for the oldest only
 // when kMaxPending are outstanding, so a step of a thousand micro-batches needs no more events than that.
