@@ -136,6 +136,13 @@ const std::vector<KeySpec>& schema() {
         {"plan.hardware", KeyType::kString, nullptr, true, {}, -kInf, kInf, "trainer plan and distributed_strategy auto: the hardware entry the step times are predicted for (h100-sxm, h200, a100-40gb, a100-80gb, cpu); null: cpu on the CPU, h100-sxm on CUDA"},
         {"plan.calibration", KeyType::kString, nullptr, true, {}, -kInf, kInf, "trainer plan and distributed_strategy auto: op times measured by trainer bench-kernels --calibration-out (required for the cpu entry)"},
         {"plan.device_memory_gib", KeyType::kFloat, nullptr, true, {}, 0.001, 1e9, "trainer plan and distributed_strategy auto: GiB of memory per device that a configuration must fit in; null: the hardware entry's (none for the CPU)"},
+        {"plan.intra_node_bandwidth_gbs", KeyType::kFloat, nullptr, true, {}, 1e-6, 1e6, "trainer plan and distributed_strategy auto: the bus bandwidth (GB/s, as nccl-tests' busbw) of the links within a node, instead of the hardware entry's (NVLink; e.g. about 10-20 for PCIe without NVLink)"},
+        {"plan.inter_node_bandwidth_gbs", KeyType::kFloat, nullptr, true, {}, 1e-6, 1e6, "trainer plan and distributed_strategy auto: the bus bandwidth (GB/s) between nodes per GPU, instead of the hardware entry's (InfiniBand; e.g. about 3 for 25 Gb/s Ethernet)"},
+        {"plan.intra_node_latency_us", KeyType::kFloat, nullptr, true, {}, 0, 1e9, "trainer plan and distributed_strategy auto: microseconds per ring step within a node, instead of the hardware entry's"},
+        {"plan.inter_node_latency_us", KeyType::kFloat, nullptr, true, {}, 0, 1e9, "trainer plan and distributed_strategy auto: microseconds per ring step between nodes, instead of the hardware entry's"},
+        {"plan.gemm_efficiency", KeyType::kFloat, nullptr, true, {}, 1e-6, 1, "trainer plan and distributed_strategy auto: the share of the dense peak the GEMMs reach, instead of the hardware entry's (ops without a calibration)"},
+        {"plan.attention_efficiency", KeyType::kFloat, nullptr, true, {}, 1e-6, 1, "trainer plan and distributed_strategy auto: the share of the dense peak attention reaches, instead of the hardware entry's (ops without a calibration)"},
+        {"plan.memory_efficiency", KeyType::kFloat, nullptr, true, {}, 1e-6, 1, "trainer plan and distributed_strategy auto: the share of the memory bandwidth the memory-bound ops reach, instead of the hardware entry's (ops without a calibration)"},
         {"trace_file", KeyType::kString, nullptr, true, {}, -kInf, kInf, "write a Chrome trace (Perfetto, chrome://tracing) of every step here: units' forward / backward / recompute, collectives with their bytes, waits, optimizer, data, checkpoints; with several ranks each writes <name>.rank<r>.<ext> (scripts/merge_traces.py joins them)"},
         {"cpu_offload.optimizer_state", KeyType::kBool, false, false, {}, -kInf, kInf, "keep the fp32 master parameters and the AdamW moments in (pinned) host memory and run AdamW on the host, each unit's gradients copied down as soon as they are final and the updated parameters uploaded before their next use (DeepSpeed's offload_optimizer)"},
         {"cpu_offload.parameters", KeyType::kBool, false, false, {}, -kInf, kInf, "also keep the sharded parameters only in host memory, each FSDP unit's shard uploaded before its gather (FSDP's CPUOffload(offload_params=True), DeepSpeed's offload_param); needs cpu_offload.optimizer_state and a sharding strategy that gathers (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD)"},
@@ -748,6 +755,13 @@ TrainConfig validate_config(const Json& user_doc) {
     c.plan.hardware = opt<std::string>(doc["plan"]["hardware"]);
     c.plan.calibration = opt<std::string>(doc["plan"]["calibration"]);
     c.plan.device_memory_gib = opt<double>(doc["plan"]["device_memory_gib"]);
+    c.plan.intra_node_bandwidth_gbs = opt<double>(doc["plan"]["intra_node_bandwidth_gbs"]);
+    c.plan.inter_node_bandwidth_gbs = opt<double>(doc["plan"]["inter_node_bandwidth_gbs"]);
+    c.plan.intra_node_latency_us = opt<double>(doc["plan"]["intra_node_latency_us"]);
+    c.plan.inter_node_latency_us = opt<double>(doc["plan"]["inter_node_latency_us"]);
+    c.plan.gemm_efficiency = opt<double>(doc["plan"]["gemm_efficiency"]);
+    c.plan.attention_efficiency = opt<double>(doc["plan"]["attention_efficiency"]);
+    c.plan.memory_efficiency = opt<double>(doc["plan"]["memory_efficiency"]);
     c.cpu_offload.optimizer_state = doc["cpu_offload"]["optimizer_state"].get<bool>();
     c.cpu_offload.parameters = doc["cpu_offload"]["parameters"].get<bool>();
     if (c.cpu_offload.parameters && !c.cpu_offload.optimizer_state) {

@@ -243,6 +243,13 @@ struct PlanConfig {
     std::optional<std::string> hardware;      // a hardware entry (core/step_time.h)
     std::optional<std::string> calibration;   // bench-kernels --calibration-out
     std::optional<double> device_memory_gib;  // memory of one device
+    // The hardware entry's links, overridden: bus bandwidth in GB/s (1e9 bytes/s, as nccl-tests' busbw)
+    // and latency per ring step in microseconds, within a node and between nodes.
+    std::optional<double> intra_node_bandwidth_gbs, inter_node_bandwidth_gbs;
+    std::optional<double> intra_node_latency_us, inter_node_latency_us;
+    // The shares of the roofline the ops reach (GEMMs of the dense peak, attention, memory-bound ops of the
+    // bandwidth), instead of the hardware entry's; a calibration's measured op times take precedence.
+    std::optional<double> gemm_efficiency, attention_efficiency, memory_efficiency;
 };
 
 // CPU offload (DeepSpeed's two levers): where the optimizer's state and the sharded parameters live.

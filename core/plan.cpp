@@ -255,7 +255,7 @@ struct Row {
 // Every candidate of the world, dry-run and timed; the recommendation is the fastest that fits.
 struct Plan {
     std::vector<Row> rows;
-    const Hardware* hw = nullptr;
+    std::optional<Hardware> hw;  // the entry, with the config's link overrides
     std::optional<Calibration> calibration;
     double device_gib = 0.0;  // 0: unknown
     std::string config_refused, other_refused;
@@ -273,8 +273,18 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
     plan.env = env, plan.device = device;
     const int world = env.world_size;
     const std::string hw_name = !o.hardware.empty() ? o.hardware : device == Device::kCuda ? "h100-sxm" : "cpu";
-    plan.hw = find_hardware(hw_name);
-    if (plan.hw == nullptr) user_error("plan --hardware {}: unknown; expected one of {}", hw_name, hardware_names());
+    const Hardware* entry = find_hardware(hw_name);
+    if (entry == nullptr) user_error("plan --hardware {}: unknown; expected one of {}", hw_name, hardware_names());
+    plan.hw = *entry;
+    // The config's overrides of the entry: its links, and the shares of the roofline its ops reach.
+    const PlanConfig& set = config.plan;
+    if (set.intra_node_bandwidth_gbs) plan.hw->intra.bandwidth = *set.intra_node_bandwidth_gbs * 1e9;
+    if (set.inter_node_bandwidth_gbs) plan.hw->inter.bandwidth = *set.inter_node_bandwidth_gbs * 1e9;
+    if (set.intra_node_latency_us) plan.hw->intra.latency = *set.intra_node_latency_us * 1e-6;
+    if (set.inter_node_latency_us) plan.hw->inter.latency = *set.inter_node_latency_us * 1e-6;
+    if (set.gemm_efficiency) plan.hw->gemm_efficiency = *set.gemm_efficiency;
+    if (set.attention_efficiency) plan.hw->attention_efficiency = *set.attention_efficiency;
+    if (set.memory_efficiency) plan.hw->memory_efficiency = *set.memory_efficiency;
     const Hardware& hw = *plan.hw;
     if (!o.calibration.empty()) plan.calibration = read_calibration(o.calibration);
     if (hw.name == "cpu" && !plan.calibration) {
@@ -462,12 +472,23 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
         }
         return 0;
     }
+    const auto link = [](const Link& l, bool overridden) {
+        return fmt::format("{:.4g} GB/s, {:.4g} us{}", l.bandwidth / 1e9, l.latency * 1e6, overridden ? " (set)" : "");
+    };
+    const PlanConfig& pc = config.plan;
     std::printf(
-        "plan for %s on %d node(s) x %d rank(s), device %s, hardware %s (%s)%s: a dry run of one step per "
-        "configuration; times per step, memory per rank in GiB\n\n",
+        "plan for %s on %d node(s) x %d rank(s), device %s, hardware %s (%s; links within a node %s, between "
+        "nodes %s)%s: a dry run of one step per configuration; times per step, memory per rank in GiB\n\n",
         config.run_name.c_str(), o.nnodes, o.nproc_per_node, choice_name(device), hw.name.c_str(),
         hw.description.c_str(),
-        plan.calibration ? fmt::format(", op times from {}", plan.calibration->path).c_str() : "");
+        link(hw.intra, pc.intra_node_bandwidth_gbs.has_value() || pc.intra_node_latency_us.has_value()).c_str(),
+        link(hw.inter, pc.inter_node_bandwidth_gbs.has_value() || pc.inter_node_latency_us.has_value()).c_str(),
+        plan.calibration ? fmt::format(", op times from {}", plan.calibration->path).c_str()
+        : pc.gemm_efficiency || pc.attention_efficiency || pc.memory_efficiency
+            ? fmt::format(", ops at {:.3g} / {:.3g} / {:.3g} of the roofline (GEMMs / attention / memory; set)",
+                          hw.gemm_efficiency, hw.attention_efficiency, hw.memory_efficiency)
+                  .c_str()
+            : "");
     std::printf(
         "| configuration | step ms | compute | exposed comm | optimizer | tokens/s/device | MFU | parameters | "
         "gradients | optimizer state | gathered | activations | communication | device peak | host |%s\n",

@@ -293,6 +293,64 @@ TEST_CASE("plan: unknown hardware and a CPU plan without op times are refused") 
     CHECK(gpu.out.find("hardware a100-40gb") != std::string::npos);
 }
 
+TEST_CASE("plan: the hardware entry's links and roofline shares can be set, and they move what they should") {
+    // OLMo-1B under DDP with an all-reduce per micro-batch on 4 ranks of an A100 node: the link sets the
+    // exposed communication, the GEMMs' share the compute.
+    const std::vector<std::string> base = {"plan",
+                                           "--config",
+                                           "configs/olmo_1b.json",
+                                           "--device",
+                                           "cuda",
+                                           "--hardware",
+                                           "a100-40gb",
+                                           "--nproc-per-node",
+                                           "4",
+                                           "--json",
+                                           "--strategy",
+                                           "ddp",
+                                           "--set",
+                                           "ddp.grad_sync_mode=micro_batch",
+                                           "--set",
+                                           "global_train_batch_size=16",
+                                           "--set",
+                                           "device_train_microbatch_size=2"};
+    auto row = [&](const std::vector<std::string>& extra) {
+        std::vector<std::string> args = base;
+        args.insert(args.end(), extra.begin(), extra.end());
+        const auto r = test_util::run_trainer(args);
+        INFO(r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+        std::stringstream lines(r.out);
+        for (std::string line; std::getline(lines, line);) {
+            const Json j = Json::parse(line);
+            if (j["is_config"].get<bool>()) return j;
+        }
+        FAIL("no row of the config as given");
+        return Json();
+    };
+    const Json entry = row({});
+    const Json slow_link =
+        row({"--set", "plan.intra_node_bandwidth_gbs=0.5", "--set", "plan.intra_node_latency_us=50"});
+    const Json slow_gemm = row({"--set", "plan.gemm_efficiency=0.1"});
+    CHECK(slow_link["predicted_compute_ms"].get<double>() ==
+          Approx(entry["predicted_compute_ms"].get<double>()).epsilon(1e-9));
+    CHECK(slow_link["predicted_exposed_comm_ms"].get<double>() >
+          10 * entry["predicted_exposed_comm_ms"].get<double>() + 0.01);
+    CHECK(slow_gemm["predicted_compute_ms"].get<double>() > 3 * entry["predicted_compute_ms"].get<double>());
+    // The table's header says which links it used and what was set.
+    const auto table =
+        test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb", "--set",
+                                "plan.inter_node_bandwidth_gbs=3", "--set", "plan.memory_efficiency=0.5"});
+    INFO(table.out << table.err);
+    CHECK(table.out.find("links within a node 230 GB/s, 10 us, between nodes 3 GB/s, 20 us (set)") !=
+          std::string::npos);
+    CHECK(table.out.find("ops at 0.7 / 0.5 / 0.5 of the roofline") != std::string::npos);
+    const auto bad = test_util::run_trainer(
+        {"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb", "--set", "plan.gemm_efficiency=1.5"});
+    CHECK(bad.exit_code != 0);
+    CHECK(bad.err.find("plan.gemm_efficiency") != std::string::npos);
+}
+
 TEST_CASE("plan: a world the config cannot split is refused with the reason") {
     // tiny.json's global batch of 8 does not split over 3 ranks of micro-batch 4, in any configuration.
     const auto r = test_util::run_trainer(

@@ -3,22 +3,22 @@
 // compute stream ran kernels, waited for collectives, or had nothing to run (the device waited for the
 // host: launch overhead, data loading, a host synchronisation), and a trace shows what the device ran.
 //
-// An interval's first event is recorded before its work is queued and its second after it: the stream
-// reaches the first once everything queued before is done (or, when it had nothing left, as the host
-// records it), and the second once the work is done, so the time between them is the work's device time and
-// no idle time before it. An op's interval holds all its kernels and whatever gaps the host leaves between
-// them (or before the first, on an empty stream), so busy time bounds the kernels' time from above; the gaps
-// between ops, where the stream had nothing queued, are the host's share. The intervals of ops give the busy time, those around the compute stream's waits
-// on other streams the wait time. The events are recycled: pending intervals are folded into the sums as
-// their events complete, looked at every kHarvestEvery intervals, and the host waits for the oldest only
-// when kMaxPending are outstanding, so a step of a thousand micro-batches needs no more events than that.
+// An interval's first event is recorded before its work is queued and its second after it: the stream reaches
+// the first once everything queued before is done (or, when it had nothing left, as the host records it), and
+// the second once the work is done, so the time between them is the work's device time and no idle time
+// before it. An op's interval holds all its kernels and whatever gaps the host leaves between them (or before
+// the first, on an empty stream), so busy time bounds the kernels' time from above; the gaps between ops,
+// where the stream had nothing queued, are the host's share. The intervals of ops give the busy time, those
+// around the compute stream's waits on other streams the wait time. The events are recycled: pending
+// intervals are folded into the sums as their events complete, looked at every kHarvestEvery intervals, and
+// the host waits for the oldest only when kMaxPending are outstanding, so a step of a thousand micro-batches
+// needs no more events than that.
 //
 // With a trace recorded (base/trace.h), each of the host's spans on the window's thread is mirrored on the
 // device track "cuda compute stream" (its ops inside it, by name), and each communicator's collectives on a
-// track of its own.
-// Device times are placed on the trace's clock from the window's first event, recorded when the window
-// opens on an idle stream (a traced window synchronises first; a step ends with a synchronisation anyway),
-// so the device reaches that event as it is recorded.
+// track of its own. Device times are placed on the trace's clock from the window's first event, recorded when
+// the window opens on an idle stream (a traced window synchronises first; a step ends with a synchronisation
+// anyway), so the device reaches that event as it is recorded.
 //
 // All calls come from the thread that opened the window; on any other thread, or with no window open, they
 // record nothing.
