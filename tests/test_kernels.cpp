@@ -837,7 +837,7 @@ TEST_CASE("kernels: the CPU backend computes on fp32 activations and refuses bf1
         backend->matmul_forward(out.data(), trainer::GemmOperand::in_bf16(x16.data()), w.data(), nullptr, 2, 2, 2));
 }
 
-TEST_CASE("kernels: the CPU backend's activity window counts its ops' time on its thread, not the host's gaps") {
+TEST_CASE("kernels: the CPU backend's activity window counts its ops' time on its own thread and not the host's gaps") {
     auto backend = trainer::make_cpu_backend();
     const int n = 256;
     std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), w(a.size(), 0.25f), out(a.size());

@@ -293,7 +293,7 @@ TEST_CASE("plan: unknown hardware and a CPU plan without op times are refused") 
     CHECK(gpu.out.find("hardware a100-40gb") != std::string::npos);
 }
 
-TEST_CASE("plan: the hardware entry's links and roofline shares can be set, and they move what they should") {
+TEST_CASE("plan: the hardware entry's links and roofline shares can be set and move what they should") {
     // OLMo-1B under DDP with an all-reduce per micro-batch on 4 ranks of an A100 node: the link sets the
     // exposed communication, the GEMMs' share the compute.
     const std::vector<std::string> base = {"plan",

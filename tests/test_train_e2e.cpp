@@ -362,7 +362,7 @@ TEST_CASE("train: golden loss curve of the tiny config") {
     CHECK(rows.size() == 30);
 }
 
-TEST_CASE("train: metrics file and summary with evaluation, peak memory and utilisation") {
+TEST_CASE("train: metrics file and summary with evaluation and peak memory and utilisation") {
     TempDir dir;
     const RunResult r = run_trainer(concat(
         tiny_args("4"),

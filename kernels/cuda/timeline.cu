@@ -1,4 +1,5 @@
 // The device's activity window (see timeline.h).
+#include <algorithm>
 #include <utility>
 
 #include "base/common.h"
@@ -66,10 +67,12 @@ void Timeline::end(cudaEvent_t first, cudaStream_t stream, Kind kind, const char
 
 // Adds a completed interval to the sums (and the trace) and recycles its events.
 void Timeline::fold(Pending& p) {
-    float begin_ms = 0.0f, end_ms = 0.0f;
-    TRAINER_CUDA_CHECK(cudaEventElapsedTime(&begin_ms, start_, p.first));
-    TRAINER_CUDA_CHECK(cudaEventElapsedTime(&end_ms, start_, p.second));
-    const double dur_ms = std::max(0.0, static_cast<double>(end_ms) - begin_ms);
+    // The duration from its own pair (a float of milliseconds since the window's start would lose
+    // microseconds late in a long step), the start from the window's first event (the trace only).
+    float dur = 0.0f, begin_ms = 0.0f;
+    TRAINER_CUDA_CHECK(cudaEventElapsedTime(&dur, p.first, p.second));
+    const double dur_ms = std::max(0.0f, dur);
+    if (trace_) TRAINER_CUDA_CHECK(cudaEventElapsedTime(&begin_ms, start_, p.first));
     if (p.kind == Kind::kOp) busy_ms_ += dur_ms;
     if (p.kind == Kind::kWait) wait_ms_ += dur_ms;
     // Waits are traced by the host's "wait" spans mirrored around them.
