@@ -159,10 +159,12 @@ Span::Span(const char* category, std::string_view name, int64_t bytes)
     if (observer_ != nullptr) observer_->begin(category, name);
     if (pop_ != nullptr) g_hooks.push(name_.empty() ? category : name_.c_str());
     if (on_) {
-        std::lock_guard<std::mutex> lock(g_device_mutex);
-        if (g_device.begin != nullptr) device_token_ = g_device.begin(g_device.ctx);
+        {
+            std::lock_guard<std::mutex> lock(g_device_mutex);
+            if (g_device.begin != nullptr) device_token_ = g_device.begin(g_device.ctx);
+        }
+        begin_us_ = clock_us();
     }
-    if (on_) begin_us_ = clock_us();
 }
 
 Span::~Span() {

@@ -21,6 +21,8 @@ class MetricsWriter {
     explicit MetricsWriter(const std::optional<std::string>& path, bool append);
     ~MetricsWriter();
     void write(const Json& record);
+    // Whether write() writes anything (a path was given: rank 0 with metrics_file).
+    bool writes() const { return !path_.empty(); }
 
    private:
     std::string path_;

@@ -400,7 +400,9 @@ class TrainingRun {
             record["device_busy_fraction"] = busy;
             record["device_comm_wait_fraction"] = wait;
             record["device_host_wait_fraction"] = std::max(0.0, 1.0 - busy - wait);
-            for (const auto& [name, value] : backend_->device_counters()) record[name] = value;
+            if (metrics_->writes()) {  // the device's counters, read only where the record is written
+                for (const auto& [name, value] : backend_->device_counters()) record[name] = value;
+            }
             busy_text = fmt::format(" | busy {:.0f}%", 100.0 * busy);
             if (step > start_step_ + 1 || total_steps_ - start_step_ == 1) {
                 total_busy_ += busy;

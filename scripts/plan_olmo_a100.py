@@ -59,25 +59,25 @@ def bisect(f, lo, hi, target):
 
 
 def table(trainer, link=None, scale=None):
+    planned = {row: plan(trainer, row, link, scale) for row in ROWS}  # each row planned once
+    tps = {row: given["predicted_tokens_per_second_per_device"] for row, (given, _) in planned.items()}
     print("| row | predicted tokens/s/device | measured | predicted / measured | step ms | exposed comm ms |")
     print("|---|---|---|---|---|---|")
     for row, (label, _) in ROWS.items():
-        r, _ = plan(trainer, row, link, scale)
-        tps = r["predicted_tokens_per_second_per_device"]
-        print(f"| {label} | {tps:,.0f} | {MEASURED[row]:,} | {tps / MEASURED[row]:.2f} | "
+        r = planned[row][0]
+        print(f"| {label} | {tps[row]:,.0f} | {MEASURED[row]:,} | {tps[row] / MEASURED[row]:.2f} | "
               f"{r['predicted_step_ms']:,.0f} | {r['predicted_exposed_comm_ms']:,.0f} |")
-    ddp = plan(trainer, "ddp", link, scale)[0]["predicted_tokens_per_second_per_device"]
+    print()
     for row in ("fsdp_null", "sgo_bbs"):
-        tps = plan(trainer, row, link, scale)[0]["predicted_tokens_per_second_per_device"]
-        print(f"\nDDP / {ROWS[row][0]}: predicted {ddp / tps:.2f}x, measured {MEASURED['ddp'] / MEASURED[row]:.2f}x",
-              end="")
-    _, best = plan(trainer, "ddp", link, scale)
+        print(f"DDP / {ROWS[row][0]}: predicted {tps['ddp'] / tps[row]:.2f}x, "
+              f"measured {MEASURED['ddp'] / MEASURED[row]:.2f}x")
+    best = planned["ddp"][1]
     c = best["config"]
     name = " ".join(str(c[k]) for k in ("distributed_strategy", "fsdp.sharding_strategy", "fsdp.wrapping_strategy")
                     if c.get(k) is not None and (k == "distributed_strategy" or c["distributed_strategy"] == "fsdp"))
     sync = c.get("fsdp.grad_sync_mode") if c["distributed_strategy"] == "fsdp" else c.get("ddp.grad_sync_mode")
-    print(f"\nrecommended: {name}, sync {sync}: {best['predicted_tokens_per_second_per_device']:,.0f} tokens/s/device, "
-          f"{best['predicted_tokens_per_second_per_device'] / ddp:.2f}x DDP\n")
+    best_tps = best["predicted_tokens_per_second_per_device"]
+    print(f"recommended: {name}, sync {sync}: {best_tps:,.0f} tokens/s/device, {best_tps / tps['ddp']:.2f}x DDP\n")
 
 
 def main():

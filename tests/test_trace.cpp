@@ -259,11 +259,7 @@ TEST_CASE("trace: device hooks mirror each span onto the device's own track") {
     CHECK(device.ended == std::vector<std::string>{"forward block.0", "backward block.0"});
 
     const Json trace = Json::parse(test_util::read_file(path));
-    int device_tid = -1;
-    for (const Json& e : trace.at("traceEvents")) {
-        if (e.at("ph") == "M" && e.at("name") == "thread_name" && e.at("args").at("name") == "cuda compute stream")
-            device_tid = e.at("tid").get<int>();
-    }
+    const int device_tid = test_util::trace_track(trace, "cuda compute stream");
     REQUIRE(device_tid >= 0);
     std::map<std::string, std::vector<Json>> by_name;
     for (const Json& s : spans_of(path)) by_name[s.at("name").get<std::string>()].push_back(s);

@@ -110,6 +110,16 @@ inline RunResult run_trainer(const std::vector<std::string>& args, const std::ve
 }
 
 // One JSON object per line of a metrics file; the summary line (event) is left out.
+// The track number a Chrome trace (trainer --trace-file) names `name` ("compute", "cuda compute stream"), or
+// -1 when it has none.
+inline int trace_track(const trainer::Json& trace, const std::string& name) {
+    for (const trainer::Json& e : trace.at("traceEvents")) {
+        if (e.at("ph") == "M" && e.at("name") == "thread_name" && e.at("args").at("name") == name)
+            return e.at("tid").get<int>();
+    }
+    return -1;
+}
+
 inline std::vector<trainer::Json> read_metrics(const std::string& path) {
     std::vector<trainer::Json> rows;
     std::ifstream f(path);

@@ -806,23 +806,17 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-cudaStream_t backend_stream(Backend* backend) {
+namespace {
+CudaBackend& as_cuda(Backend* backend) {
     auto* cb = dynamic_cast<CudaBackend*>(backend);
     TRAINER_CHECK(cb != nullptr, "backend {} is not the CUDA backend", backend->name());
-    return cb->stream();
+    return *cb;
 }
+}  // namespace
 
-Timeline& backend_timeline(Backend* backend) {
-    auto* cb = dynamic_cast<CudaBackend*>(backend);
-    TRAINER_CHECK(cb != nullptr, "backend {} is not the CUDA backend", backend->name());
-    return cb->timeline();
-}
-
-int backend_device(Backend* backend) {
-    auto* cb = dynamic_cast<CudaBackend*>(backend);
-    TRAINER_CHECK(cb != nullptr, "backend {} is not the CUDA backend", backend->name());
-    return cb->device();
-}
+cudaStream_t backend_stream(Backend* backend) { return as_cuda(backend).stream(); }
+Timeline& backend_timeline(Backend* backend) { return as_cuda(backend).timeline(); }
+int backend_device(Backend* backend) { return as_cuda(backend).device(); }
 
 }  // namespace cuda
 

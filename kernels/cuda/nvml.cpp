@@ -5,6 +5,9 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <memory>
+#include <utility>
+
 namespace trainer::cuda {
 
 namespace {
@@ -32,7 +35,7 @@ struct Nvml::Functions {
 Nvml::Nvml(int device) {
     library_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (library_ == nullptr) return;
-    auto* f = new Functions;
+    auto f = std::make_unique<Functions>();
     const auto sym = [this](const char* name) { return dlsym(library_, name); };
     f->init = reinterpret_cast<decltype(f->init)>(sym("nvmlInit_v2"));
     f->shutdown = reinterpret_cast<decltype(f->shutdown)>(sym("nvmlShutdown"));
@@ -48,19 +51,17 @@ Nvml::Nvml(int device) {
         f->by_pci(bus_id, &handle) != 0) {
         (void)cudaGetLastError();
         if (loaded) f->shutdown();
-        delete f;
         dlclose(library_);
         library_ = nullptr;
         return;
     }
-    f_ = f;
+    f_ = std::move(f);
     device_ = handle;
 }
 
 Nvml::~Nvml() {
     if (f_ == nullptr) return;
     f_->shutdown();
-    delete f_;
     dlclose(library_);
 }
 

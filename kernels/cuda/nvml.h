@@ -2,6 +2,7 @@
 // needed, so a machine without it (or a container without the driver's libraries) runs without the counters.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,7 +26,7 @@ class Nvml {
     void* library_ = nullptr;
     void* device_ = nullptr;  // nvmlDevice_t
     struct Functions;
-    Functions* f_ = nullptr;
+    std::unique_ptr<Functions> f_;  // null without NVML
 };
 
 }  // namespace trainer::cuda

@@ -281,11 +281,7 @@ TEST_CASE("gpu: a traced run carries the device's utilisation and NVML counters 
         CHECK(row.contains("sm_clock_mhz"));
     }
     const Json all = Json::parse(test_util::read_file(trace));
-    int device_tid = -1;
-    for (const Json& e : all.at("traceEvents")) {
-        if (e.at("ph") == "M" && e.at("name") == "thread_name" && e.at("args").at("name") == "cuda compute stream")
-            device_tid = e.at("tid").get<int>();
-    }
+    const int device_tid = test_util::trace_track(all, "cuda compute stream");
     REQUIRE(device_tid >= 0);
     std::map<std::string, int> device_count;
     std::vector<std::pair<double, double>> steps;  // the host's step spans
