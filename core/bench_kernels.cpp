@@ -163,10 +163,16 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         ops.push_back({fmt::format("{} forward", norm_name), [&, kind, eps](Backend& b) {
                            b.layernorm_forward(yo, mean.f32(), rstd.f32(), x.f32(), w, nullptr, N, C, eps, kind);
                        }});
-        ops.push_back({fmt::format("{} backward", norm_name), [&, kind](Backend& b) {
-                           b.layernorm_backward(dx.f32(), dw, nullptr, y.f32(), x.f32(), w, mean.f32(), rstd.f32(), N,
-                                                C, kind);
-                       }});
+        if (!m.norm_has_weight() && !m.norm_has_bias()) {  // as the model runs it: from the norm's output
+            ops.push_back({fmt::format("{} backward from its output", norm_name), [&, kind](Backend& b) {
+                               b.norm_backward_from_output(dx.f32(), y.f32(), yo, rstd.f32(), N, C, kind);
+                           }});
+        } else {
+            ops.push_back({fmt::format("{} backward", norm_name), [&, kind](Backend& b) {
+                               b.layernorm_backward(dx.f32(), dw, nullptr, y.f32(), x.f32(), w, mean.f32(), rstd.f32(),
+                                                    N, C, kind);
+                           }});
+        }
     }
     DeviceBuffer qk, qk16, qk_stats;
     GemmOperand qko;

@@ -170,6 +170,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     norm_eps_ = static_cast<float>(m_.layer_norm_eps);
     norm_after_ = m_.norm_after;
     qk_norm_ = m_.attention_layer_norm;
+    norm_from_output_ = !norm_after_ && !m_.norm_has_weight() && !m_.norm_has_bias();
     z_loss_ = static_cast<float>(config.z_loss_multiplier);
     const bool rms = m_.rms_norm();
 
@@ -222,11 +223,18 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     const auto kept = [&](Keep k, Need need) {
         return k == Keep::kAll || need == Need::kInput || (need == Need::kGemm && k == Keep::kGemmOutputs);
     };
+    // With norm_from_output_ a block that keeps everything has no use for the residual stream in its backward
+    // (its norms' backward reads ln1 and ln2): its input and resid_mid live only through its forward, in two
+    // stream buffers that every such block shares (a block's output overwrites its input there once resid_mid
+    // holds the sum), laid over the backward's gradient scratch, dead while the forward runs.
+    const auto streamed = [&](int l, size_t Plan::*field) {
+        return norm_from_output_ && keep_[l] == Keep::kAll && (field == &Plan::resid || field == &Plan::resid_mid);
+    };
     // 1. What each block keeps for its backward.
     for (int l = 0; l < L_; ++l) {
         Plan p;
         for (const Slot& slot : slots) {
-            if (kept(keep_[l], slot.need)) p.*slot.field = take_slot(slot);
+            if (kept(keep_[l], slot.need) && !streamed(l, slot.field)) p.*slot.field = take_slot(slot);
         }
         layers_.push_back(p);
     }
@@ -252,6 +260,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     // autocast's are): attention's and the MLP's inner ones, and with norm_after the sublayers' outputs'. The
     // residual stream's (dresid) and the pre-norms' (dln), which accumulate across paths, stay fp32.
     scratch_ = take(NC);
+    const size_t backward_scratch = off;  // from here on only the blocks' backward writes
     dqkv_ = take_operand(3 * NC);
     datt_ = take_operand(NC);
     dfch_ = take_operand(N * P_);
@@ -262,7 +271,11 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     logits_ = region;
     const size_t logit_floats = operands_bf16_ ? (rows * V_ + 1) / 2 : rows * V_;
     off = std::max(off, region + (logit_floats + 15) / 16 * 16);
-    for (Plan& p : layers_) {
+    const size_t stream_floats = (NC + 15) / 16 * 16;
+    off = std::max(off, backward_scratch + 2 * stream_floats);
+    for (int l = 0; l < L_; ++l) {
+        Plan& p = layers_[l];
+        if (streamed(l, &Plan::resid)) p.resid = backward_scratch, p.resid_mid = backward_scratch + stream_floats;
         for (const Slot& slot : slots) {
             if (p.*slot.field == kAbsent) p.*slot.field = work.*slot.field;
         }
@@ -334,6 +347,21 @@ void Model::block_sublayer_input(int l, int which, int N, const BlockParams& w) 
     } else {
         backend_->layernorm_forward(op(out), mean_at(a.ln2_mean), act(a.ln2_rstd), act(in), w.ff_norm_w, w.ff_norm_b, N,
                                     C_, norm_eps_, norm_kind_);
+    }
+}
+
+void Model::pre_norm_backward(int l, int which, const BlockParams& w, const BlockParams& g, int N) {
+    const Plan& a = layers_[l];
+    const size_t out = which == 1 ? a.ln1 : a.ln2, rstd = which == 1 ? a.ln1_rstd : a.ln2_rstd;
+    if (norm_from_output_) {
+        return backend_->norm_backward_from_output(act(dresid_), act(dln_), op(out), act(rstd), N, C_, norm_kind_);
+    }
+    if (which == 1) {
+        backend_->layernorm_backward(act(dresid_), g.attn_norm_w, g.attn_norm_b, act(dln_), act(a.resid), w.attn_norm_w,
+                                     mean_at(a.ln1_mean), act(a.ln1_rstd), N, C_, norm_kind_);
+    } else {
+        backend_->layernorm_backward(act(dresid_), g.ff_norm_w, g.ff_norm_b, act(dln_), act(a.resid_mid), w.ff_norm_w,
+                                     mean_at(a.ln2_mean), act(a.ln2_rstd), N, C_, norm_kind_);
     }
 }
 
@@ -456,8 +484,12 @@ void Model::head(int batch, float dloss_scale, bool backward, const LogitsSink* 
     backend_->hold_weight(nullptr);
     if (backward) {
         backend_->fill_zero(act(dresid_), static_cast<size_t>(N) * C_ * sizeof(float));
-        backend_->layernorm_backward(act(dresid_), dnorm_w, dnorm_b, act(dln_), act(resid_final_), norm_w,
-                                     mean_at(lnf_mean_), act(lnf_rstd_), N, C_, norm_kind_);
+        if (norm_from_output_) {
+            backend_->norm_backward_from_output(act(dresid_), act(dln_), op(lnf_), act(lnf_rstd_), N, C_, norm_kind_);
+        } else {
+            backend_->layernorm_backward(act(dresid_), dnorm_w, dnorm_b, act(dln_), act(resid_final_), norm_w,
+                                         mean_at(lnf_mean_), act(lnf_rstd_), N, C_, norm_kind_);
+        }
         strategy_->after_backward(hu);
     }
     if (m_.weight_tying) strategy_->after_forward(emb);
@@ -501,8 +533,7 @@ void Model::backward_blocks(int batch) {
         } else {
             backend_->matmul_backward(act(dln_), g.ff_proj_w, g.ff_proj_b, op(dfch_), op(a.ln2), w.ff_proj_w, N, C_, P_,
                                       false);
-            backend_->layernorm_backward(act(dresid_), g.ff_norm_w, g.ff_norm_b, act(dln_), act(a.resid_mid),
-                                         w.ff_norm_w, mean_at(a.ln2_mean), act(a.ln2_rstd), N, C_, norm_kind_);
+            pre_norm_backward(l, 2, w, g, N);
         }
         // Attention: resid_mid = resid + attn_out(attn(rope(qk_norm(att_proj(LN1(resid)))))), or with norm_after
         // resid + LN1(att_o); dresid holds d(resid_mid).
@@ -526,8 +557,7 @@ void Model::backward_blocks(int batch) {
         } else {
             backend_->matmul_backward(act(dln_), g.att_proj_w, g.att_proj_b, op(dqkv_), op(a.ln1), w.att_proj_w, N, C_,
                                       3 * C_, false);
-            backend_->layernorm_backward(act(dresid_), g.attn_norm_w, g.attn_norm_b, act(dln_), act(a.resid),
-                                         w.attn_norm_w, mean_at(a.ln1_mean), act(a.ln1_rstd), N, C_, norm_kind_);
+            pre_norm_backward(l, 1, w, g, N);
         }
         strategy_->after_backward(u);
     }

@@ -85,6 +85,9 @@ class Model {
     void block_sublayer_input(int l, int which, int N, const BlockParams& w);
     // That GEMM operand.
     GemmOperand sublayer_input(int l, int which) const;
+    // The backward of block l's attention (which 1) or MLP (which 2) pre-norm into dresid from dln: from the
+    // norm's output where it has no weight or bias (norm_from_output_), else from its input.
+    void pre_norm_backward(int l, int which, const BlockParams& w, const BlockParams& g, int N);
     // What block l's backward reads and the block did not keep, recomputed into the shared work plan.
     void recompute_block(int l, int batch, const BlockParams& w);
     HeadParams head_params(const float* base) const;  // all null for a null base
@@ -116,6 +119,9 @@ class Model {
     NormKind norm_kind_ = NormKind::kLayerNorm;  // every norm's (layer_norm_type)
     float norm_eps_ = 1e-5f;
     bool norm_after_ = false, qk_norm_ = false;
+    // The pre-norms have neither weight nor bias (OLMo's): their backward reads their own output (the
+    // sublayers' GEMM input, kept anyway), not the residual stream (Backend::norm_backward_from_output).
+    bool norm_from_output_ = false;
     float z_loss_ = 0.0f;  // z-loss multiplier; 0: none
 
     // Arena offsets (in floats) of each activation of a block: the block's own where it keeps it for its

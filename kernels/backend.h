@@ -186,6 +186,13 @@ class Backend {
     virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                     const float* weight, const float* mean, const float* rstd, int N, int C,
                                     NormKind kind) = 0;
+    // The same for a norm with neither weight nor bias (OLMo's non-parametric LayerNorm, an RMSNorm without
+    // affine) from its own output `out` (the normalised input, as layernorm_forward wrote it: fp32, or a
+    // bf16 GemmOperand) and rstd instead of its input and mean: dinp(N,C) += rstd * (dout - mean(dout) - out *
+    // mean(dout * out)) (RMSNorm: no mean(dout) term). The model keeps the output as the next GEMM's input
+    // anyway, so a block that keeps everything need not keep the residual stream for its norms.
+    virtual void norm_backward_from_output(float* dinp, const float* dout, GemmOperand out, const float* rstd, int N,
+                                           int C, NormKind kind) = 0;
     // The norm after a sublayer (OLMo-2's norm_after): out(N,C) = resid + norm(inp) * weight + bias, inp the
     // sublayer's output (a GEMM's); out may alias resid; mean (nullable with RMSNorm) and rstd saved.
     virtual void norm_residual_forward(float* out, const float* resid, float* mean, float* rstd, GemmOperand inp,

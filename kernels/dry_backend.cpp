@@ -71,6 +71,11 @@ class DryBackend final : public Backend {
         const double nc = static_cast<double>(N) * C;
         note("layernorm_backward", 12 * nc, 4 * (4 * nc + 2.0 * N));
     }
+    void norm_backward_from_output(float*, const float*, GemmOperand out, const float*, int N, int C,
+                                   NormKind) override {
+        const double nc = static_cast<double>(N) * C;
+        note("norm_backward_from_output", 9 * nc, (12 + size(out)) * nc + 4.0 * N);
+    }
     // The pre-norm's costs with the residual read and added (forward), dinp written not added (backward).
     void norm_residual_forward(float*, const float*, float*, float*, GemmOperand inp, const float*, const float*, int N,
                                int C, float, NormKind) override {

@@ -295,7 +295,7 @@ void naive_norm_row(const double* x, double* y, double* mean, double* rstd, cons
     }
 }
 
-TEST_CASE("kernels: layernorm and rmsnorm backward match finite differences") {
+TEST_CASE("kernels: layernorm and rmsnorm backward (from the input and from the output) match finite differences") {
     const int C = 13;
     const float eps = 1e-5f;
     // variant 0: weight and bias (GPT-2), 1: weight only (OLMo-2's RMSNorm), 2: non-parametric (OLMo). N = 75
@@ -341,6 +341,15 @@ TEST_CASE("kernels: layernorm and rmsnorm backward match finite differences") {
             check_fd("dinp", numeric_grad(inp, loss), minus(dinp, dinp0));
             if (w) check_fd("dweight", numeric_grad(weight, loss), minus(dweight, dweight0));
             if (bptr) check_fd("dbias", numeric_grad(bias, loss), minus(dbias, dbias0));
+            if (variant == 2) {
+                // Without weight or bias the output is the normalised input: the backward from it (what the model
+                // runs for OLMo's norms) adds the same gradient, without the input or the mean.
+                loss();
+                Vec from_out = dinp0;
+                cpu::norm_backward_from_output<double>(from_out.data(), R.data(), out.data(), rstd.data(), N, C, rms);
+                check_close("dinp from the output", dinp, from_out, 1e-13, 1e-12);
+                check_fd("dinp from the output", numeric_grad(inp, loss), minus(from_out, dinp0));
+            }
         }
     }
 }

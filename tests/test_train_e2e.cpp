@@ -579,7 +579,7 @@ TEST_CASE("bench-kernels: times every op of a step at the config's shapes agains
     REQUIRE(r.exit_code == 0);
     CHECK_THAT(r.out, Contains("shape: micro-batch 4 x T 64, d_model 64, 4 heads of 16"));
     for (const char* op : {"att_proj GEMM forward", "ff_out GEMM backward", "LM head GEMM (one chunk) forward",
-                           "layernorm backward", "rope forward", "attention backward", "swiglu forward",
+                           "layernorm backward from its output", "rope forward", "attention backward", "swiglu forward",
                            "classifier (one chunk)", "embedding backward", "adamw (one block)"}) {
         CAPTURE(op);
         CHECK_THAT(r.out, Contains(std::string("| ") + op + " | "));

@@ -186,6 +186,11 @@ class CpuBackend final : public Backend {
         const Busy busy(*this);
         cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, kind == NormKind::kRms);
     }
+    void norm_backward_from_output(float* dinp, const float* dout, GemmOperand out, const float* rstd, int N, int C,
+                                   NormKind kind) override {
+        const Busy busy(*this);
+        cpu::norm_backward_from_output(dinp, dout, f32(out), rstd, N, C, kind == NormKind::kRms);
+    }
     void norm_residual_forward(float* out, const float* resid, float* mean, float* rstd, GemmOperand inp,
                                const float* weight, const float* bias, int N, int C, float eps,
                                NormKind kind) override {

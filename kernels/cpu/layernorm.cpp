@@ -118,6 +118,25 @@ void norm_row_backward(T* __restrict dx, bool accumulate, T* __restrict pw, T* _
     }
 }
 
+// One row's input gradient from the output y = (x - m) * rs of a norm without weight or bias: dx += rs * (g -
+// mean(g) - y * mean(g * y)) (RMSNorm: no mean(g) term), norm_row_backward's formula with y read, not
+// recomputed.
+template <typename T>
+void norm_row_backward_from_output(T* __restrict dx, const T* __restrict g, const T* __restrict y, T rs, int C,
+                                   bool rms) {
+    T sum_g = T(0);
+    T sum_gy = T(0);
+#pragma omp simd reduction(+ : sum_g, sum_gy)
+    for (int c = 0; c < C; ++c) {
+        sum_g += g[c];
+        sum_gy += g[c] * y[c];
+    }
+    const T mean_g = rms ? T(0) : sum_g / T(C);
+    const T mean_gy = sum_gy / T(C);
+#pragma omp simd
+    for (int c = 0; c < C; ++c) dx[c] += rs * (g[c] - mean_g - y[c] * mean_gy);
+}
+
 // Rows n of inp (ld_in apart) normalised into out (ld_out apart), plus resid (rows ld_out apart) when not
 // null; mean (nullable) and rstd per row.
 template <typename T>
@@ -189,6 +208,15 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 }
 
 template <typename T>
+void norm_backward_from_output(T* dinp, const T* dout, const T* out, const T* rstd, int N, int C, bool rms) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; ++n) {
+        const size_t o = static_cast<size_t>(n) * C;
+        norm_row_backward_from_output(dinp + o, dout + o, out + o, rstd[n], C, rms);
+    }
+}
+
+template <typename T>
 void norm_residual_forward(T* out, const T* resid, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                            int N, int C, float eps, bool rms) {
     norm_rows_forward(out, C, resid, mean, rstd, inp, C, weight, bias, N, C, eps, rms);
@@ -225,6 +253,7 @@ void qk_norm_backward(T* dqkv, T* dq_weight, T* dq_bias, T* dk_weight, T* dk_bia
 #define TRAINER_NORM_INSTANTIATE(T)                                                                                    \
     template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, float, bool);               \
     template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int, bool); \
+    template void norm_backward_from_output<T>(T*, const T*, const T*, const T*, int, int, bool);                      \
     template void norm_residual_forward<T>(T*, const T*, T*, T*, const T*, const T*, const T*, int, int, float, bool); \
     template void norm_residual_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int,    \
                                             bool);                                                                     \

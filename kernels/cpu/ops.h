@@ -41,6 +41,9 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
                         const T* rstd, int N, int C, bool rms);
+// The backward of a norm without weight or bias from its output (out = the normalised input) and rstd: dinp +=.
+template <typename T>
+void norm_backward_from_output(T* dinp, const T* dout, const T* out, const T* rstd, int N, int C, bool rms);
 template <typename T>
 void norm_residual_forward(T* out, const T* resid, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                            int N, int C, float eps, bool rms);

@@ -465,6 +465,13 @@ class CudaBackend final : public Backend {
         cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, kind == NormKind::kRms,
                                  norm_scratch(N, C), stream_);
     }
+    void norm_backward_from_output(float* dinp, const float* dout, GemmOperand out, const float* rstd, int N, int C,
+                                   NormKind kind) override {
+        const OpMark mark(*timeline_, "norm_backward_from_output");
+        const bool rms = kind == NormKind::kRms;
+        if (out.bf16) return cuda::norm_backward_from_output(dinp, dout, out.b16(), rstd, N, C, rms, stream_);
+        cuda::norm_backward_from_output(dinp, dout, out.f32(), rstd, N, C, rms, stream_);
+    }
     void norm_residual_forward(float* out, const float* resid, float* mean, float* rstd, GemmOperand inp,
                                const float* weight, const float* bias, int N, int C, float eps,
                                NormKind kind) override {

@@ -121,6 +121,41 @@ __global__ void norm_backward_dinp_kernel(D* dinp, int ld_dinp, bool accumulate,
     }
 }
 
+// dinp += rstd * (dout - mean(dout) - y * mean(dout * y)) from the output y of a norm without weight or bias
+// (RMSNorm: no mean(dout) term): norm_backward_dinp_kernel's formula with y read (fp32 or bf16), not
+// recomputed from the input and mean. One warp per row.
+template <int W, bool kRms, typename Y>
+__global__ void norm_backward_from_output_kernel(float* dinp, const float* dout, const Y* out, const float* rstd, int N,
+                                                 int C) {
+    const int lane = threadIdx.x % 32;
+    const int n = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+    if (n >= N) return;
+    const size_t row = static_cast<size_t>(n) * C;
+    const float* g = dout + row;
+    const Y* y = out + row;
+    float* dx = dinp + row;
+    const float rs = rstd[n];
+    float sum_g = 0.0f, sum_gy = 0.0f;
+    for (int c = lane * W; c < C; c += 32 * W) {
+        float gv[W], yv[W];
+        load_vec<W>(g + c, gv);
+        load_vec<W>(y + c, yv);
+#pragma unroll
+        for (int k = 0; k < W; ++k) sum_g += gv[k], sum_gy += gv[k] * yv[k];
+    }
+    const float mean_g = kRms ? 0.0f : warp_sum(sum_g) / static_cast<float>(C);
+    const float mean_gy = warp_sum(sum_gy) / static_cast<float>(C);
+    for (int c = lane * W; c < C; c += 32 * W) {
+        float gv[W], yv[W], d[W];
+        load_vec<W>(g + c, gv);
+        load_vec<W>(y + c, yv);
+        load_vec<W>(dx + c, d);
+#pragma unroll
+        for (int k = 0; k < W; ++k) d[k] += rs * (gv[k] - mean_g - yv[k] * mean_gy);
+        store_vec<W>(dx + c, d);
+    }
+}
+
 // The vector width for rows of C channels: 8 where every row and vector is whole 16-byte words.
 constexpr int kLnVec = 8;
 template <typename... P>
@@ -317,6 +352,25 @@ void norm_backward_launch(D* dinp, int ld_dinp, bool accumulate, float* dweight,
     }
 }
 
+template <typename Y>
+void norm_backward_from_output_launch(float* dinp, const float* dout, const Y* out, const float* rstd, int N, int C,
+                                      bool rms, cudaStream_t stream) {
+    if (N == 0) return;
+    const unsigned blocks = (static_cast<unsigned>(N) + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    const bool vec = norm_vec(C, {}, dinp, dout, out);
+    const auto launch = [&](auto kernel) {
+        kernel<<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(dinp, dout, out, rstd, N, C);
+        TRAINER_CUDA_CHECK(cudaGetLastError());
+    };
+    if (vec) {
+        rms ? launch(norm_backward_from_output_kernel<kLnVec, true, Y>)
+            : launch(norm_backward_from_output_kernel<kLnVec, false, Y>);
+    } else {
+        rms ? launch(norm_backward_from_output_kernel<1, true, Y>)
+            : launch(norm_backward_from_output_kernel<1, false, Y>);
+    }
+}
+
 // q and k of qkv copied aside into qk (rows of 2C), then each normalised from there back into qkv.
 template <typename T>
 void qk_norm_forward_launch(T* qkv, T* qk, float* mean, float* rstd, const float* q_weight, const float* q_bias,
@@ -361,6 +415,16 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         float* scratch, cudaStream_t stream) {
     norm_backward_launch(dinp, C, true, dweight, dbias, dout, C, inp, C, weight, mean, rstd, N, C, rms, scratch,
                          stream);
+}
+
+void norm_backward_from_output(float* dinp, const float* dout, const float* out, const float* rstd, int N, int C,
+                               bool rms, cudaStream_t stream) {
+    norm_backward_from_output_launch(dinp, dout, out, rstd, N, C, rms, stream);
+}
+
+void norm_backward_from_output(float* dinp, const float* dout, const uint16_t* out, const float* rstd, int N, int C,
+                               bool rms, cudaStream_t stream) {
+    norm_backward_from_output_launch(dinp, dout, out, rstd, N, C, rms, stream);
 }
 
 void norm_residual_forward(float* out, const float* resid, float* mean, float* rstd, const float* inp,

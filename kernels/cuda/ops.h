@@ -111,6 +111,11 @@ size_t layernorm_backward_scratch_floats(int N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C, bool rms,
                         float* scratch, cudaStream_t stream);
+// The backward of a norm without weight or bias from its output (fp32 or bf16) and rstd: dinp +=.
+void norm_backward_from_output(float* dinp, const float* dout, const float* out, const float* rstd, int N, int C,
+                               bool rms, cudaStream_t stream);
+void norm_backward_from_output(float* dinp, const float* dout, const uint16_t* out, const float* rstd, int N, int C,
+                               bool rms, cudaStream_t stream);
 // The norm after a sublayer (norm_after): out = resid + norm(inp) (out may alias resid), inp in fp32 or bf16;
 // the backward OVERWRITES dinp (in inp's type) from the fp32 dout.
 void norm_residual_forward(float* out, const float* resid, float* mean, float* rstd, const float* inp,

@@ -453,6 +453,24 @@ void test_layernorm() {
                     expect_close(dx, ddx.host(), "layernorm_backward dinp matches the CPU", 1e-5, 1e-4);
                     if (wp) expect_close(dw, ddw.host(), "layernorm_backward dweight matches the CPU", 1e-5, 1e-4);
                     if (bp) expect_close(db, ddb.host(), "layernorm_backward dbias matches the CPU", 1e-5, 1e-4);
+                    if (affine == 0) {
+                        // The backward from the norm's output (OLMo's norms), on the fp32 output and on the bf16 one
+                        // the model keeps in amp_bf16, against the CPU on the same output.
+                        const auto dx0 = wave(x.size(), 0.5f, 3.0f);
+                        std::vector<float> want = dx0, want16 = dx0;
+                        trainer::cpu::norm_backward_from_output(want.data(), g.data(), y.data(), rstd.data(), N, C,
+                                                                rms);
+                        Dev<float> dfrom(dx0), dfrom16(dx0);
+                        trainer::cuda::norm_backward_from_output(dfrom.p, dg.p, dy.p, drstd.p, N, C, rms, nullptr);
+                        expect_close(want, dfrom.host(), "norm_backward_from_output on fp32 matches the CPU", 1e-5,
+                                     1e-4);
+                        const auto y16 = bf16_widened(dy16.host());
+                        trainer::cpu::norm_backward_from_output(want16.data(), g.data(), y16.data(), rstd.data(), N, C,
+                                                                rms);
+                        trainer::cuda::norm_backward_from_output(dfrom16.p, dg.p, dy16.p, drstd2.p, N, C, rms, nullptr);
+                        expect_close(want16, dfrom16.host(), "norm_backward_from_output on bf16 matches the CPU", 1e-5,
+                                     1e-4);
+                    }
                 }
             }
         }

@@ -32,7 +32,9 @@ TEST_CASE("gpu kernel: multi-tensor AdamW and squared norm over several ranges m
 TEST_CASE("gpu kernel: embedding_forward matches and embedding_backward is bitwise the CPU's") {
     check(test_embedding);
 }
-TEST_CASE("gpu kernel: layernorm_forward and layernorm_backward (LayerNorm and RMSNorm) match the CPU") {
+TEST_CASE(
+    "gpu kernel: layernorm_forward and layernorm_backward from the input and from the output (LayerNorm and RMSNorm) "
+    "match the CPU") {
     check(test_layernorm);
 }
 TEST_CASE("gpu kernel: norm_residual_forward and norm_residual_backward (norm_after; fp32 and bf16) match the CPU") {
