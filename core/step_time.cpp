@@ -37,7 +37,8 @@ Hardware hopper(Hardware h) {
 
 const std::vector<Hardware>& table() {
     static const std::vector<Hardware> t = [] {
-        const Link nvlink4{360e9, 10e-6}, nvlink3{230e9, 10e-6}, ib400{45e9, 20e-6}, ib200{22e9, 20e-6};
+        const Link nvlink4{360e9, 10e-6}, nvlink3{230e9, 10e-6}, pcie4{20e9, 15e-6}, ib400{45e9, 20e-6},
+            ib200{22e9, 20e-6};
         std::vector<Hardware> v = {
             hopper(gpu("h100-sxm", "NVIDIA H100 SXM 80 GB, NVLink 4, 400 Gb/s InfiniBand per GPU", 989e12, 67e12,
                        3.35e12, 79.6, nvlink4, ib400)),
@@ -47,6 +48,12 @@ const std::vector<Hardware>& table() {
                 39.4, nvlink3, ib200),
             gpu("a100-80gb", "NVIDIA A100 SXM 80 GB, NVLink 3, 200 Gb/s InfiniBand per GPU", 312e12, 19.5e12, 2.039e12,
                 79.2, nvlink3, ib200),
+            // No NVLink: the GPUs of a node talk over PCIe 4.0 x16 through the host's bridges, where NCCL's ring
+            // reaches about 20 GB/s of bus bandwidth (nccl-tests all_reduce_perf across PCIe host bridges,
+            // NVIDIA/nccl-tests#178), a tenth of NVLink 3's.
+            gpu("a100-40gb-pcie",
+                "NVIDIA A100 PCIe 40 GB, no NVLink (PCIe 4.0 between GPUs), 200 Gb/s InfiniBand per GPU", 312e12,
+                19.5e12, 1.555e12, 39.4, pcie4, ib200),
         };
         // This kind of machine (the CPU backend over Gloo on loopback): ops come from a calibration; the link
         // is what Gloo's ring reached between two ranks of cpu_bench (about 0.7 GB/s, measured in a trace);

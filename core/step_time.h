@@ -36,7 +36,7 @@ struct Hardware {
     int cores = 0;  // CPU: cores the node's ranks share (their threads beyond it slow every op)
 };
 
-// The built-in entries (h100-sxm, h200, a100-40gb, a100-80gb, cpu: this machine) and their names.
+// The built-in entries (h100-sxm, h200, a100-40gb, a100-80gb, a100-40gb-pcie, cpu: this machine) and their names.
 const Hardware* find_hardware(const std::string& name);
 std::string hardware_names();
 

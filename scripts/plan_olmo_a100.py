@@ -3,8 +3,9 @@
 global batch 256, micro-batch 2: DDP 8,034 tokens/s/device, FSDP wrap null mixed 1,747, FSDP
 SHARD_GRAD_OP by_block_and_size 1,790, both FSDP rows reducing on every micro-batch).
 
-Prints two tables. First the plan with the a100-40gb entry as it is (NVLink 3 at 230 GB/s, the generic
-roofline shares). Then the plan with the two things the entry cannot know about that machine fitted to two of
+Prints three tables. First the plan with the a100-40gb entry as it is (NVLink 3 at 230 GB/s, the generic
+roofline shares), then with the a100-40gb-pcie entry as it is (the same GPU with no NVLink: PCIe 4.0 at about
+20 GB/s of bus bandwidth). Then the plan with the two things the entry cannot know about that machine fitted to two of
 the three measurements: the bus bandwidth between the GPUs (plan.intra_node_bandwidth_gbs) to the FSDP wrap
 null row, and one factor on the entry's roofline shares (plan.gemm/attention/memory_efficiency) to the DDP
 row; the SHARD_GRAD_OP row is then a prediction, and the plan's recommendation under the fitted machine is
@@ -32,8 +33,8 @@ ROWS = {
 SHARES = (0.7, 0.5, 0.8)  # the a100-40gb entry's GEMM, attention and memory-bound shares (core/step_time.cpp)
 
 
-def plan(trainer, row, link=None, scale=None):
-    args = [trainer, "plan", "--config", "configs/olmo_1b.json", "--device", "cuda", "--hardware", "a100-40gb",
+def plan(trainer, row, link=None, scale=None, hardware="a100-40gb"):
+    args = [trainer, "plan", "--config", "configs/olmo_1b.json", "--device", "cuda", "--hardware", hardware,
             "--nproc-per-node", "4", "--json", "--set", "global_train_batch_size=256", "--set",
             "device_train_microbatch_size=2"] + ROWS[row][1]
     if link is not None:
@@ -58,8 +59,8 @@ def bisect(f, lo, hi, target):
     return (lo * hi) ** 0.5
 
 
-def table(trainer, link=None, scale=None):
-    planned = {row: plan(trainer, row, link, scale) for row in ROWS}  # each row planned once
+def table(trainer, link=None, scale=None, hardware="a100-40gb"):
+    planned = {row: plan(trainer, row, link, scale, hardware) for row in ROWS}  # each row planned once
     tps = {row: given["predicted_tokens_per_second_per_device"] for row, (given, _) in planned.items()}
     print("| row | predicted tokens/s/device | measured | predicted / measured | step ms | exposed comm ms |")
     print("|---|---|---|---|---|---|")
@@ -86,6 +87,8 @@ def main():
     a = ap.parse_args()
     print("### the a100-40gb entry as it is\n")
     table(a.trainer)
+    print("### the a100-40gb-pcie entry as it is\n")
+    table(a.trainer, hardware="a100-40gb-pcie")
     link, scale = 230.0, 1.0
     for _ in range(4):  # each fit moves the other a little: alternate until both hold
         scale = bisect(lambda s: plan(a.trainer, "ddp", link, s)[0]["predicted_tokens_per_second_per_device"],

@@ -291,6 +291,11 @@ TEST_CASE("plan: unknown hardware and a CPU plan without op times are refused") 
     INFO(gpu.out << gpu.err);
     CHECK(gpu.exit_code == 0);
     CHECK(gpu.out.find("hardware a100-40gb") != std::string::npos);
+    // The same GPU without NVLink: its GPUs talk over PCIe at a tenth of the bus bandwidth.
+    const auto pcie = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb-pcie"});
+    INFO(pcie.out << pcie.err);
+    CHECK(pcie.exit_code == 0);
+    CHECK(pcie.out.find("links within a node 20 GB/s, 15 us") != std::string::npos);
 }
 
 TEST_CASE("plan: the hardware entry's links and roofline shares can be set and move what they should") {
