@@ -198,6 +198,8 @@ void read_unit_state(const std::string& path, const Json& meta, int u, int state
     }
 }
 
+}  // namespace
+
 void check_model_matches(const Json& saved_config, const TrainConfig& config, const std::string& path) {
     const Json& a = saved_config["model"];
     const Json& b = config.json["model"];
@@ -211,8 +213,6 @@ void check_model_matches(const Json& saved_config, const TrainConfig& config, co
         }
     }
 }
-
-}  // namespace
 
 std::optional<long> latest_checkpoint_step(const std::string& save_folder) {
     auto all = complete_checkpoints(save_folder);

@@ -38,7 +38,10 @@ int run_logits(const TrainConfig& config, long instances, const std::string& out
     if (config.load_path) {
         TrainConfig saved;
         std::vector<std::vector<float>> units;
-        read_checkpoint_params(resolve_checkpoint(config, *config.load_path), &saved, &units);
+        const std::string path = resolve_checkpoint(config, *config.load_path);
+        read_checkpoint_params(path, &saved, &units);
+        // The same model, not only the same sizes (rope_theta, the norms' kind and eps change no size).
+        check_model_matches(saved.json, config, path);
         if (units.size() != static_cast<size_t>(layout.num_units())) {
             user_error("logits: checkpoint {} holds {} units; this config's model has {}", *config.load_path,
                        units.size(), layout.num_units());

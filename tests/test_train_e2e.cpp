@@ -679,4 +679,13 @@ TEST_CASE("logits: trainer logits writes the logits whose cross-entropy is the P
     expect_error(
         run_trainer({"logits", "--config", fixture("olmo2_tiny.json"), "--instances", "1000", "-o", dir.path("x.npy")}),
         "logits --instances: 1000, but the data holds 160 instances of 17 tokens");
+    // A checkpoint of another model with the same sizes is refused by the key that differs, not loaded.
+    require_ok(run_trainer(concat(tiny_args("1"), {"--save-folder", dir.path("ck")})));
+    const std::vector<std::string> from_ck = {
+        "logits",      "--config", "configs/tiny.json", "--data",       fixture("olmo_tiny_tokens.u16"),
+        "--load-path", "latest",   "--save-folder",     dir.path("ck"), "--instances",
+        "1",           "-o",       dir.path("ck.npy")};
+    require_ok(run_trainer(from_ck));
+    expect_error(run_trainer(concat(from_ck, {"--set", "model.rope_theta=500000"})),
+                 "model.rope_theta is 10000.0 in the checkpoint but 500000.0 in this run's config");
 }
