@@ -272,7 +272,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     const size_t logit_floats = operands_bf16_ ? (rows * V_ + 1) / 2 : rows * V_;
     off = std::max(off, region + (logit_floats + 15) / 16 * 16);
     const size_t stream_floats = (NC + 15) / 16 * 16;
-    off = std::max(off, backward_scratch + 2 * stream_floats);
+    if (norm_from_output_ && count(Keep::kAll) > 0) off = std::max(off, backward_scratch + 2 * stream_floats);
     for (int l = 0; l < L_; ++l) {
         Plan& p = layers_[l];
         if (streamed(l, &Plan::resid)) p.resid = backward_scratch, p.resid_mid = backward_scratch + stream_floats;
