@@ -178,6 +178,9 @@ struct ModelConfig {
     }
     bool norm_has_weight() const { return layer_norm_with_affine; }
     bool norm_has_bias() const { return layer_norm_with_affine && bias_for_layer_norm; }
+    // The pre-norms' backward reads their output (Backend::norm_backward_from_output): they come before the
+    // sublayers and have neither weight nor bias, so the output is the normalised input itself.
+    bool norm_backward_from_output() const { return !norm_after && !norm_has_weight() && !norm_has_bias(); }
     // The QK-norms' parameters (OLMo's LayerNormBase with elementwise_affine = attention_layer_norm_with_affine).
     bool qk_norm_has_weight() const { return attention_layer_norm && attention_layer_norm_with_affine; }
     bool qk_norm_has_bias() const { return qk_norm_has_weight() && bias_for_layer_norm; }

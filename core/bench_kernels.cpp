@@ -163,7 +163,7 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         ops.push_back({fmt::format("{} forward", norm_name), [&, kind, eps](Backend& b) {
                            b.layernorm_forward(yo, mean.f32(), rstd.f32(), x.f32(), w, nullptr, N, C, eps, kind);
                        }});
-        if (!m.norm_has_weight() && !m.norm_has_bias()) {  // as the model runs it: from the norm's output
+        if (m.norm_backward_from_output()) {  // as the model runs it
             ops.push_back({fmt::format("{} backward from its output", norm_name), [&, kind](Backend& b) {
                                b.norm_backward_from_output(dx.f32(), y.f32(), yo, rstd.f32(), N, C, kind);
                            }});

@@ -170,7 +170,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     norm_eps_ = static_cast<float>(m_.layer_norm_eps);
     norm_after_ = m_.norm_after;
     qk_norm_ = m_.attention_layer_norm;
-    norm_from_output_ = !norm_after_ && !m_.norm_has_weight() && !m_.norm_has_bias();
+    norm_from_output_ = m_.norm_backward_from_output();
     z_loss_ = static_cast<float>(config.z_loss_multiplier);
     const bool rms = m_.rms_norm();
 

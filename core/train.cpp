@@ -373,7 +373,8 @@ class TrainingRun {
     // Totals, the console line and the metrics record, evaluation and checkpoints after a step.
     void after_step(long step, const StepOutcome& r) {
         const int world = world_.size();
-        if (step > start_step_ + 1 || total_steps_ - start_step_ == 1) {  // the first step warms caches
+        const bool timed = step > start_step_ + 1 || total_steps_ - start_step_ == 1;  // the first warms caches
+        if (timed) {
             total_time_ += r.seconds;
             total_comm_wait_ += r.comm_wait;
             ++timed_steps_;
@@ -404,7 +405,7 @@ class TrainingRun {
                 for (const auto& [name, value] : backend_->device_counters()) record[name] = value;
             }
             busy_text = fmt::format(" | busy {:.0f}%", 100.0 * busy);
-            if (step > start_step_ + 1 || total_steps_ - start_step_ == 1) {
+            if (timed) {
                 total_busy_ += busy;
                 ++busy_steps_;
             }
