@@ -143,6 +143,8 @@ const std::vector<KeySpec>& schema() {
         {"plan.gemm_efficiency", KeyType::kFloat, nullptr, true, {}, 1e-6, 1, "trainer plan and distributed_strategy auto: the share of the dense peak the GEMMs reach, instead of the hardware entry's (ops without a calibration)"},
         {"plan.attention_efficiency", KeyType::kFloat, nullptr, true, {}, 1e-6, 1, "trainer plan and distributed_strategy auto: the share of the dense peak attention reaches, instead of the hardware entry's (ops without a calibration)"},
         {"plan.memory_efficiency", KeyType::kFloat, nullptr, true, {}, 1e-6, 1, "trainer plan and distributed_strategy auto: the share of the memory bandwidth the memory-bound ops reach, instead of the hardware entry's (ops without a calibration)"},
+        {"plan.host_link_bandwidth_gbs", KeyType::kFloat, nullptr, true, {}, 1e-6, 1e6, "trainer plan and distributed_strategy auto: CPU offload's copies between a GPU and host memory, GB/s a direction, instead of the hardware entry's (PCIe x16: about 50 for 5.0, 25 for 4.0)"},
+        {"plan.host_memory_bandwidth_gbs", KeyType::kFloat, nullptr, true, {}, 1e-6, 1e6, "trainer plan and distributed_strategy auto: the host memory bandwidth (GB/s) one rank's offloaded optimizer streams at, instead of the hardware entry's (a node's host bandwidth over its GPUs)"},
         {"trace_file", KeyType::kString, nullptr, true, {}, -kInf, kInf, "write a Chrome trace (Perfetto, chrome://tracing) of every step here: units' forward / backward / recompute, collectives with their bytes, waits, optimizer, data, checkpoints; with several ranks each writes <name>.rank<r>.<ext> (scripts/merge_traces.py joins them)"},
         {"cpu_offload.optimizer_state", KeyType::kBool, false, false, {}, -kInf, kInf, "keep the fp32 master parameters and the AdamW moments in (pinned) host memory and run AdamW on the host, each unit's gradients copied down as soon as they are final and the updated parameters uploaded before their next use (DeepSpeed's offload_optimizer)"},
         {"cpu_offload.parameters", KeyType::kBool, false, false, {}, -kInf, kInf, "also keep the sharded parameters only in host memory, each FSDP unit's shard uploaded before its gather (FSDP's CPUOffload(offload_params=True), DeepSpeed's offload_param); needs cpu_offload.optimizer_state and a sharding strategy that gathers (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD)"},
@@ -762,6 +764,8 @@ TrainConfig validate_config(const Json& user_doc) {
     c.plan.gemm_efficiency = opt<double>(doc["plan"]["gemm_efficiency"]);
     c.plan.attention_efficiency = opt<double>(doc["plan"]["attention_efficiency"]);
     c.plan.memory_efficiency = opt<double>(doc["plan"]["memory_efficiency"]);
+    c.plan.host_link_bandwidth_gbs = opt<double>(doc["plan"]["host_link_bandwidth_gbs"]);
+    c.plan.host_memory_bandwidth_gbs = opt<double>(doc["plan"]["host_memory_bandwidth_gbs"]);
     c.cpu_offload.optimizer_state = doc["cpu_offload"]["optimizer_state"].get<bool>();
     c.cpu_offload.parameters = doc["cpu_offload"]["parameters"].get<bool>();
     if (c.cpu_offload.parameters && !c.cpu_offload.optimizer_state) {

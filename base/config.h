@@ -253,6 +253,9 @@ struct PlanConfig {
     // The shares of the roofline the ops reach (GEMMs of the dense peak, attention, memory-bound ops of the
     // bandwidth), instead of the hardware entry's; a calibration's measured op times take precedence.
     std::optional<double> gemm_efficiency, attention_efficiency, memory_efficiency;
+    // CPU offload's side of the entry, overridden: a GPU's link to host memory (GB/s a direction) and the
+    // host memory bandwidth one rank's optimizer streams at (GB/s).
+    std::optional<double> host_link_bandwidth_gbs, host_memory_bandwidth_gbs;
 };
 
 // CPU offload (DeepSpeed's two levers): where the optimizer's state and the sharded parameters live.

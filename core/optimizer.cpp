@@ -80,13 +80,14 @@ OptimizerStepResult AdamW::step(Strategy& strategy, long step, long total_steps)
     const bool on_host = !shards.empty() && shards.front().on_host;
     Backend* backend = on_host ? host_ : backend_;
     TRAINER_CHECK(backend != nullptr, "the optimizer state is in host memory but no host backend was given");
+    // The norm on the device, where the gradients were reduced (offloaded too: the host only updates).
     std::vector<std::pair<const float*, size_t>> grads;
     for (const auto& s : shards) {
         TRAINER_CHECK(s.on_host == on_host, "unit {}: some shards are offloaded and some are not", s.unit);
-        grads.emplace_back(s.grad, s.end - s.begin);
+        grads.emplace_back(s.device_grad, s.end - s.begin);
     }
     OptimizerStepResult r;
-    r.grad_norm = std::sqrt(strategy.global_grad_sq(backend->squared_norm_multi(grads)));
+    r.grad_norm = std::sqrt(strategy.global_grad_sq(backend_->squared_norm_multi(grads)));
     const double clip_coef = clip_coefficient(r.grad_norm, scheduled_max_grad_norm(config_, step));
     r.lr = scheduled_lr(config_.optimizer, config_.scheduler, step, total_steps);
     if (!std::isfinite(r.grad_norm)) {

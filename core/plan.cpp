@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <optional>
@@ -31,11 +32,16 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
         if (timer != nullptr) return timer->add(e, in_optimizer);
         r.events.push_back(e);
     };
-    const auto on_op = [&record](const OpCost& c) {
+    // The device's ops and copies, and (on_host) the ops of CPU offload's optimizer, which runs on the host.
+    const auto op_event = [&record](const OpCost& c, bool on_host) {
         StepEvent e;
-        e.what = c.op, e.flops = c.flops, e.bytes = c.bytes;
+        e.what = c.op, e.flops = c.flops, e.bytes = c.bytes, e.on_host = on_host, e.id = c.ticket;
+        if (std::strcmp(c.op, "copy_async") == 0) e.kind = StepEvent::kCopy;
+        if (std::strcmp(c.op, "host_wait") == 0 || std::strcmp(c.op, "device_wait") == 0) e.kind = StepEvent::kCopyWait;
         record(e);
     };
+    const auto on_op = [&op_event](const OpCost& c) { op_event(c, false); };
+    const auto on_host_op = [&op_event](const OpCost& c) { op_event(c, true); };
     const auto on_call = [&record](const CollectiveCall& c) {
         StepEvent e;
         e.kind = c.wait ? StepEvent::kWait : StepEvent::kIssue;
@@ -68,7 +74,9 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
         const long micro = config.device_train_microbatch_size, L = config.model.max_sequence_length;
         Model model(config, layout, backend.get(), &strategy,
                     static_cast<int>(std::max(micro, config.device_eval_batch_size)));
-        AdamW optimizer(config, layout, backend.get(), config.cpu_offload.optimizer_state ? backend.get() : nullptr);
+        // CPU offload's optimizer runs on the host: its ops are the host's (copies and waits stay the device's).
+        auto host = make_dry_backend(on_host_op);
+        AdamW optimizer(config, layout, backend.get(), config.cpu_offload.optimizer_state ? host.get() : nullptr);
         live = true;  // the step's work only, not the initialisation's
         const std::vector<int32_t> tokens(static_cast<size_t>(micro) * L, 0);
         const double global_tokens = static_cast<double>(config.global_train_batch_size) * (L - 1);
@@ -285,6 +293,8 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
     if (set.gemm_efficiency) plan.hw->gemm_efficiency = *set.gemm_efficiency;
     if (set.attention_efficiency) plan.hw->attention_efficiency = *set.attention_efficiency;
     if (set.memory_efficiency) plan.hw->memory_efficiency = *set.memory_efficiency;
+    if (set.host_link_bandwidth_gbs) plan.hw->host_link.bandwidth = *set.host_link_bandwidth_gbs * 1e9;
+    if (set.host_memory_bandwidth_gbs) plan.hw->host_bandwidth = *set.host_memory_bandwidth_gbs * 1e9;
     const Hardware& hw = *plan.hw;
     if (!o.calibration.empty()) plan.calibration = read_calibration(o.calibration);
     if (hw.name == "cpu" && !plan.calibration) {
@@ -476,13 +486,23 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
         return fmt::format("{:.4g} GB/s, {:.4g} us{}", l.bandwidth / 1e9, l.latency * 1e6, overridden ? " (set)" : "");
     };
     const PlanConfig& pc = config.plan;
+    // CPU offload's side of the entry, where it has one and a row offloads.
+    bool offloads = false;
+    for (const Row& r : plan.rows) offloads = offloads || r.config.cpu_offload.optimizer_state;
+    const std::string host_side =
+        offloads && hw.host_link.bandwidth > 0.0
+            ? fmt::format("; CPU offload: host link {:.4g} GB/s{}, host memory {:.4g} GB/s a rank{}",
+                          hw.host_link.bandwidth / 1e9, pc.host_link_bandwidth_gbs ? " (set)" : "",
+                          hw.host_bandwidth / 1e9, pc.host_memory_bandwidth_gbs ? " (set)" : "")
+            : "";
     std::printf(
         "plan for %s on %d node(s) x %d rank(s), device %s, hardware %s (%s; links within a node %s, between "
-        "nodes %s)%s: a dry run of one step per configuration; times per step, memory per rank in GiB\n\n",
+        "nodes %s%s)%s: a dry run of one step per configuration; times per step, memory per rank in GiB\n\n",
         config.run_name.c_str(), o.nnodes, o.nproc_per_node, choice_name(device), hw.name.c_str(),
         hw.description.c_str(),
         link(hw.intra, pc.intra_node_bandwidth_gbs.has_value() || pc.intra_node_latency_us.has_value()).c_str(),
         link(hw.inter, pc.inter_node_bandwidth_gbs.has_value() || pc.inter_node_latency_us.has_value()).c_str(),
+        host_side.c_str(),
         plan.calibration ? fmt::format(", op times from {}", plan.calibration->path).c_str()
         : pc.gemm_efficiency || pc.attention_efficiency || pc.memory_efficiency
             ? fmt::format(", ops at {:.3g} / {:.3g} / {:.3g} of the roofline (GEMMs / attention / memory; set)",

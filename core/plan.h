@@ -19,14 +19,18 @@ namespace trainer {
 
 // One op, collective issue or collective wait of the step, in the order the rank issues them.
 struct StepEvent {
-    // kSpanBegin / kSpanEnd: a trace span of the step (base/trace.h), named in `label`.
-    enum Kind { kOp, kIssue, kWait, kSpanBegin, kSpanEnd } kind = kOp;
+    // kIssue / kWait: a collective issued, waited for. kCopy / kCopyWait: an asynchronous copy between host
+    // and device memory (CPU offload's gradients down, parameters up; Backend::copy_async) queued, waited
+    // for (by the host or by the device's work). kSpanBegin / kSpanEnd: a trace span of the step
+    // (base/trace.h), named in `label`.
+    enum Kind { kOp, kIssue, kWait, kCopy, kCopyWait, kSpanBegin, kSpanEnd } kind = kOp;
     const char* what = "";            // the backend op, the collective's kind, or the span's category
     std::string label;                // spans: the name
-    double flops = 0.0, bytes = 0.0;  // an op's work; a collective's bytes per rank
+    double flops = 0.0, bytes = 0.0;  // an op's work; a collective's bytes per rank; a copy's bytes
+    bool on_host = false;             // an op of the host's (CPU offload's optimizer), not the device's
     int group_size = 1;               // collectives: the ranks of the group
     bool spans_nodes = false;         // collectives: the group has ranks on several nodes
-    uint64_t id = 0;                  // collectives: the issue a wait is for
+    uint64_t id = 0;                  // collectives: the issue a wait is for; copies: the copy's ticket
     const void* channel = nullptr;    // collectives: the communicator (its collectives run in order)
 };
 

@@ -39,21 +39,36 @@ const std::vector<Hardware>& table() {
     static const std::vector<Hardware> t = [] {
         const Link nvlink4{360e9, 10e-6}, nvlink3{230e9, 10e-6}, pcie4{20e9, 15e-6}, ib400{45e9, 20e-6},
             ib200{22e9, 20e-6};
+        // CPU offload's side: the GPU's own PCIe x16 link to host memory, where pinned copies reach about
+        // 80% of the 64 GB/s (PCIe 5.0) or 32 GB/s (4.0) a direction; and the host's memory per GPU, a DGX
+        // node's (Hopper: two Xeon 8480C, 16 channels of DDR5-4800, 614 GB/s; Ampere: two EPYC 7742, 16
+        // channels of DDR4-3200, 410 GB/s) over its 8 GPUs, at 70% of it (what streaming loops reach).
+        const Link pcie5_host{50e9, 10e-6}, pcie4_host{25e9, 10e-6};
+        const double hopper_host = 0.7 * 614e9 / 8, ampere_host = 0.7 * 410e9 / 8;
+        const auto host = [](Hardware h, Link link, double bandwidth) {
+            h.host_link = link, h.host_bandwidth = bandwidth;
+            return h;
+        };
         std::vector<Hardware> v = {
-            hopper(gpu("h100-sxm", "NVIDIA H100 SXM 80 GB, NVLink 4, 400 Gb/s InfiniBand per GPU", 989e12, 67e12,
-                       3.35e12, 79.6, nvlink4, ib400)),
-            hopper(gpu("h200", "NVIDIA H200 141 GB, NVLink 4, 400 Gb/s InfiniBand per GPU", 989e12, 67e12, 4.8e12,
-                       139.8, nvlink4, ib400)),
-            gpu("a100-40gb", "NVIDIA A100 SXM 40 GB, NVLink 3, 200 Gb/s InfiniBand per GPU", 312e12, 19.5e12, 1.555e12,
-                39.4, nvlink3, ib200),
-            gpu("a100-80gb", "NVIDIA A100 SXM 80 GB, NVLink 3, 200 Gb/s InfiniBand per GPU", 312e12, 19.5e12, 2.039e12,
-                79.2, nvlink3, ib200),
+            host(hopper(gpu("h100-sxm", "NVIDIA H100 SXM 80 GB, NVLink 4, 400 Gb/s InfiniBand per GPU", 989e12, 67e12,
+                            3.35e12, 79.6, nvlink4, ib400)),
+                 pcie5_host, hopper_host),
+            host(hopper(gpu("h200", "NVIDIA H200 141 GB, NVLink 4, 400 Gb/s InfiniBand per GPU", 989e12, 67e12, 4.8e12,
+                            139.8, nvlink4, ib400)),
+                 pcie5_host, hopper_host),
+            host(gpu("a100-40gb", "NVIDIA A100 SXM 40 GB, NVLink 3, 200 Gb/s InfiniBand per GPU", 312e12, 19.5e12,
+                     1.555e12, 39.4, nvlink3, ib200),
+                 pcie4_host, ampere_host),
+            host(gpu("a100-80gb", "NVIDIA A100 SXM 80 GB, NVLink 3, 200 Gb/s InfiniBand per GPU", 312e12, 19.5e12,
+                     2.039e12, 79.2, nvlink3, ib200),
+                 pcie4_host, ampere_host),
             // No NVLink: the GPUs of a node talk over PCIe 4.0 x16 through the host's bridges, where NCCL's ring
             // reaches about 20 GB/s of bus bandwidth (nccl-tests all_reduce_perf across PCIe host bridges,
             // NVIDIA/nccl-tests#178), a tenth of NVLink 3's.
-            gpu("a100-40gb-pcie",
-                "NVIDIA A100 PCIe 40 GB, no NVLink (PCIe 4.0 between GPUs), 200 Gb/s InfiniBand per GPU", 312e12,
-                19.5e12, 1.555e12, 39.4, pcie4, ib200),
+            host(gpu("a100-40gb-pcie",
+                     "NVIDIA A100 PCIe 40 GB, no NVLink (PCIe 4.0 between GPUs), 200 Gb/s InfiniBand per GPU", 312e12,
+                     19.5e12, 1.555e12, 39.4, pcie4, ib200),
+                 pcie4_host, ampere_host),
         };
         // This kind of machine (the CPU backend over Gloo on loopback): ops come from a calibration; the link
         // is what Gloo's ring reached between two ranks of cpu_bench (about 0.7 GB/s, measured in a trace);
@@ -146,6 +161,8 @@ double StepTimer::op_seconds(const StepEvent& e) const {
         // An op the file has not: a copy's speed.
         if (cal_->bandwidth > 0.0) return cal_->step_scale * e.bytes / cal_->bandwidth;
     }
+    // CPU offload's optimizer: memory-bound loops over host memory (no calibration: it measures the device).
+    if (e.on_host && hw_.host_bandwidth > 0.0) return e.bytes / hw_.host_bandwidth;
     const bool gemm = std::strncmp(e.what, "matmul", 6) == 0, attention = std::strncmp(e.what, "attention", 9) == 0;
     const double eff = gemm ? hw_.gemm_efficiency : attention ? hw_.attention_efficiency : 1.0;
     const double t_flops = peak_ > 0.0 ? e.flops / (peak_ * eff) : 0.0;
@@ -177,15 +194,32 @@ void StepTimer::add(const StepEvent& e, bool optimizer) {
         return;
     }
     const double before = clock;
-    if (e.kind == StepEvent::kOp) {
-        const auto [it, added] = costed_.emplace(std::make_tuple(e.what, e.flops, e.bytes), 0.0);
+    // Without a host link (the CPU: host memory is the device's) a copy is an op like any other.
+    const bool copy_is_op = hw_.host_link.bandwidth <= 0.0;
+    if (e.kind == StepEvent::kCopyWait && copy_is_op) return;
+    if (e.kind == StepEvent::kOp || (e.kind == StepEvent::kCopy && copy_is_op)) {
+        const auto [it, added] = costed_.emplace(std::make_tuple(e.what, e.flops, e.bytes, e.on_host), 0.0);
         if (added) it->second = op_seconds(e);
         const double t = it->second * slowdown_;
         clock += t;
         (optimizer ? r_.optimizer : r_.compute) += t;
         return;
     }
-    if (e.kind == StepEvent::kIssue) {
+    if (e.kind == StepEvent::kCopy) {  // on the host link's queue, after the work queued before it
+        const double start = std::max(clock, copies_free_);
+        const double d = e.bytes / hw_.host_link.bandwidth + hw_.host_link.latency;
+        copies_free_ = copy_done_[e.id] = start + d;
+        if (optimizer) uploads_end_ = std::max(uploads_end_, copies_free_);
+        if (trace_ != nullptr) {
+            const int tid = track_.emplace(&copies_free_, static_cast<int>(track_.size()) + 1).first->second;
+            emit("host link copy", "copy", start, d, tid, e.bytes);
+        }
+        return;
+    }
+    if (e.kind == StepEvent::kCopyWait) {  // a copy of this step (the previous step's were waited for)
+        const auto it = copy_done_.find(e.id);
+        if (it != copy_done_.end()) clock = std::max(clock, it->second);
+    } else if (e.kind == StepEvent::kIssue) {
         const double d = collective_seconds(e, e.spans_nodes ? hw_.inter : hw_.intra);
         double& free = channel_free_[e.channel];
         const double start = std::max(clock, free);
@@ -204,6 +238,12 @@ void StepTimer::add(const StepEvent& e, bool optimizer) {
         }
     }
     (optimizer ? r_.optimizer : r_.exposed_comm) += clock - before;
+}
+
+StepTime StepTimer::result() const {
+    StepTime r = r_;
+    if (uploads_end_ > r.total) r.optimizer += uploads_end_ - r.total, r.total = uploads_end_;
+    return r;
 }
 
 StepTime predict_step_time(const DryRunStep& step, const Hardware& hw, const Calibration* cal, bool bf16,

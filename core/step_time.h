@@ -6,6 +6,12 @@
 // reductions' overlap with the backward, grad_sync modes and HYBRID groups are modelled in the order the
 // strategy issues them. On a CPU the collectives also take cycles from the cores that compute (a share of
 // their time, comm_compute_share, lands on the compute clock).
+// CPU offload: the gradients' copies down and the parameters' copies up run on the host link's queue
+// beside the compute, the clock waiting where the host or the device waits for them; the host optimizer's
+// ops take their bytes at the host's bandwidth. The parameters uploaded at the end of a step are waited
+// for by the next step's forward, each unit's before its first use: the step ends here when the last has
+// landed, an upper bound by the next forward's overlap with the uploads of its later units (at most the
+// forward's time, small beside the uploads wherever offload pays).
 #pragma once
 
 #include <map>
@@ -32,6 +38,12 @@ struct Hardware {
     double gemm_efficiency = 0.7, attention_efficiency = 0.5, memory_efficiency = 0.8;
     double op_overhead = 5e-6;  // seconds per op (a kernel launch)
     Link intra, inter;          // within a node, between nodes
+    // CPU offload: the link between a GPU and host memory (pinned copies each way, one at a time: the
+    // backend's copy stream), and the rate one rank's host optimizer streams host memory at (the node's
+    // host memory bandwidth shared by its GPUs, at the share such loops reach). 0: none (the CPU, where
+    // host memory is the device's: its copies and host ops cost what the device's do).
+    Link host_link;
+    double host_bandwidth = 0.0;
     double comm_compute_share = 0.0;
     int cores = 0;  // CPU: cores the node's ranks share (their threads beyond it slow every op)
 };
@@ -74,7 +86,8 @@ class StepTimer {
               Json* trace = nullptr, int pid = 0);
     // The next event of the step; `optimizer`: it belongs to the optimizer step.
     void add(const StepEvent& e, bool optimizer);
-    const StepTime& result() const { return r_; }
+    // The step so far, ended when the parameters uploaded by its optimizer (CPU offload) have landed.
+    StepTime result() const;
 
    private:
     double op_seconds(const StepEvent& e) const;
@@ -87,10 +100,13 @@ class StepTimer {
     StepTime r_;
     // Every micro-batch repeats the same ops: each distinct one is costed once (op names are the dry
     // backend's literals, so their addresses identify them).
-    std::map<std::tuple<const char*, double, double>, double> costed_;
+    std::map<std::tuple<const char*, double, double, bool>, double> costed_;
     std::map<const void*, double> channel_free_;  // when each communicator's queue is next free
     std::map<const void*, int> track_;            // trace: each communicator's track (compute's is 0)
     std::map<uint64_t, double> done_;             // when each issued collective completes
+    double copies_free_ = 0.0;                    // when the host link's queue is next free
+    std::map<uint64_t, double> copy_done_;        // when each copy completes, by ticket
+    double uploads_end_ = 0.0;                    // when the optimizer's last copy up completes
     std::vector<std::tuple<std::string, const char*, double>>
         open_;  // spans begun and not ended: name, category, start
 };

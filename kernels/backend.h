@@ -357,17 +357,21 @@ inline std::string flash_attention_unsupported(int HS) {
 // The CPU backend (kernels/cpu/cpu_backend.cpp): the reference every other backend is tested against.
 std::unique_ptr<Backend> make_cpu_backend();
 
-// One op of a dry run: its name, floating-point operations and bytes of memory read and written.
+// One op of a dry run: its name, floating-point operations and bytes of memory read and written. The
+// asynchronous copies and their waits are reported too: "copy_async" (bytes, and the ticket it returned),
+// "host_wait" and "device_wait" (the ticket waited for; no work).
 struct OpCost {
     const char* op;
     double flops;
     double bytes;
+    uint64_t ticket = 0;
 };
 // A backend that computes nothing and allocates nothing (kernels/dry_backend.cpp), for dry runs of a step
 // (core/plan.h): alloc and alloc_host hand out distinct addresses that are never dereferenced, while the
 // DeviceBuffers that own them are counted by the memory accounting as in a real run; every op is reported
-// to `observer` (when set) with its cost for fp32 storage (2 bytes an element of a bf16 GemmOperand); host
-// values (sums, norms) are 0. `gemm_operands_bf16`: what the backend it stands for answers (see
+// to `observer` (when set) with its cost for fp32 storage (2 bytes an element of a bf16 GemmOperand), and
+// so is every copy_async (with distinct tickets from 1) and every wait on one; host values (sums, norms)
+// are 0. `gemm_operands_bf16`: what the backend it stands for answers (see
 // gemm_operands_bf16_for).
 std::unique_ptr<Backend> make_dry_backend(std::function<void(const OpCost&)> observer = {},
                                           bool gemm_operands_bf16 = false);

@@ -34,8 +34,14 @@ class DryBackend final : public Backend {
     }
     void copy_any(void*, const void*, size_t bytes) override { note("copy", 0, bytes); }
     uint64_t copy_async(void*, const void*, size_t bytes) override {
-        note("copy_async", 0, bytes);
-        return 0;
+        note("copy_async", 0, bytes, ++tickets_);
+        return tickets_;
+    }
+    void host_wait(uint64_t ticket) override {
+        if (ticket != 0) note("host_wait", 0, 0, ticket);
+    }
+    void device_wait(uint64_t ticket) override {
+        if (ticket != 0) note("device_wait", 0, 0, ticket);
     }
     void fill_zero(void*, size_t bytes) override { note("fill_zero", 0, bytes); }
 
@@ -161,12 +167,13 @@ class DryBackend final : public Backend {
         const double qk = 2.0 * B * T * NH * HS;  // q and k rotated, v untouched
         note(op, 3 * qk, 2 * element_bytes * qk);
     }
-    void note(const char* op, double flops, double bytes) {
-        if (observer_) observer_({op, flops, bytes});
+    void note(const char* op, double flops, double bytes, uint64_t ticket = 0) {
+        if (observer_) observer_({op, flops, bytes, ticket});
     }
     std::function<void(const OpCost&)> observer_;
     bool gemm_operands_bf16_;
     uintptr_t next_ = uintptr_t(1) << 44;
+    uint64_t tickets_ = 0;  // copy_async's, from 1
 };
 
 }  // namespace

@@ -184,7 +184,7 @@ class FsdpStrategy final : public Strategy {
                 ShardView v = G.mine.view(u, r.begin - ub);
                 v.end = r.end - ub;
                 const size_t skip = r.begin - lo;
-                v.param += skip, v.grad += skip, v.exp_avg += skip, v.exp_avg_sq += skip;
+                v.param += skip, v.grad += skip, v.exp_avg += skip, v.exp_avg_sq += skip, v.device_grad += skip;
                 if (v.param_bf16 != nullptr) v.param_bf16 += skip;
                 views.push_back(v);
             }

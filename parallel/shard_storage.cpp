@@ -42,6 +42,7 @@ ShardView ShardStorage::view(int unit, size_t begin) {
     v.begin = begin;
     v.end = begin + numel_;
     v.on_host = offload_;
+    v.device_grad = grads_.f32();
     if (offload_) {
         v.param = host_params_.f32(), v.grad = host_grads_.f32();
         v.exp_avg = host_exp_avg_.f32(), v.exp_avg_sq = host_exp_avg_sq_.f32();

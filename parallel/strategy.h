@@ -38,6 +38,10 @@ struct ShardView {
     // (a mixed-precision strategy's gather copy); null otherwise.
     uint16_t* param_bf16 = nullptr;
     bool on_host = false;  // cpu_offload.optimizer_state: the optimizer runs on the host
+    // The same gradients where they were reduced, on the device (`grad` itself without offload): the
+    // gradient norm reads them there, so an offloaded run clips by the norm the device computes, as a run
+    // without offload does, and the host streams 4 bytes a parameter less.
+    const float* device_grad = nullptr;
 };
 
 class Communicator;

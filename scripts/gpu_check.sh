@@ -18,7 +18,8 @@
 #             GPT-2 124M micro-batch 16, alternating: tokens/s and peak memory of each
 #   memory    activation checkpointing and CPU offload on one GPU: OLMo-1B micro-batch 8 with null and
 #             whole_layer; OLMo-7B micro-batch 2 with whole_layer and cpu_offload.optimizer_state (3 steps of
-#             one micro-batch: tokens/s, MFU, device and host peaks)
+#             64 micro-batches: tokens/s, MFU, busy fraction, device and host peaks), after the plan's
+#             prediction of that run
 #   plan      trainer plan --hardware h100-sxm against a measured run of the same OLMo-1B configuration
 #
 # Each step has its own time limit; the logs go to $OUT/gpu-check.tgz (the device tool's output folder; else
@@ -60,16 +61,18 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 s = rows[-1]
 peak = s.get("peak_memory_bytes", {})
 gib = 2 ** 30
-print(f"  {s['tokens_per_second_per_device']:,.0f} tokens/s, MFU {100 * s['mfu']:.1f}%, step {s['mean_step_time_ms']:.1f} ms, "
+busy = f", busy {s['mean_device_busy_fraction']:.2f}" if "mean_device_busy_fraction" in s else ""
+print(f"  {s['tokens_per_second_per_device']:,.0f} tokens/s, MFU {100 * s['mfu']:.1f}%, step {s['mean_step_time_ms']:.1f} ms{busy}, "
       f"device pool {peak.get('device_pool', 0) / gib:.1f} GiB, activations {peak.get('activations', 0) / gib:.1f} GiB, "
       f"host {peak.get('host_total', 0) / gib:.1f} GiB")
 PY
 }
-# A short training run of a config on the bench tokens, no checkpoint: name, config, micro-batch, steps, extra flags.
+# A short training run of a config on the bench tokens, no checkpoint: name, config, micro-batch, steps, extra flags
+# (TRAIN_LIMIT: its time limit in seconds, default 300).
 train() {
     local name=$1 config=$2 micro=$3 steps=$4
     shift 4
-    step "$name" 300 "$trainer" --config "$config" --device cuda --data data/bench_tokens.bin --max-duration "$steps" \
+    step "$name" "${TRAIN_LIMIT:-300}" "$trainer" --config "$config" --device cuda --data data/bench_tokens.bin --max-duration "$steps" \
         --set console_log_interval=1000000 --set save_folder=null --set save_interval=0 \
         --set device_train_microbatch_size="$micro" --set global_train_batch_size="$micro" \
         --metrics-file "$logs/$name.jsonl" "$@" && summarize "$logs/$name.jsonl" | tee -a "$summary"
@@ -128,8 +131,23 @@ for s in "${stages[@]}"; do
             train olmo1b_mb8 configs/olmo_1b.json 8 6 --precision amp_bf16
             train olmo1b_mb8_whole_layer configs/olmo_1b.json 8 6 --precision amp_bf16 \
                 --set activation_checkpointing=whole_layer
-            train olmo7b_whole_layer_offload configs/olmo_7b.json 2 3 --precision amp_bf16 \
-                --set activation_checkpointing=whole_layer --set cpu_offload.optimizer_state=true
+            # OLMo-7B with its optimizer on the host: 64 micro-batches a step, so that the host's AdamW (about
+            # 5 s over 6.9B parameters, the plan says) weighs at most 1.3x the compute (issue 11 item 5: busy
+            # fraction at least 0.77); the plan's prediction of the same run first, to compare.
+            offload7b=(--config configs/olmo_7b.json --set device_train_microbatch_size=2
+                --set global_train_batch_size=128 --set precision=amp_bf16
+                --set activation_checkpointing=whole_layer --set cpu_offload.optimizer_state=true)
+            step plan_olmo7b_offload 120 "$trainer" plan "${offload7b[@]}" --device cuda --hardware h100-sxm --json
+            python3 -c "
+import json
+rows = [json.loads(l) for l in open('$logs/plan_olmo7b_offload.log') if l.startswith('{')]
+r = next(r for r in rows if r.get('is_config'))
+print(f\"  plan: step {r['predicted_step_ms']:.0f} ms (compute {r['predicted_compute_ms']:.0f}, optimizer \"
+      f\"{r['predicted_optimizer_ms']:.0f}), busy {r['predicted_compute_ms'] / r['predicted_step_ms']:.2f}\")" |
+                tee -a "$summary"
+            TRAIN_LIMIT=480 train olmo7b_whole_layer_offload configs/olmo_7b.json 2 3 --precision amp_bf16 \
+                --set activation_checkpointing=whole_layer --set cpu_offload.optimizer_state=true \
+                --set global_train_batch_size=128
             ;;
         plan)
             step plan_olmo1b 60 "$trainer" plan --config configs/olmo_1b.json --device cuda --hardware h100-sxm \

@@ -209,6 +209,93 @@ TEST_CASE("time model: collectives overlap later ops and queue on their communic
     CHECK(predict_step_time(step, hw, &cal, false).total == Approx(1.5 * 2e-3));
 }
 
+TEST_CASE("time model: CPU offload's copies queue on the host link and its optimizer runs at the host's bandwidth") {
+    // Ops of 1 ms; copies of 1 MB over a 1 GB/s host link (1 ms); host ops of 2 MB at 1 GB/s (2 ms).
+    Hardware hw;
+    hw.fp32_flops = 1e12, hw.bandwidth = 1e12, hw.gemm_efficiency = 1.0, hw.memory_efficiency = 1.0;
+    hw.op_overhead = 0.0, hw.host_link = {1e9, 0.0}, hw.host_bandwidth = 1e9;
+    auto op = [](double ms) {
+        StepEvent e;
+        e.what = "matmul_forward", e.flops = ms * 1e9;
+        return e;
+    };
+    auto host_op = [] {
+        StepEvent e;
+        e.what = "adamw_update", e.bytes = 2e6, e.on_host = true;
+        return e;
+    };
+    auto copy = [](uint64_t ticket) {
+        StepEvent e;
+        e.kind = StepEvent::kCopy, e.what = "copy_async", e.bytes = 1e6, e.id = ticket;
+        return e;
+    };
+    auto wait = [](uint64_t ticket) {
+        StepEvent e;
+        e.kind = StepEvent::kCopyWait, e.what = "host_wait", e.id = ticket;
+        return e;
+    };
+    DryRunStep step;
+    // The backward: a gradient copy down beside 0.5 ms of ops, then waited for (0.5 ms exposed); the
+    // optimizer: the host's 2 ms, then the parameters' copy up, which the step waits for (1 ms). A wait for
+    // a copy the step did not make (the previous step's upload) costs nothing.
+    step.events = {wait(99), op(1.0), copy(1), op(0.5), wait(1)};
+    step.optimizer_begin = step.events.size();
+    step.events.push_back(host_op());
+    step.events.push_back(copy(2));
+    StepTime t = predict_step_time(step, hw, nullptr, false);
+    CHECK(t.compute == Approx(1.5e-3));
+    CHECK(t.exposed_comm == Approx(0.5e-3));
+    CHECK(t.optimizer == Approx(3.0e-3));
+    CHECK(t.total == Approx(5.0e-3));
+    // Two copies share the one queue (the backend's copy stream): the second lands 2 ms after the issue.
+    step.events = {copy(3), copy(4), wait(4)};
+    step.optimizer_begin = step.events.size();
+    CHECK(predict_step_time(step, hw, nullptr, false).total == Approx(2.0e-3));
+    // Without a host link and host bandwidth (the CPU entry: host memory is the device's), a copy is a memory
+    // op of the device (1 MB at 1 TB/s), its waits cost nothing, and the host ops cost what the device's do.
+    hw.host_link = {}, hw.host_bandwidth = 0.0;
+    step.events = {op(1.0), copy(5), wait(5)};
+    step.optimizer_begin = step.events.size();
+    step.events.push_back(host_op());
+    t = predict_step_time(step, hw, nullptr, false);
+    CHECK(t.total == Approx(1.0e-3 + 1e-6 + 2e-6));
+    CHECK(t.exposed_comm == 0.0);
+}
+
+TEST_CASE("dry run: CPU offload on a GPU sends the gradients down and updates on the host and the parameters up") {
+    // tiny.json alone on a GPU with its optimizer state offloaded: each unit's gradients go down as its
+    // backward ends, the device takes their norm, the host updates them all (AdamW: p, g, m, v read, p, m,
+    // v written) and each unit's parameters go up on the one copy queue, idle by then; so the optimizer
+    // takes exactly 28 bytes a parameter at the host's bandwidth, 4 over the link and 4 at the device's.
+    const TrainConfig c = tiny_with({"cpu_offload.optimizer_state=true", "device_train_microbatch_size=4"});
+    RankEnv env;
+    const DryRunStep d = dry_run_step(c, env, Device::kCuda);
+    const ParamLayout layout(c);
+    int units = 0;
+    for (const Unit& u : layout.units()) units += u.numel > 0 ? 1 : 0;
+    int copies = 0, waits = 0;
+    double host_bytes = 0.0;
+    for (const StepEvent& e : d.events) {
+        copies += e.kind == StepEvent::kCopy ? 1 : 0;
+        waits += e.kind == StepEvent::kCopyWait ? 1 : 0;
+        if (e.on_host) host_bytes += e.bytes;
+    }
+    CHECK(copies == 2 * units);  // each unit's gradients down and parameters up
+    CHECK(waits >= units);       // the host waits for each unit's gradients
+    const double P = static_cast<double>(layout.total_numel());
+    CHECK(host_bytes == Approx(28.0 * P));
+    Hardware hw = *find_hardware("h100-sxm");
+    hw.host_link = {1e9, 0.0}, hw.host_bandwidth = 2e9, hw.op_overhead = 0.0;
+    const StepTime t = predict_step_time(d, hw, nullptr, false);
+    CHECK(t.optimizer == Approx(28.0 * P / 2e9 + 4.0 * P / 1e9 + 4.0 * P / (hw.bandwidth * hw.memory_efficiency)));
+    // Without offload: no copy, nothing on the host.
+    const DryRunStep plain = dry_run_step(tiny_with({"device_train_microbatch_size=4"}), env, Device::kCuda);
+    for (const StepEvent& e : plain.events) {
+        CHECK(e.kind != StepEvent::kCopy);
+        CHECK(!e.on_host);
+    }
+}
+
 TEST_CASE("plan: every candidate row is a dry run and --device-memory marks what fits") {
     // tiny.json on 2 ranks: the config's own row, then DDP and the FSDP modes with their variants; each row's
     // prediction is the dry run of its configuration, and the fits column follows the device peak. Op times
@@ -354,6 +441,25 @@ TEST_CASE("plan: the hardware entry's links and roofline shares can be set and m
         {"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb", "--set", "plan.gemm_efficiency=1.5"});
     CHECK(bad.exit_code != 0);
     CHECK(bad.err.find("plan.gemm_efficiency") != std::string::npos);
+    // CPU offload's side: the host link and the host's memory move the offloaded optimizer, nothing else.
+    const std::vector<std::string> offload = {"--set", "cpu_offload.optimizer_state=true", "--set",
+                                              "ddp.grad_sync_mode=batch"};
+    auto with = [&](std::vector<std::string> extra) {
+        extra.insert(extra.begin(), offload.begin(), offload.end());
+        return row(extra);
+    };
+    const Json host = with({});
+    const Json slow_host =
+        with({"--set", "plan.host_memory_bandwidth_gbs=1", "--set", "plan.host_link_bandwidth_gbs=1"});
+    CHECK(slow_host["predicted_compute_ms"].get<double>() ==
+          Approx(host["predicted_compute_ms"].get<double>()).epsilon(1e-9));
+    CHECK(slow_host["predicted_optimizer_ms"].get<double>() > 20 * host["predicted_optimizer_ms"].get<double>());
+    const auto host_table =
+        test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb", "--set",
+                                "cpu_offload.optimizer_state=true", "--set", "plan.host_link_bandwidth_gbs=12"});
+    INFO(host_table.out << host_table.err);
+    CHECK(host_table.out.find("CPU offload: host link 12 GB/s (set), host memory 35.88 GB/s a rank") !=
+          std::string::npos);
 }
 
 TEST_CASE("plan: a world the config cannot split is refused with the reason") {
