@@ -22,7 +22,7 @@ enum class MemCategory : int {
     kCommunication,
     kOther,
     kHostParameters,      // cpu_offload: the fp32 master parameters (and their bf16 copy for the upload)
-    kHostGradients,       // cpu_offload: the gradients copied down for the host optimizer
+    kHostGradients,       // cpu_offload: two chunks of the gradients, streamed down to the host optimizer
     kHostOptimizerState,  // cpu_offload: the AdamW moments
     kCount
 };

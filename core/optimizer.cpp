@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "base/common.h"
 
@@ -71,8 +72,10 @@ std::string first_non_finite_gradient(Strategy& strategy, Backend& backend, cons
 
 }  // namespace
 
-AdamW::AdamW(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Backend* host)
-    : config_(config), layout_(layout), backend_(backend), host_(host) {}
+AdamW::AdamW(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Backend* host, size_t stream_chunk)
+    : config_(config), layout_(layout), backend_(backend), host_(host), stream_chunk_(stream_chunk) {
+    TRAINER_CHECK(stream_chunk_ > 0, "AdamW: the offload stream chunk must be positive");
+}
 
 OptimizerStepResult AdamW::step(Strategy& strategy, long step, long total_steps) {
     const std::vector<ShardView> shards = strategy.owned_shards();
@@ -84,36 +87,84 @@ OptimizerStepResult AdamW::step(Strategy& strategy, long step, long total_steps)
     std::vector<std::pair<const float*, size_t>> grads;
     for (const auto& s : shards) {
         TRAINER_CHECK(s.on_host == on_host, "unit {}: some shards are offloaded and some are not", s.unit);
-        grads.emplace_back(s.device_grad, s.end - s.begin);
+        grads.emplace_back(s.grad, s.end - s.begin);
     }
     OptimizerStepResult r;
     r.grad_norm = std::sqrt(strategy.global_grad_sq(backend_->squared_norm_multi(grads)));
-    const double clip_coef = clip_coefficient(r.grad_norm, scheduled_max_grad_norm(config_, step));
+    const float clip_coef = static_cast<float>(clip_coefficient(r.grad_norm, scheduled_max_grad_norm(config_, step)));
     r.lr = scheduled_lr(config_.optimizer, config_.scheduler, step, total_steps);
     if (!std::isfinite(r.grad_norm)) {
         user_error(
             "step {}: the gradient norm is {}; the first gradient that is not finite is {} (nothing was updated "
             "or saved); lower optimizer.learning_rate or check the data",
-            step, r.grad_norm, first_non_finite_gradient(strategy, *backend, shards, layout_));
+            step, r.grad_norm, first_non_finite_gradient(strategy, *backend_, shards, layout_));
     }
     const auto& o = config_.optimizer;
-    std::vector<Backend::AdamwRange> ranges;
-    for (const auto& s : shards) {
-        for (const DecaySegment& seg : layout_.decay_segments(s.unit)) {
-            // Intersect the parameter range with the shard: a parameter split across ranks keeps its group.
-            const Range part = intersect({seg.begin, seg.end}, {s.begin, s.end});
-            if (part.empty()) continue;
-            const size_t o0 = part.begin - s.begin;
-            ranges.push_back({s.param + o0, s.grad + o0, s.exp_avg + o0, s.exp_avg_sq + o0,
-                              s.param_bf16 != nullptr ? s.param_bf16 + o0 : nullptr, part.size(),
-                              seg.decay ? static_cast<float>(o.weight_decay) : 0.0f});
-        }
+    const auto update = [&](const std::vector<Backend::AdamwRange>& ranges) {
+        backend->adamw_update_multi(ranges, static_cast<float>(r.lr), static_cast<float>(o.beta1),
+                                    static_cast<float>(o.beta2), static_cast<float>(o.eps), step, clip_coef);
+    };
+    if (!on_host) {
+        std::vector<Backend::AdamwRange> ranges;
+        for (const auto& s : shards) append_ranges(ranges, s, 0, s.end - s.begin, s.grad);
+        update(ranges);
+    } else {
+        update_streaming(shards, update);
     }
-    backend->adamw_update_multi(ranges, static_cast<float>(r.lr), static_cast<float>(o.beta1),
-                                static_cast<float>(o.beta2), static_cast<float>(o.eps), step,
-                                static_cast<float>(clip_coef));
     strategy.after_optimizer_step();
     return r;
+}
+
+void AdamW::append_ranges(std::vector<Backend::AdamwRange>& out, const ShardView& s, size_t a, size_t b,
+                          const float* grad) const {
+    for (const DecaySegment& seg : layout_.decay_segments(s.unit)) {
+        // Intersect the parameter range with the window: a parameter split across ranks keeps its group.
+        const Range part = intersect({seg.begin, seg.end}, {s.begin + a, s.begin + b});
+        if (part.empty()) continue;
+        const size_t o0 = part.begin - s.begin;
+        out.push_back({s.param + o0, grad + (o0 - a), s.exp_avg + o0, s.exp_avg_sq + o0,
+                       s.param_bf16 != nullptr ? s.param_bf16 + o0 : nullptr, part.size(),
+                       seg.decay ? static_cast<float>(config_.optimizer.weight_decay) : 0.0f});
+    }
+}
+
+void AdamW::update_streaming(const std::vector<ShardView>& shards,
+                             const std::function<void(const std::vector<Backend::AdamwRange>&)>& update) {
+    // The shards' gradients in chunks of at most stream_chunk_ elements, each copied into one of two pinned
+    // slots: the next chunk's copy runs while the host updates this one (a slot is written again only
+    // after the update that read it has returned), and each updated chunk starts up to the device at once.
+    size_t largest = 0;
+    for (const auto& s : shards) largest = std::max(largest, s.end - s.begin);
+    const size_t chunk = std::min(stream_chunk_, largest);
+    if (chunk == 0) return;
+    if (staging_.bytes() < 2 * chunk * sizeof(float)) {
+        staging_ = DeviceBuffer(backend_, 2 * chunk * sizeof(float), MemCategory::kHostGradients);
+    }
+    struct Piece {
+        const ShardView* shard;
+        size_t a, b;  // elements [a, b) of the shard
+    };
+    std::vector<Piece> pieces;
+    for (const auto& s : shards) {
+        for (size_t a = 0; a < s.end - s.begin; a += chunk)
+            pieces.push_back({&s, a, std::min(a + chunk, s.end - s.begin)});
+    }
+    const auto slot = [&](size_t i) { return staging_.f32() + (i % 2) * chunk; };
+    const auto send = [&](size_t i) {
+        const Piece& p = pieces[i];
+        return backend_->copy_async(slot(i), p.shard->grad + p.a, (p.b - p.a) * sizeof(float));
+    };
+    uint64_t next = send(0);
+    std::vector<Backend::AdamwRange> ranges;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+        const uint64_t ticket = next;
+        if (i + 1 < pieces.size()) next = send(i + 1);
+        backend_->host_wait(ticket);
+        ranges.clear();
+        append_ranges(ranges, *pieces[i].shard, pieces[i].a, pieces[i].b, slot(i));
+        update(ranges);
+        if (pieces[i].shard->upload) pieces[i].shard->upload(pieces[i].a, pieces[i].b);
+    }
 }
 
 }  // namespace trainer

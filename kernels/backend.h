@@ -91,7 +91,8 @@ class Backend {
     // Queues a copy between memory from alloc_host and device memory (either way), ordered after the work
     // queued so far and running beside the work queued later (a copy engine); returns a ticket for the two
     // waits below. Neither side may be written or freed (nor the destination read) until the copy is
-    // waited for.
+    // waited for. Copies run one after another in the order queued: waiting for a ticket waits for every
+    // earlier one too.
     // Default: copies at once (copy_any); every ticket is complete.
     virtual uint64_t copy_async(void* dst, const void* src, size_t bytes) {
         copy_any(dst, src, bytes);

@@ -9,10 +9,9 @@
 // sum. Used for fsdp NO_SHARD too, which must cost what DDP costs, and for the single-process strategy
 // (a group of one, where every collective is a no-op).
 //
-// CPU offload (cpu_offload.optimizer_state; shard_storage.h): a unit's gradients are final once its last
-// micro-batch's all-reduce has landed; the all-reduce of the unit before it in the backward is settled
-// when a unit's backward ends (it has had that unit's backward to run), so its copy to the host overlaps
-// the rest of the backward. The replica's parameters stay on the device (offloading them is FSDP's).
+// CPU offload (cpu_offload.optimizer_state; shard_storage.h): the gradients stay on the device, where the
+// optimizer streams them down as it updates. The replica's parameters stay on the device (offloading them
+// is FSDP's).
 #include <memory>
 
 #include "base/common.h"
@@ -32,7 +31,6 @@ class DdpStrategy final : public Strategy {
           backend_(backend),
           owned_comm_(std::move(owned_comm)),
           every_micro_(sync_every_micro_batch),
-          offload_(offload.optimizer_state),
           precision_(precision),
           name_(std::move(name)) {
         if (offload.parameters) {
@@ -73,10 +71,7 @@ class DdpStrategy final : public Strategy {
         const bool last_micro = micro_ == num_micro_ - 1;
         Unit& s = units_[u];
         const size_t n = s.state.numel();
-        if (world_->size() == 1 || (!every_micro_ && !last_micro) || n == 0) {  // nothing to reduce
-            if (last_micro) s.state.grads_final();
-            return;
-        }
+        if (world_->size() == 1 || (!every_micro_ && !last_micro) || n == 0) return;  // nothing to reduce
         if (precision_.bf16_reduce) {
             s.wire = DeviceBuffer(backend_, n * 2, MemCategory::kCommunication);
             backend_->cast_float_to_bf16(s.wire.bf16(), s.state.grads(), n);
@@ -85,16 +80,9 @@ class DdpStrategy final : public Strategy {
             s.pending = world_->all_reduce(s.state.grads(), n, CommDType::kFloat32);
         }
         s.has_pending = true;
-        if (offload_ && last_micro && u + 1 < static_cast<int>(units_.size())) {
-            settle(u + 1);  // its reduction ran during this unit's backward; its copy down runs beside the next
-            units_[u + 1].state.grads_final();
-        }
     }
     void finish_backward() override {
-        for (size_t u = 0; u < units_.size(); ++u) {
-            settle(static_cast<int>(u));
-            units_[u].state.grads_on_host();
-        }
+        for (size_t u = 0; u < units_.size(); ++u) settle(static_cast<int>(u));
     }
 
     void zero_grads() override {
@@ -106,10 +94,7 @@ class DdpStrategy final : public Strategy {
         return views;
     }
     void after_optimizer_step() override {
-        for (auto& s : units_) {
-            s.state.after_update();
-            s.compute_stale = true;
-        }
+        for (auto& s : units_) s.compute_stale = true;  // the optimizer uploaded what it updated
     }
 
     void load_full_unit_params(int u, const float* host) override {
@@ -148,7 +133,6 @@ class DdpStrategy final : public Strategy {
     Backend* backend_;
     std::unique_ptr<Communicator> owned_comm_;  // the group of one of the single-process strategy
     bool every_micro_;
-    bool offload_;  // cpu_offload.optimizer_state
     WirePrecision precision_;
     std::string name_;
     int num_micro_ = 1, micro_ = 0;

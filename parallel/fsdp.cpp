@@ -32,10 +32,9 @@
 // the shard and accumulates into its gradients, as the single strategy does (mixed precision widens the
 // bf16 shard into the unit's compute copy instead of gathering it, once a step: the copies stay for the
 // step in every sharding mode unless the parameters are offloaded; pure still reduces to round in bf16).
-// CPU offload (shard_storage.h): a shard's gradients are final when the step's last reduction into them
-// has been settled (HYBRID_SHARD: after the replicas' all-reduce); their copy to the host starts there,
-// beside the rest of the backward. With cpu_offload.parameters every gather first uploads the shard (bf16
-// in mixed and pure precision) into a communication buffer that lives until the gather has landed.
+// CPU offload (shard_storage.h): the shards' gradients stay on the device, where the optimizer streams
+// them down as it updates. With cpu_offload.parameters every gather first uploads the shard (bf16 in mixed
+// and pure precision) into a communication buffer that lives until the gather has landed.
 #include <deque>
 #include <memory>
 #include <utility>
@@ -154,15 +153,13 @@ class FsdpStrategy final : public Strategy {
                 } else {
                     wait(replicas_->all_reduce(G.mine.grads(), G.shard, CommDType::kFloat32));
                 }
-                G.mine.grads_final();
             }
         }
-        for (Group& G : groups_) G.mine.grads_on_host();
     }
     void after_optimizer_step() override {
-        // The shards changed: SHARD_GRAD_OP's kept units (and the root, after an evaluation) are stale.
+        // The shards changed (and, offloaded, the optimizer uploaded them): SHARD_GRAD_OP's kept units (and
+        // the root, after an evaluation) are stale.
         for (Group& G : groups_) {
-            G.mine.after_update();
             TRAINER_CHECK(!G.gather_pending, "an FSDP unit's gather is still in flight after the step");
             G.refs = 0;
             G.gathered = false;
@@ -181,12 +178,7 @@ class FsdpStrategy final : public Strategy {
                 const Range r = owned_part(G, u);
                 if (r.empty()) continue;
                 const size_t ub = offset_in_group_[u];
-                ShardView v = G.mine.view(u, r.begin - ub);
-                v.end = r.end - ub;
-                const size_t skip = r.begin - lo;
-                v.param += skip, v.grad += skip, v.exp_avg += skip, v.exp_avg_sq += skip, v.device_grad += skip;
-                if (v.param_bf16 != nullptr) v.param_bf16 += skip;
-                views.push_back(v);
+                views.push_back(G.mine.view(u, r.begin - ub, r.begin - lo, r.size()));
             }
         }
         return views;
@@ -237,7 +229,6 @@ class FsdpStrategy final : public Strategy {
         int group = 0;
         DeviceBuffer in;  // full gradients: scratch for the reduction, this rank's reduced shard in its block
         CommHandle handle;
-        bool last = false;  // the step's last reduction into the shard (its gradients are then final)
     };
 
     // Queues the all-gather of FSDP unit g unless it is gathered or in flight.
@@ -330,15 +321,10 @@ class FsdpStrategy final : public Strategy {
         Group& G = groups_[g];
         if (!G.has_grads) return;
         G.has_grads = false;
-        const bool last = micro_ == num_micro_ - 1;
-        if (G.padded == 0 || grads_in_place_) {  // in place: already in the shard's gradients
-            if (last && !hybrid_replicas()) G.mine.grads_final();
-            return;
-        }
+        if (G.padded == 0 || grads_in_place_) return;  // in place: already in the shard's gradients
         while (pending_.size() >= 2) settle_oldest();  // bounds the unsharded gradients in flight
         PendingReduce p;
         p.group = g;
-        p.last = last;
         // In place: this rank's reduced shard lands in its own block of the input (no output buffer).
         const size_t mine = my_range(G).begin;
         if (opt_.precision.bf16_reduce) {
@@ -369,7 +355,6 @@ class FsdpStrategy final : public Strategy {
         // Mean over all ranks, accumulated into the shard's gradient (micro_batch mode adds every micro-batch).
         backend_->scale_inplace(reduced, G.shard, 1.0f / static_cast<float>(world_->size()));
         backend_->residual_forward(G.mine.grads(), G.mine.grads(), reduced, G.shard);
-        if (p.last && !hybrid_replicas()) G.mine.grads_final();
     }
     // HYBRID_SHARD with more than one replica: the shards' gradients are all-reduced once more.
     bool hybrid_replicas() const { return replicas_ != nullptr && replicas_->size() > 1; }

@@ -30,27 +30,31 @@ ShardStorage::ShardStorage(Backend* backend, size_t numel, const CpuOffloadConfi
     }
     host_params_ = zeroed(bytes, MemCategory::kHostParameters);
     if (bf16_copy) host_bf16_ = zeroed(half, MemCategory::kHostParameters);
-    host_grads_ = zeroed(bytes, MemCategory::kHostGradients);
     host_exp_avg_ = zeroed(bytes, MemCategory::kHostOptimizerState);
     host_exp_avg_sq_ = zeroed(bytes, MemCategory::kHostOptimizerState);
 }
 
-ShardView ShardStorage::view(int unit, size_t begin) {
+ShardView ShardStorage::view(int unit, size_t begin, size_t offset, size_t n) {
+    TRAINER_CHECK(offset <= numel_, "view: offset {} outside the shard's {} elements", offset, numel_);
+    n = std::min(n, numel_ - offset);
     if (offload_) backend_->host_wait(upload_ticket_);
+    // Elements [offset, offset + n) of a buffer (null stays null).
+    const auto at = [offset](auto* p) { return p != nullptr ? p + offset : nullptr; };
     ShardView v;
     v.unit = unit;
     v.begin = begin;
-    v.end = begin + numel_;
+    v.end = begin + n;
     v.on_host = offload_;
-    v.device_grad = grads_.f32();
+    v.grad = at(grads_.f32());
     if (offload_) {
-        v.param = host_params_.f32(), v.grad = host_grads_.f32();
-        v.exp_avg = host_exp_avg_.f32(), v.exp_avg_sq = host_exp_avg_sq_.f32();
-        v.param_bf16 = host_bf16_.bf16();
+        v.param = at(host_params_.f32());
+        v.exp_avg = at(host_exp_avg_.f32()), v.exp_avg_sq = at(host_exp_avg_sq_.f32());
+        v.param_bf16 = at(host_bf16_.bf16());
+        v.upload = [this, offset](size_t a, size_t b) { upload(offset + a, offset + b); };
     } else {
-        v.param = params_.f32(), v.grad = grads_.f32();
-        v.exp_avg = exp_avg_.f32(), v.exp_avg_sq = exp_avg_sq_.f32();
-        v.param_bf16 = bf16_.bf16();
+        v.param = at(params_.f32());
+        v.exp_avg = at(exp_avg_.f32()), v.exp_avg_sq = at(exp_avg_sq_.f32());
+        v.param_bf16 = at(bf16_.bf16());
     }
     return v;
 }
@@ -94,31 +98,22 @@ void ShardStorage::params_loaded() {
     }
     backend_->host_wait(upload_ticket_);  // the host copies are about to change
     if (host_bf16_.data() != nullptr) cpu::cast_float_to_bf16(host_bf16_.bf16(), host_params_.f32(), numel_);
-    after_update();
+    upload(0, numel_);
 }
 
 void ShardStorage::zero_grads() {
     if (numel_ > 0) backend_->fill_zero(grads_.data(), numel_ * sizeof(float));
-    grads_sent_ = false;
 }
 
-void ShardStorage::grads_final() {
-    if (!offload_ || grads_sent_ || numel_ == 0) return;
-    grads_ticket_ = backend_->copy_async(host_grads_.data(), grads_.data(), numel_ * sizeof(float));
-    grads_sent_ = true;
-}
-
-void ShardStorage::grads_on_host() {
-    if (!offload_ || numel_ == 0) return;
-    grads_final();
-    backend_->host_wait(grads_ticket_);
-}
-
-void ShardStorage::after_update() {
-    if (!offload_ || numel_ == 0) return;
+void ShardStorage::upload(size_t a, size_t b) {
+    TRAINER_CHECK(offload_ && a <= b && b <= numel_, "upload: [{}, {}) of a shard of {} elements (offload {})", a, b,
+                  numel_, offload_);
+    if (a == b) return;
+    // Copies finish in the order queued: the last one's ticket covers the earlier uploads.
     if (params_.data() != nullptr)
-        upload_ticket_ = backend_->copy_async(params_.data(), host_params_.data(), params_.bytes());
-    if (bf16_.data() != nullptr) upload_ticket_ = backend_->copy_async(bf16_.data(), host_bf16_.data(), bf16_.bytes());
+        upload_ticket_ = backend_->copy_async(params_.f32() + a, host_params_.f32() + a, (b - a) * sizeof(float));
+    if (bf16_.data() != nullptr)
+        upload_ticket_ = backend_->copy_async(bf16_.bf16() + a, host_bf16_.bf16() + a, (b - a) * sizeof(uint16_t));
 }
 
 }  // namespace trainer

@@ -3,15 +3,17 @@
 // offload, where each lives and how it moves between the host and the device. Shared by every strategy.
 //
 // Without offload everything lives on the device and the optimizer updates it there. With
-// cpu_offload.optimizer_state the fp32 master parameters, a host copy of the gradients and the moments
-// live in host memory (Backend::alloc_host: pinned on a GPU) and the optimizer runs on the host. The
-// strategy calls grads_final() as soon as the device gradients are final for the step (their copy down
-// then runs beside the rest of the backward), grads_on_host() before the optimizer, and after_update()
-// after it (the updated parameters start up to the device; device_params() and device_bf16() make the
-// device work that reads them wait for the upload, so it overlaps whatever the device does first). The
-// device keeps only what compute reads: the fp32 parameters, or only the bf16 copy that mixed-precision
-// FSDP gathers (AdamW writes it on the host in the same pass, and it goes up at half the bytes), or, with
-// cpu_offload.parameters, nothing: upload_params() brings the shard up for each gather.
+// cpu_offload.optimizer_state the fp32 master parameters and the moments live in host memory
+// (Backend::alloc_host: pinned on a GPU) and the optimizer runs on the host; the gradients stay on the
+// device, where they were reduced and where the optimizer takes their norm, and it streams them down in
+// chunks as it updates (core/optimizer.cpp), so host memory holds no copy of them. After each chunk's
+// update the optimizer starts that chunk's parameters up to the device (ShardView::upload), so the uploads
+// overlap the host's next chunk as the downloads do; device_params() and device_bf16() make the device
+// work that reads them wait for the last upload, so it overlaps whatever the device does first too. The
+// device keeps only what compute reads: the fp32 parameters, or only the bf16
+// copy that mixed-precision FSDP gathers (AdamW writes it on the host in the same pass, and it goes up at
+// half the bytes), or, with cpu_offload.parameters, nothing: upload_params() brings the shard up for each
+// gather.
 #pragma once
 
 #include <cstdint>
@@ -29,10 +31,11 @@ class ShardStorage {
     ShardStorage(Backend* backend, size_t numel, const CpuOffloadConfig& offload, bool bf16_copy);
 
     size_t numel() const { return numel_; }
-    // The optimizer's view of elements [begin, begin + numel) of unit `unit`: device memory, or host memory
-    // (on_host) under CPU offload, which no upload still reads when this returns (the optimizer and a
-    // checkpoint load may write it).
-    ShardView view(int unit, size_t begin);
+    // The optimizer's view of `n` elements of this storage from element `offset` (the rest of it where `n` is
+    // npos), which are elements [begin, begin + n) of unit `unit`: device memory, or host memory (on_host)
+    // under CPU offload but for the gradients, which no upload still reads when this returns (the optimizer
+    // and a checkpoint load may write it); under offload, `upload` starts a range up to the device.
+    ShardView view(int unit, size_t begin, size_t offset = 0, size_t n = static_cast<size_t>(-1));
     // The device gradients the strategy accumulates and reduces into.
     float* grads() const { return grads_.f32(); }
     // The fp32 parameters on the device (null where only the bf16 copy or nothing is kept there), once the
@@ -50,25 +53,20 @@ class ShardStorage {
     // The master parameters changed (write_params, a checkpoint load through view()): refreshes the copies.
     void params_loaded();
     void zero_grads();
-    // Offload: the device gradients are final for this step; starts their copy to the host (once a step).
-    void grads_final();
-    // Offload: before the optimizer, the host gradients are complete (starting their copy if
-    // grads_final() was not called). No-op without offload.
-    void grads_on_host();
-    // Offload: after the optimizer updated the host state, starts the upload of the device copies.
-    void after_update();
 
    private:
+    // Offload: starts the upload of elements [a, b) of the device copies from the host's (a no-op where the
+    // device keeps none), after the host changed them.
+    void upload(size_t a, size_t b);
     Backend* backend_ = nullptr;
     size_t numel_ = 0;
     bool offload_ = false;
     // Device: the fp32 parameters (the master without offload, else a copy), the bf16 copy, the gradients
     // and (without offload) the moments.
     DeviceBuffer params_, bf16_, grads_, exp_avg_, exp_avg_sq_;
-    // Host (offload): the master parameters, their bf16 rounding for the upload, the gradients, the moments.
-    DeviceBuffer host_params_, host_bf16_, host_grads_, host_exp_avg_, host_exp_avg_sq_;
-    uint64_t grads_ticket_ = 0, upload_ticket_ = 0;  // the copies in flight (Backend::copy_async)
-    bool grads_sent_ = false;
+    // Host (offload): the master parameters, their bf16 rounding for the upload, the moments.
+    DeviceBuffer host_params_, host_bf16_, host_exp_avg_, host_exp_avg_sq_;
+    uint64_t upload_ticket_ = 0;  // the last upload in flight (Backend::copy_async)
 };
 
 }  // namespace trainer

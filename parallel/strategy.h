@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,8 +26,9 @@
 namespace trainer {
 
 // The part of one unit this rank updates: elements [begin, end) of the unit's flat buffer, with the
-// matching gradient and AdamW moments (all pointers to element `begin`: device memory, or host memory
-// when on_host, under CPU offload).
+// matching gradient and AdamW moments (all pointers to element `begin`). The gradient is in device
+// memory, where it was reduced; the rest too, or in host memory when on_host (CPU offload), where the
+// optimizer streams the gradient down as it updates.
 struct ShardView {
     int unit = 0;
     size_t begin = 0, end = 0;
@@ -38,10 +40,9 @@ struct ShardView {
     // (a mixed-precision strategy's gather copy); null otherwise.
     uint16_t* param_bf16 = nullptr;
     bool on_host = false;  // cpu_offload.optimizer_state: the optimizer runs on the host
-    // The same gradients where they were reduced, on the device (`grad` itself without offload): the
-    // gradient norm reads them there, so an offloaded run clips by the norm the device computes, as a run
-    // without offload does, and the host streams 4 bytes a parameter less.
-    const float* device_grad = nullptr;
+    // On the host: after updating elements [a, b) of the view (offsets from `begin`), the optimizer calls
+    // upload(a, b) to start them up to the device copies compute reads. Null on the device.
+    std::function<void(size_t a, size_t b)> upload;
 };
 
 class Communicator;

@@ -127,9 +127,11 @@ void micro_batch(Strategy& s, const ParamLayout& layout, Backend& backend,
 // FULL_SHARD (fsdp) or DDP over `comm`, every unit loaded with unit_values, at the start of a step of one
 // micro-batch.
 std::unique_ptr<Strategy> started_step(bool fsdp, const TrainConfig& c, const ParamLayout& layout, Backend& backend,
-                                       Communicator& comm) {
-    auto s = fsdp ? make_fsdp_strategy(&backend, layout, &comm, &comm, nullptr, fsdp_options(c, layout), "fsdp")
-                  : make_ddp_strategy(&backend, layout, &comm, false, "ddp");
+                                       Communicator& comm, const CpuOffloadConfig& offload = {}) {
+    FsdpOptions o = fsdp_options(c, layout);
+    o.offload = offload;
+    auto s = fsdp ? make_fsdp_strategy(&backend, layout, &comm, &comm, nullptr, o, "fsdp")
+                  : make_ddp_strategy(&backend, layout, &comm, false, "ddp", {}, offload);
     for (int u = 0; u < layout.num_units(); ++u) s->load_full_unit_params(u, unit_values(layout, u).data());
     s->params_loaded();
     s->zero_grads();
@@ -417,6 +419,56 @@ TEST_CASE("optimizer: a non-finite gradient is named by unit and parameter on ev
                 RANK_EXPECT(after == before[k++], "rank " << rank << ": unit " << v.unit << " was updated");
             }
             s->barrier();
+        });
+    }
+}
+
+TEST_CASE("optimizer: CPU offload streams the gradients in chunks and updates bitwise as on the device") {
+    const TrainConfig c = tiny_config(2, WrappingStrategy::kByBlock, ShardingStrategy::kFullShard);
+    const ParamLayout layout(c);
+    // Gradient element i of unit u at step t: different almost everywhere, so a chunk read at the wrong
+    // offset or given the wrong decay group changes the update.
+    const auto grad_at = [](int u, size_t i, long t) {
+        return 0.001f * static_cast<float>(static_cast<long>(u * 7919 + i * 31 + t * 17) % 2003 - 1001);
+    };
+    for (bool fsdp : {true, false}) {
+        CAPTURE(fsdp);
+        test_util::run_ranks(2, [&](int rank, Communicator& comm) {
+            auto backend = make_backend(Device::kCpu);
+            // Two steps (the second reads the first's moments); then each shard's parameters and moments.
+            const auto train = [&](bool offload, size_t chunk) {
+                CpuOffloadConfig off;
+                off.optimizer_state = offload;
+                auto s = started_step(fsdp, c, layout, *backend, comm, off);
+                AdamW adamw(c, layout, backend.get(), offload ? backend.get() : nullptr, chunk);
+                for (long t = 1; t <= 2; ++t) {
+                    if (t > 1) {
+                        s->zero_grads();
+                        s->begin_step(1);
+                        s->begin_micro_batch(0);
+                    }
+                    micro_batch(
+                        *s, layout, *backend, [](const std::string&, int) {}, [](int) { return 0.0f; });
+                    s->finish_backward();
+                    for (const ShardView& v : s->owned_shards()) {
+                        RANK_EXPECT(v.on_host == offload, "rank " << rank << ": unit " << v.unit << " on_host");
+                        for (size_t i = 0; i < v.end - v.begin; ++i) v.grad[i] = grad_at(v.unit, v.begin + i, t);
+                    }
+                    adamw.step(*s, t, 10);
+                }
+                std::vector<std::vector<float>> state;
+                for (const ShardView& v : s->owned_shards()) {
+                    for (const float* p : {v.param, v.exp_avg, v.exp_avg_sq})
+                        state.emplace_back(p, p + (v.end - v.begin));
+                }
+                s->barrier();
+                return state;
+            };
+            const auto want = train(false, AdamW::kStreamChunk);
+            for (size_t chunk : {size_t(7), size_t(4096), AdamW::kStreamChunk}) {
+                RANK_EXPECT(train(true, chunk) == want, "rank " << rank << ": offloaded AdamW streamed in chunks of "
+                                                                << chunk << " differs from the update on the device");
+            }
         });
     }
 }
