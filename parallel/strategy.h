@@ -6,8 +6,9 @@
 //   for each of the k micro-batches: begin_micro_batch(i); begin_forward(true)
 //     forward:  before_forward(u) ... after_forward(u) for u = embedding, blocks, head
 //     backward: before_backward(u) ... after_backward(u) for u = head, blocks reversed, embedding
-//   finish_backward()   (every gradient reduction complete; offloaded gradients on the host)
-//   optimizer over owned_shards(); after_optimizer_step() (offloaded parameters start back up)
+//   finish_backward()   (every gradient reduction complete, on the device)
+//   optimizer over owned_shards() (offloaded: each updated chunk starts back up, ShardView::upload);
+//   after_optimizer_step()
 // A tied LM head reads the embedding's parameters and accumulates into its gradients: the model then
 // calls before_forward/after_forward(embedding) around the head's forward and before_backward(embedding)
 // at the head's backward; the embedding's after_backward comes at the very end, as usual.
