@@ -214,6 +214,9 @@ int run_main(int argc, char** argv) {
     plan->add_option("--nproc-per-node", plan_opts.nproc_per_node, "ranks per node")->check(CLI::PositiveNumber);
     plan->add_option("--device-memory", plan_opts.device_memory_gib, "GiB of memory per device: marks what fits")
         ->check(CLI::PositiveNumber);
+    plan->add_option("--host-memory", plan_opts.host_memory_gib,
+                     "GiB of host memory per node: marks the CPU offload rows whose host state does not fit")
+        ->check(CLI::PositiveNumber);
     plan->add_flag("--json", plan_opts.json, "one JSON object per configuration instead of the table");
     plan->add_option("--hardware", plan_opts.hardware,
                      "the device and links the step times are for: h100-sxm, h200, a100-40gb, a100-80gb, "

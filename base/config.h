@@ -246,6 +246,7 @@ struct PlanConfig {
     std::optional<std::string> hardware;      // a hardware entry (core/step_time.h)
     std::optional<std::string> calibration;   // bench-kernels --calibration-out
     std::optional<double> device_memory_gib;  // memory of one device
+    std::optional<double> host_memory_gib;    // host memory of one node, for CPU offload's state
     // The hardware entry's links, overridden: bus bandwidth in GB/s (1e9 bytes/s, as nccl-tests' busbw)
     // and latency per ring step in microseconds, within a node and between nodes.
     std::optional<double> intra_node_bandwidth_gbs, inter_node_bandwidth_gbs;

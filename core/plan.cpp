@@ -257,7 +257,8 @@ struct Row {
     DryRunStep dry;  // its peaks (its events went to the time model as they happened)
     StepTime time;
     double tokens_per_s = 0.0, mfu = 0.0;
-    bool fits = true;
+    bool fits_device = true, fits_host = true;  // the device memory; the node's host memory (CPU offload)
+    bool fits() const { return fits_device && fits_host; }
 };
 
 // Every candidate of the world, dry-run and timed; the recommendation is the fastest that fits.
@@ -266,6 +267,7 @@ struct Plan {
     std::optional<Hardware> hw;  // the entry, with the config's link overrides
     std::optional<Calibration> calibration;
     double device_gib = 0.0;  // 0: unknown
+    double host_gib = 0.0;    // host memory of a node, 0: unknown
     std::string config_refused, other_refused;
     int recommended = -1;  // a row, or -1 when none fits
     std::string reasons;
@@ -313,6 +315,7 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
             static_cast<double>(measured) / threads * std::max(1.0, static_cast<double>(per_node) * threads / hw.cores);
     }
     plan.device_gib = o.device_memory_gib > 0.0 ? o.device_memory_gib : hw.memory_gib;
+    plan.host_gib = o.host_memory_gib;
     std::vector<std::string> seen;
     for (const Candidate& cand : candidates(config, env)) {
         Json doc = config.json;
@@ -349,7 +352,10 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
             row.mfu = flops_per_token(c.model, layout) * static_cast<double>(c.global_train_batch_size) * (L - 1) /
                       world / row.time.total / peak;
         }
-        row.fits = plan.device_gib <= 0.0 || row.dry.total_peak <= plan.device_gib * kGiB;
+        row.fits_device = plan.device_gib <= 0.0 || row.dry.total_peak <= plan.device_gib * kGiB;
+        // Every rank of a node keeps its offloaded state in the node's memory.
+        row.fits_host = plan.host_gib <= 0.0 ||
+                        static_cast<double>(row.dry.host_peak) * env.local_world_size <= plan.host_gib * kGiB;
         plan.rows.push_back(std::move(row));
     }
     if (plan.rows.empty()) {
@@ -362,32 +368,44 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
     for (size_t i = 0; i < plan.rows.size(); ++i) {
         const Row& r = plan.rows[i];
         if (r.time.total < plan.rows[fastest].time.total) fastest = static_cast<int>(i);
-        if (r.fits && (plan.recommended < 0 || r.time.total < plan.rows[plan.recommended].time.total))
+        if (r.fits() && (plan.recommended < 0 || r.time.total < plan.rows[plan.recommended].time.total))
             plan.recommended = static_cast<int>(i);
     }
+    // What a row needs that is not there: the device's memory first, else the node's host memory.
+    const auto shortfall = [&](const Row& r) {
+        if (!r.fits_device) return fmt::format("{:.1f} GiB > {:.1f} GiB", r.dry.total_peak / kGiB, plan.device_gib);
+        return fmt::format("{:.1f} GiB of host memory on a node > {:.1f} GiB",
+                           static_cast<double>(r.dry.host_peak) * env.local_world_size / kGiB, plan.host_gib);
+    };
     if (plan.recommended < 0) {
-        int smallest = 0;
-        for (size_t i = 0; i < plan.rows.size(); ++i) {
-            if (plan.rows[i].dry.total_peak < plan.rows[smallest].dry.total_peak) smallest = static_cast<int>(i);
+        // The smallest on the device among the rows that fit it, else among all.
+        int smallest = -1;
+        for (int pass = 0; pass < 2 && smallest < 0; ++pass) {
+            for (size_t i = 0; i < plan.rows.size(); ++i) {
+                const Row& r = plan.rows[i];
+                if (pass == 0 && !r.fits_device) continue;
+                if (smallest < 0 || r.dry.total_peak < plan.rows[smallest].dry.total_peak)
+                    smallest = static_cast<int>(i);
+            }
         }
-        plan.reasons =
-            fmt::format("nothing fits in {:.1f} GiB: the smallest, {}, needs {:.1f} GiB", plan.device_gib,
-                        describe(plan.rows[smallest].config, world), plan.rows[smallest].dry.total_peak / kGiB);
+        const Row& s = plan.rows[smallest];
+        plan.reasons = fmt::format(
+            "nothing fits in {:.1f} GiB{}: the smallest, {}, needs {}", plan.device_gib,
+            plan.host_gib > 0.0 ? fmt::format(" and {:.1f} GiB of host memory a node", plan.host_gib) : std::string(),
+            describe(s.config, world), shortfall(s));
         return plan;
     }
     const Row& best = plan.rows[plan.recommended];
     plan.reasons = fmt::format("the fastest predicted, {:.0f} tokens/s/device", best.tokens_per_s);
     if (fastest != plan.recommended) {
         const Row& f = plan.rows[fastest];
-        plan.reasons +=
-            fmt::format("; {} would be {:.0f}% faster but needs {:.1f} GiB > {:.1f} GiB", describe(f.config, world),
-                        100.0 * (best.time.total / f.time.total - 1.0), f.dry.total_peak / kGiB, plan.device_gib);
+        plan.reasons += fmt::format("; {} would be {:.0f}% faster but needs {}", describe(f.config, world),
+                                    100.0 * (best.time.total / f.time.total - 1.0), shortfall(f));
     }
     for (const Row& r : plan.rows) {
         if (r.is_config && &r != &best) {
-            plan.reasons +=
-                fmt::format("; the config as given: {:.0f} tokens/s/device{}", r.tokens_per_s,
-                            r.fits ? "" : fmt::format(", does not fit ({:.1f} GiB)", r.dry.total_peak / kGiB));
+            plan.reasons += fmt::format("; the config as given: {:.0f} tokens/s/device{}", r.tokens_per_s,
+                                        r.fits() ? "" : fmt::format(", does not fit ({})", shortfall(r)));
         }
     }
     return plan;
@@ -429,6 +447,7 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
     if (o.hardware.empty()) o.hardware = config.plan.hardware.value_or("");
     if (o.calibration.empty()) o.calibration = config.plan.calibration.value_or("");
     if (o.device_memory_gib <= 0.0) o.device_memory_gib = config.plan.device_memory_gib.value_or(0.0);
+    if (o.host_memory_gib <= 0.0) o.host_memory_gib = config.plan.host_memory_gib.value_or(0.0);
     if (o.nnodes < 1 || o.nproc_per_node < 1) {
         user_error("plan: --nnodes {} and --nproc-per-node {} must be at least 1", o.nnodes, o.nproc_per_node);
     }
@@ -441,7 +460,7 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
     const Plan plan = make_plan(config, env, device, o);
     const Hardware& hw = *plan.hw;
     if (config.trace_file) write_predicted_trace(plan, world, *config.trace_file, !o.json);
-    const bool know_memory = plan.device_gib > 0.0;
+    const bool know_memory = plan.device_gib > 0.0 || plan.host_gib > 0.0;
     const MemCategory shown[] = {MemCategory::kParameters,    MemCategory::kGradients,   MemCategory::kOptimizerState,
                                  MemCategory::kGatheredUnits, MemCategory::kActivations, MemCategory::kCommunication};
     if (o.json) {
@@ -476,7 +495,8 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
                         {"predicted_tokens_per_second_per_device", r.tokens_per_s},
                         {"predicted_mfu", r.mfu},
                         {"predicted_peak_bytes", peak},
-                        {"fits", know_memory ? Json(r.fits) : Json(nullptr)},
+                        {"fits", know_memory ? Json(r.fits()) : Json(nullptr)},
+                        {"host_bytes_per_node", r.dry.host_peak * static_cast<int64_t>(env.local_world_size)},
                         {"recommended", static_cast<int>(i) == plan.recommended}};
             std::printf("%s\n", row.dump().c_str());
         }
@@ -489,12 +509,17 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
     // CPU offload's side of the entry, where it has one and a row offloads.
     bool offloads = false;
     for (const Row& r : plan.rows) offloads = offloads || r.config.cpu_offload.optimizer_state;
-    const std::string host_side =
-        offloads && hw.host_link.bandwidth > 0.0
-            ? fmt::format("; CPU offload: host link {:.4g} GB/s{}, host memory {:.4g} GB/s a rank{}",
-                          hw.host_link.bandwidth / 1e9, pc.host_link_bandwidth_gbs ? " (set)" : "",
-                          hw.host_bandwidth / 1e9, pc.host_memory_bandwidth_gbs ? " (set)" : "")
-            : "";
+    std::string host_side;
+    if (offloads) {
+        host_side = "; CPU offload: ";
+        if (hw.host_link.bandwidth > 0.0) {
+            host_side += fmt::format("host link {:.4g} GB/s{}, host memory {:.4g} GB/s a rank{}, ",
+                                     hw.host_link.bandwidth / 1e9, pc.host_link_bandwidth_gbs ? " (set)" : "",
+                                     hw.host_bandwidth / 1e9, pc.host_memory_bandwidth_gbs ? " (set)" : "");
+        }
+        host_side += plan.host_gib > 0.0 ? fmt::format("{:.4g} GiB of host memory a node", plan.host_gib)
+                                         : "host memory a node not checked (--host-memory)";
+    }
     std::printf(
         "plan for %s on %d node(s) x %d rank(s), device %s, hardware %s (%s; links within a node %s, between "
         "nodes %s%s)%s: a dry run of one step per configuration; times per step, memory per rank in GiB\n\n",
@@ -523,7 +548,7 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
                         r.time.optimizer * 1e3, r.tokens_per_s, 100.0 * r.mfu);
         for (MemCategory c : shown) line += fmt::format(" {:.2f} |", r.dry.peak[static_cast<int>(c)] / kGiB);
         line += fmt::format(" {:.2f} | {:.2f} |", r.dry.total_peak / kGiB, r.dry.host_peak / kGiB);
-        if (know_memory) line += r.fits ? " yes |" : " no |";
+        if (know_memory) line += r.fits() ? " yes |" : r.fits_device ? " no (host) |" : " no |";
         std::printf("%s\n", line.c_str());
     }
     if (!plan.config_refused.empty())
@@ -548,6 +573,13 @@ TrainConfig choose_configuration(const TrainConfig& config, const RankEnv& env, 
     o.hardware = config.plan.hardware.value_or("");
     o.calibration = config.plan.calibration.value_or("");
     o.device_memory_gib = config.plan.device_memory_gib.value_or(0.0);
+    // The host memory this node has, as the run's own check counts it (check_offload_host_memory), so the
+    // choice is never an offload the run then refuses.
+    o.host_memory_gib = config.plan.host_memory_gib.value_or(0.0);
+    if (o.host_memory_gib <= 0.0) {
+        const int64_t have = available_host_bytes();
+        if (have >= 0) o.host_memory_gib = std::max<double>(static_cast<double>(have), 1.0) / kGiB;
+    }
     const Plan plan = make_plan(config, env, device, o);
     if (plan.recommended < 0) user_error("distributed_strategy auto: {}", plan.reasons);
     const TrainConfig& chosen = plan.rows[plan.recommended].config;

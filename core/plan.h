@@ -74,14 +74,18 @@ void check_offload_host_memory(const TrainConfig& config, const RankEnv& env, De
 struct PlanOptions {
     int nnodes = 1, nproc_per_node = 1;
     double device_memory_gib = 0.0;  // 0: the hardware entry's (none for the CPU)
-    std::string hardware;            // empty: cpu on the CPU device, h100-sxm on CUDA
-    std::string calibration;         // bench-kernels --calibration-out file (empty: the hardware's rooflines)
+    // Host memory of one node: a row that offloads fits only where its host peak times the node's ranks fits
+    // here too. 0: not checked.
+    double host_memory_gib = 0.0;
+    std::string hardware;     // empty: cpu on the CPU device, h100-sxm on CUDA
+    std::string calibration;  // bench-kernels --calibration-out file (empty: the hardware's rooflines)
     bool json = false;
 };
 int run_plan(const TrainConfig& config, const PlanOptions& options);
 
 // distributed_strategy auto: the plan's recommendation for the launched world (the fastest configuration
-// that fits plan.device_memory_gib, or the hardware's memory), as a config, printed with its reasons.
+// that fits plan.device_memory_gib, or the hardware's memory, and plan.host_memory_gib, or the host memory
+// this node has available, as check_offload_host_memory counts it), as a config, printed with its reasons.
 // UserError when nothing fits.
 TrainConfig choose_configuration(const TrainConfig& config, const RankEnv& env, Device device);
 

@@ -528,3 +528,74 @@ TEST_CASE("plan: distributed_strategy auto trains with the recommendation and sh
         }
     }
 }
+
+TEST_CASE("plan: --host-memory marks the offload rows whose host state does not fit and auto reads the node's") {
+    // tiny.json on one CPU rank, its step times from the H100 entry (no calibration needed): the offload rows
+    // need less device memory than the others, so a device memory between the two leaves only offload rows.
+    const double kGiB = 1024.0 * 1024.0 * 1024.0;
+    const std::vector<std::string> common = {
+        "--config", "configs/tiny.json", "--set", "device_train_microbatch_size=2", "--set", "plan.hardware=h100-sxm"};
+    const auto plan = [&](const std::vector<std::string>& extra) {
+        std::vector<std::string> args = {"plan"};
+        args.insert(args.end(), common.begin(), common.end());
+        args.insert(args.end(), extra.begin(), extra.end());
+        const auto r = test_util::run_trainer(args);
+        INFO(r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+        return r.out;
+    };
+    const auto rows = [](const std::string& out) {
+        std::vector<Json> v;
+        std::stringstream ss(out);
+        for (std::string line; std::getline(ss, line);) v.push_back(Json::parse(line));
+        return v;
+    };
+    double resident = 1e30, offloaded = 1e30, host = 1e30;
+    for (const Json& row : rows(plan({"--json"}))) {
+        const bool offload = row["config"]["cpu_offload.optimizer_state"].get<bool>();
+        const double device = row["predicted_peak_bytes"]["total"].get<double>();
+        (offload ? offloaded : resident) = std::min(offload ? offloaded : resident, device);
+        if (offload) host = std::min(host, row["host_bytes_per_node"].get<double>());
+        if (!offload) CHECK(row["host_bytes_per_node"].get<int64_t>() == 0);
+    }
+    REQUIRE(offloaded < resident);
+    REQUIRE(host > 0.0);
+    const std::string device_gib = std::to_string((offloaded + resident) / 2.0 / kGiB);
+    const std::string host_gib = std::to_string(host / 2.0 / kGiB);
+    // The host memory below every offload row's state: nothing fits, and the table says it is the host's.
+    for (const Json& row : rows(plan({"--json", "--device-memory", device_gib, "--host-memory", host_gib}))) {
+        CAPTURE(row.dump());
+        CHECK_FALSE(row["fits"].get<bool>());
+        CHECK_FALSE(row["recommended"].get<bool>());
+    }
+    const std::string table = plan({"--device-memory", device_gib, "--host-memory", host_gib});
+    CHECK(table.find(" no (host) |") != std::string::npos);
+    CHECK(table.find("GiB of host memory a node: the smallest, ") != std::string::npos);
+    CHECK(table.find("GiB of host memory on a node > ") != std::string::npos);
+    // Host memory enough: an offload row is recommended.
+    bool offload_recommended = false;
+    for (const Json& row : rows(plan({"--json", "--device-memory", device_gib, "--host-memory", "1000"}))) {
+        if (row["recommended"].get<bool>())
+            offload_recommended = row["config"]["cpu_offload.optimizer_state"].get<bool>();
+    }
+    CHECK(offload_recommended);
+    // distributed_strategy auto takes the node's available memory as the run's own check does: where it is too
+    // small, auto refuses up front instead of choosing an offload the run would then refuse.
+    test_util::TempDir dir;
+    std::vector<std::string> train = {"--data",         test_util::fixture("olmo_tiny_tokens.u16"),
+                                      "--max-duration", "1",
+                                      "--strategy",     "auto",
+                                      "--metrics-file", dir.path("m.jsonl"),
+                                      "--set",          "plan.device_memory_gib=" + device_gib};
+    train.insert(train.end(), common.begin(), common.end());
+    const auto refused = test_util::run_trainer(train, {"TRAINER_HOST_MEMORY_BYTES=1000"});
+    INFO(refused.out << refused.err);
+    CHECK(refused.exit_code != 0);
+    CHECK(refused.err.find("distributed_strategy auto: nothing fits in") != std::string::npos);
+    CHECK(refused.err.find("of host memory on a node >") != std::string::npos);
+    const auto chosen = test_util::run_trainer(train, {"TRAINER_HOST_MEMORY_BYTES=100000000000"});
+    INFO(chosen.out << chosen.err);
+    CHECK(chosen.exit_code == 0);
+    CHECK(chosen.out.find("distributed_strategy auto (plan on h100-sxm): ") != std::string::npos);
+    CHECK(chosen.out.find("offload") != std::string::npos);
+}
