@@ -55,7 +55,8 @@ enum class ActivationCheckpointing {
     kOneInEight,   // ... % 8 == 0
     kTwoInThree,   // whole_layer for blocks with layer % 3 != 0
     kThreeInFour,  // ... % 4 != 0
-    kFineGrained   // every block keeps its GEMM and attention outputs, recomputes norms and activations
+    kFineGrained   // every block keeps its GEMM and attention outputs, recomputes norms and activations (only
+                   // the activations where the norms' backward reads their output: it keeps those)
 };
 
 // The config spellings of an enum's values (OLMo's and PyTorch's names), indexed by the value.

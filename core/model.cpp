@@ -165,7 +165,6 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     };
     for (int l = 0; l < L_; ++l) keep_.push_back(keep_for(l));
     const auto count = [&](Keep k) { return std::count(keep_.begin(), keep_.end(), k); };
-    const bool recompute = count(Keep::kAll) < L_;
     norm_kind_ = m_.rms_norm() ? NormKind::kRms : NormKind::kLayerNorm;
     norm_eps_ = static_cast<float>(m_.layer_norm_eps);
     norm_after_ = m_.norm_after;
@@ -185,8 +184,8 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     auto take_operand = [&](size_t n) { return take(operands_bf16_ ? (n + 1) / 2 : n); };
     const size_t lse_n = static_cast<size_t>(max_batch_) * NH_ * T_;
     // What a block's backward reads, by who provides it when the block does not keep everything: its input
-    // (always kept), the GEMM and attention outputs (kept by fine_grained blocks, recomputed by whole ones)
-    // and the cheap ones (recomputed by every block that does not keep everything: the pre-norms and their
+    // (kept, unless streamed below), the GEMM and attention outputs (kept by fine_grained blocks, recomputed by whole
+    // ones) and the cheap ones (recomputed by every block that does not keep everything: the pre-norms and their
     // statistics, the sublayers' GEMM inputs and the MLP activation). The post-norms' statistics are N floats
     // each and their recompute would need the GEMM before them: fine_grained keeps them.
     enum class Need { kInput, kGemm, kCheap };
@@ -220,21 +219,29 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     slots.push_back({&Plan::fch_act, N * H_, true, Need::kCheap});
     if (norm_after_) slots.push_back({&Plan::ff_o, NC, true, Need::kGemm});
     const auto take_slot = [&](const Slot& slot) { return slot.operand ? take_operand(slot.n) : take(slot.n); };
-    const auto kept = [&](Keep k, Need need) {
-        return k == Keep::kAll || need == Need::kInput || (need == Need::kGemm && k == Keep::kGemmOutputs);
+    // With norm_from_output_ the pre-norms' outputs and statistics are all their backward reads, and the
+    // outputs are the GEMMs' inputs, kept anyway: a fine_grained block keeps them (N floats of statistics
+    // each) instead of recomputing them from the residual stream, so that it needs no stream either.
+    const auto pre_norm = [&](size_t Plan::*f) {
+        return f == &Plan::ln1 || f == &Plan::ln1_mean || f == &Plan::ln1_rstd || f == &Plan::ln2 ||
+               f == &Plan::ln2_mean || f == &Plan::ln2_rstd;
     };
-    // With norm_from_output_ a block that keeps everything has no use for the residual stream in its backward
-    // (its norms' backward reads ln1 and ln2): its input and resid_mid live only through its forward, in two
-    // stream buffers that every such block shares (a block's output overwrites its input there once resid_mid
-    // holds the sum), laid over the backward's gradient scratch, dead while the forward runs.
+    const auto kept = [&](Keep k, const Slot& slot) {
+        if (k == Keep::kAll || slot.need == Need::kInput) return true;
+        return k == Keep::kGemmOutputs && (slot.need == Need::kGemm || (norm_from_output_ && pre_norm(slot.field)));
+    };
+    // With norm_from_output_ a block that keeps its norms' outputs (null and fine_grained) has no use for the
+    // residual stream in its backward: its input and resid_mid live only through its forward, in two stream
+    // buffers that every such block shares (a block's output overwrites its input there once resid_mid holds
+    // the sum), laid over the backward's gradient scratch, dead while the forward runs.
     const auto streamed = [&](int l, size_t Plan::*field) {
-        return norm_from_output_ && keep_[l] == Keep::kAll && (field == &Plan::resid || field == &Plan::resid_mid);
+        return norm_from_output_ && keep_[l] != Keep::kInput && (field == &Plan::resid || field == &Plan::resid_mid);
     };
     // 1. What each block keeps for its backward.
     for (int l = 0; l < L_; ++l) {
         Plan p;
         for (const Slot& slot : slots) {
-            if (kept(keep_[l], slot.need) && !streamed(l, slot.field)) p.*slot.field = take_slot(slot);
+            if (kept(keep_[l], slot) && !streamed(l, slot.field)) p.*slot.field = take_slot(slot);
         }
         layers_.push_back(p);
     }
@@ -253,8 +260,9 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     const size_t region = off;
     Plan work;
     for (const Slot& slot : slots) {
-        const bool needed = slot.need == Need::kCheap ? recompute : count(Keep::kInput) > 0;
-        if (slot.need != Need::kInput && needed) work.*slot.field = take_slot(slot);
+        bool needed = false;  // by a block that neither keeps it nor streams it
+        for (int l = 0; l < L_; ++l) needed = needed || (!kept(keep_[l], slot) && !streamed(l, slot.field));
+        if (needed) work.*slot.field = take_slot(slot);
     }
     // The gradients that only a GEMM or a bf16 kernel reads next are GemmOperands too (bf16 in amp_bf16, as
     // autocast's are): attention's and the MLP's inner ones, and with norm_after the sublayers' outputs'. The
@@ -272,7 +280,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     const size_t logit_floats = operands_bf16_ ? (rows * V_ + 1) / 2 : rows * V_;
     off = std::max(off, region + (logit_floats + 15) / 16 * 16);
     const size_t stream_floats = (NC + 15) / 16 * 16;
-    if (norm_from_output_ && count(Keep::kAll) > 0) off = std::max(off, backward_scratch + 2 * stream_floats);
+    if (norm_from_output_ && count(Keep::kInput) < L_) off = std::max(off, backward_scratch + 2 * stream_floats);
     for (int l = 0; l < L_; ++l) {
         Plan& p = layers_[l];
         if (streamed(l, &Plan::resid)) p.resid = backward_scratch, p.resid_mid = backward_scratch + stream_floats;
@@ -418,12 +426,14 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
 void Model::recompute_block(int l, int batch, const BlockParams& w) {
     if (keep_[l] == Keep::kInput) return block_forward(l, batch, w, false);
     // Fine-grained: the sublayers' GEMM inputs (the pre-norms, or norm_after's bf16 copies) from the kept
-    // residual stream, the activation from the kept ff_proj output, with the kernels of the forward, so the
-    // values are the forward's.
+    // residual stream unless the block kept them (norm_from_output_), the activation from the kept ff_proj
+    // output, with the kernels of the forward, so the values are the forward's.
     const int N = batch * T_;
     const Plan& a = layers_[l];
-    block_sublayer_input(l, 1, N, w);
-    block_sublayer_input(l, 2, N, w);
+    if (!norm_from_output_) {
+        block_sublayer_input(l, 1, N, w);
+        block_sublayer_input(l, 2, N, w);
+    }
     if (m_.activation_type == ActivationType::kSwiglu) {
         backend_->swiglu_forward(op(a.fch_act), op(a.fch), N, H_);
     } else {

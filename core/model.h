@@ -70,7 +70,8 @@ class Model {
    private:
     // What a block keeps for its backward (activation_checkpointing): everything; its input only
     // (whole_layer: the backward recomputes the block's forward); or its GEMM and attention outputs
-    // (fine_grained: the backward recomputes the norms and the MLP activation).
+    // (fine_grained: the backward recomputes the norms and the MLP activation; only the activation where
+    // norm_from_output_, whose blocks keep the norms' outputs and no residual stream).
     enum class Keep { kAll, kInput, kGemmOutputs };
 
     BlockParams block_params(const float* base, int layer) const;

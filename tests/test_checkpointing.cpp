@@ -124,6 +124,14 @@ TEST_CASE("activation checkpointing: the activation arena shrinks as each policy
                                    (null_config.model.max_sequence_length - 1) * null_config.model.d_model *
                                    static_cast<int64_t>(sizeof(float));
             CHECK(eighth - null_b == 2 * stream);
+            // fine_grained keeps the norms' outputs too, and streams its input as null does: of a null block it
+            // drops only the MLP activation, which the one shared work plan holds for the recompute (where the
+            // head's logits chunk does not already cover it).
+            const int64_t activation = static_cast<int64_t>(null_config.device_train_microbatch_size) *
+                                       (null_config.model.max_sequence_length - 1) *
+                                       null_config.model.ff_hidden_size() * static_cast<int64_t>(sizeof(float));
+            CHECK(null_b - fine >= 4 * activation);
+            CHECK(null_b - fine <= 5 * activation);
         } else {
             CHECK(eighth <= null_b);  // one block of 5 recomputed: what it frees, the shared work plan takes back
             // One block kept whole (null) against its input alone: whole_layer saves (L - 1) blocks' worth, less
