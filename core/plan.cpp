@@ -107,7 +107,7 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
     return r;
 }
 
-int64_t cgroup_memory_left(const std::string& proc_cgroup, const std::string& sys_root) {
+CgroupMemory cgroup_memory(const std::string& proc_cgroup, const std::string& sys_root) {
     std::ifstream cg(proc_cgroup);
     std::string line;
     while (std::getline(cg, line)) {
@@ -128,30 +128,45 @@ int64_t cgroup_memory_left(const std::string& proc_cgroup, const std::string& sy
         if (!(max_f >> max_s) || !(cur_f >> current) || max_s == "max") continue;
         const int64_t limit = std::atoll(max_s.c_str());
         if (limit <= 0 || limit >= (int64_t(1) << 60)) continue;  // v1 writes "no limit" as ~2^63
-        return std::max<int64_t>(limit - current, 0);
+        return {limit, current};
+    }
+    return {};
+}
+
+int64_t cgroup_memory_left(const std::string& proc_cgroup, const std::string& sys_root) {
+    const CgroupMemory m = cgroup_memory(proc_cgroup, sys_root);
+    return m.limit < 0 ? -1 : std::max<int64_t>(m.limit - m.usage, 0);
+}
+
+namespace {
+
+// A /proc/meminfo figure in bytes (`key` as "MemAvailable:"), -1 when absent.
+int64_t meminfo_bytes(const std::string& key) {
+    std::ifstream f("/proc/meminfo");
+    std::string k, unit;
+    int64_t kb = 0;
+    while (f >> k >> kb >> unit) {
+        if (k == key) return kb * 1024;
     }
     return -1;
 }
 
-namespace {
+// The smaller of a figure and a cgroup's, either -1 when unknown.
+int64_t smaller_known(int64_t a, int64_t b) { return a < 0 ? b : b < 0 ? a : std::min(a, b); }
 
 // Host memory the kernel could hand out now: MemAvailable, or less where the memory cgroup leaves less;
 // TRAINER_HOST_MEMORY_BYTES replaces it (tests). -1 when unknown.
 int64_t available_host_bytes() {
     if (const char* v = std::getenv("TRAINER_HOST_MEMORY_BYTES")) return std::atoll(v);
-    int64_t available = -1;
-    std::ifstream f("/proc/meminfo");
-    std::string key, unit;
-    int64_t kb = 0;
-    while (f >> key >> kb >> unit) {
-        if (key == "MemAvailable:") {
-            available = kb * 1024;
-            break;
-        }
-    }
-    const int64_t left = cgroup_memory_left("/proc/self/cgroup", "/sys/fs/cgroup");
-    if (left >= 0) available = available >= 0 ? std::min(available, left) : left;
-    return available;
+    return smaller_known(meminfo_bytes("MemAvailable:"), cgroup_memory_left("/proc/self/cgroup", "/sys/fs/cgroup"));
+}
+
+// Host memory this node has for a run: MemTotal, or the memory cgroup's limit where less;
+// TRAINER_HOST_MEMORY_BYTES replaces it (tests). The same on every rank of a node at every moment, so ranks
+// that plan alike still choose alike (what is available now differs between them). -1 when unknown.
+int64_t host_capacity_bytes() {
+    if (const char* v = std::getenv("TRAINER_HOST_MEMORY_BYTES")) return std::atoll(v);
+    return smaller_known(meminfo_bytes("MemTotal:"), cgroup_memory("/proc/self/cgroup", "/sys/fs/cgroup").limit);
 }
 
 }  // namespace
@@ -573,11 +588,11 @@ TrainConfig choose_configuration(const TrainConfig& config, const RankEnv& env, 
     o.hardware = config.plan.hardware.value_or("");
     o.calibration = config.plan.calibration.value_or("");
     o.device_memory_gib = config.plan.device_memory_gib.value_or(0.0);
-    // The host memory this node has, as the run's own check counts it (check_offload_host_memory), so the
-    // choice is never an offload the run then refuses.
+    // The host memory this node has (its capacity, alike on every rank: the run's own check then compares
+    // what is available at its start), so the choice is never an offload the node cannot hold.
     o.host_memory_gib = config.plan.host_memory_gib.value_or(0.0);
     if (o.host_memory_gib <= 0.0) {
-        const int64_t have = available_host_bytes();
+        const int64_t have = host_capacity_bytes();
         if (have >= 0) o.host_memory_gib = std::max<double>(static_cast<double>(have), 1.0) / kGiB;
     }
     const Plan plan = make_plan(config, env, device, o);

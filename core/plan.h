@@ -51,10 +51,15 @@ struct DryRunStep {
 class StepTimer;
 DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device, StepTimer* timer = nullptr);
 
-// What a memory cgroup still allows (a container's or a Slurm job's limit): limit - usage of the cgroup
-// named in `proc_cgroup` (the format of /proc/self/cgroup), read under `sys_root` (/sys/fs/cgroup) from
-// cgroup v2 (memory.max, memory.current) or v1 (memory/<path>/memory.limit_in_bytes, memory.usage_in_bytes);
-// -1 where there is no limit or nothing to read.
+// A memory cgroup's limit (a container's or a Slurm job's) and usage: the cgroup named in `proc_cgroup`
+// (the format of /proc/self/cgroup), read under `sys_root` (/sys/fs/cgroup) from cgroup v2 (memory.max,
+// memory.current) or v1 (memory/<path>/memory.limit_in_bytes, memory.usage_in_bytes); limit -1 where there
+// is no limit or nothing to read.
+struct CgroupMemory {
+    int64_t limit = -1, usage = 0;
+};
+CgroupMemory cgroup_memory(const std::string& proc_cgroup, const std::string& sys_root);
+// What the cgroup still allows: limit - usage (at least 0), or -1 where there is no limit.
 int64_t cgroup_memory_left(const std::string& proc_cgroup, const std::string& sys_root);
 
 // Refuses CPU offload whose host state times the node's ranks exceeds the host memory available now
@@ -84,8 +89,9 @@ struct PlanOptions {
 int run_plan(const TrainConfig& config, const PlanOptions& options);
 
 // distributed_strategy auto: the plan's recommendation for the launched world (the fastest configuration
-// that fits plan.device_memory_gib, or the hardware's memory, and plan.host_memory_gib, or the host memory
-// this node has available, as check_offload_host_memory counts it), as a config, printed with its reasons.
+// that fits plan.device_memory_gib, or the hardware's memory, and plan.host_memory_gib, or this node's host
+// memory: MemTotal or the memory cgroup's limit, the same on every rank), as a config, printed with its
+// reasons.
 // UserError when nothing fits.
 TrainConfig choose_configuration(const TrainConfig& config, const RankEnv& env, Device device);
 

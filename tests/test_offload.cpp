@@ -207,6 +207,7 @@ TEST_CASE("cpu offload: the host check reads a memory cgroup's limit under v1 an
     write(root + "/job.slice/step/memory.max", "1000000\n");
     write(root + "/job.slice/step/memory.current", "400000\n");
     CHECK(cgroup_memory_left(proc, root) == 600000);
+    CHECK(cgroup_memory(proc, root).limit == 1000000);  // what distributed_strategy auto plans the node by
     write(root + "/job.slice/step/memory.max", "max\n");
     CHECK(cgroup_memory_left(proc, root) == -1);
     // v1: the memory controller's line, limit_in_bytes - usage_in_bytes; ~2^63 is no limit.
@@ -214,6 +215,7 @@ TEST_CASE("cpu offload: the host check reads a memory cgroup's limit under v1 an
     write(root + "/memory/docker/abc/memory.limit_in_bytes", "2000000\n");
     write(root + "/memory/docker/abc/memory.usage_in_bytes", "2500000\n");
     CHECK(cgroup_memory_left(proc, root) == 0);  // over the limit already: nothing left
+    CHECK(cgroup_memory(proc, root).limit == 2000000);
     write(root + "/memory/docker/abc/memory.limit_in_bytes", "9223372036854771712\n");
     CHECK(cgroup_memory_left(proc, root) == -1);
     // Nothing to read.

@@ -529,7 +529,7 @@ TEST_CASE("plan: distributed_strategy auto trains with the recommendation and sh
     }
 }
 
-TEST_CASE("plan: --host-memory marks the offload rows whose host state does not fit and auto reads the node's") {
+TEST_CASE("plan: --host-memory marks the offload rows whose host state does not fit and auto plans by the node's") {
     // tiny.json on one CPU rank, its step times from the H100 entry (no calibration needed): the offload rows
     // need less device memory than the others, so a device memory between the two leaves only offload rows.
     const double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -579,8 +579,8 @@ TEST_CASE("plan: --host-memory marks the offload rows whose host state does not 
             offload_recommended = row["config"]["cpu_offload.optimizer_state"].get<bool>();
     }
     CHECK(offload_recommended);
-    // distributed_strategy auto takes the node's available memory as the run's own check does: where it is too
-    // small, auto refuses up front instead of choosing an offload the run would then refuse.
+    // distributed_strategy auto takes the node's host memory (TRAINER_HOST_MEMORY_BYTES stands in for it):
+    // where it is too small, auto refuses up front instead of choosing an offload the node cannot hold.
     test_util::TempDir dir;
     std::vector<std::string> train = {"--data",         test_util::fixture("olmo_tiny_tokens.u16"),
                                       "--max-duration", "1",
