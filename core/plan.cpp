@@ -272,7 +272,8 @@ struct Row {
     DryRunStep dry;  // its peaks (its events went to the time model as they happened)
     StepTime time;
     double tokens_per_s = 0.0, mfu = 0.0;
-    bool fits_device = true, fits_host = true;  // the device memory; the node's host memory (CPU offload)
+    int64_t host_per_node = 0;  // CPU offload: every rank of a node keeps its host state in the node's memory
+    bool fits_device = true, fits_host = true;  // the device memory; the node's host memory
     bool fits() const { return fits_device && fits_host; }
 };
 
@@ -368,9 +369,8 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
                       world / row.time.total / peak;
         }
         row.fits_device = plan.device_gib <= 0.0 || row.dry.total_peak <= plan.device_gib * kGiB;
-        // Every rank of a node keeps its offloaded state in the node's memory.
-        row.fits_host = plan.host_gib <= 0.0 ||
-                        static_cast<double>(row.dry.host_peak) * env.local_world_size <= plan.host_gib * kGiB;
+        row.host_per_node = row.dry.host_peak * env.local_world_size;
+        row.fits_host = plan.host_gib <= 0.0 || static_cast<double>(row.host_per_node) <= plan.host_gib * kGiB;
         plan.rows.push_back(std::move(row));
     }
     if (plan.rows.empty()) {
@@ -389,21 +389,14 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
     // What a row needs that is not there: the device's memory first, else the node's host memory.
     const auto shortfall = [&](const Row& r) {
         if (!r.fits_device) return fmt::format("{:.1f} GiB > {:.1f} GiB", r.dry.total_peak / kGiB, plan.device_gib);
-        return fmt::format("{:.1f} GiB of host memory on a node > {:.1f} GiB",
-                           static_cast<double>(r.dry.host_peak) * env.local_world_size / kGiB, plan.host_gib);
+        return fmt::format("{:.1f} GiB of host memory on a node > {:.1f} GiB", r.host_per_node / kGiB, plan.host_gib);
     };
     if (plan.recommended < 0) {
         // The smallest on the device among the rows that fit it, else among all.
-        int smallest = -1;
-        for (int pass = 0; pass < 2 && smallest < 0; ++pass) {
-            for (size_t i = 0; i < plan.rows.size(); ++i) {
-                const Row& r = plan.rows[i];
-                if (pass == 0 && !r.fits_device) continue;
-                if (smallest < 0 || r.dry.total_peak < plan.rows[smallest].dry.total_peak)
-                    smallest = static_cast<int>(i);
-            }
-        }
-        const Row& s = plan.rows[smallest];
+        const Row& s = *std::min_element(plan.rows.begin(), plan.rows.end(), [](const Row& a, const Row& b) {
+            if (a.fits_device != b.fits_device) return a.fits_device;
+            return a.dry.total_peak < b.dry.total_peak;
+        });
         plan.reasons = fmt::format(
             "nothing fits in {:.1f} GiB{}: the smallest, {}, needs {}", plan.device_gib,
             plan.host_gib > 0.0 ? fmt::format(" and {:.1f} GiB of host memory a node", plan.host_gib) : std::string(),
@@ -511,7 +504,7 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
                         {"predicted_mfu", r.mfu},
                         {"predicted_peak_bytes", peak},
                         {"fits", know_memory ? Json(r.fits()) : Json(nullptr)},
-                        {"host_bytes_per_node", r.dry.host_peak * static_cast<int64_t>(env.local_world_size)},
+                        {"host_bytes_per_node", r.host_per_node},
                         {"recommended", static_cast<int>(i) == plan.recommended}};
             std::printf("%s\n", row.dump().c_str());
         }
