@@ -21,6 +21,9 @@
 #             64 micro-batches: tokens/s, MFU, busy fraction, device and host peaks), after the plan's
 #             prediction of that run
 #   plan      trainer plan --hardware h100-sxm against a measured run of the same OLMo-1B configuration
+#   profile   ncu of our flash forward and backward kernels at OLMo-1B micro-batch 4 and GPT-2 micro-batch 16:
+#             speed of light, the pipes (tensor against shared memory: the backward issues about 0.6 ldmatrix
+#             per mma, docs/design-notes.md), occupancy and the warps' stall reasons
 #
 # Each step has its own time limit; the logs go to $OUT/gpu-check.tgz (the device tool's output folder; else
 # ./gpu-check.tgz), and a summary is printed last. TRAINER_BIN and GPU_TESTS_BIN default to the bundle's.
@@ -35,7 +38,7 @@ done
 stages=("$@")
 ((${#stages[@]})) || stages=(tests kernels bench)
 for s in "${stages[@]}"; do
-    case $s in tests | race | kernels | bench | strategies | storage | memory | plan) ;;
+    case $s in tests | race | kernels | bench | strategies | storage | memory | plan | profile) ;;
         *) echo "error: unknown stage $s (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -159,6 +162,21 @@ rows = [json.loads(l) for l in open('$logs/plan_olmo1b.log') if l.startswith('{'
 row = next(r for r in rows if r.get('is_config'))
 print(f\"  plan, the config as given: {row['predicted_step_ms']:.1f} ms a step predicted\")" | tee -a "$summary"
             train plan_measured configs/olmo_1b.json 4 10 --precision amp_bf16
+            ;;
+        profile)
+            for shape in "olmo_1b 4" "gpt2_124m 16"; do
+                read -r model micro <<<"$shape"
+                for kernel in flash_forward_kernel flash_backward_kernel; do
+                    step "ncu_${model}_$kernel" 180 ncu --kernel-name "regex:$kernel" --launch-count 1 \
+                        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+                        --section Occupancy --section LaunchStats --section WarpStateStats \
+                        "$trainer" bench-kernels --config "configs/$model.json" --device cuda --precision amp_bf16 \
+                        --set kernels.attention=flash --set device_train_microbatch_size="$micro" \
+                        --set global_train_batch_size="$micro" --reps 1
+                    grep -E "Duration|Compute \(SM\) Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Shared|Stall" \
+                        "$logs/ncu_${model}_$kernel.log" | sed "s/^/  $model $kernel /" | tee -a "$summary"
+                done
+            done
             ;;
     esac
 done

@@ -1,0 +1,431 @@
+// The CUDA execution model emulated on fibers (ucontext): see simt.h.
+#include "simt.h"
+
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/element.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SIMT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SIMT_ASAN 1
+#endif
+#endif
+#ifdef SIMT_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+namespace simt {
+namespace {
+
+constexpr size_t kStackBytes = size_t{256} << 10;  // a thread's stack (ASan's redzones need room)
+constexpr size_t kSlotBytes = 24;                  // the most a lane gives a warp collective (mma: 6 words)
+
+enum class State { kRunnable, kBarrier, kWarp, kDone };
+enum class Op : uint8_t { kShfl, kLdmatrix, kLdmatrixTrans, kMma };
+const char* op_name(Op op) {
+    switch (op) {
+        case Op::kShfl:
+            return "shfl.sync.bfly";
+        case Op::kLdmatrix:
+            return "ldmatrix.x4";
+        case Op::kLdmatrixTrans:
+            return "ldmatrix.x4.trans";
+        case Op::kMma:
+            return "mma.sync.m16n8k16";
+    }
+    return "?";
+}
+
+struct Copy {
+    uint8_t* dst;
+    const uint8_t* src;
+    bool valid;
+};
+
+// A stack with a guard page below it: an overflow faults instead of writing over the neighbour's.
+class Stack {
+   public:
+    Stack() {
+        page_ = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+        void* p = mmap(nullptr, kStackBytes + page_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) throw std::runtime_error("simt: cannot map a thread stack");
+        base_ = static_cast<char*>(p);
+        mprotect(base_, page_, PROT_NONE);
+    }
+    Stack(const Stack&) = delete;
+    Stack& operator=(const Stack&) = delete;
+    ~Stack() { munmap(base_, kStackBytes + page_); }
+    char* bottom() const { return base_ + page_; }
+
+   private:
+    char* base_ = nullptr;
+    size_t page_ = 0;
+};
+
+struct Fiber {
+    ucontext_t ctx{};
+    std::unique_ptr<Stack> stack = std::make_unique<Stack>();
+    Dim3 tid;
+    State state = State::kDone;
+    unsigned collectives = 0;              // warp collectives entered: the parity of the slots it uses
+    std::vector<Copy> open;                // cp.async copies issued since the last commit
+    std::deque<std::vector<Copy>> groups;  // committed groups not yet retired, oldest first
+    void* asan_fake_stack = nullptr;
+};
+
+struct Slot {
+    Op op;
+    unsigned collective;
+    alignas(8) unsigned char data[kSlotBytes];
+};
+using WarpSlots = std::array<std::array<Slot, 32>, 2>;  // two parities of 32 lane slots
+
+// Thrown inside a fiber once its fault is recorded; caught where the fiber starts.
+struct Fault {};
+
+struct Emulator {
+    std::vector<Fiber> fibers;
+    std::vector<WarpSlots> warps;
+    ucontext_t scheduler{};
+    const void* scheduler_stack = nullptr;
+    size_t scheduler_stack_size = 0;
+    Fiber* current = nullptr;
+    Dim3 block_idx, block_dim;
+    std::vector<uint8_t> smem;
+    const std::function<void()>* body = nullptr;
+    std::string error;  // the block's first fault
+    std::mt19937_64 rng{1};
+    uint64_t seed = 1;
+};
+Emulator& emu() {
+    static Emulator e;
+    return e;
+}
+
+Fiber& self() {
+    Fiber* f = emu().current;
+    if (!f) throw std::logic_error("simt: a CUDA built-in called outside a kernel launched by simt::launch");
+    return *f;
+}
+
+[[noreturn]] void fault(const std::string& what) {
+    Emulator& e = emu();
+    const Fiber& f = self();
+    if (e.error.empty()) {
+        e.error = fmt::format("block {} thread {} (warp {} lane {}): {}", e.block_idx.x, f.tid.x, f.tid.x / 32,
+                              f.tid.x % 32, what);
+    }
+    throw Fault{};
+}
+
+// The scheduler into fiber f, until f waits or ends.
+void resume(Fiber& f) {
+    Emulator& e = emu();
+    e.current = &f;
+#ifdef SIMT_ASAN
+    void* fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, f.stack->bottom(), kStackBytes);
+#endif
+    swapcontext(&e.scheduler, &f.ctx);
+#ifdef SIMT_ASAN
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+    e.current = nullptr;
+}
+
+// The current fiber back to the scheduler, in state s; returns when the scheduler resumes it (never for kDone).
+void wait_as(State s) {
+    Emulator& e = emu();
+    Fiber& f = self();
+    f.state = s;
+#ifdef SIMT_ASAN
+    __sanitizer_start_switch_fiber(s == State::kDone ? nullptr : &f.asan_fake_stack, e.scheduler_stack,
+                                   e.scheduler_stack_size);
+#endif
+    swapcontext(&f.ctx, &e.scheduler);
+#ifdef SIMT_ASAN
+    __sanitizer_finish_switch_fiber(f.asan_fake_stack, nullptr, nullptr);
+#endif
+}
+
+void fiber_main() {
+    Emulator& e = emu();
+#ifdef SIMT_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &e.scheduler_stack, &e.scheduler_stack_size);
+#endif
+    try {
+        (*e.body)();
+        const Fiber& f = self();
+        if (!f.open.empty() || !f.groups.empty()) fault("the thread ended with cp.async copies it never waited for");
+    } catch (const Fault&) {
+    } catch (const std::exception& ex) {
+        if (e.error.empty()) e.error = fmt::format("block {} thread {}: {}", e.block_idx.x, self().tid.x, ex.what());
+    } catch (...) {
+        if (e.error.empty()) e.error = fmt::format("block {} thread {}: an exception", e.block_idx.x, self().tid.x);
+    }
+    wait_as(State::kDone);
+}
+
+// A lane's entry into a warp collective: its input into its slot, then wait for the warp's 32 lanes; returns
+// the slots of every lane.
+template <class In>
+const std::array<Slot, 32>& exchange(Op op, const In& in) {
+    static_assert(sizeof(In) <= kSlotBytes && std::is_trivially_copyable_v<In>, "a lane's input fits its slot");
+    Emulator& e = emu();
+    Fiber& f = self();
+    auto& slots = e.warps[f.tid.x / 32][f.collectives & 1];
+    Slot& s = slots[f.tid.x % 32];
+    s.op = op;
+    s.collective = f.collectives++;
+    std::memcpy(s.data, &in, sizeof in);
+    wait_as(State::kWarp);
+    return slots;
+}
+template <class In>
+In input_of(const std::array<Slot, 32>& slots, unsigned lane) {
+    In v;
+    std::memcpy(&v, slots[lane].data, sizeof v);
+    return v;
+}
+
+std::string states(unsigned n) {
+    const Emulator& e = emu();
+    std::string s;
+    for (unsigned w = 0; w < n / 32; ++w) {
+        int done = 0, barrier = 0, warp = 0;
+        for (unsigned l = 0; l < 32; ++l) {
+            const State st = e.fibers[w * 32 + l].state;
+            done += st == State::kDone, barrier += st == State::kBarrier, warp += st == State::kWarp;
+        }
+        s += fmt::format("{}warp {}: {} ended, {} at a barrier, {} in a warp collective", w ? "; " : "", w, done,
+                         barrier, warp);
+    }
+    return s;
+}
+
+void run_block(unsigned b, unsigned n) {
+    Emulator& e = emu();
+    e.block_idx = {b, 0, 0};
+    e.error.clear();
+    std::fill(e.smem.begin(), e.smem.end(), uint8_t{0xFF});  // bf16 NaNs
+    for (unsigned t = 0; t < n; ++t) {
+        Fiber& f = e.fibers[t];
+        f.tid = {t, 0, 0};
+        f.state = State::kRunnable;
+        f.collectives = 0;
+        f.open.clear();
+        f.groups.clear();
+        f.asan_fake_stack = nullptr;
+#ifdef SIMT_ASAN
+        // A fiber of the block before that faulted never unwound: its frames' redzones are still poisoned.
+        __asan_unpoison_memory_region(f.stack->bottom(), kStackBytes);
+#endif
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = f.stack->bottom();
+        f.ctx.uc_stack.ss_size = kStackBytes;
+        f.ctx.uc_link = nullptr;
+        makecontext(&f.ctx, fiber_main, 0);
+    }
+    // Each warp's chance of going on in a pass where it can, drawn again at every barrier.
+    std::vector<double> speed(n / 32);
+    const auto draw_speeds = [&] {
+        for (double& v : speed) v = std::array<double, 3>{0.25, 0.5, 1.0}[e.rng() % 3];
+    };
+    draw_speeds();
+    std::vector<unsigned> order;
+    order.reserve(n);
+    for (;;) {
+        order.clear();
+        for (unsigned t = 0; t < n; ++t) {
+            if (e.fibers[t].state == State::kRunnable) order.push_back(t);
+        }
+        std::shuffle(order.begin(), order.end(), e.rng);
+        for (unsigned t : order) {
+            resume(e.fibers[t]);
+            if (!e.error.empty()) throw std::runtime_error("simt: " + e.error);
+        }
+        // A warp whose 32 lanes wait in a collective goes on, at its speed (a slow warp goes on in some passes
+        // only, so warps drift apart between barriers as they do on an SM, and a missing barrier lets one warp
+        // overwrite what another still reads); then a barrier that every live thread reached. Where nothing else
+        // can run, every waiting warp goes on.
+        std::vector<unsigned> waiting, going;
+        for (unsigned w = 0; w < n / 32; ++w) {
+            const Fiber* lanes = &e.fibers[w * 32];
+            if (!std::all_of(lanes, lanes + 32, [](const Fiber& f) { return f.state == State::kWarp; })) continue;
+            waiting.push_back(w);
+            if (std::generate_canonical<double, 32>(e.rng) < speed[w]) going.push_back(w);
+        }
+        if (going.empty()) going = waiting;
+        for (unsigned w : going) {
+            Fiber* lanes = &e.fibers[w * 32];
+            const Slot& s0 = e.warps[w][(lanes[0].collectives - 1) & 1][0];
+            for (unsigned l = 1; l < 32; ++l) {
+                const Slot& s = e.warps[w][(lanes[l].collectives - 1) & 1][l];
+                if (s.op != s0.op || s.collective != s0.collective) {
+                    throw std::runtime_error(fmt::format(
+                        "simt: block {} warp {}: lane 0 is at {} (its collective {}) and lane {} at {} (its {})", b, w,
+                        op_name(s0.op), s0.collective, l, op_name(s.op), s.collective));
+                }
+            }
+            for (unsigned l = 0; l < 32; ++l) lanes[l].state = State::kRunnable;
+        }
+        if (!going.empty()) continue;
+        unsigned done = 0, barrier = 0;
+        for (unsigned t = 0; t < n; ++t) {
+            done += e.fibers[t].state == State::kDone;
+            barrier += e.fibers[t].state == State::kBarrier;
+        }
+        if (done == n) return;
+        if (barrier + done == n) {
+            for (unsigned t = 0; t < n; ++t) {
+                if (e.fibers[t].state == State::kBarrier) e.fibers[t].state = State::kRunnable;
+            }
+            draw_speeds();
+            continue;
+        }
+        throw std::runtime_error(fmt::format("simt: block {} deadlocks: {}", b, states(n)));
+    }
+}
+
+uint8_t* checked_shared(const void* p, const char* what) {
+    Emulator& e = emu();
+    auto* q = static_cast<uint8_t*>(const_cast<void*>(p));
+    if (q < e.smem.data() || q + 16 > e.smem.data() + e.smem.size()) {
+        fault(fmt::format("{} at shared offset {} of {} bytes", what, static_cast<long long>(q - e.smem.data()),
+                          e.smem.size()));
+    }
+    if ((q - e.smem.data()) % 16 != 0)
+        fault(fmt::format("{} at shared offset {}, not 16-byte aligned", what, q - e.smem.data()));
+    return q;
+}
+
+uint16_t half_of(uint32_t word, unsigned half) { return static_cast<uint16_t>(word >> (16 * half)); }
+
+}  // namespace
+
+void set_schedule_seed(uint64_t seed) {
+    emu().seed = seed;
+    emu().rng.seed(seed);
+}
+
+void launch(unsigned grid, unsigned block, size_t smem, const std::function<void()>& body) {
+    Emulator& e = emu();
+    if (e.current) throw std::logic_error("simt: a launch inside a kernel");
+    if (block == 0 || block % 32 != 0 || block > 1024) {
+        throw std::invalid_argument(fmt::format("simt: blocks of {} threads (a multiple of 32, at most 1024)", block));
+    }
+    while (e.fibers.size() < block) e.fibers.emplace_back();
+    e.warps.resize(block / 32);
+    e.smem.assign(smem, 0);
+    e.block_dim = {block, 1, 1};
+    e.body = &body;
+    for (unsigned b = 0; b < grid; ++b) run_block(b, block);
+    e.body = nullptr;
+}
+
+const Dim3& thread_idx() { return self().tid; }
+const Dim3& block_idx() { return emu().block_idx; }
+const Dim3& block_dim() { return emu().block_dim; }
+uint8_t* dynamic_shared() { return emu().smem.empty() ? nullptr : emu().smem.data(); }
+
+void syncthreads() {
+    Fiber& f = self();
+    if (f.state != State::kRunnable) fault("__syncthreads from a thread that is not running");
+    wait_as(State::kBarrier);
+}
+
+float shfl_xor(unsigned mask, float v, int lane_mask) {
+    if (mask != 0xffffffffu) fault(fmt::format("__shfl_xor_sync with mask {:#x}: only full warps are emulated", mask));
+    if (lane_mask < 0 || lane_mask > 31) fault(fmt::format("__shfl_xor_sync with lane mask {}", lane_mask));
+    const unsigned lane = self().tid.x % 32;
+    return input_of<float>(exchange(Op::kShfl, v), lane ^ static_cast<unsigned>(lane_mask));
+}
+
+void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
+    const uint8_t* p = checked_shared(row, trans ? "ldmatrix.x4.trans row" : "ldmatrix.x4 row");
+    const auto& slots = exchange(trans ? Op::kLdmatrixTrans : Op::kLdmatrix, p);
+    const unsigned lane = self().tid.x % 32;
+    // Element (row, col) of matrix i: b16 `col` of the row lane 8i + row gave.
+    auto element = [&](unsigned i, unsigned rr, unsigned c) {
+        uint16_t v;
+        std::memcpy(&v, input_of<const uint8_t*>(slots, 8 * i + rr) + 2 * c, sizeof v);
+        return uint32_t{v};
+    };
+    for (unsigned i = 0; i < 4; ++i) {
+        const unsigned a = lane / 4, c = 2 * (lane % 4);
+        // Lane l holds (row l/4, cols 2(l%4), +1); with .trans, of the transposed matrix.
+        r[i] = trans ? element(i, c, a) | element(i, c + 1, a) << 16 : element(i, a, c) | element(i, a, c + 1) << 16;
+    }
+}
+
+void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    struct In {
+        uint32_t a[4], b[2];
+    };
+    const In mine{{a[0], a[1], a[2], a[3]}, {b0, b1}};
+    const auto& slots = exchange(Op::kMma, mine);
+    const unsigned lane = self().tid.x % 32, g = lane / 4, t = lane % 4;
+    // A (16 x 16, row): lane 4 (row % 8) + (col % 8) / 2, register (row / 8) + 2 (col / 8), half col % 2.
+    auto A = [&](unsigned row, unsigned col) {
+        const In in = input_of<In>(slots, 4 * (row % 8) + (col % 8) / 2);
+        return trainer::bf16_to_float(half_of(in.a[row / 8 + 2 * (col / 8)], col % 2));
+    };
+    // B (16 x 8, col): lane 4 n + (k % 8) / 2, register k / 8, half k % 2.
+    auto B = [&](unsigned k, unsigned n) {
+        const In in = input_of<In>(slots, 4 * n + (k % 8) / 2);
+        return trainer::bf16_to_float(half_of(in.b[k / 8], k % 2));
+    };
+    for (unsigned e = 0; e < 4; ++e) {
+        const unsigned row = g + 8 * (e / 2), col = 2 * t + e % 2;
+        float acc = d[e];
+        for (unsigned k = 0; k < 16; ++k) acc = std::fma(A(row, k), B(k, col), acc);
+        d[e] = acc;
+    }
+}
+
+void cp_async16(void* dst, const void* src, bool valid) {
+    uint8_t* q = checked_shared(dst, "cp.async destination");
+    if (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0) fault("cp.async source not 16-byte aligned");
+    std::memset(q, 0xFF, 16);  // NaN until the copy lands
+    self().open.push_back({q, static_cast<const uint8_t*>(src), valid});
+}
+
+void cp_async_commit() {
+    Fiber& f = self();
+    f.groups.push_back(std::move(f.open));
+    f.open.clear();
+}
+
+void cp_async_wait(int n) {
+    Fiber& f = self();
+    if (n < 0) fault("cp.async.wait_group with a negative count");
+    while (f.groups.size() > static_cast<size_t>(n)) {
+        for (const Copy& c : f.groups.front()) {
+            if (c.valid) {
+                std::memcpy(c.dst, c.src, 16);
+            } else {
+                std::memset(c.dst, 0, 16);
+            }
+        }
+        f.groups.pop_front();
+    }
+}
+
+}  // namespace simt

@@ -1,0 +1,58 @@
+// A CPU emulator of the CUDA execution model, for the warp-level kernels the CPU suite cannot otherwise run (our
+// flash attention: ldmatrix, mma.sync, cp.async, shuffles, __syncthreads). Each thread of a block is a fiber on
+// the calling OS thread; a fiber runs until it reaches a point where threads wait for one another (a barrier, or
+// a warp-collective instruction, which waits for the warp's 32 lanes and then gives each lane its share). The
+// order in which threads resume is drawn from a seed, and so is each warp's speed between two barriers (a slow
+// warp's collectives complete in some passes only), so warps drift apart as they do on an SM: a barrier the
+// kernel leaves out lets one warp overwrite shared memory another still reads, as on a GPU, and the results
+// show it. Blocks run one after another.
+//
+// What it checks beyond the arithmetic:
+//   - shared memory: every ldmatrix and cp.async address lies inside the block's dynamic shared memory and is
+//     16-byte aligned; the memory starts as bf16 NaNs (0xFFFF) on every block;
+//   - cp.async: a copy lands at the latest moment the PTX allows (the cp.async.wait_group that retires its
+//     group), and its destination reads as NaN from the issue until then, so a read before the wait, or before
+//     the barrier that publishes other threads' copies, or a refill of a buffer that another warp still reads,
+//     shows up in the results; a thread that ends with a copy outstanding is an error;
+//   - warp collectives: all 32 lanes must arrive at the same kind of instruction; a block whose threads wait
+//     on one another in a way that cannot resolve (a barrier some lanes skip) is reported as a deadlock.
+// Reports are exceptions thrown by launch() naming the block, thread and instruction.
+//
+// The arithmetic of mma.sync is fp32 fused multiply-adds in k order (the tensor cores' products of bf16 are
+// exact in fp32; their order of accumulation is not specified), so results agree with a GPU's to rounding,
+// not bitwise.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+namespace simt {
+
+struct Dim3 {
+    unsigned x = 0, y = 0, z = 0;
+};
+
+// Runs body() as every thread of `grid` blocks of `block` threads (1-D; a multiple of 32) with `smem` bytes of
+// dynamic shared memory a block. Throws std::runtime_error on any of the faults above.
+void launch(unsigned grid, unsigned block, size_t smem, const std::function<void()>& body);
+// The seed of the order in which waiting threads resume (the default is 1).
+void set_schedule_seed(uint64_t seed);
+
+// Inside body(): the CUDA built-ins.
+const Dim3& thread_idx();
+const Dim3& block_idx();
+const Dim3& block_dim();
+uint8_t* dynamic_shared();
+void syncthreads();
+float shfl_xor(unsigned mask, float v, int lane_mask);
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8i..8i+7 give the rows of matrix i.
+void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans);
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d += a b.
+void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+// cp.async.cg.shared.global of 16 bytes (zero-filled when !valid), commit_group, wait_group n.
+void cp_async16(void* dst, const void* src, bool valid);
+void cp_async_commit();
+void cp_async_wait(int n);
+
+}  // namespace simt
