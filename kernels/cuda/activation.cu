@@ -80,10 +80,11 @@ template <typename In, typename Out>
 void swiglu_forward_launch(Out* out, const In* inp, int N, int H, cudaStream_t stream) {
     if (static_cast<size_t>(N) * H == 0) return;
     if (H % kSwigluVec == 0 && aligned16(out, inp)) {
-        swiglu_forward_kernel<kSwigluVec, In, Out>
-            <<<swiglu_grid(N, H, kSwigluVec), kPointwiseBlock, 0, stream>>>(out, inp, N, H);
+        TRAINER_LAUNCH((swiglu_forward_kernel<kSwigluVec, In, Out>), swiglu_grid(N, H, kSwigluVec), kPointwiseBlock, 0,
+                       stream, out, inp, N, H);
     } else {
-        swiglu_forward_kernel<1, In, Out><<<swiglu_grid(N, H, 1), kPointwiseBlock, 0, stream>>>(out, inp, N, H);
+        TRAINER_LAUNCH((swiglu_forward_kernel<1, In, Out>), swiglu_grid(N, H, 1), kPointwiseBlock, 0, stream, out, inp,
+                       N, H);
     }
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
@@ -92,10 +93,11 @@ template <typename In, typename G>
 void swiglu_backward_launch(G* dinp, const In* inp, const G* dout, int N, int H, cudaStream_t stream) {
     if (static_cast<size_t>(N) * H == 0) return;
     if (H % kSwigluVec == 0 && aligned16(dinp, inp, dout)) {
-        swiglu_backward_kernel<kSwigluVec, In, G>
-            <<<swiglu_grid(N, H, kSwigluVec), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, N, H);
+        TRAINER_LAUNCH((swiglu_backward_kernel<kSwigluVec, In, G>), swiglu_grid(N, H, kSwigluVec), kPointwiseBlock, 0,
+                       stream, dinp, inp, dout, N, H);
     } else {
-        swiglu_backward_kernel<1, In, G><<<swiglu_grid(N, H, 1), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, N, H);
+        TRAINER_LAUNCH((swiglu_backward_kernel<1, In, G>), swiglu_grid(N, H, 1), kPointwiseBlock, 0, stream, dinp, inp,
+                       dout, N, H);
     }
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
@@ -140,10 +142,11 @@ template <typename In, typename F>
 void map1_to_bf16(uint16_t* out, const In* inp, size_t n, F f, cudaStream_t stream) {
     if (n == 0) return;
     if (aligned16(out, inp)) {
-        map1_to_bf16_kernel<kMapVec, In>
-            <<<grid_for((n + kMapVec - 1) / kMapVec, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, inp, n, f);
+        TRAINER_LAUNCH((map1_to_bf16_kernel<kMapVec, In>), grid_for((n + kMapVec - 1) / kMapVec, kPointwiseBlock),
+                       kPointwiseBlock, 0, stream, out, inp, n, f);
     } else {
-        map1_to_bf16_kernel<1, In><<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, inp, n, f);
+        TRAINER_LAUNCH((map1_to_bf16_kernel<1, In>), grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream, out, inp,
+                       n, f);
     }
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
@@ -152,12 +155,11 @@ template <typename In, typename F>
 void map2_bf16_grad(uint16_t* dinp, const In* inp, const uint16_t* dout, size_t n, F f, cudaStream_t stream) {
     if (n == 0) return;
     if (aligned16(dinp, inp, dout)) {
-        map2_bf16_grad_kernel<kMapVec, In>
-            <<<grid_for((n + kMapVec - 1) / kMapVec, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, n,
-                                                                                                     f);
+        TRAINER_LAUNCH((map2_bf16_grad_kernel<kMapVec, In>), grid_for((n + kMapVec - 1) / kMapVec, kPointwiseBlock),
+                       kPointwiseBlock, 0, stream, dinp, inp, dout, n, f);
     } else {
-        map2_bf16_grad_kernel<1, In>
-            <<<grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(dinp, inp, dout, n, f);
+        TRAINER_LAUNCH((map2_bf16_grad_kernel<1, In>), grid_for(n, kPointwiseBlock), kPointwiseBlock, 0, stream, dinp,
+                       inp, dout, n, f);
     }
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }

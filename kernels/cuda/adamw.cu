@@ -101,7 +101,7 @@ void adamw_update_multi(const AdamwSegment* segs_device, int nsegs, size_t total
     if (nsegs == 0 || total_chunks == 0) return;
     const AdamWStep s = step_constants(lr, beta1, beta2, eps, 0.0f, step, grad_scale);
     const unsigned blocks = static_cast<unsigned>(total_chunks < 65535 ? total_chunks : 65535);
-    adamw_multi_kernel<<<blocks, kPointwiseBlock, 0, stream>>>(segs_device, nsegs, total_chunks, s);
+    TRAINER_LAUNCH(adamw_multi_kernel, blocks, kPointwiseBlock, 0, stream, segs_device, nsegs, total_chunks, s);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -112,8 +112,8 @@ void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
     const AdamWStep s = step_constants(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
     const bool vec =
         aligned16(param, grad, m, v) && (param_bf16 == nullptr || reinterpret_cast<uintptr_t>(param_bf16) % 8 == 0);
-    adamw_kernel<<<grid_for(vec ? (n + 3) / 4 : n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(
-        param, grad, m, v, param_bf16, n, s, vec);
+    TRAINER_LAUNCH(adamw_kernel, grid_for(vec ? (n + 3) / 4 : n, kPointwiseBlock), kPointwiseBlock, 0, stream, param,
+                   grad, m, v, param_bf16, n, s, vec);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -112,7 +112,8 @@ __device__ void for_each_visible_key(float* ks, float* vs, const float* qkv, con
 // tiles of kTile x HS floats.
 template <int TPR>
 __global__ void forward_kernel(float* out, float* lse, const float* qkv, Dims d, float scale, int tile) {
-    extern __shared__ float smem[];
+    TRAINER_DYNAMIC_SHARED(smem_bytes);
+    float* smem = reinterpret_cast<float*>(smem_bytes);
     float *ks = smem, *vs = smem + tile * d.HS;
     const Slot<TPR> my(d);
     const int b = my.b, h = my.h, t = my.row, part = my.part;
@@ -161,7 +162,8 @@ __global__ void delta_kernel(float* delta, const float* dout, const float* out, 
 template <int TPR>
 __global__ void dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta,
                           Dims d, float scale, int tile) {
-    extern __shared__ float smem[];
+    TRAINER_DYNAMIC_SHARED(smem_bytes);
+    float* smem = reinterpret_cast<float*>(smem_bytes);
     float *ks = smem, *vs = smem + tile * d.HS;
     const Slot<TPR> my(d);
     const int b = my.b, h = my.h, t = my.row, part = my.part, tc = my.clamped();
@@ -197,7 +199,8 @@ __global__ void dq_kernel(float* dqkv, const float* dout, const float* qkv, cons
 template <int TPR>
 __global__ void dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta,
                            Dims d, float scale, int tile) {
-    extern __shared__ float smem[];
+    TRAINER_DYNAMIC_SHARED(smem_bytes);
+    float* smem = reinterpret_cast<float*>(smem_bytes);
     float* qs = smem;
     float* gs = smem + tile * d.HS;
     float* ls = gs + tile * d.HS;  // lse of the tile's queries
@@ -293,8 +296,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
         if (B * T * NH == 0) return;
         const size_t smem = 2 * static_cast<size_t>(tile) * HS * sizeof(float);
         const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-        forward_kernel<TPR><<<grid(kThreads / TPR, B, T, NH), kThreads, smem, stream>>>(
-            out, lse, qkv, Dims{B, T, NH, HS}, scale, tile);
+        TRAINER_LAUNCH(forward_kernel<TPR>, grid(kThreads / TPR, B, T, NH), kThreads, smem, stream, out, lse, qkv,
+                       Dims{B, T, NH, HS}, scale, tile);
         TRAINER_CUDA_CHECK(cudaGetLastError());
     });
 }
@@ -307,14 +310,14 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         if (B * T * NH == 0) return;
         const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
         const Dims d{B, T, NH, HS};
-        delta_kernel<<<grid(kThreads, B, T, NH), kThreads, 0, stream>>>(scratch, dout, out, d);
+        TRAINER_LAUNCH(delta_kernel, grid(kThreads, B, T, NH), kThreads, 0, stream, scratch, dout, out, d);
         TRAINER_CUDA_CHECK(cudaGetLastError());
         const size_t smem = 2 * static_cast<size_t>(tile) * HS * sizeof(float);
-        dq_kernel<TPR>
-            <<<grid(kThreads / TPR, B, T, NH), kThreads, smem, stream>>>(dqkv, dout, qkv, lse, scratch, d, scale, tile);
+        TRAINER_LAUNCH(dq_kernel<TPR>, grid(kThreads / TPR, B, T, NH), kThreads, smem, stream, dqkv, dout, qkv, lse,
+                       scratch, d, scale, tile);
         TRAINER_CUDA_CHECK(cudaGetLastError());
-        dkv_kernel<TPR><<<grid(kThreads / TPR, B, T, NH), kThreads, smem + 2 * tile * sizeof(float), stream>>>(
-            dqkv, dout, qkv, lse, scratch, d, scale, tile);
+        TRAINER_LAUNCH(dkv_kernel<TPR>, grid(kThreads / TPR, B, T, NH), kThreads, smem + 2 * tile * sizeof(float),
+                       stream, dqkv, dout, qkv, lse, scratch, d, scale, tile);
         TRAINER_CUDA_CHECK(cudaGetLastError());
     });
 }

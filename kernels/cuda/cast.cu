@@ -45,16 +45,16 @@ bool vectorizable(const float* f, const uint16_t* h) {
 void cast_float_to_bf16(uint16_t* out, const float* in, size_t n, cudaStream_t stream) {
     if (n == 0) return;
     const bool vec = vectorizable(in, out);
-    cast_float_to_bf16_kernel<<<grid_for(vec ? (n + 3) / 4 : n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, in,
-                                                                                                                n, vec);
+    TRAINER_LAUNCH(cast_float_to_bf16_kernel, grid_for(vec ? (n + 3) / 4 : n, kPointwiseBlock), kPointwiseBlock, 0,
+                   stream, out, in, n, vec);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
 void cast_bf16_to_float(float* out, const uint16_t* in, size_t n, cudaStream_t stream) {
     if (n == 0) return;
     const bool vec = vectorizable(out, in);
-    cast_bf16_to_float_kernel<<<grid_for(vec ? (n + 3) / 4 : n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, in,
-                                                                                                                n, vec);
+    TRAINER_LAUNCH(cast_bf16_to_float_kernel, grid_for(vec ? (n + 3) / 4 : n, kPointwiseBlock), kPointwiseBlock, 0,
+                   stream, out, in, n, vec);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -87,11 +87,11 @@ void classifier_launch(E* logits, float* losses, const int32_t* targets, int N, 
     if (N == 0) return;
     constexpr int kW = static_cast<int>(16 / sizeof(E));  // one 16-byte word
     if (V % kW == 0 && aligned16(logits)) {
-        classifier_kernel<kW, E><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
-            logits, losses, targets, V, dloss_scale, compute_grad, z_loss_multiplier, z_losses);
+        TRAINER_LAUNCH((classifier_kernel<kW, E>), static_cast<unsigned>(N), kThreads, 0, stream, logits, losses,
+                       targets, V, dloss_scale, compute_grad, z_loss_multiplier, z_losses);
     } else {
-        classifier_kernel<1, E><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
-            logits, losses, targets, V, dloss_scale, compute_grad, z_loss_multiplier, z_losses);
+        TRAINER_LAUNCH((classifier_kernel<1, E>), static_cast<unsigned>(N), kThreads, 0, stream, logits, losses,
+                       targets, V, dloss_scale, compute_grad, z_loss_multiplier, z_losses);
     }
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }

@@ -1,7 +1,10 @@
-// Shared by the CUDA kernel files: launch checking and launch-shape helpers.
+// Shared by the CUDA kernel files: launch checking and launch-shape helpers. Under TRAINER_SIMT_EMULATION (the
+// CPU suite's emulated kernels, tests/simt/cuda_shim.h) the CUDA runtime's part is the shim's.
 #pragma once
 
+#ifndef TRAINER_SIMT_EMULATION
 #include <cuda_runtime.h>
+#endif
 
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +15,12 @@
 
 namespace trainer::cuda {
 
+#ifndef TRAINER_SIMT_EMULATION
+// A kernel launch on a stream, and a kernel's dynamic shared memory: the two pieces of CUDA syntax the emulator
+// (tests/simt) replaces.
+#define TRAINER_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#define TRAINER_DYNAMIC_SHARED(name) extern __shared__ __align__(128) uint8_t name[]
+
 // Checks a CUDA runtime call (or cudaGetLastError() after a launch); throws naming the call and the error.
 #define TRAINER_CUDA_CHECK(stmt)                                                                  \
     do {                                                                                          \
@@ -21,6 +30,7 @@ namespace trainer::cuda {
                                      cudaGetErrorString(err_));                                   \
         }                                                                                         \
     } while (0)
+#endif  // TRAINER_SIMT_EMULATION
 
 // Blocks for a grid-stride loop over `work` items: enough to cover them, capped where a grid-stride loop
 // already keeps every SM busy (the loops below stride over the remainder).
@@ -29,6 +39,7 @@ inline unsigned grid_for(size_t work, unsigned block) {
     return static_cast<unsigned>(blocks == 0 ? 1 : (blocks < 65535 ? blocks : 65535));
 }
 
+#ifndef TRAINER_SIMT_EMULATION
 // True for host memory (pageable or pinned), false for device or managed memory.
 inline bool is_host_pointer(const void* p) {
     cudaPointerAttributes a{};
@@ -38,6 +49,7 @@ inline bool is_host_pointer(const void* p) {
     }
     return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
 }
+#endif  // TRAINER_SIMT_EMULATION
 
 // An element read as fp32: itself, or a bf16 widened (exactly).
 __device__ __forceinline__ float load_as_float(float x) { return x; }
@@ -158,7 +170,8 @@ template <typename F>
 void map1(float* out, const float* a, size_t n, F f, cudaStream_t stream) {
     if (n == 0) return;
     const bool vec = aligned16(out, a);
-    map1_kernel<<<grid_for(vec ? (n + 3) / 4 : n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, a, n, f, vec);
+    TRAINER_LAUNCH(map1_kernel, grid_for(vec ? (n + 3) / 4 : n, kPointwiseBlock), kPointwiseBlock, 0, stream, out, a, n,
+                   f, vec);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -166,7 +179,8 @@ template <typename F>
 void map2(float* out, const float* a, const float* b, size_t n, F f, cudaStream_t stream) {
     if (n == 0) return;
     const bool vec = aligned16(out, a, b);
-    map2_kernel<<<grid_for(vec ? (n + 3) / 4 : n, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, a, b, n, f, vec);
+    TRAINER_LAUNCH(map2_kernel, grid_for(vec ? (n + 3) / 4 : n, kPointwiseBlock), kPointwiseBlock, 0, stream, out, a, b,
+                   n, f, vec);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 

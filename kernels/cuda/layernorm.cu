@@ -288,8 +288,8 @@ void norm_forward_launch(Out* out, int ld_out, const float* resid, float* mean, 
     const unsigned blocks = (static_cast<unsigned>(N) + kWarpsPerBlock - 1) / kWarpsPerBlock;
     const bool vec = norm_vec(C, {ld_out, ld_in}, inp, weight, bias, out, resid);
     const auto launch = [&](auto kernel) {
-        kernel<<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(out, ld_out, resid, mean, rstd, inp, ld_in, weight, bias, N,
-                                                           C, eps);
+        TRAINER_LAUNCH(kernel, blocks, 32 * kWarpsPerBlock, 0, stream, out, ld_out, resid, mean, rstd, inp, ld_in,
+                       weight, bias, N, C, eps);
     };
     if (vec) {
         rms ? launch(norm_forward_kernel<kLnVec, true, In, Out>) : launch(norm_forward_kernel<kLnVec, false, In, Out>);
@@ -311,30 +311,27 @@ void norm_backward_typed(D* dinp, int ld_dinp, bool accumulate, float* dweight, 
     const bool params = dweight != nullptr || dbias != nullptr;
     if (params && C <= 32 * kLnVec * kFusedGroups && vec) {
         // One pass for dinp and the partials (what an affine norm needs), then the partials added.
-        norm_backward_fused_kernel<kLnVec, kFusedGroups, kRms, In, G, D>
-            <<<static_cast<unsigned>(chunks), 32 * kWarpsPerBlock, 0, stream>>>(
-                dinp, ld_dinp, accumulate, scratch, dout, ld_dout, inp, ld_in, weight, mean, rstd, N, C);
+        const auto fused = norm_backward_fused_kernel<kLnVec, kFusedGroups, kRms, In, G, D>;
+        TRAINER_LAUNCH(fused, static_cast<unsigned>(chunks), 32 * kWarpsPerBlock, 0, stream, dinp, ld_dinp, accumulate,
+                       scratch, dout, ld_dout, inp, ld_in, weight, mean, rstd, N, C);
         TRAINER_CUDA_CHECK(cudaGetLastError());
-        norm_backward_params_kernel<<<cblocks, kBlock, 0, stream>>>(dweight, dbias, scratch, chunks, C);
+        TRAINER_LAUNCH(norm_backward_params_kernel, cblocks, kBlock, 0, stream, dweight, dbias, scratch, chunks, C);
         TRAINER_CUDA_CHECK(cudaGetLastError());
         return;
     }
     if (params) {  // first: in place, dinp overwrites the dout they read
-        norm_backward_partials_kernel<kRms, In, G>
-            <<<dim3(cblocks, static_cast<unsigned>(std::min(chunks, 65535))), kBlock, 0, stream>>>(
-                scratch, dout, ld_dout, inp, ld_in, mean, rstd, N, C);
+        const auto partials = norm_backward_partials_kernel<kRms, In, G>;
+        TRAINER_LAUNCH(partials, dim3(cblocks, static_cast<unsigned>(std::min(chunks, 65535))), kBlock, 0, stream,
+                       scratch, dout, ld_dout, inp, ld_in, mean, rstd, N, C);
         TRAINER_CUDA_CHECK(cudaGetLastError());
-        norm_backward_params_kernel<<<cblocks, kBlock, 0, stream>>>(dweight, dbias, scratch, chunks, C);
+        TRAINER_LAUNCH(norm_backward_params_kernel, cblocks, kBlock, 0, stream, dweight, dbias, scratch, chunks, C);
         TRAINER_CUDA_CHECK(cudaGetLastError());
     }
     const unsigned blocks = (static_cast<unsigned>(N) + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    if (vec) {
-        norm_backward_dinp_kernel<kLnVec, kRms, In, G, D><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
-            dinp, ld_dinp, accumulate, dout, ld_dout, inp, ld_in, weight, mean, rstd, N, C);
-    } else {
-        norm_backward_dinp_kernel<1, kRms, In, G, D><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
-            dinp, ld_dinp, accumulate, dout, ld_dout, inp, ld_in, weight, mean, rstd, N, C);
-    }
+    const auto dinp_kernel =
+        vec ? norm_backward_dinp_kernel<kLnVec, kRms, In, G, D> : norm_backward_dinp_kernel<1, kRms, In, G, D>;
+    TRAINER_LAUNCH(dinp_kernel, blocks, 32 * kWarpsPerBlock, 0, stream, dinp, ld_dinp, accumulate, dout, ld_dout, inp,
+                   ld_in, weight, mean, rstd, N, C);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -359,7 +356,7 @@ void norm_backward_from_output_launch(float* dinp, const float* dout, const Y* o
     const unsigned blocks = (static_cast<unsigned>(N) + kWarpsPerBlock - 1) / kWarpsPerBlock;
     const bool vec = norm_vec(C, {}, dinp, dout, out);
     const auto launch = [&](auto kernel) {
-        kernel<<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(dinp, dout, out, rstd, N, C);
+        TRAINER_LAUNCH(kernel, blocks, 32 * kWarpsPerBlock, 0, stream, dinp, dout, out, rstd, N, C);
         TRAINER_CUDA_CHECK(cudaGetLastError());
     };
     if (vec) {

@@ -41,7 +41,7 @@ __global__ void final_sum_kernel(double* out, const double* partials) {
 }
 
 double finish(double* scratch, cudaStream_t stream) {
-    final_sum_kernel<<<1, kThreads, 0, stream>>>(scratch + kNormBlocks, scratch);
+    TRAINER_LAUNCH(final_sum_kernel, 1, kThreads, 0, stream, scratch + kNormBlocks, scratch);
     TRAINER_CUDA_CHECK(cudaGetLastError());
     double result = 0.0;
     TRAINER_CUDA_CHECK(cudaMemcpyAsync(&result, scratch + kNormBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream));
@@ -51,7 +51,7 @@ double finish(double* scratch, cudaStream_t stream) {
 
 double reduce(const float* x, size_t n, bool square, double* scratch, cudaStream_t stream) {
     if (n == 0) return 0.0;
-    partial_sums_kernel<<<kNormBlocks, kThreads, 0, stream>>>(scratch, x, n, square);
+    TRAINER_LAUNCH(partial_sums_kernel, kNormBlocks, kThreads, 0, stream, scratch, x, n, square);
     TRAINER_CUDA_CHECK(cudaGetLastError());
     return finish(scratch, stream);
 }
@@ -101,7 +101,8 @@ __global__ void partial_squares_multi_kernel(double* partials, const NormSegment
 double squared_norm_multi(const NormSegment* segs_device, int nsegs, size_t total_chunks, double* scratch,
                           cudaStream_t stream) {
     if (nsegs == 0 || total_chunks == 0) return 0.0;
-    partial_squares_multi_kernel<<<kNormBlocks, kThreads, 0, stream>>>(scratch, segs_device, nsegs, total_chunks);
+    TRAINER_LAUNCH(partial_squares_multi_kernel, kNormBlocks, kThreads, 0, stream, scratch, segs_device, nsegs,
+                   total_chunks);
     TRAINER_CUDA_CHECK(cudaGetLastError());
     return finish(scratch, stream);
 }

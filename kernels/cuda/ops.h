@@ -3,7 +3,9 @@
 // (kernels/cuda/*) grows one op family per file with the same stem as the CPU file; each launch is checked.
 #pragma once
 
+#ifndef TRAINER_SIMT_EMULATION  // the CPU suite compiles the kernels onto an emulator (tests/simt/cuda_shim.h)
 #include <cuda_runtime.h>
+#endif
 
 #include <cstddef>
 #include <cstdint>

@@ -51,9 +51,10 @@ void rope_apply(E* qkv, const float* cos_t, const float* sin_t, int B, int T, in
     const dim3 grid((static_cast<unsigned>(groups) + kPointwiseBlock - 1) / kPointwiseBlock,
                     static_cast<unsigned>(std::min(rows, 65535)));
     if (vec) {
-        rope_kernel<kW, E><<<grid, kPointwiseBlock, 0, stream>>>(qkv, cos_t, sin_t, rows, T, NH, HS, sign);
+        TRAINER_LAUNCH((rope_kernel<kW, E>), grid, kPointwiseBlock, 0, stream, qkv, cos_t, sin_t, rows, T, NH, HS,
+                       sign);
     } else {
-        rope_kernel<1, E><<<grid, kPointwiseBlock, 0, stream>>>(qkv, cos_t, sin_t, rows, T, NH, HS, sign);
+        TRAINER_LAUNCH((rope_kernel<1, E>), grid, kPointwiseBlock, 0, stream, qkv, cos_t, sin_t, rows, T, NH, HS, sign);
     }
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }

@@ -1,7 +1,14 @@
 // GPU kernel tests: each CUDA kernel against its CPU twin on odd shapes. Each family is one function
 // (gpu_kernels.h) that returns its failures, every one naming the op, the shape it ran and the first
-// mismatching element; tests/gpu/test_gpu_kernels.cpp makes each a Catch2 test case.
+// mismatching element; tests/gpu/test_gpu_kernels.cpp makes each a Catch2 test case. The CPU suite compiles
+// this file too, onto the emulator of the CUDA execution model (tests/test_kernels_emulated.cpp, with
+// TRAINER_SIMT_EMULATION): every family whose kernels are our own runs there against the same CPU twins. Left
+// out there: the kernels of cuBLASLt, cuDNN and cub (the GEMMs, cuDNN's attention, the embedding's sort), and our
+// flash attention's two cases (over a minute on the emulator; tests/test_flash_emulated.cpp runs its kernels on
+// fewer shapes).
+#ifndef TRAINER_SIMT_EMULATION
 #include <cuda_runtime.h>
+#endif
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -377,6 +384,7 @@ void test_norms() {
     }
 }
 
+#ifndef TRAINER_SIMT_EMULATION
 void test_embedding() {
     struct Shape {
         int V, T, C, B;
@@ -414,6 +422,8 @@ void test_embedding() {
         }
     }
 }
+
+#endif  // TRAINER_SIMT_EMULATION
 
 void test_layernorm() {
     for (const bool rms : {false, true}) {
@@ -735,6 +745,7 @@ void test_attention() {
     }
 }
 
+#ifndef TRAINER_SIMT_EMULATION
 // cuDNN's fused attention against the CPU on the same bf16-rounded qkv and dout: P is rounded to bf16
 // inside cuDNN and its outputs are bf16, so the bf16 tolerance of STYLE.md applies (lse is fp32).
 void test_attention_cudnn() {
@@ -1041,6 +1052,8 @@ void test_matmul_bf16() {
         }
     }
 }
+
+#endif  // TRAINER_SIMT_EMULATION
 
 std::vector<std::string> run(void (*family)()) {
     g_failures.clear();

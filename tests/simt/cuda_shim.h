@@ -1,11 +1,14 @@
-// The CUDA names a kernel header uses, for compiling it with g++ onto the emulator of simt.h: include this first,
-// then the kernel header, which under TRAINER_SIMT_EMULATION leaves out its CUDA includes and PTX wrappers and
-// takes these. Only what our flash attention's kernels use is here.
+// The CUDA names a kernel source uses, for compiling it with g++ onto the emulator of simt.h: include this first,
+// then the kernel source, which under TRAINER_SIMT_EMULATION leaves out its CUDA includes and PTX wrappers and
+// takes these. Only what the emulated kernels use is here (our flash attention, the norms). Device memory is host
+// memory: cudaMalloc is an aligned allocation, and copies and memsets happen at the call.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/element.h"
 #include "simt.h"
@@ -17,9 +20,12 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+// A static local is one object for every thread of the block (blocks run one at a time), as __shared__ is.
+#define __shared__ static
 #define threadIdx (::simt::thread_idx())
 #define blockIdx (::simt::block_idx())
 #define blockDim (::simt::block_dim())
+#define gridDim (::simt::grid_dim())
 #define TRAINER_DYNAMIC_SHARED(name) uint8_t* name = ::simt::dynamic_shared()
 #define TRAINER_LAUNCH(kernel, grid, block, smem, stream, ...) \
     ((void)(stream), ::simt::launch(grid, block, smem, [&] { kernel(__VA_ARGS__); }))
@@ -27,12 +33,56 @@
 
 using cudaStream_t = void*;
 using cudaError_t = int;
+constexpr cudaError_t cudaSuccess = 0;
+inline const char* cudaGetErrorString(cudaError_t) { return "an emulated CUDA call failed"; }
+enum cudaDataType_t { CUDA_R_32F, CUDA_R_16BF };  // named in kernels/cuda/ops.h's GEMM declarations
+using dim3 = ::simt::Dim3;
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 template <class F>
 inline cudaError_t cudaFuncSetAttribute(F*, cudaFuncAttribute, int) {
     return 0;
 }
 inline cudaError_t cudaGetLastError() { return 0; }
+inline cudaError_t cudaDeviceSynchronize() { return 0; }
+template <class T>
+inline cudaError_t cudaMalloc(T** p, size_t bytes) {
+    *p = static_cast<T*>(std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256));
+    return *p ? 0 : 2;
+}
+inline cudaError_t cudaFree(void* p) {
+    std::free(p);
+    return 0;
+}
+inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+    std::memmove(dst, src, bytes);
+    return 0;
+}
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+    std::memmove(dst, src, bytes);
+    return 0;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return 0; }
+inline cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                                     size_t height, cudaMemcpyKind, cudaStream_t) {
+    for (size_t r = 0; r < height; ++r) {
+        std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+    }
+    return 0;
+}
+
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(8) ushort4 {
+    unsigned short x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+// Round-to-nearest arithmetic that nvcc must not contract into an FMA: g++ in ISO mode contracts nothing.
+inline float __fmul_rn(float a, float b) { return a * b; }
 
 struct __nv_bfloat16 {
     uint16_t bits;

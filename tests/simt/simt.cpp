@@ -107,7 +107,7 @@ struct Emulator {
     const void* scheduler_stack = nullptr;
     size_t scheduler_stack_size = 0;
     Fiber* current = nullptr;
-    Dim3 block_idx, block_dim;
+    Dim3 block_idx, block_dim, grid_dim;
     std::vector<uint8_t> smem;
     const std::function<void()>* body = nullptr;
     std::string error;  // the block's first fault
@@ -125,11 +125,18 @@ Fiber& self() {
     return *f;
 }
 
+std::string block_name() {
+    const Dim3& b = emu().block_idx;
+    const Dim3& g = emu().grid_dim;
+    if (g.z > 1) return fmt::format("({}, {}, {})", b.x, b.y, b.z);
+    return g.y > 1 ? fmt::format("({}, {})", b.x, b.y) : fmt::format("{}", b.x);
+}
+
 [[noreturn]] void fault(const std::string& what) {
     Emulator& e = emu();
     const Fiber& f = self();
     if (e.error.empty()) {
-        e.error = fmt::format("block {} thread {} (warp {} lane {}): {}", e.block_idx.x, f.tid.x, f.tid.x / 32,
+        e.error = fmt::format("block {} thread {} (warp {} lane {}): {}", block_name(), f.tid.x, f.tid.x / 32,
                               f.tid.x % 32, what);
     }
     throw Fault{};
@@ -176,9 +183,9 @@ void fiber_main() {
         if (!f.open.empty() || !f.groups.empty()) fault("the thread ended with cp.async copies it never waited for");
     } catch (const Fault&) {
     } catch (const std::exception& ex) {
-        if (e.error.empty()) e.error = fmt::format("block {} thread {}: {}", e.block_idx.x, self().tid.x, ex.what());
+        if (e.error.empty()) e.error = fmt::format("block {} thread {}: {}", block_name(), self().tid.x, ex.what());
     } catch (...) {
-        if (e.error.empty()) e.error = fmt::format("block {} thread {}: an exception", e.block_idx.x, self().tid.x);
+        if (e.error.empty()) e.error = fmt::format("block {} thread {}: an exception", block_name(), self().tid.x);
     }
     wait_as(State::kDone);
 }
@@ -220,14 +227,14 @@ std::string states(unsigned n) {
     return s;
 }
 
-void run_block(unsigned b, unsigned n) {
+void run_block(Dim3 b, unsigned n) {
     Emulator& e = emu();
-    e.block_idx = {b, 0, 0};
+    e.block_idx = b;
     e.error.clear();
     std::fill(e.smem.begin(), e.smem.end(), uint8_t{0xFF});  // bf16 NaNs
     for (unsigned t = 0; t < n; ++t) {
         Fiber& f = e.fibers[t];
-        f.tid = {t, 0, 0};
+        f.tid = Dim3(t, 0, 0);
         f.state = State::kRunnable;
         f.collectives = 0;
         f.open.clear();
@@ -280,8 +287,8 @@ void run_block(unsigned b, unsigned n) {
                 const Slot& s = e.warps[w][(lanes[l].collectives - 1) & 1][l];
                 if (s.op != s0.op || s.collective != s0.collective) {
                     throw std::runtime_error(fmt::format(
-                        "simt: block {} warp {}: lane 0 is at {} (its collective {}) and lane {} at {} (its {})", b, w,
-                        op_name(s0.op), s0.collective, l, op_name(s.op), s.collective));
+                        "simt: block {} warp {}: lane 0 is at {} (its collective {}) and lane {} at {} (its {})",
+                        block_name(), w, op_name(s0.op), s0.collective, l, op_name(s.op), s.collective));
                 }
             }
             for (unsigned l = 0; l < 32; ++l) lanes[l].state = State::kRunnable;
@@ -300,7 +307,7 @@ void run_block(unsigned b, unsigned n) {
             draw_speeds();
             continue;
         }
-        throw std::runtime_error(fmt::format("simt: block {} deadlocks: {}", b, states(n)));
+        throw std::runtime_error(fmt::format("simt: block {} deadlocks: {}", block_name(), states(n)));
     }
 }
 
@@ -325,24 +332,33 @@ void set_schedule_seed(uint64_t seed) {
     emu().rng.seed(seed);
 }
 
-void launch(unsigned grid, unsigned block, size_t smem, const std::function<void()>& body) {
+void launch(Dim3 grid, Dim3 block, size_t smem, const std::function<void()>& body) {
     Emulator& e = emu();
     if (e.current) throw std::logic_error("simt: a launch inside a kernel");
-    if (block == 0 || block % 32 != 0 || block > 1024) {
-        throw std::invalid_argument(fmt::format("simt: blocks of {} threads (a multiple of 32, at most 1024)", block));
+    if (block.x == 0 || block.x % 32 != 0 || block.x > 1024 || block.y != 1 || block.z != 1) {
+        throw std::invalid_argument(
+            fmt::format("simt: blocks of {} x {} x {} threads (1-D, a multiple of 32, at most "
+                        "1024)",
+                        block.x, block.y, block.z));
     }
-    while (e.fibers.size() < block) e.fibers.emplace_back();
-    e.warps.resize(block / 32);
+    while (e.fibers.size() < block.x) e.fibers.emplace_back();
+    e.warps.resize(block.x / 32);
     e.smem.assign(smem, 0);
-    e.block_dim = {block, 1, 1};
+    e.block_dim = Dim3(block.x);
+    e.grid_dim = grid;
     e.body = &body;
-    for (unsigned b = 0; b < grid; ++b) run_block(b, block);
+    for (unsigned z = 0; z < grid.z; ++z) {
+        for (unsigned y = 0; y < grid.y; ++y) {
+            for (unsigned x = 0; x < grid.x; ++x) run_block(Dim3(x, y, z), block.x);
+        }
+    }
     e.body = nullptr;
 }
 
 const Dim3& thread_idx() { return self().tid; }
 const Dim3& block_idx() { return emu().block_idx; }
 const Dim3& block_dim() { return emu().block_dim; }
+const Dim3& grid_dim() { return emu().grid_dim; }
 uint8_t* dynamic_shared() { return emu().smem.empty() ? nullptr : emu().smem.data(); }
 
 void syncthreads() {

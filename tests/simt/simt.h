@@ -29,13 +29,16 @@
 
 namespace simt {
 
+// CUDA's dim3: a grid's or block's extent (unset dimensions 1), or an index.
 struct Dim3 {
-    unsigned x = 0, y = 0, z = 0;
+    unsigned x = 1, y = 1, z = 1;
+    constexpr Dim3() = default;
+    constexpr Dim3(unsigned x_, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
-// Runs body() as every thread of `grid` blocks of `block` threads (1-D; a multiple of 32) with `smem` bytes of
-// dynamic shared memory a block. Throws std::runtime_error on any of the faults above.
-void launch(unsigned grid, unsigned block, size_t smem, const std::function<void()>& body);
+// Runs body() as every thread of a grid (x by y by z blocks) of blocks of `block.x` threads (1-D, a multiple of
+// 32) with `smem` bytes of dynamic shared memory a block. Throws std::runtime_error on any of the faults above.
+void launch(Dim3 grid, Dim3 block, size_t smem, const std::function<void()>& body);
 // The seed of the order in which waiting threads resume (the default is 1).
 void set_schedule_seed(uint64_t seed);
 
@@ -43,6 +46,7 @@ void set_schedule_seed(uint64_t seed);
 const Dim3& thread_idx();
 const Dim3& block_idx();
 const Dim3& block_dim();
+const Dim3& grid_dim();
 uint8_t* dynamic_shared();
 void syncthreads();
 float shfl_xor(unsigned mask, float v, int lane_mask);
