@@ -21,10 +21,12 @@
 // neither waiting on another block: dK and dV per key tile, dQ per query tile. A dK/dV tile owns 64 keys
 // (16 per warp) and walks the query tiles of 32 that see them: it recomputes P^T = exp(K Q^T * scale -
 // lse) and accumulates dV += P^T dO and dK += dS^T Q in registers (dS = P (dP - D), dP = dO V^T). A dQ
-// tile has 64 queries a block (16 per warp) and key tiles of 64 up to the diagonal, and accumulates dQ +=
-// dS K in registers. FlashAttention-2 computes dQ in the dK/dV kernel and adds the key tiles' shares with
-// fp32 atomics (not reproducible); here every sum has one owner that adds in a fixed order, at the price
-// of recomputing S and dP a second time (7 products per tile pair instead of 5).
+// tile has 128 queries a block, 32 per warp (two m-tiles, as the forward: each K and V fragment feeds both,
+// 0.42 ldmatrix a product where 16 rows a warp took 0.58), and key tiles of 32 up to the diagonal (the
+// accumulators of S and dP for 32 rows fit beside dQ's), and accumulates dQ += dS K in registers. FlashAttention-2
+// computes dQ in the dK/dV kernel and adds the key tiles' shares with fp32 atomics (not reproducible); here every sum
+// has one owner that adds in a fixed order, at the price of recomputing S and dP a second time (7 products per tile
+// pair instead of 5).
 //
 // Included by attention_flash.cu (nvcc: the kernels the backend launches) and by tests/test_flash_emulated.cpp
 // (g++ with TRAINER_SIMT_EMULATION: the same kernels run by tests/simt's CPU emulator of the CUDA execution
@@ -55,8 +57,10 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kFwdTiles = 2;                       // 16-row m-tiles per warp in the forward
 constexpr int kFwdRows = 16 * kFwdTiles * kWarps;  // queries per forward block (32 per warp)
-constexpr int kKeys = 64;                          // keys per key/value tile (forward and dQ)
-constexpr int kDqRows = 64;                        // queries per dQ block (16 per warp)
+constexpr int kKeys = 64;                          // keys per key/value tile of the forward
+constexpr int kDqTiles = 2;                        // 16-row m-tiles per warp in a dQ block
+constexpr int kDqRows = 16 * kDqTiles * kWarps;    // queries per dQ block (32 per warp)
+constexpr int kDqKeys = 32;                        // keys per key/value tile of a dQ block
 constexpr int kBwdKeys = 64;                       // keys per backward block (16 per warp)
 constexpr int kBwdRows = 32;                       // queries per backward tile
 constexpr float kLog2e = 1.4426950408889634f;
@@ -155,25 +159,25 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, size_t st
     }
 }
 
-// The key/value tiles 0 .. n_tiles - 1 (kKeys keys each, of one head) through two shared-memory buffers
+// The key/value tiles 0 .. n_tiles - 1 (kK keys each, of one head) through two shared-memory buffers
 // each (the next tile loading while body(j, k_tile, v_tile) computes on this one); tile 0 must be queued
 // (and committed) by the caller, with whatever else body's first call reads. Every warp finishes body
 // before the buffer it read is refilled.
-template <int D, typename Body>
+template <int D, int kK, typename Body>
 __device__ __forceinline__ void for_each_key_tile(bf16* sk, bf16* sv, const bf16* kbase, const bf16* vbase,
                                                   size_t stride, int T, int n_tiles, Body body) {
     for (int j = 0; j < n_tiles; ++j) {
         if (j + 1 < n_tiles) {
             const int nb = (j + 1) & 1;
-            load_tile<D, kKeys>(sk + nb * kKeys * D, kbase, stride, (j + 1) * kKeys, T);
-            load_tile<D, kKeys>(sv + nb * kKeys * D, vbase, stride, (j + 1) * kKeys, T);
+            load_tile<D, kK>(sk + nb * kK * D, kbase, stride, (j + 1) * kK, T);
+            load_tile<D, kK>(sv + nb * kK * D, vbase, stride, (j + 1) * kK, T);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
-        body(j, sk + (j & 1) * kKeys * D, sv + (j & 1) * kKeys * D);
+        body(j, sk + (j & 1) * kK * D, sv + (j & 1) * kK * D);
         __syncthreads();
     }
 }
@@ -203,27 +207,27 @@ __device__ __forceinline__ void accumulate_times_tile(float (&acc)[MT][D / 8][4]
     }
 }
 
-// x += A1 B1^T and y += A2 B2^T over D channels, for a warp: A1 and A2 its 16 rows (from row a0, a multiple
-// of 16) of two shared tiles (ldmatrix), B1 and B2 the kN rows of two others (ldmatrix, as the col-major B
-// operand). The backward's two products of every tile: S = Q K^T with dP = dO V^T, or their transposes.
-template <int D, int kN>
-__device__ __forceinline__ void two_products(float (&x)[kN / 8][4], float (&y)[kN / 8][4], const bf16* a1,
-                                             const bf16* a2, int a0, const bf16* b1, const bf16* b2,
-                                             const LaneOffsets& lo) {
+// x += A B^T over D channels, for a warp: A its MT x 16 rows (from row a0, a multiple of 16) of a shared tile
+// (ldmatrix), B the kN rows of another (ldmatrix, as the col-major B operand), each B fragment feeding every
+// m-tile. The backward's two products of every tile, one after the other (so that only one product's
+// fragments are live): S = Q K^T and dP = dO V^T, or their transposes.
+template <int D, int kN, int MT>
+__device__ __forceinline__ void product(float (&x)[MT][kN / 8][4], const bf16* a, int a0, const bf16* b,
+                                        const LaneOffsets& lo) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t fa1[4], fa2[4];
-        ldmatrix_x4(fa1, frag<D>(a1, a0, lo.a, kk));
-        ldmatrix_x4(fa2, frag<D>(a2, a0, lo.a, kk));
+        uint32_t fa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(fa[mt], frag<D>(a, a0 + 16 * mt, lo.a, kk));
 #pragma unroll
         for (int np = 0; np < kN / 16; ++np) {
-            uint32_t fb1[4], fb2[4];
-            ldmatrix_x4(fb1, frag<D>(b1, np * 16, lo.b, kk));
-            ldmatrix_x4(fb2, frag<D>(b2, np * 16, lo.b, kk));
-            mma(x[2 * np], fa1, fb1[0], fb1[1]);
-            mma(x[2 * np + 1], fa1, fb1[2], fb1[3]);
-            mma(y[2 * np], fa2, fb2[0], fb2[1]);
-            mma(y[2 * np + 1], fa2, fb2[2], fb2[3]);
+            uint32_t fb[4];
+            ldmatrix_x4(fb, frag<D>(b, np * 16, lo.b, kk));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma(x[mt][2 * np], fa[mt], fb[0], fb[1]);
+                mma(x[mt][2 * np + 1], fa[mt], fb[2], fb[3]);
+            }
         }
     }
 }
@@ -263,7 +267,7 @@ __global__ void __launch_bounds__(kThreads)
     // Key tiles up to the block's last query (none past T): tile 0 has a key every query sees, so every row's
     // running maximum is finite from the first tile on.
     const int n_tiles = min((q0 + kFwdRows - 1) / kKeys + 1, (T + kKeys - 1) / kKeys);
-    for_each_key_tile<D>(sk, sv, kbase, vbase, stride, T, n_tiles, [&](int j, bf16* k_tile, bf16* v_tile) {
+    for_each_key_tile<D, kKeys>(sk, sv, kbase, vbase, stride, T, n_tiles, [&](int j, bf16* k_tile, bf16* v_tile) {
         const int k0 = j * kKeys;
         if (k0 > w0 + 16 * MT - 1) return;  // every key of the tile lies past this warp's queries
         // S = Q K^T for this warp's 16 MT rows and the tile's keys; each K fragment feeds every m-tile.
@@ -439,7 +443,8 @@ __device__ __forceinline__ void backward_dkdv_tile(uint8_t* smem_raw, int bh, in
 
         // S^T = K Q^T (16 keys x 32 queries) and dP^T = V dO^T.
         float s[1][kBwdRows / 8][4] = {}, dp[1][kBwdRows / 8][4] = {};
-        two_products<D, kBwdRows>(s[0], dp[0], sk, sv, warp * 16, q_tile, do_tile, lo);
+        product<D, kBwdRows, 1>(s, sk, warp * 16, q_tile, lo);
+        product<D, kBwdRows, 1>(dp, sv, warp * 16, do_tile, lo);
         // P^T = exp2(S^T * scale_log2 - lse_log2) with the causal mask (key > query: 0); dS^T = P^T (dP^T - D).
         const bool diagonal = q0 < k0 + kBwdKeys;  // some key of the block lies past a query of the tile
 #pragma unroll
@@ -474,19 +479,23 @@ __device__ __forceinline__ void backward_dkdv_tile(uint8_t* smem_raw, int bh, in
     }
 }
 
-// dQ of 64 queries of one (batch, head), 16 per warp: key/value tiles of 64 stream
-// through shared memory (double-buffered) up to the diagonal; per tile S = Q K^T and dP = dO V^T in
-// registers, P = exp2(S * scale_log2 - lse_log2) masked, dS = P (dP - D), and dQ += dS K with dS from
-// registers as the A operand and K through ldmatrix.trans. Each block sums its own rows over the key
-// tiles in order: deterministic without atomics or any wait on another block.
+// dQ of kDqRows queries of one (batch, head), 32 per warp (two m-tiles): key/value tiles of kDqKeys stream
+// through shared memory (double-buffered) up to the block's last query, and a warp skips a tile whose keys all
+// lie past its own queries; per tile S = Q K^T and dP = dO V^T in registers (each K and V fragment feeding
+// both m-tiles), P = exp2(S * scale_log2 - lse_log2) masked, dS = P (dP - D), and dQ += dS K with dS from
+// registers as the A operand and K through ldmatrix.trans. Each block sums its own rows over the key tiles in
+// order: deterministic without atomics or any wait on another block.
 template <int D>
 __device__ __forceinline__ void backward_dq_tile(uint8_t* smem_raw, int bh, int qt, bf16* dqkv, const float* dsum,
                                                  const bf16* dout, const bf16* qkv, const float* lse, int T, int NH,
                                                  float scale, float scale_log2) {
+    constexpr int MT = kDqTiles;
     bf16* sq = reinterpret_cast<bf16*>(smem_raw);
     bf16* sdo = sq + kDqRows * D;
-    bf16* sk = sdo + kDqRows * D;  // two buffers of kKeys x D
-    bf16* sv = sk + 2 * kKeys * D;
+    bf16* sk = sdo + kDqRows * D;  // two buffers of kDqKeys x D
+    bf16* sv = sk + 2 * kDqKeys * D;
+    float* slse = reinterpret_cast<float*>(sv + 2 * kDqKeys * D);  // kDqRows
+    float* sdsum = slse + kDqRows;                                 // kDqRows
     const int b = bh / NH, h = bh % NH;
     const int q0 = qt * kDqRows;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -500,49 +509,58 @@ __device__ __forceinline__ void backward_dq_tile(uint8_t* smem_raw, int bh, int 
 
     load_tile<D, kDqRows>(sq, qbase, stride, q0, T);
     load_tile<D, kDqRows>(sdo, dobase, ostride, q0, T);
-    load_tile<D, kKeys>(sk, kbase, stride, 0, T);
-    load_tile<D, kKeys>(sv, vbase, stride, 0, T);
+    load_tile<D, kDqKeys>(sk, kbase, stride, 0, T);
+    load_tile<D, kDqKeys>(sv, vbase, stride, 0, T);
     cp_async_commit();
 
-    const int row_lo = q0 + warp * 16 + g;  // this thread's first query (rows g and g + 8 of the warp)
-    float lse_r[2], dsum_r[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int row = row_lo + r * 8;
-        // Rows past T: lse +inf makes their P zero (and they are not written).
-        lse_r[r] = row < T ? lse[static_cast<size_t>(bh) * T + row] * kLog2e : INFINITY;
-        dsum_r[r] = row < T ? dsum[static_cast<size_t>(bh) * T + row] : 0.0f;
+    // The block's lse (base 2) and D in shared memory, not in registers (dQ, S and dP take nearly all of them);
+    // the first barrier of the key-tile loop publishes them. Rows past T: lse +inf makes their P zero (and
+    // they are not written).
+    if (threadIdx.x < kDqRows) {
+        const int row = q0 + static_cast<int>(threadIdx.x);
+        slse[threadIdx.x] = row < T ? lse[static_cast<size_t>(bh) * T + row] * kLog2e : INFINITY;
+        sdsum[threadIdx.x] = row < T ? dsum[static_cast<size_t>(bh) * T + row] : 0.0f;
     }
-    float dq[1][D / 8][4] = {};
-    const int n_tiles = (q0 + kDqRows - 1) / kKeys + 1;  // key tiles up to the diagonal
-    for_each_key_tile<D>(sk, sv, kbase, vbase, stride, T, n_tiles, [&](int j, bf16* k_tile, bf16* v_tile) {
-        // S = Q K^T and dP = dO V^T for this warp's 16 rows and the tile's 64 keys.
-        float s[kKeys / 8][4] = {}, dp[1][kKeys / 8][4] = {};
-        two_products<D, kKeys>(s, dp[0], sq, sdo, warp * 16, k_tile, v_tile, lo);
-        const int k0 = j * kKeys;
-        const bool diagonal = k0 + kKeys - 1 > q0;
+    const int w0 = q0 + warp * 16 * MT;  // this warp's first query; per m-tile mt, rows g and g + 8 of its 16
+    float dq[MT][D / 8][4] = {};
+    // Key tiles up to the block's last query (none past T).
+    const int n_tiles = min((q0 + kDqRows - 1) / kDqKeys + 1, (T + kDqKeys - 1) / kDqKeys);
+    for_each_key_tile<D, kDqKeys>(sk, sv, kbase, vbase, stride, T, n_tiles, [&](int j, bf16* k_tile, bf16* v_tile) {
+        const int k0 = j * kDqKeys;
+        if (k0 > w0 + 16 * MT - 1) return;  // every key of the tile lies past this warp's queries
+        // S = Q K^T and dP = dO V^T for this warp's 32 rows and the tile's keys.
+        float s[MT][kDqKeys / 8][4] = {}, dp[MT][kDqKeys / 8][4] = {};
+        product<D, kDqKeys, MT>(s, sq, warp * 16 * MT, k_tile, lo);
+        product<D, kDqKeys, MT>(dp, sdo, warp * 16 * MT, v_tile, lo);
+        const bool diagonal = k0 + kDqKeys - 1 > w0;  // some key of the tile lies past one of the warp's queries
 #pragma unroll
-        for (int nt = 0; nt < kKeys / 8; ++nt) {
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = k0 + nt * 8 + 2 * t + (e & 1), row = row_lo + (e >> 1) * 8;
-                float p = exp2f(s[nt][e] * scale_log2 - lse_r[e >> 1]);
-                if (diagonal && key > row) p = 0.0f;
-                dp[0][nt][e] = p * (dp[0][nt][e] - dsum_r[e >> 1]);
+            for (int nt = 0; nt < kDqKeys / 8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = k0 + nt * 8 + 2 * t + (e & 1), row = w0 + mt * 16 + g + (e >> 1) * 8;
+                    float p = exp2f(s[mt][nt][e] * scale_log2 - slse[row - q0]);
+                    if (diagonal && key > row) p = 0.0f;
+                    dp[mt][nt][e] = p * (dp[mt][nt][e] - sdsum[row - q0]);
+                }
             }
         }
         // dQ += dS K.
-        accumulate_times_tile<D, kKeys, 1>(dq, dp, k_tile, lo.bt);
+        accumulate_times_tile<D, kDqKeys, MT>(dq, dp, k_tile, lo.bt);
     });
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int row = row_lo + r * 8;
-        if (row >= T) continue;
-        bf16* dst = dqkv + (static_cast<size_t>(b) * T + row) * stride + static_cast<size_t>(h) * D;
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int nt = 0; nt < D / 8; ++nt) {
-            *reinterpret_cast<uint32_t*>(dst + nt * 8 + 2 * t) =
-                pack_bf16(dq[0][nt][2 * r] * scale, dq[0][nt][2 * r + 1] * scale);
+        for (int r = 0; r < 2; ++r) {
+            const int row = w0 + mt * 16 + g + r * 8;
+            if (row >= T) continue;
+            bf16* dst = dqkv + (static_cast<size_t>(b) * T + row) * stride + static_cast<size_t>(h) * D;
+#pragma unroll
+            for (int nt = 0; nt < D / 8; ++nt) {
+                *reinterpret_cast<uint32_t*>(dst + nt * 8 + 2 * t) =
+                    pack_bf16(dq[mt][nt][2 * r] * scale, dq[mt][nt][2 * r + 1] * scale);
+            }
         }
     }
 }
@@ -551,25 +569,27 @@ template <int D>
 size_t forward_smem() {
     return static_cast<size_t>(kFwdRows + 4 * kKeys) * D * sizeof(bf16);
 }
+// The backward's tiles of a head: dQ tiles of kDqRows queries and dK/dV tiles of kBwdKeys keys.
+__host__ __device__ inline int dq_tiles(int T) { return (T + kDqRows - 1) / kDqRows; }
+__host__ __device__ inline int dkdv_tiles(int T) { return (T + kBwdKeys - 1) / kBwdKeys; }
+
 // One launch for both kinds of tile, so neither kind's tail leaves SMs idle. Blocks go head by head (the
-// blocks running at once share a few heads' Q, K, V and dO in L2); within a head, block i takes dK/dV
-// tile i / 2 (even i) or dQ tile i / 2 (odd i), each kind ordered longest first (key tile 0 sees every
-// query; the last query tile sees every key). kBwdKeys == kDqRows: both kinds have T / 64 tiles a head.
+// blocks running at once share a few heads' Q, K, V and dO in L2); within a head the dQ tiles come first
+// (a dQ tile is the longest block: 128 queries, three products), then the dK/dV tiles, each kind longest
+// first (the last query tile sees every key; key tile 0 sees every query).
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_kernel(bf16* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse, int T,
                           int NH, float scale, float scale_log2) {
     TRAINER_DYNAMIC_SHARED(smem_raw);
-    const int n_tiles = (T + kDqRows - 1) / kDqRows;
-    const int bh = static_cast<int>(blockIdx.x / (2 * n_tiles)), within = static_cast<int>(blockIdx.x % (2 * n_tiles));
-    const int rank = within / 2;
-    if (within % 2 == 0) {
-        backward_dkdv_tile<D>(smem_raw, bh, rank, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
+    const int n_dq = dq_tiles(T), per_head = n_dq + dkdv_tiles(T);
+    const int bh = static_cast<int>(blockIdx.x / per_head), within = static_cast<int>(blockIdx.x % per_head);
+    if (within < n_dq) {
+        backward_dq_tile<D>(smem_raw, bh, n_dq - 1 - within, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
     } else {
-        backward_dq_tile<D>(smem_raw, bh, n_tiles - 1 - rank, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
+        backward_dkdv_tile<D>(smem_raw, bh, within - n_dq, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
     }
 }
-static_assert(kBwdKeys == kDqRows, "the merged backward pairs the two kinds of tile one for one");
 
 template <int D>
 size_t backward_dkdv_smem() {
@@ -577,7 +597,7 @@ size_t backward_dkdv_smem() {
 }
 template <int D>
 size_t backward_dq_smem() {
-    return static_cast<size_t>(2 * kDqRows + 4 * kKeys) * D * sizeof(bf16);
+    return static_cast<size_t>(2 * kDqRows + 4 * kDqKeys) * D * sizeof(bf16) + 2 * kDqRows * sizeof(float);
 }
 
 // log2(e) / sqrt(D): exp(x / sqrt(D)) = exp2(x * this), the same constant in the forward and the backward.
@@ -612,7 +632,7 @@ void backward_launch(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, 
     // dK/dV and dQ tiles, neither waiting on another block. Both recompute P (7 products per tile pair
     // instead of FlashAttention-2's 5) so that every sum has one owner and a fixed order; they write
     // disjoint parts of dqkv.
-    const unsigned blocks = 2u * static_cast<unsigned>(B * NH) * static_cast<unsigned>((T + kBwdKeys - 1) / kBwdKeys);
+    const unsigned blocks = static_cast<unsigned>(B * NH) * static_cast<unsigned>(dq_tiles(T) + dkdv_tiles(T));
     TRAINER_LAUNCH(flash_backward_kernel<D>, blocks, kThreads, smem, stream, reinterpret_cast<bf16*>(dqkv), dsum,
                    dout16, qkv16, lse, T, NH, scale, scale_log2e(D));
     TRAINER_CUDA_CHECK(cudaGetLastError());
