@@ -1,10 +1,9 @@
-// Our flash attention's CUDA kernels (kernels/cuda/attention_flash.cuh), compiled with g++ and run on the CPU by
-// the emulator of tests/simt, against the CPU backend's attention: the kernels' indexing, swizzle, causal
-// skipping, online softmax, tile loops and cp.async / barrier discipline are checked on every CPU run, not only
-// where a GPU is lent (tests/gpu runs the same kernels on one, at speed, and checks their bits repeat). Plus the
-// emulator's own checks: its fragments against PTX's layouts, and the faults it must catch.
-#include "simt/cuda_shim.h"
-// The shim first: the kernel header takes its CUDA names from it.
+// Our flash attention's CUDA kernels (kernels/cuda/attention_flash.cuh), compiled with g++ into trainer::simt_cuda
+// (tests/CMakeLists.txt) and run on the CPU by the emulator of tests/simt, against the CPU backend's attention:
+// the kernels' indexing, swizzle, causal skipping, online softmax, tile loops and cp.async / barrier discipline
+// are checked on every CPU run, not only where a GPU is lent (tests/gpu runs the same kernels on one, at speed,
+// and checks their bits repeat). Plus the emulator's own checks: its fragments against PTX's layouts, and the
+// faults it must catch.
 #include <fmt/format.h>
 
 #include <catch2/catch.hpp>
@@ -16,8 +15,13 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
-#include "kernels/cuda/attention_flash.cuh"
 #include "kernels/element.h"
+#include "simt/cuda_shim.h"
+
+// The emulated build's declarations: kernels/cuda/ops.h read with the token `cuda` renamed.
+#define cuda simt_cuda
+#include "kernels/cuda/ops.h"
+#undef cuda
 
 namespace {
 
@@ -58,10 +62,10 @@ FlashRun run_flash(const std::vector<uint16_t>& qkv, const std::vector<uint16_t>
     r.out.assign(dout.size(), 0);
     r.lse.assign(static_cast<size_t>(B) * NH * T, 0.0f);
     r.dqkv.assign(qkv.size(), 0);
-    std::vector<uint8_t> scratch(trainer::cuda::flash_backward_scratch_bytes(B, T, NH));
-    trainer::cuda::flash_forward(r.out.data(), r.lse.data(), qkv.data(), B, T, NH, HS, nullptr);
-    trainer::cuda::flash_backward(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), B, T, NH, HS,
-                                  scratch.data(), nullptr);
+    std::vector<uint8_t> scratch(trainer::simt_cuda::flash_attention_backward_scratch_bytes(B, T, NH, HS));
+    trainer::simt_cuda::flash_attention_forward(r.out.data(), r.lse.data(), qkv.data(), B, T, NH, HS, nullptr);
+    trainer::simt_cuda::flash_attention_backward(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), B,
+                                                 T, NH, HS, scratch.data(), nullptr);
     return r;
 }
 

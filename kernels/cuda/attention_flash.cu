@@ -1,5 +1,5 @@
-// Our flash attention (kernels.attention=flash): the kernels are in attention_flash.cuh, shared with the CPU
-// suite's emulated run of them (tests/test_flash_emulated.cpp).
+// Our flash attention (kernels.attention=flash): the kernels are in attention_flash.cuh; the CPU suite compiles
+// this file onto its emulator too (tests/test_flash_emulated.cpp).
 #include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/ops.h"
 

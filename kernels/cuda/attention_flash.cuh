@@ -28,10 +28,9 @@
 // has one owner that adds in a fixed order, at the price of recomputing S and dP a second time (7 products per tile
 // pair instead of 5).
 //
-// Included by attention_flash.cu (nvcc: the kernels the backend launches) and by tests/test_flash_emulated.cpp
-// (g++ with TRAINER_SIMT_EMULATION: the same kernels run by tests/simt's CPU emulator of the CUDA execution
-// model, which supplies the PTX wrappers, the launch and the CUDA names), so the CPU suite runs this code. Its
-// names are in an unnamed namespace: each includer gets its own copy.
+// Included by attention_flash.cu, which nvcc compiles for the backend and g++ compiles a second time for the CPU
+// suite (TRAINER_SIMT_EMULATION, tests/CMakeLists.txt): tests/simt's emulator of the CUDA execution model runs
+// these kernels, and its shim supplies the PTX wrappers and the CUDA names.
 #pragma once
 
 #include <algorithm>

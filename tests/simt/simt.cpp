@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -112,7 +113,6 @@ struct Emulator {
     const std::function<void()>* body = nullptr;
     std::string error;  // the block's first fault
     std::mt19937_64 rng{1};
-    uint64_t seed = 1;
 };
 Emulator& emu() {
     static Emulator e;
@@ -311,26 +311,24 @@ void run_block(Dim3 b, unsigned n) {
     }
 }
 
+// p as a 16-byte access of the block's dynamic shared memory (addresses compared as integers: p may point
+// anywhere).
 uint8_t* checked_shared(const void* p, const char* what) {
     Emulator& e = emu();
-    auto* q = static_cast<uint8_t*>(const_cast<void*>(p));
-    if (q < e.smem.data() || q + 16 > e.smem.data() + e.smem.size()) {
-        fault(fmt::format("{} at shared offset {} of {} bytes", what, static_cast<long long>(q - e.smem.data()),
-                          e.smem.size()));
+    const auto base = reinterpret_cast<uintptr_t>(e.smem.data()), at = reinterpret_cast<uintptr_t>(p);
+    const long long offset = static_cast<long long>(at - base);
+    if (at < base || at + 16 > base + e.smem.size()) {
+        fault(fmt::format("{} at shared offset {} of {} bytes", what, offset, e.smem.size()));
     }
-    if ((q - e.smem.data()) % 16 != 0)
-        fault(fmt::format("{} at shared offset {}, not 16-byte aligned", what, q - e.smem.data()));
-    return q;
+    if (offset % 16 != 0) fault(fmt::format("{} at shared offset {}, not 16-byte aligned", what, offset));
+    return e.smem.data() + offset;
 }
 
 uint16_t half_of(uint32_t word, unsigned half) { return static_cast<uint16_t>(word >> (16 * half)); }
 
 }  // namespace
 
-void set_schedule_seed(uint64_t seed) {
-    emu().seed = seed;
-    emu().rng.seed(seed);
-}
+void set_schedule_seed(uint64_t seed) { emu().rng.seed(seed); }
 
 void launch(Dim3 grid, Dim3 block, size_t smem, const std::function<void()>& body) {
     Emulator& e = emu();

@@ -1,5 +1,6 @@
-// A CPU emulator of the CUDA execution model, for the warp-level kernels the CPU suite cannot otherwise run (our
-// flash attention: ldmatrix, mma.sync, cp.async, shuffles, __syncthreads). Each thread of a block is a fiber on
+// A CPU emulator of the CUDA execution model, so that the CPU suite runs our CUDA kernels (tests/gpu's checks and
+// our flash attention: ldmatrix, mma.sync, cp.async, shuffles, __syncthreads; cuda_shim.h maps the CUDA names
+// onto it). Each thread of a block is a fiber on
 // the calling OS thread; a fiber runs until it reaches a point where threads wait for one another (a barrier, or
 // a warp-collective instruction, which waits for the warp's 32 lanes and then gives each lane its share). The
 // order in which threads resume is drawn from a seed, and so is each warp's speed between two barriers (a slow
@@ -17,6 +18,9 @@
 //   - warp collectives: all 32 lanes must arrive at the same kind of instruction; a block whose threads wait
 //     on one another in a way that cannot resolve (a barrier some lanes skip) is reported as a deadlock.
 // Reports are exceptions thrown by launch() naming the block, thread and instruction.
+//
+// Under AddressSanitizer the fiber switches are annotated (__sanitizer_start_switch_fiber); ASan still prints its
+// one-line warning that it does not fully support swapcontext.
 //
 // The arithmetic of mma.sync is fp32 fused multiply-adds in k order (the tensor cores' products of bf16 are
 // exact in fp32; their order of accumulation is not specified), so results agree with a GPU's to rounding,
