@@ -1,7 +1,7 @@
 // The CUDA names a kernel source uses, for compiling it with g++ onto the emulator of simt.h: include this first,
 // then the kernel source, which under TRAINER_SIMT_EMULATION leaves out its CUDA includes and PTX wrappers and
-// takes these. Only what the emulated kernels use is here (our flash attention, the norms). Device memory is host
-// memory: cudaMalloc is an aligned allocation, and copies and memsets happen at the call.
+// takes these. Only what the emulated kernel files and tests/gpu's checks use is here. Device memory is host
+// memory: cudaMalloc is an aligned allocation, and copies happen at the call.
 #pragma once
 
 #include <algorithm>
