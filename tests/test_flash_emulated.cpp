@@ -1,4 +1,4 @@
-// Our flash attention's CUDA kernels (kernels/cuda/attention_flash.cuh), compiled with g++ into trainer::simt_cuda
+// Our flash attention's CUDA kernels (kernels/cuda/attention_flash.cu), compiled with g++ into trainer::simt_cuda
 // (tests/CMakeLists.txt) and run on the CPU by the emulator of tests/simt, against the CPU backend's attention:
 // the kernels' indexing, swizzle, causal skipping, online softmax, tile loops and cp.async / barrier discipline
 // are checked on every CPU run, not only where a GPU is lent (tests/gpu runs the same kernels on one, at speed,

@@ -256,7 +256,7 @@ void run_block(Dim3 b, unsigned n) {
         for (double& v : speed) v = std::array<double, 3>{0.25, 0.5, 1.0}[e.rng() % 3];
     };
     draw_speeds();
-    std::vector<unsigned> order;
+    std::vector<unsigned> order, waiting, going;  // reused by every pass
     order.reserve(n);
     for (;;) {
         order.clear();
@@ -272,7 +272,7 @@ void run_block(Dim3 b, unsigned n) {
         // only, so warps drift apart between barriers as they do on an SM, and a missing barrier lets one warp
         // overwrite what another still reads); then a barrier that every live thread reached. Where nothing else
         // can run, every waiting warp goes on.
-        std::vector<unsigned> waiting, going;
+        waiting.clear(), going.clear();
         for (unsigned w = 0; w < n / 32; ++w) {
             const Fiber* lanes = &e.fibers[w * 32];
             if (!std::all_of(lanes, lanes + 32, [](const Fiber& f) { return f.state == State::kWarp; })) continue;
