@@ -296,6 +296,8 @@ struct TrainConfig {
     Precision precision = Precision::kFp32;
     AttentionKernel kernels_attention = AttentionKernel::kAuto;  // CUDA; resolved by resolve_attention
     bool kernels_bf16_activations = true;                        // amp_bf16 on CUDA: GemmOperand storage in bf16
+    bool kernels_cuda_graphs =
+        false;  // CUDA: each micro-batch's forward + backward replayed as a graph (kernels/graph.h)
     DistributedBackend distributed_backend = DistributedBackend::kAuto;
     DistributedStrategy distributed_strategy = DistributedStrategy::kSingle;
     FsdpConfig fsdp;

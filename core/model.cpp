@@ -104,7 +104,8 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
       layout_(layout),
       backend_(backend),
       strategy_(strategy),
-      max_batch_(max_batch) {
+      max_batch_(max_batch),
+      graphs_(backend, config.kernels_cuda_graphs) {
     operands_bf16_ = backend_->gemm_operands_bf16();
     T_ = m_.max_sequence_length - 1;
     C_ = m_.d_model;
@@ -581,12 +582,18 @@ void Model::backward_blocks(int batch) {
 }
 
 // The losses are summed on the host after the whole pass is queued: the sum waits for the device, and
-// taken at the head it stalled the launches of the backward behind the forward.
+// taken at the head it stalled the launches of the backward behind the forward. Between the upload and the
+// sums the pass is device work only, the same for every micro-batch of this size and scale: with
+// kernels.cuda_graphs it is recorded once and replayed (kernels/graph.h).
 LossSums Model::forward_backward(const int32_t* tokens, int batch, float dloss_scale, const uint8_t* keep) {
     upload_tokens(tokens, batch, keep);
-    forward_blocks(batch, true);
-    head(batch, dloss_scale, true);
-    backward_blocks(batch);
+    uint32_t scale_bits = 0;
+    std::memcpy(&scale_bits, &dloss_scale, sizeof scale_bits);
+    graphs_.run(static_cast<uint64_t>(batch) << 32 | scale_bits, [&] {
+        forward_blocks(batch, true);
+        head(batch, dloss_scale, true);
+        backward_blocks(batch);
+    });
     const size_t n = static_cast<size_t>(batch) * T_;
     LossSums sums;
     sums.ce = backend_->sum(act(losses_), n);

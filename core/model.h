@@ -27,6 +27,7 @@
 #include "base/layout.h"
 #include "core/safetensors.h"
 #include "kernels/backend.h"
+#include "kernels/graph.h"
 #include "parallel/strategy.h"
 
 namespace trainer {
@@ -62,6 +63,8 @@ class Model {
     // Rows of the LM head's logits chunk for micro-batches of up to `max_batch` (model.cpp says why).
     static int head_chunk_rows(const ModelConfig& m, int max_batch, bool bf16_logits);
     int positions() const { return T_; }  // T = L - 1
+    // kernels.cuda_graphs: how forward_backward ran its micro-batches (kernels/graph.h).
+    const GraphRunner& graphs() const { return graphs_; }
 
     // Pointers to one block's (or the head's) parameters or gradients in its unit's flat buffer (model.cpp).
     struct BlockParams;
@@ -116,6 +119,7 @@ class Model {
     Strategy* strategy_;
     int max_batch_, T_, C_, NH_, HS_, P_, H_, V_, L_;
     bool operands_bf16_ = false;  // the backend keeps GemmOperand activations in bf16
+    GraphRunner graphs_;          // forward_backward's device work, replayed (kernels.cuda_graphs)
     int head_chunk_rows_;
     NormKind norm_kind_ = NormKind::kLayerNorm;  // every norm's (layer_norm_type)
     float norm_eps_ = 1e-5f;

@@ -234,6 +234,9 @@ std::vector<Candidate> candidates(const TrainConfig& config, const RankEnv& env)
                     c.keys.push_back({"activation_checkpointing", ac});
                     c.keys.push_back({"cpu_offload.optimizer_state", offload >= 1});
                     c.keys.push_back({"cpu_offload.parameters", offload >= 2});
+                    // kernels.cuda_graphs as the config asks, where the row can replay its micro-batches.
+                    c.keys.push_back(
+                        {"kernels.cuda_graphs", config.kernels_cuda_graphs && s[0].second == "single" && offload == 0});
                     out.push_back(c);
                 }
             }
@@ -263,6 +266,7 @@ std::string describe(const TrainConfig& c, int world) {
     } else if (c.cpu_offload.optimizer_state) {
         s += ", offload optimizer";
     }
+    if (c.kernels_cuda_graphs) s += ", cuda graphs";
     return s;
 }
 

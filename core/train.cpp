@@ -151,8 +151,9 @@ struct StepOutcome {
     long masked_instances = 0;  // the global batch's instances the instance filter masked
     OptimizerStepResult opt;
     double seconds = 0.0, comm_wait = 0.0;
-    Backend::Activity activity;  // the device's busy and wait time, when measured
-    int stop_signal = 0;         // the ranks agreed to stop after this step (base/stop.h), 0: go on
+    Backend::Activity activity;   // the device's busy and wait time, when measured
+    int stop_signal = 0;          // the ranks agreed to stop after this step (base/stop.h), 0: go on
+    bool recorded_graph = false;  // kernels.cuda_graphs: a micro-batch was recorded (a one-off cost)
 };
 
 // One training run, from preflight to summary. Members are declared in build order, so they are destroyed
@@ -281,6 +282,7 @@ class TrainingRun {
         std::string compute = choice_name(config_.precision);
         if (device_ == Device::kCuda)
             compute += fmt::format(", attention {}", choice_name(resolve_attention(config_, device_)));
+        if (config_.kernels_cuda_graphs) compute += ", micro-batches replayed as CUDA graphs";
         std::printf(
             "run %s: %s parameters (%s in matmuls) in %d units, strategy %s, device %s (%s), collectives %s, %d "
             "threads\n",
@@ -325,6 +327,7 @@ class TrainingRun {
         const auto t0 = Clock::now();
         if (measure) backend_->begin_activity();
         StepOutcome r;
+        const long captures_before = model_->graphs().captures();
         {
             const trace::Span span("step", trace::active() ? fmt::format("step {}", step) : std::string());
             strategy.take_comm_wait_seconds();  // what evaluation and checkpoints waited is not the step's
@@ -365,6 +368,7 @@ class TrainingRun {
             }
         }
         r.seconds = seconds_since(t0);
+        r.recorded_graph = model_->graphs().captures() != captures_before;
         r.comm_wait = strategy.take_comm_wait_seconds();
         if (measure) r.activity = backend_->end_activity();
         return r;
@@ -373,7 +377,9 @@ class TrainingRun {
     // Totals, the console line and the metrics record, evaluation and checkpoints after a step.
     void after_step(long step, const StepOutcome& r) {
         const int world = world_.size();
-        const bool timed = step > start_step_ + 1 || total_steps_ - start_step_ == 1;  // the first warms caches
+        // The first step warms caches, and one that recorded a graph paid for it once: neither is timed
+        // (unless it is the only step).
+        const bool timed = (step > start_step_ + 1 && !r.recorded_graph) || total_steps_ - start_step_ == 1;
         if (timed) {
             total_time_ += r.seconds;
             total_comm_wait_ += r.comm_wait;
@@ -501,6 +507,10 @@ class TrainingRun {
                         {"peak_memory_bytes", per_rank[world_.rank()]},
                         {"peak_memory_bytes_per_rank", per_rank}};
         if (busy_steps_ > 0) summary["mean_device_busy_fraction"] = total_busy_ / busy_steps_;
+        if (model_->graphs().enabled()) {  // kernels.cuda_graphs: micro-batches recorded, and launched as graphs
+            summary["cuda_graph_captures"] = model_->graphs().captures();
+            summary["cuda_graph_launches"] = model_->graphs().launches();
+        }
         metrics_->write(summary);
         if (config_.trace_file) {
             trace::write(trace_path_);

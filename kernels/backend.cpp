@@ -57,6 +57,10 @@ Device check_device_config(const TrainConfig& c) {
                    choice_name(device));
     }
     const int T = static_cast<int>(c.model.max_sequence_length - 1), HS = c.model.head_size();
+    if (!cuda && c.kernels_cuda_graphs) {
+        user_error("kernels.cuda_graphs records CUDA work; the {} backend has none to record (use --device cuda)",
+                   choice_name(device));
+    }
     if (!cuda && attention != AttentionKernel::kNative) {
         user_error("kernels.attention \"{}\" is a CUDA kernel; the {} backend has native attention only",
                    choice_name(attention), choice_name(device));
@@ -94,6 +98,10 @@ Device check_device_config(const TrainConfig& c) {
 #ifndef TRAINER_HAVE_CUDA
 int cuda_device_count() { return 0; }
 #endif
+
+void Backend::begin_capture() { throw InternalError(fmt::format("the {} backend records no graphs", name())); }
+int Backend::end_capture() { throw InternalError(fmt::format("the {} backend records no graphs", name())); }
+void Backend::launch_graph(int id) { throw InternalError(fmt::format("the {} backend has no graph {}", name(), id)); }
 
 DeviceBuffer::DeviceBuffer(Backend* backend, size_t bytes, MemCategory category)
     : backend_(backend),

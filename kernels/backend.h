@@ -143,6 +143,21 @@ class Backend {
     // value, for the metrics file. Default: none.
     virtual std::vector<std::pair<std::string, double>> device_counters() { return {}; }
 
+    // ---- recorded work (CUDA graphs; kernels/graph.h runs them) ----
+    // Between begin_capture() and end_capture(), called on one thread, the ops queued are recorded instead of
+    // run, and launch_graph(id) runs the recording, with the pointers and arguments the ops had, as one
+    // launch. While capturing, an op that needs the host (alloc, free, a copy from or to host memory, a value
+    // returned to the host: sum, squared_norm) is refused with an error naming it; abort_capture() then drops
+    // the recording. Freeing memory while recordings exist drops them all (one may have used it) and raises
+    // graph_epoch(), so their owner records again. Default: no capture (can_capture() false; the others
+    // refuse).
+    virtual bool can_capture() const { return false; }
+    virtual void begin_capture();
+    virtual int end_capture();
+    virtual void abort_capture() {}
+    virtual void launch_graph(int id);
+    virtual uint64_t graph_epoch() const { return 0; }
+
     // ---- forward/backward ops (fp32 storage) ----
     // PyTorch Linear: out(M,N) = inp(M,K) @ weight(N,K)^T + bias(N); bias nullable; out overwritten.
     virtual void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,

@@ -111,6 +111,20 @@ void check_parallel_config(const TrainConfig& c, const RankEnv& env, Device devi
             "(or fsdp)",
             env.launcher, env.world_size);
     }
+    if (c.kernels_cuda_graphs && c.distributed_strategy != DistributedStrategy::kSingle) {
+        // DDP's and FSDP's collectives, and FSDP's gathers, are issued and waited for by the host around each
+        // unit, which a recorded micro-batch does not run again (kernels/graph.h).
+        user_error(
+            "kernels.cuda_graphs records one process's micro-batch; distributed_strategy \"{}\" runs collectives "
+            "between its units, which it does not record yet: use --strategy single, or run without "
+            "kernels.cuda_graphs",
+            choice_name(c.distributed_strategy));
+    }
+    if (c.kernels_cuda_graphs && (c.cpu_offload.optimizer_state || c.cpu_offload.parameters)) {
+        user_error(
+            "kernels.cuda_graphs with cpu_offload: the offloaded state's copies are ordered by the host around "
+            "the micro-batches, which a recording does not run again; use one or the other");
+    }
     if (c.distributed_strategy == DistributedStrategy::kFsdp) {
         (void)fsdp_unit_groups(ParamLayout(c), c.fsdp);  // refuses a bad wrap policy
         if (c.fsdp.sharding_strategy == ShardingStrategy::kHybridShard) (void)hybrid_replicas(c, env);

@@ -18,19 +18,22 @@
 # bundle (../shared/tools/gpu_bundle.sh); writes no checkpoint (save_folder=null: an OLMo-1B checkpoint is
 # 14 GB). The tokens are this repository's own text, made once with the trainer (throughput only).
 #
+# --graphs runs each shape once more with kernels.cuda_graphs=true (each micro-batch's forward and backward
+# replayed as a CUDA graph: one launch instead of one per kernel) and prints it as its own row.
+#
 # The table's "busy" column is the trainer's mean device_busy_fraction (the share of a step the compute
 # stream ran kernels, from a pair of CUDA events around each op). --utilization-cost runs each shape once
 # more with utilization_interval=0 (no events) and prints what measuring costs.
 #
 # Usage: scripts/bench_gpu.sh [--steps N] [--rounds R] [--attention native|cudnn|flash] [--shapes LIST]
-#                             [--no-torch] [--no-fine-grained] [--utilization-cost] [--kernels]
+#                             [--no-torch] [--no-fine-grained] [--utilization-cost] [--graphs] [--kernels]
 #   LIST: comma-separated of gpt2_124m, olmo_1b_mb4, olmo_1b_mb8, olmo2_1b_mb4 (default: all four; OLMo-2 1B at
 #         micro-batch 4 of its 4096 tokens: the 16K tokens a step of OLMo-1B at 8)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench_common.sh
 steps=12 rounds=1 attention=cudnn shapes=gpt2_124m,olmo_1b_mb4,olmo_1b_mb8,olmo2_1b_mb4 torch=1 kernels=0 fine_grained=1
-util_cost=0
+util_cost=0 graphs=0
 while (($#)); do
     case $1 in
         --steps) steps=$2; shift 2 ;;
@@ -41,6 +44,7 @@ while (($#)); do
         --no-fine-grained) fine_grained=0; shift ;;
         --kernels) kernels=1; shift ;;
         --utilization-cost) util_cost=1; shift ;;
+        --graphs) graphs=1; shift ;;
         *) echo "error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -72,15 +76,17 @@ for ((r = 1; r <= rounds; r++)); do
         variants=(null)
         ((fine_grained)) && variants+=(fine_grained)
         ((util_cost)) && variants+=(noutil)
+        ((graphs)) && variants+=(graphs)
         for variant in "${variants[@]}"; do
-            run=$name ac=$variant interval=1
+            run=$name ac=$variant interval=1 replay=false
             [[ $variant == null ]] || run=${name}_$variant
             [[ $variant == noutil ]] && ac=null interval=0
+            [[ $variant == graphs ]] && ac=null replay=true
             "$trainer" --config "$config" --device cuda --precision amp_bf16 --data data/bench_tokens.bin \
                 --max-duration "$steps" --set console_log_interval=1000000 --set kernels.attention="$attention" \
                 --set save_folder=null --set save_interval=0 --set device_train_microbatch_size="$micro" \
                 --set global_train_batch_size="$micro" --set activation_checkpointing="$ac" \
-                --set utilization_interval="$interval" \
+                --set utilization_interval="$interval" --set kernels.cuda_graphs="$replay" \
                 --metrics-file "$tmp/trainer_${run}_$r.jsonl" >"$tmp/trainer_${run}_$r.log" 2>&1 ||
                 { cat "$tmp/trainer_${run}_$r.log" >&2; exit 1; }
         done
@@ -98,19 +104,19 @@ for ((r = 1; r <= rounds; r++)); do
 done
 grep -h "^MFU peak" "$tmp"/trainer_*_1.log | head -1 >&2
 
-"$py" - "$tmp" "$rounds" "$attention" "$fine_grained" "$util_cost" "${names[@]}" <<'PY'
+"$py" - "$tmp" "$rounds" "$attention" "$fine_grained" "$util_cost" "$graphs" "${names[@]}" <<'PY'
 import json, os, statistics, sys
 tmp, rounds, attention = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-fine_grained, util_cost, names = sys.argv[4] == "1", sys.argv[5] == "1", sys.argv[6:]
+fine_grained, util_cost, graphs, names = sys.argv[4] == "1", sys.argv[5] == "1", sys.argv[6] == "1", sys.argv[7:]
 gib = 2**30
 def load(path):
     return json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else None
 print(f"| shape | trainer tokens/s | eager tokens/s | compile tokens/s | trainer / compile | trainer MFU | "
       f"compile MFU | trainer GiB | eager GiB | compile GiB | busy |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
-runs = [(name, name) for name in names]
-if fine_grained:  # each shape's fine_grained run beside the same PyTorch figures
-    runs = [r for name in names for r in ((name, name), (name, f"{name}_fine_grained"))]
+# Each shape's fine_grained and graphs runs beside the same PyTorch figures.
+extra = (["fine_grained"] if fine_grained else []) + (["graphs"] if graphs else [])
+runs = [r for name in names for r in [(name, name)] + [(name, f"{name}_{v}") for v in extra]]
 for name, run in runs:
     ours, ours_mfu, eager, comp, mem, busy = [], [], [], [], [], []
     teager = tcomp = None

@@ -4,7 +4,14 @@
 #
 #   bash .gpu-bundle/run.sh scripts/gpu_check.sh [STAGE...]
 #
+# A session is lent the GPU for 15 minutes of device time, start-up included: run `first`, then `throughput`, as
+# two calls (each well under the tool's 10-minute limit); the other stages where time is left.
+#
 # Stages (default: tests kernels bench):
+#   first       gpu_tests (every case, no sanitizer), then the kernels stage: what the code written without a GPU
+#               does there, and our flash attention against cuDNN's (about 5 minutes)
+#   throughput  scripts/bench_gpu.sh on GPT-2 124M and OLMo-1B micro-batch 4: the trainer as configured and with
+#               kernels.cuda_graphs, against PyTorch eager and torch.compile, alternating (about 5 minutes)
 #   tests     gpu_tests, then compute-sanitizer memcheck over the kernel cases (cuDNN's own kernels left out)
 #   race      compute-sanitizer racecheck over the kernel cases but the 1024-block flash case (over 7 minutes
 #             under racecheck; the small flash case runs the same kernels)
@@ -38,7 +45,7 @@ done
 stages=("$@")
 ((${#stages[@]})) || stages=(tests kernels bench)
 for s in "${stages[@]}"; do
-    case $s in tests | race | kernels | bench | strategies | storage | memory | plan | profile) ;;
+    case $s in first | throughput | tests | race | kernels | bench | strategies | storage | memory | plan | profile) ;;
         *) echo "error: unknown stage $s (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -83,8 +90,22 @@ train() {
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | tee -a "$summary"
 bench_tokens "$trainer"
 
+# `first` is gpu_tests alone, then the kernels stage.
+expanded=()
 for s in "${stages[@]}"; do
+    if [[ $s == first ]]; then expanded+=(gpu_tests kernels); else expanded+=("$s"); fi
+done
+for s in "${expanded[@]}"; do
     case $s in
+        gpu_tests)
+            step gpu_tests 200 "$gpu_tests" --durations yes
+            grep -E "^test cases|^assertions|All tests passed|FAILED" "$logs/gpu_tests.log" | tail -4 | tee -a "$summary"
+            ;;
+        throughput)
+            TRAINER_BIN=$trainer step bench_gpu 540 bash scripts/bench_gpu.sh --shapes gpt2_124m,olmo_1b_mb4 \
+                --no-fine-grained --graphs
+            grep -E "^\|" "$logs/bench_gpu.log" | tee -a "$summary"
+            ;;
         tests)
             step gpu_tests 240 "$gpu_tests" --durations yes
             grep -E "^test cases|^assertions|All tests passed|FAILED" "$logs/gpu_tests.log" | tail -4 | tee -a "$summary"
@@ -99,7 +120,7 @@ for s in "${stages[@]}"; do
             for shape in "olmo_1b 4" "gpt2_124m 16"; do
                 read -r model micro <<<"$shape"
                 for attention in flash cudnn; do
-                    step "kernels_${model}_$attention" 120 "$trainer" bench-kernels --config "configs/$model.json" \
+                    step "kernels_${model}_$attention" 90 "$trainer" bench-kernels --config "configs/$model.json" \
                         --device cuda --precision amp_bf16 --set kernels.attention="$attention" \
                         --set device_train_microbatch_size="$micro" --set global_train_batch_size="$micro"
                     grep -E "^\| attention" "$logs/kernels_${model}_$attention.log" | sed "s/^/  $model $attention /" |

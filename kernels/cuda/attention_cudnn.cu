@@ -273,24 +273,6 @@ enum : int64_t {
 struct CudnnAttention::State {
     cudnnHandle_t handle = nullptr;
     std::map<std::tuple<int, int, int, int>, GraphBuilder::Plan> forward, backward;
-    void* workspace = nullptr;
-    size_t workspace_bytes = 0;
-    cudaStream_t workspace_stream = nullptr;
-
-    // Grows the workspace in stream order, counted as activation memory like the backend's other scratch.
-    void* grow_workspace(size_t bytes, cudaStream_t stream) {
-        if (bytes <= workspace_bytes && workspace != nullptr) return workspace;
-        if (workspace != nullptr) {
-            TRAINER_CUDA_CHECK(cudaFreeAsync(workspace, workspace_stream));
-            memory_record_free(MemCategory::kActivations, static_cast<int64_t>(workspace_bytes));
-            workspace = nullptr;
-        }
-        TRAINER_CUDA_CHECK(cudaMallocAsync(&workspace, bytes > 0 ? bytes : 256, stream));
-        workspace_bytes = bytes;
-        workspace_stream = stream;
-        memory_record_alloc(MemCategory::kActivations, static_cast<int64_t>(workspace_bytes));
-        return workspace;
-    }
 };
 
 CudnnAttention::CudnnAttention() : s_(new State) {
@@ -302,10 +284,6 @@ CudnnAttention::CudnnAttention() : s_(new State) {
 }
 
 CudnnAttention::~CudnnAttention() {
-    if (s_->workspace != nullptr) {
-        cudaFreeAsync(s_->workspace, s_->workspace_stream);
-        memory_record_free(MemCategory::kActivations, static_cast<int64_t>(s_->workspace_bytes));
-    }
     s_->forward.clear();
     s_->backward.clear();
     if (s_->handle != nullptr) cudnnDestroy(s_->handle);
@@ -313,7 +291,7 @@ CudnnAttention::~CudnnAttention() {
 }
 
 void CudnnAttention::forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int HS,
-                             cudaStream_t stream) {
+                             const Workspace& workspace, cudaStream_t stream) {
     const auto key = std::make_tuple(B, T, NH, HS);
     auto it = s_->forward.find(key);
     const int64_t b = B, t = T, h = NH, d = HS, C = h * d;
@@ -348,13 +326,14 @@ void CudnnAttention::forward(uint16_t* out, float* lse, const uint16_t* qkv, int
     TRAINER_CUDNN_CHECK(cudnnSetStream(s_->handle, stream));
     float scale = 1.0f / std::sqrt(static_cast<float>(HS)), neg_inf = -INFINITY;
     auto* base = const_cast<uint16_t*>(qkv);
-    void* ws = s_->grow_workspace(static_cast<size_t>(it->second.workspace), stream);
+    void* ws = workspace(static_cast<size_t>(it->second.workspace));
     execute(s_->handle, it->second, {kQ, kKt, kV, kO, kStats, kScale, kNegInf},
             {base, base + C, base + 2 * C, out, lse, &scale, &neg_inf}, ws);
 }
 
 void CudnnAttention::backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
-                              const float* lse, int B, int T, int NH, int HS, cudaStream_t stream) {
+                              const float* lse, int B, int T, int NH, int HS, const Workspace& workspace,
+                              cudaStream_t stream) {
     const auto key = std::make_tuple(B, T, NH, HS);
     auto it = s_->backward.find(key);
     const int64_t b = B, t = T, h = NH, d = HS, C = h * d;
@@ -414,8 +393,7 @@ void CudnnAttention::backward(uint16_t* dqkv, const uint16_t* dout, const uint16
     auto round_up = [](size_t x) { return (x + 255) / 256 * 256; };
     const size_t acc_bytes = round_up(static_cast<size_t>(b * h * t * d) * sizeof(float));
     const size_t sum_bytes = round_up(static_cast<size_t>(b * h * t) * sizeof(float));
-    auto* ws = static_cast<char*>(
-        s_->grow_workspace(acc_bytes + sum_bytes + static_cast<size_t>(it->second.workspace), stream));
+    auto* ws = static_cast<char*>(workspace(acc_bytes + sum_bytes + static_cast<size_t>(it->second.workspace)));
     TRAINER_CUDA_CHECK(cudaMemsetAsync(ws, 0, acc_bytes, stream));
     float scale = 1.0f / std::sqrt(static_cast<float>(HS)), one = 1.0f, neg_inf = -INFINITY;
     auto* base = const_cast<uint16_t*>(qkv);

@@ -12,6 +12,12 @@
 // and the gradient norm, both logged), copies from device to host memory or large ones from host memory
 // (checkpoints), and synchronize(); a micro-batch's token upload is staged through pinned memory.
 //
+// kernels.cuda_graphs (kernels/graph.h): begin_capture .. end_capture records what is queued on the compute stream
+// as a CUDA graph (stream capture, thread-local mode), launched as one by launch_graph. The timeline records no
+// events while capturing (a launched graph is one op of its window). What needs the host while capturing is
+// refused with its name (allocating or freeing, copies from or to host memory, sums returned to the host);
+// freeing memory while graphs exist destroys them (one may have used the block) and raises graph_epoch().
+//
 // CPU offload's copies (copy_async) run on a second stream, the copy stream: each waits for the compute
 // work queued before it and records an event, its ticket; tickets complete in order (one stream), so the
 // events of finished copies are recycled from the front of a queue and a wait on an older ticket is free.
@@ -147,10 +153,11 @@ class CudaBackend final : public Backend {
              }});
     }
     ~CudaBackend() override {
+        drop_graphs();
         for (auto& [key, t] : rope_tables_) free(t.first), free(t.second);
-        for (Scratch* s :
-             {&ln_scratch_, &att_scratch_, &emb_scratch_, &segments_, &norm_segments_, &a16_, &b16_, &c16_, &held16_,
-              &bias16_, &att16_[0], &att16_[1], &att16_[2], &att16_[3], &wide_[0], &wide_[1], &wide_[2], &wide_[3]})
+        for (Scratch* s : {&ln_scratch_, &att_scratch_, &emb_scratch_, &cudnn_ws_, &segments_, &norm_segments_, &a16_,
+                           &b16_, &c16_, &held16_, &bias16_, &att16_[0], &att16_[1], &att16_[2], &att16_[3], &wide_[0],
+                           &wide_[1], &wide_[2], &wide_[3]})
             free(s->ptr);
         cudnn_attention_.reset();
         free(norm_scratch_);
@@ -188,7 +195,55 @@ class CudaBackend final : public Backend {
         return nvml_->read();
     }
 
+    bool can_capture() const override { return true; }
+    void begin_capture() override {
+        TRAINER_CHECK(!capturing_, "a graph is already being recorded");
+        // Thread-local: the calls that are unsafe while capturing are refused on this thread only (NCCL's
+        // and the data loader's threads go on).
+        TRAINER_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        capturing_ = true;
+        capture_fault_.clear();
+        timeline_->suspend(true);
+    }
+    int end_capture() override {
+        TRAINER_CHECK(capturing_, "no graph is being recorded");
+        capturing_ = false;
+        timeline_->suspend(false);
+        cudaGraph_t graph = nullptr;
+        const cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+        if (err != cudaSuccess || !capture_fault_.empty()) {
+            if (graph != nullptr) cudaGraphDestroy(graph);
+            (void)cudaGetLastError();
+            throw std::runtime_error(capture_fault_.empty()
+                                         ? fmt::format("cudaStreamEndCapture: {}", cudaGetErrorString(err))
+                                         : capture_fault_ + " while recording");
+        }
+        cudaGraphExec_t exec = nullptr;
+        const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+        cudaGraphDestroy(graph);
+        TRAINER_CUDA_CHECK(inst);
+        graphs_.push_back(exec);
+        return static_cast<int>(graphs_.size()) - 1;
+    }
+    void abort_capture() override {
+        if (!capturing_) return;
+        capturing_ = false;
+        timeline_->suspend(false);
+        cudaGraph_t graph = nullptr;
+        (void)cudaStreamEndCapture(stream_, &graph);  // invalidated by the failed call, or a partial recording
+        if (graph != nullptr) cudaGraphDestroy(graph);
+        (void)cudaGetLastError();
+    }
+    void launch_graph(int id) override {
+        no_capture("launching a graph");
+        TRAINER_CHECK(id >= 0 && static_cast<size_t>(id) < graphs_.size(), "no graph {}", id);
+        const OpMark mark(*timeline_, "cuda_graph");
+        TRAINER_CUDA_CHECK(cudaGraphLaunch(graphs_[static_cast<size_t>(id)], stream_));
+    }
+    uint64_t graph_epoch() const override { return graph_epoch_; }
+
     void* alloc(size_t bytes) override {
+        no_capture("allocating device memory (a scratch buffer grew after the eager run)");
         void* p = nullptr;
         const size_t rounded = (bytes + 255) / 256 * 256;
         const cudaError_t err = cudaMallocAsync(&p, rounded == 0 ? 256 : rounded, stream_);
@@ -205,9 +260,16 @@ class CudaBackend final : public Backend {
         return p;
     }
     void free(void* ptr) override {
-        if (ptr != nullptr) cudaFreeAsync(ptr, stream_);  // no throw: called from destructors
+        if (ptr == nullptr) return;  // no throw: called from destructors
+        if (capturing_) {            // end_capture refuses the recording
+            capture_fault_ = "freeing device memory";
+            return;
+        }
+        drop_graphs();
+        cudaFreeAsync(ptr, stream_);
     }
     void copy_host_to_device(void* dst, const void* src, size_t bytes) override {
+        no_capture("a copy from host memory");
         const OpMark mark(*timeline_, "copy_host_to_device");
         if (bytes == 0) return;
         if (bytes <= kStagingBytes) {
@@ -229,6 +291,7 @@ class CudaBackend final : public Backend {
         TRAINER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the caller may reuse `src` on return
     }
     void copy_device_to_host(void* dst, const void* src, size_t bytes) override {
+        no_capture("a copy to host memory");
         const OpMark mark(*timeline_, "copy_device_to_host");
         if (bytes == 0) return;
         TRAINER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
@@ -239,6 +302,7 @@ class CudaBackend final : public Backend {
         if (bytes > 0) TRAINER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
     }
     void copy_any(void* dst, const void* src, size_t bytes) override {
+        no_capture("a copy that may touch host memory");
         const OpMark mark(*timeline_, "copy_any");
         if (bytes == 0) return;
         TRAINER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
@@ -249,7 +313,10 @@ class CudaBackend final : public Backend {
         const OpMark mark(*timeline_, "fill_zero");
         if (bytes > 0) TRAINER_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream_));
     }
-    void synchronize() override { TRAINER_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+    void synchronize() override {
+        no_capture("a synchronisation");
+        TRAINER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
 
     void* alloc_host(size_t bytes) override {
         void* p = nullptr;
@@ -268,6 +335,7 @@ class CudaBackend final : public Backend {
         if (ptr != nullptr) cudaFreeHost(ptr);  // no throw: called from destructors
     }
     uint64_t copy_async(void* dst, const void* src, size_t bytes) override {
+        no_capture("an offload copy");
         if (copy_stream_ == nullptr) {
             TRAINER_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
             TRAINER_CUDA_CHECK(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
@@ -298,6 +366,7 @@ class CudaBackend final : public Backend {
     }
     void device_wait(uint64_t ticket) override {
         if (cudaEvent_t e = pending_copy(ticket)) {
+            no_capture("a wait for an offload copy");
             cudaEvent_t first = timeline_->begin(stream_, Timeline::Kind::kWait);
             TRAINER_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
             timeline_->end(first, stream_, Timeline::Kind::kWait);
@@ -552,7 +621,7 @@ class CudaBackend final : public Backend {
         const uint16_t* qkv16 = operand_bf16(att16_[0], qkv, 3 * NC);
         auto* out16 = out.bf16 ? out.b16() : static_cast<uint16_t*>(grow(att16_[1], NC * sizeof(uint16_t)));
         if (cudnn_attention_) {
-            cudnn_attention_->forward(out16, lse, qkv16, B, T, NH, HS, stream_);
+            cudnn_attention_->forward(out16, lse, qkv16, B, T, NH, HS, workspace(), stream_);
         } else {
             cuda::flash_attention_forward(out16, lse, qkv16, B, T, NH, HS, stream_);
         }
@@ -577,7 +646,7 @@ class CudaBackend final : public Backend {
         const uint16_t* dout16 = operand_bf16(att16_[2], dout, NC);
         auto* dqkv16 = dqkv.bf16 ? dqkv.b16() : static_cast<uint16_t*>(grow(att16_[3], 3 * NC * sizeof(uint16_t)));
         if (cudnn_attention_) {
-            cudnn_attention_->backward(dqkv16, dout16, qkv16, out16, lse, B, T, NH, HS, stream_);
+            cudnn_attention_->backward(dqkv16, dout16, qkv16, out16, lse, B, T, NH, HS, workspace(), stream_);
         } else {
             void* scratch = grow(att_scratch_, cuda::flash_attention_backward_scratch_bytes(B, T, NH, HS));
             cuda::flash_attention_backward(dqkv16, dout16, qkv16, out16, lse, B, T, NH, HS, scratch, stream_);
@@ -653,11 +722,13 @@ class CudaBackend final : public Backend {
                            stream_);
     }
     double squared_norm(const float* x, size_t n) override {
+        no_capture("a squared norm returned to the host");
         const OpMark mark(*timeline_, "squared_norm");
         return cuda::squared_norm(x, n, norm_scratch_, stream_);
     }
     void adamw_update_multi(const std::vector<AdamwRange>& ranges, float lr, float beta1, float beta2, float eps,
                             long step, float grad_scale) override {
+        no_capture("the optimizer step (its descriptors are uploaded from the host)");
         const OpMark mark(*timeline_, "adamw_update_multi");
         std::vector<cuda::AdamwSegment> segs;
         size_t chunks = 0;
@@ -675,6 +746,7 @@ class CudaBackend final : public Backend {
                                  beta1, beta2, eps, step, grad_scale, stream_);
     }
     double squared_norm_multi(const std::vector<std::pair<const float*, size_t>>& ranges) override {
+        no_capture("a squared norm returned to the host");
         const OpMark mark(*timeline_, "squared_norm_multi");
         std::vector<cuda::NormSegment> segs;
         size_t chunks = 0;
@@ -691,6 +763,7 @@ class CudaBackend final : public Backend {
                                         chunks, norm_scratch_, stream_);
     }
     double sum(const float* x, size_t n) override {
+        no_capture("a sum returned to the host");
         const OpMark mark(*timeline_, "sum");
         return cuda::sum(x, n, norm_scratch_, stream_);
     }
@@ -708,6 +781,18 @@ class CudaBackend final : public Backend {
     }
 
    private:
+    // What needs the host is refused while recording a graph: the error names it.
+    void no_capture(const char* what) const {
+        if (capturing_) throw std::runtime_error(fmt::format("{} while recording", what));
+    }
+    // Destroys the recordings (a launched one still runs to its end) and tells their owners (graph_epoch).
+    void drop_graphs() {
+        if (graphs_.empty()) return;
+        for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
+        graphs_.clear();
+        ++graph_epoch_;
+    }
+
     struct Scratch {
         void* ptr = nullptr;
         size_t bytes = 0;
@@ -722,6 +807,10 @@ class CudaBackend final : public Backend {
         s.bytes = bytes;
         memory_record_alloc(MemCategory::kActivations, static_cast<int64_t>(bytes));
         return s.ptr;
+    }
+    // cuDNN's attention workspace, from the backend's memory like every scratch.
+    CudnnAttention::Workspace workspace() {
+        return [this](size_t bytes) { return grow(cudnn_ws_, bytes); };
     }
     // The norms' backward partials of dweight/dbias (layernorm.cu) for N rows of C channels.
     float* norm_scratch(int N, int C) {
@@ -799,7 +888,7 @@ class CudaBackend final : public Backend {
     std::unique_ptr<Timeline> timeline_;
     std::unique_ptr<Nvml> nvml_;  // made at the first device_counters()
     double* norm_scratch_ = nullptr;
-    Scratch ln_scratch_, att_scratch_, emb_scratch_, a16_, b16_, c16_;
+    Scratch ln_scratch_, att_scratch_, emb_scratch_, a16_, b16_, c16_, cudnn_ws_;
     Scratch bias16_;                    // a bias rounded to bf16 for a bf16-output GEMM's epilogue
     Scratch segments_, norm_segments_;  // the multi-tensor AdamW and norm descriptors
     Scratch held16_;                    // the held weight's bf16 copy (hold_weight)
@@ -809,6 +898,11 @@ class CudaBackend final : public Backend {
     Scratch wide_[4];   // bf16 operands widened for fp32 kernels (the native attention), and fp32 products
     std::unique_ptr<CudnnAttention> cudnn_attention_;
     std::map<std::tuple<int, int, float>, std::pair<float*, float*>> rope_tables_;
+    // kernels.cuda_graphs: the recordings, whether one is being made (and what it was refused), the epoch.
+    std::vector<cudaGraphExec_t> graphs_;
+    bool capturing_ = false;
+    std::string capture_fault_;
+    uint64_t graph_epoch_ = 0;
 };
 
 }  // namespace

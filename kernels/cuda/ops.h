@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 namespace trainer::cuda {
 
@@ -206,9 +207,13 @@ class CudnnAttention {
     ~CudnnAttention();
     CudnnAttention(const CudnnAttention&) = delete;
     CudnnAttention& operator=(const CudnnAttention&) = delete;
-    void forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int HS, cudaStream_t stream);
+    // Device memory of at least the bytes asked, in stream order (the caller's scratch: it may move between
+    // calls, never during one).
+    using Workspace = std::function<void*(size_t bytes)>;
+    void forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int HS,
+                 const Workspace& workspace, cudaStream_t stream);
     void backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out, const float* lse,
-                  int B, int T, int NH, int HS, cudaStream_t stream);
+                  int B, int T, int NH, int HS, const Workspace& workspace, cudaStream_t stream);
 
    private:
     struct State;

@@ -50,7 +50,10 @@ class Timeline {
     Timeline& operator=(const Timeline&) = delete;
 
     // Whether a window is open and the caller is its thread; tracing(): and a trace is being recorded.
-    bool on() const { return open_ && std::this_thread::get_id() == owner_; }
+    // Suspended (a graph being recorded: its events would be recorded into the graph, not timed), it records
+    // nothing either.
+    bool on() const { return open_ && !suspended_ && std::this_thread::get_id() == owner_; }
+    void suspend(bool s) { suspended_ = s; }
     bool tracing() const { return trace_ && on(); }
 
     void begin_window();
@@ -86,7 +89,7 @@ class Timeline {
     void harvest(bool wait_for_all);
 
     cudaStream_t compute_;
-    bool open_ = false, trace_ = false;
+    bool open_ = false, trace_ = false, suspended_ = false;
     std::thread::id owner_;
     cudaEvent_t start_ = nullptr;  // the window's first event
     double start_us_ = 0.0;        // the trace's clock when start_ was recorded

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "gpu_kernels.h"
@@ -750,6 +751,11 @@ void test_attention() {
 // inside cuDNN and its outputs are bf16, so the bf16 tolerance of STYLE.md applies (lse is fp32).
 void test_attention_cudnn() {
     trainer::cuda::CudnnAttention att;
+    std::unique_ptr<Dev<uint8_t>> ws_buf;  // the workspace, grown as the plans ask (the backend's scratch)
+    const trainer::cuda::CudnnAttention::Workspace ws = [&](size_t bytes) -> void* {
+        if (!ws_buf || ws_buf->n < bytes) ws_buf = std::make_unique<Dev<uint8_t>>(bytes);
+        return ws_buf->p;
+    };
     for (int B : {1, 2}) {
         for (int T : {2, 37, 130}) {
             for (int HS : {16, 64, 128}) {
@@ -761,14 +767,14 @@ void test_attention_cudnn() {
                 trainer::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, HS);
                 Dev<uint16_t> dq(qkv16), dg(dout16), dout_d(out.size()), ddq(qkv.size());
                 Dev<float> dlse(lse.size());
-                att.forward(dout_d.p, dlse.p, dq.p, B, T, NH, HS, nullptr);
+                att.forward(dout_d.p, dlse.p, dq.p, B, T, NH, HS, ws, nullptr);
                 const auto got_out = bf16_widened(dout_d.host());
                 expect_close(out, got_out, "cuDNN attention forward out matches the CPU", 1e-2, 1.6e-2);
                 expect_close(lse, dlse.host(), "cuDNN attention forward lse matches the CPU", 1e-4, 1e-4);
                 // The backward takes cuDNN's own (bf16) output, as the backend passes it.
                 trainer::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), got_out.data(), lse.data(), B, T,
                                                  NH, HS);
-                att.backward(ddq.p, dg.p, dq.p, dout_d.p, dlse.p, B, T, NH, HS, nullptr);
+                att.backward(ddq.p, dg.p, dq.p, dout_d.p, dlse.p, B, T, NH, HS, ws, nullptr);
                 expect_close(dqkv, bf16_widened(ddq.host()), "cuDNN attention backward matches the CPU", 1e-2, 1.6e-2);
             }
         }
