@@ -155,9 +155,10 @@ class CudaBackend final : public Backend {
     ~CudaBackend() override {
         drop_graphs();
         for (auto& [key, t] : rope_tables_) free(t.first), free(t.second);
-        for (Scratch* s : {&ln_scratch_, &att_scratch_, &emb_scratch_, &cudnn_ws_, &segments_, &norm_segments_, &a16_,
-                           &b16_, &c16_, &held16_, &bias16_, &att16_[0], &att16_[1], &att16_[2], &att16_[3], &wide_[0],
-                           &wide_[1], &wide_[2], &wide_[3]})
+        for (Scratch* s :
+             {&ln_scratch_, &att_scratch_, &emb_scratch_, &cudnn_ws_, &bias_scratch_, &segments_, &norm_segments_,
+              &a16_,        &b16_,         &c16_,         &held16_,   &bias16_,       &att16_[0], &att16_[1],
+              &att16_[2],   &att16_[3],    &wide_[0],     &wide_[1],  &wide_[2],      &wide_[3]})
             free(s->ptr);
         cudnn_attention_.reset();
         free(norm_scratch_);
@@ -481,30 +482,37 @@ class CudaBackend final : public Backend {
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override {
         const OpMark mark(*timeline_, "matmul_backward");
         TRAINER_CHECK(!(dinp.bf16 && accumulate_dinp), "a bf16 GEMM gradient cannot accumulate");
+        // The bias gradient from dout as it lies: fp32, or bf16 (a bf16 gradient, as cuBLASLt's BGRAD epilogues
+        // would read it).
+        if (dbias != nullptr && M > 0 && N > 0) {
+            float* scratch =
+                static_cast<float*>(grow(bias_scratch_, cuda::bias_gradient_scratch_floats(M, N) * sizeof(float)));
+            if (dout.bf16) {
+                cuda::bias_gradient(dbias, dout.b16(), M, N, scratch, stream_);
+            } else {
+                cuda::bias_gradient(dbias, dout.f32(), M, N, scratch, stream_);
+            }
+        }
         if (!options_.bf16_matmuls) {
             TRAINER_CHECK(!dinp.bf16 && !dout.bf16, "a bf16 GEMM gradient without amp_bf16");
             const float* in = dweight != nullptr ? operand_f32(wide_[0], inp, size_t(M) * K) : nullptr;
-            return cuda::matmul_backward(*gemm_, dinp.f32(), dweight, dbias, dout.f32(), in, weight, M, K, N,
-                                         accumulate_dinp, stream_);
+            return cuda::matmul_backward(*gemm_, dinp.f32(), dweight, dout.f32(), in, weight, M, K, N, accumulate_dinp,
+                                         stream_);
         }
-        // A bf16 dout is read where it lies (its bias gradient summed from it too); an fp32 one is cast once and
-        // its bias gradient summed in fp32.
-        const uint16_t* dout16 = operand_bf16(c16_, dout, size_t(M) * N);
-        const float* dout32 = dout.bf16 ? nullptr : dout.f32();
+        const uint16_t* dout16 = operand_bf16(c16_, dout, size_t(M) * N);  // an fp32 dout cast once
         const uint16_t* inp16 = dweight != nullptr ? operand_bf16(a16_, inp, size_t(M) * K) : nullptr;
         const uint16_t* w16 = dinp.p != nullptr ? weight_bf16(weight, size_t(N) * K) : nullptr;
         if (!dinp.bf16) {
-            cuda::matmul_backward_bf16(*gemm_, dinp.f32(), nullptr, dweight, dbias, dout32, dout16, inp16, w16, M, K, N,
+            cuda::matmul_backward_bf16(*gemm_, dinp.f32(), nullptr, dweight, dout16, inp16, w16, M, K, N,
                                        accumulate_dinp, stream_);
             return;
         }
         // A bf16 dinp rounded once by cuBLASLt; where it has no such kernel, the fp32 product rounded by a cast.
-        if (cuda::matmul_backward_bf16(*gemm_, nullptr, dinp.b16(), dweight, dbias, dout32, dout16, inp16, w16, M, K, N,
-                                       false, stream_))
+        if (cuda::matmul_backward_bf16(*gemm_, nullptr, dinp.b16(), dweight, dout16, inp16, w16, M, K, N, false,
+                                       stream_))
             return;
         auto* wide = static_cast<float*>(grow(wide_[1], size_t(M) * K * sizeof(float)));
-        cuda::matmul_backward_bf16(*gemm_, wide, nullptr, dweight, dbias, dout32, dout16, inp16, w16, M, K, N, false,
-                                   stream_);
+        cuda::matmul_backward_bf16(*gemm_, wide, nullptr, dweight, dout16, inp16, w16, M, K, N, false, stream_);
         cuda::cast_float_to_bf16(dinp.b16(), wide, size_t(M) * K, stream_);
     }
     void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
@@ -888,7 +896,7 @@ class CudaBackend final : public Backend {
     std::unique_ptr<Timeline> timeline_;
     std::unique_ptr<Nvml> nvml_;  // made at the first device_counters()
     double* norm_scratch_ = nullptr;
-    Scratch ln_scratch_, att_scratch_, emb_scratch_, a16_, b16_, c16_, cudnn_ws_;
+    Scratch ln_scratch_, att_scratch_, emb_scratch_, a16_, b16_, c16_, cudnn_ws_, bias_scratch_;
     Scratch bias16_;                    // a bias rounded to bf16 for a bf16-output GEMM's epilogue
     Scratch segments_, norm_segments_;  // the multi-tensor AdamW and norm descriptors
     Scratch held16_;                    // the held weight's bf16 copy (hold_weight)

@@ -1,8 +1,7 @@
 // GEMMs through cuBLASLt, the twin of kernels/cpu/matmul.cpp: PyTorch Linear forward (the bias added by
-// cuBLASLt's BIAS epilogue, saving a pass) and backward (dinp, dweight accumulated, dbias by a
-// deterministic column-sum kernel). fp32 with CUBLAS_COMPUTE_32F: TF32 stays off, for parity with the
-// CPU. The algorithm for each shape is chosen once by cuBLASLt's heuristic and cached; the workspace is
-// allocated once.
+// cuBLASLt's BIAS epilogue, saving a pass) and backward (dinp, dweight accumulated; dbias is bias.cu's). fp32 with
+// CUBLAS_COMPUTE_32F: TF32 stays off, for parity with the CPU. The algorithm for each shape is chosen once by
+// cuBLASLt's heuristic and cached; the workspace is allocated once.
 //
 // Row-major to cuBLAS's column-major: C(M,N) row-major is C^T column-major, so C = op(A) op(B) is
 // computed as C^T = op(B)^T op(A)^T, i.e. the column-major GEMM with A and B swapped and m = N, n = M.
@@ -26,29 +25,6 @@ namespace {
                                      std::to_string(static_cast<int>(st_)));                                 \
         }                                                                                                    \
     } while (0)
-
-// dbias(N) += column sums of dout(M, N). A block owns 32 columns; thread (x, y) of its 32 x 32 adds rows
-// y, y + 32, ... of column x in order, and the 32 partials of a column are added in a fixed tree:
-// deterministic and the same on every device. (One thread per column walking all M rows, as before, ran
-// GPT-2's N = 768 columns on 6 blocks of the 132 SMs, each thread through 16368 rows.)
-constexpr int kColumnTile = 32;
-template <typename T>
-__global__ void column_sum_kernel(float* dbias, const T* dout, int M, int N) {
-    __shared__ float part[kColumnTile][kColumnTile + 1];
-    const int c = blockIdx.x * kColumnTile + threadIdx.x;
-    float s = 0.0f;
-    if (c < N) {
-        for (int r = threadIdx.y; r < M; r += kColumnTile) s += load_as_float(dout[static_cast<size_t>(r) * N + c]);
-    }
-    part[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    for (int half = kColumnTile / 2; half > 0; half /= 2) {
-        if (static_cast<int>(threadIdx.y) < half)
-            part[threadIdx.y][threadIdx.x] += part[threadIdx.y + half][threadIdx.x];
-        __syncthreads();
-    }
-    if (threadIdx.y == 0 && c < N) dbias[c] += part[0][threadIdx.x];
-}
 
 // C(M, N) (leading dimension ldc) = beta C + bias(N) per row (beta 0: C is not read; bias nullable).
 __global__ void scale_add_bias_kernel(float* C, int ldc, int M, int N, float beta, const float* bias) {
@@ -74,15 +50,6 @@ uint32_t alignment_of(const void* p) {
     uint32_t align = 256;
     while (align > 1 && a % align != 0) align /= 2;
     return align;
-}
-
-// dout fp32, or bf16 (a bf16 gradient, as cuBLASLt's BGRAD epilogues read it).
-template <typename T>
-void column_sum(float* dbias, const T* dout, int M, int N, cudaStream_t stream) {
-    if (N <= 0) return;
-    const unsigned blocks = (static_cast<unsigned>(N) + kColumnTile - 1) / kColumnTile;
-    column_sum_kernel<T><<<blocks, dim3(kColumnTile, kColumnTile), 0, stream>>>(dbias, dout, M, N);
-    TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
@@ -284,15 +251,14 @@ void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weigh
     gemm.run(false, true, M, N, K, 1.0f, inp, K, weight, K, 0.0f, out, N, bias, stream);
 }
 
-void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int M, int K, int N, bool accumulate_dinp, cudaStream_t stream) {
+void matmul_backward(Gemm& gemm, float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                     int M, int K, int N, bool accumulate_dinp, cudaStream_t stream) {
     // dinp(M, K) (+)= dout(M, N) @ weight(N, K)
     if (dinp != nullptr)
         gemm.run(false, false, M, K, N, 1.0f, dout, N, weight, K, accumulate_dinp ? 1.0f : 0.0f, dinp, K, nullptr,
                  stream);
     // dweight(N, K) += dout^T (N, M) @ inp(M, K)
     if (dweight != nullptr) gemm.run(true, false, N, K, M, 1.0f, dout, N, inp, K, 1.0f, dweight, K, nullptr, stream);
-    if (dbias != nullptr) column_sum(dbias, dout, M, N, stream);
 }
 
 void matmul_gelu_forward(Gemm& gemm, float* pre, float* out, const float* inp, const float* weight, const float* bias,
@@ -336,9 +302,9 @@ bool matmul_forward_bf16_out(Gemm& gemm, uint16_t* out, const uint16_t* inp, con
     return gemm.run_bf16_out(false, true, M, N, K, inp, K, weight, K, out, N, bias, stream);
 }
 
-bool matmul_backward_bf16(Gemm& gemm, float* dinp, uint16_t* dinp16, float* dweight, float* dbias, const float* dout,
-                          const uint16_t* dout16, const uint16_t* inp16, const uint16_t* weight16, int M, int K, int N,
-                          bool accumulate_dinp, cudaStream_t stream) {
+bool matmul_backward_bf16(Gemm& gemm, float* dinp, uint16_t* dinp16, float* dweight, const uint16_t* dout16,
+                          const uint16_t* inp16, const uint16_t* weight16, int M, int K, int N, bool accumulate_dinp,
+                          cudaStream_t stream) {
     // The bf16 dinp first: where cuBLASLt has no kernel for it, nothing has been queued when this returns.
     if (dinp16 != nullptr && (accumulate_dinp || !gemm.run_bf16_out(false, false, M, K, N, dout16, N, weight16, K,
                                                                     dinp16, K, nullptr, stream)))
@@ -348,13 +314,6 @@ bool matmul_backward_bf16(Gemm& gemm, float* dinp, uint16_t* dinp16, float* dwei
                       nullptr, stream);
     if (dweight != nullptr)
         gemm.run_bf16(true, false, N, K, M, 1.0f, dout16, N, inp16, K, 1.0f, dweight, K, nullptr, stream);
-    if (dbias != nullptr) {
-        if (dout != nullptr) {
-            column_sum(dbias, dout, M, N, stream);
-        } else {
-            column_sum(dbias, dout16, M, N, stream);
-        }
-    }
     return true;
 }
 

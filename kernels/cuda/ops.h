@@ -58,11 +58,16 @@ class Gemm {
     State* s_;
 };
 // PyTorch Linear, as cpu::matmul_forward / matmul_backward: out = inp @ weight^T + bias; dinp (+)=
-// dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout (each nullable).
+// dout @ weight, dweight += dout^T @ inp (each nullable); the bias gradient is bias_gradient's.
 void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weight, const float* bias, int M, int K,
                     int N, cudaStream_t stream);
-void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int M, int K, int N, bool accumulate_dinp, cudaStream_t stream);
+void matmul_backward(Gemm& gemm, float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                     int M, int K, int N, bool accumulate_dinp, cudaStream_t stream);
+// A Linear layer's bias gradient (bias.cu): dbias(N) += the column sums of dout(M, N), fp32 or bf16, with
+// `scratch` of bias_gradient_scratch_floats(M, N); deterministic, the same bits on every device.
+size_t bias_gradient_scratch_floats(int M, int N);
+void bias_gradient(float* dbias, const float* dout, int M, int N, float* scratch, cudaStream_t stream);
+void bias_gradient(float* dbias, const uint16_t* dout, int M, int N, float* scratch, cudaStream_t stream);
 // The Linear forward and the tanh GELU after it: pre = inp @ weight^T + bias, out = gelu_tanh(pre), in one
 // GEMM with cuBLASLt's GELU epilogue where its constraints hold (N a multiple of 8, aligned outputs and
 // bias), else the GEMM and then the GELU kernel; fp32 and bf16-operand forms.
@@ -86,13 +91,13 @@ bool matmul_forward_bf16_out(Gemm& gemm, uint16_t* out, const uint16_t* inp, con
                              const uint16_t* bias, int M, int K, int N, cudaStream_t stream);
 void matmul_forward_bf16(Gemm& gemm, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias, int M,
                          int K, int N, cudaStream_t stream);
-// The backward from bf16 operands: dout16 is dout in bf16, and dbias sums the fp32 dout where one is given
-// (nullable), else dout16. dinp is written in fp32 (dinp) or rounded once to bf16 (dinp16, overwritten: not
-// with accumulate_dinp), at most one of them set. False, with nothing queued, where cuBLASLt has no
-// bf16-output kernel for dinp16 (or it would accumulate): the caller computes dinp in fp32 and rounds it.
-bool matmul_backward_bf16(Gemm& gemm, float* dinp, uint16_t* dinp16, float* dweight, float* dbias, const float* dout,
-                          const uint16_t* dout16, const uint16_t* inp16, const uint16_t* weight16, int M, int K, int N,
-                          bool accumulate_dinp, cudaStream_t stream);
+// The backward from bf16 operands: dout16 is dout in bf16. dinp is written in fp32 (dinp) or rounded once to
+// bf16 (dinp16, overwritten: not with accumulate_dinp), at most one of them set. False, with nothing queued,
+// where cuBLASLt has no bf16-output kernel for dinp16 (or it would accumulate): the caller computes dinp in
+// fp32 and rounds it.
+bool matmul_backward_bf16(Gemm& gemm, float* dinp, uint16_t* dinp16, float* dweight, const uint16_t* dout16,
+                          const uint16_t* inp16, const uint16_t* weight16, int M, int K, int N, bool accumulate_dinp,
+                          cudaStream_t stream);
 
 // Token (+ learned position, nullable) embedding; the backward adds into dwte/dwpe in row order, with
 // no atomics (embedding.cu), rows grouped by token with `scratch` of embedding_backward_scratch_bytes(N).

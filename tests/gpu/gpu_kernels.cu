@@ -746,6 +746,52 @@ void test_attention() {
     }
 }
 
+// A Linear layer's bias gradient (bias.cu): dbias += the column sums of an fp32 or bf16 dout, against the CPU's
+// sums in double, for row counts across the 128-row chunks and column counts with and without 16-byte rows
+// (and a dout at a 4-byte offset: the scalar path); the same bits from both paths and on a second run.
+void test_bias_gradient() {
+    for (int M : {1, 7, 130, 1000}) {
+        for (int N : {3, 8, 40, 264}) {
+            const Where at("M={} N={}", M, N);
+            const auto g = wave(static_cast<size_t>(M) * N + 4, 1.0f, 2.1f);
+            const auto [g16, gr] = bf16_rounded(g);
+            const auto start = wave(N, 0.1f, 1.9f);
+            // Reference sums in double of rows 0..M-1 of the dout starting at element `off`, added to `start`.
+            const auto want = [&](const std::vector<float>& d, size_t off) {
+                std::vector<float> r(N);
+                for (int n = 0; n < N; ++n) {
+                    double acc = 0.0;
+                    for (int m = 0; m < M; ++m) acc += d[off + static_cast<size_t>(m) * N + n];
+                    r[n] = static_cast<float>(start[n] + acc);
+                }
+                return r;
+            };
+            Dev<float> dg(g), scratch(trainer::cuda::bias_gradient_scratch_floats(M, N));
+            Dev<uint16_t> dg16(g16);
+            for (size_t off : {size_t(0), size_t(1)}) {
+                const Where at_off("offset={}", off);
+                Dev<float> a(start), b(start), c(start);
+                trainer::cuda::bias_gradient(a.p, dg.p + off, M, N, scratch.p, nullptr);
+                expect_close(want(g, off), a.host(), "bias_gradient of an fp32 dout matches the CPU", 1e-5, 1e-4);
+                trainer::cuda::bias_gradient(b.p, dg16.p + off, M, N, scratch.p, nullptr);
+                expect_close(want(gr, off), b.host(), "bias_gradient of a bf16 dout matches the CPU", 1e-5, 1e-4);
+                trainer::cuda::bias_gradient(c.p, dg16.p + off, M, N, scratch.p, nullptr);
+                expect(b.host() == c.host(), "bias_gradient repeats bitwise");
+                if (off == 1) continue;
+                // Vector loads (aligned rows) and scalar ones (the dout one element on): the same column sums in
+                // the same order, so the same bits where the same values are summed.
+                Dev<float> d(start), e(start);
+                std::vector<float> shifted(g.size());
+                for (size_t i = 0; i + 1 < g.size(); ++i) shifted[i + 1] = g[i];
+                Dev<float> ds(shifted);
+                trainer::cuda::bias_gradient(d.p, dg.p, M, N, scratch.p, nullptr);
+                trainer::cuda::bias_gradient(e.p, ds.p + 1, M, N, scratch.p, nullptr);
+                expect(d.host() == e.host(), "bias_gradient gives the same bits with and without vector loads");
+            }
+        }
+    }
+}
+
 #ifndef TRAINER_SIMT_EMULATION
 // cuDNN's fused attention against the CPU on the same bf16-rounded qkv and dout: P is rounded to bf16
 // inside cuDNN and its outputs are bf16, so the bf16 tolerance of STYLE.md applies (lse is fp32).
@@ -874,8 +920,11 @@ void test_matmul() {
                         const Where acc_at("accumulate={}", acc);
                         trainer::cpu::matmul_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, g.data(),
                                                       x.data(), w.data(), M, K, N, acc);
-                        trainer::cuda::matmul_backward(gemm, ddx.p, ddw.p, with_bias ? ddb.p : nullptr, dg.p, dxin.p,
-                                                       dwt.p, M, K, N, acc, nullptr);
+                        trainer::cuda::matmul_backward(gemm, ddx.p, ddw.p, dg.p, dxin.p, dwt.p, M, K, N, acc, nullptr);
+                        if (with_bias) {
+                            Dev<float> scratch(trainer::cuda::bias_gradient_scratch_floats(M, N));
+                            trainer::cuda::bias_gradient(ddb.p, dg.p, M, N, scratch.p, nullptr);
+                        }
                         expect_close(dx, ddx.host(), "matmul_backward dinp matches the CPU", 1e-5, 1e-4);
                         expect_close(dw, ddw.host(), "matmul_backward dweight matches the CPU", 1e-5, 1e-4);
                         if (with_bias)
@@ -987,10 +1036,10 @@ void test_matmul_bf16() {
                 const auto [x16, xr] = bf16_rounded(x);
                 const auto [w16, wr] = bf16_rounded(w);
                 const auto [g16, gr] = bf16_rounded(g);
-                std::vector<float> y(static_cast<size_t>(M) * N), dx(x.size(), 0.0f), dw(w.size(), 0.0f), db(N, 0.0f);
+                std::vector<float> y(static_cast<size_t>(M) * N), dx(x.size(), 0.0f), dw(w.size(), 0.0f);
                 trainer::cpu::matmul_forward(y.data(), xr.data(), wr.data(), b.data(), M, K, N);
                 Dev<uint16_t> dx16(x16), dw16(w16), dg16(g16);
-                Dev<float> dbias(b), dy(y.size()), dgrad(g), ddx(dx), ddw(dw), ddb(db);
+                Dev<float> dbias(b), dy(y.size()), ddx(dx), ddw(dw);
                 trainer::cuda::matmul_forward_bf16(gemm, dy.p, dx16.p, dw16.p, dbias.p, M, K, N, nullptr);
                 expect_close(y, dy.host(), "bf16 matmul_forward matches the CPU on rounded operands", 1e-5, 1e-4);
                 // The bf16 output (no bias): the CPU's product rounded once.
@@ -1023,35 +1072,26 @@ void test_matmul_bf16() {
                 expect(trainer::cuda::matmul_forward_bf16_out(gemm, dyb16.p, dx16.p, dw16.p, db16.p, M, K, N, nullptr),
                        "cuBLASLt runs the bf16-output GEMM with its bias epilogue");
                 expect_close_bf16(yb, dyb16, "bf16-output matmul_forward with a bias matches the CPU rounded to bf16");
-                // dbias sums the fp32 dout; the products use the rounded copies.
+                // The products use the rounded copies (the bias gradient is test_bias_gradient's).
                 trainer::cpu::matmul_backward(dx.data(), dw.data(), static_cast<float*>(nullptr), gr.data(), xr.data(),
                                               wr.data(), M, K, N, false);
-                for (int n = 0; n < N; ++n)
-                    for (int m = 0; m < M; ++m) db[n] += g[static_cast<size_t>(m) * N + n];
-                expect(trainer::cuda::matmul_backward_bf16(gemm, ddx.p, nullptr, ddw.p, ddb.p, dgrad.p, dg16.p, dx16.p,
-                                                           dw16.p, M, K, N, false, nullptr),
+                expect(trainer::cuda::matmul_backward_bf16(gemm, ddx.p, nullptr, ddw.p, dg16.p, dx16.p, dw16.p, M, K, N,
+                                                           false, nullptr),
                        "the fp32-dinp backward runs");
                 expect_close(dx, ddx.host(), "bf16 matmul_backward dinp matches the CPU", 1e-5, 1e-4);
                 expect_close(dw, ddw.host(), "bf16 matmul_backward dweight matches the CPU", 1e-5, 1e-4);
-                expect_close(db, ddb.host(), "bf16 matmul_backward dbias matches the CPU", 1e-5, 1e-4);
-                // A bf16 dout and a bf16 dinp (amp_bf16's inner gradients): dbias sums the bf16 dout, dinp is
-                // the CPU's product rounded once, dweight accumulates as before.
-                std::vector<float> db_r(N, 0.0f);
-                for (int n = 0; n < N; ++n)
-                    for (int m = 0; m < M; ++m) db_r[n] += gr[static_cast<size_t>(m) * N + n];
+                // A bf16 dinp (amp_bf16's inner gradients): the CPU's product rounded once, dweight accumulates as
+                // before.
                 std::vector<float> dw2(w.size());
                 for (size_t i = 0; i < dw.size(); ++i) dw2[i] = 2.0f * dw[i];
                 Dev<uint16_t> ddx16(x.size());
-                Dev<float> ddb_r(std::vector<float>(N, 0.0f));
-                expect(trainer::cuda::matmul_backward_bf16(gemm, nullptr, ddx16.p, ddw.p, ddb_r.p, nullptr, dg16.p,
-                                                           dx16.p, dw16.p, M, K, N, false, nullptr),
+                expect(trainer::cuda::matmul_backward_bf16(gemm, nullptr, ddx16.p, ddw.p, dg16.p, dx16.p, dw16.p, M, K,
+                                                           N, false, nullptr),
                        "cuBLASLt runs the bf16-output backward GEMM");
                 expect_close_bf16(dx, ddx16, "bf16 matmul_backward bf16 dinp matches the CPU rounded to bf16");
                 expect_close(dw2, ddw.host(), "bf16 matmul_backward dweight accumulates", 1e-5, 1e-4);
-                expect_close(db_r, ddb_r.host(), "bf16 matmul_backward dbias from bf16 dout matches the CPU", 1e-5,
-                             1e-4);
-                expect(!trainer::cuda::matmul_backward_bf16(gemm, nullptr, ddx16.p, ddw.p, nullptr, nullptr, dg16.p,
-                                                            dx16.p, dw16.p, M, K, N, true, nullptr),
+                expect(!trainer::cuda::matmul_backward_bf16(gemm, nullptr, ddx16.p, ddw.p, dg16.p, dx16.p, dw16.p, M, K,
+                                                            N, true, nullptr),
                        "a bf16 dinp refuses to accumulate");
             }
         }

@@ -57,6 +57,9 @@ TEST_CASE("gpu kernel: our flash attention forward and backward match the CPU at
 TEST_CASE("gpu kernel: our flash attention on 1024 blocks matches the native kernels and repeats bitwise") {
     check(test_attention_flash_large);
 }
+TEST_CASE("gpu kernel: the bias gradient (fp32 and bf16 dout) matches the CPU and repeats bitwise") {
+    check(test_bias_gradient);
+}
 TEST_CASE("gpu kernel: fp32 matmul_forward and matmul_backward match the CPU") { check(test_matmul); }
 TEST_CASE("gpu kernel: matmul_forward with a bias at a 4-byte offset and with K = 0") {
     check(test_matmul_unaligned_bias_and_empty_k);
