@@ -491,6 +491,7 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
             keys["activation_checkpointing"] = r.config.json["activation_checkpointing"];
             keys["cpu_offload.optimizer_state"] = r.config.cpu_offload.optimizer_state;
             keys["cpu_offload.parameters"] = r.config.cpu_offload.parameters;
+            keys["kernels.cuda_graphs"] = r.config.kernels_cuda_graphs;
             Json peak = Json::object();
             for (int m = 0; m < kNumMemCategories; ++m)
                 peak[mem_category_name(static_cast<MemCategory>(m))] = r.dry.peak[m];

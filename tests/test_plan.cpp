@@ -529,6 +529,45 @@ TEST_CASE("plan: distributed_strategy auto trains with the recommendation and sh
     }
 }
 
+TEST_CASE("plan: kernels.cuda_graphs stays on the rows that can replay their micro-batches") {
+    // The single strategy without offload replays; FSDP and offload rows run without graphs (the config checks
+    // refuse them), so the plan turns the key off there rather than refusing the rows. On 2 ranks the config as
+    // given (single) cannot run and the others carry no graphs.
+    const auto rows = [](const std::vector<std::string>& extra) {
+        std::vector<std::string> args = {"plan",
+                                         "--config",
+                                         "configs/tiny.json",
+                                         "--set",
+                                         "device_train_microbatch_size=2",
+                                         "--set",
+                                         "plan.hardware=h100-sxm",
+                                         "--set",
+                                         "kernels.cuda_graphs=true",
+                                         "--json"};
+        args.insert(args.end(), extra.begin(), extra.end());
+        const auto r = test_util::run_trainer(args);
+        INFO(r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+        std::vector<Json> v;
+        std::stringstream ss(r.out);
+        for (std::string line; std::getline(ss, line);) v.push_back(Json::parse(line));
+        return v;
+    };
+    int replaying = 0;
+    for (const Json& row : rows({})) {
+        CAPTURE(row["config"].dump());
+        const Json& c = row["config"];
+        const bool can = c["distributed_strategy"] == "single" && !c["cpu_offload.optimizer_state"].get<bool>();
+        CHECK(c["kernels.cuda_graphs"].get<bool>() == can);
+        replaying += can ? 1 : 0;
+    }
+    CHECK(replaying == 2);  // null and whole_layer checkpointing
+    for (const Json& row : rows({"--nproc-per-node", "2"})) {
+        CHECK_FALSE(row["is_config"].get<bool>());
+        CHECK_FALSE(row["config"]["kernels.cuda_graphs"].get<bool>());
+    }
+}
+
 TEST_CASE("plan: --host-memory marks the offload rows whose host state does not fit and auto plans by the node's") {
     // tiny.json on one CPU rank, its step times from the H100 entry (no calibration needed): the offload rows
     // need less device memory than the others, so a device memory between the two leaves only offload rows.

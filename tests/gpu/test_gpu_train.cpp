@@ -140,8 +140,8 @@ TEST_CASE("gpu: 20 training steps with our flash attention match the CPU backend
 TEST_CASE("gpu: micro-batches replayed as CUDA graphs train to bitwise the eager losses") {
     // kernels.cuda_graphs: micro-batch 1 eager, 2 recorded, the other 38 (2 a step) launched as the graph; the
     // same kernels with the same arguments, so the deterministic paths (fp32 native attention, our flash
-    // attention, whole_layer recompute) repeat the eager losses bit for bit, and cuDNN's stays within bf16
-    // tolerance of the CPU.
+    // attention, whole_layer recompute) repeat the eager losses bit for bit, and cuDNN's (not bitwise
+    // reproducible) stays within bf16 tolerance of its eager run.
     test_util::TempDir dir;
     int k = 0;
     const auto both = [&](std::vector<std::string> extra, double tol) {
@@ -156,19 +156,15 @@ TEST_CASE("gpu: micro-batches replayed as CUDA graphs train to bitwise the eager
         CHECK(summary["cuda_graph_launches"].get<long>() == 39);
         CHECK_FALSE(test_util::read_summary(eager).contains("cuda_graph_launches"));
     };
-    const std::vector<std::string> two_micro = {"--set", "device_train_microbatch_size=2"};
-    auto with = [&](std::vector<std::string> extra) {
-        extra.insert(extra.end(), two_micro.begin(), two_micro.end());
-        return extra;
-    };
-    both(with({"--device", "cuda"}), 0.0);
-    both(with({"--device", "cuda", "--precision", "amp_bf16", "--set", "model.n_heads=1", "--set",
-               "kernels.attention=flash"}),
+    // tiny.json: micro-batches of 4 in global batches of 8, 2 a step.
+    both({"--device", "cuda"}, 0.0);
+    both(
+        {"--device", "cuda", "--precision", "amp_bf16", "--set", "model.n_heads=1", "--set", "kernels.attention=flash"},
+        0.0);
+    both({"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.attention=native", "--set",
+          "activation_checkpointing=whole_layer"},
          0.0);
-    both(with({"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.attention=native", "--set",
-               "activation_checkpointing=whole_layer"}),
-         0.0);
-    both(with({"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.attention=cudnn"}), 2e-2);
+    both({"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.attention=cudnn"}, 2e-2);
     const auto refused = test_util::run_trainer(tiny_args(
         dir.path("x.jsonl"), {"--device", "cuda", "--strategy", "fsdp", "--set", "kernels.cuda_graphs=true"}));
     CHECK(refused.exit_code == 1);
