@@ -90,15 +90,19 @@ train() {
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | tee -a "$summary"
 bench_tokens "$trainer"
 
-# `first` is gpu_tests alone, then the kernels stage.
+# `first` is gpu_tests, then the kernels stage; `tests` is gpu_tests, then memcheck.
 expanded=()
 for s in "${stages[@]}"; do
-    if [[ $s == first ]]; then expanded+=(gpu_tests kernels); else expanded+=("$s"); fi
+    case $s in
+        first) expanded+=(gpu_tests kernels) ;;
+        tests) expanded+=(gpu_tests memcheck) ;;
+        *) expanded+=("$s") ;;
+    esac
 done
 for s in "${expanded[@]}"; do
     case $s in
         gpu_tests)
-            step gpu_tests 200 "$gpu_tests" --durations yes
+            step gpu_tests 220 "$gpu_tests" --durations yes
             grep -E "^test cases|^assertions|All tests passed|FAILED" "$logs/gpu_tests.log" | tail -4 | tee -a "$summary"
             ;;
         throughput)
@@ -106,9 +110,7 @@ for s in "${expanded[@]}"; do
                 --no-fine-grained --graphs
             grep -E "^\|" "$logs/bench_gpu.log" | tee -a "$summary"
             ;;
-        tests)
-            step gpu_tests 240 "$gpu_tests" --durations yes
-            grep -E "^test cases|^assertions|All tests passed|FAILED" "$logs/gpu_tests.log" | tail -4 | tee -a "$summary"
+        memcheck)
             step memcheck 240 compute-sanitizer --tool memcheck "$gpu_tests" "gpu kernel:*" "~*cuDNN*"
             grep -E "ERROR SUMMARY" "$logs/memcheck.log" | tee -a "$summary"
             ;;
