@@ -17,6 +17,8 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/element.h"
 #include "simt/cuda_shim.h"
+// After the shim (TRAINER_SIMT_EMULATION): the layout and descriptor helpers of Hopper's wgmma.
+#include "kernels/cuda/wgmma.cuh"
 
 // The emulated build's declarations: kernels/cuda/ops.h read with the token `cuda` renamed.
 #define cuda simt_cuda
@@ -230,4 +232,34 @@ TEST_CASE("simt emulator: reports a divergent barrier a shared address out of ra
         });
     };
     CHECK_THROWS_WITH(unwaited(), Catch::Contains("cp.async copies it never waited for"));
+}
+
+TEST_CASE("simt emulator: wgmma reports a missing proxy fence a misaligned descriptor and an unwaited group") {
+    using namespace trainer::cuda::sm90;
+    // One warpgroup: S (64 x 64) = Q K^T over one k-step, Q and K loaded by cp.async at shared offset `at`.
+    std::vector<uint16_t> src(64 * 64, trainer::float_to_bf16(0.5f));
+    const auto run = [&](uint32_t at, bool fence, bool wait) {
+        simt::launch(1, 128, 64 * 64 * 2 * 2 + 1024, [&] {
+            uint8_t* sq = simt::dynamic_shared() + at;
+            uint8_t* sk = sq + 64 * 64 * 2;
+            for (int c = static_cast<int>(threadIdx.x); c < 64 * 8; c += 128) {
+                cp_async16(sq + tile_offset(64, c / 8, (c % 8) * 8), src.data() + c * 8, true);
+                cp_async16(sk + tile_offset(64, c / 8, (c % 8) * 8), src.data() + c * 8, true);
+            }
+            cp_async_commit();
+            cp_async_wait<0>();
+            if (fence) fence_proxy_async();
+            __syncthreads();
+            float s[8][4] = {};
+            wgmma_fence();
+            wgmma_ss<64>(s, k_major(smem_addr(sq), 64, 0), k_major(smem_addr(sk), 64, 0), false);
+            wgmma_commit();
+            if (wait) wgmma_wait<0>();
+            if (wait && s[0][0] != 16 * 0.25f) throw std::runtime_error(fmt::format("S[0][0] = {}", s[0][0]));
+        });
+    };
+    CHECK_NOTHROW(run(0, true, true));
+    CHECK_THROWS_WITH(run(0, false, true), Catch::Contains("with no fence.proxy.async since"));
+    CHECK_THROWS_WITH(run(512, true, true), Catch::Contains("must start on a 1024-byte boundary"));
+    CHECK_THROWS_WITH(run(0, true, false), Catch::Contains("wgmma.mma_async operations it never waited for"));
 }

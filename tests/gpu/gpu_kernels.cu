@@ -21,6 +21,7 @@
 #include "gpu_kernels.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
+#include "wgmma_tile.h"
 
 namespace {
 
@@ -788,6 +789,41 @@ void test_bias_gradient() {
                 trainer::cuda::bias_gradient(e.p, ds.p + 1, M, N, scratch.p, nullptr);
                 expect(d.host() == e.host(), "bias_gradient gives the same bits with and without vector loads");
             }
+        }
+    }
+}
+
+// Hopper's wgmma (wgmma_tile.h): S = Q K^T from shared memory and O = P V with P = S in bf16 from registers,
+// against sums in double of the same bf16 operands (O's from the kernel's own S rounded to bf16, so that a last-bit
+// difference of S cannot move a rounding). Compute capability 9.0 only (wgmma_tiles_supported).
+void test_wgmma_tiles() {
+    for (int head : {64, 128}) {
+        for (int keys : {64, 128}) {
+            const Where at("head={} keys={}", head, keys);
+            const auto [q16, q] = bf16_rounded(wave(static_cast<size_t>(64) * head, 1.0f, 0.3f));
+            const auto [k16, k] = bf16_rounded(wave(static_cast<size_t>(keys) * head, 1.0f, 1.7f));
+            const auto [v16, v] = bf16_rounded(wave(static_cast<size_t>(keys) * head, 1.0f, 2.9f));
+            std::vector<float> s(static_cast<size_t>(64) * keys), o(static_cast<size_t>(64) * head);
+            trainer::cuda::wgmma_tile_products(head, keys, q16.data(), k16.data(), v16.data(), s.data(), o.data());
+            std::vector<float> want_s(s.size()), want_o(o.size());
+            for (int r = 0; r < 64; ++r) {
+                for (int j = 0; j < keys; ++j) {
+                    double acc = 0.0;
+                    for (int c = 0; c < head; ++c) acc += double{q[r * head + c]} * k[j * head + c];
+                    want_s[r * keys + j] = static_cast<float>(acc);
+                }
+            }
+            const auto p = bf16_rounded(s).second;
+            for (int r = 0; r < 64; ++r) {
+                for (int c = 0; c < head; ++c) {
+                    double acc = 0.0;
+                    for (int j = 0; j < keys; ++j) acc += double{p[r * keys + j]} * v[j * head + c];
+                    want_o[r * head + c] = static_cast<float>(acc);
+                }
+            }
+            // fp32 sums of up to 128 products of magnitude at most 1 (S) and 128 (O): 1e-4 absolute, 1e-5 relative.
+            expect_close(want_s, s, "wgmma S = Q K^T (K-major descriptors) matches the CPU", 1e-4, 1e-5);
+            expect_close(want_o, o, "wgmma O = P V (P from registers, V N-major) matches the CPU", 1e-3, 1e-5);
         }
     }
 }

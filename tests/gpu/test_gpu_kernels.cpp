@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "gpu_kernels.h"
+#include "wgmma_tile.h"
 
 namespace {
 
@@ -56,6 +57,13 @@ TEST_CASE("gpu kernel: our flash attention forward and backward match the CPU at
 }
 TEST_CASE("gpu kernel: our flash attention on 1024 blocks matches the native kernels and repeats bitwise") {
     check(test_attention_flash_large);
+}
+TEST_CASE("gpu kernel: Hopper's wgmma on a flash forward tile matches the CPU (compute capability 9.0 only)") {
+    if (!trainer::cuda::wgmma_tiles_supported()) {
+        WARN("skipped: wgmma is sm_90a code, and this device is not compute capability 9.0");
+        return;
+    }
+    check(test_wgmma_tiles);
 }
 TEST_CASE("gpu kernel: the bias gradient (fp32 and bf16 dout) matches the CPU and repeats bitwise") {
     check(test_bias_gradient);

@@ -116,3 +116,20 @@ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) { ::simt::ldmatri
 inline void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     ::simt::mma_m16n8k16_bf16(d, a, b0, b1);
 }
+inline uint32_t smem_addr(const void* p) { return ::simt::shared_address(p); }
+// kernels/cuda/wgmma.cuh's (sm_90a).
+inline void fence_proxy_async() { ::simt::fence_proxy_async(); }
+inline void wgmma_fence() { ::simt::wgmma_fence(); }
+inline void wgmma_commit() { ::simt::wgmma_commit(); }
+template <int N>
+inline void wgmma_wait() {
+    ::simt::wgmma_wait(N);
+}
+template <int N>
+inline void wgmma_ss(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+    ::simt::wgmma_m64k16(&d[0][0], N, desc_a, nullptr, desc_b, false, accumulate);
+}
+template <int N>
+inline void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+    ::simt::wgmma_m64k16(&d[0][0], N, 0, a, desc_b, true, accumulate);
+}

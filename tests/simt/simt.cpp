@@ -36,10 +36,10 @@ namespace simt {
 namespace {
 
 constexpr size_t kStackBytes = size_t{256} << 10;  // a thread's stack (ASan's redzones need room)
-constexpr size_t kSlotBytes = 24;                  // the most a lane gives a warp collective (mma: 6 words)
+constexpr size_t kSlotBytes = 40;                  // the most a lane gives a warp collective (wgmma: 10 words)
 
 enum class State { kRunnable, kBarrier, kWarp, kDone };
-enum class Op : uint8_t { kShfl, kLdmatrix, kLdmatrixTrans, kMma };
+enum class Op : uint8_t { kShfl, kLdmatrix, kLdmatrixTrans, kMma, kWgmma };
 const char* op_name(Op op) {
     switch (op) {
         case Op::kShfl:
@@ -50,6 +50,8 @@ const char* op_name(Op op) {
             return "ldmatrix.x4.trans";
         case Op::kMma:
             return "mma.sync.m16n8k16";
+        case Op::kWgmma:
+            return "wgmma.mma_async.m64nNk16";
     }
     return "?";
 }
@@ -58,6 +60,22 @@ struct Copy {
     uint8_t* dst;
     const uint8_t* src;
     bool valid;
+};
+
+// A lane's operands of a wgmma.mma_async (the same on every lane but `a`).
+struct WgmmaIn {
+    uint64_t desc_a, desc_b;
+    uint32_t a[4];  // A from registers: this lane's fragment
+    int32_t n;
+    uint32_t flags;  // kRegA | kTransB | kAccumulate
+};
+constexpr uint32_t kRegA = 1, kTransB = 2, kAccumulate = 4;
+// An issued wgmma of one lane, carried out when its group is retired: the warp's A fragments (from registers), and
+// this lane's accumulators.
+struct PendingWgmma {
+    float* d;
+    WgmmaIn in;
+    uint32_t a_warp[32][4];
 };
 
 // A stack with a guard page below it: an overflow faults instead of writing over the neighbour's.
@@ -88,6 +106,8 @@ struct Fiber {
     unsigned collectives = 0;              // warp collectives entered: the parity of the slots it uses
     std::vector<Copy> open;                // cp.async copies issued since the last commit
     std::deque<std::vector<Copy>> groups;  // committed groups not yet retired, oldest first
+    std::vector<PendingWgmma> wgmma_open;  // wgmma issued since the last wgmma.commit_group
+    std::deque<std::vector<PendingWgmma>> wgmma_groups;
     void* asan_fake_stack = nullptr;
 };
 
@@ -110,6 +130,8 @@ struct Emulator {
     Fiber* current = nullptr;
     Dim3 block_idx, block_dim, grid_dim;
     std::vector<uint8_t> smem;
+    std::vector<int32_t>
+        unfenced;  // per 16 bytes of smem: the thread whose landed cp.async no proxy fence covers, or -1
     const std::function<void()>* body = nullptr;
     std::string error;  // the block's first fault
     std::mt19937_64 rng{1};
@@ -181,6 +203,9 @@ void fiber_main() {
         (*e.body)();
         const Fiber& f = self();
         if (!f.open.empty() || !f.groups.empty()) fault("the thread ended with cp.async copies it never waited for");
+        if (!f.wgmma_open.empty() || !f.wgmma_groups.empty()) {
+            fault("the thread ended with wgmma.mma_async operations it never waited for");
+        }
     } catch (const Fault&) {
     } catch (const std::exception& ex) {
         if (e.error.empty()) e.error = fmt::format("block {} thread {}: {}", block_name(), self().tid.x, ex.what());
@@ -232,6 +257,7 @@ void run_block(Dim3 b, unsigned n) {
     e.block_idx = b;
     e.error.clear();
     std::fill(e.smem.begin(), e.smem.end(), uint8_t{0xFF});  // bf16 NaNs
+    std::fill(e.unfenced.begin(), e.unfenced.end(), -1);
     for (unsigned t = 0; t < n; ++t) {
         Fiber& f = e.fibers[t];
         f.tid = Dim3(t, 0, 0);
@@ -239,6 +265,8 @@ void run_block(Dim3 b, unsigned n) {
         f.collectives = 0;
         f.open.clear();
         f.groups.clear();
+        f.wgmma_open.clear();
+        f.wgmma_groups.clear();
         f.asan_fake_stack = nullptr;
 #ifdef SIMT_ASAN
         // A fiber of the block before that faulted never unwound: its frames' redzones are still poisoned.
@@ -342,6 +370,7 @@ void launch(Dim3 grid, Dim3 block, size_t smem, const std::function<void()>& bod
     while (e.fibers.size() < block.x) e.fibers.emplace_back();
     e.warps.resize(block.x / 32);
     e.smem.assign(smem, 0);
+    e.unfenced.assign((smem + 15) / 16, -1);
     e.block_dim = Dim3(block.x);
     e.grid_dim = grid;
     e.body = &body;
@@ -437,8 +466,146 @@ void cp_async_wait(int n) {
             } else {
                 std::memset(c.dst, 0, 16);
             }
+            emu().unfenced[static_cast<size_t>(c.dst - emu().smem.data()) / 16] = static_cast<int32_t>(f.tid.x);
         }
         f.groups.pop_front();
+    }
+}
+
+uint32_t shared_address(const void* p) {
+    Emulator& e = emu();
+    const auto base = reinterpret_cast<uintptr_t>(e.smem.data()), at = reinterpret_cast<uintptr_t>(p);
+    if (at < base || at > base + e.smem.size()) {
+        fault(fmt::format("cvta.to.shared of an address outside the block's {} bytes of shared memory", e.smem.size()));
+    }
+    return static_cast<uint32_t>(at - base);
+}
+
+void fence_proxy_async() {
+    Emulator& e = emu();
+    const auto me = static_cast<int32_t>(self().tid.x);
+    for (int32_t& owner : e.unfenced) {
+        if (owner == me) owner = -1;
+    }
+}
+
+void wgmma_fence() { (void)self(); }
+
+void wgmma_commit() {
+    Fiber& f = self();
+    f.wgmma_groups.push_back(std::move(f.wgmma_open));
+    f.wgmma_open.clear();
+}
+
+namespace {
+
+// A wgmma descriptor's fields (PTX ISA, "Matrix Descriptor Format"), 128-byte swizzle only.
+struct Descriptor {
+    uint32_t start, lbo, sbo;
+};
+Descriptor decode(uint64_t d, const char* which) {
+    const Descriptor r{static_cast<uint32_t>(d & 0x3FFF) << 4, static_cast<uint32_t>((d >> 16) & 0x3FFF) << 4,
+                       static_cast<uint32_t>((d >> 32) & 0x3FFF) << 4};
+    const auto swizzle = static_cast<unsigned>(d >> 62), base_offset = static_cast<unsigned>((d >> 49) & 7);
+    if (swizzle != 1)
+        fault(fmt::format("wgmma {} descriptor with swizzle mode {}: only the 128-byte swizzle (1) is emulated", which,
+                          swizzle));
+    if (base_offset != 0)
+        fault(fmt::format("wgmma {} descriptor with base offset {}: only 0 is emulated", which, base_offset));
+    if ((r.start >> 7) & 7) {
+        fault(
+            fmt::format("wgmma {} descriptor starts at shared address {}: its 128-byte swizzle pattern must start on "
+                        "a 1024-byte boundary (base offset 0)",
+                        which, r.start));
+    }
+    return r;
+}
+// The shared-memory byte that holds element (mn, k) (k < 16) of an operand, as the 128-byte swizzle places it:
+// K-major ((8,m),(8,2)) : ((128 B, SBO), (2 B, 16 B)); MN-major ((8,8,m),(8,2)) : ((2 B, 16 B, LBO), (128 B, SBO));
+// then the 16-byte chunk XORed with the 128-byte row within 1024 bytes.
+uint32_t operand_byte(const Descriptor& d, bool mn_major, unsigned mn, unsigned k) {
+    const uint32_t a = mn_major ? d.start + (mn / 64) * d.lbo + (mn % 64) * 2 + (k / 8) * d.sbo + (k % 8) * 128
+                                : d.start + (mn / 8) * d.sbo + (mn % 8) * 128 + k * 2;
+    return a ^ (((a >> 7) & 7) << 4);
+}
+float operand_at(uint32_t byte, const char* which) {
+    Emulator& e = emu();
+    if (byte + 2 > e.smem.size()) {
+        fault(
+            fmt::format("wgmma reads {} at shared address {}, past the block's {} bytes", which, byte, e.smem.size()));
+    }
+    uint16_t v;
+    std::memcpy(&v, e.smem.data() + byte, sizeof v);
+    return trainer::bf16_to_float(v);
+}
+
+// This lane's share of one wgmma: rows 16 w + g and + 8 of the 64 (w the warp within its warpgroup), columns
+// 8 j + 2 t and + 1 of every 8; fp32 fused multiply-adds in k order.
+void run_wgmma(const PendingWgmma& p) {
+    const Fiber& f = self();
+    const unsigned lane = f.tid.x % 32, w = (f.tid.x / 32) % 4, g = lane / 4, t = lane % 4;
+    const WgmmaIn& in = p.in;
+    const bool reg_a = in.flags & kRegA, trans_b = in.flags & kTransB;
+    const Descriptor da = reg_a ? Descriptor{} : decode(in.desc_a, "A"), db = decode(in.desc_b, "B");
+    for (int i = 0; i < in.n / 2; ++i) {
+        const unsigned r = g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * t + i % 2;
+        float acc = (in.flags & kAccumulate) ? p.d[i] : 0.0f;
+        for (unsigned k = 0; k < 16; ++k) {
+            const float a =
+                reg_a ? trainer::bf16_to_float(half_of(p.a_warp[4 * (r % 8) + (k % 8) / 2][r / 8 + 2 * (k / 8)], k % 2))
+                      : operand_at(operand_byte(da, false, 16 * w + r, k), "A");
+            acc = std::fma(a, operand_at(operand_byte(db, trans_b, col, k), "B"), acc);
+        }
+        p.d[i] = acc;
+    }
+}
+
+}  // namespace
+
+void wgmma_m64k16(float* d, int n, uint64_t desc_a, const uint32_t* a, uint64_t desc_b, bool trans_b, bool accumulate) {
+    if (n < 8 || n > 256 || n % 8 != 0) fault(fmt::format("wgmma with n = {} (a multiple of 8 up to 256)", n));
+    WgmmaIn mine{desc_a, desc_b, {}, n, (a ? kRegA : 0u) | (trans_b ? kTransB : 0u) | (accumulate ? kAccumulate : 0u)};
+    if (a) std::copy(a, a + 4, mine.a);
+    const auto& slots = exchange(Op::kWgmma, mine);
+    PendingWgmma p{d, mine, {}};
+    for (unsigned l = 0; l < 32; ++l) {
+        const WgmmaIn other = input_of<WgmmaIn>(slots, l);
+        if (other.n != n || other.flags != mine.flags || other.desc_b != desc_b || (!a && other.desc_a != desc_a)) {
+            fault(fmt::format("wgmma operands differ between lanes 0..31 of the warp (lane {})", l));
+        }
+        std::copy(other.a, other.a + 4, p.a_warp[l]);
+    }
+    // What this lane's share reads must be visible to the async proxy when the wgmma is issued.
+    Emulator& e = emu();
+    const unsigned lane = self().tid.x % 32, w = (self().tid.x / 32) % 4, g = lane / 4, t = lane % 4;
+    auto check = [&](uint32_t byte, const char* which) {
+        operand_at(byte, which);
+        if (e.unfenced[byte / 16] >= 0) {
+            fault(
+                fmt::format("wgmma reads {} at shared address {}, written by thread {}'s cp.async with no "
+                            "fence.proxy.async since",
+                            which, byte, e.unfenced[byte / 16]));
+        }
+    };
+    const Descriptor da = a ? Descriptor{} : decode(desc_a, "A"), db = decode(desc_b, "B");
+    for (unsigned k = 0; k < 16; ++k) {
+        if (!a) {
+            check(operand_byte(da, false, 16 * w + g, k), "A");
+            check(operand_byte(da, false, 16 * w + g + 8, k), "A");
+        }
+        for (int j = 0; j < n / 8; ++j) {
+            for (unsigned c = 0; c < 2; ++c) check(operand_byte(db, trans_b, 8 * j + 2 * t + c, k), "B");
+        }
+    }
+    self().wgmma_open.push_back(p);
+}
+
+void wgmma_wait(int n) {
+    Fiber& f = self();
+    if (n < 0) fault("wgmma.wait_group with a negative count");
+    while (f.wgmma_groups.size() > static_cast<size_t>(n)) {
+        for (const PendingWgmma& p : f.wgmma_groups.front()) run_wgmma(p);
+        f.wgmma_groups.pop_front();
     }
 }
 

@@ -1,6 +1,6 @@
 // A CPU emulator of the CUDA execution model, so that the CPU suite runs our CUDA kernels (tests/gpu's checks and
-// our flash attention: ldmatrix, mma.sync, cp.async, shuffles, __syncthreads; cuda_shim.h maps the CUDA names
-// onto it). Each thread of a block is a fiber on
+// our flash attention: ldmatrix, mma.sync, cp.async, shuffles, __syncthreads; Hopper's wgmma.mma_async with its
+// shared-memory descriptors; cuda_shim.h maps the CUDA names onto it). Each thread of a block is a fiber on
 // the calling OS thread; a fiber runs until it reaches a point where threads wait for one another (a barrier, or
 // a warp-collective instruction, which waits for the warp's 32 lanes and then gives each lane its share). The
 // order in which threads resume is drawn from a seed, and so is each warp's speed between two barriers (a slow
@@ -16,7 +16,16 @@
 //     the barrier that publishes other threads' copies, or a refill of a buffer that another warp still reads,
 //     shows up in the results; a thread that ends with a copy outstanding is an error;
 //   - warp collectives: all 32 lanes must arrive at the same kind of instruction; a block whose threads wait
-//     on one another in a way that cannot resolve (a barrier some lanes skip) is reported as a deadlock.
+//     on one another in a way that cannot resolve (a barrier some lanes skip) is reported as a deadlock;
+//   - wgmma (sm_90a): the operands are read through the descriptors as PTX defines them (128-byte swizzle only),
+//     at the latest moment the PTX allows (the wgmma.wait_group that retires the group), so a buffer refilled
+//     before that wait shows up in the results; every address must lie inside the block's shared memory, the
+//     descriptors must be the same on the warp's 32 lanes and their swizzle pattern 1024-byte aligned (base
+//     offset 0); shared memory a cp.async wrote must have been made visible to the async proxy
+//     (fence.proxy.async, by the thread whose copy it was) before a wgmma that reads it is issued; a thread that
+//     ends with a wgmma outstanding is an error. Not checked: that the warpgroup's four warps issue the same
+//     wgmma (each warp computes its 16 rows of the 64 on its own), wgmma.fence around register accesses, and
+//     plain stores to shared memory (only cp.async's writes are tracked for the proxy fence).
 // Reports are exceptions thrown by launch() naming the block, thread and instruction.
 //
 // Under AddressSanitizer the fiber switches are annotated (__sanitizer_start_switch_fiber); ASan still prints its
@@ -62,5 +71,20 @@ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint3
 void cp_async16(void* dst, const void* src, bool valid);
 void cp_async_commit();
 void cp_async_wait(int n);
+
+// The shared-memory address of p inside the block's dynamic shared memory (cvta.to.shared; the emulated window
+// starts at 0, so offsets that are multiples of 1024 are 1024-byte aligned).
+uint32_t shared_address(const void* p);
+// fence.proxy.async.shared::cta: this thread's landed cp.async copies become visible to wgmma.
+void fence_proxy_async();
+// wgmma.fence.sync.aligned, wgmma.commit_group.sync.aligned, wgmma.wait_group.sync.aligned n.
+void wgmma_fence();
+void wgmma_commit();
+void wgmma_wait(int n);
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16, both descriptors with the 128-byte swizzle: the warpgroup's
+// D (64 x n) = (accumulate ? D : 0) + A (64 x 16) B (16 x n), this lane's n / 2 accumulators at d. A is K-major in
+// shared memory (desc_a) or, where a is given, the warp's registers (a[0..3] per lane, mma.sync's A fragment of
+// the warp's 16 rows); B is K-major or, with trans_b, N-major.
+void wgmma_m64k16(float* d, int n, uint64_t desc_a, const uint32_t* a, uint64_t desc_b, bool trans_b, bool accumulate);
 
 }  // namespace simt
