@@ -59,13 +59,19 @@ struct FlashRun {
     std::vector<uint16_t> out, dqkv;
     std::vector<float> lse;
 };
-FlashRun run_flash(const std::vector<uint16_t>& qkv, const std::vector<uint16_t>& dout, int B, int T, int NH, int HS) {
+// The forward on wgmma (attention_flash_sm90a.cu) or on mma.sync (attention_flash.cu), then the backward.
+FlashRun run_flash(const std::vector<uint16_t>& qkv, const std::vector<uint16_t>& dout, int B, int T, int NH, int HS,
+                   bool wgmma) {
     FlashRun r;
     r.out.assign(dout.size(), 0);
     r.lse.assign(static_cast<size_t>(B) * NH * T, 0.0f);
     r.dqkv.assign(qkv.size(), 0);
     std::vector<uint8_t> scratch(trainer::simt_cuda::flash_attention_backward_scratch_bytes(B, T, NH, HS));
-    trainer::simt_cuda::flash_attention_forward(r.out.data(), r.lse.data(), qkv.data(), B, T, NH, HS, nullptr);
+    if (wgmma) {
+        trainer::simt_cuda::flash_attention_forward_sm90(r.out.data(), r.lse.data(), qkv.data(), B, T, NH, HS, nullptr);
+    } else {
+        trainer::simt_cuda::flash_attention_forward_sm80(r.out.data(), r.lse.data(), qkv.data(), B, T, NH, HS, nullptr);
+    }
     trainer::simt_cuda::flash_attention_backward(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), B,
                                                  T, NH, HS, scratch.data(), nullptr);
     return r;
@@ -74,27 +80,30 @@ FlashRun run_flash(const std::vector<uint16_t>& qkv, const std::vector<uint16_t>
 }  // namespace
 
 // The shapes of tests/gpu's flash case that fit a CPU run: T spans partial and whole tiles of 32, 64 and 128
-// queries and keys (1 to 3 forward blocks, 1 to 5 key tiles), two heads and two sequences, heads of 64 and 128.
+// queries and keys (1 to 3 forward blocks, 1 to 5 key tiles), two heads and two sequences, heads of 64 and 128;
+// both forwards (wgmma, the one an H100 runs, and mma.sync).
 TEST_CASE("flash attention kernels emulated on the CPU match the CPU attention forward and backward") {
     simt::set_schedule_seed(1);
     const int NH = 2;
     for (const auto& [B, T] : std::vector<std::pair<int, int>>{{1, 2}, {2, 37}, {1, 64}, {1, 130}, {1, 300}}) {
         for (int HS : {64, 128}) {
-            INFO(fmt::format("B={} T={} NH={} HS={}", B, T, NH, HS));
-            const int C = NH * HS;
-            const auto [qkv16, qkv] = bf16_rounded(wave(static_cast<size_t>(B) * T * 3 * C, 1.0f, 0.2f));
-            const auto [dout16, dout] = bf16_rounded(wave(static_cast<size_t>(B) * T * C, 1.0f, 0.8f));
-            std::vector<float> out(dout.size()), lse(static_cast<size_t>(B) * NH * T), dqkv(qkv.size());
-            trainer::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, HS);
-            const FlashRun got = run_flash(qkv16, dout16, B, T, NH, HS);
-            const auto got_out = widened(got.out);
-            // STYLE.md's bf16 tolerance for bf16 outputs (P is rounded to bf16 before P V); lse is fp32.
-            CHECK(mismatch(out, got_out, 1e-2, 1.6e-2) == "");
-            CHECK(mismatch(lse, got.lse, 1e-4, 1e-4) == "");
-            // The backward from the kernel's own bf16 output, as the backend passes it.
-            trainer::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), got_out.data(), lse.data(), B, T, NH,
-                                             HS);
-            CHECK(mismatch(dqkv, widened(got.dqkv), 1e-2, 1.6e-2) == "");
+            for (bool wgmma : {true, false}) {
+                INFO(fmt::format("B={} T={} NH={} HS={} forward on {}", B, T, NH, HS, wgmma ? "wgmma" : "mma.sync"));
+                const int C = NH * HS;
+                const auto [qkv16, qkv] = bf16_rounded(wave(static_cast<size_t>(B) * T * 3 * C, 1.0f, 0.2f));
+                const auto [dout16, dout] = bf16_rounded(wave(static_cast<size_t>(B) * T * C, 1.0f, 0.8f));
+                std::vector<float> out(dout.size()), lse(static_cast<size_t>(B) * NH * T), dqkv(qkv.size());
+                trainer::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, HS);
+                const FlashRun got = run_flash(qkv16, dout16, B, T, NH, HS, wgmma);
+                const auto got_out = widened(got.out);
+                // STYLE.md's bf16 tolerance for bf16 outputs (P is rounded to bf16 before P V); lse is fp32.
+                CHECK(mismatch(out, got_out, 1e-2, 1.6e-2) == "");
+                CHECK(mismatch(lse, got.lse, 1e-4, 1e-4) == "");
+                // The backward from the kernel's own bf16 output, as the backend passes it.
+                trainer::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), got_out.data(), lse.data(), B, T,
+                                                 NH, HS);
+                CHECK(mismatch(dqkv, widened(got.dqkv), 1e-2, 1.6e-2) == "");
+            }
         }
     }
 }
@@ -106,13 +115,15 @@ TEST_CASE("flash attention kernels emulated under other thread schedules give th
     for (int HS : {64, 128}) {
         const auto qkv16 = bf16_rounded(wave(static_cast<size_t>(B) * T * 3 * NH * HS, 1.0f, 0.4f)).first;
         const auto dout16 = bf16_rounded(wave(static_cast<size_t>(B) * T * NH * HS, 1.0f, 1.3f)).first;
-        simt::set_schedule_seed(11);
-        const FlashRun a = run_flash(qkv16, dout16, B, T, NH, HS);
-        simt::set_schedule_seed(12);
-        const FlashRun b = run_flash(qkv16, dout16, B, T, NH, HS);
-        CHECK(a.out == b.out);
-        CHECK(a.lse == b.lse);
-        CHECK(a.dqkv == b.dqkv);
+        for (bool wgmma : {true, false}) {
+            simt::set_schedule_seed(11);
+            const FlashRun a = run_flash(qkv16, dout16, B, T, NH, HS, wgmma);
+            simt::set_schedule_seed(12);
+            const FlashRun b = run_flash(qkv16, dout16, B, T, NH, HS, wgmma);
+            CHECK(a.out == b.out);
+            CHECK(a.lse == b.lse);
+            CHECK(a.dqkv == b.dqkv);
+        }
     }
     simt::set_schedule_seed(1);
 }

@@ -45,10 +45,13 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ptx.cuh"
 #endif
+#include "kernels/cuda/flash_tile.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace trainer::cuda {
 namespace {
+
+using namespace flash;
 
 using bf16 = __nv_bfloat16;
 
@@ -62,20 +65,6 @@ constexpr int kDqRows = 16 * kDqTiles * kWarps;    // queries per dQ block (32 p
 constexpr int kDqKeys = 32;                        // keys per key/value tile of a dQ block
 constexpr int kBwdKeys = 64;                       // keys per backward block (16 per warp)
 constexpr int kBwdRows = 32;                       // queries per backward tile
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// The A fragment (16 x 16, k-step kk) of a 16-row product from the accumulators of its two 8-column
-// n-tiles (c0,c1 row g; c2,c3 row g + 8): FlashAttention-2's reuse of S / P / dS as an A operand.
-__device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
-    a[0] = pack_bf16(lo[0], lo[1]), a[1] = pack_bf16(lo[2], lo[3]);
-    a[2] = pack_bf16(hi[0], hi[1]), a[3] = pack_bf16(hi[2], hi[3]);
-}
 
 // A tile of `rows` x D bf16 in shared memory, rows of D/8 chunks of 16 bytes, chunk c of row r stored at
 // chunk c ^ (r % 8): the 8 rows an ldmatrix reads at one logical chunk land in 8 distinct bank groups.
@@ -222,7 +211,7 @@ __global__ void __launch_bounds__(kThreads)
     load_tile<D, kKeys>(sv, vbase, stride, 0, T);
     cp_async_commit();
 
-    // Per m-tile mt: rows g and g + 8 of its 16 (r = 0, 1).
+    // Per m-tile mt: rows g and g + 8 of its 16 (flash_tile.cuh).
     float o[MT][D / 8][4] = {};
     float m[MT][2], l[MT][2];
 #pragma unroll
@@ -239,70 +228,12 @@ __global__ void __launch_bounds__(kThreads)
         product<D, kKeys, MT>(s, sq, warp * 16 * MT, k_tile, lo);
         // Scale (base 2), the causal mask where a key may lie past one of the warp's queries, and the online
         // softmax.
-        const bool diagonal = k0 + kKeys - 1 > w0;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            const int row_lo = w0 + mt * 16 + g;
-            float mx[2] = {m[mt][0], m[mt][1]};
-#pragma unroll
-            for (int nt = 0; nt < kKeys / 8; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = k0 + nt * 8 + 2 * t + (e & 1), row = row_lo + (e >> 1) * 8;
-                    float x = s[mt][nt][e] * scale_log2;
-                    if (diagonal && key > row) x = -INFINITY;
-                    s[mt][nt][e] = x;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            }
-            float alpha[2], rs[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int r = 0; r < 2; ++r) alpha[r] = exp2f(m[mt][r] - mx[r]), m[mt][r] = mx[r];
-#pragma unroll
-            for (int nt = 0; nt < kKeys / 8; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    s[mt][nt][e] = exp2f(s[mt][nt][e] - m[mt][e >> 1]);
-                    rs[e >> 1] += s[mt][nt][e];
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < 2; ++r) l[mt][r] = l[mt][r] * alpha[r] + rs[r];  // quad-partial, reduced at the end
-#pragma unroll
-            for (int nt = 0; nt < D / 8; ++nt) {
-                o[mt][nt][0] *= alpha[0], o[mt][nt][1] *= alpha[0];
-                o[mt][nt][2] *= alpha[1], o[mt][nt][3] *= alpha[1];
-            }
-        }
+        online_softmax<MT, kKeys, D>(s, m, l, o, k0, w0, k0 + kKeys - 1 > w0, scale_log2, g, t);
         // O += P V.
         accumulate_times_tile<D, kKeys, MT>(o, s, v_tile, lo.bt);
     });
     // Normalise, write bf16 out and the natural-log lse of the scaled scores.
-    const size_t out_stride = static_cast<size_t>(NH) * D;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float sum = l[mt][r];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const int row = w0 + mt * 16 + g + r * 8;
-            if (row >= T) continue;
-            const float inv = 1.0f / sum;
-            bf16* dst = out + (static_cast<size_t>(b) * T + row) * out_stride + static_cast<size_t>(h) * D;
-#pragma unroll
-            for (int nt = 0; nt < D / 8; ++nt) {
-                *reinterpret_cast<uint32_t*>(dst + nt * 8 + 2 * t) =
-                    pack_bf16(o[mt][nt][2 * r] * inv, o[mt][nt][2 * r + 1] * inv);
-            }
-            if (t == 0) lse[(static_cast<size_t>(b) * NH + h) * T + row] = (m[mt][r] + log2f(sum)) * kLn2;
-        }
-    }
+    write_rows<MT, D>(out, lse, o, m, l, b, h, T, NH, w0, g, t);
 }
 
 // ---- backward ----
@@ -549,9 +480,6 @@ size_t backward_dq_smem() {
     return static_cast<size_t>(2 * kDqRows + 4 * kDqKeys) * D * sizeof(bf16) + 2 * kDqRows * sizeof(float);
 }
 
-// log2(e) / sqrt(D): exp(x / sqrt(D)) = exp2(x * this), the same constant in the forward and the backward.
-float scale_log2e(int D) { return kLog2e / std::sqrt(static_cast<float>(D)); }
-
 template <int D>
 void forward_launch(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, cudaStream_t stream) {
     const size_t smem = forward_smem<D>();
@@ -596,12 +524,18 @@ size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int HS) {
     return static_cast<size_t>(B) * NH * T * sizeof(float);  // D = rowsum(dO * O) per (batch, head, query)
 }
 
-void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int HS,
-                             cudaStream_t stream) {
+void flash_attention_forward_sm80(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int HS,
+                                  cudaStream_t stream) {
     TRAINER_CHECK(flash_attention_supported(HS), "flash attention with heads of {}", HS);
     if (B == 0 || T == 0) return;
     if (HS == 64) return forward_launch<64>(out, lse, qkv, B, T, NH, stream);
     forward_launch<128>(out, lse, qkv, B, T, NH, stream);
+}
+
+void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int HS,
+                             cudaStream_t stream) {
+    if (flash_attention_sm90_available()) return flash_attention_forward_sm90(out, lse, qkv, B, T, NH, HS, stream);
+    flash_attention_forward_sm80(out, lse, qkv, B, T, NH, HS, stream);
 }
 
 void flash_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,

@@ -795,7 +795,7 @@ void test_bias_gradient() {
 
 // Hopper's wgmma (wgmma_tile.h): S = Q K^T from shared memory and O = P V with P = S in bf16 from registers,
 // against sums in double of the same bf16 operands (O's from the kernel's own S rounded to bf16, so that a last-bit
-// difference of S cannot move a rounding). Compute capability 9.0 only (wgmma_tiles_supported).
+// difference of S cannot move a rounding). Compute capability 9.0 only (flash_attention_sm90_available).
 void test_wgmma_tiles() {
     for (int head : {64, 128}) {
         for (int keys : {64, 128}) {
@@ -885,6 +885,14 @@ void test_attention_flash() {
                 const auto got_out = bf16_widened(got_out16);
                 expect_close(out, got_out, "flash attention forward out matches the CPU", 1e-2, 1.6e-2);
                 expect_close(lse, dlse.host(), "flash attention forward lse matches the CPU", 1e-4, 1e-4);
+                // The mma.sync forward on its own (flash_attention_forward runs the wgmma one on compute
+                // capability 9.0).
+                Dev<uint16_t> out80(out.size());
+                Dev<float> lse80(lse.size());
+                trainer::cuda::flash_attention_forward_sm80(out80.p, lse80.p, dq.p, B, T, NH, HS, nullptr);
+                expect_close(out, bf16_widened(out80.host()), "the mma.sync flash forward out matches the CPU", 1e-2,
+                             1.6e-2);
+                expect_close(lse, lse80.host(), "the mma.sync flash forward lse matches the CPU", 1e-4, 1e-4);
                 trainer::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), got_out.data(), lse.data(), B, T,
                                                  NH, HS);
                 trainer::cuda::flash_attention_backward(ddq.p, dg.p, dq.p, dout_d.p, dlse.p, B, T, NH, HS, scratch.p,
@@ -925,6 +933,12 @@ void test_attention_flash_large() {
         trainer::cuda::attention_forward(nout.p, nlse_d.p, nq.p, B, T, NH, HS, nullptr);
         expect_close(nout.host(), got_out, "flash attention forward out matches the native kernels", 1e-2, 1.6e-2);
         expect_close(nlse_d.host(), flse.host(), "flash attention lse matches the native kernels", 1e-4, 1e-4);
+        Dev<uint16_t> out80(NC);
+        Dev<float> lse80(nlse);
+        trainer::cuda::flash_attention_forward_sm80(out80.p, lse80.p, dq.p, B, T, NH, HS, nullptr);
+        expect_close(nout.host(), bf16_widened(out80.host()), "the mma.sync flash forward matches the native kernels",
+                     1e-2, 1.6e-2);
+        expect_close(nlse_d.host(), lse80.host(), "the mma.sync flash lse matches the native kernels", 1e-4, 1e-4);
         trainer::cuda::attention_backward(ndq.p, ng.p, nq.p, fout32.p, flse.p, B, T, NH, HS, nscratch.p, nullptr);
         trainer::cuda::flash_attention_backward(fdq.p, dg.p, dq.p, fout.p, flse.p, B, T, NH, HS, fscratch.p, nullptr);
         const auto got_dq = fdq.host();

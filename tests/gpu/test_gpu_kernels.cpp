@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "gpu_kernels.h"
-#include "wgmma_tile.h"
+#include "kernels/cuda/ops.h"
 
 namespace {
 
@@ -59,7 +59,7 @@ TEST_CASE("gpu kernel: our flash attention on 1024 blocks matches the native ker
     check(test_attention_flash_large);
 }
 TEST_CASE("gpu kernel: Hopper's wgmma on a flash forward tile matches the CPU (compute capability 9.0 only)") {
-    if (!trainer::cuda::wgmma_tiles_supported()) {
+    if (!trainer::cuda::flash_attention_sm90_available()) {
         WARN("skipped: wgmma is sm_90a code, and this device is not compute capability 9.0");
         return;
     }

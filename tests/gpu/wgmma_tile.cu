@@ -123,18 +123,6 @@ void run(const uint16_t* q, const uint16_t* k, const uint16_t* v, float* s, floa
 
 }  // namespace
 
-bool wgmma_tiles_supported() {
-#ifdef TRAINER_SIMT_EMULATION
-    return true;
-#else
-    int device = 0, major = 0, minor = 0;
-    TRAINER_CUDA_CHECK(cudaGetDevice(&device));
-    TRAINER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    TRAINER_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    return major == 9 && minor == 0;
-#endif
-}
-
 void wgmma_tile_products(int head, int keys, const uint16_t* q, const uint16_t* k, const uint16_t* v, float* s,
                          float* o) {
     TRAINER_CHECK((head == 64 || head == 128) && (keys == 64 || keys == 128),

@@ -7,9 +7,6 @@
 
 namespace trainer::cuda {
 
-// Whether the current device runs sm_90a code (compute capability 9.0: H100, H200); always on the emulator.
-bool wgmma_tiles_supported();
-
 // One warpgroup's two products of a flash forward tile, through wgmma: S (64 x keys, fp32) = Q K^T with Q (64 x
 // head) and K (keys x head) K-major in shared memory, then O (64 x head, fp32) = P V with P = S rounded to bf16
 // from registers and V (keys x head) N-major in shared memory. q, k, v: row-major bf16 words in host memory;
