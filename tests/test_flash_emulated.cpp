@@ -59,7 +59,7 @@ struct FlashRun {
     std::vector<uint16_t> out, dqkv;
     std::vector<float> lse;
 };
-// The forward on wgmma (attention_flash_sm90a.cu) or on mma.sync (attention_flash.cu), then the backward.
+// Forward and backward on wgmma (attention_flash_sm90a.cu) or on mma.sync (attention_flash.cu).
 FlashRun run_flash(const std::vector<uint16_t>& qkv, const std::vector<uint16_t>& dout, int B, int T, int NH, int HS,
                    bool wgmma) {
     FlashRun r;
@@ -72,8 +72,13 @@ FlashRun run_flash(const std::vector<uint16_t>& qkv, const std::vector<uint16_t>
     } else {
         trainer::simt_cuda::flash_attention_forward_sm80(r.out.data(), r.lse.data(), qkv.data(), B, T, NH, HS, nullptr);
     }
-    trainer::simt_cuda::flash_attention_backward(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), B,
-                                                 T, NH, HS, scratch.data(), nullptr);
+    if (wgmma) {
+        trainer::simt_cuda::flash_attention_backward_sm90(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(),
+                                                          r.lse.data(), B, T, NH, HS, scratch.data(), nullptr);
+    } else {
+        trainer::simt_cuda::flash_attention_backward_sm80(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(),
+                                                          r.lse.data(), B, T, NH, HS, scratch.data(), nullptr);
+    }
     return r;
 }
 
@@ -81,14 +86,14 @@ FlashRun run_flash(const std::vector<uint16_t>& qkv, const std::vector<uint16_t>
 
 // The shapes of tests/gpu's flash case that fit a CPU run: T spans partial and whole tiles of 32, 64 and 128
 // queries and keys (1 to 3 forward blocks, 1 to 5 key tiles), two heads and two sequences, heads of 64 and 128;
-// both forwards (wgmma, the one an H100 runs, and mma.sync).
+// both kernel pairs (wgmma, what an H100 runs, and mma.sync).
 TEST_CASE("flash attention kernels emulated on the CPU match the CPU attention forward and backward") {
     simt::set_schedule_seed(1);
     const int NH = 2;
     for (const auto& [B, T] : std::vector<std::pair<int, int>>{{1, 2}, {2, 37}, {1, 64}, {1, 130}, {1, 300}}) {
         for (int HS : {64, 128}) {
             for (bool wgmma : {true, false}) {
-                INFO(fmt::format("B={} T={} NH={} HS={} forward on {}", B, T, NH, HS, wgmma ? "wgmma" : "mma.sync"));
+                INFO(fmt::format("B={} T={} NH={} HS={} on {}", B, T, NH, HS, wgmma ? "wgmma" : "mma.sync"));
                 const int C = NH * HS;
                 const auto [qkv16, qkv] = bf16_rounded(wave(static_cast<size_t>(B) * T * 3 * C, 1.0f, 0.2f));
                 const auto [dout16, dout] = bf16_rounded(wave(static_cast<size_t>(B) * T * C, 1.0f, 0.8f));

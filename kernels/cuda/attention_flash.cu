@@ -493,16 +493,11 @@ void forward_launch(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T
 }
 
 template <int D>
-void backward_launch(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out, const float* lse,
-                     int B, int T, int NH, void* scratch, cudaStream_t stream) {
+void backward_launch(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, int B, int T, int NH,
+                     const float* dsum, cudaStream_t stream) {
     const size_t smem = std::max(backward_dkdv_smem<D>(), backward_dq_smem<D>());
     TRAINER_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
-    const size_t rows = static_cast<size_t>(B) * NH * T;
-    auto* dsum = static_cast<float*>(scratch);
-    TRAINER_LAUNCH(flash_backward_dot_kernel, static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream, dsum,
-                   reinterpret_cast<const bf16*>(dout), reinterpret_cast<const bf16*>(out), B, T, NH, D);
-    TRAINER_CUDA_CHECK(cudaGetLastError());
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     const auto* dout16 = reinterpret_cast<const bf16*>(dout);
     const auto* qkv16 = reinterpret_cast<const bf16*>(qkv);
@@ -538,12 +533,31 @@ void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, int
     flash_attention_forward_sm80(out, lse, qkv, B, T, NH, HS, stream);
 }
 
-void flash_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
-                              const float* lse, int B, int T, int NH, int HS, void* scratch, cudaStream_t stream) {
+float* flash_attention_backward_dsum(const uint16_t* dout, const uint16_t* out, int B, int T, int NH, int HS,
+                                     void* scratch, cudaStream_t stream) {
+    auto* dsum = static_cast<float*>(scratch);
+    const size_t rows = static_cast<size_t>(B) * NH * T;
+    TRAINER_LAUNCH(flash_backward_dot_kernel, static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream, dsum,
+                   reinterpret_cast<const bf16*>(dout), reinterpret_cast<const bf16*>(out), B, T, NH, HS);
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+    return dsum;
+}
+
+void flash_attention_backward_sm80(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
+                                   const float* lse, int B, int T, int NH, int HS, void* scratch, cudaStream_t stream) {
     TRAINER_CHECK(flash_attention_supported(HS), "flash attention with heads of {}", HS);
     if (B == 0 || T == 0) return;
-    if (HS == 64) return backward_launch<64>(dqkv, dout, qkv, out, lse, B, T, NH, scratch, stream);
-    backward_launch<128>(dqkv, dout, qkv, out, lse, B, T, NH, scratch, stream);
+    const float* dsum = flash_attention_backward_dsum(dout, out, B, T, NH, HS, scratch, stream);
+    if (HS == 64) return backward_launch<64>(dqkv, dout, qkv, lse, B, T, NH, dsum, stream);
+    backward_launch<128>(dqkv, dout, qkv, lse, B, T, NH, dsum, stream);
+}
+
+void flash_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
+                              const float* lse, int B, int T, int NH, int HS, void* scratch, cudaStream_t stream) {
+    if (flash_attention_sm90_available()) {
+        return flash_attention_backward_sm90(dqkv, dout, qkv, out, lse, B, T, NH, HS, scratch, stream);
+    }
+    flash_attention_backward_sm80(dqkv, dout, qkv, out, lse, B, T, NH, HS, scratch, stream);
 }
 
 }  // namespace trainer::cuda

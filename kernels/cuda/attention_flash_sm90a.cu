@@ -17,6 +17,7 @@
 //
 // Compiled for sm_90a alone (CMakeLists.txt: code for sm_90a loads on compute capability 9.0 only), and with g++
 // onto tests/simt's emulator.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -146,6 +147,282 @@ void forward_launch(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
+// ---- backward ----
+// One launch of two kinds of block, as the mma.sync backward's (attention_flash.cu): dK and dV of 128 keys (64 a
+// warpgroup) over the query tiles of 64 that see them, and dQ of 128 queries (64 a warpgroup) over the key tiles of
+// 64 up to the diagonal; every sum has one owner that adds in a fixed order, so the results repeat bitwise (S and
+// dP are computed by both kinds: 7 products per tile pair instead of FlashAttention's 5 with atomics). Every product
+// is one of the two forms the forward uses: both operands K-major from shared memory, or A from registers (P, dS or
+// their transposes, packed from the accumulators as the forward packs P) and B N-major.
+constexpr int kBwdQueries = 64;  // queries a tile of a dK/dV block
+constexpr int kBwdKeys = 128;    // keys a dK/dV block
+constexpr int kDqRows = 128;     // queries a dQ block
+constexpr int kDqKeys = 64;      // keys a tile of a dQ block
+
+__host__ __device__ inline int dq_blocks(int T) { return (T + kDqRows - 1) / kDqRows; }
+__host__ __device__ inline int dkdv_blocks(int T) { return (T + kBwdKeys - 1) / kBwdKeys; }
+template <int D>
+constexpr size_t dkdv_smem() {
+    return static_cast<size_t>(2 * kBwdKeys + 4 * kBwdQueries) * D * 2 + 4 * kBwdQueries * sizeof(float);
+}
+template <int D>
+constexpr size_t dq_smem() {
+    return static_cast<size_t>(2 * kDqRows + 4 * kDqKeys) * D * 2 + 2 * kDqRows * sizeof(float);
+}
+
+// dK (scaled) and dV of keys k0 .. k0 + 127 of head bh. Per query tile: S^T = K Q^T and dP^T = V dO^T (M = the
+// warpgroup's 64 keys), P^T = exp2(S^T scale_log2 - lse) with the causal mask, dS^T = P^T (dP^T - D), then
+// dV += P^T dO and dK += dS^T Q with dO and Q read N-major (K = the tile's queries).
+template <int D>
+__device__ __forceinline__ void backward_dkdv_block(uint8_t* smem, int bh, int kb, bf16* dqkv, const float* dsum,
+                                                    const bf16* dout, const bf16* qkv, const float* lse, int T, int NH,
+                                                    float scale, float scale_log2) {
+    constexpr int kQ = kBwdQueries, kTile = kQ * D * 2;
+    uint8_t* sk = smem;                                       // kBwdKeys x D
+    uint8_t* sv = sk + kBwdKeys * D * 2;                      // kBwdKeys x D
+    uint8_t* sq = sv + kBwdKeys * D * 2;                      // two buffers of kQ x D
+    uint8_t* sdo = sq + 2 * kTile;                            // two buffers of kQ x D
+    float* slse = reinterpret_cast<float*>(sdo + 2 * kTile);  // two buffers of kQ
+    float* sdsum = slse + 2 * kQ;                             // two buffers of kQ
+
+    const int b = bh / NH, h = bh % NH, k0 = kb * kBwdKeys;
+    const int group = static_cast<int>(threadIdx.x) / 128, warp = static_cast<int>(threadIdx.x) / 32;
+    const int g = static_cast<int>(threadIdx.x) % 32 / 4, t = static_cast<int>(threadIdx.x) % 4;
+    const size_t stride = static_cast<size_t>(3) * NH * D, ostride = static_cast<size_t>(NH) * D;
+    const size_t head_off = static_cast<size_t>(b) * T * stride + static_cast<size_t>(h) * D;
+    const bf16* qbase = qkv + head_off;
+    const bf16* kbase = qbase + static_cast<size_t>(NH) * D;
+    const bf16* vbase = kbase + static_cast<size_t>(NH) * D;
+    const bf16* dobase = dout + static_cast<size_t>(b) * T * ostride + static_cast<size_t>(h) * D;
+    const float* lse_bh = lse + static_cast<size_t>(bh) * T;
+    const float* dsum_bh = dsum + static_cast<size_t>(bh) * T;
+    const int n_qtiles = (T + kQ - 1) / kQ, first_qt = k0 / kQ;  // query tiles before first_qt see none of the keys
+
+    auto load_query_tile = [&](int qt, int buf) {
+        load_tile<D, kQ>(sq + buf * kTile, qbase, stride, qt * kQ, T);
+        load_tile<D, kQ>(sdo + buf * kTile, dobase, ostride, qt * kQ, T);
+        if (threadIdx.x < kQ) {
+            const int q = qt * kQ + static_cast<int>(threadIdx.x);
+            // Queries past T: lse +inf makes their P zero.
+            slse[buf * kQ + threadIdx.x] = q < T ? lse_bh[q] * kLog2e : INFINITY;
+            sdsum[buf * kQ + threadIdx.x] = q < T ? dsum_bh[q] : 0.0f;
+        }
+    };
+    load_tile<D, kBwdKeys>(sk, kbase, stride, k0, T);
+    load_tile<D, kBwdKeys>(sv, vbase, stride, k0, T);
+    load_query_tile(first_qt, 0);
+    cp_async_commit();
+
+    float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+    const int kw0 = k0 + 64 * group;        // this warpgroup's first key
+    const int key_lo = k0 + 16 * warp + g;  // this thread's first key (rows g and g + 8 of the warp)
+    const uint32_t k_rows = smem_addr(sk) + static_cast<uint32_t>(64 * group * 128);
+    const uint32_t v_rows = smem_addr(sv) + static_cast<uint32_t>(64 * group * 128);
+    for (int qt = first_qt; qt < n_qtiles; ++qt) {
+        const int buf = (qt - first_qt) & 1;
+        if (qt + 1 < n_qtiles) {
+            load_query_tile(qt + 1, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_proxy_async();
+        __syncthreads();
+        const int q0 = qt * kQ;
+        if (q0 + kQ - 1 >= kw0) {  // a query of the tile sees a key of the warpgroup (the same for its four warps)
+            const uint32_t q_tile = smem_addr(sq + buf * kTile), do_tile = smem_addr(sdo + buf * kTile);
+            const float* lse_t = slse + buf * kQ;
+            const float* dsum_t = sdsum + buf * kQ;
+            float st[kQ / 8][4] = {}, dpt[kQ / 8][4] = {};
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                wgmma_ss<kQ>(st, k_major(k_rows, kBwdKeys, kk), k_major(q_tile, kQ, kk), kk > 0);
+            }
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                wgmma_ss<kQ>(dpt, k_major(v_rows, kBwdKeys, kk), k_major(do_tile, kQ, kk), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            const bool diagonal = key_lo - g + 15 > q0;  // a key of the warp may lie past a query of the tile
+#pragma unroll
+            for (int j = 0; j < kQ / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int qc = 8 * j + 2 * t + (e & 1), key = key_lo + (e >> 1) * 8;
+                    float p = exp2f(st[j][e] * scale_log2 - lse_t[qc]);
+                    if (diagonal && key > q0 + qc) p = 0.0f;
+                    st[j][e] = p;
+                    dpt[j][e] = p * (dpt[j][e] - dsum_t[qc]);
+                }
+            }
+            uint32_t pf[kQ / 16][4], df[kQ / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < kQ / 16; ++kk) {
+                pack_a(pf[kk], st[2 * kk], st[2 * kk + 1]);
+                pack_a(df[kk], dpt[2 * kk], dpt[2 * kk + 1]);
+            }
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kQ / 16; ++kk) wgmma_rs<D>(dv, pf[kk], n_major(do_tile, kQ, kk), true);
+#pragma unroll
+            for (int kk = 0; kk < kQ / 16; ++kk) wgmma_rs<D>(dk, df[kk], n_major(q_tile, kQ, kk), true);
+            wgmma_commit();
+            wgmma_wait<0>();
+        }
+        __syncthreads();  // both warpgroups are done with this buffer before the next iteration refills it
+    }
+    // dK (scaled) and dV of this thread's two keys, as bf16 into dqkv.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int key = key_lo + r * 8;
+        if (key >= T) continue;
+        bf16* dkd = dqkv + head_off + static_cast<size_t>(key) * stride + static_cast<size_t>(NH) * D;
+        bf16* dvd = dkd + static_cast<size_t>(NH) * D;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            *reinterpret_cast<uint32_t*>(dkd + 8 * j + 2 * t) =
+                pack_bf16(dk[j][2 * r] * scale, dk[j][2 * r + 1] * scale);
+            *reinterpret_cast<uint32_t*>(dvd + 8 * j + 2 * t) = pack_bf16(dv[j][2 * r], dv[j][2 * r + 1]);
+        }
+    }
+}
+
+// dQ (scaled) of queries q0 .. q0 + 127 of head bh. Per key tile: S = Q K^T and dP = dO V^T (M = the warpgroup's
+// 64 queries), P and dS = P (dP - D) in registers, then dQ += dS K with K read N-major (K = the tile's keys).
+template <int D>
+__device__ __forceinline__ void backward_dq_block(uint8_t* smem, int bh, int qb, bf16* dqkv, const float* dsum,
+                                                  const bf16* dout, const bf16* qkv, const float* lse, int T, int NH,
+                                                  float scale, float scale_log2) {
+    constexpr int kK = kDqKeys, kTile = kK * D * 2;
+    uint8_t* sq = smem;                                      // kDqRows x D
+    uint8_t* sdo = sq + kDqRows * D * 2;                     // kDqRows x D
+    uint8_t* sk = sdo + kDqRows * D * 2;                     // two buffers of kK x D
+    uint8_t* sv = sk + 2 * kTile;                            // two buffers of kK x D
+    float* slse = reinterpret_cast<float*>(sv + 2 * kTile);  // kDqRows
+    float* sdsum = slse + kDqRows;                           // kDqRows
+
+    const int b = bh / NH, h = bh % NH, q0 = qb * kDqRows;
+    const int group = static_cast<int>(threadIdx.x) / 128, warp = static_cast<int>(threadIdx.x) / 32;
+    const int g = static_cast<int>(threadIdx.x) % 32 / 4, t = static_cast<int>(threadIdx.x) % 4;
+    const size_t stride = static_cast<size_t>(3) * NH * D, ostride = static_cast<size_t>(NH) * D;
+    const bf16* qbase = qkv + static_cast<size_t>(b) * T * stride + static_cast<size_t>(h) * D;
+    const bf16* kbase = qbase + static_cast<size_t>(NH) * D;
+    const bf16* vbase = kbase + static_cast<size_t>(NH) * D;
+    const bf16* dobase = dout + static_cast<size_t>(b) * T * ostride + static_cast<size_t>(h) * D;
+
+    load_tile<D, kDqRows>(sq, qbase, stride, q0, T);
+    load_tile<D, kDqRows>(sdo, dobase, ostride, q0, T);
+    load_tile<D, kK>(sk, kbase, stride, 0, T);
+    load_tile<D, kK>(sv, vbase, stride, 0, T);
+    cp_async_commit();
+    // The block's lse (base 2) and D, published by the key-tile loop's first barrier. Rows past T: lse +inf makes
+    // their P zero (and they are not written).
+    if (threadIdx.x < kDqRows) {
+        const int row = q0 + static_cast<int>(threadIdx.x);
+        slse[threadIdx.x] = row < T ? lse[static_cast<size_t>(bh) * T + row] * kLog2e : INFINITY;
+        sdsum[threadIdx.x] = row < T ? dsum[static_cast<size_t>(bh) * T + row] : 0.0f;
+    }
+    float dq[D / 8][4] = {};
+    const int g0 = q0 + 64 * group;  // this warpgroup's first query
+    const int w0 = q0 + 16 * warp;   // this warp's first query
+    const uint32_t q_rows = smem_addr(sq) + static_cast<uint32_t>(64 * group * 128);
+    const uint32_t do_rows = smem_addr(sdo) + static_cast<uint32_t>(64 * group * 128);
+    const int n_tiles = min((q0 + kDqRows - 1) / kK + 1, (T + kK - 1) / kK);  // up to the block's last query
+    for (int j = 0; j < n_tiles; ++j) {
+        const int buf = j & 1;
+        if (j + 1 < n_tiles) {
+            load_tile<D, kK>(sk + (buf ^ 1) * kTile, kbase, stride, (j + 1) * kK, T);
+            load_tile<D, kK>(sv + (buf ^ 1) * kTile, vbase, stride, (j + 1) * kK, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_proxy_async();
+        __syncthreads();
+        const int k0 = j * kK;
+        if (k0 <= g0 + 63) {  // the warpgroup's queries see a key of the tile
+            const uint32_t k_tile = smem_addr(sk + buf * kTile), v_tile = smem_addr(sv + buf * kTile);
+            float s[kK / 8][4] = {}, dp[kK / 8][4] = {};
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk)
+                wgmma_ss<kK>(s, k_major(q_rows, kDqRows, kk), k_major(k_tile, kK, kk), kk > 0);
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                wgmma_ss<kK>(dp, k_major(do_rows, kDqRows, kk), k_major(v_tile, kK, kk), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            const bool diagonal = k0 + kK - 1 > w0;  // a key of the tile may lie past one of the warp's queries
+#pragma unroll
+            for (int n = 0; n < kK / 8; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = k0 + 8 * n + 2 * t + (e & 1), row = w0 + g + (e >> 1) * 8;
+                    float p = exp2f(s[n][e] * scale_log2 - slse[row - q0]);
+                    if (diagonal && key > row) p = 0.0f;
+                    dp[n][e] = p * (dp[n][e] - sdsum[row - q0]);
+                }
+            }
+            uint32_t df[kK / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < kK / 16; ++kk) pack_a(df[kk], dp[2 * kk], dp[2 * kk + 1]);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kK / 16; ++kk) wgmma_rs<D>(dq, df[kk], n_major(k_tile, kK, kk), true);
+            wgmma_commit();
+            wgmma_wait<0>();
+        }
+        __syncthreads();  // both warpgroups are done with this buffer before the next iteration refills it
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = w0 + g + r * 8;
+        if (row >= T) continue;
+        bf16* dst = dqkv + (static_cast<size_t>(b) * T + row) * stride + static_cast<size_t>(h) * D;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * t) =
+                pack_bf16(dq[n][2 * r] * scale, dq[n][2 * r + 1] * scale);
+        }
+    }
+}
+
+// Blocks go head by head; within a head the dQ blocks first (the last query block, the most keys, first), then
+// the dK/dV blocks (key block 0, the most queries, first).
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_backward_sm90_kernel(bf16* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse,
+                               int T, int NH, float scale, float scale_log2) {
+    TRAINER_DYNAMIC_SHARED(smem_raw);
+    uint8_t* smem = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+    const int n_dq = dq_blocks(T), per_head = n_dq + dkdv_blocks(T);
+    const int bh = static_cast<int>(blockIdx.x / per_head), within = static_cast<int>(blockIdx.x % per_head);
+    if (within < n_dq) {
+        backward_dq_block<D>(smem, bh, n_dq - 1 - within, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
+    } else {
+        backward_dkdv_block<D>(smem, bh, within - n_dq, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
+    }
+}
+
+template <int D>
+void backward_launch(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, int B, int T, int NH,
+                     const float* dsum, cudaStream_t stream) {
+    const size_t smem = std::max(dkdv_smem<D>(), dq_smem<D>()) + 1024;
+    auto* kernel = flash_backward_sm90_kernel<D>;
+    TRAINER_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    const unsigned blocks = static_cast<unsigned>(B * NH) * static_cast<unsigned>(dq_blocks(T) + dkdv_blocks(T));
+    TRAINER_LAUNCH(kernel, blocks, kThreads, smem, stream, reinterpret_cast<bf16*>(dqkv), dsum,
+                   reinterpret_cast<const bf16*>(dout), reinterpret_cast<const bf16*>(qkv), lse, T, NH,
+                   1.0f / std::sqrt(static_cast<float>(D)), scale_log2e(D));
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 bool flash_attention_sm90_available() {
@@ -167,6 +444,16 @@ void flash_attention_forward_sm90(uint16_t* out, float* lse, const uint16_t* qkv
     if (B == 0 || T == 0) return;
     if (HS == 64) return forward_launch<64>(out, lse, qkv, B, T, NH, stream);
     forward_launch<128>(out, lse, qkv, B, T, NH, stream);
+}
+
+void flash_attention_backward_sm90(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
+                                   const float* lse, int B, int T, int NH, int HS, void* scratch, cudaStream_t stream) {
+    TRAINER_CHECK(flash_attention_supported(HS), "flash attention with heads of {}", HS);
+    TRAINER_CHECK(flash_attention_sm90_available(), "the wgmma flash backward on a device without sm_90a");
+    if (B == 0 || T == 0) return;
+    const float* dsum = flash_attention_backward_dsum(dout, out, B, T, NH, HS, scratch, stream);
+    if (HS == 64) return backward_launch<64>(dqkv, dout, qkv, lse, B, T, NH, dsum, stream);
+    backward_launch<128>(dqkv, dout, qkv, lse, B, T, NH, dsum, stream);
 }
 
 }  // namespace trainer::cuda

@@ -228,8 +228,8 @@ class CudnnAttention {
 // Our flash attention on tensor cores (attention_flash.cu): the contract of CudnnAttention on bf16 qkv,
 // out, dout and dqkv with the fp32 lse, heads of 64 or 128 channels, deterministic. The backward needs
 // `scratch` of flash_attention_backward_scratch_bytes(B, T, NH, HS) bytes.
-// The forward runs on Hopper's wgmma where the device has it (attention_flash_sm90a.cu, compute capability 9.0),
-// else on mma.sync; both kernels are callable on their own (the GPU tests and bench-kernels compare them).
+// Forward and backward run on Hopper's wgmma where the device has it (attention_flash_sm90a.cu, compute capability
+// 9.0), else on mma.sync (attention_flash.cu); each kernel is callable on its own (the tests check both).
 bool flash_attention_supported(int HS);
 size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int HS);
 void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int HS,
@@ -241,6 +241,13 @@ void flash_attention_forward_sm90(uint16_t* out, float* lse, const uint16_t* qkv
                                   cudaStream_t stream);
 void flash_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
                               const float* lse, int B, int T, int NH, int HS, void* scratch, cudaStream_t stream);
+void flash_attention_backward_sm80(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
+                                   const float* lse, int B, int T, int NH, int HS, void* scratch, cudaStream_t stream);
+void flash_attention_backward_sm90(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
+                                   const float* lse, int B, int T, int NH, int HS, void* scratch, cudaStream_t stream);
+// Both backwards' first step: D = rowsum(dO * O) per (batch, head, query) into the scratch; returns it.
+float* flash_attention_backward_dsum(const uint16_t* dout, const uint16_t* out, int B, int T, int NH, int HS,
+                                     void* scratch, cudaStream_t stream);
 
 // Fused softmax + cross-entropy + dlogits in place over (N, V) logits: losses(N) = logsumexp - logit of
 // the target; with compute_grad the row becomes (softmax - onehot) * dloss_scale, plus the z-loss's

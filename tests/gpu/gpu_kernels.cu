@@ -885,14 +885,6 @@ void test_attention_flash() {
                 const auto got_out = bf16_widened(got_out16);
                 expect_close(out, got_out, "flash attention forward out matches the CPU", 1e-2, 1.6e-2);
                 expect_close(lse, dlse.host(), "flash attention forward lse matches the CPU", 1e-4, 1e-4);
-                // The mma.sync forward on its own (flash_attention_forward runs the wgmma one on compute
-                // capability 9.0).
-                Dev<uint16_t> out80(out.size());
-                Dev<float> lse80(lse.size());
-                trainer::cuda::flash_attention_forward_sm80(out80.p, lse80.p, dq.p, B, T, NH, HS, nullptr);
-                expect_close(out, bf16_widened(out80.host()), "the mma.sync flash forward out matches the CPU", 1e-2,
-                             1.6e-2);
-                expect_close(lse, lse80.host(), "the mma.sync flash forward lse matches the CPU", 1e-4, 1e-4);
                 trainer::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), got_out.data(), lse.data(), B, T,
                                                  NH, HS);
                 trainer::cuda::flash_attention_backward(ddq.p, dg.p, dq.p, dout_d.p, dlse.p, B, T, NH, HS, scratch.p,
@@ -906,6 +898,18 @@ void test_attention_flash() {
                 trainer::cuda::flash_attention_backward(ddq2.p, dg.p, dq.p, dout_d.p, dlse.p, B, T, NH, HS, scratch.p,
                                                         nullptr);
                 expect(ddq2.host() == got_dqkv16, "flash attention backward repeats bitwise");
+                // The mma.sync kernels on their own (flash_attention_forward and _backward run the wgmma ones on
+                // compute capability 9.0), the backward from the same forward output.
+                Dev<uint16_t> out80(out.size()), dq80(qkv.size());
+                Dev<float> lse80(lse.size());
+                trainer::cuda::flash_attention_forward_sm80(out80.p, lse80.p, dq.p, B, T, NH, HS, nullptr);
+                expect_close(out, bf16_widened(out80.host()), "the mma.sync flash forward out matches the CPU", 1e-2,
+                             1.6e-2);
+                expect_close(lse, lse80.host(), "the mma.sync flash forward lse matches the CPU", 1e-4, 1e-4);
+                trainer::cuda::flash_attention_backward_sm80(dq80.p, dg.p, dq.p, dout_d.p, dlse.p, B, T, NH, HS,
+                                                             scratch.p, nullptr);
+                expect_close(dqkv, bf16_widened(dq80.host()), "the mma.sync flash backward matches the CPU", 1e-2,
+                             1.6e-2);
             }
         }
     }
@@ -946,6 +950,10 @@ void test_attention_flash_large() {
                      1.6e-2);
         trainer::cuda::flash_attention_backward(fdq2.p, dg.p, dq.p, fout.p, flse.p, B, T, NH, HS, fscratch.p, nullptr);
         expect(fdq2.host() == got_dq, "flash attention backward repeats bitwise over many blocks");
+        trainer::cuda::flash_attention_backward_sm80(fdq2.p, dg.p, dq.p, fout.p, flse.p, B, T, NH, HS, fscratch.p,
+                                                     nullptr);
+        expect_close(ndq.host(), bf16_widened(fdq2.host()), "the mma.sync flash backward matches the native kernels",
+                     1e-2, 1.6e-2);
     }
 }
 
