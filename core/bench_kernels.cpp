@@ -3,6 +3,7 @@
 #include "core/bench_kernels.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -29,6 +30,7 @@ using Clock = std::chrono::steady_clock;
 struct Op {
     std::string name;
     std::function<void(Backend&)> run;  // one call of the op on the buffers, through the given backend
+    bool calibrates = true;             // an op training runs (not a ceiling): an entry of --calibration-out
 };
 
 // Mean seconds per call of `f` over `reps` calls after two warm-up calls, the device drained around them.
@@ -132,11 +134,50 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     DeviceBuffer gemm_bias = buf(widest), gemm_dbias = buf(widest);
     float* bias = m.include_bias ? gemm_bias.f32() : nullptr;
     float* dbias = m.include_bias ? gemm_dbias.f32() : nullptr;
+    // Each GEMM's ceiling where the backend has one (CUDA): the peers' bf16 Linear at the same shape, bf16 in and
+    // out with no epilogue (Backend::linear_bf16_reference_*), from bf16 buffers shared by every shape.
+    const bool ceilings = be.has_linear_bf16_reference();
+    const std::vector<std::array<size_t, 3>> shapes = {{size_t(N), size_t(C), 3 * size_t(C)},
+                                                       {size_t(N), size_t(C), size_t(C)},
+                                                       {size_t(N), size_t(C), size_t(P)},
+                                                       {size_t(N), size_t(H), size_t(C)},
+                                                       {size_t(R), size_t(C), size_t(V)}};
+    size_t most_mk = 0, most_nk = 0, most_mn = 0;
+    for (const auto& [sm, sk, sn] : shapes) {
+        most_mk = std::max(most_mk, sm * sk), most_nk = std::max(most_nk, sn * sk),
+        most_mn = std::max(most_mn, sm * sn);
+    }
+    DeviceBuffer ref_in, ref_w, ref_out, ref_dout, ref_din, ref_dw;
+    if (ceilings) {
+        const DeviceBuffer wide = buf(std::max({most_mk, most_nk, most_mn}));
+        auto bf16_buf = [&](size_t n) {
+            DeviceBuffer half(&be, std::max<size_t>(n, 1) * sizeof(uint16_t), MemCategory::kOther);
+            be.cast_float_to_bf16(half.bf16(), wide.f32(), n);
+            return half;
+        };
+        ref_in = bf16_buf(most_mk), ref_w = bf16_buf(most_nk), ref_out = bf16_buf(most_mn);
+        ref_dout = bf16_buf(most_mn), ref_din = bf16_buf(most_mk), ref_dw = bf16_buf(most_nk);
+    }
     auto gemm = [&](const std::string& what, int M, int K, int Nn, GemmOperand out, GemmOperand in, float* w,
                     GemmOperand dout, GemmOperand din, float* dw, float* b, float* db) {
         ops.push_back({what + " forward", [=](Backend& be_) { be_.matmul_forward(out, in, w, b, M, K, Nn); }});
+        if (ceilings) {
+            ops.push_back({what + " forward, bf16 Linear (ceiling)",
+                           [&, M, K, Nn](Backend& be_) {
+                               be_.linear_bf16_reference_forward(ref_out.bf16(), ref_in.bf16(), ref_w.bf16(), M, K, Nn);
+                           },
+                           false});
+        }
         ops.push_back({what + " backward",
                        [=](Backend& be_) { be_.matmul_backward(din, dw, db, dout, in, w, M, K, Nn, false); }});
+        if (ceilings) {
+            ops.push_back({what + " backward, bf16 Linear (ceiling)",
+                           [&, M, K, Nn](Backend& be_) {
+                               be_.linear_bf16_reference_backward(ref_din.bf16(), ref_dw.bf16(), ref_dout.bf16(),
+                                                                  ref_in.bf16(), ref_w.bf16(), M, K, Nn);
+                           },
+                           false});
+        }
     };
     gemm("att_proj GEMM", N, C, 3 * C, qkvo, xo, w_qkv.f32(), dqkvo, dx.f32(), dw_qkv.f32(), bias, dbias);
     gemm("attn_out GEMM", N, C, C, y.f32(), atto, w_qkv.f32(), x.f32(), datto, dw_qkv.f32(), bias, dbias);
@@ -282,7 +323,7 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         std::printf("| %s | %.1f | %.2f | %.0f | %s | %.1f | %.0f%% |\n", op.name.c_str(), t * 1e6, flops / t / 1e12,
                     bytes / t / 1e9, t_flops > t_bytes ? "compute" : "memory", roof * 1e6, 100.0 * roof / t);
         // A calibration entry per single-op row (a fused pair is also measured as its two ops).
-        if (costs.size() == 1) measured.entries.push_back({costs[0].op, flops, bytes, t});
+        if (costs.size() == 1 && op.calibrates) measured.entries.push_back({costs[0].op, flops, bytes, t});
     }
     if (!calibration_out.empty()) {
         // The ops in a step run slower than alone (caches shared with the rest of the step, the allocator,

@@ -28,9 +28,9 @@
 #             64 micro-batches: tokens/s, MFU, busy fraction, device and host peaks), after the plan's
 #             prediction of that run
 #   plan      trainer plan --hardware h100-sxm against a measured run of the same OLMo-1B configuration
-#   profile   ncu of our flash forward and backward kernels at OLMo-1B micro-batch 4 and GPT-2 micro-batch 16:
-#             speed of light, the pipes (tensor against shared memory: the backward issues about 0.6 ldmatrix
-#             per mma, docs/design-notes.md), occupancy and the warps' stall reasons
+#   profile   ncu of our flash forward and backward kernels (on an H100 the wgmma ones, attention_flash_sm90a.cu)
+#             at OLMo-1B micro-batch 4 and GPT-2 micro-batch 16: speed of light, the pipes, occupancy and the
+#             warps' stall reasons
 #
 # Each step has its own time limit; the logs go to $OUT/gpu-check.tgz (the device tool's output folder; else
 # ./gpu-check.tgz), and a summary is printed last. TRAINER_BIN and GPU_TESTS_BIN default to the bundle's.
@@ -189,8 +189,10 @@ print(f\"  plan, the config as given: {row['predicted_step_ms']:.1f} ms a step p
         profile)
             for shape in "olmo_1b 4" "gpt2_124m 16"; do
                 read -r model micro <<<"$shape"
-                for kernel in flash_forward_kernel flash_backward_kernel; do
-                    step "ncu_${model}_$kernel" 180 ncu --kernel-name "regex:$kernel" --launch-count 1 \
+                # flash_forward_kernel / flash_backward_kernel (mma.sync), or their _sm90_ twins on Hopper; not the
+                # backward's first kernel (flash_backward_dot_kernel).
+                for kernel in flash_forward flash_backward; do
+                    step "ncu_${model}_$kernel" 180 ncu --kernel-name "regex:${kernel}_(sm90_)?kernel" --launch-count 1 \
                         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
                         --section Occupancy --section LaunchStats --section WarpStateStats \
                         "$trainer" bench-kernels --config "configs/$model.json" --device cuda --precision amp_bf16 \

@@ -1,7 +1,7 @@
 // GPU tests above the kernels (each kernel against the CPU is in test_gpu_kernels.cpp): the full model
 // against the PyTorch fixtures, 20 training steps against the CPU backend, every strategy over a one-rank NCCL
-// communicator, two ranks on two GPUs where a machine has them, CPU offload against the resident run, and
-// the utilisation metrics and device tracks of a trace.
+// communicator, two ranks on two GPUs where a machine has them, CPU offload against the resident run, bench-kernels'
+// bf16 Linear ceiling, and the utilisation metrics and device tracks of a trace.
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/element.h"
 #include "model_check.h"
 #include "test_util.h"
 
@@ -255,6 +256,63 @@ TEST_CASE("gpu: cpu offload trains to the losses of the resident run") {
         }
         ++k;
     }
+}
+
+TEST_CASE("gpu: bench-kernels' bf16 Linear ceiling computes the Linear's three products") {
+    auto backend = make_backend(Device::kCuda);
+    REQUIRE(backend->has_linear_bf16_reference());
+    const int M = 40, K = 64, N = 48;
+    auto words = [](size_t n, float phase) {
+        std::vector<uint16_t> h(n);
+        for (size_t i = 0; i < n; ++i) h[i] = float_to_bf16(std::sin(0.731f * static_cast<float>(i) + phase));
+        return h;
+    };
+    const auto inp = words(size_t(M) * K, 0.1f), w = words(size_t(N) * K, 0.7f), dout = words(size_t(M) * N, 1.3f);
+    auto upload = [&](const std::vector<uint16_t>& h) {
+        DeviceBuffer d(backend.get(), h.size() * 2, MemCategory::kOther);
+        backend->copy_host_to_device(d.data(), h.data(), h.size() * 2);
+        return d;
+    };
+    auto download = [&](const DeviceBuffer& d, size_t n) {
+        std::vector<uint16_t> h(n);
+        backend->copy_device_to_host(h.data(), d.data(), n * 2);
+        std::vector<float> f(n);
+        for (size_t i = 0; i < n; ++i) f[i] = bf16_to_float(h[i]);
+        return f;
+    };
+    const DeviceBuffer dinp_ = upload(inp), dw_ = upload(w), ddout = upload(dout);
+    DeviceBuffer out(backend.get(), size_t(M) * N * 2, MemCategory::kOther),
+        dinp(backend.get(), size_t(M) * K * 2, MemCategory::kOther),
+        dweight(backend.get(), size_t(N) * K * 2, MemCategory::kOther);
+    backend->linear_bf16_reference_forward(out.bf16(), dinp_.bf16(), dw_.bf16(), M, K, N);
+    backend->linear_bf16_reference_backward(dinp.bf16(), dweight.bf16(), ddout.bf16(), dinp_.bf16(), dw_.bf16(), M, K,
+                                            N);
+    const auto got_out = download(out, size_t(M) * N), got_dinp = download(dinp, size_t(M) * K),
+               got_dw = download(dweight, size_t(N) * K);
+    auto at = [](const std::vector<uint16_t>& h, size_t i) { return static_cast<double>(bf16_to_float(h[i])); };
+    // Sums in double of the same bf16 operands; the results are rounded once to bf16 (STYLE.md's tolerance).
+    auto close = [](double ref, float got) { return std::fabs(ref - got) <= 1e-2 + 1.6e-2 * std::fabs(ref); };
+    int bad = 0;
+    for (int m = 0; m < M; ++m) {
+        for (int n = 0; n < N; ++n) {
+            double acc = 0.0;
+            for (int k = 0; k < K; ++k) acc += at(inp, size_t(m) * K + k) * at(w, size_t(n) * K + k);
+            bad += !close(acc, got_out[size_t(m) * N + n]);
+        }
+        for (int k = 0; k < K; ++k) {
+            double acc = 0.0;
+            for (int n = 0; n < N; ++n) acc += at(dout, size_t(m) * N + n) * at(w, size_t(n) * K + k);
+            bad += !close(acc, got_dinp[size_t(m) * K + k]);
+        }
+    }
+    for (int n = 0; n < N; ++n) {
+        for (int k = 0; k < K; ++k) {
+            double acc = 0.0;
+            for (int m = 0; m < M; ++m) acc += at(dout, size_t(m) * N + n) * at(inp, size_t(m) * K + k);
+            bad += !close(acc, got_dw[size_t(n) * K + k]);
+        }
+    }
+    CHECK(bad == 0);
 }
 
 TEST_CASE("gpu: the activity window times the stream's kernels and waits and not the host's gaps") {
