@@ -63,6 +63,52 @@ __device__ __forceinline__ void load_tile(uint8_t* tile, const bf16* src, size_t
     }
 }
 
+// The key/value tiles 0 .. n_tiles - 1 (kK keys of one head) through two shared-memory buffers each (the next tile
+// loading while body(j, k_tile, v_tile) computes on this one, given their shared addresses); tile 0 must be queued
+// and committed by the caller, with whatever else body's first call reads. Every thread's copies are made visible
+// to wgmma before body, and every warp finishes body before the buffer it read is refilled.
+template <int D, int kK, typename Body>
+__device__ __forceinline__ void for_each_key_tile(uint8_t* sk, uint8_t* sv, const bf16* kbase, const bf16* vbase,
+                                                  size_t stride, int T, int n_tiles, Body body) {
+    constexpr int kTile = kK * D * 2;
+    for (int j = 0; j < n_tiles; ++j) {
+        const int buf = j & 1;
+        if (j + 1 < n_tiles) {
+            load_tile<D, kK>(sk + (buf ^ 1) * kTile, kbase, stride, (j + 1) * kK, T);
+            load_tile<D, kK>(sv + (buf ^ 1) * kTile, vbase, stride, (j + 1) * kK, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_proxy_async();  // this thread's landed copies, visible to wgmma
+        __syncthreads();      // and every other thread's
+        body(j, smem_addr(sk + buf * kTile), smem_addr(sv + buf * kTile));
+        __syncthreads();  // both warpgroups are done with this buffer before the next iteration refills it
+    }
+}
+
+// acc (the warpgroup's 64 x N) = A B^T over K columns, as K / 16 wgmma: A the 64 rows of a K-major tile of a_rows
+// rows at shared address a, B the N rows of a K-major tile of b_rows rows at b.
+template <int N, int K>
+__device__ __forceinline__ void issue_product(float (&acc)[N / 8][4], uint32_t a, int a_rows, uint32_t b, int b_rows) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) wgmma_ss<N>(acc, k_major(a, a_rows, kk), k_major(b, b_rows, kk), kk > 0);
+}
+// The 64 x K accumulators x (P, dS or their transposes) as bf16 A fragments, 16 columns each.
+template <int K>
+__device__ __forceinline__ void pack_rows(uint32_t (&frag)[K / 16][4], const float (&x)[K / 8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) pack_a(frag[kk], x[2 * kk], x[2 * kk + 1]);
+}
+// acc (64 x N) += A B over K, as K / 16 wgmma: A the fragments, B an N-major tile of K rows at shared address b.
+template <int N, int K>
+__device__ __forceinline__ void issue_accumulate(float (&acc)[N / 8][4], const uint32_t (&frag)[K / 16][4],
+                                                 uint32_t b) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) wgmma_rs<N>(acc, frag[kk], n_major(b, K, kk), true);
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_forward_sm90_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, float scale_log2) {
@@ -97,41 +143,22 @@ __global__ void __launch_bounds__(kThreads, 2)
     // Key tiles up to the block's last query (none past T): tile 0 has a key every query sees, so every row's
     // running maximum is finite from the first tile on.
     const int n_tiles = min((q0 + kRows - 1) / kK + 1, (T + kK - 1) / kK);
-    for (int j = 0; j < n_tiles; ++j) {
-        const int buf = j & 1;
-        if (j + 1 < n_tiles) {
-            load_tile<D, kK>(sk + (buf ^ 1) * kTileBytes, kbase, stride, (j + 1) * kK, T);
-            load_tile<D, kK>(sv + (buf ^ 1) * kTileBytes, vbase, stride, (j + 1) * kK, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        fence_proxy_async();  // this thread's landed copies, visible to wgmma
-        __syncthreads();      // and every other thread's
+    for_each_key_tile<D, kK>(sk, sv, kbase, vbase, stride, T, n_tiles, [&](int j, uint32_t k_tile, uint32_t v_tile) {
         const int k0 = j * kK;
-        if (k0 <= g0 + 63) {  // the warpgroup's queries see a key of the tile (the same for its four warps)
-            const uint32_t k_tile = smem_addr(sk + buf * kTileBytes), v_tile = smem_addr(sv + buf * kTileBytes);
-            float s[1][kK / 8][4] = {};
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                wgmma_ss<kK>(s[0], k_major(q_rows, kRows, kk), k_major(k_tile, kK, kk), kk > 0);
-            }
-            wgmma_commit();
-            wgmma_wait<0>();
-            online_softmax<1, kK, D>(s, m, l, o, k0, w0, k0 + kK - 1 > w0, scale_log2, g, t);
-            uint32_t p[kK / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < kK / 16; ++kk) pack_a(p[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-            wgmma_fence();  // O was rescaled by the softmax
-#pragma unroll
-            for (int kk = 0; kk < kK / 16; ++kk) wgmma_rs<D>(o[0], p[kk], n_major(v_tile, kK, kk), true);
-            wgmma_commit();
-            wgmma_wait<0>();
-        }
-        __syncthreads();  // both warpgroups are done with this buffer before the next iteration refills it
-    }
+        if (k0 > g0 + 63) return;  // no query of the warpgroup sees a key of the tile (the same for its four warps)
+        float s[1][kK / 8][4] = {};
+        wgmma_fence();
+        issue_product<kK, D>(s[0], q_rows, kRows, k_tile, kK);
+        wgmma_commit();
+        wgmma_wait<0>();
+        online_softmax<1, kK, D>(s, m, l, o, k0, w0, k0 + kK - 1 > w0, scale_log2, g, t);
+        uint32_t p[kK / 16][4];
+        pack_rows<kK>(p, s[0]);
+        wgmma_fence();  // O was rescaled by the softmax
+        issue_accumulate<D, kK>(o[0], p, v_tile);
+        wgmma_commit();
+        wgmma_wait<0>();
+    });
     write_rows<1, D>(out, lse, o, m, l, b, h, T, NH, w0, g, t);
 }
 
@@ -236,14 +263,8 @@ __device__ __forceinline__ void backward_dkdv_block(uint8_t* smem, int bh, int k
             const float* dsum_t = sdsum + buf * kQ;
             float st[kQ / 8][4] = {}, dpt[kQ / 8][4] = {};
             wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                wgmma_ss<kQ>(st, k_major(k_rows, kBwdKeys, kk), k_major(q_tile, kQ, kk), kk > 0);
-            }
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                wgmma_ss<kQ>(dpt, k_major(v_rows, kBwdKeys, kk), k_major(do_tile, kQ, kk), kk > 0);
-            }
+            issue_product<kQ, D>(st, k_rows, kBwdKeys, q_tile, kQ);
+            issue_product<kQ, D>(dpt, v_rows, kBwdKeys, do_tile, kQ);
             wgmma_commit();
             wgmma_wait<0>();
             const bool diagonal = key_lo - g + 15 > q0;  // a key of the warp may lie past a query of the tile
@@ -259,16 +280,11 @@ __device__ __forceinline__ void backward_dkdv_block(uint8_t* smem, int bh, int k
                 }
             }
             uint32_t pf[kQ / 16][4], df[kQ / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < kQ / 16; ++kk) {
-                pack_a(pf[kk], st[2 * kk], st[2 * kk + 1]);
-                pack_a(df[kk], dpt[2 * kk], dpt[2 * kk + 1]);
-            }
+            pack_rows<kQ>(pf, st);
+            pack_rows<kQ>(df, dpt);
             wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < kQ / 16; ++kk) wgmma_rs<D>(dv, pf[kk], n_major(do_tile, kQ, kk), true);
-#pragma unroll
-            for (int kk = 0; kk < kQ / 16; ++kk) wgmma_rs<D>(dk, df[kk], n_major(q_tile, kQ, kk), true);
+            issue_accumulate<D, kQ>(dv, pf, do_tile);
+            issue_accumulate<D, kQ>(dk, df, q_tile);
             wgmma_commit();
             wgmma_wait<0>();
         }
@@ -331,54 +347,33 @@ __device__ __forceinline__ void backward_dq_block(uint8_t* smem, int bh, int qb,
     const uint32_t q_rows = smem_addr(sq) + static_cast<uint32_t>(64 * group * 128);
     const uint32_t do_rows = smem_addr(sdo) + static_cast<uint32_t>(64 * group * 128);
     const int n_tiles = min((q0 + kDqRows - 1) / kK + 1, (T + kK - 1) / kK);  // up to the block's last query
-    for (int j = 0; j < n_tiles; ++j) {
-        const int buf = j & 1;
-        if (j + 1 < n_tiles) {
-            load_tile<D, kK>(sk + (buf ^ 1) * kTile, kbase, stride, (j + 1) * kK, T);
-            load_tile<D, kK>(sv + (buf ^ 1) * kTile, vbase, stride, (j + 1) * kK, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        fence_proxy_async();
-        __syncthreads();
+    for_each_key_tile<D, kK>(sk, sv, kbase, vbase, stride, T, n_tiles, [&](int j, uint32_t k_tile, uint32_t v_tile) {
         const int k0 = j * kK;
-        if (k0 <= g0 + 63) {  // the warpgroup's queries see a key of the tile
-            const uint32_t k_tile = smem_addr(sk + buf * kTile), v_tile = smem_addr(sv + buf * kTile);
-            float s[kK / 8][4] = {}, dp[kK / 8][4] = {};
-            wgmma_fence();
+        if (k0 > g0 + 63) return;  // no query of the warpgroup sees a key of the tile
+        float s[kK / 8][4] = {}, dp[kK / 8][4] = {};
+        wgmma_fence();
+        issue_product<kK, D>(s, q_rows, kDqRows, k_tile, kK);
+        issue_product<kK, D>(dp, do_rows, kDqRows, v_tile, kK);
+        wgmma_commit();
+        wgmma_wait<0>();
+        const bool diagonal = k0 + kK - 1 > w0;  // a key of the tile may lie past one of the warp's queries
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk)
-                wgmma_ss<kK>(s, k_major(q_rows, kDqRows, kk), k_major(k_tile, kK, kk), kk > 0);
+        for (int n = 0; n < kK / 8; ++n) {
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                wgmma_ss<kK>(dp, k_major(do_rows, kDqRows, kk), k_major(v_tile, kK, kk), kk > 0);
+            for (int e = 0; e < 4; ++e) {
+                const int key = k0 + 8 * n + 2 * t + (e & 1), row = w0 + g + (e >> 1) * 8;
+                float p = exp2f(s[n][e] * scale_log2 - slse[row - q0]);
+                if (diagonal && key > row) p = 0.0f;
+                dp[n][e] = p * (dp[n][e] - sdsum[row - q0]);
             }
-            wgmma_commit();
-            wgmma_wait<0>();
-            const bool diagonal = k0 + kK - 1 > w0;  // a key of the tile may lie past one of the warp's queries
-#pragma unroll
-            for (int n = 0; n < kK / 8; ++n) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = k0 + 8 * n + 2 * t + (e & 1), row = w0 + g + (e >> 1) * 8;
-                    float p = exp2f(s[n][e] * scale_log2 - slse[row - q0]);
-                    if (diagonal && key > row) p = 0.0f;
-                    dp[n][e] = p * (dp[n][e] - sdsum[row - q0]);
-                }
-            }
-            uint32_t df[kK / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < kK / 16; ++kk) pack_a(df[kk], dp[2 * kk], dp[2 * kk + 1]);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < kK / 16; ++kk) wgmma_rs<D>(dq, df[kk], n_major(k_tile, kK, kk), true);
-            wgmma_commit();
-            wgmma_wait<0>();
         }
-        __syncthreads();  // both warpgroups are done with this buffer before the next iteration refills it
-    }
+        uint32_t df[kK / 16][4];
+        pack_rows<kK>(df, dp);
+        wgmma_fence();
+        issue_accumulate<D, kK>(dq, df, k_tile);
+        wgmma_commit();
+        wgmma_wait<0>();
+    });
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = w0 + g + r * 8;
