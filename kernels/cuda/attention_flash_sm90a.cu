@@ -1,8 +1,9 @@
-// Our flash attention forward on Hopper's warpgroup MMA (wgmma.mma_async, sm_90a): what
-// flash_attention_forward runs on compute capability 9.0 (kernels/cuda/ops.h), the contract of the mma.sync
-// forward (attention_flash.cu) on bf16 qkv (B, T, 3C), bf16 out (B, T, C) and the fp32 lse (B, NH, T).
+// Our flash attention on Hopper's warpgroup MMA (wgmma.mma_async, sm_90a): what flash_attention_forward and
+// flash_attention_backward run on compute capability 9.0 (kernels/cuda/ops.h), the contract of the mma.sync pair
+// (attention_flash.cu) on bf16 qkv (B, T, 3C), bf16 out (B, T, C), the fp32 lse (B, NH, T) and bf16 dout and dqkv.
+// The backward is described where it starts, below.
 //
-// A block is two warpgroups (256 threads, at most 128 registers each so that two blocks share an SM and one's
+// Forward: a block is two warpgroups (256 threads, at most 128 registers each so that two blocks share an SM and one's
 // softmax overlaps the other's products) and owns 128 queries of one (batch, head), 64 a warpgroup (16 a warp). Q
 // and two buffers of K and V tiles of 64 keys sit in shared memory in kernels/cuda/wgmma.cuh's layout, loaded by
 // cp.async (the next tile while this one computes). Per key tile a warpgroup that sees any of its keys issues
