@@ -102,12 +102,12 @@ int cuda_device_count() { return 0; }
 void Backend::begin_capture() { throw InternalError(fmt::format("the {} backend records no graphs", name())); }
 int Backend::end_capture() { throw InternalError(fmt::format("the {} backend records no graphs", name())); }
 void Backend::launch_graph(int id) { throw InternalError(fmt::format("the {} backend has no graph {}", name(), id)); }
-void Backend::linear_bf16_reference_forward(uint16_t*, const uint16_t*, const uint16_t*, int, int, int) {
-    throw InternalError(fmt::format("the {} backend has no bf16 Linear reference", name()));
+bool Backend::linear_bf16_reference_forward(uint16_t*, const uint16_t*, const uint16_t*, int, int, int) {
+    return false;
 }
-void Backend::linear_bf16_reference_backward(uint16_t*, uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*,
+bool Backend::linear_bf16_reference_backward(uint16_t*, uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*,
                                              int, int, int) {
-    throw InternalError(fmt::format("the {} backend has no bf16 Linear reference", name()));
+    return false;
 }
 
 DeviceBuffer::DeviceBuffer(Backend* backend, size_t bytes, MemCategory category)

@@ -178,11 +178,13 @@ class Backend {
     // bench-kernels' ceiling for the Linear GEMMs: the peers' bf16 Linear (PyTorch's under autocast) at the same
     // shape, bf16 operands and results with fp32 accumulation, no bias and no epilogue. Forward: out(M,N) =
     // inp(M,K) @ weight(N,K)^T; backward: dinp(M,K) = dout(M,N) @ weight and dweight(N,K) = dout^T @ inp. Buffers
-    // of bf16 words. has_linear_bf16_reference() false (the default, and the CPU's): the other two refuse.
+    // of bf16 words. has_linear_bf16_reference(): the backend has such GEMMs (false by default, and on the CPU;
+    // the other two then return false). They return false, nothing run, where it has none for the shape (the CUDA
+    // backend where cuBLASLt has no kernel for it).
     virtual bool has_linear_bf16_reference() const { return false; }
-    virtual void linear_bf16_reference_forward(uint16_t* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
+    virtual bool linear_bf16_reference_forward(uint16_t* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
                                                int N);
-    virtual void linear_bf16_reference_backward(uint16_t* dinp, uint16_t* dweight, const uint16_t* dout,
+    virtual bool linear_bf16_reference_backward(uint16_t* dinp, uint16_t* dweight, const uint16_t* dout,
                                                 const uint16_t* inp, const uint16_t* weight, int M, int K, int N);
     // Until the next call, the weight at `w` does not change and may be converted once for all the GEMMs
     // that use it (the CUDA backend keeps its bf16 copy in amp_bf16: the LM head's chunks reuse one cast of

@@ -59,14 +59,16 @@ class DryBackend final : public Backend {
              size(inp) * m * k + size(dout) * m * n + (has_dinp ? size(dinp) * m * k : 0) +
                  4 * (3 * n * k + (dbias ? 2 * n : 0)));
     }
-    void linear_bf16_reference_forward(uint16_t*, const uint16_t*, const uint16_t*, int M, int K, int N) override {
+    bool linear_bf16_reference_forward(uint16_t*, const uint16_t*, const uint16_t*, int M, int K, int N) override {
         const double m = M, k = K, n = N;
         note("linear_bf16_reference_forward", 2 * m * k * n, 2 * (m * k + n * k + m * n));
+        return true;
     }
-    void linear_bf16_reference_backward(uint16_t*, uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, int M,
+    bool linear_bf16_reference_backward(uint16_t*, uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, int M,
                                         int K, int N) override {
         const double m = M, k = K, n = N;
         note("linear_bf16_reference_backward", 4 * m * k * n, 4 * (m * n + m * k + n * k));
+        return true;
     }
     void embedding_forward(float*, const int32_t*, const float*, const float* wpe, int N, int, int C) override {
         const double nc = static_cast<double>(N) * C;

@@ -516,21 +516,16 @@ class CudaBackend final : public Backend {
         cuda::cast_float_to_bf16(dinp.b16(), wide, size_t(M) * K, stream_);
     }
     bool has_linear_bf16_reference() const override { return true; }
-    void linear_bf16_reference_forward(uint16_t* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
+    bool linear_bf16_reference_forward(uint16_t* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
                                        int N) override {
         const OpMark mark(*timeline_, "linear_bf16_reference_forward");
-        if (!gemm_->run_bf16_out(false, true, M, N, K, inp, K, weight, K, out, N, nullptr, stream_)) {
-            user_error("bench-kernels: cuBLASLt has no bf16 GEMM for a Linear of {} x {} -> {}", M, K, N);
-        }
+        return gemm_->run_bf16_out(false, true, M, N, K, inp, K, weight, K, out, N, nullptr, stream_);
     }
-    void linear_bf16_reference_backward(uint16_t* dinp, uint16_t* dweight, const uint16_t* dout, const uint16_t* inp,
+    bool linear_bf16_reference_backward(uint16_t* dinp, uint16_t* dweight, const uint16_t* dout, const uint16_t* inp,
                                         const uint16_t* weight, int M, int K, int N) override {
         const OpMark mark(*timeline_, "linear_bf16_reference_backward");
-        if (!gemm_->run_bf16_out(false, false, M, K, N, dout, N, weight, K, dinp, K, nullptr, stream_) ||
-            !gemm_->run_bf16_out(true, false, N, K, M, dout, N, inp, K, dweight, K, nullptr, stream_)) {
-            user_error("bench-kernels: cuBLASLt has no bf16 GEMM for the backward of a Linear of {} x {} -> {}", M, K,
-                       N);
-        }
+        return gemm_->run_bf16_out(false, false, M, K, N, dout, N, weight, K, dinp, K, nullptr, stream_) &&
+               gemm_->run_bf16_out(true, false, N, K, M, dout, N, inp, K, dweight, K, nullptr, stream_);
     }
     void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
                            int C) override {

@@ -284,9 +284,9 @@ TEST_CASE("gpu: bench-kernels' bf16 Linear ceiling computes the Linear's three p
     DeviceBuffer out(backend.get(), size_t(M) * N * 2, MemCategory::kOther),
         dinp(backend.get(), size_t(M) * K * 2, MemCategory::kOther),
         dweight(backend.get(), size_t(N) * K * 2, MemCategory::kOther);
-    backend->linear_bf16_reference_forward(out.bf16(), dinp_.bf16(), dw_.bf16(), M, K, N);
-    backend->linear_bf16_reference_backward(dinp.bf16(), dweight.bf16(), ddout.bf16(), dinp_.bf16(), dw_.bf16(), M, K,
-                                            N);
+    REQUIRE(backend->linear_bf16_reference_forward(out.bf16(), dinp_.bf16(), dw_.bf16(), M, K, N));
+    REQUIRE(backend->linear_bf16_reference_backward(dinp.bf16(), dweight.bf16(), ddout.bf16(), dinp_.bf16(), dw_.bf16(),
+                                                    M, K, N));
     const auto got_out = download(out, size_t(M) * N), got_dinp = download(dinp, size_t(M) * K),
                got_dw = download(dweight, size_t(N) * K);
     auto at = [](const std::vector<uint16_t>& h, size_t i) { return static_cast<double>(bf16_to_float(h[i])); };

@@ -130,8 +130,8 @@ struct Emulator {
     Fiber* current = nullptr;
     Dim3 block_idx, block_dim, grid_dim;
     std::vector<uint8_t> smem;
-    std::vector<int32_t>
-        unfenced;  // per 16 bytes of smem: the thread whose landed cp.async no proxy fence covers, or -1
+    // Per 16 bytes of smem: the thread whose landed cp.async no fence.proxy.async has covered since, or -1.
+    std::vector<int32_t> unfenced;
     const std::function<void()>* body = nullptr;
     std::string error;  // the block's first fault
     std::mt19937_64 rng{1};
