@@ -3,7 +3,6 @@
 #include "core/bench_kernels.h"
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -134,17 +133,28 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     DeviceBuffer gemm_bias = buf(widest), gemm_dbias = buf(widest);
     float* bias = m.include_bias ? gemm_bias.f32() : nullptr;
     float* dbias = m.include_bias ? gemm_dbias.f32() : nullptr;
+    // The blocks' four GEMMs and the head's, as training runs them.
+    struct GemmRows {
+        std::string what;
+        int M, K, N;
+        GemmOperand out, in;
+        float* w;
+        GemmOperand dout, din;
+        float *dw, *b, *db;
+    };
+    const std::vector<GemmRows> gemms = {
+        {"att_proj GEMM", N, C, 3 * C, qkvo, xo, w_qkv.f32(), dqkvo, dx.f32(), dw_qkv.f32(), bias, dbias},
+        {"attn_out GEMM", N, C, C, y.f32(), atto, w_qkv.f32(), x.f32(), datto, dw_qkv.f32(), bias, dbias},
+        {"ff_proj GEMM", N, C, P, fcho, xo, w_fc.f32(), dfcho, dx.f32(), dw_fc.f32(), bias, dbias},
+        {"ff_out GEMM", N, H, C, y.f32(), facto, w_out.f32(), x.f32(), dfacto, dw_out.f32(), bias, dbias},
+        {"LM head GEMM (one chunk)", R, C, V, logitso, xo, wte.f32(), logitso, dx.f32(), dwte.f32(), nullptr, nullptr}};
     // Each GEMM's ceiling where the backend has one for its shape (CUDA): the peers' bf16 Linear at the same shape,
     // bf16 in and out with no epilogue (Backend::linear_bf16_reference_*), from bf16 buffers shared by every shape.
-    const std::vector<std::array<size_t, 3>> shapes = {{size_t(N), size_t(C), 3 * size_t(C)},
-                                                       {size_t(N), size_t(C), size_t(C)},
-                                                       {size_t(N), size_t(C), size_t(P)},
-                                                       {size_t(N), size_t(H), size_t(C)},
-                                                       {size_t(R), size_t(C), size_t(V)}};
     size_t most_mk = 0, most_nk = 0, most_mn = 0;
-    for (const auto& [sm, sk, sn] : shapes) {
-        most_mk = std::max(most_mk, sm * sk), most_nk = std::max(most_nk, sn * sk);
-        most_mn = std::max(most_mn, sm * sn);
+    for (const GemmRows& g : gemms) {
+        const size_t gm = g.M, gk = g.K, gn = g.N;
+        most_mk = std::max(most_mk, gm * gk), most_nk = std::max(most_nk, gn * gk),
+        most_mn = std::max(most_mn, gm * gn);
     }
     DeviceBuffer ref_in, ref_w, ref_out, ref_dout, ref_din, ref_dw;
     const bool ceilings = be.has_linear_bf16_reference();
@@ -158,39 +168,30 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         ref_in = bf16_buf(most_mk), ref_w = bf16_buf(most_nk), ref_out = bf16_buf(most_mn);
         ref_dout = bf16_buf(most_mn), ref_din = bf16_buf(most_mk), ref_dw = bf16_buf(most_nk);
     }
-    // The ceiling of a shape runs once here (its first warm-up): where the backend has no GEMM for it, no row.
-    auto has_ceiling = [&](int M, int K, int Nn) {
-        return ceilings && be.linear_bf16_reference_forward(ref_out.bf16(), ref_in.bf16(), ref_w.bf16(), M, K, Nn) &&
-               be.linear_bf16_reference_backward(ref_din.bf16(), ref_dw.bf16(), ref_dout.bf16(), ref_in.bf16(),
-                                                 ref_w.bf16(), M, K, Nn);
+    auto ceiling_forward = [&](Backend& be_, int M, int K, int Nn) {
+        return be_.linear_bf16_reference_forward(ref_out.bf16(), ref_in.bf16(), ref_w.bf16(), M, K, Nn);
     };
-    auto gemm = [&](const std::string& what, int M, int K, int Nn, GemmOperand out, GemmOperand in, float* w,
-                    GemmOperand dout, GemmOperand din, float* dw, float* b, float* db) {
-        const bool ceiling = has_ceiling(M, K, Nn);
-        ops.push_back({what + " forward", [=](Backend& be_) { be_.matmul_forward(out, in, w, b, M, K, Nn); }});
-        if (ceiling) {
-            ops.push_back({what + " forward, bf16 Linear (ceiling)",
-                           [&, M, K, Nn](Backend& be_) {
-                               be_.linear_bf16_reference_forward(ref_out.bf16(), ref_in.bf16(), ref_w.bf16(), M, K, Nn);
-                           },
-                           false});
-        }
-        ops.push_back({what + " backward",
-                       [=](Backend& be_) { be_.matmul_backward(din, dw, db, dout, in, w, M, K, Nn, false); }});
-        if (ceiling) {
-            ops.push_back({what + " backward, bf16 Linear (ceiling)",
-                           [&, M, K, Nn](Backend& be_) {
-                               be_.linear_bf16_reference_backward(ref_din.bf16(), ref_dw.bf16(), ref_dout.bf16(),
-                                                                  ref_in.bf16(), ref_w.bf16(), M, K, Nn);
-                           },
-                           false});
-        }
+    auto ceiling_backward = [&](Backend& be_, int M, int K, int Nn) {
+        return be_.linear_bf16_reference_backward(ref_din.bf16(), ref_dw.bf16(), ref_dout.bf16(), ref_in.bf16(),
+                                                  ref_w.bf16(), M, K, Nn);
     };
-    gemm("att_proj GEMM", N, C, 3 * C, qkvo, xo, w_qkv.f32(), dqkvo, dx.f32(), dw_qkv.f32(), bias, dbias);
-    gemm("attn_out GEMM", N, C, C, y.f32(), atto, w_qkv.f32(), x.f32(), datto, dw_qkv.f32(), bias, dbias);
-    gemm("ff_proj GEMM", N, C, P, fcho, xo, w_fc.f32(), dfcho, dx.f32(), dw_fc.f32(), bias, dbias);
-    gemm("ff_out GEMM", N, H, C, y.f32(), facto, w_out.f32(), x.f32(), dfacto, dw_out.f32(), bias, dbias);
-    gemm("LM head GEMM (one chunk)", R, C, V, logitso, xo, wte.f32(), logitso, dx.f32(), dwte.f32(), nullptr, nullptr);
+    for (const GemmRows& g : gemms) {
+        // The ceiling of a shape runs once here (its first warm-up): where the backend has no GEMM for it, no row.
+        const bool ceiling = ceilings && ceiling_forward(be, g.M, g.K, g.N) && ceiling_backward(be, g.M, g.K, g.N);
+        ops.push_back(
+            {g.what + " forward", [g](Backend& be_) { be_.matmul_forward(g.out, g.in, g.w, g.b, g.M, g.K, g.N); }});
+        if (ceiling) {
+            ops.push_back({g.what + " forward, bf16 Linear (ceiling)",
+                           [&, g](Backend& be_) { ceiling_forward(be_, g.M, g.K, g.N); }, false});
+        }
+        ops.push_back({g.what + " backward", [g](Backend& be_) {
+                           be_.matmul_backward(g.din, g.dw, g.db, g.dout, g.in, g.w, g.M, g.K, g.N, false);
+                       }});
+        if (ceiling) {
+            ops.push_back({g.what + " backward, bf16 Linear (ceiling)",
+                           [&, g](Backend& be_) { ceiling_backward(be_, g.M, g.K, g.N); }, false});
+        }
+    }
     const float* w = m.layer_norm_with_affine ? lnw.f32() : nullptr;
     float* dw = m.layer_norm_with_affine ? dlnw.f32() : nullptr;
     const NormKind kind = m.rms_norm() ? NormKind::kRms : NormKind::kLayerNorm;

@@ -208,10 +208,8 @@ class CudaBackend final : public Backend {
     }
     int end_capture() override {
         TRAINER_CHECK(capturing_, "no graph is being recorded");
-        capturing_ = false;
-        timeline_->suspend(false);
-        cudaGraph_t graph = nullptr;
-        const cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+        cudaError_t err = cudaSuccess;
+        cudaGraph_t graph = stop_capture(&err);
         if (err != cudaSuccess || !capture_fault_.empty()) {
             if (graph != nullptr) cudaGraphDestroy(graph);
             (void)cudaGetLastError();
@@ -228,11 +226,8 @@ class CudaBackend final : public Backend {
     }
     void abort_capture() override {
         if (!capturing_) return;
-        capturing_ = false;
-        timeline_->suspend(false);
-        cudaGraph_t graph = nullptr;
-        (void)cudaStreamEndCapture(stream_, &graph);  // invalidated by the failed call, or a partial recording
-        if (graph != nullptr) cudaGraphDestroy(graph);
+        cudaError_t err = cudaSuccess;  // the capture invalidated by the failed call, or a partial recording
+        if (cudaGraph_t graph = stop_capture(&err)) cudaGraphDestroy(graph);
         (void)cudaGetLastError();
     }
     void launch_graph(int id) override {
@@ -801,6 +796,14 @@ class CudaBackend final : public Backend {
     }
 
    private:
+    // Ends the recording on the compute stream: the graph it made (nullptr if none), the call's status in err.
+    cudaGraph_t stop_capture(cudaError_t* err) {
+        capturing_ = false;
+        timeline_->suspend(false);
+        cudaGraph_t graph = nullptr;
+        *err = cudaStreamEndCapture(stream_, &graph);
+        return graph;
+    }
     // What needs the host is refused while recording a graph: the error names it.
     void no_capture(const char* what) const {
         if (capturing_) throw std::runtime_error(fmt::format("{} while recording", what));

@@ -12,6 +12,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ptx.cuh"
 #endif
+#include "kernels/cuda/flash_tile.cuh"
 #include "kernels/cuda/wgmma.cuh"
 #include "wgmma_tile.h"
 
@@ -21,9 +22,18 @@ namespace {
 using namespace sm90;
 constexpr int kRows = 64;  // one warpgroup's rows
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
+// A warpgroup's 64 x N accumulators (wgmma.cuh's layout) into out, row-major with N columns.
+template <int N>
+__device__ __forceinline__ void store(float* out, const float (&acc)[N / 8][4]) {
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = 16 * warp + lane / 4 + 8 * (e / 2), col = 8 * j + 2 * (lane % 4) + e % 2;
+            out[row * N + col] = acc[j][e];
+        }
+    }
 }
 
 // rows x head bf16 (row-major in global memory) into a tile of wgmma.cuh's layout, by cp.async over the block.
@@ -51,8 +61,6 @@ __global__ void __launch_bounds__(128)
     fence_proxy_async();  // this thread's copies, visible to wgmma's reads
     __syncthreads();      // and every other thread's
 
-    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-    const int g = lane / 4, t = lane % 4;
     float s[Keys / 8][4] = {};
     wgmma_fence();
 #pragma unroll
@@ -61,36 +69,18 @@ __global__ void __launch_bounds__(128)
     }
     wgmma_commit();
     wgmma_wait<0>();
-#pragma unroll
-    for (int j = 0; j < Keys / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int row = 16 * warp + g + 8 * (e / 2), col = 8 * j + 2 * t + e % 2;
-            s_out[row * Keys + col] = s[j][e];
-        }
-    }
+    store<Keys>(s_out, s);
     // P = S in bf16 as the A operand, 16 keys a k-step: the accumulators of columns 16 kk .. + 7 and + 8 .. + 15.
     uint32_t p[Keys / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < Keys / 16; ++kk) {
-        p[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]), p[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-        p[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-        p[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    for (int kk = 0; kk < Keys / 16; ++kk) flash::pack_a(p[kk], s[2 * kk], s[2 * kk + 1]);
     float o[Head / 8][4] = {};
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Keys / 16; ++kk) wgmma_rs<Head>(o, p[kk], n_major(smem_addr(sv), Keys, kk), kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
-#pragma unroll
-    for (int j = 0; j < Head / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int row = 16 * warp + g + 8 * (e / 2), col = 8 * j + 2 * t + e % 2;
-            o_out[row * Head + col] = o[j][e];
-        }
-    }
+    store<Head>(o_out, o);
 }
 
 template <int Head, int Keys>
