@@ -150,17 +150,11 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int k0 = j * kK;
         if (k0 > g0 + 63) return;  // no query of the warpgroup sees a key of the tile (the same for its four warps)
         float s[1][kK / 8][4] = {};
-        wgmma_fence();
-        issue_product<kK, D>(s[0], q_rows, kRows, k_tile, kK);
-        wgmma_commit();
-        wgmma_wait<0>();
+        wgmma_batch([&] { issue_product<kK, D>(s[0], q_rows, kRows, k_tile, kK); }, s[0]);
         online_softmax<1, kK, D>(s, m, l, o, k0, w0, k0 + kK - 1 > w0, scale_log2, g, t);
         uint32_t p[kK / 16][4];
         pack_rows<kK>(p, s[0]);
-        wgmma_fence();  // O was rescaled by the softmax
-        issue_accumulate<D, kK>(o[0], p, v_tile);
-        wgmma_commit();
-        wgmma_wait<0>();
+        wgmma_batch([&] { issue_accumulate<D, kK>(o[0], p, v_tile); }, o[0], p);  // O was rescaled by the softmax
     });
     write_rows<1, D>(out, lse, o, m, l, b, h, T, NH, w0, g, t);
 }
@@ -265,11 +259,12 @@ __device__ __forceinline__ void backward_dkdv_block(uint8_t* smem, int bh, int k
             const float* lse_t = slse + buf * kQ;
             const float* dsum_t = sdsum + buf * kQ;
             float st[kQ / 8][4] = {}, dpt[kQ / 8][4] = {};
-            wgmma_fence();
-            issue_product<kQ, D>(st, k_rows, kBwdKeys, q_tile, kQ);
-            issue_product<kQ, D>(dpt, v_rows, kBwdKeys, do_tile, kQ);
-            wgmma_commit();
-            wgmma_wait<0>();
+            wgmma_batch(
+                [&] {
+                    issue_product<kQ, D>(st, k_rows, kBwdKeys, q_tile, kQ);
+                    issue_product<kQ, D>(dpt, v_rows, kBwdKeys, do_tile, kQ);
+                },
+                st, dpt);
             const bool diagonal = key_lo - g + 15 > q0;  // a key of the warp may lie past a query of the tile
 #pragma unroll
             for (int j = 0; j < kQ / 8; ++j) {
@@ -285,11 +280,12 @@ __device__ __forceinline__ void backward_dkdv_block(uint8_t* smem, int bh, int k
             uint32_t pf[kQ / 16][4], df[kQ / 16][4];
             pack_rows<kQ>(pf, st);
             pack_rows<kQ>(df, dpt);
-            wgmma_fence();
-            issue_accumulate<D, kQ>(dv, pf, do_tile);
-            issue_accumulate<D, kQ>(dk, df, q_tile);
-            wgmma_commit();
-            wgmma_wait<0>();
+            wgmma_batch(
+                [&] {
+                    issue_accumulate<D, kQ>(dv, pf, do_tile);
+                    issue_accumulate<D, kQ>(dk, df, q_tile);
+                },
+                dv, dk, pf, df);
         }
         __syncthreads();  // both warpgroups are done with this buffer before the next iteration refills it
     }
@@ -354,11 +350,12 @@ __device__ __forceinline__ void backward_dq_block(uint8_t* smem, int bh, int qb,
         const int k0 = j * kK;
         if (k0 > g0 + 63) return;  // no query of the warpgroup sees a key of the tile
         float s[kK / 8][4] = {}, dp[kK / 8][4] = {};
-        wgmma_fence();
-        issue_product<kK, D>(s, q_rows, kDqRows, k_tile, kK);
-        issue_product<kK, D>(dp, do_rows, kDqRows, v_tile, kK);
-        wgmma_commit();
-        wgmma_wait<0>();
+        wgmma_batch(
+            [&] {
+                issue_product<kK, D>(s, q_rows, kDqRows, k_tile, kK);
+                issue_product<kK, D>(dp, do_rows, kDqRows, v_tile, kK);
+            },
+            s, dp);
         const bool diagonal = k0 + kK - 1 > w0;  // a key of the tile may lie past one of the warp's queries
 #pragma unroll
         for (int n = 0; n < kK / 8; ++n) {
@@ -372,10 +369,7 @@ __device__ __forceinline__ void backward_dq_block(uint8_t* smem, int bh, int qb,
         }
         uint32_t df[kK / 16][4];
         pack_rows<kK>(df, dp);
-        wgmma_fence();
-        issue_accumulate<D, kK>(dq, df, k_tile);
-        wgmma_commit();
-        wgmma_wait<0>();
+        wgmma_batch([&] { issue_accumulate<D, kK>(dq, df, k_tile); }, dq, df);
     });
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace trainer::cuda::sm90 {
 
@@ -55,6 +56,23 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// An empty asm statement that reads and writes every register of x (accumulators, or A fragments): the compiler
+// moves no access of x across it (wgmma_batch below says why).
+template <typename T, int M>
+__device__ __forceinline__ void fence_operands(T (&x)[M][4]) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, uint32_t>, "wgmma's registers: float or uint32_t");
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if constexpr (std::is_same_v<T, float>) {
+                asm volatile("" : "+f"(x[i][e])::"memory");
+            } else {
+                asm volatile("" : "+r"(x[i][e])::"memory");
+            }
+        }
+    }
 }
 
 // D (64 x N) = (accumulate ? D : 0) + A B: A (64 x 16) and B (16 x N) both K-major in shared memory.
@@ -138,3 +156,25 @@ __device__ __forceinline__ void wgmma_rs<128>(float (&d)[16][4], const uint32_t 
 
 }  // namespace trainer::cuda::sm90
 #endif  // TRAINER_SIMT_EMULATION
+
+namespace trainer::cuda::sm90 {
+
+// One batch of wgmma by the warpgroup, retired before it returns: issue() queues the products, into accumulators
+// among `regs` and from any A fragments among them (each an array of [M][4] registers). wgmma reads and writes
+// those registers asynchronously, from the instruction to the wait_group that retires it, and the compiler cannot
+// see that: its data flow ends at the wgmma asm statement, so it may schedule another access of them between
+// wgmma.fence and the wait, which PTX forbids (nvcc put the zeroing of S's accumulators after wgmma.fence). The
+// fences on the operands hold every write of them (zeroing, the softmax's rescale of O, packing P) before
+// wgmma.fence and every read after the wait, as CUTLASS's warpgroup_fence_operand does.
+// scripts/check_wgmma_ptx.py checks the compiled PTX for it.
+template <typename Issue, typename... Regs>
+__device__ __forceinline__ void wgmma_batch(Issue&& issue, Regs&... regs) {
+    (fence_operands(regs), ...);
+    wgmma_fence();
+    issue();
+    wgmma_commit();
+    wgmma_wait<0>();
+    (fence_operands(regs), ...);
+}
+
+}  // namespace trainer::cuda::sm90

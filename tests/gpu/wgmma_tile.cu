@@ -62,24 +62,26 @@ __global__ void __launch_bounds__(128)
     __syncthreads();      // and every other thread's
 
     float s[Keys / 8][4] = {};
-    wgmma_fence();
+    wgmma_batch(
+        [&] {
 #pragma unroll
-    for (int kk = 0; kk < Head / 16; ++kk) {
-        wgmma_ss<Keys>(s, k_major(smem_addr(sq), kRows, kk), k_major(smem_addr(sk), Keys, kk), kk > 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
+            for (int kk = 0; kk < Head / 16; ++kk) {
+                wgmma_ss<Keys>(s, k_major(smem_addr(sq), kRows, kk), k_major(smem_addr(sk), Keys, kk), kk > 0);
+            }
+        },
+        s);
     store<Keys>(s_out, s);
     // P = S in bf16 as the A operand, 16 keys a k-step: the accumulators of columns 16 kk .. + 7 and + 8 .. + 15.
     uint32_t p[Keys / 16][4];
 #pragma unroll
     for (int kk = 0; kk < Keys / 16; ++kk) flash::pack_a(p[kk], s[2 * kk], s[2 * kk + 1]);
     float o[Head / 8][4] = {};
-    wgmma_fence();
+    wgmma_batch(
+        [&] {
 #pragma unroll
-    for (int kk = 0; kk < Keys / 16; ++kk) wgmma_rs<Head>(o, p[kk], n_major(smem_addr(sv), Keys, kk), kk > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
+            for (int kk = 0; kk < Keys / 16; ++kk) wgmma_rs<Head>(o, p[kk], n_major(smem_addr(sv), Keys, kk), kk > 0);
+        },
+        o, p);
     store<Head>(o_out, o);
 }
 

@@ -125,6 +125,9 @@ template <int N>
 inline void wgmma_wait() {
     ::simt::wgmma_wait(N);
 }
+// Empty on the emulator: the kernel's statements run in the order written.
+template <typename T, int M>
+inline void fence_operands(T (&)[M][4]) {}
 template <int N>
 inline void wgmma_ss(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
     ::simt::wgmma_m64k16(&d[0][0], N, desc_a, nullptr, desc_b, false, accumulate);
