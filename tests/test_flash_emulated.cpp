@@ -250,11 +250,12 @@ TEST_CASE("simt emulator: reports a divergent barrier a shared address out of ra
     CHECK_THROWS_WITH(unwaited(), Catch::Contains("cp.async copies it never waited for"));
 }
 
-TEST_CASE("simt emulator: wgmma reports a missing proxy fence a misaligned descriptor and an unwaited group") {
+TEST_CASE("simt emulator: wgmma flags a missing fence a misaligned descriptor an unwaited group and divergent warps") {
     using namespace trainer::cuda::sm90;
     // One warpgroup: S (64 x 64) = Q K^T over one k-step, Q and K loaded by cp.async at shared offset `at`.
+    // `diverge`: 1, warp 2 skips the batch (its rows are not written); 2, warp 3 reads B at the next k-step.
     std::vector<uint16_t> src(64 * 64, trainer::float_to_bf16(0.5f));
-    const auto run = [&](uint32_t at, bool fence, bool wait) {
+    const auto run = [&](uint32_t at, bool fence, bool wait, int diverge = 0) {
         simt::launch(1, 128, 64 * 64 * 2 * 2 + 1024, [&] {
             uint8_t* sq = simt::dynamic_shared() + at;
             uint8_t* sk = sq + 64 * 64 * 2;
@@ -266,9 +267,12 @@ TEST_CASE("simt emulator: wgmma reports a missing proxy fence a misaligned descr
             cp_async_wait<0>();
             if (fence) fence_proxy_async();
             __syncthreads();
+            const int warp = static_cast<int>(threadIdx.x) / 32;
+            if (diverge == 1 && warp == 2) return;
             float s[8][4] = {};
             wgmma_fence();
-            wgmma_ss<64>(s, k_major(smem_addr(sq), 64, 0), k_major(smem_addr(sk), 64, 0), false);
+            wgmma_ss<64>(s, k_major(smem_addr(sq), 64, 0), k_major(smem_addr(sk), 64, diverge == 2 && warp == 3),
+                         false);
             wgmma_commit();
             if (wait) wgmma_wait<0>();
             if (wait && s[0][0] != 16 * 0.25f) throw std::runtime_error(fmt::format("S[0][0] = {}", s[0][0]));
@@ -278,4 +282,9 @@ TEST_CASE("simt emulator: wgmma reports a missing proxy fence a misaligned descr
     CHECK_THROWS_WITH(run(0, false, true), Catch::Contains("with no fence.proxy.async since"));
     CHECK_THROWS_WITH(run(512, true, true), Catch::Contains("must start on a 1024-byte boundary"));
     CHECK_THROWS_WITH(run(0, true, false), Catch::Contains("wgmma.mma_async operations it never waited for"));
+    CHECK_THROWS_WITH(run(0, true, true, 1),
+                      Catch::Contains("thread 64 (warp 2) issued nothing as its warpgroup instruction 0, where "
+                                      "thread 0 (warp 0) issued wgmma.fence"));
+    CHECK_THROWS_WITH(run(0, true, true, 2), Catch::Contains("(warp 3) issued wgmma.mma_async n64") &&
+                                                 Catch::Contains("the warpgroup's 128 threads must issue the same"));
 }

@@ -78,6 +78,33 @@ struct PendingWgmma {
     uint32_t a_warp[32][4];
 };
 
+// A warpgroup-wide instruction a thread issued (wgmma.fence, wgmma.mma_async, wgmma.commit_group and
+// wgmma.wait_group are all .sync.aligned over the warpgroup: its 128 threads must issue the same ones, in the same
+// order, with the same operands but A's registers).
+struct WarpgroupOp {
+    enum Kind : uint8_t { kFence, kMma, kCommit, kWait } kind;
+    uint64_t desc_a = 0, desc_b = 0;  // wgmma: A's descriptor (0 with A from registers) and B's
+    int32_t n = 0;                    // wgmma: N; wait_group: its count
+    uint32_t flags = 0;               // wgmma: kRegA | kTransB | kAccumulate
+};
+bool same(const WarpgroupOp& x, const WarpgroupOp& y) {
+    return x.kind == y.kind && x.desc_a == y.desc_a && x.desc_b == y.desc_b && x.n == y.n && x.flags == y.flags;
+}
+std::string describe(const WarpgroupOp& op) {
+    switch (op.kind) {
+        case WarpgroupOp::kFence:
+            return "wgmma.fence";
+        case WarpgroupOp::kMma:
+            return fmt::format("wgmma.mma_async n{} (A {:#x}, B {:#x}, flags {})", op.n, op.desc_a, op.desc_b,
+                               op.flags);
+        case WarpgroupOp::kCommit:
+            return "wgmma.commit_group";
+        case WarpgroupOp::kWait:
+            return fmt::format("wgmma.wait_group {}", op.n);
+    }
+    return "?";
+}
+
 // A stack with a guard page below it: an overflow faults instead of writing over the neighbour's.
 class Stack {
    public:
@@ -108,6 +135,7 @@ struct Fiber {
     std::deque<std::vector<Copy>> groups;  // committed groups not yet retired, oldest first
     std::vector<PendingWgmma> wgmma_open;  // wgmma issued since the last wgmma.commit_group
     std::deque<std::vector<PendingWgmma>> wgmma_groups;
+    std::vector<WarpgroupOp> warpgroup_ops;  // this thread's, in order
     void* asan_fake_stack = nullptr;
 };
 
@@ -252,6 +280,33 @@ std::string states(unsigned n) {
     return s;
 }
 
+// Every thread of a warpgroup issued the same warpgroup instructions (the first thread's); a block of threads that
+// do not fill their warpgroup issued none.
+void check_warpgroups(unsigned n) {
+    const Emulator& e = emu();
+    for (unsigned t = 0; t < n; ++t) {
+        const std::vector<WarpgroupOp>& mine = e.fibers[t].warpgroup_ops;
+        const unsigned first = t / 128 * 128;
+        if (first + 128 > n && !mine.empty()) {
+            throw std::runtime_error(
+                fmt::format("simt: block {} thread {}: {} in a block of {} threads, which do not "
+                            "fill the thread's warpgroup of 128",
+                            block_name(), t, describe(mine[0]), n));
+        }
+        const std::vector<WarpgroupOp>& ref = e.fibers[first].warpgroup_ops;
+        size_t i = 0;
+        while (i < mine.size() && i < ref.size() && same(mine[i], ref[i])) ++i;
+        if (i == mine.size() && i == ref.size()) continue;
+        throw std::runtime_error(
+            fmt::format("simt: block {} warpgroup {}: thread {} (warp {}) issued {} as its warpgroup instruction {}, "
+                        "where thread {} "
+                        "(warp {}) issued {}: wgmma's instructions are .sync.aligned, the warpgroup's 128 threads must "
+                        "issue the same",
+                        block_name(), t / 128, t, t / 32, i < mine.size() ? describe(mine[i]) : "nothing", i, first,
+                        first / 32, i < ref.size() ? describe(ref[i]) : "nothing"));
+    }
+}
+
 void run_block(Dim3 b, unsigned n) {
     Emulator& e = emu();
     e.block_idx = b;
@@ -267,6 +322,7 @@ void run_block(Dim3 b, unsigned n) {
         f.groups.clear();
         f.wgmma_open.clear();
         f.wgmma_groups.clear();
+        f.warpgroup_ops.clear();
         f.asan_fake_stack = nullptr;
 #ifdef SIMT_ASAN
         // A fiber of the block before that faulted never unwound: its frames' redzones are still poisoned.
@@ -327,7 +383,7 @@ void run_block(Dim3 b, unsigned n) {
             done += e.fibers[t].state == State::kDone;
             barrier += e.fibers[t].state == State::kBarrier;
         }
-        if (done == n) return;
+        if (done == n) return check_warpgroups(n);
         if (barrier + done == n) {
             for (unsigned t = 0; t < n; ++t) {
                 if (e.fibers[t].state == State::kBarrier) e.fibers[t].state = State::kRunnable;
@@ -489,10 +545,11 @@ void fence_proxy_async() {
     }
 }
 
-void wgmma_fence() { (void)self(); }
+void wgmma_fence() { self().warpgroup_ops.push_back({WarpgroupOp::kFence}); }
 
 void wgmma_commit() {
     Fiber& f = self();
+    f.warpgroup_ops.push_back({WarpgroupOp::kCommit});
     f.wgmma_groups.push_back(std::move(f.wgmma_open));
     f.wgmma_open.clear();
 }
@@ -598,11 +655,13 @@ void wgmma_m64k16(float* d, int n, uint64_t desc_a, const uint32_t* a, uint64_t 
         }
     }
     self().wgmma_open.push_back(p);
+    self().warpgroup_ops.push_back({WarpgroupOp::kMma, a ? 0 : desc_a, desc_b, n, mine.flags});
 }
 
 void wgmma_wait(int n) {
     Fiber& f = self();
     if (n < 0) fault("wgmma.wait_group with a negative count");
+    f.warpgroup_ops.push_back({WarpgroupOp::kWait, 0, 0, n, 0});
     while (f.wgmma_groups.size() > static_cast<size_t>(n)) {
         for (const PendingWgmma& p : f.wgmma_groups.front()) run_wgmma(p);
         f.wgmma_groups.pop_front();

@@ -23,8 +23,11 @@
 //     descriptors must be the same on the warp's 32 lanes and their swizzle pattern 1024-byte aligned (base
 //     offset 0); shared memory a cp.async wrote must have been made visible to the async proxy
 //     (fence.proxy.async, by the thread whose copy it was) before a wgmma that reads it is issued; a thread that
-//     ends with a wgmma outstanding is an error. Not checked: that the warpgroup's four warps issue the same
-//     wgmma (each warp computes its 16 rows of the 64 on its own), wgmma.fence around register accesses, and
+//     ends with a wgmma outstanding is an error; the 128 threads of a warpgroup must issue the same wgmma.fence,
+//     wgmma.mma_async (the same descriptors), commit_group and wait_group instructions in the same order (each warp
+//     computes its 16 rows of the 64 on its own, so a warp that skips a wgmma would still give its rows right here;
+//     on a GPU the .sync.aligned instructions would hang or compute garbage). Not checked: wgmma.fence around
+//     register accesses, which is the compiler's schedule (scripts/check_wgmma_ptx.py checks it on the PTX), and
 //     plain stores to shared memory (only cp.async's writes are tracked for the proxy fence).
 // Reports are exceptions thrown by launch() naming the block, thread and instruction.
 //
