@@ -220,7 +220,7 @@ int run_main(int argc, char** argv) {
     plan->add_flag("--json", plan_opts.json, "one JSON object per configuration instead of the table");
     plan->add_option("--hardware", plan_opts.hardware,
                      "the device and links the step times are for: h100-sxm, h200, a100-40gb, a100-80gb, "
-                     "a100-40gb-pcie, cpu (default: cpu on the CPU, h100-sxm on CUDA)");
+                     "a100-40gb-pcie, cpu (default: cpu on the CPU; on CUDA this node's GPU's entry, else h100-sxm)");
     plan->add_option("--calibration", plan_opts.calibration,
                      "op times measured by trainer bench-kernels --calibration-out (required for cpu)");
 

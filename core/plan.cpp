@@ -298,11 +298,34 @@ struct Plan {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// The GPU this rank computes on (its local rank modulo the GPUs present), where the node has one.
+std::optional<CudaDeviceInfo> local_gpu(const RankEnv& env) {
+    const int n = cuda_device_count();
+    return n > 0 ? cuda_device_info(env.local_rank % n) : std::nullopt;
+}
+
+// The entry a CUDA plan takes without --hardware (plan.hardware): the node's GPU's, or h100-sxm where the node has
+// no GPU (a plan made elsewhere) or one without an entry (said on rank 0's stderr).
+std::string default_cuda_hardware(const RankEnv& env) {
+    const std::optional<CudaDeviceInfo> gpu = local_gpu(env);
+    if (!gpu) return "h100-sxm";
+    if (const Hardware* h = hardware_for_gpu(gpu->name)) return h->name;
+    if (env.rank == 0) {
+        std::fprintf(stderr,
+                     "plan: no hardware entry for this node's %s: its step times are h100-sxm's (set --hardware or "
+                     "plan.hardware: %s)\n",
+                     gpu->name.c_str(), hardware_names().c_str());
+    }
+    return "h100-sxm";
+}
+
 Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, const PlanOptions& o) {
     Plan plan;
     plan.env = env, plan.device = device;
     const int world = env.world_size;
-    const std::string hw_name = !o.hardware.empty() ? o.hardware : device == Device::kCuda ? "h100-sxm" : "cpu";
+    const std::string hw_name = !o.hardware.empty()       ? o.hardware
+                                : device == Device::kCuda ? default_cuda_hardware(env)
+                                                          : "cpu";
     const Hardware* entry = find_hardware(hw_name);
     if (entry == nullptr) user_error("plan --hardware {}: unknown; expected one of {}", hw_name, hardware_names());
     plan.hw = *entry;
@@ -586,6 +609,12 @@ TrainConfig choose_configuration(const TrainConfig& config, const RankEnv& env, 
     o.hardware = config.plan.hardware.value_or("");
     o.calibration = config.plan.calibration.value_or("");
     o.device_memory_gib = config.plan.device_memory_gib.value_or(0.0);
+    // The memory of the GPU this rank computes on, not its hardware entry's (an A100 40 GB planned as an entry of
+    // 80 would be given a row that does not fit; an H200 as an H100, rows that shard for nothing).
+    if (const std::optional<CudaDeviceInfo> gpu = device == Device::kCuda ? local_gpu(env) : std::nullopt;
+        gpu && o.device_memory_gib <= 0.0) {
+        o.device_memory_gib = static_cast<double>(gpu->memory_bytes) / kGiB;
+    }
     // The host memory this node has (its capacity, alike on every rank: the run's own check then compares
     // what is available at its start), so the choice is never an offload the node cannot hold.
     o.host_memory_gib = config.plan.host_memory_gib.value_or(0.0);
@@ -596,7 +625,8 @@ TrainConfig choose_configuration(const TrainConfig& config, const RankEnv& env, 
     const Plan plan = make_plan(config, env, device, o);
     if (plan.recommended < 0) user_error("distributed_strategy auto: {}", plan.reasons);
     const TrainConfig& chosen = plan.rows[plan.recommended].config;
-    std::printf("distributed_strategy auto (plan on %s): %s, because %s\n", plan.hw->name.c_str(),
+    const std::string memory = plan.device_gib > 0.0 ? fmt::format(", {:.1f} GiB a device", plan.device_gib) : "";
+    std::printf("distributed_strategy auto (plan on %s%s): %s, because %s\n", plan.hw->name.c_str(), memory.c_str(),
                 describe(chosen, env.world_size).c_str(), plan.reasons.c_str());
     std::fflush(stdout);
     return chosen;

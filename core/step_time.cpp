@@ -107,6 +107,26 @@ const Hardware* find_hardware(const std::string& name) {
     return nullptr;
 }
 
+const Hardware* hardware_for_gpu(const std::string& device_name) {
+    // Every word of `all` in the name and none of `none`, first match wins.
+    struct Rule {
+        std::vector<const char*> all, none;
+        const char* entry;
+    };
+    static const Rule rules[] = {{{"H100"}, {"PCIe", "NVL"}, "h100-sxm"},
+                                 {{"H200"}, {"NVL"}, "h200"},
+                                 {{"A100", "SXM4-40GB"}, {}, "a100-40gb"},
+                                 {{"A100", "SXM4-80GB"}, {}, "a100-80gb"},
+                                 {{"A100", "PCIE-40GB"}, {}, "a100-40gb-pcie"}};
+    const auto has = [&](const char* word) { return device_name.find(word) != std::string::npos; };
+    for (const Rule& r : rules) {
+        if (std::all_of(r.all.begin(), r.all.end(), has) && std::none_of(r.none.begin(), r.none.end(), has)) {
+            return find_hardware(r.entry);
+        }
+    }
+    return nullptr;
+}
+
 std::string hardware_names() {
     std::string out;
     for (const Hardware& h : table()) out += (out.empty() ? "" : ", ") + h.name;

@@ -51,6 +51,9 @@ struct Hardware {
 // The built-in entries (h100-sxm, h200, a100-40gb, a100-80gb, a100-40gb-pcie, cpu: this machine) and their names.
 const Hardware* find_hardware(const std::string& name);
 std::string hardware_names();
+// The entry of a GPU as its driver names it ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", ...); nullptr for
+// a GPU without one (H100 PCIe and NVL, H200 NVL, A100 80GB PCIe, any other).
+const Hardware* hardware_for_gpu(const std::string& device_name);
 
 // Measured op times (trainer bench-kernels --calibration-out): each op's FLOPs, bytes and seconds.
 struct Calibration {

@@ -97,6 +97,7 @@ Device check_device_config(const TrainConfig& c) {
 
 #ifndef TRAINER_HAVE_CUDA
 int cuda_device_count() { return 0; }
+std::optional<CudaDeviceInfo> cuda_device_info(int) { return std::nullopt; }
 #endif
 
 void Backend::begin_capture() { throw InternalError(fmt::format("the {} backend records no graphs", name())); }

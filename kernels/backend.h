@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -349,6 +350,12 @@ std::unique_ptr<Backend> make_backend(Device device, const BackendOptions& optio
 
 // GPUs this process can use: 0 in a build without CUDA, without a driver or without a device.
 int cuda_device_count();
+// GPU `index` as the driver names it, and its memory in bytes; nullopt where there is no such GPU (or no CUDA).
+struct CudaDeviceInfo {
+    std::string name;
+    uint64_t memory_bytes = 0;
+};
+std::optional<CudaDeviceInfo> cuda_device_info(int index);
 // kAuto -> kCuda where a GPU is present, else kCpu; the others unchanged.
 Device resolve_device(Device device);
 

@@ -27,7 +27,7 @@
 #             whole_layer; OLMo-7B micro-batch 2 with whole_layer and cpu_offload.optimizer_state (3 steps of
 #             64 micro-batches: tokens/s, MFU, busy fraction, device and host peaks), after the plan's
 #             prediction of that run
-#   plan      trainer plan --hardware h100-sxm against a measured run of the same OLMo-1B configuration
+#   plan      trainer plan (this GPU's hardware entry) against a measured run of the same OLMo-1B configuration
 #   profile   ncu of our flash forward and backward kernels (on an H100 the wgmma ones, attention_flash_sm90a.cu)
 #             at OLMo-1B micro-batch 4 and GPT-2 micro-batch 16: speed of light, the pipes, occupancy and the
 #             warps' stall reasons
@@ -164,7 +164,7 @@ for s in "${expanded[@]}"; do
             offload7b=(--config configs/olmo_7b.json --set device_train_microbatch_size=2
                 --set global_train_batch_size=128 --set precision=amp_bf16
                 --set activation_checkpointing=whole_layer --set cpu_offload.optimizer_state=true)
-            step plan_olmo7b_offload 120 "$trainer" plan "${offload7b[@]}" --device cuda --hardware h100-sxm --json
+            step plan_olmo7b_offload 120 "$trainer" plan "${offload7b[@]}" --device cuda --json
             python3 -c "
 import json
 rows = [json.loads(l) for l in open('$logs/plan_olmo7b_offload.log') if l.startswith('{')]
@@ -177,7 +177,7 @@ print(f\"  plan: step {r['predicted_step_ms']:.0f} ms (compute {r['predicted_com
                 --set global_train_batch_size=128
             ;;
         plan)
-            step plan_olmo1b 60 "$trainer" plan --config configs/olmo_1b.json --device cuda --hardware h100-sxm \
+            step plan_olmo1b 60 "$trainer" plan --config configs/olmo_1b.json --device cuda \
                 --set device_train_microbatch_size=4 --set global_train_batch_size=4 --json
             python3 -c "
 import json, sys

@@ -3,6 +3,8 @@
 // activation checkpointing policy and CPU offload; and the step's events are the ops and collectives the
 // strategy issues; the time model overlaps and queues collectives as the strategy issues them; and `trainer
 // plan` prints a dry run and a predicted step time per candidate configuration.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -390,6 +392,27 @@ TEST_CASE("plan: unknown hardware and a CPU plan without op times are refused") 
     CHECK(pcie.out.find("links within a node 20 GB/s, 15 us") != std::string::npos);
 }
 
+TEST_CASE("plan: a GPU's driver name picks its hardware entry and a GPU without one gets none") {
+    // The names nvidia-smi and cudaGetDeviceProperties report.
+    const std::vector<std::pair<const char*, const char*>> known = {{"NVIDIA H100 80GB HBM3", "h100-sxm"},
+                                                                    {"NVIDIA H200", "h200"},
+                                                                    {"NVIDIA A100-SXM4-40GB", "a100-40gb"},
+                                                                    {"NVIDIA A100-SXM4-80GB", "a100-80gb"},
+                                                                    {"NVIDIA A100-PCIE-40GB", "a100-40gb-pcie"}};
+    for (const auto& [name, entry] : known) {
+        CAPTURE(name);
+        const Hardware* hw = hardware_for_gpu(name);
+        REQUIRE(hw != nullptr);
+        CHECK(hw->name == entry);
+    }
+    // Other rooflines, clocks or links than any entry's: none, rather than a wrong one.
+    for (const char* name : {"NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA A100 80GB PCIe",
+                             "NVIDIA L40S", "NVIDIA GeForce RTX 4090"}) {
+        CAPTURE(name);
+        CHECK(hardware_for_gpu(name) == nullptr);
+    }
+}
+
 TEST_CASE("plan: the hardware entry's links and roofline shares can be set and move what they should") {
     // OLMo-1B under DDP with an all-reduce per micro-batch on 4 ranks of an A100 node: the link sets the
     // exposed communication, the GEMMs' share the compute.
@@ -515,7 +538,8 @@ TEST_CASE("plan: distributed_strategy auto trains with the recommendation and sh
         const auto r = test_util::launch(2, args);
         INFO(r.out << r.err);
         REQUIRE(r.exit_code == 0);
-        CHECK(r.out.find("distributed_strategy auto (plan on cpu): ") != std::string::npos);
+        CHECK(r.out.find(limited ? fmt::format("distributed_strategy auto (plan on cpu, {:.1f} GiB a device): ", gib)
+                                 : "distributed_strategy auto (plan on cpu): ") != std::string::npos);
         CHECK(r.out.find("because the fastest predicted") != std::string::npos);
         // The run is the chosen configuration: its summary's memory is the plan's row's.
         const Json summary = test_util::read_summary(metrics);
@@ -635,6 +659,7 @@ TEST_CASE("plan: --host-memory marks the offload rows whose host state does not 
     const auto chosen = test_util::run_trainer(train, {"TRAINER_HOST_MEMORY_BYTES=100000000000"});
     INFO(chosen.out << chosen.err);
     CHECK(chosen.exit_code == 0);
-    CHECK(chosen.out.find("distributed_strategy auto (plan on h100-sxm): ") != std::string::npos);
+    CHECK(chosen.out.find(fmt::format("distributed_strategy auto (plan on h100-sxm, {:.1f} GiB a device): ",
+                                      std::stod(device_gib))) != std::string::npos);
     CHECK(chosen.out.find("offload") != std::string::npos);
 }

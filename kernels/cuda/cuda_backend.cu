@@ -52,6 +52,16 @@ int cuda_device_count() {
     return n;
 }
 
+std::optional<CudaDeviceInfo> cuda_device_info(int index) {
+    if (index < 0 || index >= cuda_device_count()) return std::nullopt;
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, index) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return std::nullopt;
+    }
+    return CudaDeviceInfo{p.name, static_cast<uint64_t>(p.totalGlobalMem)};
+}
+
 namespace cuda {
 namespace {
 

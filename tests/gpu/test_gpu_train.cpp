@@ -2,13 +2,17 @@
 // against the PyTorch fixtures, 20 training steps against the CPU backend, every strategy over a one-rank NCCL
 // communicator, two ranks on two GPUs where a machine has them, CPU offload against the resident run, bench-kernels'
 // bf16 Linear ceiling, and the utilisation metrics and device tracks of a trace.
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/step_time.h"
 #include "kernels/backend.h"
 #include "kernels/element.h"
 #include "model_check.h"
@@ -194,6 +198,23 @@ TEST_CASE("gpu: every strategy over a one-rank NCCL communicator trains to the s
         const auto got = train(dir.path("s" + std::to_string(k++) + ".jsonl"), s);
         test_util::check_losses(single, got, 0, 1e-5);
     }
+}
+
+TEST_CASE("gpu: distributed_strategy auto plans for this GPU's hardware entry and memory") {
+    const std::optional<CudaDeviceInfo> gpu = cuda_device_info(0);
+    REQUIRE(gpu.has_value());
+    const Hardware* entry = hardware_for_gpu(gpu->name);
+    test_util::TempDir dir;
+    const auto r =
+        test_util::run_trainer(tiny_args(dir.path("auto.jsonl"), {"--device", "cuda", "--strategy", "auto"}));
+    INFO(gpu->name << "\n" << r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.out.find(fmt::format("distributed_strategy auto (plan on {}, {:.1f} GiB a device): ",
+                                 entry != nullptr ? entry->name : "h100-sxm",
+                                 static_cast<double>(gpu->memory_bytes) / (1024.0 * 1024.0 * 1024.0))) !=
+          std::string::npos);
+    if (entry == nullptr)
+        CHECK(r.err.find("plan: no hardware entry for this node's " + gpu->name) != std::string::npos);
 }
 
 TEST_CASE("gpu: two ranks on two GPUs (DDP and FULL_SHARD over NCCL) match one GPU") {
