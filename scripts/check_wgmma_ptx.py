@@ -2,17 +2,23 @@
 """Checks compiled PTX for the register rule of Hopper's asynchronous warpgroup MMA (kernels/cuda/wgmma.cuh).
 
 wgmma.mma_async reads its A fragments and reads and writes its accumulators asynchronously, from the instruction to
-the wgmma.wait_group that retires it. The PTX ISA asks wgmma.fence between any other instruction's access of those
-registers and the wgmma, and no access of them while the wgmma is in flight. The compiler cannot see this (an inline
-asm statement's data flow ends at the statement), so wgmma_batch fences the operands; this script checks what nvcc
-made of it, in each batch (wgmma.fence .. wgmma.commit_group .. wgmma.wait_group):
-  - between the fence and the commit, no instruction but a wgmma writes a register of the batch's wgmma operands;
-  - between the commit and the wait, no instruction touches one.
+the wgmma.wait_group that retires its group. The PTX ISA asks for a wgmma.fence between any other instruction's write
+of those registers and the wgmma, and for no access of them while the wgmma is in flight. The compiler cannot see
+this (an inline asm statement's data flow ends at the statement), so wgmma.cuh fences the operands; this script
+checks what nvcc made of it, reading each function's statements in order:
+  - a wgmma's operand registers were not written by another instruction since the last wgmma.fence;
+  - no instruction but a wgmma touches a register of a wgmma issued and not yet retired (wgmma.wait_group N retires
+    all committed groups but the N newest).
+The statements are read in the order of the text: our kernels retire every group before any branch leaves the code
+that issued it. With --ptxas PATH, each file is also assembled for sm_90a, and ptxas's note that it serialized the
+wgmma of a function (C7514: it waits after each one, where another instruction touches their registers while they
+are in flight) is an error too: the overlap the kernels are written for would be gone.
 
-Usage: check_wgmma_ptx.py FILE.ptx [FILE.ptx ...]   (arguments may also be ';'-separated lists, as CMake passes them)
-Exit status 0 when every batch keeps the rule (and at least one batch was found), 1 otherwise.
+Usage: check_wgmma_ptx.py [--ptxas PATH] FILE.ptx [FILE.ptx ...]   (';'-separated lists too, as CMake passes them)
+Exit status 0 when every group keeps the rule (and at least one group was found), 1 otherwise.
 """
 import re
+import subprocess
 import sys
 
 REGISTER = re.compile(r"%[a-z]+[0-9]+")
@@ -26,7 +32,7 @@ def wgmma_operands(stmt):
 def destinations(stmt):
     """The registers an instruction writes: its first operand (a register or a braced list of them)."""
     body = stmt.split(None, 1)
-    if len(body) < 2 or body[0].startswith(("st.", "bar", "cp.", "fence", "wgmma", "ret", "bra", "@")):
+    if len(body) < 2 or body[0].startswith(("st.", "bar", "cp.", "fence", "wgmma", "ret", "bra", "red.", "prefetch")):
         return set()
     first = body[1]
     if first.startswith("{"):
@@ -35,90 +41,117 @@ def destinations(stmt):
 
 
 def check(path, text, errors):
-    batches = 0
-    # Braced wgmma statements span several lines: join the file into one string of statements per ';', keeping braces
-    # of register lists inside a wgmma together.
+    """The rule over one PTX file; appends a line per violation to errors and returns the groups it saw committed."""
+    groups = 0
+    # Braced wgmma statements span several lines: join the file (comments dropped) and split it at each ';'.
     joined = " ".join(line.split("//")[0].strip() for line in text.split("\n"))
-    phase, operands, written = None, set(), []
     function = None
+    written = set()  # registers written since the last wgmma.fence
+    open_group, committed = set(), []  # operands of the wgmma issued since the last commit; committed groups, oldest first
     for stmt in re.split(r";", joined):
         stmt = stmt.strip()
         m = re.search(r"\.entry\s+([^\s(]+)", stmt)
         if m:
-            function = m.group(1)
-        # The statement itself, after any label or opening brace of a scope.
-        stmt = re.sub(r"^(?:[{}]\s*|\$?[A-Za-z_0-9$]+:\s*)+", "", stmt)
-        if not stmt or stmt.startswith((".", "//")):
+            function, written, open_group, committed = m.group(1), set(), set(), []
+        # The statement itself, after any label, brace of a scope or guard predicate.
+        stmt = re.sub(r"^(?:[{}]\s*|\$?[A-Za-z_0-9$]+:\s*|@!?%[a-z]+[0-9]+\s+)+", "", stmt)
+        if not stmt or stmt.startswith("."):
             continue
+        in_flight = open_group.union(*committed)
         if stmt.startswith("wgmma.fence"):
-            phase, operands, written = "issue", set(), []
-            continue
-        if phase is None:
-            continue
-        if stmt.startswith("wgmma.mma_async"):
-            operands |= wgmma_operands(stmt)
-            continue
-        if stmt.startswith("wgmma.commit_group"):
-            bad = [(s, sorted(d & operands)) for s, d in written if d & operands]
-            for s, regs in bad:
-                errors.append(f"{path}: {function}: {', '.join(regs)} written between wgmma.fence and the batch: {s}")
-            phase = "inflight"
-            continue
-        if stmt.startswith("wgmma.wait_group"):
-            batches += 1
-            phase = None
-            continue
-        if phase == "issue":
-            written.append((stmt, destinations(stmt)))
-        elif phase == "inflight":
-            touched = set(REGISTER.findall(stmt)) & operands
+            written = set()
+        elif stmt.startswith("wgmma.mma_async"):
+            operands = wgmma_operands(stmt)
+            late = sorted(operands & written)
+            if late:
+                errors.append(f"{path}: {function}: {', '.join(late)} written after the last wgmma.fence, then read by "
+                              f"{stmt[:60]}...")
+                written -= operands  # each write reported once
+            open_group |= operands
+        elif stmt.startswith("wgmma.commit_group"):
+            if open_group:
+                committed.append(open_group)
+                groups += 1
+            open_group = set()
+        elif stmt.startswith("wgmma.wait_group"):
+            keep = int(stmt.split()[-1])
+            committed = committed[len(committed) - keep:] if keep > 0 else []
+        else:
+            touched = set(REGISTER.findall(stmt)) & in_flight
             if touched:
-                errors.append(f"{path}: {function}: {', '.join(sorted(touched))} accessed while the wgmma is in flight: "
+                errors.append(f"{path}: {function}: {', '.join(sorted(touched))} accessed while a wgmma is in flight: "
                               f"{stmt}")
-    return batches
+            written |= destinations(stmt)
+    return groups
 
 
 def self_test():
-    """The checker against three small batches: one that keeps the rule, and one that breaks each half of it."""
-    wgmma = ("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1, %f2}, {%r1, %r2, %r3, %r4}, %rd1, p, 1, 1, "
-             "1;")
+    """The checker on small functions: ones that keep the rule, and ones that break each part of it."""
+    def wgmma(acc, a):
+        return (f"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{acc}}}, {{{a}}}, %rd1, p, 1, 1, 1;\n")
 
-    def batch(before, inflight):
-        return (".visible .entry k(\n{\n" + "mov.f32 %f1, 0f00000000;\nwgmma.fence.sync.aligned;\n" + before + wgmma +
-                "\nwgmma.commit_group.sync.aligned;\n" + inflight + "wgmma.wait_group.sync.aligned 0;\n"
-                "add.f32 %f3, %f1, %f2;\n}\n")
+    first, second = wgmma("%f1, %f2", "%r1, %r2, %r3, %r4"), wgmma("%f11, %f12", "%r5, %r6, %r7, %r8")
+    fence, commit = "wgmma.fence.sync.aligned;\n", "wgmma.commit_group.sync.aligned;\n"
 
-    cases = [("clean", batch("add.s32 %r9, %r8, 16;\n", "add.s32 %r9, %r9, 1;\n"), 0),
-             ("write after the fence", batch("mov.f32 %f2, 0f00000000;\n", ""), 1),
-             ("A fragment packed after the fence", batch("cvt.rn.bf16x2.f32 %r3, %f7, %f8;\n", ""), 1),
-             ("read in flight", batch("", "mul.f32 %f5, %f1, %f4;\n"), 1)]
+    def function(body):
+        return ".visible .entry k(\n{\nmov.f32 %f1, 0f00000000;\n" + body + "add.f32 %f3, %f1, %f2;\n}\n"
+
+    def one(before, inflight):
+        return function(fence + before + first + commit + inflight + "wgmma.wait_group.sync.aligned 0;\n")
+
+    def two(between, wait, after):
+        return function(fence + first + commit + between + fence + second + commit +
+                        f"wgmma.wait_group.sync.aligned {wait};\n" + after)
+
+    cases = [("clean", one("add.s32 %r9, %r8, 16;\n", "add.s32 %r9, %r9, 1;\n"), 1, 0),
+             ("write after the fence", one("mov.f32 %f2, 0f00000000;\n", ""), 1, 1),
+             ("A fragment packed after the fence", one("@%p1 cvt.rn.bf16x2.f32 %r3, %f7, %f8;\n", ""), 1, 1),
+             ("read in flight", one("", "mul.f32 %f5, %f1, %f4;\n"), 1, 1),
+             ("two groups, the second's A packed between them", two("cvt.rn.bf16x2.f32 %r5, %f7, %f8;\n", 0, ""), 2, 0),
+             ("two groups, the first's accumulator read between them", two("mul.f32 %f5, %f2, %f4;\n", 0, ""), 2, 1),
+             ("wait_group 1 retires the older group only",
+              two("", 1, "mul.f32 %f5, %f1, %f4;\nmul.f32 %f6, %f11, %f4;\nwgmma.wait_group.sync.aligned 0;\n"), 2, 1)]
     ok = True
-    for name, text, expected in cases:
+    for name, text, want_groups, want_errors in cases:
         errors = []
         found = check(name, text, errors)
-        if found != 1 or len(errors) != expected:
-            print(f"self-test: {name}: {found} batches, {len(errors)} violations (expected 1, {expected})")
+        if found != want_groups or len(errors) != want_errors:
+            print(f"self-test: {name}: {found} groups, {len(errors)} violations (expected {want_groups}, "
+                  f"{want_errors}): {errors}")
             ok = False
     return ok
+
+
+def serialized(ptxas, path):
+    """ptxas's notes that it serialized a function's wgmma, assembling the file for sm_90a."""
+    r = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", "/dev/null"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return [f"{path}: ptxas failed: {r.stderr.strip()}"]
+    return [f"{path}: {line.strip()}" for line in r.stderr.splitlines() if "serialized" in line and "wgmma" in line]
 
 
 def main(argv):
     if not self_test():
         return 1
+    ptxas = None
+    if len(argv) >= 2 and argv[0] == "--ptxas":
+        ptxas, argv = argv[1], argv[2:]
     paths = [p for arg in argv for p in arg.split(";") if p]
     if not paths:
         print(__doc__.strip().split("\n\n")[-1], file=sys.stderr)
         return 2
-    errors, batches = [], 0
+    errors, groups = [], 0
     for path in paths:
         with open(path) as f:
-            batches += check(path, f.read(), errors)
+            groups += check(path, f.read(), errors)
+        if ptxas:
+            errors += serialized(ptxas, path)
     for e in errors:
         print("error:", e)
-    if batches == 0:
-        print("error: no wgmma batch (wgmma.fence .. wgmma.wait_group) in", ", ".join(paths))
+    if groups == 0:
+        print("error: no committed group of wgmma in", ", ".join(paths))
         return 1
-    print(f"{batches} wgmma batches in {len(paths)} files, {len(errors)} violations of the register rule")
+    print(f"{groups} groups of wgmma in {len(paths)} files, {len(errors)} violations of the register rule")
     return 1 if errors else 0
 
 

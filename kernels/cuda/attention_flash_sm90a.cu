@@ -271,21 +271,22 @@ __device__ __forceinline__ void backward_dkdv_block(uint8_t* smem, int bh, int k
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int qc = 8 * j + 2 * t + (e & 1), key = key_lo + (e >> 1) * 8;
-                    float p = exp2f(st[j][e] * scale_log2 - lse_t[qc]);
-                    if (diagonal && key > q0 + qc) p = 0.0f;
-                    st[j][e] = p;
-                    dpt[j][e] = p * (dpt[j][e] - dsum_t[qc]);
+                    const float p = exp2f(st[j][e] * scale_log2 - lse_t[qc]);
+                    st[j][e] = diagonal && key > q0 + qc ? 0.0f : p;
                 }
             }
+            // dV += P^T dO on the tensor cores while dS^T is computed, then dK += dS^T Q.
             uint32_t pf[kQ / 16][4], df[kQ / 16][4];
             pack_rows<kQ>(pf, st);
+            wgmma_issue([&] { issue_accumulate<D, kQ>(dv, pf, do_tile); }, dv, pf);
+#pragma unroll
+            for (int j = 0; j < kQ / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - dsum_t[8 * j + 2 * t + (e & 1)]);
+            }
             pack_rows<kQ>(df, dpt);
-            wgmma_batch(
-                [&] {
-                    issue_accumulate<D, kQ>(dv, pf, do_tile);
-                    issue_accumulate<D, kQ>(dk, df, q_tile);
-                },
-                dv, dk, pf, df);
+            wgmma_issue([&] { issue_accumulate<D, kQ>(dk, df, q_tile); }, dk, df);
+            wgmma_retire<0>(dv, dk, pf, df);
         }
         __syncthreads();  // both warpgroups are done with this buffer before the next iteration refills it
     }

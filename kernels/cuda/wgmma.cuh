@@ -159,22 +159,32 @@ __device__ __forceinline__ void wgmma_rs<128>(float (&d)[16][4], const uint32_t 
 
 namespace trainer::cuda::sm90 {
 
-// One batch of wgmma by the warpgroup, retired before it returns: issue() queues the products, into accumulators
-// among `regs` and from any A fragments among them (each an array of [M][4] registers). wgmma reads and writes
-// those registers asynchronously, from the instruction to the wait_group that retires it, and the compiler cannot
+// A group of wgmma by the warpgroup: issue() queues the products, into accumulators among `regs` and from any A
+// fragments among them (each an array of [M][4] registers), and the group is committed. wgmma reads and writes those
+// registers asynchronously, from the instruction to the wait_group that retires its group, and the compiler cannot
 // see that: its data flow ends at the wgmma asm statement, so it may schedule another access of them between
 // wgmma.fence and the wait, which PTX forbids (nvcc put the zeroing of S's accumulators after wgmma.fence). The
 // fences on the operands hold every write of them (zeroing, the softmax's rescale of O, packing P) before
-// wgmma.fence and every read after the wait, as CUTLASS's warpgroup_fence_operand does.
-// scripts/check_wgmma_ptx.py checks the compiled PTX for it.
+// wgmma.fence here, and wgmma_retire's every read after the wait, as CUTLASS's warpgroup_fence_operand does.
+// Between the two, the code must not touch them. scripts/check_wgmma_ptx.py checks the compiled PTX for all of it.
 template <typename Issue, typename... Regs>
-__device__ __forceinline__ void wgmma_batch(Issue&& issue, Regs&... regs) {
+__device__ __forceinline__ void wgmma_issue(Issue&& issue, Regs&... regs) {
     (fence_operands(regs), ...);
     wgmma_fence();
     issue();
     wgmma_commit();
-    wgmma_wait<0>();
+}
+// Waits until at most N groups are in flight, then fences `regs` (the operands of the groups retired).
+template <int N, typename... Regs>
+__device__ __forceinline__ void wgmma_retire(Regs&... regs) {
+    wgmma_wait<N>();
     (fence_operands(regs), ...);
+}
+// One group, retired before it returns.
+template <typename Issue, typename... Regs>
+__device__ __forceinline__ void wgmma_batch(Issue&& issue, Regs&... regs) {
+    wgmma_issue(issue, regs...);
+    wgmma_retire<0>(regs...);
 }
 
 }  // namespace trainer::cuda::sm90
