@@ -58,7 +58,7 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 // An empty asm statement that reads and writes every register of x (accumulators, or A fragments): the compiler
-// moves no access of x across it (wgmma_batch below says why).
+// moves no access of x across it (wgmma_issue below says why).
 template <typename T, int M>
 __device__ __forceinline__ void fence_operands(T (&x)[M][4]) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, uint32_t>, "wgmma's registers: float or uint32_t");
