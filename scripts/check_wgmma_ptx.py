@@ -57,7 +57,6 @@ def check(path, text, errors):
         stmt = re.sub(r"^(?:[{}]\s*|\$?[A-Za-z_0-9$]+:\s*|@!?%[a-z]+[0-9]+\s+)+", "", stmt)
         if not stmt or stmt.startswith("."):
             continue
-        in_flight = open_group.union(*committed)
         if stmt.startswith("wgmma.fence"):
             written = set()
         elif stmt.startswith("wgmma.mma_async"):
@@ -77,7 +76,7 @@ def check(path, text, errors):
             keep = int(stmt.split()[-1])
             committed = committed[len(committed) - keep:] if keep > 0 else []
         else:
-            touched = set(REGISTER.findall(stmt)) & in_flight
+            touched = set(REGISTER.findall(stmt)) & open_group.union(*committed)
             if touched:
                 errors.append(f"{path}: {function}: {', '.join(sorted(touched))} accessed while a wgmma is in flight: "
                               f"{stmt}")

@@ -289,8 +289,8 @@ void check_warpgroups(unsigned n) {
         const unsigned first = t / 128 * 128;
         if (first + 128 > n && !mine.empty()) {
             throw std::runtime_error(
-                fmt::format("simt: block {} thread {}: {} in a block of {} threads, which do not "
-                            "fill the thread's warpgroup of 128",
+                fmt::format("simt: block {} thread {}: {} in a block of {} threads, which do not fill the thread's "
+                            "warpgroup of 128",
                             block_name(), t, describe(mine[0]), n));
         }
         const std::vector<WarpgroupOp>& ref = e.fibers[first].warpgroup_ops;
@@ -299,9 +299,8 @@ void check_warpgroups(unsigned n) {
         if (i == mine.size() && i == ref.size()) continue;
         throw std::runtime_error(
             fmt::format("simt: block {} warpgroup {}: thread {} (warp {}) issued {} as its warpgroup instruction {}, "
-                        "where thread {} "
-                        "(warp {}) issued {}: wgmma's instructions are .sync.aligned, the warpgroup's 128 threads must "
-                        "issue the same",
+                        "where thread {} (warp {}) issued {}: wgmma's instructions are .sync.aligned, the warpgroup's "
+                        "128 threads must issue the same",
                         block_name(), t / 128, t, t / 32, i < mine.size() ? describe(mine[i]) : "nothing", i, first,
                         first / 32, i < ref.size() ? describe(ref[i]) : "nothing"));
     }
