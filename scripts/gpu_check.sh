@@ -29,6 +29,9 @@
 #             64 micro-batches: tokens/s, MFU, busy fraction, device and host peaks), after the plan's
 #             prediction of that run
 #   plan      trainer plan (this GPU's hardware entry) against a measured run of the same OLMo-1B configuration
+#   hf        transformers' logits on the Hugging Face exports of the tiny GPT-2, OLMo and OLMo-2 fixtures (two
+#             steps trained on the CPU, `trainer export`, scripts/check_hf_export.py): the GPU machine is where
+#             transformers is installed; nothing here needs the GPU (under a minute)
 #   profile   ncu of our flash forward and backward kernels (on an H100 the wgmma ones, attention_flash_sm90a.cu)
 #             at OLMo-1B micro-batch 4 and GPT-2 micro-batch 16: speed of light, the pipes, occupancy and the
 #             warps' stall reasons
@@ -46,7 +49,7 @@ done
 stages=("$@")
 ((${#stages[@]})) || stages=(tests kernels bench)
 for s in "${stages[@]}"; do
-    case $s in first | throughput | tests | race | kernels | bench | strategies | storage | memory | plan | profile) ;;
+    case $s in first | throughput | tests | race | kernels | bench | strategies | storage | memory | plan | hf | profile) ;;
         *) echo "error: unknown stage $s (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -191,6 +194,19 @@ rows = [json.loads(l) for l in open('$logs/plan_olmo1b.log') if l.startswith('{'
 row = next(r for r in rows if r.get('is_config'))
 print(f\"  plan, the config as given: {row['predicted_step_ms']:.1f} ms a step predicted\")" | tee -a "$summary"
             train plan_measured configs/olmo_1b.json 4 10 --precision amp_bf16
+            ;;
+        hf)
+            for name in gpt2 olmo olmo2; do
+                fixture=tests/fixtures/${name}_tiny
+                step "hf_${name}_train" 60 "$trainer" --config "$fixture.json" --init-from "${fixture}_init.safetensors" \
+                    --device cpu --max-duration 2 --save-folder "$logs/hf_${name}_ck" &&
+                    step "hf_${name}_export" 60 "$trainer" export --checkpoint "$logs/hf_${name}_ck/step2" \
+                        -o "$logs/hf_$name" &&
+                    step "hf_${name}_check" 120 python3 scripts/check_hf_export.py --config "$fixture.json" \
+                        --dir "$logs/hf_$name" --data "${fixture}_tokens.u16" --trainer "$trainer"
+                tail -1 "$logs/hf_${name}_check.log" 2>/dev/null | sed "s/^/  /" | tee -a "$summary"
+                rm -rf "$logs/hf_${name}_ck"
+            done
             ;;
         profile)
             for shape in "olmo_1b 4" "gpt2_124m 16"; do
