@@ -4,15 +4,16 @@
 #
 #   bash .gpu-bundle/run.sh scripts/gpu_check.sh [STAGE...]
 #
-# A session is lent the GPU for 15 minutes of device time, start-up included: run `first`, then `throughput`, as
-# two calls (each well under the tool's 10-minute limit); the other stages where time is left.
+# A session is lent the GPU for 15 minutes of device time, start-up included, and the machine goes back 30
+# seconds after a call ends: put what belongs together into one call. On an H200 (2026-11-26) `first` took 1
+# minute, `throughput tests` 3.5, `strategies plan` 1, `memory` 3.2.
 #
 # Stages (default: tests kernels bench):
 #   first       gpu_tests (every case, no sanitizer; our flash attention's cases first, in a process of their own),
 #               then the kernels stage: what the code written without a GPU does there, and our flash attention
-#               against cuDNN's (about 5 minutes)
+#               against cuDNN's
 #   throughput  scripts/bench_gpu.sh on GPT-2 124M and OLMo-1B micro-batch 4: the trainer as configured and with
-#               kernels.cuda_graphs, against PyTorch eager and torch.compile, alternating (about 5 minutes)
+#               kernels.cuda_graphs, against PyTorch eager and torch.compile, alternating
 #   tests     gpu_tests, then compute-sanitizer memcheck over the kernel cases (cuDNN's own kernels left out)
 #   race      compute-sanitizer racecheck over the kernel cases but the 1024-block flash case (over 7 minutes
 #             under racecheck; the small flash case runs the same kernels)
