@@ -219,6 +219,16 @@ TEST_CASE("simt emulator: a cp.async read before the barrier that publishes it r
     }
 }
 
+TEST_CASE("simt emulator: __all_sync is true only where every lane of the warp votes true") {
+    // Two warps: in warp 0 every lane votes true; in warp 1 lane 37 (its sixth) votes false. Each lane records the
+    // result, which must be its warp's alone.
+    std::vector<int> seen(64, -1);
+    simt::launch(1, 64, 0, [&] { seen[threadIdx.x] = __all_sync(0xffffffffu, threadIdx.x != 37); });
+    for (unsigned t = 0; t < 64; ++t) CHECK(seen[t] == (t < 32 ? 1 : 0));
+    const auto partial = [] { simt::launch(1, 32, 0, [] { (void)__all_sync(0xffffu, 1); }); };
+    CHECK_THROWS_WITH(partial(), Catch::Contains("__all_sync with mask 0xffff"));
+}
+
 TEST_CASE("simt emulator: reports a divergent barrier a shared address out of range and an unwaited copy") {
     // Lane 0 waits at a barrier while its warp's other lanes wait in a shuffle: neither can go on.
     const auto divergent = [] {

@@ -69,8 +69,12 @@ constexpr int kBwdRows = 32;                       // queries per backward tile
 // A tile of `rows` x D bf16 in shared memory, rows of D/8 chunks of 16 bytes, chunk c of row r stored at
 // chunk c ^ (r % 8): the 8 rows an ldmatrix reads at one logical chunk land in 8 distinct bank groups.
 template <int D>
+__device__ __forceinline__ int at_offset(int row, int col) {
+    return row * D + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
+}
+template <int D>
 __device__ __forceinline__ bf16* at(bf16* tile, int row, int col) {
-    return tile + row * D + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
+    return tile + at_offset<D>(row, col);
 }
 
 // Per-thread offsets (elements) into a swizzled tile for the three ldmatrix.x4 patterns. The rows a lane
@@ -98,19 +102,12 @@ __device__ __forceinline__ const bf16* frag(const bf16* tile, int r0, int offset
     return tile + r0 * D + (offset ^ (x << 4));
 }
 
-// Loads `rows` rows of D channels starting at global row `first` (stride `stride` elements, rows >=
-// `limit` zero-filled) into a swizzled tile, with cp.async over the block's threads.
+// Loads kRows rows of D channels starting at global row `first` (stride `stride` elements, rows >= `limit`
+// zero-filled) into a swizzled tile, with cp.async over the block's threads (flash_tile.cuh's load_rows).
 template <int D, int kRows>
 __device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, size_t stride, int first, int limit) {
-    constexpr int kChunks = kRows * D / 8;
-    static_assert(kChunks % kThreads == 0, "every thread loads the same number of chunks");
-#pragma unroll
-    for (int k = threadIdx.x; k < kChunks; k += kThreads) {
-        const int r = k / (D / 8), c = (k % (D / 8)) * 8;
-        const bool valid = first + r < limit;
-        const bf16* g = src + static_cast<size_t>(valid ? first + r : 0) * stride + c;
-        cp_async16(at<D>(tile, r, c), g, valid);
-    }
+    const auto offset = [](int r, int c) { return static_cast<uint32_t>(at_offset<D>(r, c)) * 2u; };
+    load_rows<D, kRows, kThreads>(reinterpret_cast<uint8_t*>(tile), offset, src, stride, first, limit);
 }
 
 // The key/value tiles 0 .. n_tiles - 1 (kK keys each, of one head) through two shared-memory buffers
@@ -332,7 +329,7 @@ __device__ __forceinline__ void backward_dkdv_tile(uint8_t* smem_raw, int bh, in
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int qc = nt * 8 + 2 * t + (e & 1), key = key_lo + (e >> 1) * 8;
-                float p = exp2f(s[0][nt][e] * scale_log2 - lse_t[qc]);
+                float p = exp2_ftz(fmaf(s[0][nt][e], scale_log2, -lse_t[qc]));
                 if (diagonal && key > q0 + qc) p = 0.0f;
                 s[0][nt][e] = p;
                 dp[0][nt][e] = p * (dp[0][nt][e] - dsum_t[qc]);
@@ -420,7 +417,7 @@ __device__ __forceinline__ void backward_dq_tile(uint8_t* smem_raw, int bh, int 
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int key = k0 + nt * 8 + 2 * t + (e & 1), row = w0 + mt * 16 + g + (e >> 1) * 8;
-                    float p = exp2f(s[mt][nt][e] * scale_log2 - slse[row - q0]);
+                    float p = exp2_ftz(fmaf(s[mt][nt][e], scale_log2, -slse[row - q0]));
                     if (diagonal && key > row) p = 0.0f;
                     dp[mt][nt][e] = p * (dp[mt][nt][e] - sdsum[row - q0]);
                 }

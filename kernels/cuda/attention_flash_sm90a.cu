@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "base/common.h"
 
@@ -50,20 +51,12 @@ constexpr int kThreads = 128 * kGroups;
 constexpr int kRows = 64 * kGroups;  // queries a block: 64 a warpgroup, 16 a warp
 constexpr int kKeys = 64;            // keys a tile (S's 32 accumulators a thread beside O's 32 or 64)
 
-// `rows` rows of D channels from global row `first` (stride `stride` elements; rows >= `limit` zero-filled) into a
-// tile of wgmma.cuh's layout, by cp.async over the block's threads: consecutive threads take consecutive 16-byte
-// chunks of a row.
+// kTileRows rows of D channels from global row `first` (stride `stride` elements; rows >= `limit` zero-filled) into
+// a tile of wgmma.cuh's layout, by cp.async over the block's threads (flash_tile.cuh's load_rows).
 template <int D, int kTileRows>
 __device__ __forceinline__ void load_tile(uint8_t* tile, const bf16* src, size_t stride, int first, int limit) {
-    constexpr int kChunks = kTileRows * D / 8;
-    static_assert(kChunks % kThreads == 0, "every thread loads the same number of chunks");
-#pragma unroll
-    for (int k = static_cast<int>(threadIdx.x); k < kChunks; k += kThreads) {
-        const int r = k / (D / 8), c = (k % (D / 8)) * 8;
-        const bool valid = first + r < limit;
-        const bf16* g = src + static_cast<size_t>(valid ? first + r : 0) * stride + c;
-        cp_async16(tile + tile_offset(kTileRows, r, c), g, valid);
-    }
+    const auto offset = [](int r, int c) { return tile_offset(kTileRows, r, c); };
+    load_rows<D, kTileRows, kThreads>(tile, offset, src, stride, first, limit);
 }
 
 // The key/value tiles 0 .. n_tiles - 1 (kK keys of one head) through two shared-memory buffers each (the next tile
@@ -92,7 +85,9 @@ __device__ __forceinline__ void for_each_key_tile(uint8_t* sk, uint8_t* sv, cons
 }
 
 // acc (the warpgroup's 64 x N) = A B^T over K columns, as K / 16 wgmma: A the 64 rows of a K-major tile of a_rows
-// rows at shared address a, B the N rows of a K-major tile of b_rows rows at b.
+// rows at shared address a, B the N rows of a K-major tile of b_rows rows at b. The first wgmma has scale-d 0, so
+// it reads nothing of acc, and the callers leave acc unzeroed (as CUTLASS's ScaleOut::Zero does): zeroing S and dP
+// cost 32 to 64 moves a thread a tile, 7% of the forward's instructions in its inner loop.
 template <int N, int K>
 __device__ __forceinline__ void issue_product(float (&acc)[N / 8][4], uint32_t a, int a_rows, uint32_t b, int b_rows) {
 #pragma unroll
@@ -111,6 +106,10 @@ __device__ __forceinline__ void issue_accumulate(float (&acc)[N / 8][4], const u
 #pragma unroll
     for (int kk = 0; kk < K / 16; ++kk) wgmma_rs<N>(acc, frag[kk], n_major(b, K, kk), true);
 }
+
+// x[i] and x[i + 1] (i even, x 8-byte aligned) as one 8-byte shared load: the dK/dV block reads each query's lse and
+// D this way, half the loads of two.
+__device__ __forceinline__ float2 pair(const float* x, int i) { return *reinterpret_cast<const float2*>(x + i); }
 
 template <int D>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -149,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for_each_key_tile<D, kK>(sk, sv, kbase, vbase, stride, T, n_tiles, [&](int j, uint32_t k_tile, uint32_t v_tile) {
         const int k0 = j * kK;
         if (k0 > g0 + 63) return;  // no query of the warpgroup sees a key of the tile (the same for its four warps)
-        float s[1][kK / 8][4] = {};
+        float s[1][kK / 8][4];     // not zeroed (issue_product)
         wgmma_batch([&] { issue_product<kK, D>(s[0], q_rows, kRows, k_tile, kK); }, s[0]);
         online_softmax<1, kK, D>(s, m, l, o, k0, w0, k0 + kK - 1 > w0, scale_log2, g, t);
         uint32_t p[kK / 16][4];
@@ -258,22 +257,32 @@ __device__ __forceinline__ void backward_dkdv_block(uint8_t* smem, int bh, int k
             const uint32_t q_tile = smem_addr(sq + buf * kTile), do_tile = smem_addr(sdo + buf * kTile);
             const float* lse_t = slse + buf * kQ;
             const float* dsum_t = sdsum + buf * kQ;
-            float st[kQ / 8][4] = {}, dpt[kQ / 8][4] = {};
+            float st[kQ / 8][4], dpt[kQ / 8][4];  // not zeroed (issue_product)
             wgmma_batch(
                 [&] {
                     issue_product<kQ, D>(st, k_rows, kBwdKeys, q_tile, kQ);
                     issue_product<kQ, D>(dpt, v_rows, kBwdKeys, do_tile, kQ);
                 },
                 st, dpt);
-            const bool diagonal = key_lo - g + 15 > q0;  // a key of the warp may lie past a query of the tile
+            // P^T, masked only where a key of the warp may lie past a query of the tile (the same for the warp).
+            const auto probabilities = [&](auto masked) {
 #pragma unroll
-            for (int j = 0; j < kQ / 8; ++j) {
+                for (int j = 0; j < kQ / 8; ++j) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int qc = 8 * j + 2 * t + (e & 1), key = key_lo + (e >> 1) * 8;
-                    const float p = exp2f(st[j][e] * scale_log2 - lse_t[qc]);
-                    st[j][e] = diagonal && key > q0 + qc ? 0.0f : p;
+                    for (int e = 0; e < 4; ++e) {
+                        const int qc = 8 * j + 2 * t + (e & 1);
+                        const float2 lse2 = pair(lse_t, 8 * j + 2 * t);  // the thread's two queries: one load
+                        st[j][e] = exp2_ftz(fmaf(st[j][e], scale_log2, -(e & 1 ? lse2.y : lse2.x)));
+                        if constexpr (decltype(masked)::value) {
+                            if (key_lo + (e >> 1) * 8 > q0 + qc) st[j][e] = 0.0f;
+                        }
+                    }
                 }
+            };
+            if (key_lo - g + 15 > q0) {
+                probabilities(std::true_type{});
+            } else {
+                probabilities(std::false_type{});
             }
             // dV += P^T dO on the tensor cores while dS^T is computed, then dK += dS^T Q.
             uint32_t pf[kQ / 16][4], df[kQ / 16][4];
@@ -282,7 +291,10 @@ __device__ __forceinline__ void backward_dkdv_block(uint8_t* smem, int bh, int k
 #pragma unroll
             for (int j = 0; j < kQ / 8; ++j) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - dsum_t[8 * j + 2 * t + (e & 1)]);
+                for (int e = 0; e < 4; ++e) {
+                    const float2 d2 = pair(dsum_t, 8 * j + 2 * t);
+                    dpt[j][e] = st[j][e] * (dpt[j][e] - (e & 1 ? d2.y : d2.x));
+                }
             }
             pack_rows<kQ>(df, dpt);
             wgmma_issue([&] { issue_accumulate<D, kQ>(dk, df, q_tile); }, dk, df);
@@ -349,24 +361,33 @@ __device__ __forceinline__ void backward_dq_block(uint8_t* smem, int bh, int qb,
     const int n_tiles = min((q0 + kDqRows - 1) / kK + 1, (T + kK - 1) / kK);  // up to the block's last query
     for_each_key_tile<D, kK>(sk, sv, kbase, vbase, stride, T, n_tiles, [&](int j, uint32_t k_tile, uint32_t v_tile) {
         const int k0 = j * kK;
-        if (k0 > g0 + 63) return;  // no query of the warpgroup sees a key of the tile
-        float s[kK / 8][4] = {}, dp[kK / 8][4] = {};
+        if (k0 > g0 + 63) return;           // no query of the warpgroup sees a key of the tile
+        float s[kK / 8][4], dp[kK / 8][4];  // not zeroed (issue_product)
         wgmma_batch(
             [&] {
                 issue_product<kK, D>(s, q_rows, kDqRows, k_tile, kK);
                 issue_product<kK, D>(dp, do_rows, kDqRows, v_tile, kK);
             },
             s, dp);
-        const bool diagonal = k0 + kK - 1 > w0;  // a key of the tile may lie past one of the warp's queries
+        // P and dS, masked only where a key of the tile may lie past one of the warp's queries.
+        const auto scores = [&](auto masked) {
 #pragma unroll
-        for (int n = 0; n < kK / 8; ++n) {
+            for (int n = 0; n < kK / 8; ++n) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = k0 + 8 * n + 2 * t + (e & 1), row = w0 + g + (e >> 1) * 8;
-                float p = exp2f(s[n][e] * scale_log2 - slse[row - q0]);
-                if (diagonal && key > row) p = 0.0f;
-                dp[n][e] = p * (dp[n][e] - sdsum[row - q0]);
+                for (int e = 0; e < 4; ++e) {
+                    const int row = w0 + g + (e >> 1) * 8;
+                    float p = exp2_ftz(fmaf(s[n][e], scale_log2, -slse[row - q0]));
+                    if constexpr (decltype(masked)::value) {
+                        if (k0 + 8 * n + 2 * t + (e & 1) > row) p = 0.0f;
+                    }
+                    dp[n][e] = p * (dp[n][e] - sdsum[row - q0]);
+                }
             }
+        };
+        if (k0 + kK - 1 > w0) {
+            scores(std::true_type{});
+        } else {
+            scores(std::false_type{});
         }
         uint32_t df[kK / 16][4];
         pack_rows<kK>(df, dp);

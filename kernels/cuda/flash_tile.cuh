@@ -29,26 +29,83 @@ __device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&lo)[4], c
     a[2] = pack_bf16(hi[0], hi[1]), a[3] = pack_bf16(hi[2], hi[3]);
 }
 
-// One key tile's online softmax for a warp's MT m-tiles of S (kK keys from k0; the warp's first query w0):
-// scale to base 2, the causal mask where `diagonal` (a key of the tile may lie past one of the warp's queries),
-// the running maximum m and (quad-partial) sum l, O rescaled; S becomes P = exp2(S - m).
-template <int MT, int kK, int D>
+// threadIdx.x, read where it is used: a volatile read that nvcc neither hoists out of a loop nor keeps live across
+// one, so what a tile load derives from it costs a few instructions a tile instead of registers held through the
+// kernel (the mma.sync backward spilled 20 more bytes with them hoisted).
+__device__ __forceinline__ int thread_index() {
+#ifdef TRAINER_SIMT_EMULATION
+    return static_cast<int>(threadIdx.x);
+#else
+    unsigned tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    return static_cast<int>(tid);
+#endif
+}
+
+// Rows first .. first + kRows - 1 of D bf16 channels (row stride `stride` elements; rows >= limit zero-filled)
+// into a shared tile whose byte offset of (row, column) is offset(row, column), by cp.async over the block's
+// kThreads threads: consecutive threads take consecutive 16-byte chunks of a row, and a thread's chunks lie
+// kRowsAPass rows apart in one column. Both tile layouts swizzle by row % 8, so with kRowsAPass a multiple of 8 a
+// thread's shared offset and global address each advance by a constant: one add and one compare a chunk, in a loop
+// of compile-time count (nvcc had compiled `k = threadIdx.x; k < kChunks; k += kThreads` as a general loop, with a
+// trip count and a signed division per chunk: the integer ALU was our wgmma forward's busiest pipe).
+template <int D, int kRows, int kThreads, typename Bf16, typename Offset>
+__device__ __forceinline__ void load_rows(uint8_t* tile, Offset offset, const Bf16* src, size_t stride, int first,
+                                          int limit) {
+    constexpr int kChunksARow = D / 8, kRowsAPass = kThreads / kChunksARow;
+    static_assert(kThreads % kChunksARow == 0 && kRows % kRowsAPass == 0, "every thread loads as many chunks");
+    static_assert(kRowsAPass % 8 == 0, "a thread's chunks share their row % 8, and so their swizzle");
+    const int tid = thread_index();
+    const int r0 = tid / kChunksARow, c = tid % kChunksARow * 8;
+    uint8_t* dst = tile + offset(r0, c);
+    const uint32_t dst_pass = offset(r0 + kRowsAPass, c) - offset(r0, c);
+    int row = first + r0;
+    const Bf16* g = src + static_cast<size_t>(row) * stride + c;
+    const size_t pass = static_cast<size_t>(kRowsAPass) * stride;
+    if (first + kRows <= limit) {  // every row of the tile exists (all but a sequence's last tile)
+#pragma unroll
+        for (int i = 0; i < kRows / kRowsAPass; ++i, g += pass, dst += dst_pass) cp_async16(dst, g, true);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < kRows / kRowsAPass; ++i, row += kRowsAPass, g += pass, dst += dst_pass) {
+        cp_async16(dst, row < limit ? g : src, row < limit);
+    }
+}
+
+// 2^x on the special-function unit, a subnormal result flushed to zero: ex2.approx.ftz.f32 is one instruction,
+// where exp2f is ex2.approx.f32 with a fix-up for subnormals around it (a compare and two multiplies: a third of a
+// softmax score's instructions). A probability under 2^-126 next to a running maximum of 1 is 0 either way.
+__device__ __forceinline__ float exp2_ftz(float x) {
+#ifdef TRAINER_SIMT_EMULATION
+    const float y = std::exp2(x);
+    return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+
+namespace detail {
+template <bool kMask, int MT, int kK, int D>
 __device__ __forceinline__ void online_softmax(float (&s)[MT][kK / 8][4], float (&m)[MT][2], float (&l)[MT][2],
-                                               float (&o)[MT][D / 8][4], int k0, int w0, bool diagonal,
-                                               float scale_log2, int g, int t) {
+                                               float (&o)[MT][D / 8][4], int k0, int w0, float scale_log2, int g,
+                                               int t) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
         const int row_lo = w0 + mt * 16 + g;
-        float mx[2] = {m[mt][0], m[mt][1]};
+        // The maximum of the raw scores (the scale is positive), masked ones -inf.
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nt = 0; nt < kK / 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int key = k0 + nt * 8 + 2 * t + (e & 1), row = row_lo + (e >> 1) * 8;
-                float x = s[mt][nt][e] * scale_log2;
-                if (diagonal && key > row) x = -INFINITY;
-                s[mt][nt][e] = x;
-                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                if constexpr (kMask) {
+                    const int key = k0 + nt * 8 + 2 * t + (e & 1), row = row_lo + (e >> 1) * 8;
+                    if (key > row) s[mt][nt][e] = -INFINITY;
+                }
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][nt][e]);
             }
         }
 #pragma unroll
@@ -56,24 +113,49 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][kK / 8][4], float 
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         }
-        float alpha[2], rs[2] = {0.0f, 0.0f};
+        // m in base-2 units; every row's maximum is finite from the first tile on (its key 0), so neg_m is.
+        float alpha[2], neg_m[2], rs[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int r = 0; r < 2; ++r) alpha[r] = exp2f(m[mt][r] - mx[r]), m[mt][r] = mx[r];
+        for (int r = 0; r < 2; ++r) {
+            const float m_new = fmaxf(m[mt][r], mx[r] * scale_log2);
+            alpha[r] = exp2_ftz(m[mt][r] - m_new), m[mt][r] = m_new, neg_m[r] = -m_new;
+        }
 #pragma unroll
         for (int nt = 0; nt < kK / 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                s[mt][nt][e] = exp2f(s[mt][nt][e] - m[mt][e >> 1]);
+                // One FFMA and one ex2 a score: exp2(S scale - m), a masked -inf giving 0.
+                s[mt][nt][e] = exp2_ftz(fmaf(s[mt][nt][e], scale_log2, neg_m[e >> 1]));
                 rs[e >> 1] += s[mt][nt][e];
             }
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) l[mt][r] = l[mt][r] * alpha[r] + rs[r];  // quad-partial, reduced at the end
+        // O's rescale (D / 2 multiplies a thread), skipped where no row of the warp has a new maximum: alpha is then
+        // exactly 1 and the product the same bits. Past the first few key tiles most are so.
+        if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
 #pragma unroll
-        for (int nt = 0; nt < D / 8; ++nt) {
-            o[mt][nt][0] *= alpha[0], o[mt][nt][1] *= alpha[0];
-            o[mt][nt][2] *= alpha[1], o[mt][nt][3] *= alpha[1];
+            for (int nt = 0; nt < D / 8; ++nt) {
+                o[mt][nt][0] *= alpha[0], o[mt][nt][1] *= alpha[0];
+                o[mt][nt][2] *= alpha[1], o[mt][nt][3] *= alpha[1];
+            }
         }
+    }
+}
+}  // namespace detail
+
+// One key tile's online softmax for a warp's MT m-tiles of raw scores S (kK keys from k0; the warp's first query
+// w0): the causal mask where `diagonal` (a key of the tile may lie past one of the warp's queries; the same for
+// the whole warp, so the branch costs nothing and the other tiles skip the mask's compares), the running maximum m
+// (base 2) and (quad-partial) sum l, O rescaled; S becomes P = exp2(S scale_log2 - m).
+template <int MT, int kK, int D>
+__device__ __forceinline__ void online_softmax(float (&s)[MT][kK / 8][4], float (&m)[MT][2], float (&l)[MT][2],
+                                               float (&o)[MT][D / 8][4], int k0, int w0, bool diagonal,
+                                               float scale_log2, int g, int t) {
+    if (diagonal) {
+        detail::online_softmax<true, MT, kK, D>(s, m, l, o, k0, w0, scale_log2, g, t);
+    } else {
+        detail::online_softmax<false, MT, kK, D>(s, m, l, o, k0, w0, scale_log2, g, t);
     }
 }
 

@@ -35,14 +35,22 @@ __host__ __device__ constexpr uint64_t descriptor(uint32_t start, uint32_t lbo, 
     return uint64_t{(start & 0x3FFFF) >> 4} | uint64_t{(lbo & 0x3FFFF) >> 4} << 16 |
            uint64_t{(sbo & 0x3FFFF) >> 4} << 32 | uint64_t{1} << 62;
 }
+// `desc` pointed `bytes` further (a multiple of 16): the start address is the low word's bits 0-13, and a shared
+// address stays below 2^18 bytes, so the sum never carries out of that field and one 32-bit add does it, where
+// descriptor() of the moved address would mask, shift and assemble the 64 bits again for every k-step.
+__host__ __device__ constexpr uint64_t advance(uint64_t desc, uint32_t bytes) {
+    return (desc & 0xFFFFFFFF00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(desc) + (bytes >> 4));
+}
 // K-step kk of a K-major tile at shared address `tile` with `rows` rows.
 __host__ __device__ constexpr uint64_t k_major(uint32_t tile, int rows, int kk) {
-    return descriptor(tile + static_cast<uint32_t>((kk / 4) * rows * 128 + (kk % 4) * 32), 16, 1024);
+    return advance(descriptor(tile, 16, 1024), static_cast<uint32_t>((kk / 4) * rows * 128 + (kk % 4) * 32));
 }
 // K-step kk of an N-major tile at shared address `tile` with `rows` rows (of K).
 __host__ __device__ constexpr uint64_t n_major(uint32_t tile, int rows, int kk) {
-    return descriptor(tile + static_cast<uint32_t>(kk * 16 * 128), static_cast<uint32_t>(rows * 128), 1024);
+    return advance(descriptor(tile, static_cast<uint32_t>(rows * 128), 1024), static_cast<uint32_t>(kk * 16 * 128));
 }
+static_assert(k_major(0x1000, 64, 5) == descriptor(0x1000 + 64 * 128 + 32, 16, 1024), "advance() moves the start");
+static_assert(n_major(0x8000, 64, 3) == descriptor(0x8000 + 3 * 16 * 128, 64 * 128, 1024), "advance() moves the start");
 
 }  // namespace trainer::cuda::sm90
 

@@ -101,6 +101,7 @@ inline float2 __bfloat1622float2(__nv_bfloat162 v) {
 }
 inline void __syncthreads() { ::simt::syncthreads(); }
 inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) { return ::simt::shfl_xor(mask, v, lane_mask); }
+inline int __all_sync(unsigned mask, int pred) { return ::simt::all_sync(mask, pred != 0) ? 1 : 0; }
 using std::max;
 using std::min;
 

@@ -39,11 +39,13 @@ constexpr size_t kStackBytes = size_t{256} << 10;  // a thread's stack (ASan's r
 constexpr size_t kSlotBytes = 40;                  // the most a lane gives a warp collective (wgmma: 10 words)
 
 enum class State { kRunnable, kBarrier, kWarp, kDone };
-enum class Op : uint8_t { kShfl, kLdmatrix, kLdmatrixTrans, kMma, kWgmma };
+enum class Op : uint8_t { kShfl, kVote, kLdmatrix, kLdmatrixTrans, kMma, kWgmma };
 const char* op_name(Op op) {
     switch (op) {
         case Op::kShfl:
             return "shfl.sync.bfly";
+        case Op::kVote:
+            return "vote.sync.all";
         case Op::kLdmatrix:
             return "ldmatrix.x4";
         case Op::kLdmatrixTrans:
@@ -454,6 +456,15 @@ float shfl_xor(unsigned mask, float v, int lane_mask) {
     if (lane_mask < 0 || lane_mask > 31) fault(fmt::format("__shfl_xor_sync with lane mask {}", lane_mask));
     const unsigned lane = self().tid.x % 32;
     return input_of<float>(exchange(Op::kShfl, v), lane ^ static_cast<unsigned>(lane_mask));
+}
+
+bool all_sync(unsigned mask, bool pred) {
+    if (mask != 0xffffffffu) fault(fmt::format("__all_sync with mask {:#x}: only full warps are emulated", mask));
+    const auto& slots = exchange(Op::kVote, static_cast<int>(pred));
+    for (unsigned lane = 0; lane < 32; ++lane) {
+        if (input_of<int>(slots, lane) == 0) return false;
+    }
+    return true;
 }
 
 void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {

@@ -66,6 +66,8 @@ const Dim3& grid_dim();
 uint8_t* dynamic_shared();
 void syncthreads();
 float shfl_xor(unsigned mask, float v, int lane_mask);
+// vote.sync.all.pred: true where every lane's pred is.
+bool all_sync(unsigned mask, bool pred);
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8i..8i+7 give the rows of matrix i.
 void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans);
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d += a b.
