@@ -257,13 +257,11 @@ __device__ __forceinline__ void backward_dkdv_block(uint8_t* smem, int bh, int k
             const uint32_t q_tile = smem_addr(sq + buf * kTile), do_tile = smem_addr(sdo + buf * kTile);
             const float* lse_t = slse + buf * kQ;
             const float* dsum_t = sdsum + buf * kQ;
+            // S^T and dP^T as two groups: P^T's exponentials run while the tensor cores compute dP^T.
             float st[kQ / 8][4], dpt[kQ / 8][4];  // not zeroed (issue_product)
-            wgmma_batch(
-                [&] {
-                    issue_product<kQ, D>(st, k_rows, kBwdKeys, q_tile, kQ);
-                    issue_product<kQ, D>(dpt, v_rows, kBwdKeys, do_tile, kQ);
-                },
-                st, dpt);
+            wgmma_issue([&] { issue_product<kQ, D>(st, k_rows, kBwdKeys, q_tile, kQ); }, st);
+            wgmma_issue([&] { issue_product<kQ, D>(dpt, v_rows, kBwdKeys, do_tile, kQ); }, dpt);
+            wgmma_retire<1>(st);
             // P^T, masked only where a key of the warp may lie past a query of the tile (the same for the warp).
             const auto probabilities = [&](auto masked) {
 #pragma unroll
@@ -284,10 +282,11 @@ __device__ __forceinline__ void backward_dkdv_block(uint8_t* smem, int bh, int k
             } else {
                 probabilities(std::false_type{});
             }
-            // dV += P^T dO on the tensor cores while dS^T is computed, then dK += dS^T Q.
+            // dV += P^T dO on the tensor cores while dS^T is computed (once dP^T is in), then dK += dS^T Q.
             uint32_t pf[kQ / 16][4], df[kQ / 16][4];
             pack_rows<kQ>(pf, st);
             wgmma_issue([&] { issue_accumulate<D, kQ>(dv, pf, do_tile); }, dv, pf);
+            wgmma_retire<1>(dpt);  // dP^T's group retired; dV's may still run
 #pragma unroll
             for (int j = 0; j < kQ / 8; ++j) {
 #pragma unroll
@@ -361,33 +360,37 @@ __device__ __forceinline__ void backward_dq_block(uint8_t* smem, int bh, int qb,
     const int n_tiles = min((q0 + kDqRows - 1) / kK + 1, (T + kK - 1) / kK);  // up to the block's last query
     for_each_key_tile<D, kK>(sk, sv, kbase, vbase, stride, T, n_tiles, [&](int j, uint32_t k_tile, uint32_t v_tile) {
         const int k0 = j * kK;
-        if (k0 > g0 + 63) return;           // no query of the warpgroup sees a key of the tile
+        if (k0 > g0 + 63) return;  // no query of the warpgroup sees a key of the tile
+        // S and dP as two groups: P's exponentials run while the tensor cores compute dP.
         float s[kK / 8][4], dp[kK / 8][4];  // not zeroed (issue_product)
-        wgmma_batch(
-            [&] {
-                issue_product<kK, D>(s, q_rows, kDqRows, k_tile, kK);
-                issue_product<kK, D>(dp, do_rows, kDqRows, v_tile, kK);
-            },
-            s, dp);
-        // P and dS, masked only where a key of the tile may lie past one of the warp's queries.
-        const auto scores = [&](auto masked) {
+        wgmma_issue([&] { issue_product<kK, D>(s, q_rows, kDqRows, k_tile, kK); }, s);
+        wgmma_issue([&] { issue_product<kK, D>(dp, do_rows, kDqRows, v_tile, kK); }, dp);
+        wgmma_retire<1>(s);
+        // P, masked only where a key of the tile may lie past one of the warp's queries.
+        const auto probabilities = [&](auto masked) {
 #pragma unroll
             for (int n = 0; n < kK / 8; ++n) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int row = w0 + g + (e >> 1) * 8;
-                    float p = exp2_ftz(fmaf(s[n][e], scale_log2, -slse[row - q0]));
+                    s[n][e] = exp2_ftz(fmaf(s[n][e], scale_log2, -slse[row - q0]));
                     if constexpr (decltype(masked)::value) {
-                        if (k0 + 8 * n + 2 * t + (e & 1) > row) p = 0.0f;
+                        if (k0 + 8 * n + 2 * t + (e & 1) > row) s[n][e] = 0.0f;
                     }
-                    dp[n][e] = p * (dp[n][e] - sdsum[row - q0]);
                 }
             }
         };
         if (k0 + kK - 1 > w0) {
-            scores(std::true_type{});
+            probabilities(std::true_type{});
         } else {
-            scores(std::false_type{});
+            probabilities(std::false_type{});
+        }
+        wgmma_retire<0>(dp);
+        // dS = P (dP - D).
+#pragma unroll
+        for (int n = 0; n < kK / 8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[n][e] = s[n][e] * (dp[n][e] - sdsum[w0 + g + (e >> 1) * 8 - q0]);
         }
         uint32_t df[kK / 16][4];
         pack_rows<kK>(df, dp);
