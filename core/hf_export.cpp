@@ -85,8 +85,11 @@ Json hf_config_json(const TrainConfig& config) {
            {"bos_token_id", nullptr},
            {"eos_token_id", m.eos_token_id},
            {"tie_word_embeddings", m.weight_tying},
+           // RoPE in both schemas: transformers 4.x reads rope_theta, 5.x rope_parameters (converting a lone
+           // rope_theta too). No rope_scaling: 5.x takes it as an alias of rope_parameters, and 4.x's default is
+           // none.
            {"rope_theta", m.rope_theta},
-           {"rope_scaling", nullptr},
+           {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", m.rope_theta}}},
            {"attention_bias", false},
            {"attention_dropout", 0.0},
            {"torch_dtype", "float32"}};
@@ -180,7 +183,7 @@ namespace {
 void check_hf_config(const TrainConfig& config, const std::string& dir) {
     const std::string path = dir + "/config.json";
     if (!fs::exists(path)) return;  // weights alone: their names and shapes are checked tensor by tensor
-    const Json have = parse_json_file(path, "--init-from");
+    Json have = parse_json_file(path, "--init-from");
     const Json want = hf_config_json(config);
     if (have.value("model_type", "") != want["model_type"]) {
         user_error("--init-from {}: model_type is {}; this config's model maps to {}", path,
@@ -194,6 +197,27 @@ void check_hf_config(const TrainConfig& config, const std::string& dir) {
                                        "tie_word_embeddings", "attention_bias"};
     if (want["model_type"] == "olmo") keys.push_back("clip_qkv");
     if (want["model_type"] == "olmo2") keys.push_back("rms_norm_eps");
+    if (want["model_type"] != "gpt2") {
+        // RoPE as transformers 5.x writes it (rope_parameters, with rope_theta inside) or as 4.x does (rope_theta,
+        // rope_scaling): the base must be ours, and a scaled RoPE (YaRN, llama3, linear, ...) is not what the
+        // trainer computes.
+        for (const char* key : {"rope_parameters", "rope_scaling"}) {
+            const Json p = have.value(key, Json());
+            if (!p.is_object()) continue;
+            auto text = [&p](const char* k) {
+                const auto it = p.find(k);
+                return it != p.end() && it->is_string() ? it->get<std::string>() : std::string();
+            };
+            std::string type = text("rope_type");
+            if (type.empty()) type = text("type");  // transformers before 4.43
+            if (type.empty()) type = "default";
+            if (type != "default") {
+                user_error("--init-from {}: {} gives RoPE of type \"{}\"; the trainer computes unscaled RoPE only",
+                           path, key, type);
+            }
+            if (!have.contains("rope_theta") && p.contains("rope_theta")) have["rope_theta"] = p["rope_theta"];
+        }
+    }
     for (const auto& k : keys) {
         if (!have.contains(k)) continue;  // transformers' default applies; the tensors' shapes are checked
         const Json& a = have[k];

@@ -56,7 +56,10 @@ def main():
     tokens = read_tokens(a.data, cfg.get("data", {}).get("memmap_dtype", "uint16"))
     batch = torch.from_numpy(np.ascontiguousarray(tokens[: a.instances * L].reshape(a.instances, L)))
 
-    model = AutoModelForCausalLM.from_pretrained(a.dir, torch_dtype=torch.float32).eval()
+    try:  # `dtype` since transformers 4.56, which deprecates `torch_dtype`
+        model = AutoModelForCausalLM.from_pretrained(a.dir, dtype=torch.float32).eval()
+    except TypeError:
+        model = AutoModelForCausalLM.from_pretrained(a.dir, torch_dtype=torch.float32).eval()
     with torch.no_grad():
         theirs = model(batch[:, :-1]).logits.float()
     if theirs.shape != ours.shape:

@@ -334,6 +334,29 @@ TEST_CASE("export: a Hugging Face directory sharded or not imports back bit for 
         expect_error(
             run_trainer({"--config", fixture(name + "_tiny.json"), "--init-from", one, "--max-duration", "1"}),
             std::string(name == "gpt2" ? "n_layer" : "num_hidden_layers") + " is 7, but this model config gives 2");
+        if (name != "gpt2") {
+            // RoPE in both of transformers' schemas; a config.json of 5.x's alone (rope_parameters) is read too.
+            const double theta = config["rope_theta"].get<double>();
+            CHECK(config["rope_parameters"]["rope_type"] == "default");
+            CHECK(config["rope_parameters"]["rope_theta"].get<double>() == theta);
+            Json v5 = config;
+            v5.erase("rope_theta");
+            v5["rope_parameters"]["rope_theta"] = 2 * theta;
+            test_util::write_file(one + "/config.json", v5.dump());
+            expect_error(
+                run_trainer({"--config", fixture(name + "_tiny.json"), "--init-from", one, "--max-duration", "1"}),
+                fmt::format("rope_theta is {}, but this model config gives {}", Json(2 * theta).dump(),
+                            Json(theta).dump()));
+            v5["rope_parameters"] = Json{{"rope_type", "yarn"}, {"rope_theta", theta}, {"factor", 4.0}};
+            test_util::write_file(one + "/config.json", v5.dump());
+            expect_error(
+                run_trainer({"--config", fixture(name + "_tiny.json"), "--init-from", one, "--max-duration", "1"}),
+                "rope_parameters gives RoPE of type \"yarn\"; the trainer computes unscaled RoPE only");
+            v5["rope_parameters"] = Json{{"rope_type", "default"}, {"rope_theta", theta}};
+            test_util::write_file(one + "/config.json", v5.dump());
+            require_ok(run_trainer({"--config", fixture(name + "_tiny.json"), "--init-from", one, "--max-duration", "1",
+                                    "--save-folder", one + "_v5_ck"}));
+        }
         Json lying = index;
         lying["weight_map"]["not.a.tensor"] = lying["weight_map"].begin().value();
         test_util::write_file(sharded + "/model.safetensors.index.json", lying.dump());
