@@ -215,9 +215,11 @@ print(f\"  plan, the config as given: {row['predicted_step_ms']:.1f} ms a step p
                 # flash_forward_kernel / flash_backward_kernel (mma.sync), or their _sm90_ twins on Hopper; not the
                 # backward's first kernel (flash_backward_dot_kernel).
                 for kernel in flash_forward flash_backward; do
-                    step "ncu_${model}_$kernel" 180 ncu --kernel-name "regex:${kernel}_(sm90_)?kernel" --launch-count 1 \
-                        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
-                        --section Occupancy --section LaunchStats --section WarpStateStats \
+                    # The clocks as the device runs them (--clock-control none: ncu would otherwise lock them to base).
+                    step "ncu_${model}_$kernel" 180 ncu --clock-control none --kernel-name "regex:${kernel}_(sm90_)?kernel" \
+                        --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+                        --section MemoryWorkloadAnalysis_Tables --section Occupancy --section LaunchStats \
+                        --section WarpStateStats --section SchedulerStats --print-details all \
                         "$trainer" bench-kernels --config "configs/$model.json" --device cuda --precision amp_bf16 \
                         --set kernels.attention=flash --set device_train_microbatch_size="$micro" \
                         --set global_train_batch_size="$micro" --reps 1
