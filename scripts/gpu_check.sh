@@ -29,7 +29,9 @@
 #             whole_layer; OLMo-7B micro-batch 2 with whole_layer and cpu_offload.optimizer_state (3 steps of
 #             64 micro-batches: tokens/s, MFU, busy fraction, device and host peaks), after the plan's
 #             prediction of that run
-#   plan      trainer plan (this GPU's hardware entry) against a measured run of the same OLMo-1B configuration
+#   plan      trainer plan against a measured run of the same configuration, OLMo-1B (micro-batch 4) and GPT-2 124M
+#             (16): from this GPU's hardware entry, and from the ops' times where `kernels` ran before it in the
+#             same call (its bench-kernels --calibration-out, cuDNN attention)
 #   hf        transformers' logits on the Hugging Face exports of the tiny GPT-2, OLMo and OLMo-2 fixtures (two
 #             steps trained on the CPU, `trainer export`, scripts/check_hf_export.py): the GPU machine is where
 #             transformers is installed; nothing here needs the GPU (under a minute)
@@ -132,9 +134,14 @@ for s in "${expanded[@]}"; do
             for shape in "olmo_1b 4" "gpt2_124m 16"; do
                 read -r model micro <<<"$shape"
                 for attention in flash cudnn; do
+                    # cuDNN's, the default, also writes the ops' times for `trainer plan --calibration` (the plan
+                    # stage uses it when it runs in the same call; it comes back in the logs).
+                    calibrate=()
+                    [[ $attention == cudnn ]] && calibrate=(--calibration-out "$logs/calibration_$model.json")
                     step "kernels_${model}_$attention" 90 "$trainer" bench-kernels --config "configs/$model.json" \
                         --device cuda --precision amp_bf16 --set kernels.attention="$attention" \
-                        --set device_train_microbatch_size="$micro" --set global_train_batch_size="$micro"
+                        --set device_train_microbatch_size="$micro" --set global_train_batch_size="$micro" \
+                        "${calibrate[@]}"
                     grep -E "^\| attention" "$logs/kernels_${model}_$attention.log" | sed "s/^/  $model $attention /" |
                         tee -a "$summary"
                 done
@@ -187,14 +194,27 @@ print(f\"  plan: step {r['predicted_step_ms']:.0f} ms (compute {r['predicted_com
                 --set global_train_batch_size=128
             ;;
         plan)
-            step plan_olmo1b 60 "$trainer" plan --config configs/olmo_1b.json --device cuda \
-                --set device_train_microbatch_size=4 --set global_train_batch_size=4 --json
-            python3 -c "
-import json, sys
-rows = [json.loads(l) for l in open('$logs/plan_olmo1b.log') if l.startswith('{')]
+            # Each model's step as the plan predicts it from this GPU's hardware entry, and from the ops measured
+            # here where the kernels stage ran first in the same call (calibration_<model>.json), then measured.
+            for shape in "olmo_1b 4" "gpt2_124m 16"; do
+                read -r model micro <<<"$shape"
+                for how in entry calibrated; do
+                    extra=()
+                    if [[ $how == calibrated ]]; then
+                        [[ -f $logs/calibration_$model.json ]] || continue
+                        extra=(--calibration "$logs/calibration_$model.json")
+                    fi
+                    step "plan_${model}_$how" 60 "$trainer" plan --config "configs/$model.json" --device cuda \
+                        --set precision=amp_bf16 --set device_train_microbatch_size="$micro" \
+                        --set global_train_batch_size="$micro" --json "${extra[@]}"
+                    python3 -c "
+import json
+rows = [json.loads(l) for l in open('$logs/plan_${model}_$how.log') if l.startswith('{')]
 row = next(r for r in rows if r.get('is_config'))
-print(f\"  plan, the config as given: {row['predicted_step_ms']:.1f} ms a step predicted\")" | tee -a "$summary"
-            train plan_measured configs/olmo_1b.json 4 10 --precision amp_bf16
+print(f\"  $model plan ($how): {row['predicted_step_ms']:.1f} ms a step predicted\")" | tee -a "$summary"
+                done
+                train "plan_${model}_measured" "configs/$model.json" "$micro" 10 --precision amp_bf16
+            done
             ;;
         hf)
             for name in gpt2 olmo olmo2; do
