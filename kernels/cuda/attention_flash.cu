@@ -118,18 +118,17 @@ template <int D, int kK, typename Body>
 __device__ __forceinline__ void for_each_key_tile(bf16* sk, bf16* sv, const bf16* kbase, const bf16* vbase,
                                                   size_t stride, int T, int n_tiles, Body body) {
     for (int j = 0; j < n_tiles; ++j) {
-        if (j + 1 < n_tiles) {
+        cp_async_wait<0>();  // tile j, the one group in flight
+        // Every thread's copies landed; and every warp has finished body(j - 1), so tile j - 1's buffer can be
+        // refilled: one barrier a tile.
+        __syncthreads();
+        if (j + 1 < n_tiles) {  // tile j + 1 lands while body computes on tile j
             const int nb = (j + 1) & 1;
             load_tile<D, kK>(sk + nb * kK * D, kbase, stride, (j + 1) * kK, T);
             load_tile<D, kK>(sv + nb * kK * D, vbase, stride, (j + 1) * kK, T);
             cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
         }
-        __syncthreads();
         body(j, sk + (j & 1) * kK * D, sv + (j & 1) * kK * D);
-        __syncthreads();
     }
 }
 
@@ -304,14 +303,12 @@ __device__ __forceinline__ void backward_dkdv_tile(uint8_t* smem_raw, int bh, in
     const int key_lo = k0 + warp * 16 + g;  // this thread's first key (rows g and g + 8 of the warp)
     for (int qt = first_qt; qt < n_qtiles; ++qt) {
         const int buf = (qt - first_qt) & 1;
+        cp_async_wait<0>();
+        __syncthreads();  // tile qt landed, and tile qt - 1's buffers free (as for_each_key_tile)
         if (qt + 1 < n_qtiles) {
             load_query_tile(qt + 1, buf ^ 1);
             cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
         }
-        __syncthreads();
         bf16* q_tile = sq + buf * kBwdRows * D;
         bf16* do_tile = sdo + buf * kBwdRows * D;
         const float* lse_t = slse + buf * kBwdRows;
@@ -338,7 +335,6 @@ __device__ __forceinline__ void backward_dkdv_tile(uint8_t* smem_raw, int bh, in
         // dV += P^T dO and dK += dS^T Q (k = the tile's queries).
         accumulate_times_tile<D, kBwdRows, 1>(dv, s, do_tile, lo.bt);
         accumulate_times_tile<D, kBwdRows, 1>(dk, dp, q_tile, lo.bt);
-        __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     }
     // dK (scaled) and dV of this warp's 16 keys, as bf16 into dqkv.
 #pragma unroll

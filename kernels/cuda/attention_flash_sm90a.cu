@@ -69,18 +69,17 @@ __device__ __forceinline__ void for_each_key_tile(uint8_t* sk, uint8_t* sv, cons
     constexpr int kTile = kK * D * 2;
     for (int j = 0; j < n_tiles; ++j) {
         const int buf = j & 1;
-        if (j + 1 < n_tiles) {
+        cp_async_wait<0>();   // tile j, the one group in flight
+        fence_proxy_async();  // this thread's landed copies, visible to wgmma
+        // Every thread's too; and every warp has finished body(j - 1), so tile j - 1's buffer can be refilled:
+        // one barrier a tile, the warpgroups held together once a tile rather than twice.
+        __syncthreads();
+        if (j + 1 < n_tiles) {  // tile j + 1 lands while body computes on tile j
             load_tile<D, kK>(sk + (buf ^ 1) * kTile, kbase, stride, (j + 1) * kK, T);
             load_tile<D, kK>(sv + (buf ^ 1) * kTile, vbase, stride, (j + 1) * kK, T);
             cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
         }
-        fence_proxy_async();  // this thread's landed copies, visible to wgmma
-        __syncthreads();      // and every other thread's
         body(j, smem_addr(sk + buf * kTile), smem_addr(sv + buf * kTile));
-        __syncthreads();  // both warpgroups are done with this buffer before the next iteration refills it
     }
 }
 
@@ -243,15 +242,13 @@ __device__ __forceinline__ void backward_dkdv_block(uint8_t* smem, int bh, int k
     const uint32_t v_rows = smem_addr(sv) + static_cast<uint32_t>(64 * group * 128);
     for (int qt = first_qt; qt < n_qtiles; ++qt) {
         const int buf = (qt - first_qt) & 1;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();  // tile qt visible, and tile qt - 1's buffers free (as for_each_key_tile)
         if (qt + 1 < n_qtiles) {
             load_query_tile(qt + 1, buf ^ 1);
             cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
         }
-        fence_proxy_async();
-        __syncthreads();
         const int q0 = qt * kQ;
         if (q0 + kQ - 1 >= kw0) {  // a query of the tile sees a key of the warpgroup (the same for its four warps)
             const uint32_t q_tile = smem_addr(sq + buf * kTile), do_tile = smem_addr(sdo + buf * kTile);
@@ -299,7 +296,6 @@ __device__ __forceinline__ void backward_dkdv_block(uint8_t* smem, int bh, int k
             wgmma_issue([&] { issue_accumulate<D, kQ>(dk, df, q_tile); }, dk, df);
             wgmma_retire<0>(dv, dk, pf, df);
         }
-        __syncthreads();  // both warpgroups are done with this buffer before the next iteration refills it
     }
     // dK (scaled) and dV of this thread's two keys, as bf16 into dqkv.
 #pragma unroll
