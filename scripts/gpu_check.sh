@@ -15,6 +15,7 @@
 #   throughput  scripts/bench_gpu.sh on GPT-2 124M and OLMo-1B micro-batch 4: the trainer as configured and with
 #               kernels.cuda_graphs, against PyTorch eager and torch.compile, alternating
 #   tests     gpu_tests, then compute-sanitizer memcheck over the kernel cases (cuDNN's own kernels left out)
+#   memcheck  that memcheck alone (after `first`, which ran gpu_tests)
 #   race      compute-sanitizer racecheck over the kernel cases but the 1024-block flash case (over 7 minutes
 #             under racecheck; the small flash case runs the same kernels)
 #   kernels   trainer bench-kernels on OLMo-1B (micro-batch 4) and GPT-2 124M (16), our flash attention and
@@ -52,7 +53,7 @@ done
 stages=("$@")
 ((${#stages[@]})) || stages=(tests kernels bench)
 for s in "${stages[@]}"; do
-    case $s in first | throughput | tests | race | kernels | bench | strategies | storage | memory | plan | hf | profile) ;;
+    case $s in first | throughput | tests | memcheck | race | kernels | bench | strategies | storage | memory | plan | hf | profile) ;;
         *) echo "error: unknown stage $s (see the header of $0)" >&2; exit 2 ;;
     esac
 done
