@@ -86,7 +86,7 @@ __device__ __forceinline__ void for_each_key_tile(uint8_t* sk, uint8_t* sv, cons
 // acc (the warpgroup's 64 x N) = A B^T over K columns, as K / 16 wgmma: A the 64 rows of a K-major tile of a_rows
 // rows at shared address a, B the N rows of a K-major tile of b_rows rows at b. The first wgmma has scale-d 0, so
 // it reads nothing of acc, and the callers leave acc unzeroed (as CUTLASS's ScaleOut::Zero does): zeroing S and dP
-// cost 32 to 64 moves a thread a tile, 7% of the forward's instructions in its inner loop.
+// cost 32 to 64 moves a thread a tile.
 template <int N, int K>
 __device__ __forceinline__ void issue_product(float (&acc)[N / 8][4], uint32_t a, int a_rows, uint32_t b, int b_rows) {
 #pragma unroll
