@@ -57,6 +57,8 @@ for s in "${stages[@]}"; do
         *) echo "error: unknown stage $s (see the header of $0)" >&2; exit 2 ;;
     esac
 done
+# The two models and micro-batches the kernels, plan and profile stages measure.
+model_shapes=("olmo_1b 4" "gpt2_124m 16")
 logs=$(mktemp -d)
 summary=$logs/summary.txt
 t0=$SECONDS
@@ -132,7 +134,7 @@ for s in "${expanded[@]}"; do
             grep -E "RACECHECK SUMMARY|^test cases" "$logs/racecheck.log" | tee -a "$summary"
             ;;
         kernels)
-            for shape in "olmo_1b 4" "gpt2_124m 16"; do
+            for shape in "${model_shapes[@]}"; do
                 read -r model micro <<<"$shape"
                 for attention in flash cudnn; do
                     # cuDNN's, the default, also writes the ops' times for `trainer plan --calibration` (the plan
@@ -197,7 +199,7 @@ print(f\"  plan: step {r['predicted_step_ms']:.0f} ms (compute {r['predicted_com
         plan)
             # Each model's step as the plan predicts it from this GPU's hardware entry, and from the ops measured
             # here where the kernels stage ran first in the same call (calibration_<model>.json), then measured.
-            for shape in "olmo_1b 4" "gpt2_124m 16"; do
+            for shape in "${model_shapes[@]}"; do
                 read -r model micro <<<"$shape"
                 for how in entry calibrated; do
                     extra=()
@@ -231,7 +233,7 @@ print(f\"  $model plan ($how): {row['predicted_step_ms']:.1f} ms a step predicte
             done
             ;;
         profile)
-            for shape in "olmo_1b 4" "gpt2_124m 16"; do
+            for shape in "${model_shapes[@]}"; do
                 read -r model micro <<<"$shape"
                 # flash_forward_kernel / flash_backward_kernel (mma.sync), or their _sm90_ twins on Hopper; not the
                 # backward's first kernel (flash_backward_dot_kernel).

@@ -24,7 +24,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 
 #include "base/common.h"
 
@@ -260,25 +259,19 @@ __device__ __forceinline__ void backward_dkdv_block(uint8_t* smem, int bh, int k
             wgmma_issue([&] { issue_product<kQ, D>(dpt, v_rows, kBwdKeys, do_tile, kQ); }, dpt);
             wgmma_retire<1>(st);
             // P^T, masked only where a key of the warp may lie past a query of the tile (the same for the warp).
-            const auto probabilities = [&](auto masked) {
+            with_mask(key_lo - g + 15 > q0, [&](auto masked) {
 #pragma unroll
                 for (int j = 0; j < kQ / 8; ++j) {
+                    const float2 lse2 = pair(lse_t, 8 * j + 2 * t);  // the thread's two queries: one load
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int qc = 8 * j + 2 * t + (e & 1);
-                        const float2 lse2 = pair(lse_t, 8 * j + 2 * t);  // the thread's two queries: one load
                         st[j][e] = exp2_ftz(fmaf(st[j][e], scale_log2, -(e & 1 ? lse2.y : lse2.x)));
                         if constexpr (decltype(masked)::value) {
-                            if (key_lo + (e >> 1) * 8 > q0 + qc) st[j][e] = 0.0f;
+                            if (key_lo + (e >> 1) * 8 > q0 + 8 * j + 2 * t + (e & 1)) st[j][e] = 0.0f;
                         }
                     }
                 }
-            };
-            if (key_lo - g + 15 > q0) {
-                probabilities(std::true_type{});
-            } else {
-                probabilities(std::false_type{});
-            }
+            });
             // dV += P^T dO on the tensor cores while dS^T is computed (once dP^T is in), then dK += dS^T Q.
             uint32_t pf[kQ / 16][4], df[kQ / 16][4];
             pack_rows<kQ>(pf, st);
@@ -286,11 +279,9 @@ __device__ __forceinline__ void backward_dkdv_block(uint8_t* smem, int bh, int k
             wgmma_retire<1>(dpt);  // dP^T's group retired; dV's may still run
 #pragma unroll
             for (int j = 0; j < kQ / 8; ++j) {
+                const float2 d2 = pair(dsum_t, 8 * j + 2 * t);
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float2 d2 = pair(dsum_t, 8 * j + 2 * t);
-                    dpt[j][e] = st[j][e] * (dpt[j][e] - (e & 1 ? d2.y : d2.x));
-                }
+                for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - (e & 1 ? d2.y : d2.x));
             }
             pack_rows<kQ>(df, dpt);
             wgmma_issue([&] { issue_accumulate<D, kQ>(dk, df, q_tile); }, dk, df);
@@ -363,7 +354,7 @@ __device__ __forceinline__ void backward_dq_block(uint8_t* smem, int bh, int qb,
         wgmma_issue([&] { issue_product<kK, D>(dp, do_rows, kDqRows, v_tile, kK); }, dp);
         wgmma_retire<1>(s);
         // P, masked only where a key of the tile may lie past one of the warp's queries.
-        const auto probabilities = [&](auto masked) {
+        with_mask(k0 + kK - 1 > w0, [&](auto masked) {
 #pragma unroll
             for (int n = 0; n < kK / 8; ++n) {
 #pragma unroll
@@ -375,12 +366,7 @@ __device__ __forceinline__ void backward_dq_block(uint8_t* smem, int bh, int qb,
                     }
                 }
             }
-        };
-        if (k0 + kK - 1 > w0) {
-            probabilities(std::true_type{});
-        } else {
-            probabilities(std::false_type{});
-        }
+        });
         wgmma_retire<0>(dp);
         // dS = P (dP - D).
 #pragma unroll

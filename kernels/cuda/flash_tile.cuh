@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace trainer::cuda::flash {
 
@@ -87,6 +88,17 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 #endif
 }
 
+// body(std::true_type) where `masked`, else body(std::false_type): a warp-uniform flag turned into a compile-time one,
+// so the tiles that need no causal mask carry none of its compares (if constexpr on decltype(arg)::value).
+template <typename Body>
+__device__ __forceinline__ void with_mask(bool masked, Body body) {
+    if (masked) {
+        body(std::true_type{});
+    } else {
+        body(std::false_type{});
+    }
+}
+
 namespace detail {
 template <bool kMask, int MT, int kK, int D>
 __device__ __forceinline__ void online_softmax(float (&s)[MT][kK / 8][4], float (&m)[MT][2], float (&l)[MT][2],
@@ -152,11 +164,9 @@ template <int MT, int kK, int D>
 __device__ __forceinline__ void online_softmax(float (&s)[MT][kK / 8][4], float (&m)[MT][2], float (&l)[MT][2],
                                                float (&o)[MT][D / 8][4], int k0, int w0, bool diagonal,
                                                float scale_log2, int g, int t) {
-    if (diagonal) {
-        detail::online_softmax<true, MT, kK, D>(s, m, l, o, k0, w0, scale_log2, g, t);
-    } else {
-        detail::online_softmax<false, MT, kK, D>(s, m, l, o, k0, w0, scale_log2, g, t);
-    }
+    with_mask(diagonal, [&](auto masked) {
+        detail::online_softmax<decltype(masked)::value, MT, kK, D>(s, m, l, o, k0, w0, scale_log2, g, t);
+    });
 }
 
 // The epilogue: O normalised by the row sums, as bf16 into out (B, T, NH * D), and the natural-log lse of the
