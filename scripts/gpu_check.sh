@@ -36,7 +36,8 @@
 #   hf        transformers' logits on the Hugging Face exports of the tiny GPT-2, OLMo and OLMo-2 fixtures (two
 #             steps trained on the CPU, `trainer export`, scripts/check_hf_export.py): the GPU machine is where
 #             transformers is installed; nothing here needs the GPU (under a minute)
-#   profile   ncu of our flash forward and backward kernels (on an H100 the wgmma ones, attention_flash_sm90a.cu)
+#   profile   ncu of our flash forward and backward kernels (on an H100 the wgmma ones, attention_flash_sm90a.cu, the
+#             backward's dK/dV and dQ launches each)
 #             at OLMo-1B micro-batch 4 and GPT-2 micro-batch 16: speed of light, the pipes, occupancy and the
 #             warps' stall reasons
 #
@@ -235,11 +236,19 @@ print(f\"  $model plan ($how): {row['predicted_step_ms']:.1f} ms a step predicte
         profile)
             for shape in "${model_shapes[@]}"; do
                 read -r model micro <<<"$shape"
-                # flash_forward_kernel / flash_backward_kernel (mma.sync), or their _sm90_ twins on Hopper; not the
-                # backward's first kernel (flash_backward_dot_kernel).
-                for kernel in flash_forward flash_backward; do
+                # flash_forward_kernel / flash_backward_kernel (mma.sync), or on Hopper the wgmma forward and the
+                # backward's two launches (dK/dV, then dQ); not the backward's first kernel (flash_backward_dot_kernel).
+                kernels="flash_forward flash_backward"
+                [[ $(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1) == 9.0 ]] &&
+                    kernels+=" flash_backward_dq"
+                for kernel in $kernels; do
+                    case $kernel in
+                        flash_forward) pattern="flash_forward_(sm90_)?kernel" ;;
+                        flash_backward) pattern="flash_backward_(dkdv_sm90_)?kernel" ;;
+                        flash_backward_dq) pattern="flash_backward_dq_sm90_kernel" ;;
+                    esac
                     # The clocks as the device runs them (--clock-control none: ncu would otherwise lock them to base).
-                    step "ncu_${model}_$kernel" 180 ncu --clock-control none --kernel-name "regex:${kernel}_(sm90_)?kernel" \
+                    step "ncu_${model}_$kernel" 180 ncu --clock-control none --kernel-name "regex:$pattern" \
                         --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
                         --section MemoryWorkloadAnalysis_Tables --section Occupancy --section LaunchStats \
                         --section WarpStateStats --section SchedulerStats --print-details all \

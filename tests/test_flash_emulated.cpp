@@ -20,8 +20,10 @@
 // After the shim (TRAINER_SIMT_EMULATION): the layout and descriptor helpers of Hopper's wgmma.
 #include "kernels/cuda/wgmma.cuh"
 
-// The emulated build's declarations: kernels/cuda/ops.h read with the token `cuda` renamed.
+// The emulated build's declarations: kernels/cuda/ops.h read with the token `cuda` renamed; and the flash
+// kernels' grid (flash_tile.cuh), whose L2 budget a test shrinks.
 #define cuda simt_cuda
+#include "kernels/cuda/flash_tile.cuh"
 #include "kernels/cuda/ops.h"
 #undef cuda
 
@@ -131,6 +133,51 @@ TEST_CASE("flash attention kernels emulated under other thread schedules give th
         }
     }
     simt::set_schedule_seed(1);
+}
+
+// The grid of flash_grid (flash_tile.cuh): heads in sections whose streamed K and V fit the L2 budget and divide
+// B x NH, the blocks of a section longest first across its heads.
+TEST_CASE("flash attention's grid puts the heads in sections that fit L2 and divide the heads") {
+    namespace flash = trainer::simt_cuda::flash;
+    const auto extent = [](const dim3& d) { return std::vector<unsigned>{d.x, d.y, d.z}; };
+    // OLMo-1B at micro-batch 4: 64 heads of 2048 x 128 (1 MiB of K and V each), 16 query tiles of 128.
+    CHECK(extent(flash::flash_grid(64, 16, 2048, 128)) == std::vector<unsigned>{32, 16, 2});
+    // GPT-2 at micro-batch 16: 192 heads of 1024 x 64 (256 KiB each) fit 128 to a section; 96 divides 192.
+    CHECK(extent(flash::flash_grid(192, 8, 1024, 64)) == std::vector<unsigned>{96, 8, 2});
+    // All heads in one section where they fit; one head a section where none divides under the fit.
+    CHECK(extent(flash::flash_grid(6, 3, 130, 64)) == std::vector<unsigned>{6, 3, 1});
+    CHECK(extent(flash::flash_grid(67, 16, 2048, 128)) == std::vector<unsigned>{1, 16, 67});
+    CHECK(extent(flash::flash_grid(3, 2, 1 << 20, 128)) == std::vector<unsigned>{1, 2, 3});
+}
+
+// The order of the blocks changes no bit: with the L2 budget shrunk to two heads (three sections of B x NH = 6)
+// and to none (one head a section), both kernel pairs give what one section gives, so every block is computed once
+// with its own head and tile.
+TEST_CASE("flash attention kernels emulated give the same bits with the heads in several sections") {
+    namespace flash = trainer::simt_cuda::flash;
+    simt::set_schedule_seed(1);
+    const int B = 3, T = 70, NH = 2;
+    for (int HS : {64, 128}) {
+        const auto qkv16 = bf16_rounded(wave(static_cast<size_t>(B) * T * 3 * NH * HS, 1.0f, 0.3f)).first;
+        const auto dout16 = bf16_rounded(wave(static_cast<size_t>(B) * T * NH * HS, 1.0f, 0.9f)).first;
+        const size_t per_head = static_cast<size_t>(4) * T * HS;
+        for (bool wgmma : {true, false}) {
+            INFO(fmt::format("HS={} on {}", HS, wgmma ? "wgmma" : "mma.sync"));
+            const FlashRun one = run_flash(qkv16, dout16, B, T, NH, HS, wgmma);
+            for (size_t budget : {2 * per_head, size_t{0}}) {
+                struct Restore {
+                    size_t saved = flash::section_l2_bytes;
+                    ~Restore() { flash::section_l2_bytes = saved; }
+                } restore;
+                flash::section_l2_bytes = budget;
+                INFO(fmt::format("sections of {} heads", flash::flash_grid(B * NH, 1, T, HS).x));
+                const FlashRun sectioned = run_flash(qkv16, dout16, B, T, NH, HS, wgmma);
+                CHECK(sectioned.out == one.out);
+                CHECK(sectioned.lse == one.lse);
+                CHECK(sectioned.dqkv == one.dqkv);
+            }
+        }
+    }
 }
 
 // The emulator's fragments against PTX's definitions (the "Matrix Fragments for mma.m16n8k16" and ldmatrix

@@ -12,10 +12,10 @@
 // in registers; P is rounded to bf16 and fed to P V from registers. Every ldmatrix address is one XOR of a
 // per-thread offset with a constant (lane_offsets): the swizzle's arithmetic per load made the integer ALU
 // the forward's busiest pipe on an H100.
-// Blocks are numbered head by head (within a head, from the last query tile, the most keys, to the
-// first), so the blocks running at once share a few heads' K and V in L2 (numbered tile by tile across
-// all heads, they streamed every head's K and V from DRAM: an L2 hit rate of 16% in the backward on an
-// H100).
+// Blocks go in flash_tile.cuh's head_block order: heads in sections whose K and V fit in L2, and within a
+// section every head's last query tile (the most keys) first, then every head's next. Numbered tile by tile
+// across all heads, the blocks streamed every head's K and V from DRAM (an L2 hit rate of 16% in the backward
+// on an H100); numbered head by head, a launch ended on the last heads' longest tiles.
 //
 // Backward, deterministic, after a first kernel's D = rowsum(dO * O): one launch of two kinds of tile,
 // neither waiting on another block: dK and dV per key tile, dQ per query tile. A dK/dV tile owns 64 keys
@@ -192,8 +192,9 @@ __global__ void __launch_bounds__(kThreads)
     bf16* sk = sq + kFwdRows * D;  // two buffers of kKeys x D
     bf16* sv = sk + 2 * kKeys * D;
     const int n_qtiles = (T + kFwdRows - 1) / kFwdRows;
-    const int bh = static_cast<int>(blockIdx.x / n_qtiles), b = bh / NH, h = bh % NH;
-    const int qt = n_qtiles - 1 - static_cast<int>(blockIdx.x % n_qtiles);  // the last query tile (most keys) first
+    const HeadBlock hb = head_block();
+    const int b = hb.bh / NH, h = hb.bh % NH;
+    const int qt = n_qtiles - 1 - hb.block;  // block 0: the last query tile, which sees every key
     const int q0 = qt * kFwdRows;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const LaneOffsets lo = lane_offsets<D>(lane);
@@ -446,21 +447,21 @@ size_t forward_smem() {
 __host__ __device__ inline int dq_tiles(int T) { return (T + kDqRows - 1) / kDqRows; }
 __host__ __device__ inline int dkdv_tiles(int T) { return (T + kBwdKeys - 1) / kBwdKeys; }
 
-// One launch for both kinds of tile, so neither kind's tail leaves SMs idle. Blocks go head by head (the
-// blocks running at once share a few heads' Q, K, V and dO in L2); within a head the dQ tiles come first
-// (a dQ tile is the longest block: 128 queries, three products), then the dK/dV tiles, each kind longest
-// first (the last query tile sees every key; key tile 0 sees every query).
+// One launch for both kinds of tile (both fit the same registers here), so neither kind's tail leaves SMs idle.
+// Blocks in head_block's order (flash_tile.cuh), a head's dQ tiles before its dK/dV tiles (a dQ tile is the
+// longest block: 128 queries, three products), each kind longest first (the last query tile sees every key; key
+// tile 0 sees every query): the launch ends on short dK/dV tiles.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_kernel(bf16* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse, int T,
                           int NH, float scale, float scale_log2) {
     TRAINER_DYNAMIC_SHARED(smem_raw);
-    const int n_dq = dq_tiles(T), per_head = n_dq + dkdv_tiles(T);
-    const int bh = static_cast<int>(blockIdx.x / per_head), within = static_cast<int>(blockIdx.x % per_head);
-    if (within < n_dq) {
-        backward_dq_tile<D>(smem_raw, bh, n_dq - 1 - within, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
+    const int n_dq = dq_tiles(T);
+    const HeadBlock hb = head_block();
+    if (hb.block < n_dq) {
+        backward_dq_tile<D>(smem_raw, hb.bh, n_dq - 1 - hb.block, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
     } else {
-        backward_dkdv_tile<D>(smem_raw, bh, within - n_dq, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
+        backward_dkdv_tile<D>(smem_raw, hb.bh, hb.block - n_dq, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
     }
 }
 
@@ -479,7 +480,7 @@ void forward_launch(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T
     // Per launch: the attribute belongs to the current device's context.
     TRAINER_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
-    const unsigned grid = static_cast<unsigned>((T + kFwdRows - 1) / kFwdRows) * static_cast<unsigned>(B * NH);
+    const dim3 grid = flash_grid(B * NH, (T + kFwdRows - 1) / kFwdRows, T, D);
     TRAINER_LAUNCH(flash_forward_kernel<D>, grid, kThreads, smem, stream, reinterpret_cast<bf16*>(out), lse,
                    reinterpret_cast<const bf16*>(qkv), T, NH, scale_log2e(D));
     TRAINER_CUDA_CHECK(cudaGetLastError());
@@ -497,7 +498,7 @@ void backward_launch(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, 
     // dK/dV and dQ tiles, neither waiting on another block. Both recompute P (7 products per tile pair
     // instead of FlashAttention-2's 5) so that every sum has one owner and a fixed order; they write
     // disjoint parts of dqkv.
-    const unsigned blocks = static_cast<unsigned>(B * NH) * static_cast<unsigned>(dq_tiles(T) + dkdv_tiles(T));
+    const dim3 blocks = flash_grid(B * NH, dq_tiles(T) + dkdv_tiles(T), T, D);
     TRAINER_LAUNCH(flash_backward_kernel<D>, blocks, kThreads, smem, stream, reinterpret_cast<bf16*>(dqkv), dsum,
                    dout16, qkv16, lse, T, NH, scale, scale_log2e(D));
     TRAINER_CUDA_CHECK(cudaGetLastError());

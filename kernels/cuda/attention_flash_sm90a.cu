@@ -10,8 +10,7 @@
 // S = Q K^T as head / 16 wgmma with both operands read from shared memory through descriptors (no ldmatrix: the
 // mma.sync kernels spend their shared-memory bandwidth on fragments that wgmma reads once for the whole
 // warpgroup), then the online softmax of flash_tile.cuh on S in registers, then O += P V as wgmma with P from
-// registers and V read N-major. The blocks go head by head, the last query tile (most keys) first, as the mma.sync
-// forward's.
+// registers and V read N-major. The blocks go in flash_tile.cuh's head_block order, as the mma.sync forward's.
 //
 // Not yet here (FlashAttention-3's further steps): TMA loads by a producer warpgroup, and the overlap of one
 // warpgroup's softmax with the other's products.
@@ -120,8 +119,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     uint8_t* sk = sq + kRows * D * 2;  // two buffers of kK x D
     uint8_t* sv = sk + 2 * kTileBytes;
     const int n_qtiles = (T + kRows - 1) / kRows;
-    const int bh = static_cast<int>(blockIdx.x / n_qtiles), b = bh / NH, h = bh % NH;
-    const int qt = n_qtiles - 1 - static_cast<int>(blockIdx.x % n_qtiles);  // the last query tile (most keys) first
+    const HeadBlock hb = head_block();
+    const int b = hb.bh / NH, h = hb.bh % NH;
+    const int qt = n_qtiles - 1 - hb.block;  // block 0: the last query tile, which sees every key
     const int q0 = qt * kRows;
     const int group = static_cast<int>(threadIdx.x) / 128, warp = static_cast<int>(threadIdx.x) / 32;
     const int g = static_cast<int>(threadIdx.x) % 32 / 4, t = static_cast<int>(threadIdx.x) % 4;  // flash_tile.cuh
@@ -162,23 +162,31 @@ void forward_launch(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T
     auto* kernel = flash_forward_sm90_kernel<D>;
     TRAINER_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    const unsigned grid = static_cast<unsigned>((T + kRows - 1) / kRows) * static_cast<unsigned>(B * NH);
+    const dim3 grid = flash_grid(B * NH, (T + kRows - 1) / kRows, T, D);
     TRAINER_LAUNCH(kernel, grid, kThreads, smem, stream, reinterpret_cast<bf16*>(out), lse,
                    reinterpret_cast<const bf16*>(qkv), T, NH, scale_log2e(D));
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
 // ---- backward ----
-// One launch of two kinds of block, as the mma.sync backward's (attention_flash.cu): dK and dV of 128 keys (64 a
-// warpgroup) over the query tiles of 64 that see them, and dQ of 128 queries (64 a warpgroup) over the key tiles of
-// 64 up to the diagonal; every sum has one owner that adds in a fixed order, so the results repeat bitwise (S and
-// dP are computed by both kinds: 7 products per tile pair instead of FlashAttention's 5 with atomics). Every product
-// is one of the two forms the forward uses: both operands K-major from shared memory, or A from registers (P, dS or
-// their transposes, packed from the accumulators as the forward packs P) and B N-major.
+// Two launches of one kind of block each, as the mma.sync backward's two kinds (attention_flash.cu): dK and dV of
+// 128 keys (64 a warpgroup) over the query tiles of 64 that see them, and dQ of 128 queries (64 a warpgroup) over
+// the key tiles up to the diagonal; every sum has one owner that adds in a fixed order, so the results repeat
+// bitwise (S and dP are computed by both kinds: 7 products per tile pair instead of FlashAttention's 5 with
+// atomics). Every product is one of the two forms the forward uses: both operands K-major from shared memory, or A
+// from registers (P, dS or their transposes, packed from the accumulators as the forward packs P) and B N-major.
+//
+// Two launches, not one: registers are a kernel's, not a block's. A dK/dV block holds dK and dV (64 registers a
+// thread each at heads of 128) beside S^T and dP^T and takes every register of an SM; a dQ block holds one
+// accumulator of that size, so on its own it fits in half of them (its key tiles are 32 keys at heads of 128, S
+// and dP 16 registers each) and two blocks share an SM. In one launch both kinds ran one block (two warpgroups)
+// an SM, at 12% occupancy (ncu, H200, 2026-11-26).
 constexpr int kBwdQueries = 64;  // queries a tile of a dK/dV block
 constexpr int kBwdKeys = 128;    // keys a dK/dV block
 constexpr int kDqRows = 128;     // queries a dQ block
-constexpr int kDqKeys = 64;      // keys a tile of a dQ block
+// Keys a tile of a dQ block: S and dP take kDqKeys / 2 registers a thread each, beside dQ's D / 2.
+template <int D>
+constexpr int kDqKeys = D == 128 ? 32 : 64;
 
 __host__ __device__ inline int dq_blocks(int T) { return (T + kDqRows - 1) / kDqRows; }
 __host__ __device__ inline int dkdv_blocks(int T) { return (T + kBwdKeys - 1) / kBwdKeys; }
@@ -188,7 +196,7 @@ constexpr size_t dkdv_smem() {
 }
 template <int D>
 constexpr size_t dq_smem() {
-    return static_cast<size_t>(2 * kDqRows + 4 * kDqKeys) * D * 2 + 2 * kDqRows * sizeof(float);
+    return static_cast<size_t>(2 * kDqRows + 4 * kDqKeys<D>) * D * 2 + 2 * kDqRows * sizeof(float);
 }
 
 // dK (scaled) and dV of keys k0 .. k0 + 127 of head bh. Per query tile: S^T = K Q^T and dP^T = V dO^T (M = the
@@ -310,7 +318,7 @@ template <int D>
 __device__ __forceinline__ void backward_dq_block(uint8_t* smem, int bh, int qb, bf16* dqkv, const float* dsum,
                                                   const bf16* dout, const bf16* qkv, const float* lse, int T, int NH,
                                                   float scale, float scale_log2) {
-    constexpr int kK = kDqKeys, kTile = kK * D * 2;
+    constexpr int kK = kDqKeys<D>, kTile = kK * D * 2;
     uint8_t* sq = smem;                                      // kDqRows x D
     uint8_t* sdo = sq + kDqRows * D * 2;                     // kDqRows x D
     uint8_t* sk = sdo + kDqRows * D * 2;                     // two buffers of kK x D
@@ -391,35 +399,50 @@ __device__ __forceinline__ void backward_dq_block(uint8_t* smem, int bh, int qb,
     }
 }
 
-// Blocks go head by head; within a head the dQ blocks first (the last query block, the most keys, first), then
-// the dK/dV blocks (key block 0, the most queries, first).
+// Both launches take their blocks in head_block's order: the longest first (dQ of a head's last query block, dK and
+// dV of its key block 0) across a section of heads.
 template <int D>
-__global__ void __launch_bounds__(kThreads, 1)
-    flash_backward_sm90_kernel(bf16* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse,
-                               int T, int NH, float scale, float scale_log2) {
+__global__ void __launch_bounds__(kThreads, 2)
+    flash_backward_dq_sm90_kernel(bf16* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse,
+                                  int T, int NH, float scale, float scale_log2) {
     TRAINER_DYNAMIC_SHARED(smem_raw);
     uint8_t* smem = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
-    const int n_dq = dq_blocks(T), per_head = n_dq + dkdv_blocks(T);
-    const int bh = static_cast<int>(blockIdx.x / per_head), within = static_cast<int>(blockIdx.x % per_head);
-    if (within < n_dq) {
-        backward_dq_block<D>(smem, bh, n_dq - 1 - within, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
-    } else {
-        backward_dkdv_block<D>(smem, bh, within - n_dq, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
-    }
+    const HeadBlock hb = head_block();
+    backward_dq_block<D>(smem, hb.bh, dq_blocks(T) - 1 - hb.block, dqkv, dsum, dout, qkv, lse, T, NH, scale,
+                         scale_log2);
+}
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_backward_dkdv_sm90_kernel(bf16* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse,
+                                    int T, int NH, float scale, float scale_log2) {
+    TRAINER_DYNAMIC_SHARED(smem_raw);
+    uint8_t* smem = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+    const HeadBlock hb = head_block();
+    backward_dkdv_block<D>(smem, hb.bh, hb.block, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
 }
 
+// One backward launch of `kernel` over `blocks_per_head` blocks a head, with `smem` bytes of tiles.
+template <typename Kernel>
+void backward_launch_one(Kernel* kernel, size_t smem, int blocks_per_head, uint16_t* dqkv, const uint16_t* dout,
+                         const uint16_t* qkv, const float* lse, int B, int T, int NH, int HS, const float* dsum,
+                         cudaStream_t stream) {
+    smem += 1024;  // the 1024-byte alignment of the tiles
+    TRAINER_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    TRAINER_LAUNCH(kernel, flash_grid(B * NH, blocks_per_head, T, HS), kThreads, smem, stream,
+                   reinterpret_cast<bf16*>(dqkv), dsum, reinterpret_cast<const bf16*>(dout),
+                   reinterpret_cast<const bf16*>(qkv), lse, T, NH, 1.0f / std::sqrt(static_cast<float>(HS)),
+                   scale_log2e(HS));
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+}
+// dK and dV, then dQ: they write disjoint parts of dqkv and read what the forward and the dot kernel wrote.
 template <int D>
 void backward_launch(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, int B, int T, int NH,
                      const float* dsum, cudaStream_t stream) {
-    const size_t smem = std::max(dkdv_smem<D>(), dq_smem<D>()) + 1024;
-    auto* kernel = flash_backward_sm90_kernel<D>;
-    TRAINER_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    const unsigned blocks = static_cast<unsigned>(B * NH) * static_cast<unsigned>(dq_blocks(T) + dkdv_blocks(T));
-    TRAINER_LAUNCH(kernel, blocks, kThreads, smem, stream, reinterpret_cast<bf16*>(dqkv), dsum,
-                   reinterpret_cast<const bf16*>(dout), reinterpret_cast<const bf16*>(qkv), lse, T, NH,
-                   1.0f / std::sqrt(static_cast<float>(D)), scale_log2e(D));
-    TRAINER_CUDA_CHECK(cudaGetLastError());
+    backward_launch_one(flash_backward_dkdv_sm90_kernel<D>, dkdv_smem<D>(), dkdv_blocks(T), dqkv, dout, qkv, lse, B, T,
+                        NH, D, dsum, stream);
+    backward_launch_one(flash_backward_dq_sm90_kernel<D>, dq_smem<D>(), dq_blocks(T), dqkv, dout, qkv, lse, B, T, NH, D,
+                        dsum, stream);
 }
 
 }  // namespace

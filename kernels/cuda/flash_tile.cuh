@@ -5,6 +5,7 @@
 // g++ onto tests/simt's emulator (the CUDA names from its shim).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +42,46 @@ __device__ __forceinline__ int thread_index() {
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
     return static_cast<int>(tid);
 #endif
+}
+
+// Which head (b * NH + h) and which of its blocks a block of a launch computes, block 0 of a head being its longest
+// (the query tile that sees every key, the key block every query sees). A launch's tail is set by the blocks
+// dispatched last: in the order head by head, those are the last heads' longest blocks, and a causal head's blocks
+// run from 1 to n tiles of work. Simulated with the scheduler taking blocks in order into free slots, that order
+// finished 1.15-1.30x after the work's mean on OLMo-1B's shapes (1.09-1.18x on GPT-2's). So, as
+// FlashAttention-3's and cuDNN's causal schedulers do: the heads in sections, and within a section every head's
+// block 0, then every head's block 1, and so on, longest first (1.02-1.03x). A section has as many heads as keep
+// the K and V (or Q and dO) they stream in L2, so the blocks running at once still share them there.
+//
+// The launch's grid says it (flash_grid): x the head within its section, y the block of the head, z the section;
+// blocks are dispatched x fastest, then y, then z. The kernel reads its indices from the special registers and
+// divides nothing (a head and block computed by division, held through the key loop, made the wgmma forward
+// spill 24-48 bytes at heads of 128).
+struct HeadBlock {
+    int bh;     // b * NH + h
+    int block;  // of the head's, 0 the longest
+};
+__device__ __forceinline__ HeadBlock head_block() {
+    return {static_cast<int>(blockIdx.z * gridDim.x + blockIdx.x), static_cast<int>(blockIdx.y)};
+}
+// The L2 a section's streamed operands may fill: 32 MiB (an H100 has 50 MB, an A100 40 MB; the rest holds what else
+// is in flight). The emulated build lets a test shrink it, so that a run of a few heads has several sections.
+#ifdef TRAINER_SIMT_EMULATION
+inline size_t section_l2_bytes = size_t{32} << 20;
+#else
+constexpr size_t section_l2_bytes = size_t{32} << 20;
+#endif
+// The grid of `BH` heads of `per_head` blocks, each head streaming two T x D bf16 operands: sections of the most
+// heads that divide BH and whose operands fit in section_l2_bytes, at least one (one is the order head by head: a
+// BH with no divisor under the fit, a prime above 32 on OLMo-1B's shape; B x NH has small factors in practice).
+inline dim3 flash_grid(int BH, int per_head, int T, int D) {
+    const size_t per_head_bytes = static_cast<size_t>(4) * static_cast<size_t>(T) * static_cast<size_t>(D);
+    const size_t fit = section_l2_bytes / std::max<size_t>(per_head_bytes, 1);
+    int section = 1;
+    for (int s = 2; s <= BH && static_cast<size_t>(s) <= fit; ++s) {
+        if (BH % s == 0) section = s;
+    }
+    return dim3(static_cast<unsigned>(section), static_cast<unsigned>(per_head), static_cast<unsigned>(BH / section));
 }
 
 // Rows first .. first + kRows - 1 of D bf16 channels (row stride `stride` elements; rows >= limit zero-filled)
