@@ -60,24 +60,24 @@ __global__ void bias_partials_kernel(float* partial, const T* dout, int M, int N
     }
 }
 
-// grid ceil(N / 32): dbias[c] += the chunk partials of column c in chunk order. Warp w adds chunks w, w + 8, ...
-// of the block's 32 columns (one per lane), then the 8 warps' sums are added in warp order.
-__global__ void bias_finish_kernel(float* dbias, const float* partial, int chunks, int N) {
+// grid ceil(n / 32): dst[c] += the sum of partial[k * stride + c] over chunks k, in a fixed order: warp w adds
+// chunks w, w + 8, ... of the block's 32 columns (one per lane), then the 8 warps' sums are added in warp order.
+__global__ void partial_sums_kernel(float* dst, const float* partial, int chunks, int n, size_t stride) {
     __shared__ float part[kWarps][32];
     const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
     const int c = static_cast<int>(blockIdx.x) * 32 + lane;
     float s = 0.0f;
-    if (c < N) {
+    if (c < n) {
 #pragma unroll 4
-        for (int k = warp; k < chunks; k += kWarps) s += partial[static_cast<size_t>(k) * N + c];
+        for (int k = warp; k < chunks; k += kWarps) s += partial[static_cast<size_t>(k) * stride + c];
     }
     part[warp][lane] = s;
     __syncthreads();
-    if (warp == 0 && c < N) {
+    if (warp == 0 && c < n) {
         float sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) sum += part[w][lane];
-        dbias[c] += sum;
+        dst[c] += sum;
     }
 }
 
@@ -93,12 +93,17 @@ void bias_gradient_typed(float* dbias, const T* dout, int M, int N, float* scrat
     const auto partials = vec ? bias_partials_kernel<kVec, T> : bias_partials_kernel<1, T>;
     TRAINER_LAUNCH(partials, grid, kThreads, 0, stream, scratch, dout, M, N);
     TRAINER_CUDA_CHECK(cudaGetLastError());
-    TRAINER_LAUNCH(bias_finish_kernel, static_cast<unsigned>((N + 31) / 32), kThreads, 0, stream, dbias, scratch,
-                   chunks, N);
-    TRAINER_CUDA_CHECK(cudaGetLastError());
+    add_partial_sums(dbias, scratch, chunks, N, static_cast<size_t>(N), stream);
 }
 
 }  // namespace
+
+void add_partial_sums(float* dst, const float* partial, int chunks, int n, size_t stride, cudaStream_t stream) {
+    if (n <= 0) return;
+    TRAINER_LAUNCH(partial_sums_kernel, static_cast<unsigned>((n + 31) / 32), kThreads, 0, stream, dst, partial, chunks,
+                   n, stride);
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+}
 
 size_t bias_gradient_scratch_floats(int M, int N) {
     return static_cast<size_t>((std::max(M, 0) + kChunkRows - 1) / kChunkRows) * static_cast<size_t>(std::max(N, 0));

@@ -6,11 +6,12 @@
 // use: rows may lie apart (ld_*, q and k rows are 3C apart in qkv), the input and output in fp32 or bf16.
 // Forward and the dinp part of backward: one warp per row, lanes striding over the channels, warp-shuffle
 // sums. dweight/dbias: fixed chunks of kRowsPerChunk rows give partial sums (a thread per channel walks
-// the chunk's rows in order), then one thread per channel adds the partials in chunk order: no atomics,
-// the same result on every run. The backward may run in place (dinp == dout, QK-norm): every lane reads
+// the chunk's rows in order), then bias.cu's add_partial_sums adds each channel's partials in a fixed order:
+// no atomics, the same result on every run. The backward may run in place (dinp == dout, QK-norm): every lane reads
 // the dout of its own channels before it writes their dinp, and the partials are taken first.
 #include <algorithm>
 #include <initializer_list>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
@@ -19,6 +20,8 @@ namespace trainer::cuda {
 namespace {
 
 constexpr int kRowsPerChunk = 32;
+template <int V>
+using Int = std::integral_constant<int, V>;
 constexpr unsigned kWarpsPerBlock = 8;
 
 __device__ float warp_sum(float x) {
@@ -28,7 +31,10 @@ __device__ float warp_sum(float x) {
 
 // One warp per row; each lane takes W consecutive channels at a time (W = 8 with 128-bit accesses where
 // the rows and the affine vectors allow, else 1). out = resid + y where resid is given (rows ld_out apart).
-template <int W, bool kRms, typename In, typename Out>
+// With G > 0 (rows of up to 32 W G channels) a lane holds its channels in registers, and the row is read once;
+// with G = 0 (any row) it is read for the mean, the variance and the output, the last two from L1. Each lane
+// adds its channels in the same order either way, so the two give the same bits.
+template <int W, int G, bool kRms, typename In, typename Out>
 __global__ void norm_forward_kernel(Out* out, int ld_out, const float* resid, float* mean, float* rstd, const In* inp,
                                     int ld_in, const float* weight, const float* bias, int N, int C, float eps) {
     const int lane = threadIdx.x % 32;
@@ -37,44 +43,61 @@ __global__ void norm_forward_kernel(Out* out, int ld_out, const float* resid, fl
     const In* x = inp + static_cast<size_t>(n) * ld_in;
     Out* o = out + static_cast<size_t>(n) * ld_out;
     const float* r = resid != nullptr ? resid + static_cast<size_t>(n) * ld_out : nullptr;
+    float held[G > 0 ? G : 1][W];
+    if constexpr (G > 0) {
+#pragma unroll
+        for (int gi = 0; gi < G; ++gi) {
+            if ((gi * 32 + lane) * W < C) load_vec<W>(x + (gi * 32 + lane) * W, held[gi]);
+        }
+    }
+    // f(c, v) for each of the lane's groups of W channels, c its first channel and v their values.
+    const auto each = [&](auto f) {
+        if constexpr (G > 0) {
+#pragma unroll
+            for (int gi = 0; gi < G; ++gi) {
+                if ((gi * 32 + lane) * W < C) f((gi * 32 + lane) * W, held[gi]);
+            }
+        } else {
+            for (int c = lane * W; c < C; c += 32 * W) {
+                float v[W];
+                load_vec<W>(x + c, v);
+                f(c, v);
+            }
+        }
+    };
     float m = 0.0f;
     if (!kRms) {
         float s = 0.0f;
-        for (int c = lane * W; c < C; c += 32 * W) {
-            float v[W];
-            load_vec<W>(x + c, v);
+        each([&](int, const float(&v)[W]) {
 #pragma unroll
             for (int k = 0; k < W; ++k) s += v[k];
-        }
+        });
         m = warp_sum(s) / static_cast<float>(C);
     }
     float sq = 0.0f;
-    for (int c = lane * W; c < C; c += 32 * W) {
-        float v[W];
-        load_vec<W>(x + c, v);
+    each([&](int, const float(&v)[W]) {
 #pragma unroll
         for (int k = 0; k < W; ++k) sq += (v[k] - m) * (v[k] - m);
-    }
+    });
     const float rs = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
     if (lane == 0) {
         if (mean != nullptr) mean[n] = m;
         rstd[n] = rs;
     }
-    for (int c = lane * W; c < C; c += 32 * W) {
-        float v[W], wt[W], b[W], rv[W];
-        load_vec<W>(x + c, v);
+    each([&](int c, const float(&v)[W]) {
+        float y[W], wt[W], b[W], rv[W];
         if (weight != nullptr) load_vec<W>(weight + c, wt);
         if (bias != nullptr) load_vec<W>(bias + c, b);
         if (r != nullptr) load_vec<W>(r + c, rv);
 #pragma unroll
         for (int k = 0; k < W; ++k) {
-            v[k] = (v[k] - m) * rs;
-            if (weight != nullptr) v[k] *= wt[k];
-            if (bias != nullptr) v[k] += b[k];
-            if (r != nullptr) v[k] = rv[k] + v[k];
+            y[k] = (v[k] - m) * rs;
+            if (weight != nullptr) y[k] *= wt[k];
+            if (bias != nullptr) y[k] += b[k];
+            if (r != nullptr) y[k] = rv[k] + y[k];
         }
-        store_vec<W>(o + c, v);
-    }
+        store_vec<W>(o + c, y);
+    });
 }
 
 // dinp (+)= rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * weight (RMSNorm: no
@@ -268,16 +291,14 @@ __global__ void norm_backward_partials_kernel(float* partial, const G* dout, int
     }
 }
 
-__global__ void norm_backward_params_kernel(float* dweight, float* dbias, const float* partial, int chunks, int C) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float dw = 0.0f, db = 0.0f;
-    for (int k = 0; k < chunks; ++k) {
-        dw += partial[static_cast<size_t>(k) * 2 * C + c];
-        db += partial[static_cast<size_t>(k) * 2 * C + C + c];
-    }
-    if (dweight != nullptr) dweight[c] += dw;
-    if (dbias != nullptr) dbias[c] += db;
+// dweight += the chunks' partials of sum dout * norm, dbias += those of sum dout (partial rows of 2C: dweight's C,
+// then dbias's), by bias.cu's second pass. Before, one thread per channel added all the chunks in turn (GPT-2: 6
+// blocks, 512 dependent loads a thread from L2), the likely cause of LayerNorm's backward at 44% of its memory
+// roofline on an H200 (bench-kernels, 2026-11-26; the two passes not timed apart).
+void norm_backward_params(float* dweight, float* dbias, const float* partial, int chunks, int C, cudaStream_t stream) {
+    const size_t stride = static_cast<size_t>(2) * C;
+    if (dweight != nullptr) add_partial_sums(dweight, partial, chunks, C, stride, stream);
+    if (dbias != nullptr) add_partial_sums(dbias, partial + C, chunks, C, stride, stream);
 }
 
 template <typename In, typename Out>
@@ -291,10 +312,19 @@ void norm_forward_launch(Out* out, int ld_out, const float* resid, float* mean, 
         TRAINER_LAUNCH(kernel, blocks, 32 * kWarpsPerBlock, 0, stream, out, ld_out, resid, mean, rstd, inp, ld_in,
                        weight, bias, N, C, eps);
     };
-    if (vec) {
-        rms ? launch(norm_forward_kernel<kLnVec, true, In, Out>) : launch(norm_forward_kernel<kLnVec, false, In, Out>);
+    const auto run = [&](auto w, auto g) {
+        constexpr int kW = decltype(w)::value, kG = decltype(g)::value;
+        rms ? launch(norm_forward_kernel<kW, kG, true, In, Out>) : launch(norm_forward_kernel<kW, kG, false, In, Out>);
+    };
+    // Rows held in registers up to 32 x 8 x 8 = 2,048 channels (GPT-2's 768 in 4 groups, OLMo-1B's 2,048 in 8).
+    if (!vec) {
+        run(Int<1>{}, Int<0>{});
+    } else if (C <= 32 * kLnVec * 4) {
+        run(Int<kLnVec>{}, Int<4>{});
+    } else if (C <= 32 * kLnVec * 8) {
+        run(Int<kLnVec>{}, Int<8>{});
     } else {
-        rms ? launch(norm_forward_kernel<1, true, In, Out>) : launch(norm_forward_kernel<1, false, In, Out>);
+        run(Int<kLnVec>{}, Int<0>{});
     }
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
@@ -315,8 +345,7 @@ void norm_backward_typed(D* dinp, int ld_dinp, bool accumulate, float* dweight, 
         TRAINER_LAUNCH(fused, static_cast<unsigned>(chunks), 32 * kWarpsPerBlock, 0, stream, dinp, ld_dinp, accumulate,
                        scratch, dout, ld_dout, inp, ld_in, weight, mean, rstd, N, C);
         TRAINER_CUDA_CHECK(cudaGetLastError());
-        TRAINER_LAUNCH(norm_backward_params_kernel, cblocks, kBlock, 0, stream, dweight, dbias, scratch, chunks, C);
-        TRAINER_CUDA_CHECK(cudaGetLastError());
+        norm_backward_params(dweight, dbias, scratch, chunks, C, stream);
         return;
     }
     if (params) {  // first: in place, dinp overwrites the dout they read
@@ -324,8 +353,7 @@ void norm_backward_typed(D* dinp, int ld_dinp, bool accumulate, float* dweight, 
         TRAINER_LAUNCH(partials, dim3(cblocks, static_cast<unsigned>(std::min(chunks, 65535))), kBlock, 0, stream,
                        scratch, dout, ld_dout, inp, ld_in, mean, rstd, N, C);
         TRAINER_CUDA_CHECK(cudaGetLastError());
-        TRAINER_LAUNCH(norm_backward_params_kernel, cblocks, kBlock, 0, stream, dweight, dbias, scratch, chunks, C);
-        TRAINER_CUDA_CHECK(cudaGetLastError());
+        norm_backward_params(dweight, dbias, scratch, chunks, C, stream);
     }
     const unsigned blocks = (static_cast<unsigned>(N) + kWarpsPerBlock - 1) / kWarpsPerBlock;
     const auto dinp_kernel =

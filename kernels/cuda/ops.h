@@ -68,6 +68,9 @@ void matmul_backward(Gemm& gemm, float* dinp, float* dweight, const float* dout,
 size_t bias_gradient_scratch_floats(int M, int N);
 void bias_gradient(float* dbias, const float* dout, int M, int N, float* scratch, cudaStream_t stream);
 void bias_gradient(float* dbias, const uint16_t* dout, int M, int N, float* scratch, cudaStream_t stream);
+// dst[c] += the sum over k < chunks of partial[k * stride + c], c < n, in a fixed order (bias.cu): the second pass
+// of the bias's and the norms' parameter gradients, spread over ceil(n / 32) blocks of 8 warps that split the chunks.
+void add_partial_sums(float* dst, const float* partial, int chunks, int n, size_t stride, cudaStream_t stream);
 // The Linear forward and the tanh GELU after it: pre = inp @ weight^T + bias, out = gelu_tanh(pre), in one
 // GEMM with cuBLASLt's GELU epilogue where its constraints hold (N a multiple of 8, aligned outputs and
 // bias), else the GEMM and then the GELU kernel; fp32 and bf16-operand forms.
