@@ -29,11 +29,44 @@ __device__ float warp_sum(float x) {
     return x;
 }
 
+// A lane's channels of one row, W consecutive channels at a time (lane l takes channels l W .., then 32 W further,
+// and so on): with G > 0 (rows of up to 32 W G channels) held in registers, read once when made; with G = 0 (any
+// row) read from `src` again at every pass (from L1 after the first, where the rows of the SM's warps fit). Each
+// pass visits the groups in the same order either way, so the sums over them have the same bits.
+template <int W, int G, typename T>
+struct LaneRow {
+    const T* src;
+    int C, lane;
+    float held[G > 0 ? G : 1][W];
+    __device__ LaneRow(const T* src_, int C_, int lane_) : src(src_), C(C_), lane(lane_) {
+        if constexpr (G > 0) {
+#pragma unroll
+            for (int gi = 0; gi < G; ++gi) {
+                if ((gi * 32 + lane) * W < C) load_vec<W>(src + (gi * 32 + lane) * W, held[gi]);
+            }
+        }
+    }
+    // f(c, v) for each group: c its first channel, v its W values.
+    template <typename F>
+    __device__ void each(F f) {
+        if constexpr (G > 0) {
+#pragma unroll
+            for (int gi = 0; gi < G; ++gi) {
+                if ((gi * 32 + lane) * W < C) f((gi * 32 + lane) * W, held[gi]);
+            }
+        } else {
+            for (int c = lane * W; c < C; c += 32 * W) {
+                float v[W];
+                load_vec<W>(src + c, v);
+                f(c, v);
+            }
+        }
+    }
+};
+
 // One warp per row; each lane takes W consecutive channels at a time (W = 8 with 128-bit accesses where
 // the rows and the affine vectors allow, else 1). out = resid + y where resid is given (rows ld_out apart).
-// With G > 0 (rows of up to 32 W G channels) a lane holds its channels in registers, and the row is read once;
-// with G = 0 (any row) it is read for the mean, the variance and the output, the last two from L1. Each lane
-// adds its channels in the same order either way, so the two give the same bits.
+// The row is a LaneRow: with G > 0 read once, where with G = 0 the mean, the variance and the output each read it.
 template <int W, int G, bool kRms, typename In, typename Out>
 __global__ void norm_forward_kernel(Out* out, int ld_out, const float* resid, float* mean, float* rstd, const In* inp,
                                     int ld_in, const float* weight, const float* bias, int N, int C, float eps) {
@@ -43,39 +76,18 @@ __global__ void norm_forward_kernel(Out* out, int ld_out, const float* resid, fl
     const In* x = inp + static_cast<size_t>(n) * ld_in;
     Out* o = out + static_cast<size_t>(n) * ld_out;
     const float* r = resid != nullptr ? resid + static_cast<size_t>(n) * ld_out : nullptr;
-    float held[G > 0 ? G : 1][W];
-    if constexpr (G > 0) {
-#pragma unroll
-        for (int gi = 0; gi < G; ++gi) {
-            if ((gi * 32 + lane) * W < C) load_vec<W>(x + (gi * 32 + lane) * W, held[gi]);
-        }
-    }
-    // f(c, v) for each of the lane's groups of W channels, c its first channel and v their values.
-    const auto each = [&](auto f) {
-        if constexpr (G > 0) {
-#pragma unroll
-            for (int gi = 0; gi < G; ++gi) {
-                if ((gi * 32 + lane) * W < C) f((gi * 32 + lane) * W, held[gi]);
-            }
-        } else {
-            for (int c = lane * W; c < C; c += 32 * W) {
-                float v[W];
-                load_vec<W>(x + c, v);
-                f(c, v);
-            }
-        }
-    };
+    LaneRow<W, G, In> row(x, C, lane);
     float m = 0.0f;
     if (!kRms) {
         float s = 0.0f;
-        each([&](int, const float(&v)[W]) {
+        row.each([&](int, const float(&v)[W]) {
 #pragma unroll
             for (int k = 0; k < W; ++k) s += v[k];
         });
         m = warp_sum(s) / static_cast<float>(C);
     }
     float sq = 0.0f;
-    each([&](int, const float(&v)[W]) {
+    row.each([&](int, const float(&v)[W]) {
 #pragma unroll
         for (int k = 0; k < W; ++k) sq += (v[k] - m) * (v[k] - m);
     });
@@ -84,7 +96,7 @@ __global__ void norm_forward_kernel(Out* out, int ld_out, const float* resid, fl
         if (mean != nullptr) mean[n] = m;
         rstd[n] = rs;
     }
-    each([&](int c, const float(&v)[W]) {
+    row.each([&](int c, const float(&v)[W]) {
         float y[W], wt[W], b[W], rv[W];
         if (weight != nullptr) load_vec<W>(weight + c, wt);
         if (bias != nullptr) load_vec<W>(bias + c, b);
@@ -147,36 +159,35 @@ __global__ void norm_backward_dinp_kernel(D* dinp, int ld_dinp, bool accumulate,
 // dinp += rstd * (dout - mean(dout) - y * mean(dout * y)) from the output y of a norm without weight or bias
 // (RMSNorm: no mean(dout) term): norm_backward_dinp_kernel's formula with y read (fp32 or bf16), not
 // recomputed from the input and mean. One warp per row.
-template <int W, bool kRms, typename Y>
+// dout is a LaneRow (G > 0: read once, not for each of the two passes); y is read in both.
+template <int W, int G, bool kRms, typename Y>
 __global__ void norm_backward_from_output_kernel(float* dinp, const float* dout, const Y* out, const float* rstd, int N,
                                                  int C) {
     const int lane = threadIdx.x % 32;
     const int n = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
     if (n >= N) return;
     const size_t row = static_cast<size_t>(n) * C;
-    const float* g = dout + row;
+    LaneRow<W, G, float> g(dout + row, C, lane);
     const Y* y = out + row;
     float* dx = dinp + row;
     const float rs = rstd[n];
     float sum_g = 0.0f, sum_gy = 0.0f;
-    for (int c = lane * W; c < C; c += 32 * W) {
-        float gv[W], yv[W];
-        load_vec<W>(g + c, gv);
+    g.each([&](int c, const float(&gv)[W]) {
+        float yv[W];
         load_vec<W>(y + c, yv);
 #pragma unroll
         for (int k = 0; k < W; ++k) sum_g += gv[k], sum_gy += gv[k] * yv[k];
-    }
+    });
     const float mean_g = kRms ? 0.0f : warp_sum(sum_g) / static_cast<float>(C);
     const float mean_gy = warp_sum(sum_gy) / static_cast<float>(C);
-    for (int c = lane * W; c < C; c += 32 * W) {
-        float gv[W], yv[W], d[W];
-        load_vec<W>(g + c, gv);
+    g.each([&](int c, const float(&gv)[W]) {
+        float yv[W], d[W];
         load_vec<W>(y + c, yv);
         load_vec<W>(dx + c, d);
 #pragma unroll
         for (int k = 0; k < W; ++k) d[k] += rs * (gv[k] - mean_g - yv[k] * mean_gy);
         store_vec<W>(dx + c, d);
-    }
+    });
 }
 
 // The vector width for rows of C channels: 8 where every row and vector is whole 16-byte words.
@@ -186,6 +197,21 @@ bool norm_vec(int C, std::initializer_list<int> lds, const P*... p) {
     bool ok = C % kLnVec == 0 && ((p == nullptr || aligned16(p)) && ...);
     for (int ld : lds) ok = ok && ld % kLnVec == 0;
     return ok;
+}
+
+// run(Int<W>, Int<G>) with the LaneRow shape for rows of C channels: held in registers up to 32 x 8 x 8 = 2,048
+// channels (GPT-2's 768 in 4 groups of 8 a lane, OLMo-1B's 2,048 in 8), read at each pass beyond or unvectorised.
+template <typename Run>
+void held_groups(bool vec, int C, Run run) {
+    if (!vec) {
+        run(Int<1>{}, Int<0>{});
+    } else if (C <= 32 * kLnVec * 4) {
+        run(Int<kLnVec>{}, Int<4>{});
+    } else if (C <= 32 * kLnVec * 8) {
+        run(Int<kLnVec>{}, Int<8>{});
+    } else {
+        run(Int<kLnVec>{}, Int<0>{});
+    }
 }
 
 // The dinp part and the chunk partials of dweight/dbias in one pass over dout and inp (rows of up to
@@ -316,16 +342,7 @@ void norm_forward_launch(Out* out, int ld_out, const float* resid, float* mean, 
         constexpr int kW = decltype(w)::value, kG = decltype(g)::value;
         rms ? launch(norm_forward_kernel<kW, kG, true, In, Out>) : launch(norm_forward_kernel<kW, kG, false, In, Out>);
     };
-    // Rows held in registers up to 32 x 8 x 8 = 2,048 channels (GPT-2's 768 in 4 groups, OLMo-1B's 2,048 in 8).
-    if (!vec) {
-        run(Int<1>{}, Int<0>{});
-    } else if (C <= 32 * kLnVec * 4) {
-        run(Int<kLnVec>{}, Int<4>{});
-    } else if (C <= 32 * kLnVec * 8) {
-        run(Int<kLnVec>{}, Int<8>{});
-    } else {
-        run(Int<kLnVec>{}, Int<0>{});
-    }
+    held_groups(vec, C, run);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -387,13 +404,12 @@ void norm_backward_from_output_launch(float* dinp, const float* dout, const Y* o
         TRAINER_LAUNCH(kernel, blocks, 32 * kWarpsPerBlock, 0, stream, dinp, dout, out, rstd, N, C);
         TRAINER_CUDA_CHECK(cudaGetLastError());
     };
-    if (vec) {
-        rms ? launch(norm_backward_from_output_kernel<kLnVec, true, Y>)
-            : launch(norm_backward_from_output_kernel<kLnVec, false, Y>);
-    } else {
-        rms ? launch(norm_backward_from_output_kernel<1, true, Y>)
-            : launch(norm_backward_from_output_kernel<1, false, Y>);
-    }
+    const auto run = [&](auto w, auto g) {
+        constexpr int kW = decltype(w)::value, kG = decltype(g)::value;
+        rms ? launch(norm_backward_from_output_kernel<kW, kG, true, Y>)
+            : launch(norm_backward_from_output_kernel<kW, kG, false, Y>);
+    };
+    held_groups(vec, C, run);
 }
 
 // q and k of qkv copied aside into qk (rows of 2C), then each normalised from there back into qkv.
