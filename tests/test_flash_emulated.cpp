@@ -148,6 +148,8 @@ TEST_CASE("flash attention's grid puts the heads in sections that fit L2 and div
     CHECK(extent(flash::flash_grid(6, 3, 130, 64)) == std::vector<unsigned>{6, 3, 1});
     CHECK(extent(flash::flash_grid(67, 16, 2048, 128)) == std::vector<unsigned>{1, 16, 67});
     CHECK(extent(flash::flash_grid(3, 2, 1 << 20, 128)) == std::vector<unsigned>{1, 2, 3});
+    // More sections than a grid's z holds: one section of every head.
+    CHECK(extent(flash::flash_grid(65537, 16, 2048, 128)) == std::vector<unsigned>{65537, 16, 1});
 }
 
 // The order of the blocks changes no bit: with the L2 budget shrunk to two heads (three sections of B x NH = 6)

@@ -1,8 +1,9 @@
 // The register-level pieces our two flash attention forwards share (attention_flash.cu on mma.sync,
 // attention_flash_sm90a.cu on Hopper's wgmma): both hold a warp's 16-row m-tiles of S and O in mma.sync's
 // accumulator layout (per 8 columns j: (row g, columns 8 j + 2 t, + 1) and (row g + 8, the same); g = lane / 4,
-// t = lane % 4), so the online softmax, the P operand and the epilogue are the same code. Compiled by nvcc, and by
-// g++ onto tests/simt's emulator (the CUDA names from its shim).
+// t = lane % 4), so the online softmax, the P operand and the epilogue are the same code; and the launches' grid
+// (flash_grid, head_block), which all five flash kernels share. Compiled by nvcc, and by g++ onto tests/simt's
+// emulator (the CUDA names from its shim).
 #pragma once
 
 #include <algorithm>
@@ -10,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+
+#include "base/common.h"
 
 namespace trainer::cuda::flash {
 
@@ -81,6 +84,11 @@ inline dim3 flash_grid(int BH, int per_head, int T, int D) {
     for (int s = 2; s <= BH && static_cast<size_t>(s) <= fit; ++s) {
         if (BH % s == 0) section = s;
     }
+    // A grid's y and z hold at most 65,535 (x 2^31 - 1): more sections than that are one section (every head's
+    // longest block first, across all heads).
+    if (BH / section > 65535) section = BH;
+    TRAINER_CHECK(per_head <= 65535, "flash attention with {} blocks a head (a sequence too long for one grid)",
+                  per_head);
     return dim3(static_cast<unsigned>(section), static_cast<unsigned>(per_head), static_cast<unsigned>(BH / section));
 }
 
