@@ -263,6 +263,11 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         ops.push_back({"gelu forward", [&, tanh_gelu](Backend& b) { b.gelu_forward(facto, fcho, NHh, tanh_gelu); }});
         ops.push_back(
             {"gelu backward", [&, tanh_gelu](Backend& b) { b.gelu_backward(dfcho, fcho, dfacto, NHh, tanh_gelu); }});
+        // And its backward: ff_out's and the GELU's together (on CUDA one GEMM with the DGELU epilogue).
+        ops.push_back({"ff_out GEMM + gelu backward", [&, tanh_gelu](Backend& b) {
+                           b.matmul_gelu_backward(dfcho, dfacto, dw_out.f32(), dbias, x.f32(), facto, w_out.f32(), fcho,
+                                                  N, H, C, tanh_gelu);
+                       }});
     }
     ops.push_back({"residual add", [&](Backend& b) { b.residual_forward(y.f32(), x.f32(), dx.f32(), NC); }});
     const float z_loss = static_cast<float>(config.z_loss_multiplier);

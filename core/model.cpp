@@ -531,12 +531,13 @@ void Model::backward_blocks(int batch) {
                                              mean_at(a.ln2_mean), act(a.ln2_rstd), N, C_, norm_kind_);
             dff_out = op(dsub_);
         }
-        backend_->matmul_backward(op(dfch_act_), g.ff_out_w, g.ff_out_b, dff_out, op(a.fch_act), w.ff_out_w, N, H_, C_,
-                                  false);
         if (m_.activation_type == ActivationType::kSwiglu) {
+            backend_->matmul_backward(op(dfch_act_), g.ff_out_w, g.ff_out_b, dff_out, op(a.fch_act), w.ff_out_w, N, H_,
+                                      C_, false);
             backend_->swiglu_backward(op(dfch_), op(a.fch), op(dfch_act_), N, H_);
-        } else {
-            backend_->gelu_backward(op(dfch_), op(a.fch), op(dfch_act_), static_cast<size_t>(N) * H_, tanh_gelu);
+        } else {  // ff_out's and the GELU's backward as one op (on CUDA one GEMM: the slope in its epilogue)
+            backend_->matmul_gelu_backward(op(dfch_), op(dfch_act_), g.ff_out_w, g.ff_out_b, dff_out, op(a.fch_act),
+                                           w.ff_out_w, op(a.fch), N, H_, C_, tanh_gelu);
         }
         if (norm_after_) {  // ff_proj read resid_mid itself: its input gradient adds to the stream's
             backend_->matmul_backward(act(dresid_), g.ff_proj_w, g.ff_proj_b, op(dfch_), sublayer_input(l, 2),

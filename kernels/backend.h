@@ -198,6 +198,16 @@ class Backend {
         matmul_forward(pre, inp, weight, bias, M, K, N);
         gelu_forward(out, pre, static_cast<size_t>(M) * N, tanh_approx);
     }
+    // The backward of a Linear whose input is act = gelu(pre) (the MLP's ff_out): dpre(M,K) = (dout @ weight) *
+    // gelu'(pre), and dweight += dout^T act, dbias += (nullable) as matmul_backward. dact(M,K) is a scratch for
+    // the input gradient of the Linear where it is stored. Default: matmul_backward into dact, then gelu_backward;
+    // the CUDA backend carries the tanh form's slope in the GEMM's epilogue and never stores dact.
+    virtual void matmul_gelu_backward(GemmOperand dpre, GemmOperand dact, float* dweight, float* dbias,
+                                      GemmOperand dout, GemmOperand act, const float* weight, GemmOperand pre, int M,
+                                      int K, int N, bool tanh_approx) {
+        matmul_backward(dact, dweight, dbias, dout, act, weight, M, K, N, false);
+        gelu_backward(dpre, pre, dact, static_cast<size_t>(M) * K, tanh_approx);
+    }
     // out(N,C) = wte[tokens[n]] + wpe[n % T] (wpe nullable: RoPE models have no learned positions).
     virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
                                    int C) = 0;

@@ -129,6 +129,13 @@ class RecordingBackend final : public trainer::Backend {
                              int M, int K, int N, bool tanh_approx) override {
         queue([=] { inner_->matmul_gelu_forward(pre, out, inp, weight, bias, M, K, N, tanh_approx); });
     }
+    void matmul_gelu_backward(GemmOperand dpre, GemmOperand dact, float* dweight, float* dbias, GemmOperand dout,
+                              GemmOperand act, const float* weight, GemmOperand pre, int M, int K, int N,
+                              bool tanh_approx) override {
+        queue([=] {
+            inner_->matmul_gelu_backward(dpre, dact, dweight, dbias, dout, act, weight, pre, M, K, N, tanh_approx);
+        });
+    }
     void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
                            int C) override {
         queue([=] { inner_->embedding_forward(out, tokens, wte, wpe, N, T, C); });

@@ -487,17 +487,7 @@ class CudaBackend final : public Backend {
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override {
         const OpMark mark(*timeline_, "matmul_backward");
         TRAINER_CHECK(!(dinp.bf16 && accumulate_dinp), "a bf16 GEMM gradient cannot accumulate");
-        // The bias gradient from dout as it lies: fp32, or bf16 (a bf16 gradient, as cuBLASLt's BGRAD epilogues
-        // would read it).
-        if (dbias != nullptr && M > 0 && N > 0) {
-            float* scratch =
-                static_cast<float*>(grow(bias_scratch_, cuda::bias_gradient_scratch_floats(M, N) * sizeof(float)));
-            if (dout.bf16) {
-                cuda::bias_gradient(dbias, dout.b16(), M, N, scratch, stream_);
-            } else {
-                cuda::bias_gradient(dbias, dout.f32(), M, N, scratch, stream_);
-            }
-        }
+        bias_gradient(dbias, dout, M, N);
         if (!options_.bf16_matmuls) {
             TRAINER_CHECK(!dinp.bf16 && !dout.bf16, "a bf16 GEMM gradient without amp_bf16");
             const float* in = dweight != nullptr ? operand_f32(wide_[0], inp, size_t(M) * K) : nullptr;
@@ -519,6 +509,23 @@ class CudaBackend final : public Backend {
         auto* wide = static_cast<float*>(grow(wide_[1], size_t(M) * K * sizeof(float)));
         cuda::matmul_backward_bf16(*gemm_, wide, nullptr, dweight, dout16, inp16, w16, M, K, N, false, stream_);
         cuda::cast_float_to_bf16(dinp.b16(), wide, size_t(M) * K, stream_);
+    }
+    void matmul_gelu_backward(GemmOperand dpre, GemmOperand dact, float* dweight, float* dbias, GemmOperand dout,
+                              GemmOperand act, const float* weight, GemmOperand pre, int M, int K, int N,
+                              bool tanh_approx) override {
+        if (tanh_approx && options_.bf16_matmuls && dpre.bf16 && pre.bf16) {
+            // amp_bf16: cuBLASLt's DGELU epilogue, the pair to the forward's GELU_AUX (matmul_gelu_forward).
+            const OpMark mark(*timeline_, "matmul_gelu_backward");
+            const uint16_t* dout16 = operand_bf16(c16_, dout, size_t(M) * N);
+            const uint16_t* act16 = dweight != nullptr ? operand_bf16(a16_, act, size_t(M) * K) : nullptr;
+            const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
+            if (cuda::matmul_backward_dgelu_bf16(*gemm_, dpre.b16(), dweight, dout16, act16, w16, pre.b16(), M, K, N,
+                                                 stream_)) {
+                bias_gradient(dbias, dout, M, N);
+                return;
+            }
+        }
+        Backend::matmul_gelu_backward(dpre, dact, dweight, dbias, dout, act, weight, pre, M, K, N, tanh_approx);
     }
     bool has_linear_bf16_reference() const override { return true; }
     bool linear_bf16_reference_forward(uint16_t* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
@@ -844,6 +851,18 @@ class CudaBackend final : public Backend {
     // cuDNN's attention workspace, from the backend's memory like every scratch.
     CudnnAttention::Workspace workspace() {
         return [this](size_t bytes) { return grow(cudnn_ws_, bytes); };
+    }
+    // dbias(N) += the column sums of dout(M, N) as it lies: fp32, or bf16 (a bf16 gradient, as cuBLASLt's BGRAD
+    // epilogues would read it); nothing for a null dbias.
+    void bias_gradient(float* dbias, GemmOperand dout, int M, int N) {
+        if (dbias == nullptr || M <= 0 || N <= 0) return;
+        float* scratch =
+            static_cast<float*>(grow(bias_scratch_, cuda::bias_gradient_scratch_floats(M, N) * sizeof(float)));
+        if (dout.bf16) {
+            cuda::bias_gradient(dbias, dout.b16(), M, N, scratch, stream_);
+        } else {
+            cuda::bias_gradient(dbias, dout.f32(), M, N, scratch, stream_);
+        }
     }
     // The norms' backward partials of dweight/dbias (layernorm.cu) for N rows of C channels.
     float* norm_scratch(int N, int C) {

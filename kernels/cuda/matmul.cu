@@ -121,10 +121,19 @@ bool Gemm::run_gelu(int M, int N, int K, const void* A, const void* B, cudaDataT
                      nullptr);
 }
 
+bool Gemm::run_dgelu_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda,
+                          const uint16_t* B, int ldb, uint16_t* C, int ldc, const uint16_t* pre, cudaStream_t stream) {
+    if (K == 0) return false;  // C = 0 times the GELU's slope: the two-op path
+    return run_typed(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, CUDA_R_16BF, 0.0f, C, CUDA_R_16BF, ldc, nullptr,
+                     const_cast<uint16_t*>(pre), stream, nullptr, true);
+}
+
 bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
                      const void* B, int ldb, cudaDataType_t ab_type, float beta, void* C, cudaDataType_t c_type,
-                     int ldc, const void* bias, void* gelu_aux, cudaStream_t stream, const float* c_in) {
+                     int ldc, const void* bias, void* gelu_aux, cudaStream_t stream, const float* c_in,
+                     bool gelu_grad) {
     if (M == 0 || N == 0) return true;
+    if (gelu_grad && (gelu_aux == nullptr || bias != nullptr)) return false;  // DGELU: its input, and no bias
     // D = alpha op(A) op(B) + beta c_in (+ bias) into C where c_in is given (fp32 C only; K > 0), else in place.
     if (c_in != nullptr && (c_type != CUDA_R_32F || K == 0)) return false;
     // The bias epilogue reads the bias with vector loads; cuBLASLt has no alignment preference for it,
@@ -149,10 +158,12 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     TRAINER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     TRAINER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     // Epilogues: BIAS adds bias(m) to every column (bias(N) per row); GELU_AUX(_BIAS) also writes the
-    // pre-activation to gelu_aux (leading dimension ldc) and gelu_tanh of it to C.
-    const cublasLtEpilogue_t epi = gelu_aux != nullptr
-                                       ? (fuse_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
-                                       : (fuse_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    // pre-activation to gelu_aux (leading dimension ldc) and gelu_tanh of it to C; DGELU multiplies the product by
+    // gelu_tanh' of gelu_aux (read with leading dimension ldc).
+    const cublasLtEpilogue_t epi =
+        gelu_aux != nullptr ? (gelu_grad ? CUBLASLT_EPILOGUE_DGELU
+                                         : (fuse_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX))
+                            : (fuse_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
     if (epi != CUBLASLT_EPILOGUE_DEFAULT)
         TRAINER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (fuse_bias)
@@ -300,6 +311,17 @@ bool matmul_gelu_forward_bf16_out(Gemm& gemm, uint16_t* pre, uint16_t* out, cons
 bool matmul_forward_bf16_out(Gemm& gemm, uint16_t* out, const uint16_t* inp, const uint16_t* weight,
                              const uint16_t* bias, int M, int K, int N, cudaStream_t stream) {
     return gemm.run_bf16_out(false, true, M, N, K, inp, K, weight, K, out, N, bias, stream);
+}
+
+bool matmul_backward_dgelu_bf16(Gemm& gemm, uint16_t* dpre, float* dweight, const uint16_t* dout16,
+                                const uint16_t* act16, const uint16_t* weight16, const uint16_t* pre, int M, int K,
+                                int N, cudaStream_t stream) {
+    // dpre(M, K) = dout(M, N) @ weight(N, K), times gelu_tanh'(pre): the input gradient as matmul_backward_bf16's.
+    if (M == 0 || K == 0 || N == 0 || !Gemm::gelu_fusable(K, dpre, pre, nullptr)) return false;
+    if (!gemm.run_dgelu_bf16(false, false, M, K, N, dout16, N, weight16, K, dpre, K, pre, stream)) return false;
+    if (dweight != nullptr)
+        gemm.run_bf16(true, false, N, K, M, 1.0f, dout16, N, act16, K, 1.0f, dweight, K, nullptr, stream);
+    return true;
 }
 
 bool matmul_backward_bf16(Gemm& gemm, float* dinp, uint16_t* dinp16, float* dweight, const uint16_t* dout16,

@@ -49,11 +49,18 @@ class Gemm {
                        const uint16_t* bias, cudaStream_t stream);
     bool run_gelu(int M, int N, int K, const void* A, const void* B, cudaDataType_t ab_type, float* out, float* pre,
                   const float* bias, cudaStream_t stream);
+    // C(M, N) = (op(A) @ op(B)) * gelu_tanh'(pre) in bf16 (fp32 accumulation, rounded once), layouts as run(), beta
+    // 0, through cuBLASLt's DGELU epilogue: a Linear's input gradient carried through the GELU before it, `pre` the
+    // GELU's input (M x N bf16, leading dimension ldc, as GELU_AUX writes it). Only where gelu_fusable(N, C, pre,
+    // nullptr) holds; false (nothing queued) where cuBLASLt has no such kernel or K is 0.
+    bool run_dgelu_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
+                        int ldb, uint16_t* C, int ldc, const uint16_t* pre, cudaStream_t stream);
 
    private:
+    // gelu_aux: GELU_AUX(_BIAS)'s output (the pre-activation), or with gelu_grad DGELU's input.
     bool run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda, const void* B,
                    int ldb, cudaDataType_t ab_type, float beta, void* C, cudaDataType_t c_type, int ldc,
-                   const void* bias, void* gelu_aux, cudaStream_t stream, const float* c_in);
+                   const void* bias, void* gelu_aux, cudaStream_t stream, const float* c_in, bool gelu_grad = false);
     struct State;
     State* s_;
 };
@@ -101,6 +108,13 @@ void matmul_forward_bf16(Gemm& gemm, float* out, const uint16_t* inp, const uint
 bool matmul_backward_bf16(Gemm& gemm, float* dinp, uint16_t* dinp16, float* dweight, const uint16_t* dout16,
                           const uint16_t* inp16, const uint16_t* weight16, int M, int K, int N, bool accumulate_dinp,
                           cudaStream_t stream);
+// The backward of a Linear whose input is gelu_tanh(pre) (GPT-2's ff_out), from bf16 operands: dpre(M, K) =
+// (dout16 @ weight16) * gelu_tanh'(pre) in one GEMM (Gemm::run_dgelu_bf16: the input gradient of the Linear is
+// never stored), then dweight += dout16^T @ act16 (nullable). False, with nothing queued, where the epilogue
+// cannot: the caller runs matmul_backward_bf16 and the GELU's backward.
+bool matmul_backward_dgelu_bf16(Gemm& gemm, uint16_t* dpre, float* dweight, const uint16_t* dout16,
+                                const uint16_t* act16, const uint16_t* weight16, const uint16_t* pre, int M, int K,
+                                int N, cudaStream_t stream);
 
 // Token (+ learned position, nullable) embedding; the backward adds into dwte/dwpe in row order, with
 // no atomics (embedding.cu), rows grouped by token with `scratch` of embedding_backward_scratch_bytes(N).

@@ -1159,6 +1159,47 @@ void test_matmul_bf16() {
     }
 }
 
+// The backward of a Linear after the tanh GELU in bf16 (GPT-2's ff_out): dpre = (dout @ weight) * gelu'(pre) in one
+// GEMM with cuBLASLt's DGELU epilogue where K (the GELU's width) is a multiple of 8, else false and nothing written;
+// dweight accumulates dout^T act. Against the CPU's GEMM and GELU backward on the bf16-rounded operands.
+void test_matmul_gelu_backward() {
+    trainer::cuda::Gemm gemm;
+    for (int M : {7, 130}) {
+        for (int K : {24, 20}) {
+            for (int N : {16, 33}) {
+                const Where at("M={} K={} N={}", M, K, N);
+                const size_t mk = static_cast<size_t>(M) * K, nk = static_cast<size_t>(N) * K;
+                const auto [dout16, doutr] = bf16_rounded(wave(static_cast<size_t>(M) * N, 1.0f, 0.3f));
+                const auto [w16, wr] = bf16_rounded(wave(nk, 0.5f, 0.6f));
+                const auto [pre16, prer] = bf16_rounded(wave(mk, 2.0f, 0.9f));
+                std::vector<float> act(mk);
+                trainer::cpu::gelu_forward(act.data(), prer.data(), mk, true);
+                const auto [act16, actr] = bf16_rounded(act);
+                std::vector<float> dact(mk), dpre(mk), dw(nk, 0.25f);
+                trainer::cpu::matmul_backward(dact.data(), dw.data(), static_cast<float*>(nullptr), doutr.data(),
+                                              actr.data(), wr.data(), M, K, N, false);
+                trainer::cpu::gelu_backward(dpre.data(), prer.data(), dact.data(), mk, true);
+                Dev<uint16_t> ddout(dout16), dw16(w16), dpre16(pre16), dact16(act16), got(mk);
+                Dev<float> ddw(std::vector<float>(nk, 0.25f));
+                const bool fused = trainer::cuda::matmul_backward_dgelu_bf16(gemm, got.p, ddw.p, ddout.p, dact16.p,
+                                                                             dw16.p, dpre16.p, M, K, N, nullptr);
+                if (K % 8 != 0) {
+                    expect(!fused, "the DGELU epilogue refuses a GELU width not a multiple of 8");
+                    expect_close(std::vector<float>(nk, 0.25f), ddw.host(), "a refused DGELU GEMM writes nothing", 0,
+                                 0);
+                    continue;
+                }
+                if (!fused) continue;  // no such cuBLASLt kernel: training runs the two ops (their checks above)
+                // STYLE.md's starting bf16 tolerance, as the forward's epilogue needs (cuBLASLt may round the product
+                // before it applies the slope).
+                expect_close_bf16(dpre, got, "bf16 matmul_backward_dgelu dpre matches the CPU rounded to bf16", 1e-2,
+                                  1.6e-2);
+                expect_close(dw, ddw.host(), "bf16 matmul_backward_dgelu dweight matches the CPU", 1e-5, 1e-4);
+            }
+        }
+    }
+}
+
 #endif  // TRAINER_SIMT_EMULATION
 
 std::vector<std::string> run(void (*family)()) {

@@ -29,6 +29,7 @@ void test_attention_flash_large();
 void test_matmul();
 void test_matmul_unaligned_bias_and_empty_k();
 void test_matmul_gelu();
+void test_matmul_gelu_backward();
 void test_matmul_bf16();
 
 // Runs one family; its failures (empty when every check passed), then any CUDA error it left behind.

@@ -75,6 +75,9 @@ TEST_CASE("gpu kernel: matmul_forward with a bias at a 4-byte offset and with K 
 TEST_CASE("gpu kernel: matmul_gelu_forward (GELU epilogue and its fallback) matches the CPU") {
     check(test_matmul_gelu);
 }
+TEST_CASE("gpu kernel: the bf16 backward through the GELU (DGELU epilogue) matches the CPU") {
+    check(test_matmul_gelu_backward);
+}
 TEST_CASE("gpu kernel: bf16 matmul_forward (+ residual) and matmul_backward match the CPU on rounded operands") {
     check(test_matmul_bf16);
 }
