@@ -513,7 +513,8 @@ class CudaBackend final : public Backend {
     void matmul_gelu_backward(GemmOperand dpre, GemmOperand dact, float* dweight, float* dbias, GemmOperand dout,
                               GemmOperand act, const float* weight, GemmOperand pre, int M, int K, int N,
                               bool tanh_approx) override {
-        if (tanh_approx && options_.bf16_matmuls && dpre.bf16 && pre.bf16) {
+        if (tanh_approx && options_.bf16_matmuls && dpre.bf16 && pre.bf16 &&
+            cuda::Gemm::gelu_fusable(K, dpre.p, pre.p, nullptr)) {
             // amp_bf16: cuBLASLt's DGELU epilogue, the pair to the forward's GELU_AUX (matmul_gelu_forward).
             const OpMark mark(*timeline_, "matmul_gelu_backward");
             const uint16_t* dout16 = operand_bf16(c16_, dout, size_t(M) * N);
