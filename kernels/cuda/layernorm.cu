@@ -218,8 +218,9 @@ void held_groups(bool vec, int C, Run run) {
 // 32 x W x G channels): block `chunk` owns the chunk's kRowsPerChunk rows, each warp kRowsPerChunk /
 // kWarpsPerBlock of them in order; each lane sums its channels' terms over its warp's rows in registers,
 // and the warps' sums are added in warp order through shared memory. Deterministic; the partials have the
-// layout of norm_backward_partials_kernel's.
-template <int W, int Gr, bool kRms, typename In, typename G, typename D>
+// layout of norm_backward_partials_kernel's; without kBias dbias's half is left unwritten (8 groups of dweight's
+// terms a lane fit the registers where 8 of both would not: OLMo-2's 2,048 channels, weight only).
+template <int W, int Gr, bool kBias, bool kRms, typename In, typename G, typename D>
 __global__ void norm_backward_fused_kernel(D* dinp, int ld_dinp, bool accumulate, float* partial, const G* dout,
                                            int ld_dout, const In* inp, int ld_in, const float* weight,
                                            const float* mean, const float* rstd, int N, int C) {
@@ -227,11 +228,14 @@ __global__ void norm_backward_fused_kernel(D* dinp, int ld_dinp, bool accumulate
     __shared__ float red[kWarpsPerBlock][32 * W];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int chunk = blockIdx.x;
-    float dw[Gr][W], db[Gr][W];
+    float dw[Gr][W], db[kBias ? Gr : 1][W];
 #pragma unroll
     for (int gi = 0; gi < Gr; ++gi) {
 #pragma unroll
-        for (int k = 0; k < W; ++k) dw[gi][k] = 0.0f, db[gi][k] = 0.0f;
+        for (int k = 0; k < W; ++k) {
+            dw[gi][k] = 0.0f;
+            if constexpr (kBias) db[gi][k] = 0.0f;
+        }
     }
     for (int r = 0; r < kRowsPerWarp; ++r) {
         const int n = chunk * kRowsPerChunk + warp * kRowsPerWarp + r;
@@ -256,7 +260,7 @@ __global__ void norm_backward_fused_kernel(D* dinp, int ld_dinp, bool accumulate
                 sum_dn += dn;
                 sum_dn_norm += dn * norm;
                 dw[gi][k] += gv[k] * norm;
-                db[gi][k] += gv[k];
+                if constexpr (kBias) db[gi][k] += gv[k];
             }
         }
         const float mean_dn = kRms ? 0.0f : warp_sum(sum_dn) / static_cast<float>(C);
@@ -280,9 +284,9 @@ __global__ void norm_backward_fused_kernel(D* dinp, int ld_dinp, bool accumulate
     }
     // The warps' sums, added in warp order: group gi of dweight, then of dbias.
     for (int gi = 0; gi < Gr; ++gi) {
-        for (int which = 0; which < 2; ++which) {
+        for (int which = 0; which < (kBias ? 2 : 1); ++which) {
 #pragma unroll
-            for (int k = 0; k < W; ++k) red[warp][lane * W + k] = which == 0 ? dw[gi][k] : db[gi][k];
+            for (int k = 0; k < W; ++k) red[warp][lane * W + k] = which == 0 ? dw[gi][k] : db[kBias ? gi : 0][k];
             __syncthreads();
             const int t = static_cast<int>(threadIdx.x), c = gi * 32 * W + t;
             if (t < 32 * W && c < C) {
@@ -354,16 +358,20 @@ void norm_backward_typed(D* dinp, int ld_dinp, bool accumulate, float* dweight, 
     const bool vec = norm_vec(C, {ld_dinp, ld_dout, ld_in}, dinp, dout, inp, weight);
     constexpr unsigned kBlock = 128;
     const unsigned cblocks = static_cast<unsigned>((C + kBlock - 1) / kBlock);
-    constexpr int kFusedGroups = 4;  // rows of up to 32 x 8 x 4 = 1024 channels (GPT-2's 768)
     const bool params = dweight != nullptr || dbias != nullptr;
-    if (params && C <= 32 * kLnVec * kFusedGroups && vec) {
-        // One pass for dinp and the partials (what an affine norm needs), then the partials added.
-        const auto fused = norm_backward_fused_kernel<kLnVec, kFusedGroups, kRms, In, G, D>;
-        TRAINER_LAUNCH(fused, static_cast<unsigned>(chunks), 32 * kWarpsPerBlock, 0, stream, dinp, ld_dinp, accumulate,
+    // One pass for dinp and the partials (what a norm with parameters needs), then the partials added: rows of up
+    // to 32 x 8 x 4 = 1,024 channels (GPT-2's 768), or 2,048 without a bias (OLMo-2's RMSNorm and QK-norm).
+    const auto fused = [&](auto kernel) {
+        TRAINER_LAUNCH(kernel, static_cast<unsigned>(chunks), 32 * kWarpsPerBlock, 0, stream, dinp, ld_dinp, accumulate,
                        scratch, dout, ld_dout, inp, ld_in, weight, mean, rstd, N, C);
         TRAINER_CUDA_CHECK(cudaGetLastError());
         norm_backward_params(dweight, dbias, scratch, chunks, C, stream);
-        return;
+    };
+    if (params && vec && C <= 32 * kLnVec * 4) {
+        return fused(norm_backward_fused_kernel<kLnVec, 4, true, kRms, In, G, D>);
+    }
+    if (params && vec && dbias == nullptr && C <= 32 * kLnVec * 8) {
+        return fused(norm_backward_fused_kernel<kLnVec, 8, false, kRms, In, G, D>);
     }
     if (params) {  // first: in place, dinp overwrites the dout they read
         const auto partials = norm_backward_partials_kernel<kRms, In, G>;
