@@ -114,8 +114,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     constexpr int kK = kKeys;
     constexpr int kTileBytes = kK * D * 2;
     TRAINER_DYNAMIC_SHARED(smem_raw);
-    // The tiles start on a 1024-byte boundary (the swizzle's period; the launch asks 1024 bytes more for it).
-    uint8_t* sq = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+    uint8_t* sq = tile_base(smem_raw);
     uint8_t* sk = sq + kRows * D * 2;  // two buffers of kK x D
     uint8_t* sv = sk + 2 * kTileBytes;
     const int n_qtiles = (T + kRows - 1) / kRows;
@@ -406,19 +405,17 @@ __global__ void __launch_bounds__(kThreads, 2)
     flash_backward_dq_sm90_kernel(bf16* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse,
                                   int T, int NH, float scale, float scale_log2) {
     TRAINER_DYNAMIC_SHARED(smem_raw);
-    uint8_t* smem = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
     const HeadBlock hb = head_block();
-    backward_dq_block<D>(smem, hb.bh, dq_blocks(T) - 1 - hb.block, dqkv, dsum, dout, qkv, lse, T, NH, scale,
-                         scale_log2);
+    backward_dq_block<D>(tile_base(smem_raw), hb.bh, dq_blocks(T) - 1 - hb.block, dqkv, dsum, dout, qkv, lse, T, NH,
+                         scale, scale_log2);
 }
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_backward_dkdv_sm90_kernel(bf16* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse,
                                     int T, int NH, float scale, float scale_log2) {
     TRAINER_DYNAMIC_SHARED(smem_raw);
-    uint8_t* smem = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
     const HeadBlock hb = head_block();
-    backward_dkdv_block<D>(smem, hb.bh, hb.block, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
+    backward_dkdv_block<D>(tile_base(smem_raw), hb.bh, hb.block, dqkv, dsum, dout, qkv, lse, T, NH, scale, scale_log2);
 }
 
 // One backward launch of `kernel` over `blocks_per_head` blocks a head, with `smem` bytes of tiles.

@@ -178,6 +178,10 @@ __device__ __forceinline__ void wgmma_rs<128>(float (&d)[16][4], const uint32_t 
 
 namespace trainer::cuda::sm90 {
 
+// Where a kernel's tiles start in its dynamic shared memory `raw`: the first 1024-byte boundary, the swizzle's
+// period (its launch asks 1024 bytes more than the tiles take).
+__device__ __forceinline__ uint8_t* tile_base(uint8_t* raw) { return raw + (1024 - smem_addr(raw) % 1024) % 1024; }
+
 // A group of wgmma by the warpgroup: issue() queues the products, into accumulators among `regs` and from any A
 // fragments among them (each an array of [M][4] registers), and the group is committed. wgmma reads and writes those
 // registers asynchronously, from the instruction to the wait_group that retires its group, and the compiler cannot

@@ -49,8 +49,7 @@ template <int Head, int Keys>
 __global__ void __launch_bounds__(128)
     wgmma_tile_kernel(float* s_out, float* o_out, const uint16_t* q, const uint16_t* k, const uint16_t* v) {
     TRAINER_DYNAMIC_SHARED(smem_raw);
-    // The tiles start on a 1024-byte boundary of the shared window (the launch asks 1024 bytes more for it).
-    uint8_t* sq = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+    uint8_t* sq = tile_base(smem_raw);
     uint8_t* sk = sq + kRows * Head * 2;
     uint8_t* sv = sk + Keys * Head * 2;
     load<Head>(sq, q, kRows);
