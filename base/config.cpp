@@ -119,6 +119,7 @@ const std::vector<KeySpec>& schema() {
         {"kernels.attention", KeyType::kString, "auto", false, choice_names<AttentionKernel>(), -kInf, kInf, "CUDA attention: auto (cudnn in amp_bf16 where cuDNN runs the shape, else native), native (hand-written, online softmax, fp32, deterministic; the reference), cudnn (cuDNN's fused flash attention in bf16; not bitwise reproducible) or flash (ours, on tensor cores, in bf16, deterministic; heads of 64 or 128 channels; wgmma on compute capability 9.0, mma.sync elsewhere); cudnn and flash need precision amp_bf16"},
         {"kernels.bf16_activations", KeyType::kBool, true, false, {}, -kInf, kInf, "amp_bf16 on CUDA: store the activations GEMMs read or write for element-wise ops (norm, attention and MLP outputs, qkv, the ff_proj output), the gradients only GEMMs and bf16 kernels read, and the LM head's logits in bf16, as autocast does; false keeps them fp32 and casts per GEMM (to compare, or to isolate a numerical question)"},
         {"kernels.cuda_graphs", KeyType::kBool, false, false, {}, -kInf, kInf, "CUDA: record each micro-batch's forward and backward as a CUDA graph on its second run and replay it from then on (torch.compile's reduce-overhead): one launch instead of one per kernel, where short kernels (small models) leave the GPU waiting for the host; distributed_strategy single, no cpu_offload"},
+        {"kernels.classifier_one_read", KeyType::kBool, false, false, {}, -kInf, kInf, "CUDA: the fused softmax + cross-entropy holds each logits row in shared memory between its two passes, so the logits are read from device memory once (rows of whole 16-byte words up to the shared memory a block may take: 114,176 bf16 or 57,088 fp32 logits on an H100; longer rows are read twice); false (the default until a GPU has timed both) reads every row twice; the same bits either way"},
         {"distributed_backend", KeyType::kString, "auto", false, choice_names<DistributedBackend>(), -kInf, kInf, "collectives library: auto is nccl on cuda and gloo on cpu (a lone process needs none); nccl forces an NCCL communicator even for one rank"},
         {"distributed_strategy", KeyType::kString, "single", false, choice_names<DistributedStrategy>(), -kInf, kInf, "data-parallel strategy (single: one process owns full parameters)"},
         {"fsdp.sharding_strategy", KeyType::kString, "FULL_SHARD", false, choice_names<ShardingStrategy>(), -kInf, kInf, "FSDP sharding (PyTorch's names)"},
@@ -742,6 +743,7 @@ TrainConfig validate_config(const Json& user_doc) {
     c.kernels_attention = choice<AttentionKernel>(doc["kernels"]["attention"]);
     c.kernels_bf16_activations = doc["kernels"]["bf16_activations"].get<bool>();
     c.kernels_cuda_graphs = doc["kernels"]["cuda_graphs"].get<bool>();
+    c.kernels_classifier_one_read = doc["kernels"]["classifier_one_read"].get<bool>();
     c.distributed_backend = choice<DistributedBackend>(doc["distributed_backend"]);
     c.distributed_strategy = choice<DistributedStrategy>(doc["distributed_strategy"]);
     c.fsdp.sharding_strategy = choice<ShardingStrategy>(doc["fsdp"]["sharding_strategy"]);

@@ -298,6 +298,7 @@ struct TrainConfig {
     bool kernels_bf16_activations = true;                        // amp_bf16 on CUDA: GemmOperand storage in bf16
     bool kernels_cuda_graphs =
         false;  // CUDA: each micro-batch's forward + backward replayed as a graph (kernels/graph.h)
+    bool kernels_classifier_one_read = false;  // CUDA: the classifier holds a logits row in shared memory
     DistributedBackend distributed_backend = DistributedBackend::kAuto;
     DistributedStrategy distributed_strategy = DistributedStrategy::kSingle;
     FsdpConfig fsdp;

@@ -12,6 +12,7 @@ BackendOptions backend_options(const TrainConfig& c, int local_rank) {
     o.bf16_operands = o.bf16_matmuls && c.kernels_bf16_activations;
     o.attention = resolve_attention(c, resolve_device(c.device));
     o.device_index = local_rank;
+    o.classifier_one_read = c.kernels_classifier_one_read;
     return o;
 }
 

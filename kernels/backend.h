@@ -345,6 +345,7 @@ struct BackendOptions {
     bool bf16_operands = false;  // with bf16_matmuls: GemmOperand activations stored in bf16 (kernels.bf16_activations)
     AttentionKernel attention = AttentionKernel::kNative;  // kernels.attention, resolved (never kAuto)
     int device_index = 0;                                  // which GPU (the rank's LOCAL_RANK modulo the GPUs present)
+    bool classifier_one_read = false;  // kernels.classifier_one_read: a logits row read from device memory once
 };
 
 // How the config asks the backend to compute (precision, attention kernels), on GPU `local_rank`.

@@ -19,7 +19,8 @@
 #   race      compute-sanitizer racecheck over the kernel cases but the 1024-block flash case (over 7 minutes
 #             under racecheck; the small flash case runs the same kernels)
 #   kernels   trainer bench-kernels on OLMo-1B (micro-batch 4) and GPT-2 124M (16), our flash attention and
-#             cuDNN's: each op against the roofline, the attention rows giving flash's speed against cuDNN's
+#             cuDNN's: each op against the roofline, the attention rows giving flash's speed against cuDNN's; then
+#             once more with kernels.classifier_one_read=true, the classifier's two kernels side by side
 #   bench     scripts/bench_gpu.sh: tokens/s, MFU and peak memory of the trainer against PyTorch eager and
 #             torch.compile on the four shapes (GPT-2 124M, OLMo-1B at micro-batch 4 and 8, OLMo-2 1B), alternating
 #   strategies  OLMo-1B micro-batch 4 under single, DDP and FSDP FULL_SHARD / SHARD_GRAD_OP / NO_SHARD at
@@ -146,9 +147,16 @@ for s in "${expanded[@]}"; do
                         --device cuda --precision amp_bf16 --set kernels.attention="$attention" \
                         --set device_train_microbatch_size="$micro" --set global_train_batch_size="$micro" \
                         "${calibrate[@]}"
-                    grep -E "^\| attention" "$logs/kernels_${model}_$attention.log" | sed "s/^/  $model $attention /" |
-                        tee -a "$summary"
+                    grep -E "^\| (attention|classifier)" "$logs/kernels_${model}_$attention.log" |
+                        sed "s/^/  $model $attention /" | tee -a "$summary"
                 done
+                # The classifier with each row held in shared memory (kernels.classifier_one_read), against the
+                # two-read row of the cuDNN run above.
+                step "kernels_${model}_classifier_one_read" 90 "$trainer" bench-kernels --config "configs/$model.json" \
+                    --device cuda --precision amp_bf16 --set kernels.classifier_one_read=true \
+                    --set device_train_microbatch_size="$micro" --set global_train_batch_size="$micro"
+                grep -E "^\| classifier" "$logs/kernels_${model}_classifier_one_read.log" |
+                    sed "s/^/  $model one read /" | tee -a "$summary"
             done
             ;;
         bench)

@@ -743,10 +743,11 @@ class CudaBackend final : public Backend {
         const OpMark mark(*timeline_, "classifier_forward_backward");
         if (logits.bf16) {
             return cuda::classifier_forward_backward_bf16(logits.b16(), losses, targets, N, V, dloss_scale,
-                                                          compute_grad, z_loss_multiplier, z_losses, stream_);
+                                                          compute_grad, z_loss_multiplier, z_losses,
+                                                          options_.classifier_one_read, stream_);
         }
         cuda::classifier_forward_backward(logits.f32(), losses, targets, N, V, dloss_scale, compute_grad,
-                                          z_loss_multiplier, z_losses, stream_);
+                                          z_loss_multiplier, z_losses, options_.classifier_one_read, stream_);
     }
     void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
                       float eps, float weight_decay, long step, float grad_scale, uint16_t* param_bf16) override {

@@ -269,14 +269,16 @@ float* flash_attention_backward_dsum(const uint16_t* dout, const uint16_t* out, 
 // Fused softmax + cross-entropy + dlogits in place over (N, V) logits: losses(N) = logsumexp - logit of
 // the target; with compute_grad the row becomes (softmax - onehot) * dloss_scale, plus the z-loss's
 // gradient where z_loss_multiplier > 0 (z_losses(N) = z logsumexp^2 then). Targets < 0 are ignored;
-// targets must be < V (classifier.cu).
+// targets must be < V (classifier.cu). one_read (kernels.classifier_one_read): a row that fits a block's
+// shared memory is read from device memory once, not twice; the same bits either way.
 void classifier_forward_backward(float* logits, float* losses, const int32_t* targets, int N, int V, float dloss_scale,
-                                 bool compute_grad, float z_loss_multiplier, float* z_losses, cudaStream_t stream);
+                                 bool compute_grad, float z_loss_multiplier, float* z_losses, bool one_read,
+                                 cudaStream_t stream);
 // The same over bf16 logits (the LM head GEMM's bf16 output): fp32 math, fp32 losses, the dlogits rounded to
 // bf16 in place.
 void classifier_forward_backward_bf16(uint16_t* logits, float* losses, const int32_t* targets, int N, int V,
                                       float dloss_scale, bool compute_grad, float z_loss_multiplier, float* z_losses,
-                                      cudaStream_t stream);
+                                      bool one_read, cudaStream_t stream);
 
 // Fused AdamW over a flat shard, PyTorch's semantics; grad_scale is the clip coefficient (adamw.cu).
 // param_bf16 (nullable) receives the updated parameters rounded to bf16 in the same pass.

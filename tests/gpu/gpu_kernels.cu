@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "gpu_kernels.h"
@@ -677,49 +678,86 @@ void test_rope() {
     }
 }
 
+// The classifier over fp32 and bf16 logits, with and without the z-loss, against the CPU; every call run with the
+// row held in shared memory (kernels.classifier_one_read) and read twice, which must give the same bits. V =
+// 57,088 is the most fp32 logits an H100's block holds (and the emulator's); 57,096 is one word more, where
+// the fp32 rows are read twice either way and the bf16 rows still fit.
 void test_classifier() {
     for (int N : {1, 5, 17}) {
-        for (int V : {1, 7, 1000, 50304}) {
+        for (int V : {1, 7, 1000, 50304, 57088, 57096}) {
             for (bool grad : {false, true}) {
                 const Where at("N={} V={} grad={}", N, V, grad);
                 auto logits = wave(static_cast<size_t>(N) * V, 6.0f, 0.3f);
                 std::vector<int32_t> tgt(N);
                 for (int n = 0; n < N; ++n) tgt[n] = n == 1 ? -1 : (n * 131) % V;  // row 1 ignored
-                std::vector<float> loss(N);
-                Dev<float> dl(logits), dloss(N);
                 Dev<int32_t> dt(tgt);
+                // Runs the classifier over device copies of `in` with each kernel; returns one_read's logits,
+                // losses and z-losses after checking the other kernel's are the same bits.
+                struct Result {
+                    std::vector<float> logits, losses, z_losses;
+                };
+                auto run = [&](const auto& in, float z) {
+                    using E = typename std::decay_t<decltype(in)>::value_type;
+                    Result first;
+                    for (bool one_read : {true, false}) {
+                        Dev<E> dl(in);
+                        Dev<float> dloss(N), dz(N);
+                        if constexpr (std::is_same_v<E, uint16_t>) {
+                            trainer::cuda::classifier_forward_backward_bf16(dl.p, dloss.p, dt.p, N, V, 0.01f, grad, z,
+                                                                            z != 0.0f ? dz.p : nullptr, one_read,
+                                                                            nullptr);
+                        } else {
+                            trainer::cuda::classifier_forward_backward(dl.p, dloss.p, dt.p, N, V, 0.01f, grad, z,
+                                                                       z != 0.0f ? dz.p : nullptr, one_read, nullptr);
+                        }
+                        Result r;
+                        const auto h = dl.host();
+                        r.logits.resize(h.size());
+                        if constexpr (std::is_same_v<E, uint16_t>) {
+                            trainer::cpu::cast_bf16_to_float(r.logits.data(), h.data(), h.size());
+                        } else {
+                            r.logits = h;
+                        }
+                        r.losses = dloss.host();
+                        if (z != 0.0f) r.z_losses = dz.host();
+                        if (one_read) {
+                            first = std::move(r);
+                            continue;
+                        }
+                        const bool same =
+                            std::memcmp(r.logits.data(), first.logits.data(), r.logits.size() * sizeof(float)) == 0 &&
+                            r.losses == first.losses && r.z_losses == first.z_losses;
+                        expect(same, fmt::format("classifier ({}, z-loss {}): the row held in shared memory and the "
+                                                 "row read twice give the same bits",
+                                                 sizeof(E) == 2 ? "bf16" : "fp32", z));
+                    }
+                    return first;
+                };
                 // bf16 logits (the LM head's bf16 output): the CPU on the rounded logits; dlogits rounded once.
                 auto [l16, lr] = bf16_rounded(logits);
-                Dev<uint16_t> dl16(l16);
-                Dev<float> dloss16(N);
                 std::vector<float> loss_r(N);
                 trainer::cpu::classifier_forward_backward(lr.data(), loss_r.data(), tgt.data(), N, V, 0.01f, grad, 0.0f,
                                                           static_cast<float*>(nullptr));
-                trainer::cuda::classifier_forward_backward_bf16(dl16.p, dloss16.p, dt.p, N, V, 0.01f, grad, 0.0f,
-                                                                nullptr, nullptr);
-                expect_close(loss_r, dloss16.host(), "classifier losses on bf16 logits match the CPU", 1e-5, 1e-4);
+                const Result r16 = run(l16, 0.0f);
+                expect_close(loss_r, r16.losses, "classifier losses on bf16 logits match the CPU", 1e-5, 1e-4);
                 if (grad) {
-                    std::vector<float> wide(lr.size());
-                    const auto h = dl16.host();
-                    trainer::cpu::cast_bf16_to_float(wide.data(), h.data(), h.size());
-                    expect_close(lr, wide, "classifier dlogits on bf16 match the CPU rounded to bf16", 1e-9, 1.0 / 128);
+                    expect_close(lr, r16.logits, "classifier dlogits on bf16 match the CPU rounded to bf16", 1e-9,
+                                 1.0 / 128);
                 }
                 // With the z-loss (a large multiplier, so its gradient term is well above the tolerance).
                 std::vector<float> lz = logits, loss_z(N), z_ref(N);
-                Dev<float> dlz(logits), dloss_z(N), dz(N);
                 trainer::cpu::classifier_forward_backward(lz.data(), loss_z.data(), tgt.data(), N, V, 0.01f, grad,
                                                           0.05f, z_ref.data());
-                trainer::cuda::classifier_forward_backward(dlz.p, dloss_z.p, dt.p, N, V, 0.01f, grad, 0.05f, dz.p,
-                                                           nullptr);
-                expect_close(z_ref, dz.host(), "classifier z-losses match the CPU", 1e-5, 1e-4);
-                expect_close(loss_z, dloss_z.host(), "classifier losses with the z-loss match the CPU", 1e-5, 1e-4);
-                if (grad) expect_close(lz, dlz.host(), "classifier dlogits with the z-loss match the CPU", 1e-9, 1e-4);
+                const Result rz = run(logits, 0.05f);
+                expect_close(z_ref, rz.z_losses, "classifier z-losses match the CPU", 1e-5, 1e-4);
+                expect_close(loss_z, rz.losses, "classifier losses with the z-loss match the CPU", 1e-5, 1e-4);
+                if (grad) expect_close(lz, rz.logits, "classifier dlogits with the z-loss match the CPU", 1e-9, 1e-4);
+                const Result r32 = run(logits, 0.0f);  // before the CPU overwrites logits with its dlogits
+                std::vector<float> loss(N);
                 trainer::cpu::classifier_forward_backward(logits.data(), loss.data(), tgt.data(), N, V, 0.01f, grad,
                                                           0.0f, static_cast<float*>(nullptr));
-                trainer::cuda::classifier_forward_backward(dl.p, dloss.p, dt.p, N, V, 0.01f, grad, 0.0f, nullptr,
-                                                           nullptr);
-                expect_close(loss, dloss.host(), "classifier losses match the CPU", 1e-5, 1e-4);
-                if (grad) expect_close(logits, dl.host(), "classifier dlogits match the CPU", 1e-9, 1e-4);
+                expect_close(loss, r32.losses, "classifier losses match the CPU", 1e-5, 1e-4);
+                if (grad) expect_close(logits, r32.logits, "classifier dlogits match the CPU", 1e-9, 1e-4);
             }
         }
     }

@@ -43,6 +43,16 @@ template <class F>
 inline cudaError_t cudaFuncSetAttribute(F*, cudaFuncAttribute, int) {
     return 0;
 }
+// The emulated device's shared memory a block may opt in to: an H100's (227 KiB).
+enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin };
+inline cudaError_t cudaGetDevice(int* device) {
+    *device = 0;
+    return 0;
+}
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr, int) {
+    *value = 232448;
+    return 0;
+}
 inline cudaError_t cudaGetLastError() { return 0; }
 inline cudaError_t cudaDeviceSynchronize() { return 0; }
 template <class T>
