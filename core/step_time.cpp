@@ -30,8 +30,17 @@ Hardware gpu(const char* name, const char* description, double bf16, double fp32
 // heads of 64 reach less), the memory-bound ops 0.75 of the bandwidth (AdamW 0.89, SwiGLU 0.90, RoPE
 // 0.80, LayerNorm 0.45-0.58, the norm's reduction 0.35). At 6aa9af3, with fp32 gradients and a cast per
 // GEMM operand, they were 0.58, 0.23 and 0.67. The other GPUs keep the generic shares until measured.
+//
+// A GEMM op also costs a fixed 20 us beyond its FLOPs at that share and the 5 us every op pays (fitted on an
+// H100, 2026-11-26, commit 3683599, to bench-kernels' 20 GEMM rows of OLMo-1B micro-batch 4 and GPT-2 124M
+// micro-batch 16, 19 to 1,687 GFLOP an op: each within -38% to +21% of the fit, the sum of squared log errors
+// 0.42, against -54% to +10% and 0.92 without it). It stands for what an op does beside its product (the
+// weight's cast to bf16, the bias gradient's pass, an fp32 gradient's accumulation) and a grid's last wave,
+// which the roofline's max(FLOPs, bytes) leaves out; small models' GEMMs pay it most (GPT-2's ran at 0.31-0.71
+// of the peak, OLMo-1B's at 0.61-0.79).
 Hardware hopper(Hardware h) {
     h.gemm_efficiency = 0.72, h.attention_efficiency = 0.38, h.memory_efficiency = 0.75;
+    h.gemm_overhead = 20e-6;
     return h;
 }
 
@@ -187,7 +196,7 @@ double StepTimer::op_seconds(const StepEvent& e) const {
     const double eff = gemm ? hw_.gemm_efficiency : attention ? hw_.attention_efficiency : 1.0;
     const double t_flops = peak_ > 0.0 ? e.flops / (peak_ * eff) : 0.0;
     const double t_bytes = hw_.bandwidth > 0.0 ? e.bytes / (hw_.bandwidth * hw_.memory_efficiency) : 0.0;
-    return std::max(t_flops, t_bytes) + hw_.op_overhead;
+    return std::max(t_flops, t_bytes) + hw_.op_overhead + (gemm ? hw_.gemm_overhead : 0.0);
 }
 
 void StepTimer::emit(const std::string& name, const char* category, double begin, double seconds, int tid,

@@ -36,8 +36,9 @@ struct Hardware {
     double memory_gib = 0.0;                    // device memory
     // Shares of the roofline that ops reach without a calibration: GEMMs, attention, the rest (memory-bound).
     double gemm_efficiency = 0.7, attention_efficiency = 0.5, memory_efficiency = 0.8;
-    double op_overhead = 5e-6;  // seconds per op (a kernel launch)
-    Link intra, inter;          // within a node, between nodes
+    double op_overhead = 5e-6;   // seconds per op (a kernel launch)
+    double gemm_overhead = 0.0;  // seconds more per GEMM op, whatever its size (see hopper() in step_time.cpp)
+    Link intra, inter;           // within a node, between nodes
     // CPU offload: the link between a GPU and host memory (pinned copies each way, one at a time: the
     // backend's copy stream), and the rate one rank's host optimizer streams host memory at (the node's
     // host memory bandwidth shared by its GPUs, at the share such loops reach). 0: none (the CPU, where
