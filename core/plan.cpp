@@ -336,7 +336,10 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
     if (set.intra_node_latency_us) plan.hw->intra.latency = *set.intra_node_latency_us * 1e-6;
     if (set.inter_node_latency_us) plan.hw->inter.latency = *set.inter_node_latency_us * 1e-6;
     if (set.gemm_efficiency) plan.hw->gemm_efficiency = *set.gemm_efficiency;
-    if (set.attention_efficiency) plan.hw->attention_efficiency = *set.attention_efficiency;
+    // The entry's attention share for the model's heads, unless the config sets one.
+    plan.hw->attention_efficiency = set.attention_efficiency
+                                        ? *set.attention_efficiency
+                                        : attention_efficiency_at(*plan.hw, config.model.head_size());
     if (set.memory_efficiency) plan.hw->memory_efficiency = *set.memory_efficiency;
     if (set.host_link_bandwidth_gbs) plan.hw->host_link.bandwidth = *set.host_link_bandwidth_gbs * 1e9;
     if (set.host_memory_bandwidth_gbs) plan.hw->host_bandwidth = *set.host_memory_bandwidth_gbs * 1e9;

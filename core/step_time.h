@@ -38,7 +38,8 @@ struct Hardware {
     double gemm_efficiency = 0.7, attention_efficiency = 0.5, memory_efficiency = 0.8;
     double op_overhead = 5e-6;   // seconds per op (a kernel launch)
     double gemm_overhead = 0.0;  // seconds more per GEMM op, whatever its size (see hopper() in step_time.cpp)
-    Link intra, inter;           // within a node, between nodes
+    double attention_efficiency_64 = 0.0;  // attention at heads of 64 (0: attention_efficiency at every size)
+    Link intra, inter;                     // within a node, between nodes
     // CPU offload: the link between a GPU and host memory (pinned copies each way, one at a time: the
     // backend's copy stream), and the rate one rank's host optimizer streams host memory at (the node's
     // host memory bandwidth shared by its GPUs, at the share such loops reach). 0: none (the CPU, where
@@ -48,6 +49,10 @@ struct Hardware {
     double comm_compute_share = 0.0;
     int cores = 0;  // CPU: cores the node's ranks share (their threads beyond it slow every op)
 };
+
+// The share of the peak attention reaches at heads of `head_size`: the entry's attention_efficiency at 128 and
+// above, its attention_efficiency_64 at 64 and below, geometric in between.
+double attention_efficiency_at(const Hardware& hw, int head_size);
 
 // The built-in entries (h100-sxm, h200, a100-40gb, a100-80gb, a100-40gb-pcie, cpu: this machine) and their names.
 const Hardware* find_hardware(const std::string& name);

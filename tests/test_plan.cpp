@@ -31,6 +31,27 @@ TrainConfig tiny_with(const std::vector<std::string>& sets, const Json& keys = J
     return validate_config(doc);
 }
 
+// `trainer plan ... --json` run with `args` then `extra`: its rows, one JSON object a line.
+std::vector<Json> plan_rows(std::vector<std::string> args, const std::vector<std::string>& extra) {
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto r = test_util::run_trainer(args);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    std::vector<Json> rows;
+    std::stringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) rows.push_back(Json::parse(line));
+    return rows;
+}
+
+// The row of the config as given among plan_rows(args, extra).
+Json config_row(const std::vector<std::string>& args, const std::vector<std::string>& extra) {
+    for (const Json& j : plan_rows(args, extra)) {
+        if (j["is_config"].get<bool>()) return j;
+    }
+    FAIL("no row of the config as given");
+    return Json();
+}
+
 }  // namespace
 
 TEST_CASE("dry run: predicted peak memory by category is the measured accounting") {
@@ -209,6 +230,63 @@ TEST_CASE("time model: collectives overlap later ops and queue on their communic
     step.events = {op(1.0)};
     step.optimizer_begin = 1;
     CHECK(predict_step_time(step, hw, &cal, false).total == Approx(1.5 * 2e-3));
+}
+
+TEST_CASE("time model: a GEMM op's fixed cost and attention's share by head size on the Hopper entries") {
+    // One op of each kind on the h100-sxm entry: the GEMM pays op_overhead and gemm_overhead beside its FLOPs at
+    // the GEMM share, attention its FLOPs at the share for the model's heads, a memory-bound op its bytes.
+    Hardware hw = *find_hardware("h100-sxm");
+    REQUIRE(hw.gemm_overhead > 0.0);
+    REQUIRE(hw.attention_efficiency_64 > 0.0);
+    REQUIRE(hw.attention_efficiency_64 < hw.attention_efficiency);
+    auto one = [&](const char* what, double flops, double bytes) {
+        StepEvent e;
+        e.what = what, e.flops = flops, e.bytes = bytes;
+        DryRunStep step;
+        step.events = {e};
+        step.optimizer_begin = 1;
+        return predict_step_time(step, hw, nullptr, true).total;
+    };
+    CHECK(one("matmul_forward", 1e11, 0.0) ==
+          Approx(1e11 / (hw.bf16_flops * hw.gemm_efficiency) + hw.op_overhead + hw.gemm_overhead));
+    CHECK(one("matmul_backward", 1e11, 0.0) == Approx(one("matmul_forward", 1e11, 0.0)));
+    CHECK(one("gelu_forward", 0.0, 1e9) == Approx(1e9 / (hw.bandwidth * hw.memory_efficiency) + hw.op_overhead));
+    CHECK(one("attention_forward", 1e11, 0.0) ==
+          Approx(1e11 / (hw.bf16_flops * hw.attention_efficiency) + hw.op_overhead));
+    // The attention share: the entry's at heads of 128 and above, its heads-of-64 share at 64 and below (not
+    // extrapolated), geometric in between; an entry without a heads-of-64 share has one share.
+    const double e128 = hw.attention_efficiency, e64 = hw.attention_efficiency_64;
+    CHECK(attention_efficiency_at(hw, 128) == e128);
+    CHECK(attention_efficiency_at(hw, 256) == e128);
+    CHECK(attention_efficiency_at(hw, 64) == Approx(e64));
+    CHECK(attention_efficiency_at(hw, 32) == Approx(e64));
+    CHECK(attention_efficiency_at(hw, 96) == Approx(e128 * std::pow(e64 / e128, std::log2(128.0 / 96.0))));
+    const Hardware a100 = *find_hardware("a100-40gb");
+    CHECK(attention_efficiency_at(a100, 64) == a100.attention_efficiency);
+    CHECK(a100.gemm_overhead == 0.0);
+    // The plan takes the share for the config's heads; plan.attention_efficiency overrides it at every size.
+    const std::vector<std::string> gpt2 = {"plan",
+                                           "--config",
+                                           "configs/gpt2_124m.json",
+                                           "--device",
+                                           "cuda",
+                                           "--hardware",
+                                           "h100-sxm",
+                                           "--json",
+                                           "--set",
+                                           "precision=amp_bf16",
+                                           "--set",
+                                           "device_train_microbatch_size=16",
+                                           "--set",
+                                           "global_train_batch_size=16"};
+    auto compute_ms = [&](const std::vector<std::string>& extra) {
+        return config_row(gpt2, extra)["predicted_compute_ms"].get<double>();
+    };
+    const double at64 = compute_ms({}),
+                 at128_share = compute_ms({"--set", fmt::format("plan.attention_efficiency={}", e128)}),
+                 at64_share = compute_ms({"--set", fmt::format("plan.attention_efficiency={}", e64)});
+    CHECK(at64 == Approx(at64_share).epsilon(1e-9));  // GPT-2's heads of 64 take the entry's heads-of-64 share
+    CHECK(at64 > at128_share + 1.0);                  // ms: 12 layers of attention at 0.22 of the peak instead of 0.38
 }
 
 TEST_CASE("time model: CPU offload's copies queue on the host link and its optimizer runs at the host's bandwidth") {
@@ -434,20 +512,7 @@ TEST_CASE("plan: the hardware entry's links and roofline shares can be set and m
                                            "global_train_batch_size=16",
                                            "--set",
                                            "device_train_microbatch_size=2"};
-    auto row = [&](const std::vector<std::string>& extra) {
-        std::vector<std::string> args = base;
-        args.insert(args.end(), extra.begin(), extra.end());
-        const auto r = test_util::run_trainer(args);
-        INFO(r.out << r.err);
-        REQUIRE(r.exit_code == 0);
-        std::stringstream lines(r.out);
-        for (std::string line; std::getline(lines, line);) {
-            const Json j = Json::parse(line);
-            if (j["is_config"].get<bool>()) return j;
-        }
-        FAIL("no row of the config as given");
-        return Json();
-    };
+    auto row = [&](const std::vector<std::string>& extra) { return config_row(base, extra); };
     const Json entry = row({});
     const Json slow_link =
         row({"--set", "plan.intra_node_bandwidth_gbs=0.5", "--set", "plan.intra_node_latency_us=50"});
@@ -557,26 +622,17 @@ TEST_CASE("plan: kernels.cuda_graphs stays on the rows that can replay their mic
     // The single strategy without offload replays; FSDP and offload rows run without graphs (the config checks
     // refuse them), so the plan turns the key off there rather than refusing the rows. On 2 ranks the config as
     // given (single) cannot run and the others carry no graphs.
-    const auto rows = [](const std::vector<std::string>& extra) {
-        std::vector<std::string> args = {"plan",
-                                         "--config",
-                                         "configs/tiny.json",
-                                         "--set",
-                                         "device_train_microbatch_size=2",
-                                         "--set",
-                                         "plan.hardware=h100-sxm",
-                                         "--set",
-                                         "kernels.cuda_graphs=true",
-                                         "--json"};
-        args.insert(args.end(), extra.begin(), extra.end());
-        const auto r = test_util::run_trainer(args);
-        INFO(r.out << r.err);
-        REQUIRE(r.exit_code == 0);
-        std::vector<Json> v;
-        std::stringstream ss(r.out);
-        for (std::string line; std::getline(ss, line);) v.push_back(Json::parse(line));
-        return v;
-    };
+    const std::vector<std::string> graphs = {"plan",
+                                             "--config",
+                                             "configs/tiny.json",
+                                             "--set",
+                                             "device_train_microbatch_size=2",
+                                             "--set",
+                                             "plan.hardware=h100-sxm",
+                                             "--set",
+                                             "kernels.cuda_graphs=true",
+                                             "--json"};
+    const auto rows = [&](const std::vector<std::string>& extra) { return plan_rows(graphs, extra); };
     int replaying = 0;
     for (const Json& row : rows({})) {
         CAPTURE(row["config"].dump());
