@@ -43,8 +43,8 @@ Hardware hopper(Hardware h) {
     h.gemm_overhead = 20e-6;
     // cuDNN's attention at heads of 64 (GPT-2 124M micro-batch 16 on the H100 of 2026-11-26: 90 GFLOP forward
     // and backward in 419 us, 0.22 of the peak; OLMo-1B's heads of 128 in the same run: 0.38, the share above).
-    // Per score the softmax's work is the same at either size and the products' half, so less of the time is
-    // tensor work.
+    // Per score the softmax costs the same at either size and the products half as much at 64, so less of the
+    // time is tensor work.
     h.attention_efficiency_64 = 0.22;
     return h;
 }
