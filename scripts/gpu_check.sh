@@ -139,25 +139,22 @@ for s in "${expanded[@]}"; do
         kernels)
             for shape in "${model_shapes[@]}"; do
                 read -r model micro <<<"$shape"
-                for attention in flash cudnn; do
-                    # cuDNN's, the default, also writes the ops' times for `trainer plan --calibration` (the plan
-                    # stage uses it when it runs in the same call; it comes back in the logs).
-                    calibrate=()
-                    [[ $attention == cudnn ]] && calibrate=(--calibration-out "$logs/calibration_$model.json")
-                    step "kernels_${model}_$attention" 90 "$trainer" bench-kernels --config "configs/$model.json" \
-                        --device cuda --precision amp_bf16 --set kernels.attention="$attention" \
-                        --set device_train_microbatch_size="$micro" --set global_train_batch_size="$micro" \
-                        "${calibrate[@]}"
-                    grep -E "^\| (attention|classifier)" "$logs/kernels_${model}_$attention.log" |
-                        sed "s/^/  $model $attention /" | tee -a "$summary"
+                # Our flash attention; cuDNN's (the default); cuDNN's with the classifier's row held in shared
+                # memory (kernels.classifier_one_read), whose classifier row stands against the one before it.
+                for variant in flash cudnn one_read; do
+                    attention=cudnn
+                    [[ $variant == flash ]] && attention=flash
+                    sets=(--set kernels.attention="$attention")
+                    [[ $variant == one_read ]] && sets+=(--set kernels.classifier_one_read=true)
+                    # The default also writes the ops' times for `trainer plan --calibration` (the plan stage uses
+                    # it when it runs in the same call; it comes back in the logs).
+                    [[ $variant == cudnn ]] && sets+=(--calibration-out "$logs/calibration_$model.json")
+                    step "kernels_${model}_$variant" 90 "$trainer" bench-kernels --config "configs/$model.json" \
+                        --device cuda --precision amp_bf16 --set device_train_microbatch_size="$micro" \
+                        --set global_train_batch_size="$micro" "${sets[@]}"
+                    grep -E "^\| (attention|classifier)" "$logs/kernels_${model}_$variant.log" |
+                        sed "s/^/  $model $variant /" | tee -a "$summary"
                 done
-                # The classifier with each row held in shared memory (kernels.classifier_one_read), against the
-                # two-read row of the cuDNN run above.
-                step "kernels_${model}_classifier_one_read" 90 "$trainer" bench-kernels --config "configs/$model.json" \
-                    --device cuda --precision amp_bf16 --set kernels.classifier_one_read=true \
-                    --set device_train_microbatch_size="$micro" --set global_train_batch_size="$micro"
-                grep -E "^\| classifier" "$logs/kernels_${model}_classifier_one_read.log" |
-                    sed "s/^/  $model one read /" | tee -a "$summary"
             done
             ;;
         bench)

@@ -18,8 +18,6 @@
 // Compiled for sm_90a alone (CMakeLists.txt: code for sm_90a loads on compute capability 9.0 only), and with g++
 // onto tests/simt's emulator.
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -448,20 +446,14 @@ bool flash_attention_sm90_available() {
 #ifdef TRAINER_SIMT_EMULATION
     return true;  // the emulator runs wgmma
 #else
-    // Asked by every attention call, answered once per device (0: not yet asked, 1: no, 2: yes).
-    constexpr int kDevices = 64;
-    static std::array<std::atomic<int>, kDevices> known{};
-    int device = 0;
-    TRAINER_CUDA_CHECK(cudaGetDevice(&device));
-    if (device < kDevices) {
-        if (const int k = known[static_cast<size_t>(device)].load(std::memory_order_relaxed)) return k == 2;
-    }
-    int major = 0, minor = 0;
-    TRAINER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    TRAINER_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    const bool yes = major == 9 && minor == 0;
-    if (device < kDevices) known[static_cast<size_t>(device)].store(yes ? 2 : 1, std::memory_order_relaxed);
-    return yes;
+    // Asked by every attention call, answered once per device.
+    static OncePerDevice sm90;
+    return sm90.get([](int device) -> size_t {
+        int major = 0, minor = 0;
+        TRAINER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        TRAINER_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+        return major == 9 && minor == 0 ? 1 : 0;
+    }) == 1;
 #endif
 }
 

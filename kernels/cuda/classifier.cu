@@ -13,8 +13,6 @@
 // the row again from device memory: on an H100 4 blocks an SM keep 528 rows (52 MB) in flight, more than its
 // 50 MB of L2, so that second read came from HBM too (bench-kernels: 437 us a 4,092-row chunk, the three
 // passes' bytes at 2.8 TB/s). Both kernels merge the same values in the same order: the same bits.
-#include <array>
-#include <atomic>
 #include <cfloat>
 
 #include "kernels/cuda/common.cuh"
@@ -174,21 +172,16 @@ __global__ void __launch_bounds__(kThreads)
 // graph's recording (kernels.cuda_graphs) meets no attribute call.
 template <typename E>
 size_t one_read_row_bytes_limit() {
-    constexpr int kDevices = 64;
-    static std::array<std::atomic<size_t>, kDevices> known{};  // the limit plus one; 0: not yet asked
-    int device = 0;
-    TRAINER_CUDA_CHECK(cudaGetDevice(&device));
-    if (device < kDevices) {
-        if (const size_t k = known[static_cast<size_t>(device)].load(std::memory_order_relaxed)) return k - 1;
-    }
-    int optin = 0;
-    TRAINER_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    const size_t own = 2 * kThreads * sizeof(float);  // sm and ss
-    const size_t bytes = static_cast<size_t>(optin) > own ? static_cast<size_t>(optin) - own : 0;
-    TRAINER_CUDA_CHECK(cudaFuncSetAttribute(classifier_one_read_kernel<static_cast<int>(16 / sizeof(E)), E>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    if (device < kDevices) known[static_cast<size_t>(device)].store(bytes + 1, std::memory_order_relaxed);
-    return bytes;
+    static OncePerDevice limit;
+    return limit.get([](int device) {
+        int optin = 0;
+        TRAINER_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        const size_t own = 2 * kThreads * sizeof(float);  // sm and ss
+        const size_t bytes = static_cast<size_t>(optin) > own ? static_cast<size_t>(optin) - own : 0;
+        TRAINER_CUDA_CHECK(cudaFuncSetAttribute(classifier_one_read_kernel<static_cast<int>(16 / sizeof(E)), E>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+        return bytes;
+    });
 }
 
 template <typename E>

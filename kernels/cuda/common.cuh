@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 #endif
 
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -31,6 +33,29 @@ namespace trainer::cuda {
         }                                                                                         \
     } while (0)
 #endif  // TRAINER_SIMT_EMULATION
+
+// A value asked of the current device once: the first call on a device runs ask(device) and keeps its answer,
+// later calls there return it (devices past the 64th ask every time). For answers a launch path needs on every
+// call (a capability, a limit set once by cudaFuncSetAttribute).
+class OncePerDevice {
+   public:
+    template <typename Ask>
+    size_t get(Ask ask) {
+        int device = 0;
+        TRAINER_CUDA_CHECK(cudaGetDevice(&device));
+        const bool kept = device >= 0 && device < kDevices;
+        if (kept) {
+            if (const size_t k = known_[static_cast<size_t>(device)].load(std::memory_order_relaxed)) return k - 1;
+        }
+        const size_t value = ask(device);
+        if (kept) known_[static_cast<size_t>(device)].store(value + 1, std::memory_order_relaxed);
+        return value;
+    }
+
+   private:
+    static constexpr int kDevices = 64;
+    std::array<std::atomic<size_t>, kDevices> known_{};  // the answer plus one; 0: not yet asked
+};
 
 // Blocks for a grid-stride loop over `work` items: enough to cover them, capped where a grid-stride loop
 // already keeps every SM busy (the loops below stride over the remainder).
