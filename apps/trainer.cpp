@@ -21,6 +21,7 @@
 #include "base/common.h"
 #include "base/config.h"
 #include "base/olmo_yaml.h"
+#include "core/bench_comm.h"
 #include "core/bench_kernels.h"
 #include "core/bpe.h"
 #include "core/checkpoint.h"
@@ -36,7 +37,8 @@ namespace {
 
 using trainer::Json;
 
-// "5GB", "100MB", "2KB" (powers of 1000, as transformers reads max_shard_size) or a byte count.
+// "5GB", "100MB", "2KB" (powers of 1000, as transformers reads max_shard_size), "64MiB", "4KiB" (powers of 1024)
+// or a byte count.
 int64_t parse_size(const std::string& text, const std::string& what) {
     size_t used = 0;
     double v = -1;
@@ -49,9 +51,12 @@ int64_t parse_size(const std::string& text, const std::string& what) {
                          : unit == "KB"              ? 1e3
                          : unit == "MB"              ? 1e6
                          : unit == "GB"              ? 1e9
+                         : unit == "KiB"             ? 1024.0
+                         : unit == "MiB"             ? 1024.0 * 1024.0
+                         : unit == "GiB"             ? 1024.0 * 1024.0 * 1024.0
                                                      : -1;
     if (used == 0 || v <= 0 || scale < 0) {
-        trainer::user_error("{}: \"{}\"; expected a positive size such as 5GB, 200MB or 1000000", what, text);
+        trainer::user_error("{}: \"{}\"; expected a positive size such as 5GB, 200MB, 64MiB or 1000000", what, text);
     }
     return static_cast<int64_t>(v * scale);
 }
@@ -184,6 +189,24 @@ int run_main(int argc, char** argv) {
     bench->add_option("--calibration-out", calibration_out,
                       "also write each op's measured time with its FLOPs and bytes here (for trainer plan)");
 
+    auto* bench_comm = app.add_subcommand(
+        "bench-comm",
+        "measure the links of the launched ranks (trainer launch --nproc-per-node N -- bench-comm ..., mpirun, "
+        "srun): all-reduce, reduce-scatter and all-gather times by size, and a bandwidth and latency fitted to "
+        "each for trainer plan --comm-calibration (takes the training flags: --config, --device, --set)");
+    bench_comm->fallthrough();
+    trainer::CommBenchOptions comm_opts;
+    std::string comm_max_size;
+    bench_comm->add_option("--max-size", comm_max_size,
+                           "the largest buffer, e.g. 64MiB (default: 256MiB on CUDA, 64MiB on the CPU); sizes from "
+                           "4KiB up by 4x");
+    bench_comm
+        ->add_option("--seconds-per-size", comm_opts.seconds_per_size,
+                     "measuring time of each collective and size (three trials)")
+        ->check(CLI::PositiveNumber);
+    bench_comm->add_option("--calibration-out", comm_opts.calibration_out,
+                           "write the fitted links here (JSON; trainer plan --comm-calibration)");
+
     auto* logits_cmd = app.add_subcommand(
         "logits",
         "write the model's logits on the first instances of the data as a float32 .npy (instances, L-1, "
@@ -223,6 +246,8 @@ int run_main(int argc, char** argv) {
                      "a100-40gb-pcie, cpu (default: cpu on the CPU; on CUDA this node's GPU's entry, else h100-sxm)");
     plan->add_option("--calibration", plan_opts.calibration,
                      "op times measured by trainer bench-kernels --calibration-out (required for cpu)");
+    plan->add_option("--comm-calibration", plan_opts.comm_calibration,
+                     "links measured by trainer bench-comm --calibration-out, instead of the hardware entry's");
 
     // `trainer launch [options] -- ARGS`: ARGS are the ranks' own arguments, split off before parsing.
     if (argc > 1 && std::string(argv[1]) == "launch") {
@@ -357,6 +382,10 @@ int run_main(int argc, char** argv) {
     }
     if (*bench) {
         return trainer::run_kernel_bench(config, bench_reps, calibration_out);
+    }
+    if (*bench_comm) {
+        if (!comm_max_size.empty()) comm_opts.max_bytes = parse_size(comm_max_size, "bench-comm --max-size");
+        return trainer::run_comm_bench(config, comm_opts);
     }
     if (*logits_cmd) return trainer::run_logits(config, logits_instances, logits_out);
     if (*plan) return trainer::run_plan(config, plan_opts);

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -137,6 +139,7 @@ const std::vector<KeySpec>& schema() {
         {"activation_checkpointing", KeyType::kString, nullptr, true, non_null_choices<ActivationCheckpointing>(), -kInf, kInf, "recompute activations in the backward instead of keeping them (OLMo's): whole_layer (each block keeps its input and recomputes its forward), one_in_two / one_in_three / one_in_four / one_in_eight / two_in_three / three_in_four (whole_layer for that share of the blocks), fine_grained (blocks keep their GEMM and attention outputs and recompute norms and activations; with OLMo's parameter-free norms they keep the norms' outputs too and recompute only the activations); null: keep everything"},
         {"plan.hardware", KeyType::kString, nullptr, true, {}, -kInf, kInf, "trainer plan and distributed_strategy auto: the hardware entry the step times are predicted for (h100-sxm, h200, a100-40gb, a100-80gb, a100-40gb-pcie, cpu); null: cpu on the CPU; on CUDA the entry of the GPU the rank computes on, h100-sxm where it has none (said on stderr) or the node has no GPU"},
         {"plan.calibration", KeyType::kString, nullptr, true, {}, -kInf, kInf, "trainer plan and distributed_strategy auto: op times measured by trainer bench-kernels --calibration-out (required for the cpu entry)"},
+        {"plan.comm_calibration", KeyType::kString, nullptr, true, {}, -kInf, kInf, "trainer plan and distributed_strategy auto: the links measured by trainer bench-comm --calibration-out (bandwidth and latency per collective, within a node and between nodes), instead of the hardware entry's; the plan.*_bandwidth_gbs and *_latency_us keys still override them"},
         {"plan.device_memory_gib", KeyType::kFloat, nullptr, true, {}, 0.001, 1e9, "trainer plan and distributed_strategy auto: GiB of memory per device that a configuration must fit in; null: the hardware entry's (none for the CPU), and for distributed_strategy auto on CUDA the memory of the GPU the rank computes on"},
         {"plan.host_memory_gib", KeyType::kFloat, nullptr, true, {}, 0.001, 1e9, "trainer plan and distributed_strategy auto: GiB of host memory on one node that the offloaded state of its ranks must fit in; null: for distributed_strategy auto this node's (MemTotal, or the memory cgroup's limit where less), for trainer plan not checked"},
         {"plan.intra_node_bandwidth_gbs", KeyType::kFloat, nullptr, true, {}, 1e-6, 1e6, "trainer plan and distributed_strategy auto: the bus bandwidth (GB/s, as nccl-tests' busbw) of the links within a node, instead of the hardware entry's (NVLink; e.g. about 10-20 for PCIe without NVLink)"},
@@ -503,6 +506,19 @@ Json read_json_file(const std::string& path, const std::string& what) {
     }
 }
 
+void write_text_file(const std::string& path, const std::string& text, const std::string& what) {
+    // Beside the destination, then renamed over it: a failed write leaves what was there.
+    const std::string tmp = path + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr) user_error("{} {}: cannot be written ({})", what, path, std::strerror(errno));
+    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int err = errno;
+        std::remove(tmp.c_str());
+        user_error("{} {}: writing failed ({})", what, path, std::strerror(err));
+    }
+}
+
 Json read_config_file(const std::string& path) {
     Json doc = read_json_file(path, "config file");
     if (!doc.is_object()) user_error("config file {}: expected a JSON object at the top level", path);
@@ -761,6 +777,7 @@ TrainConfig validate_config(const Json& user_doc) {
     c.trace_file = opt<std::string>(doc["trace_file"]);
     c.plan.hardware = opt<std::string>(doc["plan"]["hardware"]);
     c.plan.calibration = opt<std::string>(doc["plan"]["calibration"]);
+    c.plan.comm_calibration = opt<std::string>(doc["plan"]["comm_calibration"]);
     c.plan.device_memory_gib = opt<double>(doc["plan"]["device_memory_gib"]);
     c.plan.host_memory_gib = opt<double>(doc["plan"]["host_memory_gib"]);
     c.plan.intra_node_bandwidth_gbs = opt<double>(doc["plan"]["intra_node_bandwidth_gbs"]);

@@ -244,10 +244,11 @@ struct FsdpConfig {
 
 // What `trainer plan` and distributed_strategy auto plan for (unset: the hardware entry's defaults).
 struct PlanConfig {
-    std::optional<std::string> hardware;      // a hardware entry (core/step_time.h)
-    std::optional<std::string> calibration;   // bench-kernels --calibration-out
-    std::optional<double> device_memory_gib;  // memory of one device
-    std::optional<double> host_memory_gib;    // host memory of one node, for CPU offload's state
+    std::optional<std::string> hardware;          // a hardware entry (core/step_time.h)
+    std::optional<std::string> calibration;       // bench-kernels --calibration-out
+    std::optional<std::string> comm_calibration;  // bench-comm --calibration-out (the links)
+    std::optional<double> device_memory_gib;      // memory of one device
+    std::optional<double> host_memory_gib;        // host memory of one node, for CPU offload's state
     // The hardware entry's links, overridden: bus bandwidth in GB/s (1e9 bytes/s, as nccl-tests' busbw)
     // and latency per ring step in microseconds, within a node and between nodes.
     std::optional<double> intra_node_bandwidth_gbs, inter_node_bandwidth_gbs;
@@ -324,6 +325,9 @@ struct TrainConfig {
 // Reads a JSON file; a file that cannot be read or parsed is a UserError "<what> <path>: ..." naming the
 // position of the first error.
 Json read_json_file(const std::string& path, const std::string& what);
+// Writes `text` to `path` whole or not at all (a temporary file beside it, renamed over it); UserError naming
+// `what` and the path when it cannot.
+void write_text_file(const std::string& path, const std::string& text, const std::string& what);
 // Reads a config file (JSON); a bad file is a UserError naming it and the position.
 Json read_config_file(const std::string& path);
 // Applies one `key.path=value` override, typed by the schema (UserError on unknown key or bad value).

@@ -380,11 +380,7 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
                            {"peak_flops", peak},
                            {"bandwidth", bw},
                            {"ops", calibration_ops}};
-        std::FILE* f = std::fopen(calibration_out.c_str(), "w");
-        if (f == nullptr) user_error("--calibration-out {}: cannot be written", calibration_out);
-        const std::string text = file.dump(1);
-        const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-        if (std::fclose(f) != 0 || !ok) user_error("--calibration-out {}: writing failed", calibration_out);
+        write_text_file(calibration_out, file.dump(1), "--calibration-out");
         std::printf("\ncalibration written to %s (trainer plan --calibration)\n", calibration_out.c_str());
     }
     return 0;

@@ -286,8 +286,9 @@ struct Plan {
     std::vector<Row> rows;
     std::optional<Hardware> hw;  // the entry, with the config's link overrides
     std::optional<Calibration> calibration;
-    double device_gib = 0.0;  // 0: unknown
-    double host_gib = 0.0;    // host memory of a node, 0: unknown
+    std::optional<CommCalibration> comm;  // the measured links, where given
+    double device_gib = 0.0;              // 0: unknown
+    double host_gib = 0.0;                // host memory of a node, 0: unknown
     std::string config_refused, other_refused;
     int recommended = -1;  // a row, or -1 when none fits
     std::string reasons;
@@ -319,6 +320,31 @@ std::string default_cuda_hardware(const RankEnv& env) {
     return "h100-sxm";
 }
 
+// Says (rank 0, stderr) where measured links are used for another world than they were measured on: another
+// collectives library, another number of ranks (a ring's bandwidth can change with its size: CPU ranks share
+// the cores and the memory bus), or a group the file did not measure (it takes the entry's link).
+void note_comm_calibration_world(const CommCalibration& c, const RankEnv& env, Device device) {
+    if (env.rank != 0) return;
+    const std::string runs = device == Device::kCuda ? "nccl" : "gloo";
+    if (!c.collectives.empty() && c.collectives != runs) {
+        std::fprintf(stderr, "plan: the links of %s were measured over %s; a %s run's collectives are %s's\n",
+                     c.path.c_str(), c.collectives.c_str(), choice_name(device), runs.c_str());
+    }
+    const int per_node = c.nnodes > 0 ? c.world_size / c.nnodes : 0;
+    if (c.world_size != env.world_size || per_node != env.local_world_size) {
+        std::fprintf(stderr,
+                     "plan: the links of %s were measured on %d node(s) x %d rank(s); this plan is for %d x %d (a "
+                     "ring's bandwidth can differ with its size)\n",
+                     c.path.c_str(), c.nnodes, per_node, env.num_nodes(), env.local_world_size);
+    }
+    if (env.num_nodes() > 1 && c.inter.empty()) {
+        std::fprintf(stderr, "plan: %s has no link between nodes: the hardware entry's is used\n", c.path.c_str());
+    }
+    if (env.local_world_size > 1 && c.intra.empty()) {
+        std::fprintf(stderr, "plan: %s has no link within a node: the hardware entry's is used\n", c.path.c_str());
+    }
+}
+
 Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, const PlanOptions& o) {
     Plan plan;
     plan.env = env, plan.device = device;
@@ -329,12 +355,24 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
     const Hardware* entry = find_hardware(hw_name);
     if (entry == nullptr) user_error("plan --hardware {}: unknown; expected one of {}", hw_name, hardware_names());
     plan.hw = *entry;
-    // The config's overrides of the entry: its links, and the shares of the roofline its ops reach.
+    // The links measured on the machine, then the config's overrides of the entry: its links (of every
+    // collective), and the shares of the roofline its ops reach.
+    if (!o.comm_calibration.empty()) {
+        plan.comm = read_comm_calibration(o.comm_calibration);
+        apply_comm_calibration(*plan.hw, *plan.comm);
+        note_comm_calibration_world(*plan.comm, env, device);
+    }
     const PlanConfig& set = config.plan;
-    if (set.intra_node_bandwidth_gbs) plan.hw->intra.bandwidth = *set.intra_node_bandwidth_gbs * 1e9;
-    if (set.inter_node_bandwidth_gbs) plan.hw->inter.bandwidth = *set.inter_node_bandwidth_gbs * 1e9;
-    if (set.intra_node_latency_us) plan.hw->intra.latency = *set.intra_node_latency_us * 1e-6;
-    if (set.inter_node_latency_us) plan.hw->inter.latency = *set.inter_node_latency_us * 1e-6;
+    const auto override_links = [](Link& link, std::map<std::string, Link>& by_kind, double Link::*field,
+                                   const std::optional<double>& value, double unit) {
+        if (!value) return;
+        link.*field = *value * unit;
+        for (auto& [kind, l] : by_kind) l.*field = *value * unit;
+    };
+    override_links(plan.hw->intra, plan.hw->intra_by_kind, &Link::bandwidth, set.intra_node_bandwidth_gbs, 1e9);
+    override_links(plan.hw->inter, plan.hw->inter_by_kind, &Link::bandwidth, set.inter_node_bandwidth_gbs, 1e9);
+    override_links(plan.hw->intra, plan.hw->intra_by_kind, &Link::latency, set.intra_node_latency_us, 1e-6);
+    override_links(plan.hw->inter, plan.hw->inter_by_kind, &Link::latency, set.inter_node_latency_us, 1e-6);
     if (set.gemm_efficiency) plan.hw->gemm_efficiency = *set.gemm_efficiency;
     // The entry's attention share for the model's heads, unless the config sets one.
     plan.hw->attention_efficiency = set.attention_efficiency
@@ -471,10 +509,7 @@ void write_predicted_trace(const Plan& plan, int world, const std::string& path,
     StepTimer timer(*plan.hw, plan.calibration ? &*plan.calibration : nullptr, bf16, plan.slowdown, &events, pid);
     dry_run_step(row->config, plan.env, plan.device, &timer);
     const std::string text = Json{{"displayTimeUnit", "ms"}, {"traceEvents", events}}.dump();
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    if (f == nullptr) user_error("plan --trace-file {}: cannot be written", path);
-    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-    if (std::fclose(f) != 0 || !ok) user_error("plan --trace-file {}: writing failed", path);
+    write_text_file(path, text, "plan --trace-file");
     if (announce) {
         std::printf("predicted trace of %s written to %s\n\n", describe(row->config, world).c_str(), path.c_str());
     }
@@ -484,6 +519,7 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
     PlanOptions o = options;  // the flags, else the config's plan.* keys
     if (o.hardware.empty()) o.hardware = config.plan.hardware.value_or("");
     if (o.calibration.empty()) o.calibration = config.plan.calibration.value_or("");
+    if (o.comm_calibration.empty()) o.comm_calibration = config.plan.comm_calibration.value_or("");
     if (o.device_memory_gib <= 0.0) o.device_memory_gib = config.plan.device_memory_gib.value_or(0.0);
     if (o.host_memory_gib <= 0.0) o.host_memory_gib = config.plan.host_memory_gib.value_or(0.0);
     if (o.nnodes < 1 || o.nproc_per_node < 1) {
@@ -541,8 +577,15 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
         }
         return 0;
     }
-    const auto link = [](const Link& l, bool overridden) {
-        return fmt::format("{:.4g} GB/s, {:.4g} us{}", l.bandwidth / 1e9, l.latency * 1e6, overridden ? " (set)" : "");
+    // A link as the header shows it: the all-reduce's (the entry's one link), each other measured kind's
+    // bandwidth, and where it comes from.
+    const auto link = [&](const Link& l, const std::map<std::string, Link>& by_kind, bool overridden) {
+        std::string s = fmt::format("{:.4g} GB/s, {:.4g} us", l.bandwidth / 1e9, l.latency * 1e6);
+        for (const auto& [kind, k] : by_kind) {
+            if (kind != "all_reduce") s += fmt::format(", {} {:.4g} GB/s", kind, k.bandwidth / 1e9);
+        }
+        if (!by_kind.empty()) s += fmt::format(" (measured: {})", plan.comm->path);
+        return s + (overridden ? " (set)" : "");
     };
     const PlanConfig& pc = config.plan;
     // CPU offload's side of the entry, where it has one and a row offloads.
@@ -564,8 +607,12 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
         "nodes %s%s)%s: a dry run of one step per configuration; times per step, memory per rank in GiB\n\n",
         config.run_name.c_str(), o.nnodes, o.nproc_per_node, choice_name(device), hw.name.c_str(),
         hw.description.c_str(),
-        link(hw.intra, pc.intra_node_bandwidth_gbs.has_value() || pc.intra_node_latency_us.has_value()).c_str(),
-        link(hw.inter, pc.inter_node_bandwidth_gbs.has_value() || pc.inter_node_latency_us.has_value()).c_str(),
+        link(hw.intra, hw.intra_by_kind,
+             pc.intra_node_bandwidth_gbs.has_value() || pc.intra_node_latency_us.has_value())
+            .c_str(),
+        link(hw.inter, hw.inter_by_kind,
+             pc.inter_node_bandwidth_gbs.has_value() || pc.inter_node_latency_us.has_value())
+            .c_str(),
         host_side.c_str(),
         plan.calibration ? fmt::format(", op times from {}", plan.calibration->path).c_str()
         : pc.gemm_efficiency || pc.attention_efficiency || pc.memory_efficiency
@@ -611,6 +658,7 @@ TrainConfig choose_configuration(const TrainConfig& config, const RankEnv& env, 
     o.nnodes = env.num_nodes(), o.nproc_per_node = env.local_world_size;
     o.hardware = config.plan.hardware.value_or("");
     o.calibration = config.plan.calibration.value_or("");
+    o.comm_calibration = config.plan.comm_calibration.value_or("");
     o.device_memory_gib = config.plan.device_memory_gib.value_or(0.0);
     // The memory of the GPU this rank computes on, not its hardware entry's (an A100 40 GB planned as an entry of
     // 80 would be given a row that does not fit; an H200 as an H100, rows that shard for nothing).

@@ -82,8 +82,9 @@ struct PlanOptions {
     // Host memory of one node: a row that offloads fits only where its host peak times the node's ranks fits
     // here too. 0: not checked.
     double host_memory_gib = 0.0;
-    std::string hardware;     // empty: cpu on the CPU device, h100-sxm on CUDA
-    std::string calibration;  // bench-kernels --calibration-out file (empty: the hardware's rooflines)
+    std::string hardware;          // empty: cpu on the CPU device, h100-sxm on CUDA
+    std::string calibration;       // bench-kernels --calibration-out file (empty: the hardware's rooflines)
+    std::string comm_calibration;  // bench-comm --calibration-out file (empty: the hardware's links)
     bool json = false;
 };
 int run_plan(const TrainConfig& config, const PlanOptions& options);

@@ -84,12 +84,14 @@ const std::vector<Hardware>& table() {
                      19.5e12, 1.555e12, 39.4, pcie4, ib200),
                  pcie4_host, ampere_host),
         };
-        // This kind of machine (the CPU backend over Gloo on loopback): ops come from a calibration; the link
-        // is what Gloo's ring reached between two ranks of cpu_bench (about 0.7 GB/s, measured in a trace);
-        // its cycles come out of the cores that compute.
+        // This kind of machine (the CPU backend over Gloo on loopback): ops come from a calibration. The link
+        // is Gloo's on loopback with the cores to itself, 1.4 GB/s and 50 us a ring step (trainer bench-comm on
+        // 2 ranks measures 1.55-1.96 GB/s); beside the compute it shares the cores (comm_compute_share): half
+        // the speed, about the 0.7 GB/s a trace of 2 ranks of cpu_bench showed, and half its time taken from
+        // the compute.
         Hardware cpu;
         cpu.name = "cpu", cpu.description = "this machine's CPU cores, Gloo over loopback (ops: --calibration)";
-        cpu.op_overhead = 0.0, cpu.intra = {0.7e9, 100e-6}, cpu.inter = cpu.intra;
+        cpu.op_overhead = 0.0, cpu.intra = {1.4e9, 50e-6}, cpu.inter = cpu.intra;
         cpu.comm_compute_share = 0.5;
         cpu.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
         v.push_back(cpu);
@@ -98,21 +100,29 @@ const std::vector<Hardware>& table() {
     return t;
 }
 
-// Seconds of one collective over `link`: a ring moves (n-1)/n of the buffer per rank each way in n-1 steps
-// (a reduce-scatter or all-gather), an all-reduce is both (2(n-1) steps).
+// Seconds of one collective over `link` (ring_cost).
 double collective_seconds(const StepEvent& e, const Link& link) {
-    const double n = e.group_size;
-    if (n <= 1 || link.bandwidth <= 0.0) return 0.0;
-    const std::string kind = e.what;
-    if (kind == "all_reduce") return 2.0 * (n - 1) / n * e.bytes / link.bandwidth + 2.0 * (n - 1) * link.latency;
-    if (kind == "reduce_scatter" || kind == "all_gather") {
-        return (n - 1) * e.bytes / link.bandwidth + (n - 1) * link.latency;  // bytes: one rank's shard
-    }
-    if (kind == "broadcast") return e.bytes / link.bandwidth + (n - 1) * link.latency;
-    return std::log2(n) * link.latency;  // barrier
+    if (e.group_size <= 1 || link.bandwidth <= 0.0) return 0.0;
+    const RingCost c = ring_cost(e.what, e.bytes, e.group_size);
+    return c.bytes / link.bandwidth + c.steps * link.latency;
 }
 
 }  // namespace
+
+RingCost ring_cost(const std::string& kind, double bytes, int group_size) {
+    const double n = group_size;
+    if (n <= 1) return {};
+    if (kind == "all_reduce") return {2.0 * (n - 1), 2.0 * (n - 1) / n * bytes};
+    if (kind == "reduce_scatter" || kind == "all_gather") return {n - 1, (n - 1) * bytes};
+    if (kind == "broadcast") return {n - 1, bytes};
+    return {std::log2(n), 0.0};  // barrier
+}
+
+const Link& link_for(const Hardware& hw, const std::string& kind, bool spans_nodes) {
+    const auto& measured = spans_nodes ? hw.inter_by_kind : hw.intra_by_kind;
+    const auto it = measured.find(kind);
+    return it != measured.end() ? it->second : spans_nodes ? hw.inter : hw.intra;
+}
 
 double attention_efficiency_at(const Hardware& hw, int head_size) {
     if (hw.attention_efficiency_64 <= 0.0 || head_size >= 128) return hw.attention_efficiency;
@@ -173,6 +183,56 @@ Calibration read_calibration(const std::string& path) {
         c.entries.push_back(entry);
     }
     return c;
+}
+
+CommCalibration read_comm_calibration(const std::string& path) {
+    const Json j = read_json_file(path, "comm calibration");
+    if (!j.is_object() || j.value("format", "") != "trainer-comm-calibration" || !j.contains("links") ||
+        !j["links"].is_object()) {
+        user_error("comm calibration {}: not a file of trainer bench-comm --calibration-out", path);
+    }
+    CommCalibration c;
+    c.path = path;
+    c.collectives = j.value("collectives", "");
+    c.world_size = j.value("world_size", 0);
+    c.nnodes = j.value("nnodes", 0);
+    for (const auto& [group, kinds] : j["links"].items()) {
+        if (group != "intra" && group != "inter") {
+            user_error("comm calibration {}: links.{}: unknown group; expected intra or inter", path, group);
+        }
+        if (!kinds.is_object())
+            user_error("comm calibration {}: links.{}: expected an object of collectives", path, group);
+        auto& links = group == "intra" ? c.intra : c.inter;
+        for (const auto& [kind, l] : kinds.items()) {
+            if (kind != "all_reduce" && kind != "reduce_scatter" && kind != "all_gather") {
+                user_error(
+                    "comm calibration {}: links.{}.{}: unknown collective; expected all_reduce, reduce_scatter "
+                    "or all_gather",
+                    path, group, kind);
+            }
+            const Json* bw = l.is_object() && l.contains("bandwidth_gbs") ? &l["bandwidth_gbs"] : nullptr;
+            const Json* lat = l.is_object() && l.contains("latency_us") ? &l["latency_us"] : nullptr;
+            if (bw == nullptr || !bw->is_number() || bw->get<double>() <= 0.0 || lat == nullptr || !lat->is_number() ||
+                lat->get<double>() < 0.0) {
+                user_error(
+                    "comm calibration {}: links.{}.{}: expected {{\"bandwidth_gbs\": a positive number, "
+                    "\"latency_us\": a number >= 0}}, got {}",
+                    path, group, kind, l.dump());
+            }
+            links[kind] = Link{bw->get<double>() * 1e9, lat->get<double>() * 1e-6};
+        }
+        if (!links.empty() && links.count("all_reduce") == 0) {
+            user_error("comm calibration {}: links.{}: has no all_reduce (the link of the collectives not measured)",
+                       path, group);
+        }
+    }
+    if (c.intra.empty() && c.inter.empty()) user_error("comm calibration {}: links: no group measured", path);
+    return c;
+}
+
+void apply_comm_calibration(Hardware& hw, const CommCalibration& c) {
+    if (!c.intra.empty()) hw.intra = c.intra.at("all_reduce"), hw.intra_by_kind = c.intra;
+    if (!c.inter.empty()) hw.inter = c.inter.at("all_reduce"), hw.inter_by_kind = c.inter;
 }
 
 StepTimer::StepTimer(const Hardware& hw, const Calibration* calibration, bool bf16, double slowdown, Json* trace,
@@ -260,7 +320,9 @@ void StepTimer::add(const StepEvent& e, bool optimizer) {
         const auto it = copy_done_.find(e.id);
         if (it != copy_done_.end()) clock = std::max(clock, it->second);
     } else if (e.kind == StepEvent::kIssue) {
-        const double d = collective_seconds(e, e.spans_nodes ? hw_.inter : hw_.intra);
+        // CPU: the collective shares the cores with the compute beside it, so it runs at (1 - share) of its
+        // link's speed and takes `share` of its time from the compute.
+        const double d = collective_seconds(e, link_for(hw_, e.what, e.spans_nodes)) / (1.0 - hw_.comm_compute_share);
         double& free = channel_free_[e.channel];
         const double start = std::max(clock, free);
         free = start + d;

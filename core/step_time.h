@@ -4,8 +4,9 @@
 // communicator's queue (one at a time, in issue order) for a ring algorithm's time over the link its group
 // uses; the compute clock waits for a collective where the strategy waits for it. So prefetching, the
 // reductions' overlap with the backward, grad_sync modes and HYBRID groups are modelled in the order the
-// strategy issues them. On a CPU the collectives also take cycles from the cores that compute (a share of
-// their time, comm_compute_share, lands on the compute clock).
+// strategy issues them. On a CPU the collectives share the cores with the compute: a collective runs at
+// (1 - comm_compute_share) of its link's speed (the link as it runs alone, what trainer bench-comm measures),
+// and that share of its time lands on the compute clock.
 // CPU offload: the gradients' copies down and the parameters' copies up run on the host link's queue
 // beside the compute, the clock waiting where the host or the device waits for them; the host optimizer's
 // ops take their bytes at the host's bandwidth. The parameters uploaded at the end of a step are waited
@@ -40,19 +41,35 @@ struct Hardware {
     double gemm_overhead = 0.0;  // seconds more per GEMM op, whatever its size (see hopper() in step_time.cpp)
     double attention_efficiency_64 = 0.0;  // attention at heads of 64 (0: attention_efficiency at every size)
     Link intra, inter;                     // within a node, between nodes
+    // Links measured per collective ("all_reduce", "reduce_scatter", "all_gather"; trainer bench-comm): where a
+    // kind has one it takes the place of intra or inter for that kind.
+    std::map<std::string, Link> intra_by_kind, inter_by_kind;
     // CPU offload: the link between a GPU and host memory (pinned copies each way, one at a time: the
     // backend's copy stream), and the rate one rank's host optimizer streams host memory at (the node's
     // host memory bandwidth shared by its GPUs, at the share such loops reach). 0: none (the CPU, where
     // host memory is the device's: its copies and host ops cost what the device's do).
     Link host_link;
     double host_bandwidth = 0.0;
-    double comm_compute_share = 0.0;
-    int cores = 0;  // CPU: cores the node's ranks share (their threads beyond it slow every op)
+    double comm_compute_share = 0.0;  // CPU: the share of the cores a collective takes from the compute (< 1)
+    int cores = 0;                    // CPU: cores the node's ranks share (their threads beyond it slow every op)
 };
 
 // The share of the peak attention reaches at heads of `head_size`: the entry's attention_efficiency at 128 and
 // above, its attention_efficiency_64 at 64 and below, geometric in between.
 double attention_efficiency_at(const Hardware& hw, int head_size);
+
+// The link a collective of `kind` takes: its measured one where the entry has it, else intra or inter.
+const Link& link_for(const Hardware& hw, const std::string& kind, bool spans_nodes);
+
+// A ring collective's cost on a link: `steps` latencies, and `bytes` that each rank sends (and receives) at the
+// link's bandwidth. `bytes` is the call's as a dry run reports it (core/plan.h): a reduce-scatter's or
+// all-gather's shard, an all-reduce's or broadcast's buffer. A reduce-scatter or all-gather moves n-1 shards in
+// n-1 steps, an all-reduce is both (2(n-1)/n of its buffer in 2(n-1) steps), a broadcast forwards its buffer
+// along n-1 steps, a barrier takes log2(n) latencies.
+struct RingCost {
+    double steps = 0.0, bytes = 0.0;
+};
+RingCost ring_cost(const std::string& kind, double bytes, int group_size);
 
 // The built-in entries (h100-sxm, h200, a100-40gb, a100-80gb, a100-40gb-pcie, cpu: this machine) and their names.
 const Hardware* find_hardware(const std::string& name);
@@ -75,6 +92,20 @@ struct Calibration {
     std::string path;
 };
 Calibration read_calibration(const std::string& path);
+
+// Links measured by trainer bench-comm --calibration-out: per group ("intra": within a node, "inter": a group
+// spanning nodes) and collective kind, a bandwidth (bytes/s, the bus bandwidth) and a latency per ring step,
+// fitted to ring_cost over the measured sizes; with the world they were measured on.
+struct CommCalibration {
+    std::map<std::string, Link> intra, inter;  // by kind; empty: that group was not measured
+    std::string collectives;                   // "gloo" or "nccl"
+    int world_size = 0, nnodes = 0;
+    std::string path;
+};
+CommCalibration read_comm_calibration(const std::string& path);
+// The measured links in place of the entry's, for each group the file has: each kind's own, and the
+// all-reduce's as the link of the rest (broadcast, barrier).
+void apply_comm_calibration(Hardware& hw, const CommCalibration& c);
 
 struct StepTime {
     double total = 0.0;         // seconds of one optimizer step

@@ -136,6 +136,10 @@ void check_parallel_config(const TrainConfig& c, const RankEnv& env, Device devi
             "micro-batch x accumulation steps x ranks)",
             c.global_train_batch_size, c.device_train_microbatch_size, env.world_size);
     }
+    check_collectives_config(c, env, device);
+}
+
+void check_collectives_config(const TrainConfig& c, const RankEnv& env, Device device) {
     if (c.distributed_backend == DistributedBackend::kNccl && device != Device::kCuda) {
         user_error("distributed_backend \"nccl\" needs --device cuda (device is {}); use gloo or auto",
                    choice_name(device));
@@ -146,29 +150,39 @@ void check_parallel_config(const TrainConfig& c, const RankEnv& env, Device devi
     }
 }
 
-World make_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend,
-                 const ParamLayout& layout) {
+World connect_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend) {
     World world;
     world.env = env;
     world.collectives = collectives_for(config, device, env.world_size);
-    const auto timeout = std::chrono::milliseconds(static_cast<long>(config.distributed_timeout_seconds * 1000));
-    const GroupFactory make_group = [&](const std::string& prefix, int r, int n) -> std::unique_ptr<Communicator> {
-        switch (world.collectives) {
-            case Collectives::kNccl:
-                return make_nccl_communicator(*world.store, prefix, r, n, timeout, backend);
-            case Collectives::kGloo:
-                return make_gloo_communicator(*world.store, prefix, r, n, timeout, gloo_bind_host(env));
-            case Collectives::kLocal:
-                break;
-        }
-        return make_local_communicator(backend);
-    };
+    world.timeout = std::chrono::milliseconds(static_cast<long>(config.distributed_timeout_seconds * 1000));
     // Ranks meet at rank 0's store; Gloo (loopback for one node) or NCCL connects them.
     if (world.collectives != Collectives::kLocal) {
         if (env.rank == 0) world.store_server = std::make_unique<TcpStoreServer>(env.master_port);
-        world.store = std::make_unique<TcpStore>(env.master_addr, env.master_port, timeout);
+        world.store = std::make_unique<TcpStore>(env.master_addr, env.master_port, world.timeout);
     }
-    world.comm = make_group("world", env.rank, env.world_size);
+    world.comm = connect_group(world, backend, "world", env.rank, env.world_size);
+    return world;
+}
+
+std::unique_ptr<Communicator> connect_group(World& world, Backend* backend, const std::string& prefix, int rank,
+                                            int size) {
+    switch (world.collectives) {
+        case Collectives::kNccl:
+            return make_nccl_communicator(*world.store, prefix, rank, size, world.timeout, backend);
+        case Collectives::kGloo:
+            return make_gloo_communicator(*world.store, prefix, rank, size, world.timeout, gloo_bind_host(world.env));
+        case Collectives::kLocal:
+            break;
+    }
+    return make_local_communicator(backend);
+}
+
+World make_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend,
+                 const ParamLayout& layout) {
+    World world = connect_world(config, env, device, backend);
+    const GroupFactory make_group = [&](const std::string& prefix, int r, int n) {
+        return connect_group(world, backend, prefix, r, n);
+    };
     world.strategy = make_strategy(config, world, backend, layout, make_group);
     return world;
 }

@@ -3,8 +3,10 @@
 // with every strategy and collectives check made before anything is allocated.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "base/config.h"
@@ -29,6 +31,8 @@ struct Choices<Collectives> {
 // ranks, a bad wrap policy, HYBRID_SHARD replicas that do not divide the ranks, a global batch that is not
 // micro-batch x accumulation x ranks, NCCL without a GPU, Gloo between GPUs.
 void check_parallel_config(const TrainConfig& config, const RankEnv& env, Device device);
+// The part of it on the collectives library: NCCL without a GPU, Gloo between GPUs.
+void check_collectives_config(const TrainConfig& config, const RankEnv& env, Device device);
 
 // The run's ranks, connected, and the strategy over them. Members are destroyed bottom-up: the strategy
 // before the communicators it uses, those before the store they met through.
@@ -40,6 +44,7 @@ struct World {
     std::unique_ptr<Communicator> comm;                    // all ranks
     std::vector<std::unique_ptr<Communicator>> sub_comms;  // HYBRID_SHARD's shard and replica groups
     std::unique_ptr<Strategy> strategy;
+    std::chrono::milliseconds timeout{0};  // distributed_timeout_seconds: connection and every collective
 
     int rank() const { return env.rank; }
     int size() const { return env.world_size; }
@@ -50,6 +55,13 @@ struct World {
 // check_parallel_config.
 World make_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend,
                  const ParamLayout& layout);
+
+// make_world's first half: the ranks connected (the store and the world communicator), no strategy yet.
+World connect_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend);
+// A communicator over a group of the connected world's ranks: this rank is `rank` of `size`, the group's store
+// keys start with `prefix` (every member passes the same). Gloo, NCCL or local as the world's.
+std::unique_ptr<Communicator> connect_group(World& world, Backend* backend, const std::string& prefix, int rank,
+                                            int size);
 
 // The World of a dry run (core/plan.h) for rank env.rank of env.world_size: communicators that move
 // nothing (taking the Gloo communicator's buffers where the run would use Gloo) reporting each collective

@@ -38,6 +38,9 @@
 #   hf        transformers' logits on the Hugging Face exports of the tiny GPT-2, OLMo and OLMo-2 fixtures (two
 #             steps trained on the CPU, `trainer export`, scripts/check_hf_export.py): the GPU machine is where
 #             transformers is installed; nothing here needs the GPU (under a minute)
+#   comm      on a node of 2 or more GPUs: trainer bench-comm over NCCL on all of them (the links, fitted per
+#             collective), then OLMo-1B's plan for that world on the hardware entry's links and on the measured
+#             ones; on one GPU it says so and runs nothing (NCCL takes one GPU a rank)
 #   profile   ncu of our flash forward and backward kernels (on an H100 the wgmma ones, attention_flash_sm90a.cu, the
 #             backward's dK/dV and dQ launches each)
 #             at OLMo-1B micro-batch 4 and GPT-2 micro-batch 16: speed of light, the pipes, occupancy and the
@@ -56,7 +59,7 @@ done
 stages=("$@")
 ((${#stages[@]})) || stages=(tests kernels bench)
 for s in "${stages[@]}"; do
-    case $s in first | throughput | tests | memcheck | race | kernels | bench | strategies | storage | memory | plan | hf | profile) ;;
+    case $s in first | throughput | tests | memcheck | race | kernels | bench | strategies | storage | memory | plan | hf | comm | profile) ;;
         *) echo "error: unknown stage $s (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -169,6 +172,25 @@ for s in "${expanded[@]}"; do
                 --sharding-strategy SHARD_GRAD_OP --wrapping-strategy by_block_and_size
             train fsdp_no_shard configs/olmo_1b.json 4 10 --precision amp_bf16 --strategy fsdp --sharding-strategy NO_SHARD
             train ddp configs/olmo_1b.json 4 10 --precision amp_bf16 --strategy ddp
+            ;;
+        comm)
+            gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+            if ((gpus < 2)); then
+                note "comm: $gpus GPU here; bench-comm over NCCL needs a GPU a rank and at least 2 ranks: not run"
+            else
+                step bench_comm 240 "$trainer" launch --nproc-per-node "$gpus" -- bench-comm --config configs/olmo_1b.json \
+                    --device cuda --calibration-out "$logs/links.json"
+                grep -E "^\[rank 0\] +intra [a-z_]+: " "$logs/bench_comm.log" | tee -a "$summary"
+                for links in entry measured; do
+                    extra=()
+                    [[ $links == measured ]] && extra=(--comm-calibration "$logs/links.json")
+                    step "plan_olmo1b_${gpus}gpus_$links" 120 "$trainer" plan --config configs/olmo_1b.json --device cuda \
+                        --precision amp_bf16 --nproc-per-node "$gpus" --set device_train_microbatch_size=4 \
+                        --set global_train_batch_size=$((16 * gpus)) "${extra[@]}"
+                    grep -E "^recommended" "$logs/plan_olmo1b_${gpus}gpus_$links.log" | sed "s/^/$links links: /" |
+                        tee -a "$summary"
+                done
+            fi
             ;;
         storage)
             for round in 1 2; do

@@ -7,7 +7,8 @@
 # each rank gets. Prints one markdown table: predicted and measured step time and their error, the largest
 # error over the memory categories, and whether the predicted order of the rows by tokens/s matches the
 # measured one where two rows differ by more than 10%. A last row runs --strategy auto on 2 ranks (the plan's
-# recommendation, its prediction) and is compared with the fastest measured 2-rank row.
+# recommendation, its prediction) and is compared with the fastest measured 2-rank row. Each row is planned
+# twice: on the cpu entry's link, and on the links `trainer bench-comm` measures on 2 and 4 ranks first.
 #
 # Usage: scripts/validate_plan.sh [--steps N]      (TRAINER_BIN: the trainer, default build/bin/trainer)
 set -euo pipefail
@@ -29,6 +30,14 @@ for ranks in 1 2 4; do
     [[ -f $tmp/cal_t$threads.json ]] && continue
     "$trainer" bench-kernels --config "$config" --set device_train_microbatch_size=4 --threads "$threads" --reps 5 \
         --calibration-out "$tmp/cal_t$threads.json" >/dev/null
+done
+# The links of a 2-rank and a 4-rank world, measured (trainer bench-comm): each row is also planned with them
+# in place of the cpu entry's.
+for ranks in 2 4; do
+    "$trainer" launch --nproc-per-node "$ranks" -- bench-comm --config "$config" \
+        --calibration-out "$tmp/links_$ranks.json" >"$tmp/links_$ranks.log" 2>&1 \
+        || { cat "$tmp/links_$ranks.log" >&2; exit 1; }
+    grep -E "^\[rank 0\] +intra [a-z_]+: " "$tmp/links_$ranks.log" | sed "s/^\[rank 0\] */$ranks ranks: /"
 done
 # name | ranks | micro-batch | flags
 rows=(
@@ -56,6 +65,10 @@ for row in "${rows[@]}"; do
     common+=(--set "plan.calibration=$tmp/cal_t$threads.json")
     # shellcheck disable=SC2086
     "$trainer" plan "${common[@]}" $flags --nproc-per-node "$ranks" --json >"$tmp/$k.plan"
+    links=()
+    ((ranks > 1)) && links=(--comm-calibration "$tmp/links_$ranks.json")
+    # shellcheck disable=SC2086
+    "$trainer" plan "${common[@]}" $flags --nproc-per-node "$ranks" "${links[@]}" --json >"$tmp/$k.plan_links"
     args=("${common[@]}" --data data/bench_tokens.bin --max-duration "$steps" --set console_log_interval=1000
         --metrics-file "$tmp/$k.jsonl")
     # shellcheck disable=SC2086
@@ -77,21 +90,27 @@ for line in open(sys.argv[1]):
     for text in open(log_path):
         if "distributed_strategy auto" in text:  # what auto chose
             name += " -> " + text.split("): ", 1)[1].split(", because")[0]
-    plans = [json.loads(l) for l in open(plan_path) if l.strip()]
-    # The config as given, or for --strategy auto the row the plan recommends (what the run trains).
-    plan = next((p for p in plans if p["is_config"]), None) or next(p for p in plans if p["recommended"])
+    def row_of(path):
+        plans = [json.loads(l) for l in open(path) if l.strip()]
+        # The config as given, or for --strategy auto the row the plan recommends (what the run trains).
+        return next((p for p in plans if p["is_config"]), None) or next(p for p in plans if p["recommended"])
+    plan = row_of(plan_path)
+    with_links = row_of(plan_path + "_links")["predicted_step_ms"]
     summary = [json.loads(l) for l in open(metrics_path) if l.strip()][-1]
     measured = summary["mean_step_time_ms"]
     mem = summary["peak_memory_bytes_per_rank"][0]
     pred_mem = plan["predicted_peak_bytes"]
     mem_err = max(abs(pred_mem[c] - mem[c]) / mem[c] for c in cats if mem[c] > 0)
     rows.append((name, plan["predicted_step_ms"], measured, mem_err, plan["predicted_tokens_per_second_per_device"],
-                 summary["tokens_per_second_per_device"]))
-print("| configuration | predicted step ms | measured step ms | error | largest memory category error |")
-print("|---|---|---|---|---|")
-for name, pred, meas, mem_err, _, _ in rows:
-    print(f"| {name} | {pred:.0f} | {meas:.0f} | {100 * (pred - meas) / meas:+.1f}% | {100 * mem_err:.2f}% |")
-worst = max(abs(p - m) / m for _, p, m, _, _, _ in rows)
+                 summary["tokens_per_second_per_device"], with_links))
+print("| configuration | predicted step ms | measured step ms | error | largest memory category error | "
+      "predicted with the measured links | error |")
+print("|---|---|---|---|---|---|---|")
+for name, pred, meas, mem_err, _, _, links in rows:
+    print(f"| {name} | {pred:.0f} | {meas:.0f} | {100 * (pred - meas) / meas:+.1f}% | {100 * mem_err:.2f}% | "
+          f"{links:.0f} | {100 * (links - meas) / meas:+.1f}% |")
+worst = max(abs(r[1] - r[2]) / r[2] for r in rows)
+worst_links = max(abs(r[6] - r[2]) / r[2] for r in rows)
 # Pairs measured more than 10% apart in tokens/s: is the predicted order the same?
 pairs = wrong = 0
 for i in range(len(rows)):
@@ -103,8 +122,8 @@ for i in range(len(rows)):
         if (rows[i][4] > rows[j][4]) != (mi > mj):
             wrong += 1
             print(f"order differs: {rows[i][0]} vs {rows[j][0]}")
-print(f"\nlargest step-time error {100 * worst:.1f}%; order: {pairs - wrong} of {pairs} pairs more than 10% apart "
-      "as measured")
+print(f"\nlargest step-time error {100 * worst:.1f}% ({100 * worst_links:.1f}% with the measured links); order: "
+      f"{pairs - wrong} of {pairs} pairs more than 10% apart as measured")
 auto = [r for r in rows if "--strategy auto" in r[0]]
 two = [r for r in rows if not r[0].startswith(("4 ranks", "single", "2 ranks: --strategy auto"))]
 if auto and two:

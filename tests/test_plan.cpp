@@ -31,27 +31,6 @@ TrainConfig tiny_with(const std::vector<std::string>& sets, const Json& keys = J
     return validate_config(doc);
 }
 
-// `trainer plan ... --json` run with `args` then `extra`: its rows, one JSON object a line.
-std::vector<Json> plan_rows(std::vector<std::string> args, const std::vector<std::string>& extra) {
-    args.insert(args.end(), extra.begin(), extra.end());
-    const auto r = test_util::run_trainer(args);
-    INFO(r.out << r.err);
-    REQUIRE(r.exit_code == 0);
-    std::vector<Json> rows;
-    std::stringstream lines(r.out);
-    for (std::string line; std::getline(lines, line);) rows.push_back(Json::parse(line));
-    return rows;
-}
-
-// The row of the config as given among plan_rows(args, extra).
-Json config_row(const std::vector<std::string>& args, const std::vector<std::string>& extra) {
-    for (const Json& j : plan_rows(args, extra)) {
-        if (j["is_config"].get<bool>()) return j;
-    }
-    FAIL("no row of the config as given");
-    return Json();
-}
-
 }  // namespace
 
 TEST_CASE("dry run: predicted peak memory by category is the measured accounting") {
@@ -216,13 +195,19 @@ TEST_CASE("time model: collectives overlap later ops and queue on their communic
     step.events = {issue(4, &a), issue(5, &b), wait(4), wait(5)};
     step.optimizer_begin = step.events.size();
     CHECK(predict_step_time(step, hw, nullptr, false).total == Approx(1.0e-3));
-    // On a CPU half of a collective's time is taken from the compute: the op after the issue starts later.
+    // On a CPU a collective shares the cores with the compute: at half the link's speed (2 ms), half of that
+    // taken from the compute, so the op after the issue ends at 2 ms, with the collective.
     hw.comm_compute_share = 0.5;
     step.events = {issue(6, &a), op(1.0), wait(6)};
     step.optimizer_begin = 1;  // the op is the optimizer's
     t = predict_step_time(step, hw, nullptr, false);
-    CHECK(t.total == Approx(1.5e-3));
+    CHECK(t.total == Approx(2.0e-3));
     CHECK(t.optimizer == Approx(1.0e-3));
+    step.events = {issue(7, &a), op(0.5), wait(7)};  // a shorter op: 1.5 ms, then the wait to 2 ms
+    step.optimizer_begin = step.events.size();
+    t = predict_step_time(step, hw, nullptr, false);
+    CHECK(t.total == Approx(2.0e-3));
+    CHECK(t.exposed_comm == Approx(1.5e-3));  // the issue's 1 ms of cycles and the 0.5 ms wait
     // A calibration entry replaces the roofline, scaled by the work and the step factor.
     Calibration cal;
     cal.entries.push_back({"matmul_forward", 2e9, 0.0, 4e-3});
@@ -280,7 +265,7 @@ TEST_CASE("time model: a GEMM op's fixed cost and attention's share by head size
                                            "--set",
                                            "global_train_batch_size=16"};
     auto compute_ms = [&](const std::vector<std::string>& extra) {
-        return config_row(gpt2, extra)["predicted_compute_ms"].get<double>();
+        return test_util::config_row(gpt2, extra)["predicted_compute_ms"].get<double>();
     };
     const double at64 = compute_ms({}),
                  at128_share = compute_ms({"--set", fmt::format("plan.attention_efficiency={}", e128)}),
@@ -494,25 +479,10 @@ TEST_CASE("plan: a GPU's driver name picks its hardware entry and a GPU without 
 TEST_CASE("plan: the hardware entry's links and roofline shares can be set and move what they should") {
     // OLMo-1B under DDP with an all-reduce per micro-batch on 4 ranks of an A100 node: the link sets the
     // exposed communication, the GEMMs' share the compute.
-    const std::vector<std::string> base = {"plan",
-                                           "--config",
-                                           "configs/olmo_1b.json",
-                                           "--device",
-                                           "cuda",
-                                           "--hardware",
-                                           "a100-40gb",
-                                           "--nproc-per-node",
-                                           "4",
-                                           "--json",
-                                           "--strategy",
-                                           "ddp",
-                                           "--set",
-                                           "ddp.grad_sync_mode=micro_batch",
-                                           "--set",
-                                           "global_train_batch_size=16",
-                                           "--set",
-                                           "device_train_microbatch_size=2"};
-    auto row = [&](const std::vector<std::string>& extra) { return config_row(base, extra); };
+    const std::vector<std::string> base =
+        test_util::olmo_1b_on_4_a100s({"--strategy", "ddp", "--set", "ddp.grad_sync_mode=micro_batch", "--set",
+                                       "global_train_batch_size=16", "--set", "device_train_microbatch_size=2"});
+    auto row = [&](const std::vector<std::string>& extra) { return test_util::config_row(base, extra); };
     const Json entry = row({});
     const Json slow_link =
         row({"--set", "plan.intra_node_bandwidth_gbs=0.5", "--set", "plan.intra_node_latency_us=50"});
@@ -632,7 +602,7 @@ TEST_CASE("plan: kernels.cuda_graphs stays on the rows that can replay their mic
                                              "--set",
                                              "kernels.cuda_graphs=true",
                                              "--json"};
-    const auto rows = [&](const std::vector<std::string>& extra) { return plan_rows(graphs, extra); };
+    const auto rows = [&](const std::vector<std::string>& extra) { return test_util::plan_rows(graphs, extra); };
     int replaying = 0;
     for (const Json& row : rows({})) {
         CAPTURE(row["config"].dump());

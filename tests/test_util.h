@@ -236,4 +236,33 @@ inline void check_same_weights(const std::map<std::string, trainer::Tensor>& ref
     }
 }
 
+// `trainer plan ... --json` run with `args` then `extra`: its rows, one JSON object a line.
+inline std::vector<trainer::Json> plan_rows(std::vector<std::string> args, const std::vector<std::string>& extra) {
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto r = run_trainer(args);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    std::vector<trainer::Json> rows;
+    std::stringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) rows.push_back(trainer::Json::parse(line));
+    return rows;
+}
+
+// The row of the config as given among plan_rows(args, extra).
+inline trainer::Json config_row(const std::vector<std::string>& args, const std::vector<std::string>& extra) {
+    for (const trainer::Json& j : plan_rows(args, extra)) {
+        if (j["is_config"].get<bool>()) return j;
+    }
+    FAIL("no row of the config as given");
+    return trainer::Json();
+}
+
+// `trainer plan --json` of OLMo-1B on 4 ranks of an A100 40 GB node (NVLink), then `more`.
+inline std::vector<std::string> olmo_1b_on_4_a100s(const std::vector<std::string>& more) {
+    std::vector<std::string> args = {"plan",       "--config",  "configs/olmo_1b.json", "--device", "cuda",
+                                     "--hardware", "a100-40gb", "--nproc-per-node",     "4",        "--json"};
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+}
+
 }  // namespace test_util
