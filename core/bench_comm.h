@@ -20,7 +20,7 @@ class Backend;
 
 // One measured collective: its group ("intra" or "inter"), kind, the bytes as a dry run reports them (a
 // reduce-scatter's or all-gather's shard, an all-reduce's buffer), the group's size, and the seconds a call
-// took (the mean of back-to-back calls, averaged over the ranks).
+// took (the mean of back-to-back calls, averaged over the ranks; the fastest of three trials).
 struct CommSample {
     std::string group, kind;
     double bytes = 0.0;

@@ -9,9 +9,11 @@ roofline shares), then with the a100-40gb-pcie entry as it is (the same GPU with
 the three measurements: the bus bandwidth between the GPUs (plan.intra_node_bandwidth_gbs) to the FSDP wrap
 null row, and one factor on the entry's roofline shares (plan.gemm/attention/memory_efficiency) to the DDP
 row; the SHARD_GRAD_OP row is then a prediction, and the plan's recommendation under the fitted machine is
-compared with DDP.
+compared with DDP. With --comm-calibration, a fourth table plans the three rows on links measured by
+`trainer bench-comm` on a 4-GPU node (the machine a user has, where OLMo's machine is not recorded).
 
-Usage: scripts/plan_olmo_a100.py [--trainer build/bin/trainer]
+Usage: scripts/plan_olmo_a100.py [--trainer build/bin/trainer] [--comm-calibration links.json [--hardware H]
+       [--calibration cal.json]]
 """
 import argparse
 import json
@@ -33,10 +35,10 @@ ROWS = {
 SHARES = (0.7, 0.5, 0.8)  # the a100-40gb entry's GEMM, attention and memory-bound shares (core/step_time.cpp)
 
 
-def plan(trainer, row, link=None, scale=None, hardware="a100-40gb"):
+def plan(trainer, row, link=None, scale=None, hardware="a100-40gb", extra=()):
     args = [trainer, "plan", "--config", "configs/olmo_1b.json", "--device", "cuda", "--hardware", hardware,
             "--nproc-per-node", "4", "--json", "--set", "global_train_batch_size=256", "--set",
-            "device_train_microbatch_size=2"] + ROWS[row][1]
+            "device_train_microbatch_size=2"] + ROWS[row][1] + list(extra)
     if link is not None:
         args += ["--set", f"plan.intra_node_bandwidth_gbs={link}"]
     if scale is not None:
@@ -59,8 +61,8 @@ def bisect(f, lo, hi, target):
     return (lo * hi) ** 0.5
 
 
-def table(trainer, link=None, scale=None, hardware="a100-40gb"):
-    planned = {row: plan(trainer, row, link, scale, hardware) for row in ROWS}  # each row planned once
+def table(trainer, link=None, scale=None, hardware="a100-40gb", extra=()):
+    planned = {row: plan(trainer, row, link, scale, hardware, extra) for row in ROWS}  # each row planned once
     tps = {row: given["predicted_tokens_per_second_per_device"] for row, (given, _) in planned.items()}
     print("| row | predicted tokens/s/device | measured | predicted / measured | step ms | exposed comm ms |")
     print("|---|---|---|---|---|---|")
@@ -84,6 +86,10 @@ def table(trainer, link=None, scale=None, hardware="a100-40gb"):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trainer", default="build/bin/trainer")
+    ap.add_argument("--comm-calibration", help="also plan on the links `trainer bench-comm` measured on 4 GPUs "
+                    "(its --calibration-out), with --hardware's GPU and, where given, --calibration's op times")
+    ap.add_argument("--hardware", default="a100-40gb", help="the entry of that last table (default a100-40gb)")
+    ap.add_argument("--calibration", help="op times of `trainer bench-kernels --calibration-out` for that table")
     a = ap.parse_args()
     print("### the a100-40gb entry as it is\n")
     table(a.trainer)
@@ -99,6 +105,11 @@ def main():
           f"shares (GEMMs {SHARES[0] * scale:.3f} of the peak)\n")
     print("(fitted to the DDP and the FSDP wrap null rows; the SHARD_GRAD_OP row is predicted)\n")
     table(a.trainer, link, scale)
+    if a.comm_calibration:
+        extra = ["--comm-calibration", a.comm_calibration] + (["--calibration", a.calibration] if a.calibration else [])
+        print(f"### the {a.hardware} entry on the links measured in {a.comm_calibration}"
+              f"{', op times from ' + a.calibration if a.calibration else ''}\n")
+        table(a.trainer, hardware=a.hardware, extra=extra)
 
 
 if __name__ == "__main__":
