@@ -331,7 +331,7 @@ void note_comm_calibration_world(const CommCalibration& c, const RankEnv& env, D
                      c.path.c_str(), c.collectives.c_str(), choice_name(device), runs.c_str());
     }
     const int per_node = c.nnodes > 0 ? c.world_size / c.nnodes : 0;
-    if (c.world_size != env.world_size || per_node != env.local_world_size) {
+    if (per_node > 0 && (c.world_size != env.world_size || per_node != env.local_world_size)) {
         std::fprintf(stderr,
                      "plan: the links of %s were measured on %d node(s) x %d rank(s); this plan is for %d x %d (a "
                      "ring's bandwidth can differ with its size)\n",

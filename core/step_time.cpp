@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -193,9 +194,24 @@ CommCalibration read_comm_calibration(const std::string& path) {
     }
     CommCalibration c;
     c.path = path;
-    c.collectives = j.value("collectives", "");
-    c.world_size = j.value("world_size", 0);
-    c.nnodes = j.value("nnodes", 0);
+    // The world it was measured on (bench-comm writes them; a file written by hand may leave them out).
+    const auto count = [&](const char* key) {
+        if (!j.contains(key)) return 0;
+        if (!j[key].is_number_integer() || j[key].get<int64_t>() < 1 || j[key].get<int64_t>() > 1 << 24) {
+            user_error("comm calibration {}: {}: expected a positive integer, got {}", path, key, j[key].dump());
+        }
+        return j[key].get<int>();
+    };
+    c.world_size = count("world_size");
+    c.nnodes = count("nnodes");
+    if (j.contains("collectives")) {
+        if (!j["collectives"].is_string() ||
+            (j["collectives"].get<std::string>() != "gloo" && j["collectives"].get<std::string>() != "nccl")) {
+            user_error("comm calibration {}: collectives: expected \"gloo\" or \"nccl\", got {}", path,
+                       j["collectives"].dump());
+        }
+        c.collectives = j["collectives"].get<std::string>();
+    }
     for (const auto& [group, kinds] : j["links"].items()) {
         if (group != "intra" && group != "inter") {
             user_error("comm calibration {}: links.{}: unknown group; expected intra or inter", path, group);

@@ -111,6 +111,10 @@ TEST_CASE("bench-comm: a comm calibration file is read key by key and refused wi
              "latency_us": 3}}}})",
          "links.intra: has no all_reduce"},
         {R"({"format": "trainer-comm-calibration", "links": {}})", "links: no group measured"},
+        {R"({"format": "trainer-comm-calibration", "world_size": "2", "links": {}})",
+         "world_size: expected a positive integer, got \"2\""},
+        {R"({"format": "trainer-comm-calibration", "collectives": "mpi", "links": {}})",
+         "collectives: expected \"gloo\" or \"nccl\", got \"mpi\""},
         {R"({"format": "trainer-comm-calibration", "links": )", "not valid JSON"},
     };
     for (const auto& b : bad) {
