@@ -218,3 +218,29 @@ TEST_CASE("bench-comm: two ranks over Gloo measure their links and the plan take
     CHECK(unwritable.err.find("bench-comm --calibration-out " + dir.path("no/such/dir/links.json") +
                               ": cannot be written") != std::string::npos);
 }
+
+TEST_CASE("bench-comm: on two launcher nodes it measures each node's group and the world between them") {
+    test_util::TempDir dir;
+    const std::string out = dir.path("links.json");
+    test_util::launch_nodes(2, 2,
+                            {"bench-comm", "--config", "configs/tiny.json", "--max-size", "64MiB", "--seconds-per-size",
+                             "0.01", "--calibration-out", out},
+                            dir.path("node"));
+    const Json file = Json::parse(test_util::read_file(out));
+    CHECK(file["world_size"] == 4);
+    CHECK(file["nnodes"] == 2);
+    CHECK(file["samples"].size() == 2 * 3 * 8);  // two groups, three collectives, 4 KiB to 64 MiB
+    for (const Json& s : file["samples"]) CHECK(s["group_size"] == (s["group"] == "intra" ? 2 : 4));
+    const CommCalibration c = read_comm_calibration(out);
+    CHECK(c.intra.size() == 3);
+    CHECK(c.inter.size() == 3);
+    // The plan of the same world takes both groups' links and has nothing to say of the file.
+    const auto plan = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb",
+                                              "--nnodes", "2", "--nproc-per-node", "2", "--set",
+                                              "device_train_microbatch_size=2", "--comm-calibration", out});
+    INFO(plan.out << plan.err);
+    CHECK(plan.exit_code == 0);
+    CHECK(plan.err.find("plan: ") == std::string::npos);
+    CHECK(plan.out.find("between nodes " + fmt::format("{:.4g} GB/s", c.inter.at("all_reduce").bandwidth / 1e9)) !=
+          std::string::npos);
+}

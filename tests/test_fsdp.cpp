@@ -205,32 +205,11 @@ TEST_CASE("fsdp: HYBRID_SHARD over two launcher nodes shards within each node an
     const auto base = matrix_base(Flavour::kOlmoTied);
     const Reference ref = single_run(base, dir.path("single"));
     // Two `trainer launch` nodes of 2 ranks on this machine: replicas default to one per node.
-    const std::string port = test_util::free_port(), out = dir.path("nodes");
-    std::vector<pid_t> nodes;
-    for (int node = 0; node < 2; ++node) {
-        std::vector<std::string> argv = {test_util::trainer_binary(),
-                                         "launch",
-                                         "--nnodes",
-                                         "2",
-                                         "--node-rank",
-                                         std::to_string(node),
-                                         "--nproc-per-node",
-                                         "2",
-                                         "--master-addr",
-                                         "127.0.0.1",
-                                         "--master-port",
-                                         port,
-                                         "--"};
-        for (const auto& a : with_out(base, out)) argv.push_back(a);
-        argv.insert(argv.end(), {"--strategy", "fsdp", "--sharding-strategy", "HYBRID_SHARD", "--wrapping-strategy",
-                                 "by_block", "--set", "fsdp.precision=fp32"});
-        nodes.push_back(test_util::start_logged(argv, dir.path("node" + std::to_string(node) + ".log"),
-                                                {"TRAINER_GLOO_HOST=127.0.0.1"}));
-    }
-    for (int node = 0; node < 2; ++node) {
-        INFO(test_util::read_file_if_exists(dir.path("node" + std::to_string(node) + ".log")));
-        CHECK(test_util::wait_exit_code(nodes[node]) == 0);
-    }
+    const std::string out = dir.path("nodes");
+    std::vector<std::string> args = with_out(base, out);
+    args.insert(args.end(), {"--strategy", "fsdp", "--sharding-strategy", "HYBRID_SHARD", "--wrapping-strategy",
+                             "by_block", "--set", "fsdp.precision=fp32"});
+    test_util::launch_nodes(2, 2, args, dir.path("node"));
     test_util::check_losses(ref.losses, read_metrics(out + "/m.jsonl"));
     test_util::check_same_weights(ref.weights, exported(out + "/ck/step10", out + ".safetensors"));
     // Node 0's two ranks hold the shards; node 1's replicas write nothing.

@@ -187,6 +187,36 @@ inline RunResult launch(int nproc, const std::vector<std::string>& args) {
     return run_trainer(a);
 }
 
+// `trainer launch` as `nnodes` nodes of `nproc` ranks each on this machine (a launcher process a node, rank 0's
+// store and Gloo on loopback), every rank running `args`; node k's output goes to log_prefix + k + ".log". Checks
+// that every node exits 0, showing its log where one does not.
+inline void launch_nodes(int nnodes, int nproc, const std::vector<std::string>& args, const std::string& log_prefix) {
+    const std::string port = free_port();
+    std::vector<pid_t> nodes;
+    for (int node = 0; node < nnodes; ++node) {
+        std::vector<std::string> argv = {trainer_binary(),
+                                         "launch",
+                                         "--nnodes",
+                                         std::to_string(nnodes),
+                                         "--node-rank",
+                                         std::to_string(node),
+                                         "--nproc-per-node",
+                                         std::to_string(nproc),
+                                         "--master-addr",
+                                         "127.0.0.1",
+                                         "--master-port",
+                                         port,
+                                         "--"};
+        argv.insert(argv.end(), args.begin(), args.end());
+        nodes.push_back(
+            start_logged(argv, log_prefix + std::to_string(node) + ".log", {"TRAINER_GLOO_HOST=127.0.0.1"}));
+    }
+    for (int node = 0; node < nnodes; ++node) {
+        INFO(read_file_if_exists(log_prefix + std::to_string(node) + ".log"));
+        REQUIRE(wait_exit_code(nodes[node]) == 0);
+    }
+}
+
 // rank0.bin of a checkpoint as floats (per unit: params then the two moments, for a replicated strategy).
 inline std::vector<float> checkpoint_params(const std::string& folder) {
     const std::string bytes = read_file(folder + "/rank0.bin");
