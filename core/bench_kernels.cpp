@@ -20,6 +20,7 @@
 #include "core/step_time.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
+#include "parallel/rank_env.h"
 
 namespace trainer {
 namespace {
@@ -47,8 +48,15 @@ double time_op(Backend& backend, const std::function<void()>& f, int reps) {
 
 int run_kernel_bench(const TrainConfig& config, int reps, const std::string& calibration_out) {
     const Device device = check_device_config(config);
+    // Under a launcher every rank runs the same benchmark at the same time, each on its own GPU or its share of
+    // the cores, so the op times hold what the ranks of a node do to one another (CPU ranks sharing the cores
+    // and the memory bus); rank 0 alone prints and writes, with its node's rank count in the calibration.
+    const RankEnv env = detect_rank_env();
+    if (env.rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) {
+        user_error("rank {}: cannot silence stdout", env.rank);
+    }
     const int threads = configure_threads(config.threads);
-    auto backend_ptr = make_backend(device, backend_options(config, 0));
+    auto backend_ptr = make_backend(device, backend_options(config, env.local_rank));
     Backend& be = *backend_ptr;
     const ModelConfig& m = config.model;
     const ParamLayout layout(config);
@@ -377,11 +385,14 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
                            {"device", be.name()},
                            {"precision", choice_name(config.precision)},
                            {"threads", threads},
+                           {"ranks_per_node", env.local_world_size},
                            {"peak_flops", peak},
                            {"bandwidth", bw},
                            {"ops", calibration_ops}};
-        write_text_file(calibration_out, file.dump(1), "--calibration-out");
-        std::printf("\ncalibration written to %s (trainer plan --calibration)\n", calibration_out.c_str());
+        if (env.rank == 0) {
+            write_text_file(calibration_out, file.dump(1), "--calibration-out");
+            std::printf("\ncalibration written to %s (trainer plan --calibration)\n", calibration_out.c_str());
+        }
     }
     return 0;
 }

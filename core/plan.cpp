@@ -390,13 +390,18 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
     }
     const Calibration* cal = plan.calibration ? &*plan.calibration : nullptr;
     // CPU ranks share the node's cores: each op slows by the calibration's threads over the rank's, and again
-    // where the node's ranks hold more threads than it has cores.
+    // where the node's ranks hold more threads than it has cores, less the sharing the calibration's times already
+    // hold (bench-kernels run by several ranks at once).
     if (hw.cores > 0) {
         const int per_node = env.local_world_size;
         const int threads = config.threads > 0 ? config.threads : std::max(1, hw.cores / per_node);
         const int measured = cal != nullptr && cal->threads > 0 ? cal->threads : threads;
-        plan.slowdown =
-            static_cast<double>(measured) / threads * std::max(1.0, static_cast<double>(per_node) * threads / hw.cores);
+        const int measured_ranks = cal != nullptr ? cal->ranks_per_node : 1;
+        const auto oversubscribed = [&](int ranks, int each) {
+            return std::max(1.0, static_cast<double>(ranks) * each / hw.cores);
+        };
+        plan.slowdown = static_cast<double>(measured) / threads * oversubscribed(per_node, threads) /
+                        oversubscribed(measured_ranks, measured);
     }
     plan.device_gib = o.device_memory_gib > 0.0 ? o.device_memory_gib : hw.memory_gib;
     plan.host_gib = o.host_memory_gib;

@@ -175,6 +175,8 @@ Calibration read_calibration(const std::string& path) {
     c.peak_flops = j.value("peak_flops", 0.0);
     c.step_scale = j.value("step_scale", 1.0);
     c.threads = j.value("threads", 0);
+    c.ranks_per_node = j.value("ranks_per_node", 1);
+    if (c.ranks_per_node < 1) user_error("calibration {}: ranks_per_node: expected at least 1", path);
     for (const Json& e : j["ops"]) {
         Calibration::Entry entry{e.value("op", ""), e.value("flops", 0.0), e.value("bytes", 0.0),
                                  e.value("seconds", 0.0)};

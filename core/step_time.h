@@ -89,6 +89,7 @@ struct Calibration {
     double peak_flops = 0.0;  // the device's peak as the benchmark's MFU counted it
     double step_scale = 1.0;  // a real step's time over the sum of its ops measured alone
     int threads = 0;          // threads the ops were measured with (CPU)
+    int ranks_per_node = 1;   // ranks that measured at the same time on the node (bench-kernels under a launcher)
     std::string path;
 };
 Calibration read_calibration(const std::string& path);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/config.h"
@@ -688,4 +689,34 @@ TEST_CASE("plan: --host-memory marks the offload rows whose host state does not 
     CHECK(chosen.out.find(fmt::format("distributed_strategy auto (plan on h100-sxm, {:.1f} GiB a device): ",
                                       std::stod(device_gib))) != std::string::npos);
     CHECK(chosen.out.find("offload") != std::string::npos);
+}
+
+TEST_CASE("plan: op times measured by several ranks at once carry their sharing of the cores") {
+    // A calibration of copies alone (every op at the copy speed), measured by one rank and by 4 ranks at once with
+    // one thread each: for 4 one-thread ranks the first slows every op by the node's oversubscription, the second
+    // already holds it.
+    test_util::TempDir dir;
+    auto file = [&](int ranks) {
+        const std::string path = dir.path(fmt::format("cal_r{}.json", ranks));
+        write_text_file(path,
+                        fmt::format(R"({{"format": "trainer-calibration", "bandwidth": 1e10, "threads": 1,
+                                        "ranks_per_node": {}, "ops": []}})",
+                                    ranks),
+                        "test calibration");
+        return path;
+    };
+    const std::vector<std::string> args = {"plan",       "--config",  "configs/tiny.json",
+                                           "--strategy", "ddp",       "--nproc-per-node",
+                                           "4",          "--set",     "device_train_microbatch_size=2",
+                                           "--set",      "threads=1", "--json"};
+    const double alone = test_util::config_row(args, {"--calibration", file(1)})["predicted_compute_ms"].get<double>();
+    const double together =
+        test_util::config_row(args, {"--calibration", file(4)})["predicted_compute_ms"].get<double>();
+    const double cores = std::max(1u, std::thread::hardware_concurrency());
+    CHECK(alone / together == Approx(std::max(1.0, 4.0 / cores)).epsilon(1e-9));
+    const std::string bad = dir.path("bad.json");
+    write_text_file(bad, R"({"format": "trainer-calibration", "ranks_per_node": 0, "ops": []})", "test calibration");
+    const auto r = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--calibration", bad});
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("calibration " + bad + ": ranks_per_node: expected at least 1") != std::string::npos);
 }
