@@ -57,8 +57,10 @@ std::string size_name(double bytes) {
     return fmt::format("{:.0f} B", bytes);
 }
 
-}  // namespace
-
+// Times all_reduce, reduce_scatter and all_gather on `comm` for each of `sizes` (bytes of the whole buffer:
+// an all-reduce's, a reduce-scatter's input, an all-gather's output; rounded down to whole fp32 elements of
+// every rank's shard), over `backend`'s memory, for about `seconds_per_size` each. Every rank of the group
+// calls it alike: the repetitions are rank 0's choice, broadcast.
 std::vector<CommSample> time_collectives(Communicator& comm, Backend& backend, const std::string& group,
                                          const std::vector<size_t>& sizes, double seconds_per_size) {
     const int n = comm.size();
@@ -98,6 +100,8 @@ std::vector<CommSample> time_collectives(Communicator& comm, Backend& backend, c
     }
     return samples;
 }
+
+}  // namespace
 
 Link fit_link(const std::vector<CommSample>& samples) {
     TRAINER_CHECK(!samples.empty(), "fit_link: no samples");
@@ -150,9 +154,7 @@ int run_comm_bench(const TrainConfig& config, const CommBenchOptions& o) {
         std::fclose(f);
         std::remove(probe.c_str());
     }
-    if (env.rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) {
-        user_error("rank {}: cannot silence stdout", env.rank);  // rank 0 alone prints
-    }
+    silence_stdout_unless_rank0(env);
     (void)configure_threads(config.threads);
     auto backend = make_backend(device, backend_options(config, env.local_rank));
     World world = connect_world(config, env, device, backend.get());

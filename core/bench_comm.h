@@ -15,9 +15,6 @@
 
 namespace trainer {
 
-class Communicator;
-class Backend;
-
 // One measured collective: its group ("intra" or "inter"), kind, the bytes as a dry run reports them (a
 // reduce-scatter's or all-gather's shard, an all-reduce's buffer), the group's size, and the seconds a call
 // took (the mean of back-to-back calls, averaged over the ranks; the fastest of three trials).
@@ -27,13 +24,6 @@ struct CommSample {
     int group_size = 0;
     double seconds = 0.0;
 };
-
-// Times all_reduce, reduce_scatter and all_gather on `comm` for each of `sizes` (bytes of the whole buffer:
-// an all-reduce's, a reduce-scatter's input, an all-gather's output; rounded down to whole fp32 elements of
-// every rank's shard), over `backend`'s memory, for about `seconds_per_size` each. Every rank of the group
-// calls it alike: the repetitions are rank 0's choice, broadcast.
-std::vector<CommSample> time_collectives(Communicator& comm, Backend& backend, const std::string& group,
-                                         const std::vector<size_t>& sizes, double seconds_per_size);
 
 // The link that fits the samples of one kind and group: seconds = steps x latency + bytes / bandwidth
 // (ring_cost), least squares on the relative error (a 4 KiB call and a 64 MiB call count alike). A latency

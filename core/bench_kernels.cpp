@@ -52,9 +52,7 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     // the cores, so the op times hold what the ranks of a node do to one another (CPU ranks sharing the cores
     // and the memory bus); rank 0 alone prints and writes, with its node's rank count in the calibration.
     const RankEnv env = detect_rank_env();
-    if (env.rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) {
-        user_error("rank {}: cannot silence stdout", env.rank);
-    }
+    silence_stdout_unless_rank0(env);
     const int threads = configure_threads(config.threads);
     auto backend_ptr = make_backend(device, backend_options(config, env.local_rank));
     Backend& be = *backend_ptr;

@@ -184,9 +184,7 @@ class TrainingRun {
         env_ = detect_rank_env();
         const Device device = check_device_config(config_);
         device_ = device;
-        if (env_.rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) {
-            user_error("rank {}: cannot silence stdout", env_.rank);  // rank 0 alone logs; errors reach stderr
-        }
+        silence_stdout_unless_rank0(env_);
         // Every rank plans alike (the same config, world and op times), so every rank chooses the same.
         if (config_.distributed_strategy == DistributedStrategy::kAuto)
             config_ = choose_configuration(config_, env_, device);

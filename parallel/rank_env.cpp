@@ -2,6 +2,7 @@
 #include "parallel/rank_env.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -101,6 +102,12 @@ RankEnv detect_rank_env(const Getenv& getenv) {
 
 RankEnv detect_rank_env() {
     return detect_rank_env([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
+}
+
+void silence_stdout_unless_rank0(const RankEnv& env) {
+    if (env.rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) {
+        user_error("rank {}: cannot silence stdout", env.rank);
+    }
 }
 
 }  // namespace trainer

@@ -31,4 +31,8 @@ struct RankEnv {
 RankEnv detect_rank_env(const std::function<const char*(const char*)>& getenv);
 RankEnv detect_rank_env();
 
+// Rank 0 alone writes to stdout (what a run or a benchmark reports); the other ranks' stdout goes to /dev/null.
+// Errors still reach stderr from every rank.
+void silence_stdout_unless_rank0(const RankEnv& env);
+
 }  // namespace trainer
