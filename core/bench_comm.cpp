@@ -135,7 +135,8 @@ int run_comm_bench(const TrainConfig& config, const CommBenchOptions& o) {
             "trainer launch --nproc-per-node N -- bench-comm ... (N >= 2), mpirun or srun",
             env.launcher == "none" ? "nothing" : env.launcher);
     }
-    check_collectives_config(config, env, device);
+    check_collectives_config(config, device);
+    const int device_index = rank_device(config, env, device);
     const size_t max_bytes = o.max_bytes > 0           ? o.max_bytes
                              : device == Device::kCuda ? size_t{256} << 20
                                                        : size_t{64} << 20;
@@ -156,7 +157,7 @@ int run_comm_bench(const TrainConfig& config, const CommBenchOptions& o) {
     }
     silence_stdout_unless_rank0(env);
     (void)configure_threads(config.threads);
-    auto backend = make_backend(device, backend_options(config, env.local_rank));
+    auto backend = make_backend(device, backend_options(config, device_index));
     World world = connect_world(config, env, device, backend.get());
     const char* collectives = world.collectives == Collectives::kNccl ? "nccl" : "gloo";
 

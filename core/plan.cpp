@@ -195,6 +195,30 @@ void check_offload_host_memory(const TrainConfig& config, const RankEnv& env, De
     }
 }
 
+void check_shared_device_memory(const TrainConfig& config, const RankEnv& env, Device device, int device_index) {
+    if (device != Device::kCuda) return;
+    const int gpus = std::max(cuda_device_count(), 1);
+    // Local ranks r with r % gpus == device_index.
+    const int sharing = (env.local_world_size - 1 - device_index) / gpus + 1;
+    if (sharing < 2) return;
+    int64_t free_bytes = -1;
+    if (const char* forced = std::getenv("TRAINER_DEVICE_FREE_BYTES")) {
+        free_bytes = std::atoll(forced);
+    } else if (const auto f = cuda_free_memory(device_index)) {
+        free_bytes = static_cast<int64_t>(*f);
+    }
+    if (free_bytes < 0) return;
+    const int64_t per_rank = dry_run_step(config, env, device).total_peak, need = per_rank * sharing;
+    if (need > free_bytes) {
+        const double gib = 1024.0 * 1024.0 * 1024.0;
+        user_error(
+            "{} ranks share GPU {}: each plans a peak of {:.2f} GiB of device memory (trainer plan's dry run of this "
+            "configuration), {:.2f} GiB together, but the GPU has {:.2f} GiB free; start fewer ranks a node, use a "
+            "smaller micro-batch or model, or shard more (fsdp FULL_SHARD, activation_checkpointing)",
+            sharing, device_index, per_rank / gib, need / gib, free_bytes / gib);
+    }
+}
+
 namespace {
 
 // One configuration to dry-run: config keys and their values on top of the user's config.

@@ -68,6 +68,12 @@ int64_t cgroup_memory_left(const std::string& proc_cgroup, const std::string& sy
 // strategy allocates under the host categories, counted over a dry backend. Nothing to check without offload.
 void check_offload_host_memory(const TrainConfig& config, const RankEnv& env, Device device);
 
+// Refuses ranks that share a GPU (more ranks on this node than GPUs: distributed_backend gloo) whose planned
+// peak device memory (dry_run_step's) times the ranks on GPU `device_index` exceeds that GPU's free memory as
+// this rank finds it (TRAINER_DEVICE_FREE_BYTES replaces it in tests), naming both. Nothing to check for a rank
+// alone on its GPU, where the run itself reports running out.
+void check_shared_device_memory(const TrainConfig& config, const RankEnv& env, Device device, int device_index);
+
 // `trainer plan`: the configurations worth comparing for a config on a world of nnodes x nproc_per_node
 // ranks (the config's own, then every strategy and sharding mode with the by_block wraps, both grad_sync
 // modes where a step has several micro-batches, activation checkpointing null and whole_layer, and CPU

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -189,7 +190,9 @@ class TrainingRun {
         if (config_.distributed_strategy == DistributedStrategy::kAuto)
             config_ = choose_configuration(config_, env_, device);
         check_parallel_config(config_, env_, device);
+        device_index_ = rank_device(config_, env_, device);
         check_offload_host_memory(config_, env_, device);
+        check_shared_device_memory(config_, env_, device, device_index_);
         train_data_ = std::make_unique<TokenDataset>(config_.data.paths, parse_token_dtype(config_.data.memmap_dtype),
                                                      m_.max_sequence_length, m_.vocab_size);
         for (size_t i = 0; i < config_.evaluators.size(); ++i) {
@@ -235,7 +238,7 @@ class TrainingRun {
 
     // Backend, layout, the connected ranks and their strategy, the parameters, the model and the optimizer.
     void build() {
-        backend_ = make_backend(device_, backend_options(config_, env_.local_rank));
+        backend_ = make_backend(device_, backend_options(config_, device_index_));
         layout_ = std::make_unique<ParamLayout>(config_);
         world_ = make_world(config_, env_, device_, backend_.get(), *layout_);
         Strategy& strategy = *world_.strategy;
@@ -317,7 +320,13 @@ class TrainingRun {
         // Each rank's loss gradient is scaled so that the strategies' mean reduction yields the gradient of
         // the global-batch mean loss (world / global tokens).
         const double global_tokens = static_cast<double>(config_.global_train_batch_size) * (L - 1);
-        const float dloss_scale = static_cast<float>(world / global_tokens);
+        float dloss_scale = static_cast<float>(world / global_tokens);
+        if (const char* nan = std::getenv("TRAINER_DEBUG_NAN_GRADIENT")) {
+            // Test hook, "RANK:STEP": that rank's gradients at that step are NaN (before their reduction).
+            long r = -1, s = -1;
+            if (std::sscanf(nan, "%ld:%ld", &r, &s) == 2 && r == world_.rank() && s == step)
+                dloss_scale = std::numeric_limits<float>::quiet_NaN();
+        }
         // The device's busy and wait shares of the step, measured every utilization_interval steps (every
         // step while a trace is recorded: its device tracks come from the same window).
         const bool measure =
@@ -542,6 +551,7 @@ class TrainingRun {
     // preflight
     RankEnv env_;
     Device device_ = Device::kCpu;
+    int device_index_ = 0;  // the GPU this rank computes on (rank_device)
     std::unique_ptr<TokenDataset> train_data_;
     std::vector<std::unique_ptr<TokenDataset>> eval_data_;
     std::unique_ptr<InstanceOrder> order_;

@@ -98,6 +98,7 @@ Device check_device_config(const TrainConfig& c) {
 
 #ifndef TRAINER_HAVE_CUDA
 int cuda_device_count() { return 0; }
+std::optional<uint64_t> cuda_free_memory(int) { return std::nullopt; }
 std::optional<CudaDeviceInfo> cuda_device_info(int) { return std::nullopt; }
 #endif
 

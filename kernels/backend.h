@@ -367,6 +367,9 @@ struct CudaDeviceInfo {
     uint64_t memory_bytes = 0;
 };
 std::optional<CudaDeviceInfo> cuda_device_info(int index);
+// GPU `index`'s free memory in bytes now (cudaMemGetInfo, which opens this process's context on it); nullopt
+// where there is no such GPU (or no CUDA).
+std::optional<uint64_t> cuda_free_memory(int index);
 // kAuto -> kCuda where a GPU is present, else kCpu; the others unchanged.
 Device resolve_device(Device device);
 

@@ -6,9 +6,12 @@
 // and reductions overlap with the compute queued between issue and wait. Host buffers (a scalar norm, the
 // memory report) are staged through the device and complete before the call returns.
 //
-// Failure. The communicator is created non-blocking, so initialisation and every call can be bounded. A
-// watchdog thread polls the pending operations' events and NCCL's asynchronous error: when an operation
-// outlasts the timeout, or NCCL reports an error (a peer died, a network failure), it prints which
+// The stream, its events and the compute stream's waits are CudaCommStream's, shared with staged Gloo; only the
+// NCCL calls are here.
+//
+// Failure. The communicator is created non-blocking, so initialisation and every call can be bounded. The
+// shared watchdog (comm_stream.h) polls the pending operations' events and NCCL's asynchronous error: when an
+// operation outlasts the timeout, or NCCL reports an error (a peer died, a network failure), it prints which
 // operation on which rank, aborts the communicator (which ends its kernels, so no rank hangs on it) and
 // ends the process with exit code 1, as PyTorch's NCCL watchdog does; the launcher then names the rank.
 #include <cuda_runtime.h>
@@ -29,9 +32,8 @@
 #include "base/common.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/timeline.h"
 #include "parallel/communicator.h"
+#include "parallel/cuda_comm_stream.h"
 #include "parallel/tcp_store.h"
 
 namespace trainer {
@@ -51,28 +53,11 @@ ncclDataType_t nccl_type(CommDType t) {
     return ncclFloat32;
 }
 
-// An event shared by the handle that waits on it and the watchdog that polls it.
-struct Event {
-    cudaEvent_t e = nullptr;
-    Event() { TRAINER_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); }
-    ~Event() { cudaEventDestroy(e); }
-    Event(const Event&) = delete;
-    Event& operator=(const Event&) = delete;
-};
-
 class NcclCommunicator final : public Communicator {
    public:
     NcclCommunicator(TcpStore& store, const std::string& prefix, int rank, int size, std::chrono::milliseconds timeout,
                      Backend* backend)
-        : rank_(rank),
-          size_(size),
-          device_(cuda::backend_device(backend)),
-          timeout_(timeout),
-          compute_(cuda::backend_stream(backend)),
-          timeline_(&cuda::backend_timeline(backend)),
-          track_("nccl " + prefix) {
-        TRAINER_CUDA_CHECK(cudaSetDevice(device_));
-        TRAINER_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority_high()));
+        : rank_(rank), size_(size), timeout_(timeout), stream_(backend, "nccl " + prefix) {
         ncclUniqueId id{};
         const std::string key = prefix + "/nccl_unique_id";
         if (rank == 0) {
@@ -87,37 +72,43 @@ class NcclCommunicator final : public Communicator {
         config.blocking = 0;  // every call returns at once; completion is polled with a deadline
         check(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig");
         wait_ready("ncclCommInitRankConfig (a rank that never joins holds up the others)");
-        watchdog_ = std::thread([this] { watch(); });
+        CommWatchdog::Hooks hooks;
+        hooks.async_error = [this]() -> std::string {
+            std::lock_guard<std::mutex> lock(mutex_);
+            ncclResult_t st = ncclSuccess;
+            if (comm_ == nullptr || ncclCommGetAsyncError(comm_, &st) != ncclSuccess || st == ncclSuccess ||
+                st == ncclInProgress)
+                return "";
+            return fmt::format("{} ({})", ncclGetErrorString(st), ncclGetLastError(comm_));
+        };
+        hooks.abort = [this] {
+            failed_.store(true);
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (comm_ != nullptr) ncclCommAbort(comm_);
+            comm_ = nullptr;
+        };
+        watchdog_ = std::make_unique<CommWatchdog>(stream_, "NCCL", rank, size, timeout, std::move(hooks));
     }
     ~NcclCommunicator() override {
         // Collectives still queued (a rank leaving on an error while its peers are gone) could spin for
         // ever: wait for the stream at most the timeout, then abort them.
-        const auto drain_deadline = Clock::now() + timeout_;
-        while (cudaStreamQuery(stream_) == cudaErrorNotReady && Clock::now() < drain_deadline)
+        const bool drained = stream_.drain(timeout_);
+        watchdog_.reset();
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (comm_ == nullptr) return;
+        if (!drained) {
+            ncclCommAbort(comm_);
+            return;
+        }
+        ncclCommFinalize(comm_);
+        ncclResult_t st = ncclInProgress;
+        const auto deadline = Clock::now() + timeout_;
+        while (ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st == ncclInProgress && Clock::now() < deadline)
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            stopping_ = true;
-            if (comm_ != nullptr && cudaStreamQuery(stream_) == cudaErrorNotReady) {
-                ncclCommAbort(comm_);
-                comm_ = nullptr;
-            }
-        }
-        cv_.notify_all();
-        if (watchdog_.joinable()) watchdog_.join();
-        cudaStreamSynchronize(stream_);
-        if (comm_ != nullptr) {
-            ncclCommFinalize(comm_);
-            ncclResult_t st = ncclInProgress;
-            const auto deadline = Clock::now() + timeout_;
-            while (ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st == ncclInProgress && Clock::now() < deadline)
-                std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            if (st == ncclSuccess)
-                ncclCommDestroy(comm_);
-            else
-                ncclCommAbort(comm_);
-        }
-        cudaStreamDestroy(stream_);
+        if (st == ncclSuccess)
+            ncclCommDestroy(comm_);
+        else
+            ncclCommAbort(comm_);
     }
 
     int rank() const override { return rank_; }
@@ -150,16 +141,12 @@ class NcclCommunicator final : public Communicator {
     }
 
    private:
-    static int priority_high() {
-        int least = 0, greatest = 0;
-        cudaDeviceGetStreamPriorityRange(&least, &greatest);
-        return greatest;  // collectives first: compute waits on them, not the other way round
-    }
+    std::string op_name(const char* op) const { return comm_op_name("NCCL", op, rank_, size_); }
 
     // Fails with the NCCL error, its last message and this rank.
     void check(ncclResult_t r, const char* what) {
         if (r == ncclSuccess || r == ncclInProgress) return;
-        user_error("NCCL {} failed on rank {}/{}: {} ({})", what, rank_, size_, ncclGetErrorString(r),
+        user_error("{} failed: {} ({})", op_name(what), ncclGetErrorString(r),
                    comm_ != nullptr ? ncclGetLastError(comm_) : "");
     }
     // In non-blocking mode a call may still be in progress when it returns; the next call must wait.
@@ -176,8 +163,8 @@ class NcclCommunicator final : public Communicator {
                     ncclCommAbort(comm_);
                     comm_ = nullptr;
                 }
-                user_error("NCCL {} on rank {}/{} timed out after {:.0f} s (distributed_timeout_seconds)", what, rank_,
-                           size_, timeout_.count() / 1e3);
+                user_error("{} timed out after {:.0f} s (distributed_timeout_seconds)", op_name(what),
+                           timeout_.count() / 1e3);
             }
             std::this_thread::yield();
         }
@@ -187,28 +174,22 @@ class NcclCommunicator final : public Communicator {
     template <typename Op>
     CommHandle run(const char* name, const void* in, void* out, size_t in_count, size_t out_count, CommDType dtype,
                    Op op) {
-        if (failed_.load()) user_error("NCCL communicator on rank {}/{} was aborted after an error", rank_, size_);
-        const bool in_host = cuda::is_host_pointer(in), out_host = cuda::is_host_pointer(out);
-        TRAINER_CHECK(in_host == out_host, "NCCL {}: input and output must both be host or both device memory", name);
+        if (failed_.load()) user_error("{}: the communicator was aborted after an error", op_name(name));
+        const bool in_host = stream_.is_host(in), out_host = stream_.is_host(out);
+        TRAINER_CHECK(in_host == out_host, "{}: input and output must both be host or both device memory",
+                      op_name(name));
         const size_t esize = comm_dtype_size(dtype);
         if (in_host) return run_staged(name, in, out, in_count * esize, out_count * esize, op);
         // Device buffers: after the compute queued so far, on the communication stream.
-        auto ready = std::make_shared<Event>();
-        TRAINER_CUDA_CHECK(cudaEventRecord(ready->e, compute_));
-        TRAINER_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready->e, 0));
-        // The collective's extent on this stream for a recorded trace, the compute stream's wait for it for
-        // the step's wait time (kernels/cuda/timeline.h).
-        cudaEvent_t began = timeline_->begin(stream_, cuda::Timeline::Kind::kComm);
-        auto done = enqueue(name, op, in, out);
-        timeline_->end(began, stream_, cuda::Timeline::Kind::kComm, "comm", name,
-                       static_cast<int64_t>(std::max(in_count, out_count) * esize), track_);
-        cudaStream_t compute = compute_;
-        cuda::Timeline* timeline = timeline_;
-        return CommHandle(std::function<void()>([this, done, compute, timeline, name] {
-            if (failed_.load()) user_error("NCCL {} on rank {}/{} failed (see above)", name, rank_, size_);
-            cudaEvent_t waited = timeline->begin(compute, cuda::Timeline::Kind::kWait);
-            TRAINER_CUDA_CHECK(cudaStreamWaitEvent(compute, done->e, 0));
-            timeline->end(waited, compute, cuda::Timeline::Kind::kWait);
+        stream_.wait_for(stream_.mark_compute());
+        // The collective's extent on this stream for a recorded trace (kernels/cuda/timeline.h).
+        cudaEvent_t began = stream_.comm_begin();
+        EventRef done = enqueue(name, op, in, out);
+        stream_.comm_end(began, name, static_cast<int64_t>(std::max(in_count, out_count) * esize));
+        CudaCommStream* stream = &stream_;
+        return CommHandle(std::function<void()>([this, done, stream, name] {
+            if (failed_.load()) user_error("{} failed (see above)", op_name(name));
+            stream->compute_waits_for(done);
         }));
     }
 
@@ -217,93 +198,44 @@ class NcclCommunicator final : public Communicator {
     CommHandle run_staged(const char* name, const void* in, void* out, size_t in_bytes, size_t out_bytes, Op op) {
         // In-place operations (all_reduce, broadcast) stage one buffer; the others an input and an output.
         const bool in_place = in == out;
+        const cudaStream_t s = stream_.stream();
         void *din = nullptr, *dout = nullptr;
-        TRAINER_CUDA_CHECK(cudaMallocAsync(&din, std::max<size_t>(in_bytes, 16), stream_));
+        TRAINER_CUDA_CHECK(cudaMallocAsync(&din, std::max<size_t>(in_bytes, 16), s));
         dout = din;
-        if (!in_place) TRAINER_CUDA_CHECK(cudaMallocAsync(&dout, std::max<size_t>(out_bytes, 16), stream_));
-        TRAINER_CUDA_CHECK(cudaMemcpyAsync(din, in, in_bytes, cudaMemcpyHostToDevice, stream_));
-        auto done = enqueue(name, op, din, dout);
+        if (!in_place) TRAINER_CUDA_CHECK(cudaMallocAsync(&dout, std::max<size_t>(out_bytes, 16), s));
+        TRAINER_CUDA_CHECK(cudaMemcpyAsync(din, in, in_bytes, cudaMemcpyHostToDevice, s));
+        EventRef done = enqueue(name, op, din, dout);
         // Poll, so the watchdog's abort (timeout, dead peer) ends the wait.
-        while (cudaEventQuery(done->e) == cudaErrorNotReady) {
-            if (failed_.load()) user_error("NCCL {} on rank {}/{} failed (see above)", name, rank_, size_);
+        std::string error;
+        while (!stream_.done(done, &error)) {
+            if (failed_.load() || !error.empty()) user_error("{} failed (see above)", op_name(name));
             std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
-        TRAINER_CUDA_CHECK(cudaMemcpyAsync(out, dout, out_bytes, cudaMemcpyDeviceToHost, stream_));
-        TRAINER_CUDA_CHECK(cudaFreeAsync(din, stream_));
-        if (!in_place) TRAINER_CUDA_CHECK(cudaFreeAsync(dout, stream_));
-        TRAINER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        TRAINER_CUDA_CHECK(cudaMemcpyAsync(out, dout, out_bytes, cudaMemcpyDeviceToHost, s));
+        TRAINER_CUDA_CHECK(cudaFreeAsync(din, s));
+        if (!in_place) TRAINER_CUDA_CHECK(cudaFreeAsync(dout, s));
+        TRAINER_CUDA_CHECK(cudaStreamSynchronize(s));
         return CommHandle();
     }
 
     // Queues op(in, out) on the communication stream and returns its completion event, which the watchdog
     // tracks from now on.
     template <typename Op>
-    std::shared_ptr<Event> enqueue(const char* name, Op& op, const void* in, void* out) {
-        check(op(in, out, stream_), name);
+    EventRef enqueue(const char* name, Op& op, const void* in, void* out) {
+        check(op(in, out, stream_.stream()), name);
         wait_ready(name);
-        auto done = std::make_shared<Event>();
-        TRAINER_CUDA_CHECK(cudaEventRecord(done->e, stream_));
-        std::lock_guard<std::mutex> lock(mutex_);
-        pending_.push_back({name, done, Clock::now()});
+        EventRef done = stream_.mark();
+        watchdog_->track(name, done, Clock::now());
         return done;
     }
 
-    // The watchdog: retires finished operations; on a timeout or an asynchronous NCCL error, reports,
-    // aborts the communicator and ends the process.
-    void watch() {
-        // A new thread starts on device 0: without this, its first CUDA call would open a context on GPU 0
-        // for every rank of the node.
-        if (cudaSetDevice(device_) != cudaSuccess) (void)cudaGetLastError();
-        std::unique_lock<std::mutex> lock(mutex_);
-        while (!stopping_) {
-            cv_.wait_for(lock, std::chrono::milliseconds(100));
-            if (comm_ == nullptr) return;  // aborted by a timed-out call, which reports it
-            cudaError_t query = cudaSuccess;
-            while (!pending_.empty() && (query = cudaEventQuery(pending_.front().done->e)) == cudaSuccess)
-                pending_.pop_front();
-            std::string why;
-            ncclResult_t st = ncclSuccess;
-            if (query != cudaSuccess && query != cudaErrorNotReady) {
-                // A sticky device error (a faulting kernel) is not a late peer: report it as it is.
-                why = fmt::format("could not complete: the device reported {}", cudaGetErrorString(query));
-            } else if (ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress) {
-                why = fmt::format("failed: {} ({}); a peer rank probably died", ncclGetErrorString(st),
-                                  ncclGetLastError(comm_));
-            } else if (!pending_.empty() && Clock::now() - pending_.front().issued > timeout_) {
-                why = fmt::format(
-                    "timed out after {:.0f} s (distributed_timeout_seconds); a peer rank probably died "
-                    "or stopped issuing collectives",
-                    timeout_.count() / 1e3);
-            }
-            if (why.empty()) continue;
-            const char* op = pending_.empty() ? "communicator" : pending_.front().name;
-            std::fprintf(stderr, "error: NCCL %s on rank %d/%d %s; aborting the communicator\n", op, rank_, size_,
-                         why.c_str());
-            std::fflush(stderr);
-            failed_.store(true);
-            ncclCommAbort(comm_);
-            std::_Exit(1);  // the main thread may be blocked on the device; the launcher reports this rank
-        }
-    }
-
-    struct Pending {
-        const char* name;
-        std::shared_ptr<Event> done;
-        Clock::time_point issued;
-    };
-
-    int rank_, size_, device_;
+    int rank_, size_;
     std::chrono::milliseconds timeout_;
-    cudaStream_t compute_ = nullptr, stream_ = nullptr;
-    cuda::Timeline* timeline_;
-    std::string track_;  // its collectives' track in a trace
+    CudaCommStream stream_;
     ncclComm_t comm_ = nullptr;
-    std::mutex mutex_;
-    std::condition_variable cv_;
-    std::deque<Pending> pending_;
-    bool stopping_ = false;
+    std::mutex mutex_;  // comm_ against the watchdog's abort
     std::atomic<bool> failed_{false};
-    std::thread watchdog_;
+    std::unique_ptr<CommWatchdog> watchdog_;
 };
 
 }  // namespace

@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
 
 #include "base/common.h"
+#include "parallel/comm_stream.h"
 #include "parallel/wrap_policy.h"
 
 namespace trainer {
@@ -136,18 +138,49 @@ void check_parallel_config(const TrainConfig& c, const RankEnv& env, Device devi
             "micro-batch x accumulation steps x ranks)",
             c.global_train_batch_size, c.device_train_microbatch_size, env.world_size);
     }
-    check_collectives_config(c, env, device);
+    check_collectives_config(c, device);
 }
 
-void check_collectives_config(const TrainConfig& c, const RankEnv& env, Device device) {
+void check_collectives_config(const TrainConfig& c, Device device) {
     if (c.distributed_backend == DistributedBackend::kNccl && device != Device::kCuda) {
         user_error("distributed_backend \"nccl\" needs --device cuda (device is {}); use gloo or auto",
                    choice_name(device));
     }
-    if (c.distributed_backend == DistributedBackend::kGloo && device == Device::kCuda && env.world_size > 1) {
+}
+
+int rank_device(const TrainConfig& c, const RankEnv& env, Device device) {
+    if (device != Device::kCuda) return 0;
+    const int gpus = cuda_device_count();
+    if (gpus == 0) {
+#ifdef TRAINER_HAVE_CUDA
+        const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+        user_error("device \"cuda\": rank {} sees no CUDA device (no driver or no GPU{}); use --device cpu", env.rank,
+                   visible != nullptr ? fmt::format(", CUDA_VISIBLE_DEVICES={}", visible) : std::string());
+#else
         user_error(
-            "distributed_backend \"gloo\" carries host memory, but the device is cuda; use nccl (or auto) on GPUs");
+            "device \"cuda\"{}: this build has no CUDA (nvcc was not found when it was configured); rebuild with the "
+            "CUDA toolkit or use --device cpu",
+            c.distributed_backend == DistributedBackend::kGloo && env.world_size > 1
+                ? " with distributed_backend \"gloo\" (GPU buffers staged through host memory)"
+                : "");
+#endif
     }
+    const Collectives lib = collectives_for(c, device, env.world_size);
+    if (env.local_world_size > gpus && lib == Collectives::kNccl) {
+        user_error(
+            "{} started {} ranks on this node, which has {} GPU{}: NCCL takes one GPU a rank (it refuses two ranks "
+            "on one GPU); start at most {} rank{} a node, or set distributed_backend=gloo to share the GPUs (each "
+            "collective staged through host memory: for tests and small runs, not for speed)",
+            env.launcher, env.local_world_size, gpus, gpus == 1 ? "" : "s", gpus, gpus == 1 ? "" : "s");
+    }
+    if (env.local_world_size > gpus && env.rank == 0) {
+        std::printf(
+            "note: %d ranks a node share %d GPU%s (each rank on GPU LOCAL_RANK %% %d), their collectives over Gloo "
+            "staged through host memory\n",
+            env.local_world_size, gpus, gpus == 1 ? "" : "s", gpus);
+        std::fflush(stdout);
+    }
+    return env.local_rank % gpus;
 }
 
 World connect_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend) {
@@ -169,8 +202,15 @@ std::unique_ptr<Communicator> connect_group(World& world, Backend* backend, cons
     switch (world.collectives) {
         case Collectives::kNccl:
             return make_nccl_communicator(*world.store, prefix, rank, size, world.timeout, backend);
-        case Collectives::kGloo:
-            return make_gloo_communicator(*world.store, prefix, rank, size, world.timeout, gloo_bind_host(world.env));
+        case Collectives::kGloo: {
+            auto host =
+                make_gloo_communicator(*world.store, prefix, rank, size, world.timeout, gloo_bind_host(world.env));
+            // On a GPU: each collective's device buffers staged through pinned host memory (comm_stream.h).
+            if (backend != nullptr && backend->name() == "cuda")
+                return make_staged_communicator(std::move(host), make_cuda_comm_stream(backend), "Gloo",
+                                                world.timeout);
+            return host;
+        }
         case Collectives::kLocal:
             break;
     }
@@ -192,7 +232,8 @@ World make_dry_world(const TrainConfig& config, const RankEnv& env, Device devic
     World world;
     world.env = env;
     world.collectives = collectives_for(config, device, env.world_size);
-    const bool gloo = world.collectives == Collectives::kGloo;
+    // Gloo's reduce-scatter buffer is device memory on the CPU; staged on a GPU, it is host memory.
+    const bool gloo = world.collectives == Collectives::kGloo && device != Device::kCuda;
     // make_strategy's groups: the world and HYBRID_SHARD's replica groups span the nodes when there are
     // several; a shard group of consecutive ranks does when it is larger than a node.
     const GroupFactory make_group = [&](const std::string& prefix, int r, int n) {

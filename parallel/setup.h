@@ -29,10 +29,15 @@ struct Choices<Collectives> {
 
 // Refuses, naming the key, what this build cannot run on these ranks and this device: "single" on several
 // ranks, a bad wrap policy, HYBRID_SHARD replicas that do not divide the ranks, a global batch that is not
-// micro-batch x accumulation x ranks, NCCL without a GPU, Gloo between GPUs.
+// micro-batch x accumulation x ranks, NCCL without a GPU.
 void check_parallel_config(const TrainConfig& config, const RankEnv& env, Device device);
-// The part of it on the collectives library: NCCL without a GPU, Gloo between GPUs.
-void check_collectives_config(const TrainConfig& config, const RankEnv& env, Device device);
+// The part of it on the collectives library: NCCL without a GPU.
+void check_collectives_config(const TrainConfig& config, Device device);
+
+// The GPU this rank computes on (0 on the CPU): LOCAL_RANK modulo the node's GPUs. Several ranks share a GPU
+// only over distributed_backend gloo (staged through host memory), which rank 0 notes once; refused for NCCL
+// (one GPU a rank), and refused where no GPU is visible or the build has no CUDA.
+int rank_device(const TrainConfig& config, const RankEnv& env, Device device);
 
 // The run's ranks, connected, and the strategy over them. Members are destroyed bottom-up: the strategy
 // before the communicators it uses, those before the store they met through.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Strategy benchmark: the same model and global batch under each data-parallel strategy, on 2 ranks of
+# Strategy benchmark: the same model and global batch under each data-parallel strategy, on 2 (--nproc) ranks of
 # `trainer launch` (one thread each), plus one process with one thread as the baseline. Rows:
 #   single                       1 process, 1 thread
 #   ddp                          both grad_sync modes
@@ -15,12 +15,14 @@
 # Debian's python3-matplotlib).
 #
 # Usage: scripts/bench_strategies.sh [--config configs/cpu_bench.json] [--steps N] [--rounds R]
-#                                    [--global-batch G] [--micro-batch M] [--png FILE]
+#                                    [--global-batch G] [--micro-batch M] [--nproc N] [--png FILE] [-- FLAGS...]
+# --nproc: the ranks of the multi-rank rows (default 2); FLAGS go to every run (on GPUs: --device cuda
+# --precision amp_bf16, one GPU a rank over NCCL).
 # Runs a given binary (TRAINER_BIN, default build/bin/trainer; built by scripts/build.sh when absent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench_common.sh
-config=configs/cpu_bench.json steps=4 rounds=2 global=16 micro=2 png=strategies.png
+config=configs/cpu_bench.json steps=4 rounds=2 global=16 micro=2 png=strategies.png nproc=2 extra=()
 while (($#)); do
     case $1 in
         --config) config=$2; shift 2 ;;
@@ -28,14 +30,16 @@ while (($#)); do
         --rounds) rounds=$2; shift 2 ;;
         --global-batch) global=$2; shift 2 ;;
         --micro-batch) micro=$2; shift 2 ;;
+        --nproc) nproc=$2; shift 2 ;;
         --png) png=$2; shift 2 ;;
+        --) shift; extra=("$@"); break ;;
         *) echo "error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
     esac
 done
 bench_setup  # $trainer (TRAINER_BIN, default build/bin/trainer), data/bench_tokens.bin, and $tmp (removed on exit)
 
 common=(--config "$config" --data data/bench_tokens.bin --max-duration "$steps" --set console_log_interval=1000
-    --set "global_train_batch_size=$global" --set "device_train_microbatch_size=$micro")
+    --set "global_train_batch_size=$global" --set "device_train_microbatch_size=$micro" "${extra[@]}")
 names=() knobs=()
 add() { names+=("$1"); knobs+=("$2"); }
 add single "1 process, 1 thread"
@@ -67,7 +71,7 @@ for ((r = 1; r <= rounds; r++)); do
             "$trainer" "${common[@]}" $(flags "$name") --metrics-file "$out" >"$tmp/$name.$r.log" 2>&1
         else
             port=$((port + 1))
-            "$trainer" launch --nproc-per-node 2 --master-port "$port" -- "${common[@]}" $(flags "$name") \
+            "$trainer" launch --nproc-per-node "$nproc" --master-port "$port" -- "${common[@]}" $(flags "$name") \
                 --metrics-file "$out" >"$tmp/$name.$r.log" 2>&1
         fi || { cat "$tmp/$name.$r.log" >&2; exit 1; }
         echo "round $r/$rounds: $name done" >&2
@@ -76,9 +80,9 @@ done
 
 printf '%s\n' "${names[@]}" >"$tmp/names"
 printf '%s\n' "${knobs[@]}" >"$tmp/knobs"
-python3 - "$tmp" "$rounds" "$config" "$global" "$micro" <<'EOF'
+python3 - "$tmp" "$rounds" "$config" "$global" "$micro" "$nproc" <<'EOF'
 import json, sys
-tmp, rounds, config, global_batch, micro = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+tmp, rounds, config, global_batch, micro, nproc = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
 names = open(f"{tmp}/names").read().split("\n")[:-1]
 knobs = open(f"{tmp}/knobs").read().split("\n")[:-1]
 def summary(name, r):
@@ -94,7 +98,7 @@ for name in names:
                       wait=mean("mean_comm_wait_ms"), mem=s[-1]["peak_memory_bytes_per_rank"][0])
 ddp = rows["ddp_batch"]["tps"]
 mib = lambda b: f"{b / 2**20:.0f}"
-print(f"{config}, global batch {global_batch}, micro-batch {micro}, 2 ranks x 1 thread (single: 1 process x 1 thread), "
+print(f"{config}, global batch {global_batch}, micro-batch {micro}, {nproc} ranks x 1 thread (single: 1 process x 1 thread), "
       f"mean of {rounds} rounds\n")
 print("| strategy | tokens/s/device | vs DDP | MFU | step ms | comm wait ms | params | grads | optimizer | gathered | "
       "activations | comm | total | resident |")

@@ -41,6 +41,15 @@
 #   comm      on a node of 2 or more GPUs: trainer bench-comm over NCCL on all of them (the links, fitted per
 #             collective), then OLMo-1B's plan for that world on the hardware entry's links and on the measured
 #             ones; on one GPU it says so and runs nothing (NCCL takes one GPU a rank)
+#   ranks     several ranks on this one GPU over staged Gloo (distributed_backend gloo): gpu_tests' [ranks] cases (every
+#             strategy on 2 and 4 ranks against the single process, HYBRID_SHARD 2 x 2, amp_bf16 repeatability, prefetch,
+#             offload, checkpoints across world sizes and devices, SIGTERM, a non-finite gradient, the refusals, the
+#             trace's overlap), the one-rank NCCL cases (the CUDA communication code NCCL shares), then
+#             compute-sanitizer memcheck, racecheck and synccheck over a 2-rank FULL_SHARD by_block run, each rank
+#             under the tool
+#   multigpu  on a node of 2 or more GPUs, NCCL with one GPU a rank: gpu_tests' [multigpu] parity cases, the comm
+#             stage, and scripts/bench_strategies.sh at OLMo-1B on all the GPUs; on one GPU it says so and runs
+#             nothing
 #   profile   ncu of our flash forward and backward kernels (on an H100 the wgmma ones, attention_flash_sm90a.cu, the
 #             backward's dK/dV and dQ launches each)
 #             at OLMo-1B micro-batch 4 and GPT-2 micro-batch 16: speed of light, the pipes, occupancy and the
@@ -59,7 +68,7 @@ done
 stages=("$@")
 ((${#stages[@]})) || stages=(tests kernels bench)
 for s in "${stages[@]}"; do
-    case $s in first | throughput | tests | memcheck | race | kernels | bench | strategies | storage | memory | plan | hf | comm | profile) ;;
+    case $s in first | throughput | tests | memcheck | race | kernels | bench | strategies | storage | memory | plan | hf | comm | ranks | multigpu | profile) ;;
         *) echo "error: unknown stage $s (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -103,15 +112,34 @@ train() {
         --set device_train_microbatch_size="$micro" --set global_train_batch_size="$micro" \
         --metrics-file "$logs/$name.jsonl" "$@" && summarize "$logs/$name.jsonl" | tee -a "$summary"
 }
+# Two ranks of a tiny FULL_SHARD by_block run sharing GPU 0 over staged Gloo, each under compute-sanitizer's tool $1
+# (torchrun's environment, one sanitizer process a rank); notes each rank's summary line.
+sanitize_ranks() {
+    local tool=$1 port=$((29500 + RANDOM % 400)) pids=() r
+    for r in 0 1; do
+        RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+            timeout 280 compute-sanitizer --tool "$tool" "$trainer" --config configs/tiny.json \
+            --data tests/fixtures/olmo_tiny_tokens.u16 --device cuda --strategy fsdp --wrapping-strategy by_block \
+            --set distributed_backend=gloo --set device_train_microbatch_size=2 --max-duration 3 \
+            >"$logs/sanitize_${tool}_rank$r.log" 2>&1 &
+        pids+=($!)
+    done
+    for r in 0 1; do
+        wait "${pids[$r]}"
+        note "sanitize $tool rank $r: exit $? $(grep -E "(ERROR|RACECHECK) SUMMARY" "$logs/sanitize_${tool}_rank$r.log" | tail -1)"
+    done
+}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | tee -a "$summary"
 bench_tokens "$trainer"
 
-# `first` is gpu_tests, then the kernels stage; `tests` is gpu_tests, then memcheck.
+# `first` is gpu_tests, then the kernels stage; `tests` is gpu_tests, then memcheck; `multigpu` runs comm too.
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 expanded=()
 for s in "${stages[@]}"; do
     case $s in
         first) expanded+=(gpu_tests kernels) ;;
         tests) expanded+=(gpu_tests memcheck) ;;
+        multigpu) if ((gpus < 2)); then expanded+=(multigpu); else expanded+=(multigpu comm strategies_nccl); fi ;;
         *) expanded+=("$s") ;;
     esac
 done
@@ -123,7 +151,7 @@ for s in "${expanded[@]}"; do
             step gpu_tests_flash 150 "$gpu_tests" --durations yes "*flash*"
             grep -E "^test cases|^assertions|All tests passed|FAILED" "$logs/gpu_tests_flash.log" | tail -4 |
                 tee -a "$summary"
-            step gpu_tests 200 "$gpu_tests" --durations yes "~*flash*"
+            step gpu_tests 200 "$gpu_tests" --durations yes "~*flash*" "~[ranks]" "~[multigpu]"
             grep -E "^test cases|^assertions|All tests passed|FAILED" "$logs/gpu_tests.log" | tail -4 | tee -a "$summary"
             ;;
         throughput)
@@ -173,8 +201,31 @@ for s in "${expanded[@]}"; do
             train fsdp_no_shard configs/olmo_1b.json 4 10 --precision amp_bf16 --strategy fsdp --sharding-strategy NO_SHARD
             train ddp configs/olmo_1b.json 4 10 --precision amp_bf16 --strategy ddp
             ;;
+        ranks)
+            step gpu_tests_ranks 330 "$gpu_tests" --durations yes "[ranks]"
+            grep -E "^test cases|^assertions|All tests passed|FAILED" "$logs/gpu_tests_ranks.log" | tail -4 | tee -a "$summary"
+            grep -E " s: gpu ranks" "$logs/gpu_tests_ranks.log" | tee -a "$summary"
+            step gpu_tests_nccl_one_rank 150 "$gpu_tests" "*one-rank NCCL*,*cpu offload*"
+            grep -E "^test cases|^assertions|All tests passed|FAILED" "$logs/gpu_tests_nccl_one_rank.log" | tail -4 |
+                tee -a "$summary"
+            for tool in memcheck racecheck synccheck; do sanitize_ranks "$tool"; done
+            ;;
+        multigpu)
+            if ((gpus < 2)); then
+                note "multigpu: $gpus GPU here; NCCL takes one GPU a rank and the [multigpu] cases need 2: not run (the ranks stage runs several ranks on one GPU over staged Gloo)"
+            else
+                step gpu_tests_multigpu 300 "$gpu_tests" --require-gpus 2 --durations yes "[multigpu]"
+                grep -E "^test cases|^assertions|All tests passed|FAILED" "$logs/gpu_tests_multigpu.log" | tail -4 |
+                    tee -a "$summary"
+            fi
+            ;;
+        strategies_nccl)
+            TRAINER_BIN=$trainer step strategies_nccl 540 bash scripts/bench_strategies.sh --config configs/olmo_1b.json \
+                --steps 10 --rounds 1 --global-batch $((4 * gpus)) --micro-batch 4 --nproc "$gpus" \
+                --png "$logs/strategies_nccl.png" -- --device cuda --precision amp_bf16
+            grep -E "^\|" "$logs/strategies_nccl.log" | tee -a "$summary"
+            ;;
         comm)
-            gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
             if ((gpus < 2)); then
                 note "comm: $gpus GPU here; bench-comm over NCCL needs a GPU a rank and at least 2 ranks: not run"
             else

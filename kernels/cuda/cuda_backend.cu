@@ -62,6 +62,16 @@ std::optional<CudaDeviceInfo> cuda_device_info(int index) {
     return CudaDeviceInfo{p.name, static_cast<uint64_t>(p.totalGlobalMem)};
 }
 
+std::optional<uint64_t> cuda_free_memory(int index) {
+    if (index < 0 || index >= cuda_device_count()) return std::nullopt;
+    size_t free_bytes = 0, total = 0;
+    if (cudaSetDevice(index) != cudaSuccess || cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return std::nullopt;
+    }
+    return static_cast<uint64_t>(free_bytes);
+}
+
 namespace cuda {
 namespace {
 

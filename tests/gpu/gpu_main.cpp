@@ -1,15 +1,30 @@
-// The GPU tests' Catch2 main: CTest's skip code (77) where no GPU is usable, so a CPU machine reports the
-// suite as skipped, not passed (Catch2 v2 has no SKIP).
+// The GPU tests' Catch2 main: CTest's skip code (77) where no GPU is usable, or fewer than `--require-gpus N`
+// (the [multigpu] cases' entry), so a machine without them reports those cases as skipped, not passed (Catch2
+// v2 has no SKIP).
 #define CATCH_CONFIG_RUNNER
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "kernels/backend.h"
 
 int main(int argc, char** argv) {
-    if (trainer::cuda_device_count() == 0) {
-        std::printf("no CUDA device: GPU tests skipped\n");
+    int need = 1;
+    std::vector<char*> args;
+    for (int i = 0; i < argc; ++i) {
+        if (std::strcmp(argv[i], "--require-gpus") == 0 && i + 1 < argc) {
+            need = std::max(1, std::atoi(argv[++i]));
+            continue;
+        }
+        args.push_back(argv[i]);
+    }
+    const int have = trainer::cuda_device_count();
+    if (have < need) {
+        std::printf("%d CUDA device(s), %d needed: GPU tests skipped\n", have, need);
         return 77;
     }
-    return Catch::Session().run(argc, argv);
+    return Catch::Session().run(static_cast<int>(args.size()), args.data());
 }

@@ -1,7 +1,8 @@
 // GPU tests above the kernels (each kernel against the CPU is in test_gpu_kernels.cpp): the full model
 // against the PyTorch fixtures, 20 training steps against the CPU backend, every strategy over a one-rank NCCL
-// communicator, two ranks on two GPUs where a machine has them, CPU offload against the resident run, bench-kernels'
-// bf16 Linear ceiling, and the utilisation metrics and device tracks of a trace.
+// communicator, two ranks on two GPUs ([multigpu]; ranks sharing one GPU are test_gpu_ranks.cpp's), CPU offload
+// against the resident run, bench-kernels' bf16 Linear ceiling, and the utilisation metrics and device tracks of a
+// trace.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -217,11 +218,8 @@ TEST_CASE("gpu: distributed_strategy auto plans for this GPU's hardware entry an
         CHECK(r.err.find("plan: no hardware entry for this node's " + gpu->name) != std::string::npos);
 }
 
-TEST_CASE("gpu: two ranks on two GPUs (DDP and FULL_SHARD over NCCL) match one GPU") {
-    if (cuda_device_count() < 2) {
-        WARN("fewer than two GPUs: the two-rank NCCL test did not run");
-        return;
-    }
+TEST_CASE("gpu multigpu: two ranks on two GPUs (DDP and FULL_SHARD over NCCL) match one GPU", "[multigpu]") {
+    REQUIRE(cuda_device_count() >= 2);  // gpu_main's --require-gpus 2 reports skipped before this
     test_util::TempDir dir;
     const auto single = train(dir.path("single.jsonl"), {"--device", "cuda"});
     int k = 0;
