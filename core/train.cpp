@@ -9,9 +9,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <limits>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>

@@ -1,12 +1,11 @@
 // The CUDA CommStream (see cuda_comm_stream.h).
-#include "parallel/cuda_comm_stream.h"
-
 #include <chrono>
 #include <thread>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/timeline.h"
+#include "parallel/cuda_comm_stream.h"
 
 namespace trainer {
 namespace {

@@ -207,8 +207,7 @@ std::unique_ptr<Communicator> connect_group(World& world, Backend* backend, cons
                 make_gloo_communicator(*world.store, prefix, rank, size, world.timeout, gloo_bind_host(world.env));
             // On a GPU: each collective's device buffers staged through pinned host memory (comm_stream.h).
             if (backend != nullptr && backend->name() == "cuda")
-                return make_staged_communicator(std::move(host), make_cuda_comm_stream(backend), "Gloo",
-                                                world.timeout);
+                return make_staged_communicator(std::move(host), make_cuda_comm_stream(backend), "Gloo", world.timeout);
             return host;
         }
         case Collectives::kLocal:

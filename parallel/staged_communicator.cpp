@@ -56,8 +56,9 @@ class StagedCommunicator final : public Communicator {
         const size_t bytes = count * comm_dtype_size(dtype);
         // The host collective runs in place on the staged input; this rank's block goes back.
         const size_t mine = static_cast<size_t>(rank()) * bytes;
-        return submit("reduce_scatter", in, out, bytes * size(), bytes, Result::kInPlace,
-                      [=](void* i, void* o) { return host_->reduce_scatter(i, o, count, dtype); }, mine);
+        return submit(
+            "reduce_scatter", in, out, bytes * size(), bytes, Result::kInPlace,
+            [=](void* i, void* o) { return host_->reduce_scatter(i, o, count, dtype); }, mine);
     }
     CommHandle all_gather(const void* in, void* out, size_t count, CommDType dtype) override {
         const size_t bytes = count * comm_dtype_size(dtype);
@@ -87,7 +88,7 @@ class StagedCommunicator final : public Communicator {
         void* out;
         size_t in_bytes, out_bytes, result_offset;
         Result result;
-        bool staged;    // device buffers
+        bool staged;     // device buffers
         EventRef ready;  // the compute stream at the call
         HostOp op;
         std::promise<EventRef> done;  // the copy back's event (null: host buffers, nothing to wait for)

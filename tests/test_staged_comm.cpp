@@ -40,8 +40,7 @@ void run_staged_ranks(int world, std::chrono::milliseconds timeout,
                 TcpStore store("127.0.0.1", server.port(), timeout);
                 {
                     auto comm = make_staged_communicator(make_gloo_communicator(store, "staged", r, world, timeout),
-                                                         std::make_unique<EmulatedCommStream>(device), "Gloo",
-                                                         timeout);
+                                                         std::make_unique<EmulatedCommStream>(device), "Gloo", timeout);
                     fn(r, device, *comm);
                 }
                 RANK_EXPECT(device.pinned_live == 0, "the staging buffer outlived its communicator");
@@ -108,7 +107,8 @@ TEST_CASE("staged comm: collectives on device buffers follow the compute before 
             // Each staged collective copied down and up once; the compute stream waited on each; the host one
             // was not staged. The staging buffer grew to the largest operation (the all-gather's input and
             // output), no further.
-            RANK_EXPECT(dev.copies_down == 5 && dev.copies_up == 5, "copies " << dev.copies_down << " " << dev.copies_up);
+            RANK_EXPECT(dev.copies_down == 5 && dev.copies_up == 5,
+                        "copies " << dev.copies_down << " " << dev.copies_up);
             RANK_EXPECT(dev.compute_waits == 5, "compute waits " << dev.compute_waits);
             RANK_EXPECT(dev.pinned_live == static_cast<long>(n * (world + 1) * sizeof(float)),
                         "staging bytes " << dev.pinned_live);

@@ -34,27 +34,21 @@ Args operator+(Args a, const Args& b) {
 // The tiny config on the fixture tokens, 20 steps of micro-batch 2 (global batch 8: accumulation 4, 2 and 1 on
 // 1, 2 and 4 ranks) on `device`.
 Args tiny(const std::string& metrics, const Args& extra, long steps = 20, const std::string& device = "cuda") {
-    return Args{"--config",
-                "configs/tiny.json",
-                "--data",
-                fixture("olmo_tiny_tokens.u16"),
-                "--max-duration",
-                std::to_string(steps),
-                "--metrics-file",
-                metrics,
-                "--device",
-                device,
-                "--set",
-                "console_log_interval=10",
-                "--set",
-                "device_train_microbatch_size=2"} +
+    return Args{"--config",       "configs/tiny.json",
+                "--data",         fixture("olmo_tiny_tokens.u16"),
+                "--max-duration", std::to_string(steps),
+                "--metrics-file", metrics,
+                "--device",       device,
+                "--set",          "console_log_interval=10",
+                "--set",          "device_train_microbatch_size=2"} +
            extra;
 }
 
 // `trainer launch --nproc-per-node n -- args` on a fresh port, with extra environment.
 test_util::RunResult launch(int n, const Args& args, const Args& env = {}) {
     return test_util::run_trainer(
-        Args{"launch", "--nproc-per-node", std::to_string(n), "--master-port", test_util::free_port(), "--"} + args, env);
+        Args{"launch", "--nproc-per-node", std::to_string(n), "--master-port", test_util::free_port(), "--"} + args,
+        env);
 }
 
 std::vector<Json> ran(const test_util::RunResult& r, const std::string& metrics) {
@@ -129,7 +123,8 @@ TEST_CASE("gpu ranks: amp_bf16 on 4 ranks stays within bf16's tolerance and repe
     for (const Args& s : {Args{"--strategy", "fsdp", "--wrapping-strategy", "by_block"}, Args{"--strategy", "ddp"}}) {
         CAPTURE(s);
         const Args args = s + amp + Args{"--set", "distributed_backend=gloo"};
-        const std::string a = dir.path("a" + std::to_string(k) + ".jsonl"), b = dir.path("b" + std::to_string(k) + ".jsonl");
+        const std::string a = dir.path("a" + std::to_string(k) + ".jsonl"),
+                          b = dir.path("b" + std::to_string(k) + ".jsonl");
         ++k;
         const auto first = ran(launch(4, tiny(a, args)), a);
         test_util::check_losses(ref, first, 0, 2e-2);
@@ -162,10 +157,9 @@ TEST_CASE("gpu ranks: a FULL_SHARD checkpoint of 4 GPU ranks resumes on one CPU 
     test_util::TempDir dir;
     const std::string folder = dir.path("ckpt"), m = dir.path("full.jsonl");
     const Args gloo = {"--set", "distributed_backend=gloo"};
-    const auto full = ran(launch(4, tiny(m,
-                                         Args{"--strategy", "fsdp", "--wrapping-strategy", "by_block", "--save-folder",
-                                              folder, "--set", "save_interval=10"} +
-                                             kFp32 + gloo)),
+    const auto full = ran(launch(4, tiny(m, Args{"--strategy", "fsdp", "--wrapping-strategy", "by_block",
+                                                 "--save-folder", folder, "--set", "save_interval=10"} +
+                                                kFp32 + gloo)),
                           m);
     REQUIRE(full.size() == 20);
     // One CPU process: the shards gathered from the files the GPU ranks wrote; the CPU's kernels from step 11.
@@ -181,18 +175,23 @@ TEST_CASE("gpu ranks: a FULL_SHARD checkpoint of 4 GPU ranks resumes on one CPU 
 
 TEST_CASE("gpu ranks: SIGTERM to trainer launch with 2 GPU ranks saves, exits 143 and resumes bitwise", "[ranks]") {
     test_util::TempDir dir;
-    const Args train = {"--strategy", "fsdp", "--wrapping-strategy", "by_block", "--set", "distributed_backend=gloo",
-                        "--set",      "console_log_interval=100"};
+    const Args train = {"--strategy",
+                        "fsdp",
+                        "--wrapping-strategy",
+                        "by_block",
+                        "--set",
+                        "distributed_backend=gloo",
+                        "--set",
+                        "console_log_interval=100"};
     const long steps = 600;
     const std::string ref_m = dir.path("ref.jsonl");
     const auto ref = ran(launch(2, tiny(ref_m, train, steps)), ref_m);
     REQUIRE(ref.size() == static_cast<size_t>(steps));
     const std::string folder = dir.path("ckpt"), m = dir.path("m.jsonl"), log = dir.path("log.txt");
-    const pid_t launcher = test_util::start_logged(
-        Args{test_util::trainer_binary(), "launch", "--nproc-per-node", "2", "--master-port", test_util::free_port(),
-             "--"} +
-            tiny(m, train + Args{"--save-folder", folder}, steps),
-        log);
+    const pid_t launcher = test_util::start_logged(Args{test_util::trainer_binary(), "launch", "--nproc-per-node", "2",
+                                                        "--master-port", test_util::free_port(), "--"} +
+                                                       tiny(m, train + Args{"--save-folder", folder}, steps),
+                                                   log);
     const auto t0 = std::chrono::steady_clock::now();
     while (test_util::read_file_if_exists(m).find("\"step\":3") == std::string::npos &&
            std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
@@ -205,9 +204,9 @@ TEST_CASE("gpu ranks: SIGTERM to trainer launch with 2 GPU ranks saves, exits 14
     REQUIRE(stopped_at.has_value());
     REQUIRE(*stopped_at < steps);
     const std::string resumed = dir.path("resumed.jsonl");
-    const auto rest =
-        ran(launch(2, tiny(resumed, train + Args{"--save-folder", folder, "--set", "try_load_latest_save=true"}, steps)),
-            resumed);
+    const auto rest = ran(
+        launch(2, tiny(resumed, train + Args{"--save-folder", folder, "--set", "try_load_latest_save=true"}, steps)),
+        resumed);
     test_util::check_losses(ref, rest, static_cast<size_t>(*stopped_at), 0.0);
 }
 
@@ -238,10 +237,10 @@ TEST_CASE("gpu ranks: more ranks than GPUs over NCCL, and ranks that do not fit 
     CHECK_THAT(nccl.err, Contains("NCCL takes one GPU a rank"));
     CHECK_THAT(nccl.err, !Contains("Duplicate GPU"));
     // The plan's peak of OLMo-1B at micro-batch 16 on one GPU, twice (the real free memory).
-    const auto big = launch(2 * gpus, {"--config", "configs/olmo_1b.json", "--data", fixture("olmo_tiny_tokens.u16"),
-                                       "--device", "cuda", "--strategy", "ddp", "--precision", "amp_bf16", "--set",
-                                       "distributed_backend=gloo", "--set", "device_train_microbatch_size=16", "--set",
-                                       "global_train_batch_size=" + std::to_string(32 * gpus)});
+    const auto big = launch(
+        2 * gpus, {"--config", "configs/olmo_1b.json", "--data", fixture("olmo_tiny_tokens.u16"), "--device", "cuda",
+                   "--strategy", "ddp", "--precision", "amp_bf16", "--set", "distributed_backend=gloo", "--set",
+                   "device_train_microbatch_size=16", "--set", "global_train_batch_size=" + std::to_string(32 * gpus)});
     INFO(big.out << big.err);
     CHECK(big.exit_code != 0);
     CHECK_THAT(big.err, Contains("2 ranks share GPU 0: each plans a peak of"));
@@ -251,11 +250,11 @@ TEST_CASE("gpu ranks: a traced 2-rank FULL_SHARD run gathers each unit while the
     test_util::TempDir dir;
     const std::string trace = dir.path("trace.json");
     // Blocks wide enough that a gather outlasts the launch of the previous unit's kernels.
-    const auto r = launch(2, tiny(dir.path("m.jsonl"),
-                                  {"--strategy", "fsdp", "--wrapping-strategy", "by_block", "--set",
-                                   "distributed_backend=gloo", "--set", "model.d_model=512", "--set", "model.n_layers=4",
-                                   "--trace-file", trace},
-                                  3));
+    const auto r =
+        launch(2, tiny(dir.path("m.jsonl"),
+                       {"--strategy", "fsdp", "--wrapping-strategy", "by_block", "--set", "distributed_backend=gloo",
+                        "--set", "model.d_model=512", "--set", "model.n_layers=4", "--trace-file", trace},
+                       3));
     INFO(r.out << r.err);
     REQUIRE(r.exit_code == 0);
     const Json all = Json::parse(test_util::read_file(dir.path("trace.rank0.json")));
