@@ -6,12 +6,12 @@
 
 namespace trainer {
 
-BackendOptions backend_options(const TrainConfig& c, int local_rank) {
+BackendOptions backend_options(const TrainConfig& c, int device_index) {
     BackendOptions o;
     o.bf16_matmuls = c.precision == Precision::kAmpBf16;
     o.bf16_operands = o.bf16_matmuls && c.kernels_bf16_activations;
     o.attention = resolve_attention(c, resolve_device(c.device));
-    o.device_index = local_rank;
+    o.device_index = device_index;
     o.classifier_one_read = c.kernels_classifier_one_read;
     return o;
 }

@@ -348,8 +348,9 @@ struct BackendOptions {
     bool classifier_one_read = false;  // kernels.classifier_one_read: a logits row read from device memory once
 };
 
-// How the config asks the backend to compute (precision, attention kernels), on GPU `local_rank`.
-BackendOptions backend_options(const TrainConfig& config, int local_rank);
+// How the config asks the backend to compute (precision, attention kernels), on GPU `device_index`
+// (parallel/setup.h's rank_device).
+BackendOptions backend_options(const TrainConfig& config, int device_index);
 
 // The attention kernels a config runs on `device`: kernels.attention, with auto resolved to the fast path
 // (cuDNN's in amp_bf16 on CUDA, where cuDNN runs the shape) or the native kernels.

@@ -5,7 +5,8 @@
 // same collective at the same time. Each has the communicator's timeout; a timeout or a dead peer makes
 // wait() throw a UserError naming the operation and `rank r/W`. Reductions are sums. Buffers are host
 // memory for the Gloo communicator; device memory for NCCL (host buffers too, staged through the device
-// synchronously); they must stay valid until wait().
+// synchronously) and for Gloo on a GPU (staged through pinned host memory, comm_stream.h; host buffers too,
+// unstaged); they must stay valid until wait().
 #pragma once
 
 #include <chrono>
@@ -29,7 +30,8 @@ size_t comm_dtype_size(CommDType t);
 
 // A queued collective. wait() returns once the result may be used by what the caller does next and
 // rethrows the collective's error: on the host communicators (Gloo) it blocks until the collective is
-// done; on NCCL it orders the compute stream after the collective (the host does not block).
+// done; on NCCL it orders the compute stream after the collective (the host does not block); on staged Gloo
+// it blocks until Gloo is done and orders the compute stream after the copy back.
 class CommHandle {
    public:
     CommHandle() = default;

@@ -10,7 +10,8 @@
 # minute, `throughput tests` 3.5, `strategies plan` 1, `memory` 3.2.
 #
 # Stages (default: tests kernels bench):
-#   first       gpu_tests (every case, no sanitizer; our flash attention's cases first, in a process of their own),
+#   first       gpu_tests (every case but [ranks] and [multigpu], no sanitizer; our flash attention's cases first, in a
+#               process of their own),
 #               then the kernels stage: what the code written without a GPU does there, and our flash attention
 #               against cuDNN's
 #   throughput  scripts/bench_gpu.sh on GPT-2 124M and OLMo-1B micro-batch 4: the trainer as configured and with

@@ -17,9 +17,9 @@
 
 namespace test_util {
 
-// Runs fn(rank, comm) on `world` threads joined through one store; rethrows the first failure.
-inline void run_ranks(int world, const std::function<void(int, trainer::Communicator&)>& fn,
-                      std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+// Runs fn(rank, store) on `world` threads, each with its own client of one store; rethrows the first failure.
+inline void run_rank_threads(int world, std::chrono::milliseconds timeout,
+                             const std::function<void(int, trainer::TcpStore&)>& fn) {
     trainer::TcpStoreServer server(0);
     std::vector<std::thread> threads;
     std::vector<std::exception_ptr> errors(world);
@@ -28,8 +28,7 @@ inline void run_ranks(int world, const std::function<void(int, trainer::Communic
         threads.emplace_back([&, r] {
             try {
                 trainer::TcpStore store("127.0.0.1", server.port(), timeout);
-                auto comm = trainer::make_gloo_communicator(store, "test", r, world, timeout);
-                fn(r, *comm);
+                fn(r, store);
                 ++completed;
             } catch (...) {
                 errors[r] = std::current_exception();
@@ -41,6 +40,15 @@ inline void run_ranks(int world, const std::function<void(int, trainer::Communic
         if (e) std::rethrow_exception(e);
     }
     REQUIRE(completed == world);  // every rank ran its checks to the end
+}
+
+// Runs fn(rank, comm) on `world` threads joined through one store, each with a Gloo communicator.
+inline void run_ranks(int world, const std::function<void(int, trainer::Communicator&)>& fn,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+    run_rank_threads(world, timeout, [&](int r, trainer::TcpStore& store) {
+        auto comm = trainer::make_gloo_communicator(store, "test", r, world, timeout);
+        fn(r, *comm);
+    });
 }
 
 // Catch2's assertions are not thread-safe: rank threads report mismatches by throwing, and run_ranks

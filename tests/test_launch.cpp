@@ -14,6 +14,7 @@
 
 #include "base/stop.h"
 #include "core/checkpoint.h"
+#include "kernels/backend.h"
 #include "test_util.h"
 
 using Catch::Matchers::Contains;
@@ -38,6 +39,30 @@ TEST_CASE("launch: a failing rank is named and the others are stopped") {
     const auto bad = run_trainer({"launch", "--nproc-per-node", "0", "--", "peak-flops"});
     CHECK(bad.exit_code == 1);
     CHECK_THAT(bad.err, Contains("--nproc-per-node: 0"));
+}
+
+TEST_CASE("launch: GPU ranks over Gloo without a usable GPU are refused by every rank before any work") {
+    test_util::TempDir dir;
+    const std::string metrics = dir.path("m.jsonl"), folder = dir.path("ckpt");
+    const auto r = test_util::launch(
+        2, {"--config", "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"), "--device", "cuda",
+            "--strategy", "ddp", "--set", "distributed_backend=gloo", "--set", "device_train_microbatch_size=2",
+            "--max-duration", "2", "--metrics-file", metrics, "--save-folder", folder});
+    INFO(r.out << r.err);
+    if (trainer::cuda_device_count() > 0) {  // a GPU machine: the same command trains
+        CHECK(r.exit_code == 0);
+        return;
+    }
+#ifdef TRAINER_HAVE_CUDA
+    const std::string why = "sees no CUDA device";
+#else
+    const std::string why = "this build has no CUDA";
+#endif
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.err, Contains("] error: device \"cuda\""));
+    CHECK_THAT(r.err, Contains(why));
+    CHECK(!std::filesystem::exists(metrics));
+    CHECK(!std::filesystem::exists(folder));
 }
 
 TEST_CASE("launch: SIGKILL of one rank stops the others and the launcher within 30 s") {

@@ -29,32 +29,15 @@ float value(int rank, size_t i) { return static_cast<float>((rank * 5 + static_c
 // communicator over Gloo on loopback; rethrows the first failure. The device outlives the communicator.
 void run_staged_ranks(int world, std::chrono::milliseconds timeout,
                       const std::function<void(int, EmulatedDevice&, Communicator&)>& fn) {
-    TcpStoreServer server(0);
-    std::vector<std::thread> threads;
-    std::vector<std::exception_ptr> errors(world);
-    std::atomic<int> completed{0};
-    for (int r = 0; r < world; ++r) {
-        threads.emplace_back([&, r] {
-            try {
-                EmulatedDevice device;
-                TcpStore store("127.0.0.1", server.port(), timeout);
-                {
-                    auto comm = make_staged_communicator(make_gloo_communicator(store, "staged", r, world, timeout),
-                                                         std::make_unique<EmulatedCommStream>(device), "Gloo", timeout);
-                    fn(r, device, *comm);
-                }
-                RANK_EXPECT(device.pinned_live == 0, "the staging buffer outlived its communicator");
-                ++completed;
-            } catch (...) {
-                errors[r] = std::current_exception();
-            }
-        });
-    }
-    for (auto& t : threads) t.join();
-    for (auto& e : errors) {
-        if (e) std::rethrow_exception(e);
-    }
-    REQUIRE(completed == world);
+    test_util::run_rank_threads(world, timeout, [&](int r, TcpStore& store) {
+        EmulatedDevice device;
+        {
+            auto comm = make_staged_communicator(make_gloo_communicator(store, "staged", r, world, timeout),
+                                                 std::make_unique<EmulatedCommStream>(device), "Gloo", timeout);
+            fn(r, device, *comm);
+        }
+        RANK_EXPECT(device.pinned_live == 0, "the staging buffer outlived its communicator");
+    });
 }
 
 }  // namespace
