@@ -197,9 +197,7 @@ void check_offload_host_memory(const TrainConfig& config, const RankEnv& env, De
 
 void check_shared_device_memory(const TrainConfig& config, const RankEnv& env, Device device, int device_index) {
     if (device != Device::kCuda) return;
-    const int gpus = std::max(cuda_device_count(), 1);
-    // Local ranks r with r % gpus == device_index.
-    const int sharing = (env.local_world_size - 1 - device_index) / gpus + 1;
+    const int sharing = ranks_on_gpu(env, cuda_device_count(), device_index);
     if (sharing < 2) return;
     int64_t free_bytes = -1;
     if (const char* forced = std::getenv("TRAINER_DEVICE_FREE_BYTES")) {

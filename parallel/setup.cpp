@@ -165,15 +165,17 @@ int rank_device(const TrainConfig& c, const RankEnv& env, Device device) {
                 : "");
 #endif
     }
+    // GPU 0 has the most ranks: every rank decides alike.
+    const bool shared = ranks_on_gpu(env, gpus, 0) > 1;
     const Collectives lib = collectives_for(c, device, env.world_size);
-    if (env.local_world_size > gpus && lib == Collectives::kNccl) {
+    if (shared && lib == Collectives::kNccl) {
         user_error(
             "{} started {} ranks on this node, which has {} GPU{}: NCCL takes one GPU a rank (it refuses two ranks "
             "on one GPU); start at most {} rank{} a node, or set distributed_backend=gloo to share the GPUs (each "
             "collective staged through host memory: for tests and small runs, not for speed)",
             env.launcher, env.local_world_size, gpus, gpus == 1 ? "" : "s", gpus, gpus == 1 ? "" : "s");
     }
-    if (env.local_world_size > gpus && env.rank == 0) {
+    if (shared && env.rank == 0) {
         std::printf(
             "note: %d ranks a node share %d GPU%s (each rank on GPU LOCAL_RANK %% %d), their collectives over Gloo "
             "staged through host memory\n",
@@ -181,6 +183,11 @@ int rank_device(const TrainConfig& c, const RankEnv& env, Device device) {
         std::fflush(stdout);
     }
     return env.local_rank % gpus;
+}
+
+int ranks_on_gpu(const RankEnv& env, int gpus, int device_index) {
+    if (std::getenv("CUDA_VISIBLE_DEVICES") != nullptr || gpus < 1) return 1;
+    return (env.local_world_size - 1 - device_index) / gpus + 1;
 }
 
 World connect_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend) {

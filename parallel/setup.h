@@ -34,10 +34,15 @@ void check_parallel_config(const TrainConfig& config, const RankEnv& env, Device
 // The part of it on the collectives library: NCCL without a GPU.
 void check_collectives_config(const TrainConfig& config, Device device);
 
-// The GPU this rank computes on (0 on the CPU): LOCAL_RANK modulo the node's GPUs. Several ranks share a GPU
+// The GPU this rank computes on (0 on the CPU): LOCAL_RANK modulo the GPUs it sees. Several ranks share a GPU
 // only over distributed_backend gloo (staged through host memory), which rank 0 notes once; refused for NCCL
-// (one GPU a rank), and refused where no GPU is visible or the build has no CUDA.
+// (one GPU a rank, ranks_on_gpu), and refused where no GPU is visible or the build has no CUDA.
 int rank_device(const TrainConfig& config, const RankEnv& env, Device device);
+// The ranks of this node on GPU `device_index` of `gpus` (those whose LOCAL_RANK % gpus is device_index), where
+// every rank of the node sees the node's GPUs. 1 where CUDA_VISIBLE_DEVICES is set: a scheduler that binds GPUs
+// to ranks gives each its own view, and which physical GPUs such ranks share is not known here (NCCL still
+// refuses a shared one itself).
+int ranks_on_gpu(const RankEnv& env, int gpus, int device_index);
 
 // The run's ranks, connected, and the strategy over them. Members are destroyed bottom-up: the strategy
 // before the communicators it uses, those before the store they met through.

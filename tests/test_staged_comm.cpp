@@ -1,6 +1,9 @@
 // The staged communicator (parallel/comm_stream.h: Gloo on a GPU's buffers through pinned host memory) on
 // an emulated device whose streams are host threads (emulated_stream.h), over real Gloo between rank threads:
 // the same code a GPU run uses, with only the device calls emulated. Integer-valued data keeps every sum exact.
+// Also which ranks share a GPU (parallel/setup.h's ranks_on_gpu).
+#include <stdlib.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -12,6 +15,8 @@
 #include "kernels/element.h"
 #include "parallel/comm_stream.h"
 #include "parallel/communicator.h"
+#include "parallel/rank_env.h"
+#include "parallel/setup.h"
 #include "parallel/tcp_store.h"
 #include "rank_threads.h"
 #include "test_util.h"
@@ -159,4 +164,19 @@ TEST_CASE("staged comm: a peer that never issues the collective ends the wait, n
     }
     silent.join();
     CHECK_THAT(error, Contains("all_reduce failed on rank 0/2"));
+}
+
+TEST_CASE("ranks_on_gpu: a node's ranks by LOCAL_RANK modulo the GPUs, one where CUDA_VISIBLE_DEVICES binds them") {
+    ::unsetenv("CUDA_VISIBLE_DEVICES");
+    RankEnv env;
+    env.world_size = env.local_world_size = 4;
+    CHECK(ranks_on_gpu(env, 1, 0) == 4);
+    CHECK(ranks_on_gpu(env, 2, 0) == 2);
+    CHECK(ranks_on_gpu(env, 2, 1) == 2);
+    CHECK(ranks_on_gpu(env, 3, 0) == 2);
+    CHECK(ranks_on_gpu(env, 3, 2) == 1);
+    CHECK(ranks_on_gpu(env, 8, 0) == 1);
+    ::setenv("CUDA_VISIBLE_DEVICES", "3", 1);  // a scheduler's binding: each rank its own view
+    CHECK(ranks_on_gpu(env, 1, 0) == 1);
+    ::unsetenv("CUDA_VISIBLE_DEVICES");
 }
