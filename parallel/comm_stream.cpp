@@ -40,8 +40,9 @@ void CommWatchdog::track(const char* op, EventRef done, std::chrono::steady_cloc
 
 bool CommWatchdog::idle() {
     std::lock_guard<std::mutex> lock(mutex_);
+    // An operation the device failed will not complete: nothing to wait for there either.
     std::string error;
-    while (!pending_.empty() && stream_.done(pending_.front().done, &error)) pending_.pop_front();
+    while (!pending_.empty() && (stream_.done(pending_.front().done, &error) || !error.empty())) pending_.pop_front();
     return pending_.empty();
 }
 

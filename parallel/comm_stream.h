@@ -80,7 +80,7 @@ class CommWatchdog {
 
     // Watches operation `op`, issued at `issued`, until `done` completes.
     void track(const char* op, EventRef done, std::chrono::steady_clock::time_point issued);
-    // Whether every tracked operation has completed.
+    // Whether every tracked operation has completed (or failed on the device).
     bool idle();
 
    private:
