@@ -154,15 +154,15 @@ int rank_device(const TrainConfig& c, const RankEnv& env, Device device) {
     if (gpus == 0) {
 #ifdef TRAINER_HAVE_CUDA
         const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-        user_error("device \"cuda\": rank {} sees no CUDA device (no driver or no GPU{}); use --device cpu", env.rank,
-                   visible != nullptr ? fmt::format(", CUDA_VISIBLE_DEVICES={}", visible) : std::string());
-#else
         user_error(
-            "device \"cuda\"{}: this build has no CUDA (nvcc was not found when it was configured); rebuild with the "
-            "CUDA toolkit or use --device cpu",
-            c.distributed_backend == DistributedBackend::kGloo && env.world_size > 1
-                ? " with distributed_backend \"gloo\" (GPU buffers staged through host memory)"
-                : "");
+            "device \"cuda\": no usable GPU on this machine (rank {} sees none{}); use --device cpu, or --device auto "
+            "to pick what is present",
+            env.rank, visible != nullptr ? fmt::format(", CUDA_VISIBLE_DEVICES={}", visible) : std::string());
+#else
+        (void)c;
+        user_error(
+            "device \"cuda\": this build has no CUDA backend (nvcc was not found when it was configured); rebuild "
+            "with the CUDA toolkit or use --device cpu");
 #endif
     }
     // GPU 0 has the most ranks: every rank decides alike.

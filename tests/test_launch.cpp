@@ -54,9 +54,9 @@ TEST_CASE("launch: GPU ranks over Gloo without a usable GPU are refused by every
         return;
     }
 #ifdef TRAINER_HAVE_CUDA
-    const std::string why = "sees no CUDA device";
+    const std::string why = "no usable GPU on this machine (rank ";
 #else
-    const std::string why = "this build has no CUDA";
+    const std::string why = "this build has no CUDA backend";
 #endif
     CHECK(r.exit_code != 0);
     CHECK_THAT(r.err, Contains("] error: device \"cuda\""));

@@ -47,7 +47,7 @@ void run_staged_ranks(int world, std::chrono::milliseconds timeout,
 
 }  // namespace
 
-TEST_CASE("staged comm: collectives on device buffers follow the compute before them and each other, 2 and 3 ranks") {
+TEST_CASE("staged comm: collectives on device buffers follow the compute before them and each other on 2 and 3 ranks") {
     for (int world : {2, 3}) {
         CAPTURE(world);
         run_staged_ranks(world, std::chrono::seconds(20), [world](int rank, EmulatedDevice& dev, Communicator& comm) {
@@ -105,7 +105,7 @@ TEST_CASE("staged comm: collectives on device buffers follow the compute before 
     }
 }
 
-TEST_CASE("staged comm: bf16 sums and reduce-scatter in place, 4 ranks") {
+TEST_CASE("staged comm: bf16 sums and an in-place reduce-scatter on 4 ranks") {
     run_staged_ranks(4, std::chrono::seconds(20), [](int rank, EmulatedDevice& dev, Communicator& comm) {
         const size_t n = 257;
         std::vector<uint16_t> g(n * 4);
@@ -123,7 +123,7 @@ TEST_CASE("staged comm: bf16 sums and reduce-scatter in place, 4 ranks") {
     });
 }
 
-TEST_CASE("staged comm: a device error ends the collective naming it, and the ones after it") {
+TEST_CASE("staged comm: a device error ends the collective naming it and the ones after it") {
     EmulatedDevice dev;
     std::vector<float> x(16, 1.0f);
     dev.register_memory(x.data(), x.size() * sizeof(float));
@@ -138,7 +138,7 @@ TEST_CASE("staged comm: a device error ends the collective naming it, and the on
     dev.error.clear();
 }
 
-TEST_CASE("staged comm: a peer that never issues the collective ends the wait, naming it and the rank") {
+TEST_CASE("staged comm: a peer that never issues the collective ends the wait naming it and the rank") {
     TcpStoreServer server(0);
     const auto timeout = std::chrono::milliseconds(1500);
     std::atomic<bool> done{false};
@@ -166,7 +166,7 @@ TEST_CASE("staged comm: a peer that never issues the collective ends the wait, n
     CHECK_THAT(error, Contains("all_reduce failed on rank 0/2"));
 }
 
-TEST_CASE("ranks_on_gpu: a node's ranks by LOCAL_RANK modulo the GPUs, one where CUDA_VISIBLE_DEVICES binds them") {
+TEST_CASE("ranks_on_gpu: a node's ranks by LOCAL_RANK modulo the GPUs but one where CUDA_VISIBLE_DEVICES binds them") {
     ::unsetenv("CUDA_VISIBLE_DEVICES");
     RankEnv env;
     env.world_size = env.local_world_size = 4;
