@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include "core/checkpoint_meta.h"
 #include "core/hf_export.h"
 #include "core/hf_names.h"
+#include "core/optimizer.h"
 #include "core/safetensors.h"
 
 namespace trainer {
@@ -214,6 +216,19 @@ void check_model_matches(const Json& saved_config, const TrainConfig& config, co
     }
 }
 
+std::vector<long> checkpoint_steps(const std::string& save_folder) {
+    std::vector<long> steps;
+    for (const auto& c : complete_checkpoints(save_folder)) steps.push_back(c.first);
+    return steps;
+}
+
+long checkpoint_step(const std::string& path) {
+    const Json meta = read_json_file((fs::path(path) / "metadata.json").string(), "checkpoint");
+    if (!meta.is_object() || !meta.contains("step") || !meta["step"].is_number_integer())
+        user_error("checkpoint {}: metadata.json has no integer \"step\"", path);
+    return meta["step"].get<long>();
+}
+
 std::optional<long> latest_checkpoint_step(const std::string& save_folder) {
     auto all = complete_checkpoints(save_folder);
     if (all.empty()) return std::nullopt;
@@ -236,6 +251,14 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
     fs::create_directories(folder, ec);
     if (ec) user_error("save_folder {}: cannot be created ({})", folder, ec.message());
     const std::string final_dir = (fs::path(folder) / fmt::format("step{}", step)).string();
+    // save_overwrite on every save, not only at the start: a checkpoint written before is never replaced
+    // unless the run says so (every rank sees the same folder and decides alike).
+    if (!config.save_overwrite && fs::exists(final_dir, ec)) {
+        user_error(
+            "checkpoint {} already exists and save_overwrite is false: this run does not replace it (another run "
+            "writing to save_folder {}?); set save_overwrite=true to replace it, or save to another folder",
+            final_dir, folder);
+    }
     // The ranks that hold distinct state each write one shard file (rank<k>.bin) and a list of the unit
     // ranges in it (rank<k>.json) into one shared temporary folder; rank 0 then merges the lists into
     // metadata.json, adds checksums and renames the folder. A replicated strategy has one writer, rank 0.
@@ -261,9 +284,27 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
             const size_t n = s.end - s.begin;
             host.resize(n);
             pieces.push_back(Json::array({s.unit, s.begin, s.end, offset}));
+            const char* what[] = {"parameters", "first moments (exp_avg)", "second moments (exp_avg_sq)"};
+            int k = 0;
             for (const float* src : {s.param, s.exp_avg, s.exp_avg_sq}) {
                 if (n > 0) backend->copy_any(host.data(), src, n * sizeof(float));  // device, or host (offload)
+                // The state is committed here: a non-finite value is refused, so that `latest` and the rotation
+                // of save_num_checkpoints_to_keep never trade a good checkpoint for it.
+                const auto bad = std::find_if(host.begin(), host.end(), [](float x) { return !std::isfinite(x); });
+                if (bad != host.end()) {
+                    if (!multi) fs::remove_all(tmp_dir, ec);  // a shared one is the next save's to clear
+                    const std::optional<long> newest = latest_checkpoint_step(folder);
+                    const std::string kept =
+                        newest ? fmt::format("the newest complete checkpoint, {}/step{}, is kept", folder, *newest)
+                               : fmt::format("no checkpoint was written to {}", folder);
+                    user_error(
+                        "step {}: not saved: the {} of unit {} are not finite ({} at element {}) after the optimizer "
+                        "step; {}; {}",
+                        step, what[k], layout.units()[s.unit].name, *bad, s.begin + (bad - host.begin()), kept,
+                        divergence_advice(config.optimizer));
+                }
                 w.write(host.data(), n * sizeof(float));
+                ++k;
             }
             offset += 3 * n * sizeof(float);
         }

@@ -13,6 +13,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/config.h"
 #include "base/layout.h"
@@ -28,7 +29,8 @@ struct CheckpointInfo {
 };
 
 // Writes step<step>/ under config.save_folder; returns its path. Old checkpoints beyond
-// save_num_checkpoints_to_keep are removed after the new one is complete.
+// save_num_checkpoints_to_keep are removed after the new one is complete. Refuses (UserError, nothing
+// published) to replace an existing step<step>/ unless save_overwrite, and state that is not finite.
 std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy& strategy,
                             long step);
 // Resolves load_path ("latest" or a folder) to a complete checkpoint folder; UserError when there is none.
@@ -47,5 +49,9 @@ void check_model_matches(const Json& saved_config, const TrainConfig& config, co
 std::string export_checkpoint(const std::string& path, const std::string& out, const HfExportOptions& options = {});
 // Newest complete checkpoint step in a folder, if any (interrupted saves are ignored).
 std::optional<long> latest_checkpoint_step(const std::string& save_folder);
+// The steps of the complete checkpoints in a folder, ascending.
+std::vector<long> checkpoint_steps(const std::string& save_folder);
+// The step a checkpoint's metadata.json records (read as it is; loading verifies it).
+long checkpoint_step(const std::string& path);
 
 }  // namespace trainer

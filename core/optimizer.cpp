@@ -36,6 +36,14 @@ double scheduled_max_grad_norm(const TrainConfig& config, long step) {
     return *config.max_grad_norm;
 }
 
+std::string divergence_advice(const OptimizerConfig& opt) {
+    if (opt.eps == 0.0) {
+        return "set optimizer.eps above 0 (AdamW divides by zero where a parameter has had no gradient, as the "
+               "embedding rows of tokens not seen yet) or lower optimizer.learning_rate";
+    }
+    return "lower optimizer.learning_rate";
+}
+
 double clip_coefficient(double grad_norm, double max_norm) {
     if (max_norm < 0.0) return 1.0;
     return std::min(1.0, max_norm / (grad_norm + 1e-6));
@@ -96,8 +104,9 @@ OptimizerStepResult AdamW::step(Strategy& strategy, long step, long total_steps)
     if (!std::isfinite(r.grad_norm)) {
         user_error(
             "step {}: the gradient norm is {}; the first gradient that is not finite is {} (nothing was updated "
-            "or saved); lower optimizer.learning_rate or check the data",
-            step, r.grad_norm, first_non_finite_gradient(strategy, *backend_, shards, layout_));
+            "or saved); {} or check the data",
+            step, r.grad_norm, first_non_finite_gradient(strategy, *backend_, shards, layout_),
+            divergence_advice(config_.optimizer));
     }
     const auto& o = config_.optimizer;
     const auto update = [&](const std::vector<Backend::AdamwRange>& ranges) {

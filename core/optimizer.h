@@ -21,6 +21,10 @@ double scheduled_max_grad_norm(const TrainConfig& config, long step);
 // Clipping coefficient min(1, max_norm / (norm + 1e-6)) (OLMo / PyTorch clip_grad_norm_).
 double clip_coefficient(double grad_norm, double max_norm);
 
+// What to change when the training state is no longer finite: the learning rate, and first the AdamW epsilon
+// where it is 0 (the update divides by zero where a parameter has had no gradient yet).
+std::string divergence_advice(const OptimizerConfig& opt);
+
 struct OptimizerStepResult {
     double grad_norm = 0.0;  // global, before clipping
     double lr = 0.0;

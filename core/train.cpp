@@ -209,6 +209,19 @@ class TrainingRun {
         } else if (config_.load_path) {
             resume_path_ = resolve_checkpoint(config_, *config_.load_path);
         }
+        if (config_.save_folder && resume_path_ && !config_.save_overwrite) {
+            // Resuming an older checkpoint into a folder that holds newer ones (a rollback after a loss spike)
+            // would overwrite or interleave with what it branched from: OLMo refuses it unless told.
+            const long from = checkpoint_step(*resume_path_);
+            const std::vector<long> steps = checkpoint_steps(*config_.save_folder);
+            if (!steps.empty() && steps.back() > from) {
+                user_error(
+                    "save_folder {} holds checkpoints newer than the one resumed from ({}, step {}): the newest is "
+                    "step{}, which this run would overwrite or interleave with; save the branch to another folder "
+                    "(--save-folder), or set save_overwrite=true to replace them",
+                    *config_.save_folder, *resume_path_, from, steps.back());
+            }
+        }
         if (config_.save_folder && !resume_path_ && !config_.save_overwrite) {
             if (auto last = latest_checkpoint_step(*config_.save_folder)) {
                 user_error(
@@ -365,8 +378,8 @@ class TrainingRun {
                 r.stop_signal = stop::agreed(sums + 3);
             }
             if (!std::isfinite(r.loss) || !std::isfinite(r.z_loss)) {
-                user_error("step {}: the {} is {} (diverged); lower optimizer.learning_rate", step,
-                           std::isfinite(r.loss) ? "z-loss" : "loss", std::isfinite(r.loss) ? r.z_loss : r.loss);
+                user_error("step {}: the {} is {} (diverged); {}", step, std::isfinite(r.loss) ? "z-loss" : "loss",
+                           std::isfinite(r.loss) ? r.z_loss : r.loss, divergence_advice(config_.optimizer));
             }
             {
                 const trace::Span opt("optimizer", "optimizer step");

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -87,9 +88,16 @@ int launch(const LaunchOptions& o) {
         if (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0)
             user_error("launch: pipe failed ({})", std::strerror(errno));
         std::fflush(nullptr);
+        const pid_t launcher = ::getpid();
         c.pid = ::fork();
         if (c.pid < 0) user_error("launch: fork failed ({})", std::strerror(errno));
         if (c.pid == 0) {
+            // A rank dies with its launcher: killed (the OOM killer, a scheduler's SIGKILL), the launcher can
+            // neither stop its ranks nor relay their output, and ranks left running beside a requeued run would
+            // train and save into the same folder. The death signal survives the exec; a launcher that died
+            // before it was set is noticed by the parent's pid.
+            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (::getppid() != launcher) ::_exit(1);
             ::dup2(out_pipe[1], STDOUT_FILENO);
             ::dup2(err_pipe[1], STDERR_FILENO);
             ::close(out_pipe[0]);

@@ -1,0 +1,148 @@
+// What a run must not do to the checkpoints already written: resuming an older checkpoint does not overwrite
+// newer ones unless save_overwrite says so; state that is not finite is never saved (so `latest` and the
+// rotation keep the last good checkpoint); and ranks do not outlive a killed launcher, training and saving
+// beside a requeued run.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/checkpoint.h"
+#include "test_util.h"
+
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Args = std::vector<std::string>;
+
+Args tiny(const std::string& folder, long steps, const Args& extra) {
+    Args a = {"--config",       "configs/tiny.json",       "--data",        test_util::fixture("olmo_tiny_tokens.u16"),
+              "--max-duration", std::to_string(steps),     "--save-folder", folder,
+              "--set",          "console_log_interval=100"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+}
+
+// A process that has exited, or that is a zombie nobody has reaped yet, no longer runs.
+bool running(pid_t pid) {
+    if (::kill(pid, 0) != 0) return false;
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
+}
+
+}  // namespace
+
+TEST_CASE("save guard: resuming an older checkpoint into a folder with newer ones is refused unless save_overwrite") {
+    test_util::TempDir dir;
+    const std::string folder = dir.path("run");
+    const auto first = test_util::run_trainer(tiny(folder, 10, {"--set", "save_interval=5"}));
+    INFO(first.out << first.err);
+    REQUIRE(first.exit_code == 0);
+    const std::string newest = test_util::read_file(folder + "/step10/metadata.json");
+    // A rollback to step 5 with another learning rate, saving into the same folder.
+    const Args branch = {"--load-path",     folder + "/step5", "--set",
+                         "save_interval=5", "--set",           "optimizer.learning_rate=5e-3"};
+    const auto refused = test_util::run_trainer(tiny(folder, 10, branch));
+    INFO(refused.out << refused.err);
+    CHECK(refused.exit_code == 1);
+    CHECK_THAT(refused.err, Contains("holds checkpoints newer than the one resumed from"));
+    CHECK_THAT(refused.err, Contains("step10"));
+    CHECK(test_util::read_file(folder + "/step10/metadata.json") == newest);
+    // Told to, it replaces them.
+    Args overwrite = branch;
+    overwrite.insert(overwrite.end(), {"--set", "save_overwrite=true"});
+    const auto replaced = test_util::run_trainer(tiny(folder, 10, overwrite));
+    INFO(replaced.out << replaced.err);
+    CHECK(replaced.exit_code == 0);
+    CHECK(test_util::read_file(folder + "/step10/metadata.json") != newest);
+}
+
+TEST_CASE("save guard: parameters or moments that are not finite are never saved and the last good checkpoint stays") {
+    test_util::TempDir dir;
+    SECTION("a learning rate that overflows the parameters") {
+        const std::string folder = dir.path("lr");
+        const auto r = test_util::run_trainer(tiny(folder, 1, {"--set", "optimizer.learning_rate=1e39"}));
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Contains("step 1: not saved: the parameters of unit"));
+        CHECK_THAT(r.err, Contains("lower optimizer.learning_rate"));
+        CHECK(trainer::checkpoint_steps(folder).empty());
+        CHECK(!fs::exists(folder + "/latest"));
+        for (const auto& e : fs::directory_iterator(folder))
+            CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
+    }
+    SECTION("AdamW without epsilon divides by zero where a parameter had no gradient, and the advice says so") {
+        const std::string folder = dir.path("eps");
+        // Untied embeddings: the rows of tokens the first batch does not hold get no gradient.
+        const auto r =
+            test_util::run_trainer(tiny(folder, 1, {"--set", "optimizer.eps=0", "--set", "model.weight_tying=false"}));
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Contains("step 1: not saved: the parameters of unit embedding are not finite"));
+        CHECK_THAT(r.err, Contains("set optimizer.eps above 0"));
+        CHECK(trainer::checkpoint_steps(folder).empty());
+    }
+    SECTION("a blow-up after good checkpoints keeps the newest of them through the rotation") {
+        const std::string folder = dir.path("rot");
+        const Args keep = {"--set", "save_interval=1", "--set", "save_num_checkpoints_to_keep=1"};
+        const auto good = test_util::run_trainer(tiny(folder, 2, keep));
+        INFO(good.out << good.err);
+        REQUIRE(good.exit_code == 0);
+        REQUIRE(trainer::checkpoint_steps(folder) == std::vector<long>{2});
+        Args blow = keep;
+        blow.insert(blow.end(), {"--set", "try_load_latest_save=true", "--set", "optimizer.learning_rate=1e39"});
+        const auto r = test_util::run_trainer(tiny(folder, 3, blow));
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Contains("step 3: not saved"));
+        CHECK_THAT(r.err, Contains("/step2, is kept"));
+        CHECK(trainer::checkpoint_steps(folder) == std::vector<long>{2});
+        CHECK(fs::read_symlink(folder + "/latest") == "step2");
+    }
+}
+
+TEST_CASE("save guard: ranks do not outlive a launcher killed with SIGKILL") {
+    test_util::TempDir dir;
+    const std::string log = dir.path("log.txt"), metrics = dir.path("m.jsonl");
+    Args argv = {test_util::trainer_binary(), "launch", "--nproc-per-node", "2", "--master-port",
+                 test_util::free_port(),      "--"};
+    const Args run = tiny(dir.path("run"), 1000000, {"--strategy", "ddp", "--metrics-file", metrics});
+    argv.insert(argv.end(), run.begin(), run.end());
+    const pid_t launcher = test_util::start_logged(argv, log);
+    REQUIRE(launcher > 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (test_util::read_file_if_exists(metrics).find("\"step\":2") == std::string::npos &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const std::string text = test_util::read_file(log);
+    INFO(text);
+    std::vector<pid_t> ranks;
+    const std::regex pid_line(R"(\[launch\] rank \d+ \(local \d+ of \d+, world \d+\): pid (\d+))");
+    for (std::sregex_iterator it(text.begin(), text.end(), pid_line), end; it != end; ++it)
+        ranks.push_back(static_cast<pid_t>(std::stol((*it)[1])));
+    REQUIRE(ranks.size() == 2);
+    for (pid_t p : ranks) REQUIRE(running(p));
+    REQUIRE(::kill(launcher, SIGKILL) == 0);
+    CHECK(test_util::wait_exit_code(launcher) == 128 + SIGKILL);
+    const auto killed = std::chrono::steady_clock::now();
+    bool gone = false;
+    while (!gone && std::chrono::steady_clock::now() - killed < std::chrono::seconds(10)) {
+        gone = !running(ranks[0]) && !running(ranks[1]);
+        if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    CHECK(gone);
+    for (pid_t p : ranks)
+        if (running(p)) ::kill(p, SIGKILL);  // never leave a rank behind, whatever the verdict
+}
