@@ -9,7 +9,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -128,10 +127,12 @@ TEST_CASE("save guard: ranks do not outlive a launcher killed with SIGKILL") {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     const std::string text = test_util::read_file(log);
     INFO(text);
+    // "[launch] rank R (local L of N, world W): pid P, T threads"
     std::vector<pid_t> ranks;
-    const std::regex pid_line(R"(\[launch\] rank \d+ \(local \d+ of \d+, world \d+\): pid (\d+))");
-    for (std::sregex_iterator it(text.begin(), text.end(), pid_line), end; it != end; ++it)
-        ranks.push_back(static_cast<pid_t>(std::stol((*it)[1])));
+    for (size_t at = text.find("[launch] rank "); at != std::string::npos; at = text.find("[launch] rank ", at + 1)) {
+        const size_t pid = text.find("): pid ", at), eol = text.find('\n', at);
+        if (pid != std::string::npos && pid < eol) ranks.push_back(static_cast<pid_t>(std::stol(text.substr(pid + 7))));
+    }
     REQUIRE(ranks.size() == 2);
     for (pid_t p : ranks) REQUIRE(running(p));
     REQUIRE(::kill(launcher, SIGKILL) == 0);
