@@ -125,6 +125,8 @@ int run_main(int argc, char** argv) {
                      "data/tokenizers)");
     prep->add_option("inputs", inputs, "input text files")->required();
     prep->add_option("-o,--output", out_path, "output token file")->required();
+    bool prep_overwrite = false;
+    prep->add_flag("--overwrite", prep_overwrite, "replace an existing output file (never one of the inputs)");
     prep->add_option("--dtype", dtype, "uint16 | uint32 (default: uint16 where the tokenizer's ids fit, else uint32)")
         ->check(CLI::IsMember({"uint16", "uint32"}));
     prep->add_option("--format", format, "raw (OLMo memmap) | npy | llmc (llm.c .bin shard)")
@@ -271,6 +273,7 @@ int run_main(int argc, char** argv) {
     }
 
     if (*prep) {
+        trainer::check_prepare_output(inputs, out_path, prep_overwrite);
         if (tokenizer == "bytes") {
             const auto summary = trainer::prepare_data_bytes(
                 inputs, out_path, trainer::parse_token_dtype(dtype.empty() ? "uint16" : dtype, "--dtype"), format,

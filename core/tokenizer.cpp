@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -179,6 +180,20 @@ std::string read_document(const std::string& input, int64_t size) {
 }
 
 }  // namespace
+
+void check_prepare_output(const std::vector<std::string>& inputs, const std::string& output, bool overwrite) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::exists(output, ec)) return;
+    for (const std::string& in : inputs) {
+        if (fs::equivalent(in, output, ec)) {
+            user_error("prepare data: -o {} is also an input; write the token file elsewhere (its text would be lost)",
+                       output);
+        }
+    }
+    if (!overwrite)
+        user_error("prepare data: {} already exists; pass --overwrite to replace it, or choose another -o", output);
+}
 
 PrepareDataSummary prepare_data_bytes(const std::vector<std::string>& inputs, const std::string& output,
                                       TokenDtype dtype, const std::string& format, int eos_token_id) {

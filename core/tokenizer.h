@@ -44,6 +44,10 @@ struct PrepareDataSummary {
     std::string to_string() const;
 };
 
+// prepare-data's output, checked before any work: refused when it is one of the inputs (its text would be
+// replaced by its tokens), and when it exists unless `overwrite` (prepare-data --overwrite), naming it.
+void check_prepare_output(const std::vector<std::string>& inputs, const std::string& output, bool overwrite);
+
 // Tokenizes each input file with the byte tokenizer into one token file at `output`.
 // `format` is "raw", "npy" or "llmc"; llmc requires uint16 and at most INT32_MAX tokens.
 // UserError, before anything is written, when there are no inputs, an input is missing or not a

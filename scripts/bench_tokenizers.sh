@@ -32,10 +32,10 @@ for t in gpt2 cl100k; do
     for ((r = 0; r < reps; r++)); do
         npm_s+=("$(node scripts/tokenize_npm.js "$t" --time "${files[@]}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')")
         start=$EPOCHREALTIME
-        "$trainer" prepare-data --tokenizer "$t" --threads 1 "${files[@]}" -o "$tmp/one.bin" >/dev/null
+        "$trainer" prepare-data --overwrite --tokenizer "$t" --threads 1 "${files[@]}" -o "$tmp/one.bin" >/dev/null
         one_s+=("$start:$EPOCHREALTIME")
         start=$EPOCHREALTIME
-        "$trainer" prepare-data --tokenizer "$t" --threads 0 "${files[@]}" -o "$tmp/all.bin" >/dev/null
+        "$trainer" prepare-data --overwrite --tokenizer "$t" --threads 0 "${files[@]}" -o "$tmp/all.bin" >/dev/null
         all_s+=("$start:$EPOCHREALTIME")
     done
     tokens=$(python3 -c "import json; print(sum(len(json.loads(l)) for l in open('$tmp/npm.json')))")

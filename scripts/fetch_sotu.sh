@@ -17,5 +17,5 @@ for f in data/sotu/package/data/*.txt; do
     year=$(basename "$f" | cut -c1-4)
     if ((year < 2000)); then train+=("$f"); else val+=("$f"); fi
 done
-"$trainer" prepare-data --tokenizer bytes --format llmc "${train[@]}" -o data/sotu_train.bin
-"$trainer" prepare-data --tokenizer bytes --format llmc "${val[@]}" -o data/sotu_val.bin
+"$trainer" prepare-data --overwrite --tokenizer bytes --format llmc "${train[@]}" -o data/sotu_train.bin
+"$trainer" prepare-data --overwrite --tokenizer bytes --format llmc "${val[@]}" -o data/sotu_val.bin

@@ -240,6 +240,32 @@ TEST_CASE("tokenizers: prepare-data writes each document's ids and its EOS in ev
     CHECK(text.out == test_util::read_file(test_util::fixture("tokenizer_stress.txt")));
 }
 
+TEST_CASE("tokenizers: prepare-data keeps an existing output unless told and never writes over an input") {
+    TempDir dir;
+    test_util::write_file(dir.path("a.txt"), "some text to keep");
+    test_util::write_file(dir.path("out.bin"), "an earlier token file");
+    auto prepare = [&](const std::string& out, std::vector<std::string> extra) {
+        std::vector<std::string> args = {"prepare-data", dir.path("a.txt"), "-o", out};
+        args.insert(args.end(), extra.begin(), extra.end());
+        return run_trainer(args);
+    };
+    auto r = prepare(dir.path("out.bin"), {});
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Contains(dir.path("out.bin") + " already exists; pass --overwrite"));
+    CHECK(test_util::read_file(dir.path("out.bin")) == "an earlier token file");
+    // The output named another way is the input itself: refused even with --overwrite.
+    for (const std::vector<std::string>& extra :
+         {std::vector<std::string>{}, std::vector<std::string>{"--overwrite"}}) {
+        r = prepare(dir.path(".") + "/a.txt", extra);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Contains("is also an input"));
+        CHECK(test_util::read_file(dir.path("a.txt")) == "some text to keep");
+    }
+    r = prepare(dir.path("out.bin"), {"--overwrite"});
+    CHECK(r.exit_code == 0);
+    CHECK(test_util::read_file(dir.path("out.bin")).size() == std::string("some text to keep").size() * 2 + 2);
+}
+
 TEST_CASE("tokenizers: invalid UTF-8 special tokens and ids that do not fit are refused by name") {
     TempDir dir;
     test_util::write_file(dir.path("bad.txt"), std::string("valid text \xC3\xA9 then \xE2\x82 broken"));
@@ -247,8 +273,9 @@ TEST_CASE("tokenizers: invalid UTF-8 special tokens and ids that do not fit are 
     test_util::write_file(dir.path("ok.txt"), "fine");
     test_util::write_file(dir.path("out.bin"), "an earlier output, which a failed run leaves as it was");
     auto prepare = [&](const std::string& name, const std::string& input, std::vector<std::string> extra = {}) {
-        std::vector<std::string> args = {"prepare-data",  "--tokenizer", name, "--tokenizer-dir",
-                                         tokenizer_dir(), input,         "-o", dir.path("out.bin")};
+        std::vector<std::string> args = {"prepare-data",     "--overwrite",   "--tokenizer", name,
+                                         "--tokenizer-dir",  tokenizer_dir(), input,         "-o",
+                                         dir.path("out.bin")};
         args.insert(args.end(), extra.begin(), extra.end());
         return run_trainer(args);
     };
