@@ -191,6 +191,11 @@ class TrainingRun {
             config_ = choose_configuration(config_, env_, device);
         check_parallel_config(config_, env_, device);
         device_index_ = rank_device(config_, env_, device);
+        if (const char* nan = std::getenv("TRAINER_DEBUG_NAN_GRADIENT")) {
+            // Test hook, "RANK:STEP": that rank's gradients at that step are NaN (before their reduction).
+            long r = -1, s = -1;
+            if (std::sscanf(nan, "%ld:%ld", &r, &s) == 2 && r == env_.rank) nan_gradient_step_ = s;
+        }
         check_offload_host_memory(config_, env_, device);
         check_shared_device_memory(config_, env_, device, device_index_);
         train_data_ = std::make_unique<TokenDataset>(config_.data.paths, parse_token_dtype(config_.data.memmap_dtype),
@@ -209,25 +214,26 @@ class TrainingRun {
         } else if (config_.load_path) {
             resume_path_ = resolve_checkpoint(config_, *config_.load_path);
         }
-        if (config_.save_folder && resume_path_ && !config_.save_overwrite) {
-            // Resuming an older checkpoint into a folder that holds newer ones (a rollback after a loss spike)
-            // would overwrite or interleave with what it branched from: OLMo refuses it unless told.
+        // A checkpoint already in save_folder is never replaced unless save_overwrite: a fresh run may not start
+        // there, nor may one resuming an older checkpoint (a rollback after a loss spike would overwrite or
+        // interleave with what it branched from): OLMo refuses both unless told.
+        const std::optional<long> newest = config_.save_folder && !config_.save_overwrite
+                                               ? latest_checkpoint_step(*config_.save_folder)
+                                               : std::nullopt;
+        if (newest && !resume_path_) {
+            user_error(
+                "save_folder {} already holds checkpoints (newest step{}); resume with --load-path latest, "
+                "choose another folder, or set save_overwrite=true",
+                *config_.save_folder, *newest);
+        }
+        if (newest && resume_path_) {
             const long from = checkpoint_step(*resume_path_);
-            const std::vector<long> steps = checkpoint_steps(*config_.save_folder);
-            if (!steps.empty() && steps.back() > from) {
+            if (*newest > from) {
                 user_error(
                     "save_folder {} holds checkpoints newer than the one resumed from ({}, step {}): the newest is "
                     "step{}, which this run would overwrite or interleave with; save the branch to another folder "
                     "(--save-folder), or set save_overwrite=true to replace them",
-                    *config_.save_folder, *resume_path_, from, steps.back());
-            }
-        }
-        if (config_.save_folder && !resume_path_ && !config_.save_overwrite) {
-            if (auto last = latest_checkpoint_step(*config_.save_folder)) {
-                user_error(
-                    "save_folder {} already holds checkpoints (newest step{}); resume with --load-path latest, "
-                    "choose another folder, or set save_overwrite=true",
-                    *config_.save_folder, *last);
+                    *config_.save_folder, *resume_path_, from, *newest);
             }
         }
         use_init_from_ = config_.init_from && !resume_path_;  // a checkpoint's weights supersede init_from
@@ -334,12 +340,7 @@ class TrainingRun {
         // the global-batch mean loss (world / global tokens).
         const double global_tokens = static_cast<double>(config_.global_train_batch_size) * (L - 1);
         float dloss_scale = static_cast<float>(world / global_tokens);
-        if (const char* nan = std::getenv("TRAINER_DEBUG_NAN_GRADIENT")) {
-            // Test hook, "RANK:STEP": that rank's gradients at that step are NaN (before their reduction).
-            long r = -1, s = -1;
-            if (std::sscanf(nan, "%ld:%ld", &r, &s) == 2 && r == world_.rank() && s == step)
-                dloss_scale = std::numeric_limits<float>::quiet_NaN();
-        }
+        if (step == nan_gradient_step_) dloss_scale = std::numeric_limits<float>::quiet_NaN();
         // The device's busy and wait shares of the step, measured every utilization_interval steps (every
         // step while a trace is recorded: its device tracks come from the same window).
         const bool measure =
@@ -564,7 +565,8 @@ class TrainingRun {
     // preflight
     RankEnv env_;
     Device device_ = Device::kCpu;
-    int device_index_ = 0;  // the GPU this rank computes on (rank_device)
+    int device_index_ = 0;         // the GPU this rank computes on (rank_device)
+    long nan_gradient_step_ = -1;  // TRAINER_DEBUG_NAN_GRADIENT's step for this rank, or -1
     std::unique_ptr<TokenDataset> train_data_;
     std::vector<std::unique_ptr<TokenDataset>> eval_data_;
     std::unique_ptr<InstanceOrder> order_;
