@@ -232,6 +232,7 @@ struct ThreadState {
     std::list<Entry> lru;
     std::unordered_map<std::string_view, std::list<Entry>::iterator> index;
     static constexpr size_t kCapacity = 1 << 16;
+    static constexpr size_t kLongestCached = 256;  // bytes: bounds the cache at 16 MiB of words
 
     ~ThreadState() { reset(); }
     void reset() {
@@ -256,6 +257,91 @@ struct ThreadState {
 };
 
 thread_local ThreadState t_state;
+
+// Byte-pair merging of one word in O(n log n). Parts start as single bytes; pair_rank(a, mid, b) ranks
+// joining [a, mid) and [mid, b) (negative: they never join). The candidate pairs wait in a min-heap
+// keyed (rank, start): the lowest rank merges first, the leftmost on ties. A merge links the part to its
+// new right neighbour and adds the two pairs it creates; an entry whose pair has since changed (a part
+// merged elsewhere: the right part's end moved) is dropped when it comes up.
+// With `rounds` (gpt-3-encoder), a rank merges as one round: the rightmost current pair of that rank
+// names the bigram (its split: two pairs can share a key "a,b"), every current occurrence of that bigram
+// merges left to right, and the pairs the round creates, or leaves of the other split, join the heap
+// after it, as its rescan would see them. emit(a, b) gets the final parts, left to right.
+template <class Rank, class Emit>
+void merge_word(std::string_view word, Rank pair_rank, bool rounds, Emit emit) {
+    const size_t n = word.size();
+    std::vector<size_t> end(n), prev(n);  // part starting at byte i: [i, end[i]), dead when end[i] == 0
+    for (size_t i = 0; i < n; ++i) end[i] = i + 1, prev[i] = i == 0 ? SIZE_MAX : i - 1;
+    struct Candidate {
+        int64_t rank;
+        size_t left;       // start of the left part
+        size_t right_end;  // end of the right part when added: the pair is current while it still is
+        bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+    };
+    std::vector<Candidate> heap, held, round;
+    auto push = [&](const Candidate& c) {
+        heap.push_back(c);
+        std::push_heap(heap.begin(), heap.end(), std::greater<>());
+    };
+    auto pop = [&] {
+        std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+        const Candidate c = heap.back();
+        heap.pop_back();
+        return c;
+    };
+    auto add = [&](size_t left) {  // the pair starting at `left`, if it has a rank
+        const size_t right = end[left];
+        if (right >= n) return;
+        const int64_t r = pair_rank(left, right, end[right]);
+        if (r < 0) return;
+        if (rounds)
+            held.push_back({r, left, end[right]});
+        else
+            push({r, left, end[right]});
+    };
+    auto current = [&](const Candidate& c) {
+        const size_t right = end[c.left];
+        return right != 0 && right < n && end[right] == c.right_end;
+    };
+    auto merge = [&](const Candidate& c) {
+        const size_t right = end[c.left];
+        end[c.left] = c.right_end;
+        end[right] = 0;
+        if (c.right_end < n) prev[c.right_end] = c.left;
+        if (prev[c.left] != SIZE_MAX) add(prev[c.left]);
+        add(c.left);
+    };
+    for (size_t i = 0; i + 1 < n; ++i) {
+        const int64_t r = pair_rank(i, i + 1, i + 2);
+        if (r >= 0) heap.push_back({r, i, i + 2});
+    }
+    std::make_heap(heap.begin(), heap.end(), std::greater<>());
+    while (!heap.empty()) {
+        if (!rounds) {
+            const Candidate c = pop();
+            if (current(c)) merge(c);
+            continue;
+        }
+        round.clear();
+        const int64_t r = heap.front().rank;
+        while (!heap.empty() && heap.front().rank == r) {
+            const Candidate c = pop();
+            if (current(c)) round.push_back(c);  // in order of position
+        }
+        if (round.empty()) continue;
+        const size_t split = end[round.back().left] - round.back().left;  // the bigram's first symbol's length
+        for (const Candidate& c : round) {
+            if (!current(c)) continue;  // overlapped by the merge before it
+            if (end[c.left] - c.left == split)
+                merge(c);
+            else
+                held.push_back(c);
+        }
+        for (const Candidate& c : held) push(c);
+        held.clear();
+    }
+    for (size_t i = 0; i < n; i = end[i]) emit(i, end[i]);
+}
 
 }  // namespace
 
@@ -293,6 +379,13 @@ void BpeTokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>
         }
     }
     ThreadState& ts = t_state;
+    if (word.size() > ThreadState::kLongestCached) {  // a long run of letters: merged once, not kept
+        if (gpt2)
+            gpt2_word(word, out);
+        else
+            cl100k_word(word, out);
+        return;
+    }
     auto hit = ts.index.find(word);
     if (hit != ts.index.end()) {
         ts.lru.splice(ts.lru.begin(), ts.lru, hit->second);  // most recently used
@@ -314,73 +407,50 @@ void BpeTokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>
     ts.index.emplace(ts.lru.front().first, ts.lru.begin());
 }
 
-// gpt-3-encoder's bpe(): among the adjacent pairs, the lowest rank (a pair without one ranks 1e11; on
-// equal ranks the rightmost pair, as its object of ranks keeps the last one written) names the bigram;
-// every occurrence of it merges, left to right; until the bigram has no rank or one symbol is left.
-// Ranks are looked up as gpt-3-encoder does, by the string "a,b".
+// gpt-3-encoder's bpe(): among the adjacent pairs, the lowest rank (a pair without one ranks 1e11) names
+// the bigram; every occurrence of it merges, left to right; until no pair has a rank or one symbol is
+// left. Ranks are looked up as gpt-3-encoder does, by the string "a,b" (one rank per key, so a rank names
+// one bigram). Its rescan after every round is quadratic on a long run of letters (1 MB of random
+// letters: minutes); here the pairs wait in a min-heap keyed (rank, position), so one rank's entries
+// come up left to right, which is its left-to-right pass, an occurrence that overlaps a merged one being
+// stale by then. The pairs a round creates join the heap only when the round is over, as its next
+// rescan would see them.
 void BpeTokenizer::Impl::gpt2_word(std::string_view word, std::vector<int32_t>& out) const {
-    std::vector<std::string_view> syms;
-    for (size_t i = 0; i < word.size(); ++i) syms.push_back(word.substr(i, 1));
     std::string key;
     auto rank_of = [&](std::string_view a, std::string_view b) -> int64_t {
         key.assign(a);
         key += ',';
         key.append(b);
-        const int32_t r = merge_rank.find(key);
-        return r == FlatStringMap::kMissing ? int64_t{100000000000} : r;
+        return merge_rank.find(key);  // kMissing is -1
     };
-    std::vector<std::string_view> next;
-    while (syms.size() > 1) {
-        int64_t best = INT64_MAX;
-        size_t at = 0;
-        for (size_t i = 0; i + 1 < syms.size(); ++i) {
-            const int64_t r = rank_of(syms[i], syms[i + 1]);
-            if (r <= best) best = r, at = i;
-        }
-        if (best >= 100000000000) break;
-        const std::string_view first = syms[at], second = syms[at + 1];
-        next.clear();
-        for (size_t i = 0; i < syms.size();) {
-            if (syms[i] == first && i + 1 < syms.size() && syms[i + 1] == second) {
-                // Adjacent views of one word: the merged symbol is the view over both.
-                next.push_back(std::string_view(syms[i].data(), syms[i].size() + syms[i + 1].size()));
-                i += 2;
-            } else {
-                next.push_back(syms[i]);
-                i += 1;
-            }
-        }
-        syms.swap(next);
-    }
-    for (std::string_view s : syms) {
-        const int32_t id = ids.find(s);
-        if (id == FlatStringMap::kMissing) throw InternalError("gpt2 tokenizer: a merged symbol has no id");
-        out.push_back(id);
-    }
+    merge_word(
+        word,
+        [&](size_t a, size_t mid, size_t b) -> int64_t {
+            return rank_of(word.substr(a, mid - a), word.substr(mid, b - mid));
+        },
+        /*rounds=*/true,
+        [&](size_t a, size_t b) {
+            const int32_t id = ids.find(word.substr(a, b - a));
+            if (id == FlatStringMap::kMissing) throw InternalError("gpt2 tokenizer: a merged symbol has no id");
+            out.push_back(id);
+        });
 }
 
 // tiktoken's byte-pair merge (js-tiktoken's bytePairMerge): parts start as single bytes; the adjacent
 // pair whose concatenation has the lowest rank (the leftmost on ties) merges, until none has a rank.
+// js-tiktoken rescans every pair after each merge (quadratic: 100 KB of one letter, one piece of the
+// pattern, took a minute); merge_word's heap gives the same merges in the same order.
 void BpeTokenizer::Impl::cl100k_word(std::string_view word, std::vector<int32_t>& out) const {
-    auto rank = [&](std::string_view bytes) -> int64_t {
-        return ids.find(bytes);  // kMissing is -1
-    };
-    std::vector<size_t> starts(word.size() + 1);
-    for (size_t i = 0; i <= word.size(); ++i) starts[i] = i;  // part k is [starts[k], starts[k+1])
-    while (starts.size() > 2) {
-        int64_t best = -1;
-        size_t at = 0;
-        for (size_t k = 0; k + 2 < starts.size(); ++k) {
-            const int64_t r = rank(word.substr(starts[k], starts[k + 2] - starts[k]));
-            if (r >= 0 && (best < 0 || r < best)) best = r, at = k;
-        }
-        if (best < 0) break;
-        starts.erase(starts.begin() + static_cast<std::ptrdiff_t>(at) + 1);
-    }
-    for (size_t k = 0; k + 1 < starts.size(); ++k) {
-        const int64_t r = rank(word.substr(starts[k], starts[k + 1] - starts[k]));
-        if (r >= 0) out.push_back(static_cast<int32_t>(r));  // as js-tiktoken, a part without a rank is dropped
-    }
+    merge_word(
+        word,
+        [&](size_t a, size_t, size_t b) -> int64_t {
+            return ids.find(word.substr(a, b - a));  // kMissing is -1
+        },
+        /*rounds=*/false,
+        [&](size_t a, size_t b) {
+            const int32_t r = ids.find(word.substr(a, b - a));
+            if (r >= 0) out.push_back(r);  // as js-tiktoken, a part without a rank is dropped
+        });
 }
 
 namespace {

@@ -152,6 +152,35 @@ TEST_CASE("tokenizers: gpt2 and cl100k give the npm encoders' ids on seeded rand
     for (const std::string name : {"gpt2", "cl100k"}) check_against_npm(name, files);
 }
 
+TEST_CASE("tokenizers: long runs of letters give the npm encoders' ids (the merges are not rescanned per merge)") {
+    // One piece of the pattern each, where a merge order that differs from the encoders' would show: one
+    // letter, two letters alternating, random letters, repeated commas (GPT-2 keys its ranks "a,b", so a
+    // key can name two splits), a letter between runs of spaces. Sized for the npm encoders, which
+    // rescan every pair after each merge; scripts/bench_tokenizers.sh times 1 MB of one letter.
+    TempDir dir;
+    std::mt19937 rng(5);
+    std::string random_letters, accented;
+    for (int i = 0; i < 2500; ++i) random_letters += static_cast<char>('a' + rng() % 26);
+    for (int i = 0; i < 900; ++i) accented += i % 3 ? "\xc3\xa9" : "e";  // é and e: a multi-byte letter run
+    const std::vector<std::string> texts = {std::string(2500, 'a'),
+                                            [] {
+                                                std::string s;
+                                                for (int i = 0; i < 1200; ++i) s += "ab";
+                                                return s;
+                                            }(),
+                                            random_letters,
+                                            accented,
+                                            std::string(1500, ','),
+                                            std::string(2000, ' ') + "x" + std::string(2000, ' '),
+                                            "The " + std::string(2000, 'z') + " end."};
+    std::vector<std::string> files;
+    for (size_t i = 0; i < texts.size(); ++i) {
+        files.push_back(dir.path("run" + std::to_string(i) + ".txt"));
+        test_util::write_file(files.back(), texts[i]);
+    }
+    for (const std::string name : {"gpt2", "cl100k", "dolma2"}) check_against_npm(name, files);
+}
+
 TEST_CASE("tokenizers: dolma2 gives js-tiktoken's ids with OLMo-2's added tokens on text that holds them") {
     // The stress file, SOTU and random text (no added token: cl100k's ids), and documents mixing OLMo-2's PII
     // placeholders and extra ids (one token each, the longest where two start alike) with the special
