@@ -12,8 +12,10 @@
 #include <CLI/CLI.hpp>
 #include <cctype>
 #include <climits>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -34,6 +36,16 @@
 #include "parallel/launcher.h"
 
 namespace {
+
+// A positive number (CLI11's PositiveNumber states its bound as the 309 digits of the largest double).
+const CLI::Validator kPositive(
+    [](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0' || !(x > 0) || !std::isfinite(x)) return "expected a positive number";
+        return "";
+    },
+    "POSITIVE");
 
 using trainer::Json;
 
@@ -185,8 +197,7 @@ int run_main(int argc, char** argv) {
         "the device roofline (takes the training flags: --config, --set, --device, --precision)");
     bench->fallthrough();  // the training options (--config, --set, ...) belong to the main command
     int bench_reps = 20;
-    bench->add_option("--reps", bench_reps, "timed calls of each kernel (after two warm-up calls)")
-        ->check(CLI::PositiveNumber);
+    bench->add_option("--reps", bench_reps, "timed calls of each kernel (after two warm-up calls)")->check(kPositive);
     std::string calibration_out;
     bench->add_option("--calibration-out", calibration_out,
                       "also write each op's measured time with its FLOPs and bytes here (for trainer plan)");
@@ -205,7 +216,7 @@ int run_main(int argc, char** argv) {
     bench_comm
         ->add_option("--seconds-per-size", comm_opts.seconds_per_size,
                      "measuring time of each collective and size (three trials)")
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     bench_comm->add_option("--calibration-out", comm_opts.calibration_out,
                            "write the fitted links here (JSON; trainer plan --comm-calibration)");
 
@@ -218,7 +229,7 @@ int run_main(int argc, char** argv) {
     long logits_instances = 1;
     std::string logits_out;
     logits_cmd->add_option("--instances", logits_instances, "instances of max_sequence_length tokens")
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     logits_cmd->add_option("-o,--output", logits_out, "the .npy file to write")->required();
 
     auto* show = app.add_subcommand(
@@ -235,13 +246,13 @@ int run_main(int argc, char** argv) {
         "flags: --config, --set, --device, ...; --trace-file draws the predicted step)");
     plan->fallthrough();
     trainer::PlanOptions plan_opts;
-    plan->add_option("--nnodes", plan_opts.nnodes, "nodes")->check(CLI::PositiveNumber);
-    plan->add_option("--nproc-per-node", plan_opts.nproc_per_node, "ranks per node")->check(CLI::PositiveNumber);
+    plan->add_option("--nnodes", plan_opts.nnodes, "nodes")->check(kPositive);
+    plan->add_option("--nproc-per-node", plan_opts.nproc_per_node, "ranks per node")->check(kPositive);
     plan->add_option("--device-memory", plan_opts.device_memory_gib, "GiB of memory per device: marks what fits")
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     plan->add_option("--host-memory", plan_opts.host_memory_gib,
                      "GiB of host memory per node: marks the CPU offload rows whose host state does not fit")
-        ->check(CLI::PositiveNumber);
+        ->check(kPositive);
     plan->add_flag("--json", plan_opts.json, "one JSON object per configuration instead of the table");
     plan->add_option("--hardware", plan_opts.hardware,
                      "the device and links the step times are for: h100-sxm, h200, a100-40gb, a100-80gb, "

@@ -10,8 +10,10 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <unordered_set>
 
 #include "base/common.h"
+#include "base/utf8.h"
 
 namespace trainer {
 namespace {
@@ -256,7 +258,9 @@ void check_value(const KeySpec& spec, const Json& v, const std::string& shown) {
             return;
         case KeyType::kFloat:
             if (!v.is_number()) bad_type();
-            if (!std::isfinite(v.get<double>())) bad_type();
+            if (!std::isfinite(v.get<double>()))
+                user_error("config {}: {} is not a finite number; expected {}", shown, v.get<double>(),
+                           type_name(spec.type));
             check_range(v.get<double>());
             return;
         case KeyType::kBool:
@@ -435,11 +439,8 @@ Json parse_typed(const KeySpec& spec, const std::string& path, const std::string
         case KeyType::kFloatPair:
         case KeyType::kObjectList: {
             if (!text.empty() && text[0] == '[') {
-                try {
-                    return Json::parse(text);
-                } catch (const Json::exception&) {
-                    return fail();
-                }
+                return parse_json(
+                    text, fmt::format("--set {}={}", path, text.size() > 60 ? text.substr(0, 57) + "..." : text));
             }
             if (spec.type != KeyType::kStringList) return fail();
             Json list = Json::array();
@@ -492,18 +493,92 @@ std::string closest_config_key(const std::string& path) {
     return best_d <= limit ? best : "";
 }
 
+Json parse_json(std::string_view text, const std::string& what) {
+    // The nesting depth and the count of values, from one pass over the text outside strings.
+    int depth = 0;
+    size_t values = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (in_string) {
+            if (c == '\\')
+                ++i;
+            else if (c == '"')
+                in_string = false;
+            continue;
+        }
+        if (c == '"') {
+            in_string = true;
+            ++values;
+        } else if (c == '[' || c == '{') {
+            if (++depth > kMaxJsonDepth)
+                user_error("{}: arrays and objects nest deeper than {} levels at byte {}", what, kMaxJsonDepth, i);
+            ++values;
+        } else if (c == ']' || c == '}') {
+            --depth;
+        } else if (c == ',') {
+            ++values;
+        }
+        if (values > kMaxJsonValues)
+            user_error("{}: more than {} values; expected a much smaller document", what, kMaxJsonValues);
+    }
+    // A key written twice in one object: nlohmann keeps the last silently; refused here (a safetensors
+    // header naming one tensor twice, a config setting one key twice).
+    std::vector<std::unordered_set<std::string>> keys;  // of each open object
+    std::string twice;
+    const Json::parser_callback_t callback = [&](int, Json::parse_event_t event, Json& parsed) {
+        if (event == Json::parse_event_t::object_start) {
+            keys.emplace_back();
+        } else if (event == Json::parse_event_t::object_end) {
+            keys.pop_back();
+        } else if (event == Json::parse_event_t::key && twice.empty()) {
+            const std::string& k = parsed.get_ref<const std::string&>();
+            if (!keys.back().insert(k).second) twice = k;
+        }
+        return true;
+    };
+    try {
+        Json doc = Json::parse(text, callback);
+        if (!twice.empty()) user_error("{}: the key \"{}\" appears twice in one object", what, twice);
+        return doc;
+    } catch (const Json::parse_error& e) {
+        user_error("{}: not valid JSON at byte {}: {}", what, e.byte, e.what());
+    } catch (const Json::exception& e) {  // e.g. a number too large for a double
+        user_error("{}: not valid JSON: {}", what, e.what());
+    }
+}
+
 Json read_json_file(const std::string& path, const std::string& what) {
     std::ifstream f(path);
     if (!f) user_error("{} {}: cannot be read ({})", what, path, std::strerror(errno));
     std::stringstream ss;
     ss << f.rdbuf();
-    try {
-        return Json::parse(ss.str());
-    } catch (const Json::parse_error& e) {
-        user_error("{} {}: not valid JSON at byte {}: {}", what, path, e.byte, e.what());
-    } catch (const Json::exception& e) {  // e.g. a number too large for a double
-        user_error("{} {}: not valid JSON: {}", what, path, e.what());
+    return parse_json(ss.str(), what + " " + path);
+}
+
+namespace {
+void find_invalid_utf8(const Json& v, const std::string& path, std::optional<std::string>& found) {
+    if (found) return;
+    if (v.is_string()) {
+        if (invalid_utf8_offset(v.get_ref<const std::string&>()) != std::string_view::npos) found = path;
+    } else if (v.is_object()) {
+        for (auto it = v.begin(); it != v.end() && !found; ++it) {
+            const std::string key = path.empty() ? it.key() : path + "." + it.key();
+            if (invalid_utf8_offset(it.key()) != std::string_view::npos)
+                found = key;
+            else
+                find_invalid_utf8(it.value(), key, found);
+        }
+    } else if (v.is_array()) {
+        for (size_t i = 0; i < v.size() && !found; ++i) find_invalid_utf8(v[i], fmt::format("{}[{}]", path, i), found);
     }
+}
+}  // namespace
+
+std::optional<std::string> invalid_utf8_path(const Json& v) {
+    std::optional<std::string> found;
+    find_invalid_utf8(v, "", found);
+    return found;
 }
 
 void write_text_file(const std::string& path, const std::string& text, const std::string& what) {
@@ -555,21 +630,32 @@ long TrainConfig::total_steps(long instances_per_epoch) const {
         }
         return x;
     };
+    auto whole_steps = [&](double steps) {  // a count a long holds, with room for the step arithmetic
+        if (!(steps <= 1e15))
+            user_error("config max_duration: \"{}\" is {:.3g} steps; expected at most 1e15", d, steps);
+        return std::max<long>(1, static_cast<long>(std::ceil(steps)));
+    };
     if (d.size() > 2 && d.compare(d.size() - 2, 2, "ep") == 0) {
         const double epochs = parse_number(d.substr(0, d.size() - 2));
         const long batches_per_epoch = instances_per_epoch / global_train_batch_size;
-        return std::max<long>(1, static_cast<long>(std::ceil(epochs * static_cast<double>(batches_per_epoch))));
+        return whole_steps(epochs * static_cast<double>(batches_per_epoch));
     }
     if (!d.empty() && d.back() == 'T') {
         const double tokens = parse_number(d.substr(0, d.size() - 1));
-        return std::max<long>(1, static_cast<long>(std::ceil(tokens / static_cast<double>(tokens_per_step))));
+        return whole_steps(tokens / static_cast<double>(tokens_per_step));
     }
     const double steps = parse_number(d);
     if (std::floor(steps) != steps) user_error("config max_duration: \"{}\"; a step count must be whole", d);
-    return static_cast<long>(steps);
+    return whole_steps(steps);
 }
 
 TrainConfig validate_config(const Json& user_doc) {
+    if (const auto bad = invalid_utf8_path(user_doc)) {
+        user_error(
+            "config {}: not valid UTF-8; the config is saved in every checkpoint as JSON, which holds only "
+            "UTF-8 (rename the file or folder, or choose another name)",
+            *bad);
+    }
     check_object(user_doc, "", "");
     Json doc = user_doc;
     fill_defaults(doc, "");

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -322,9 +323,21 @@ struct TrainConfig {
     long total_steps(long instances_per_epoch) const;
 };
 
-// Reads a JSON file; a file that cannot be read or parsed is a UserError "<what> <path>: ..." naming the
-// position of the first error.
+// The reading policy for every JSON document the trainer takes (configs, checkpoint metadata, safetensors
+// headers, Hugging Face config files, tokenizer files, --set values): arrays and objects nest at most
+// kMaxJsonDepth deep (a config needs 4; nlohmann's dump, used in messages and saves, recurses per level),
+// and a document with more than kMaxJsonValues values is refused (a YAML config's aliases can expand to
+// that). Both are checked before anything is built, so memory stays within a small multiple of the text.
+constexpr int kMaxJsonDepth = 64;
+constexpr size_t kMaxJsonValues = 1u << 20;
+// Parses `text` under that policy; a bad document is a UserError "<what>: ..." naming the byte offset.
+Json parse_json(std::string_view text, const std::string& what);
+// Reads a JSON file under that policy; a file that cannot be read or parsed is a UserError "<what> <path>:
+// ..." naming the position of the first error.
 Json read_json_file(const std::string& path, const std::string& what);
+// The first string in `v` (a key or a value) that is not valid UTF-8, as its path ("data.paths[2]"), or
+// nullopt. nlohmann's dump throws on such a string: every document written is checked first.
+std::optional<std::string> invalid_utf8_path(const Json& v);
 // Writes `text` to `path` whole or not at all (a temporary file beside it, renamed over it); UserError naming
 // `what` and the path when it cannot.
 void write_text_file(const std::string& path, const std::string& text, const std::string& what);

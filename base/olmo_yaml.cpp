@@ -90,7 +90,16 @@ Json plain_scalar(const std::string& s) {
     return s;
 }
 
-Json to_json(const YAML::Node& n, const std::string& path, const std::string& file) {
+// Under the JSON reading policy (base/config.h): at most kMaxJsonDepth levels and kMaxJsonValues values
+// once aliases are expanded (nine levels of nine aliases expand to 9^9 values from a few hundred bytes).
+Json to_json(const YAML::Node& n, const std::string& path, const std::string& file, int depth, size_t& values) {
+    if (++values > kMaxJsonValues) {
+        user_error(
+            "config file {}: expands to more than {} values (aliases that repeat one another?); a config "
+            "holds hundreds",
+            file, kMaxJsonValues);
+    }
+    if (depth > kMaxJsonDepth) user_error("config file {}: {}: nests deeper than {} levels", file, path, kMaxJsonDepth);
     switch (n.Type()) {
         case YAML::NodeType::Null:
         case YAML::NodeType::Undefined:
@@ -101,7 +110,8 @@ Json to_json(const YAML::Node& n, const std::string& path, const std::string& fi
             return n.Tag() == "!" ? Json(n.Scalar()) : plain_scalar(n.Scalar());
         case YAML::NodeType::Sequence: {
             Json a = Json::array();
-            for (size_t i = 0; i < n.size(); ++i) a.push_back(to_json(n[i], fmt::format("{}[{}]", path, i), file));
+            for (size_t i = 0; i < n.size(); ++i)
+                a.push_back(to_json(n[i], fmt::format("{}[{}]", path, i), file, depth + 1, values));
             return a;
         }
         case YAML::NodeType::Map: {
@@ -113,7 +123,7 @@ Json to_json(const YAML::Node& n, const std::string& path, const std::string& fi
                     user_error("config file {}: {}: a key that is not valid UTF-8", file, path);
                 if (o.contains(key))
                     user_error("config file {}: {}{} appears twice", file, path.empty() ? "" : path + ".", key);
-                o[key] = to_json(kv.second, path.empty() ? key : path + "." + key, file);
+                o[key] = to_json(kv.second, path.empty() ? key : path + "." + key, file, depth + 1, values);
             }
             return o;
         }
@@ -150,6 +160,8 @@ std::vector<std::string> split_args(const std::string& s) {
 
 class Resolver {
    public:
+    static constexpr size_t kMaxInterpolatedText = 1 << 20;
+
     Resolver(Json& root, const std::string& file) : root_(root), file_(file) {}
 
     void resolve_all() { walk(root_, ""); }
@@ -180,6 +192,12 @@ class Resolver {
                 const size_t e = closing(s, i, key);
                 const Json v = evaluate(s.substr(i + 2, e - i - 2), key, depth);
                 out += v.is_string() ? v.get<std::string>() : json_text(v);
+                if (out.size() > kMaxInterpolatedText) {
+                    user_error(
+                        "config file {}: {}: interpolation makes a text longer than {} bytes (references "
+                        "that repeat one another?)",
+                        file_, key, kMaxInterpolatedText);
+                }
                 i = e + 1;
             } else {
                 out += s[i++];
@@ -205,6 +223,12 @@ class Resolver {
     }
 
     Json evaluate(const std::string& expr, const std::string& key, int depth) {
+        if (++evaluated_ > kMaxJsonValues) {  // references repeated at every level: exponential work
+            user_error(
+                "config file {}: {}: more than {} interpolations to evaluate (references that repeat one "
+                "another?)",
+                file_, key, kMaxJsonValues);
+        }
         const size_t colon = expr.find(':');
         const std::string head = colon == std::string::npos ? expr : expr.substr(0, colon);
         if (head == "oc.env") {
@@ -262,11 +286,28 @@ class Resolver {
         if (v->is_string() && v->get<std::string>().find("${") != std::string::npos) {
             return value_of(v->get<std::string>(), expr, depth + 1);
         }
+        // Copies of copies multiply like aliases: the values copied count against the same bound.
+        copied_ += count_values(*v);
+        if (copied_ > kMaxJsonValues) {
+            user_error(
+                "config file {}: {}: interpolations copy more than {} values (references that repeat one "
+                "another?); a config holds hundreds",
+                file_, key, kMaxJsonValues);
+        }
         return *v;
+    }
+
+    static size_t count_values(const Json& v) {
+        size_t n = 1;
+        if (v.is_structured()) {
+            for (const auto& e : v) n += count_values(e);
+        }
+        return n;
     }
 
     Json& root_;
     std::string file_;
+    size_t copied_ = 0, evaluated_ = 0;
 };
 
 // ---- keys with no effect here ----
@@ -377,7 +418,8 @@ Json read_yaml_config(const std::string& path) {
         user_error("config file {}: not valid YAML at line {}, column {}: {}", path, e.mark.line + 1, e.mark.column + 1,
                    e.msg);
     }
-    Json doc = to_json(root, "", path);
+    size_t values = 0;
+    Json doc = to_json(root, "", path, 0, values);
     if (!doc.is_object()) user_error("config file {}: expected a mapping at the top level", path);
     return doc;
 }

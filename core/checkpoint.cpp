@@ -245,7 +245,7 @@ std::string resolve_checkpoint(const TrainConfig& config, const std::string& loa
 }
 
 std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy& strategy,
-                            long step) {
+                            long step, const std::string& run_tag) {
     const std::string folder = *config.save_folder;
     std::error_code ec;
     fs::create_directories(folder, ec);
@@ -264,9 +264,17 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
     // metadata.json, adds checksums and renames the folder. A replicated strategy has one writer, rank 0.
     const int rank = strategy.rank(), file_index = strategy.checkpoint_file(), files = strategy.checkpoint_files();
     const bool multi = strategy.world_size() > 1;
-    const std::string tmp_dir = (fs::path(folder) / (multi ? fmt::format(".step{}.tmp", step)
-                                                           : fmt::format(".step{}.tmp-{}", step, ::getpid())))
-                                    .string();
+    const std::string tmp_dir = (fs::path(folder) / fmt::format(".step{}.tmp-{}", step, run_tag)).string();
+    // A save that fails on rank 0 leaves no temporary folder behind (a full disk stays full otherwise);
+    // what another rank's failure leaves is cleared by the next run that takes the folder's lock.
+    struct RemoveUnlessPublished {
+        std::string dir;
+        bool armed;
+        ~RemoveUnlessPublished() {
+            std::error_code ignored;
+            if (armed) fs::remove_all(dir, ignored);
+        }
+    } cleanup{tmp_dir, rank == 0};
     if (rank == 0) {
         fs::remove_all(tmp_dir, ec);
         fs::create_directories(tmp_dir, ec);
@@ -292,7 +300,6 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
                 // of save_num_checkpoints_to_keep never trade a good checkpoint for it.
                 const auto bad = std::find_if(host.begin(), host.end(), [](float x) { return !std::isfinite(x); });
                 if (bad != host.end()) {
-                    if (!multi) fs::remove_all(tmp_dir, ec);  // a shared one is the next save's to clear
                     const std::optional<long> newest = latest_checkpoint_step(folder);
                     const std::string kept =
                         newest ? fmt::format("the newest complete checkpoint, {}/step{}, is kept", folder, *newest)
@@ -371,6 +378,7 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
     }
     fs::rename(tmp_dir, final_dir, ec);
     if (ec) user_error("checkpoint: cannot rename {} to {} ({})", tmp_dir, final_dir, ec.message());
+    cleanup.armed = false;
     fsync_path(folder);
     if (!trash.empty()) fs::remove_all(trash, ec);
     // Rank 0's unsharded copy of the weights, assembled from the complete checkpoint's pieces.

@@ -28,11 +28,13 @@ struct CheckpointInfo {
     long step = 0;
 };
 
-// Writes step<step>/ under config.save_folder; returns its path. Old checkpoints beyond
-// save_num_checkpoints_to_keep are removed after the new one is complete. Refuses (UserError, nothing
-// published) to replace an existing step<step>/ unless save_overwrite, and state that is not finite.
+// Writes step<step>/ under config.save_folder (whose lock the run holds: core/save_folder.h); returns its
+// path. The ranks write into .step<step>.tmp-<run_tag> (the tag the same on every rank of a run, another in every run),
+// renamed when complete; a save that fails on rank 0 removes it. Old checkpoints beyond save_num_checkpoints_to_keep
+// are removed after the new one is complete. Refuses (UserError, nothing published) to replace an existing
+// step<step>/ unless save_overwrite, and state that is not finite.
 std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy& strategy,
-                            long step);
+                            long step, const std::string& run_tag);
 // Resolves load_path ("latest" or a folder) to a complete checkpoint folder; UserError when there is none.
 std::string resolve_checkpoint(const TrainConfig& config, const std::string& load_path);
 // Loads parameters and optimizer state into the strategy's owned shards; returns the step and data position.

@@ -34,11 +34,7 @@ std::string read_text(const std::string& path, const std::string& what) {
 }
 
 Json parse_json_file(const std::string& path, const std::string& what) {
-    try {
-        return Json::parse(read_text(path, what));
-    } catch (const Json::exception& e) {
-        user_error("{}: {} is not valid JSON ({})", what, path, e.what());
-    }
+    return parse_json(read_text(path, what), fmt::format("{}: {}", what, path));
 }
 
 }  // namespace

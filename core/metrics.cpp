@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -39,10 +41,20 @@ void MetricsWriter::write(const Json& record) {
     if (!f_) {
         f_ = std::fopen(path_.c_str(), append_ ? "a" : "w");
         if (!f_) user_error("metrics_file {}: cannot be written ({})", path_, std::strerror(errno));
+        std::fseek(f_, 0, SEEK_END);  // where a record starts, for the truncation below
     }
     const std::string line = record.dump() + "\n";
-    std::fwrite(line.data(), 1, line.size(), f_);
-    std::fflush(f_);
+    const long before = std::ftell(f_);
+    if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0) {
+        const int e = errno;
+        // No record cut in half: the file ends with the last whole one, as a resumed run appends to it.
+        std::clearerr(f_);
+        if (before >= 0 && ::ftruncate(::fileno(f_), before) == 0) std::fseek(f_, before, SEEK_SET);
+        user_error(
+            "metrics_file {}: a record could not be written ({}); the run stops here, its checkpoints as "
+            "they were",
+            path_, std::strerror(e));
+    }
 }
 
 }  // namespace trainer

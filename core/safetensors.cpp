@@ -16,6 +16,7 @@
 #include <set>
 
 #include "base/common.h"
+#include "base/config.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is read and written little-endian");
 
@@ -127,12 +128,8 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path, std::map
     const int64_t data_start = 8 + static_cast<int64_t>(header_len);
     const int64_t data_size = file_size - data_start;
 
-    nlohmann::json j;
-    try {
-        j = nlohmann::json::parse(header);
-    } catch (const nlohmann::json::exception& e) {
-        user_error("safetensors file {}: the {}-byte header is not valid JSON: {}", path, header_len, e.what());
-    }
+    const nlohmann::json j =
+        parse_json(header, fmt::format("safetensors file {}: the {}-byte header", path, header_len));
     if (!j.is_object()) {
         user_error("safetensors file {}: header is a JSON {}; expected an object of tensors", path, j.type_name());
     }

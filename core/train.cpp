@@ -11,10 +11,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 
 #include "base/common.h"
 #include "base/layout.h"
@@ -29,6 +32,7 @@
 #include "core/optimizer.h"
 #include "core/plan.h"
 #include "core/safetensors.h"
+#include "core/save_folder.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
 #include "parallel/rank_env.h"
@@ -247,9 +251,11 @@ class TrainingRun {
         if (config_.trace_file) {
             // Refuse an unwritable path now, not after the run.
             trace_path_ = trace_path(*config_.trace_file, env_.rank, env_.world_size);
-            std::FILE* f = std::fopen(trace_path_.c_str(), "w");
+            const std::string probe = trace_path_ + ".tmp-" + std::to_string(::getpid());  // as trace::write
+            std::FILE* f = std::fopen(probe.c_str(), "w");
             if (f == nullptr) user_error("trace_file {}: cannot be written ({})", trace_path_, std::strerror(errno));
             std::fclose(f);
+            std::remove(probe.c_str());
             trace::start(env_.rank);
             trace::name_thread("compute");
         }
@@ -260,6 +266,7 @@ class TrainingRun {
         backend_ = make_backend(device_, backend_options(config_, device_index_));
         layout_ = std::make_unique<ParamLayout>(config_);
         world_ = make_world(config_, env_, device_, backend_.get(), *layout_);
+        if (config_.save_folder) take_save_folder();
         Strategy& strategy = *world_.strategy;
         load_initial_params(config_, *layout_, strategy, use_init_from_ ? &init_tensors_ : nullptr,
                             config_.init_from.value_or(""));
@@ -461,10 +468,48 @@ class TrainingRun {
         std::fflush(stdout);
     }
 
+    // Before step 1, with the ranks connected: rank 0 takes the save folder's lock (one run at a time,
+    // core/save_folder.h) and draws the run's tag; every rank that writes shard files probes the folder, so
+    // a folder that cannot be written stops the run now, not after save_interval steps. The outcomes are
+    // summed over the ranks, so every rank stops when one cannot go on.
+    void take_save_folder() {
+        Strategy& strategy = *world_.strategy;
+        const std::string& folder = *config_.save_folder;
+        auto agree = [&](const std::function<void()>& attempt, double* extra, const std::string& elsewhere) {
+            std::exception_ptr failure;
+            try {
+                attempt();
+            } catch (const UserError&) {
+                failure = std::current_exception();
+            }
+            double v[2] = {failure ? 1.0 : 0.0, extra ? *extra : 0.0};
+            strategy.all_reduce_sum(v, 2);
+            if (failure) std::rethrow_exception(failure);
+            if (v[0] > 0) user_error("save_folder {}: {} (its error says why)", folder, elsewhere);
+            if (extra) *extra = v[1];
+        };
+        double tag = 0.0;  // rank 0's draw, the same on every rank after the sum
+        agree(
+            [&] {
+                if (env_.rank != 0) return;
+                tag = static_cast<double>(std::random_device{}() & 0xFFFFFFu) * 16777216.0 +
+                      static_cast<double>(std::random_device{}() & 0xFFFFFFu);  // 48 bits: exact in a double
+                save_lock_ = SaveFolderLock::acquire(folder, fmt::format("{:012x}", static_cast<uint64_t>(tag)));
+            },
+            &tag, "rank 0 could not take it");
+        run_tag_ = fmt::format("{:012x}", static_cast<uint64_t>(tag));
+        agree(
+            [&] {
+                if (strategy.checkpoint_file() >= 0)
+                    probe_writable_folder(folder, fmt::format(".probe-{}-rank{}", run_tag_, env_.rank), "save_folder");
+            },
+            nullptr, "a rank that writes checkpoint shards cannot write it");
+    }
+
     // Every rank takes part (barriers); the strategy says which ranks write shard files.
     void save(long step) {
         const trace::Span span("checkpoint", "save checkpoint");
-        saved_path_ = save_checkpoint(config_, *layout_, backend_.get(), *world_.strategy, step);
+        saved_path_ = save_checkpoint(config_, *layout_, backend_.get(), *world_.strategy, step, run_tag_);
         saved_step_ = step;
         bar_->clear();
         std::printf("saved checkpoint %s\n", saved_path_.c_str());
@@ -581,6 +626,8 @@ class TrainingRun {
     std::unique_ptr<Backend> backend_;
     std::unique_ptr<ParamLayout> layout_;
     World world_;
+    std::unique_ptr<SaveFolderLock> save_lock_;  // rank 0, while save_folder is set
+    std::string run_tag_;                        // names this run's temporary checkpoint folders
     std::unique_ptr<Model> model_;
     std::unique_ptr<Backend> host_backend_;  // cpu_offload on a GPU: the host optimizer's kernels
     std::unique_ptr<AdamW> optimizer_;

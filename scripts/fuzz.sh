@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # Fuzzing (libFuzzer with address and undefined-behaviour sanitizers, Debian's clang): builds tests/fuzz
 # into build-fuzz/ and runs each target for SECONDS (default 30), two at a time, from seed inputs:
-#   config_json      the JSON config reader and validation      seeds: configs/*.json
-#   config_yaml      OLMo's YAML configs                         seeds: tests/fixtures/olmo_1b_style.yaml
-#   safetensors      the safetensors reader                      seeds: a small file written here
-#   token_file       raw / .npy / llm.c token files              seeds: tests/fixtures/*_tokens.u16, small
-#                                                                       .npy and llm.c files written here
-#   checkpoint_meta  a checkpoint's metadata.json structure      seeds: a metadata.json written here
-#   bpe              the gpt2, cl100k and dolma2 tokenizers       seeds: tests/fixtures/tokenizer_stress.txt
-# A crash, a sanitizer report, a timeout, or an exception other than the trainer's UserError fails the
-# target; its log and the input that did it (build-fuzz/crash-*) are printed. Exit status 1 if any failed.
+#   config_json      the JSON config reader, --set and validation  seeds: configs/*.json, a deep nesting,
+#                                                                      --set lines
+#   config_yaml      OLMo's YAML configs                           seeds: tests/fixtures/olmo_1b_style.yaml,
+#                                                                      aliases and interpolations that repeat
+#   safetensors      the safetensors reader                        seeds: a small file written here
+#   token_file       raw / .npy / llm.c token files                seeds: tests/fixtures/*_tokens.u16, small
+#                                                                      .npy and llm.c files written here
+#   checkpoint_meta  a checkpoint's metadata.json structure        seeds: a metadata.json, one deeply nested
+#   bpe              the gpt2, cl100k and dolma2 tokenizers         seeds: tests/fixtures/tokenizer_stress.txt,
+#                                                                      long runs
+# The targets expand runs (tests/fuzz/fuzz_common.h: 0xF5, a count, a byte) so a mutated count reaches
+# nesting 65,535 deep or a 65 KB run of one letter, and dump every document they accept (a string that is
+# not UTF-8, or nesting deep enough to exhaust the stack, fails there). A crash, a sanitizer report, a
+# timeout (10 s an input), more than 1 GiB of memory (-rss_limit_mb: the bound every reader must hold on
+# any input), or an exception other than the trainer's UserError fails the target; its log and the input
+# that did it (build-fuzz/crash-*) are printed. Exit status 1 if any failed.
 # Usage: scripts/fuzz.sh [SECONDS] [TARGET...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,12 +68,22 @@ meta = {"format": "trainer-checkpoint", "version": 2, "step": 3, "world_size": 2
         "files": {"rank0.bin": {"bytes": 96, "checksum": "0123456789abcdef"},
                   "rank1.bin": {"bytes": 48, "checksum": "fedcba9876543210"}}}
 put("checkpoint_meta", "metadata.json", json.dumps(meta, indent=2).encode())
+# Inputs that use the run expansion of tests/fuzz/fuzz_common.h (0xF5, count, byte: the byte 257 * count
+# times), so that mutating a count reaches the deep nesting and long runs no small input holds.
+def run(count, byte):
+    return b"\xf5" + bytes([count]) + byte
+put("config_json", "deep.json", b'{"run_name": ' + run(1, b"[") + run(1, b"]") + b"}")
+put("config_json", "set.txt", b"--set run_name=fuzz\n--set data.paths=[\"a\", \"b\"]\n--set seed=3")
+put("checkpoint_meta", "deep.json", json.dumps(meta).encode()[:-1] + b', "extra": ' + run(1, b"[") + run(1, b"]") + b"}")
+put("config_yaml", "aliases.yaml", b"a0: &a0 [x, x, x]\na1: &a1 [*a0, *a0, *a0]\na2: &a2 [*a1, *a1, *a1]\n"
+    b"b0: xx\nb1: ${b0}${b0}\nb2: ${b1}${b1}\n")
+put("bpe", "run.txt", b"The " + run(4, b"a") + b" end " + run(2, b","))
 PY
 
 failed=()
 run() {
     local t=$1
-    (cd build-fuzz && TRAINER_TOKENIZERS=$PWD/../data/tokenizers ./"fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    (cd build-fuzz && TRAINER_TOKENIZERS=$PWD/../data/tokenizers ./"fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=1024 -print_final_stats=1 \
         "$tmp/work_$t" "$tmp/seed_$t" >"$tmp/$t.log" 2>&1)
 }
 report() {

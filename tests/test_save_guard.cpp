@@ -1,18 +1,24 @@
 // What a run must not do to the checkpoints already written: resuming an older checkpoint does not overwrite
 // newer ones unless save_overwrite says so; state that is not finite is never saved (so `latest` and the
-// rotation keep the last good checkpoint); and ranks do not outlive a killed launcher, training and saving
-// beside a requeued run.
+// rotation keep the last good checkpoint); ranks do not outlive a killed launcher, training and saving
+// beside a requeued run; two runs never share a save folder (its lock, taken over from dead owners only);
+// outputs that cannot be written stop the run early and leave no temporary folders behind.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/common.h"
 #include "core/checkpoint.h"
 #include "test_util.h"
 
@@ -146,4 +152,137 @@ TEST_CASE("save guard: ranks do not outlive a launcher killed with SIGKILL") {
     CHECK(gone);
     for (pid_t p : ranks)
         if (running(p)) ::kill(p, SIGKILL);  // never leave a rank behind, whatever the verdict
+}
+
+namespace {
+
+// Waits until `path` exists (a background run's lock, its first checkpoint).
+bool wait_for(const std::string& path, int seconds = 60) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!fs::exists(path)) {
+        if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(seconds)) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
+}
+
+std::vector<std::string> temporary_entries(const std::string& folder) {
+    std::vector<std::string> found;
+    for (const auto& e : fs::directory_iterator(folder)) {
+        const std::string name = e.path().filename().string();
+        if (name.find(".tmp") != std::string::npos || name.find(".old-") != std::string::npos) found.push_back(name);
+    }
+    return found;
+}
+
+}  // namespace
+
+TEST_CASE("save guard: a second run on a save folder in use is refused by name and a dead owner's lock is taken over") {
+    test_util::TempDir dir;
+    const std::string folder = dir.path("run"), log = dir.path("first.log");
+    Args argv = {test_util::trainer_binary()};
+    const Args first = tiny(folder, 1000000, {"--set", "save_interval=2"});
+    argv.insert(argv.end(), first.begin(), first.end());
+    const pid_t owner = test_util::start_logged(argv, log);
+    REQUIRE(owner > 0);
+    REQUIRE(wait_for(folder + "/step2/metadata.json"));
+    const trainer::Json lock = trainer::Json::parse(test_util::read_file(folder + "/.lock"));
+    CHECK(lock["pid"] == owner);
+
+    // Started on the same folder (a requeue beside a live run): refused, naming the owner.
+    const auto second = test_util::run_trainer(tiny(folder, 4, {"--load-path", "latest"}));
+    INFO(second.out << second.err);
+    CHECK(second.exit_code == 1);
+    CHECK_THAT(second.err, Contains("is in use by run " + lock["run_id"].get<std::string>()));
+    CHECK_THAT(second.err, Contains(fmt::format("pid {} on host", owner)));
+
+    // The owner dies mid-run: its checkpoints stay and the next run takes the lock over, clearing what the
+    // interrupted saves left.
+    REQUIRE(::kill(owner, SIGKILL) == 0);
+    test_util::wait_exit_code(owner);
+    fs::create_directories(folder + "/.step999.tmp-0123456789ab");
+    const std::vector<long> kept = trainer::checkpoint_steps(folder);
+    REQUIRE(!kept.empty());
+    const auto third = test_util::run_trainer(tiny(folder, kept.back() + 2, {"--load-path", "latest"}));
+    INFO(third.out << third.err);
+    CHECK(third.exit_code == 0);
+    CHECK_THAT(third.err, Contains("took over the lock of run " + lock["run_id"].get<std::string>()));
+    CHECK_THAT(third.err, Contains("which no longer runs"));
+    CHECK_THAT(third.err, Contains("removed 1 temporary folder of interrupted saves"));
+    CHECK_THAT(third.out, Contains(fmt::format("resumed from {}/step{}", folder, kept.back())));
+    CHECK(temporary_entries(folder).empty());
+    CHECK_FALSE(fs::exists(folder + "/.lock"));  // released at the end
+}
+
+TEST_CASE("save guard: another host's lock is taken over only once its heartbeat stops moving") {
+    test_util::TempDir dir;
+    const std::string folder = dir.path("run");
+    fs::create_directories(folder);
+    const std::string lock = folder + "/.lock";
+    test_util::write_file(lock, R"({"run_id": "elsewhere", "host": "another-node", "pid": 1, "started": "then"})");
+    SECTION("a heartbeat that moves: a live run, refused") {
+        std::atomic<bool> stop{false};
+        std::thread beat([&] {
+            while (!stop) {
+                ::utimensat(AT_FDCWD, lock.c_str(), nullptr, 0);
+                std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            }
+        });
+        const auto r = test_util::run_trainer(tiny(folder, 1, {}), {"TRAINER_SAVE_LOCK_STALE_SECONDS=5"});
+        stop = true;
+        beat.join();
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Contains("is in use by run elsewhere (pid 1 on host another-node"));
+        CHECK(trainer::Json::parse(test_util::read_file(lock))["run_id"] == "elsewhere");
+    }
+    SECTION("a heartbeat older than the stale limit: taken over") {
+        const timespec old[2] = {{::time(nullptr) - 600, 0}, {::time(nullptr) - 600, 0}};
+        REQUIRE(::utimensat(AT_FDCWD, lock.c_str(), old, 0) == 0);
+        const auto r = test_util::run_trainer(tiny(folder, 1, {}), {"TRAINER_SAVE_LOCK_STALE_SECONDS=5"});
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 0);
+        CHECK_THAT(r.err, Contains("took over the lock of run elsewhere (pid 1 on host another-node"));
+        CHECK_THAT(r.err, Contains("whose heartbeat stopped"));
+        CHECK(trainer::checkpoint_steps(folder) == std::vector<long>{1});
+    }
+}
+
+TEST_CASE("save guard: outputs that cannot be written stop the run before step 1 or when they fail") {
+    test_util::TempDir dir;
+    SECTION("a save_folder that is a file, or a name too long") {
+        test_util::write_file(dir.path("file"), "x");
+        for (const std::string& folder : {dir.path("file"), dir.path(std::string(300, 'x'))}) {
+            const auto r = test_util::run_trainer(tiny(folder, 5, {"--set", "save_interval=5"}));
+            INFO(r.out << r.err);
+            CHECK(r.exit_code == 1);
+            CHECK_THAT(r.err, Contains("save_folder " + folder + ": cannot be created ("));
+            CHECK(r.out.find("step 1/") == std::string::npos);
+        }
+    }
+    SECTION("a metrics file on a full disk: the run stops with the reason") {
+        const auto r = test_util::run_trainer(tiny(dir.path("m"), 3, {"--metrics-file", "/dev/full"}));
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Contains("metrics_file /dev/full: a record could not be written (No space left on device)"));
+    }
+    SECTION("a multi-rank save names its temporary folder for the run, and a failed save leaves none") {
+        // Killed between the shard files and the metadata: the temporary folder carries the run's tag.
+        const std::string folder = dir.path("ranks");
+        const auto killed =
+            test_util::run_trainer(tiny(folder, 4, {"--set", "save_interval=2"}), {"TRAINER_DEBUG_KILL_IN_SAVE=4"});
+        CHECK(killed.exit_code == -SIGKILL);
+        const auto left = temporary_entries(folder);
+        REQUIRE(left.size() == 1);
+        CHECK(left[0].rfind(".step4.tmp-", 0) == 0);
+        CHECK(left[0].size() == std::string(".step4.tmp-").size() + 12);
+        // The state is not finite at step 3: the save fails and removes its temporary folder.
+        const auto failed = test_util::run_trainer(tiny(
+            folder, 4, {"--load-path", "latest", "--set", "save_interval=1", "--set", "optimizer.learning_rate=1e39"}));
+        INFO(failed.out << failed.err);
+        CHECK(failed.exit_code == 1);
+        CHECK_THAT(failed.err, Contains("removed 1 temporary folder of interrupted saves"));
+        CHECK(temporary_entries(folder).empty());
+        CHECK(trainer::checkpoint_steps(folder) == std::vector<long>{2});
+    }
 }

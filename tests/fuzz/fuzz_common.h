@@ -11,8 +11,31 @@
 #include <string>
 
 #include "base/common.h"
+#include "base/config.h"
 
 namespace fuzz {
+
+// The input with its runs expanded: the byte 0xF5 (never valid in UTF-8) followed by a count byte c and a
+// byte b stands for b repeated 256 * c + c times (up to 65535). libFuzzer keeps inputs small (4 KB by
+// default); this lets a few bytes become the 100,000-deep nesting or the long letter run that breaks a
+// reader, which no small input reaches.
+inline std::string expand(const uint8_t* data, size_t size) {
+    std::string out;
+    for (size_t i = 0; i < size; ++i) {
+        if (data[i] == 0xF5 && i + 2 < size) {
+            out.append(257u * data[i + 1], static_cast<char>(data[i + 2]));
+            i += 2;
+        } else {
+            out += static_cast<char>(data[i]);
+        }
+    }
+    return out;
+}
+
+// Every JSON document a reader accepts is later written somewhere (a checkpoint, a message, show-config):
+// it must dump without an exception (nlohmann throws on a string that is not UTF-8) and without running
+// out of stack (its dump recurses per level).
+inline void check_dumps(const trainer::Json& doc) { (void)doc.dump(); }
 
 // A per-process file holding `data` (rewritten every call), named with `suffix`.
 inline std::string as_file(const uint8_t* data, size_t size, const std::string& suffix) {
@@ -26,6 +49,9 @@ inline std::string as_file(const uint8_t* data, size_t size, const std::string& 
     if (size > 0 && std::fwrite(data, 1, size, f) != size) std::abort();
     std::fclose(f);
     return path;
+}
+inline std::string as_file(const std::string& data, const std::string& suffix) {
+    return as_file(reinterpret_cast<const uint8_t*>(data.data()), data.size(), suffix);
 }
 
 // Runs fn; a UserError (the refusal of bad input, with its message) is the expected outcome.
