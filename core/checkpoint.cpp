@@ -144,6 +144,22 @@ std::vector<std::pair<long, std::string>> complete_checkpoints(const std::string
 }
 
 // Reads and verifies a checkpoint's metadata and file checksums.
+// The checkpoint's units (their count, names and sizes) are the ones `layout` builds.
+void check_units_match(const Json& meta, const ParamLayout& layout, const std::string& path) {
+    if (meta["units"].size() != layout.units().size()) {
+        user_error("checkpoint {}: {} units, but the model configured has {}", path, meta["units"].size(),
+                   layout.units().size());
+    }
+    for (size_t u = 0; u < layout.units().size(); ++u) {
+        const Unit& unit = layout.units()[u];
+        const Json& saved = meta["units"][u];
+        if (saved["name"] != unit.name || saved["numel"].get<size_t>() != unit.numel) {
+            user_error("checkpoint {}: unit {} is {} with {} parameters, but the model configured is {} with {}", path,
+                       u, json_text(saved["name"]), saved["numel"].get<size_t>(), unit.name, unit.numel);
+        }
+    }
+}
+
 Json verified_metadata(const std::string& path) {
     const std::string meta_path = (fs::path(path) / "metadata.json").string();
     std::error_code ec;
@@ -153,6 +169,15 @@ Json verified_metadata(const std::string& path) {
     }
     Json meta = read_json_file(meta_path, "checkpoint");
     check_checkpoint_metadata(meta, path);
+    // A folder step<N> holds step N: loading another step would train from the wrong place (a requeue
+    // reporting success having trained nothing, or writing over later steps).
+    const std::string folder_name = fs::path(path).lexically_normal().filename().string();
+    if (folder_name.size() > 4 && folder_name.compare(0, 4, "step") == 0 &&
+        folder_name.find_first_not_of("0123456789", 4) == std::string::npos &&
+        folder_name.substr(4) != std::to_string(meta["step"].get<long>())) {
+        user_error("checkpoint {}: its metadata.json records step {}, not the {} its folder is named for", path,
+                   meta["step"].get<long>(), folder_name);
+    }
     for (auto& [name, info] : meta["files"].items()) {
         const std::string file = (fs::path(path) / name).string();
         uint64_t bytes = 0;
@@ -412,8 +437,14 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
             path, data["global_train_batch_size"].get<long>(), data["seed"].get<unsigned long long>(),
             data["shuffle"].get<bool>(), config.global_train_batch_size, config.data.seed, config.data.shuffle);
     }
-    if (meta["units"].size() != layout.units().size()) {
-        user_error("checkpoint {}: {} units, but this model has {}", path, meta["units"].size(), layout.units().size());
+    check_units_match(meta, layout, path);
+    if (meta["config"]["data"]["paths"] != config.json["data"]["paths"]) {
+        std::fprintf(stderr,
+                     "note: resuming %s with data.paths %s; it was written with %s: the run goes on at instance "
+                     "%ld of this data's order\n",
+                     path.c_str(), json_text(config.json["data"]["paths"]).c_str(),
+                     json_text(meta["config"]["data"]["paths"]).c_str(),
+                     data["instances_consumed"].get<long>());
     }
     // Each unit this rank owns part of is assembled once per state from the checkpoint's pieces.
     std::vector<std::vector<ShardView>> by_unit(layout.units().size());
@@ -421,11 +452,6 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
     std::vector<float> full[3];
     for (size_t u = 0; u < by_unit.size(); ++u) {
         if (by_unit[u].empty()) continue;
-        const Unit& unit = layout.units()[u];
-        if (meta["units"][u]["numel"].get<size_t>() != unit.numel) {
-            user_error("checkpoint {}: unit {} has {} parameters, this model {}", path, unit.name,
-                       meta["units"][u]["numel"].get<size_t>(), unit.numel);
-        }
         read_unit_state(path, meta, static_cast<int>(u), 3, full);
         for (const ShardView& s : by_unit[u]) {
             float* dst[3] = {s.param, s.exp_avg, s.exp_avg_sq};
@@ -444,6 +470,9 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
 void read_checkpoint_params(const std::string& path, TrainConfig* config, std::vector<std::vector<float>>* units) {
     const Json meta = verified_metadata(path);
     *config = validate_config(meta["config"]);
+    // The model its config describes must be the one in the shards (an edited metadata.json would export
+    // mis-shaped weights).
+    check_units_match(meta, ParamLayout(*config), path);
     units->resize(meta["units"].size());
     for (size_t u = 0; u < units->size(); ++u) read_unit_state(path, meta, static_cast<int>(u), 1, &(*units)[u]);
 }

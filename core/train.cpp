@@ -54,8 +54,11 @@ std::string human_count(double x) {
 // instances), split across the ranks: rank r of W takes a contiguous 1/W of those instances in batches of
 // up to `batch`, and the loss sums and predicted-token counts are summed over the ranks. Every rank runs
 // the same number of forwards (FSDP gathers inside them): one past its share runs its first instance
-// again and adds nothing.
-double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& model, Strategy& strategy, long batch) {
+// again and adds nothing. Before each forward the ranks vote on a stop signal (base/stop.h) in one small
+// all-reduce, so a stop does not wait for a whole validation set: on an agreed stop, *stop_signal is set
+// and the result is NaN.
+double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& model, Strategy& strategy, long batch,
+                int* stop_signal) {
     const long L = data.seq_len();
     long instances = data.num_instances();
     if (ev.subset_num_batches > 0) instances = std::min(instances, ev.subset_num_batches * batch);
@@ -66,6 +69,13 @@ double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& mode
     std::vector<int32_t> tokens(static_cast<size_t>(batch) * L);
     double sums[2] = {0.0, 0.0};  // loss, predicted tokens
     for (long b = 0; b < forwards; ++b) {
+        double votes[stop::kVotes] = {};
+        stop::vote(votes);
+        strategy.all_reduce_sum(votes, stop::kVotes);
+        if (const int sig = stop::agreed(votes)) {
+            *stop_signal = sig;
+            return std::numeric_limits<double>::quiet_NaN();
+        }
         const long first = begin + b * batch;
         const int n = static_cast<int>(std::max(0L, std::min(batch, end - first)));
         if (n == 0) {
@@ -175,8 +185,9 @@ class TrainingRun {
         run_t0_ = Clock::now();
         for (long step = start_step_ + 1; step <= total_steps_; ++step) {
             const StepOutcome r = train_step(step);
-            after_step(step, r);
-            if (r.stop_signal != 0 && step < total_steps_) return stop_after(step, r.stop_signal);
+            const int eval_stop = after_step(step, r);
+            const int sig = r.stop_signal != 0 ? r.stop_signal : eval_stop;
+            if (sig != 0 && step < total_steps_) return stop_after(step, sig);
         }
         bar_->clear();
         summary(total_steps_);
@@ -213,6 +224,17 @@ class TrainingRun {
         order_ = std::make_unique<InstanceOrder>(train_data_->num_instances(), config_.global_train_batch_size,
                                                  config_.data.seed, config_.data.shuffle);
         total_steps_ = config_.total_steps(train_data_->num_instances());
+        const SchedulerConfig& sched = config_.scheduler;
+        if (sched.name != SchedulerName::kConstant && !sched.t_max && sched.t_warmup >= 1 &&
+            sched.t_warmup >= static_cast<double>(total_steps_)) {
+            // Flagged, not refused: a short trial of a long recipe is a fair use.
+            if (env_.rank == 0)
+                std::fprintf(stderr,
+                             "note: scheduler.t_warmup is %g steps in a run of %ld: the learning rate never reaches "
+                             "optimizer.learning_rate (shorten the warmup or lengthen max_duration if that is not "
+                             "meant)\n",
+                             sched.t_warmup, total_steps_);
+        }
         if (config_.try_load_latest_save && latest_checkpoint_step(*config_.save_folder)) {
             resume_path_ = resolve_checkpoint(config_, "latest");  // OLMo's meaning: over load_path
         } else if (config_.load_path) {
@@ -403,7 +425,8 @@ class TrainingRun {
     }
 
     // Totals, the console line and the metrics record, evaluation and checkpoints after a step.
-    void after_step(long step, const StepOutcome& r) {
+    // Returns the stop signal agreed during the step's evaluation, or 0.
+    int after_step(long step, const StepOutcome& r) {
         const int world = world_.size();
         // The first step warms caches, and one that recorded a graph paid for it once: neither is timed
         // (unless it is the only step).
@@ -445,8 +468,9 @@ class TrainingRun {
             }
         }
         if (config_.data.instance_filter) record["masked_instances"] = r.masked_instances;
+        int eval_stop = 0;
         if (config_.eval_interval > 0 && (step % config_.eval_interval == 0 || step == total_steps_)) {
-            run_evals(step, record);
+            eval_stop = run_evals(step, record);
         }
         // The metrics file's step records carry every rank's peak memory so far (one tiny all-gather).
         if (config_.metrics_file) record["peak_memory_bytes_per_rank"] = peak_memory_per_rank();
@@ -466,6 +490,7 @@ class TrainingRun {
         }
         bar_->draw(step, (total_steps_ - step) * (total_time_ / std::max<long>(1, timed_steps_)));
         std::fflush(stdout);
+        return eval_stop;
     }
 
     // Before step 1, with the ranks connected: rank 0 takes the save folder's lock (one run at a time,
@@ -532,13 +557,22 @@ class TrainingRun {
         return stop::exit_code(sig);
     }
 
-    void run_evals(long step, Json& record) {
+    // Returns the stop signal the ranks agreed on between evaluation batches, or 0.
+    int run_evals(long step, Json& record) {
         const auto t0 = Clock::now();
         Json all = Json::object();
         for (size_t i = 0; i < eval_data_.size(); ++i) {
             const trace::Span span("eval", "eval " + config_.evaluators[i].label);
+            int sig = 0;
             const double v = evaluate(*eval_data_[i], config_.evaluators[i], *model_, *world_.strategy,
-                                      config_.device_eval_batch_size);
+                                      config_.device_eval_batch_size, &sig);
+            if (sig != 0) {
+                bar_->clear();
+                std::printf("step %ld | eval %s interrupted by %s\n", step, config_.evaluators[i].label.c_str(),
+                            stop::signal_name(sig));
+                record["eval_interrupted_by"] = stop::signal_name(sig);
+                return sig;
+            }
             all[config_.evaluators[i].label] = v;
             if (i == 0) record["val_loss"] = v;
             bar_->clear();
@@ -546,6 +580,7 @@ class TrainingRun {
         }
         if (eval_data_.size() > 1) record["val_losses"] = all;
         record["eval_time_ms"] = seconds_since(t0) * 1e3;
+        return 0;
     }
 
     Json peak_memory_per_rank() const { return gather_peak_memory(*world_.comm, *backend_, device_ == Device::kCuda); }

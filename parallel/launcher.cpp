@@ -200,10 +200,14 @@ int launch(const LaunchOptions& o) {
                 const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
                 // A stop the ranks agreed on (base/stop.h), whether the signal came through this launcher or
                 // reached a rank directly (scancel signals every process of a job step).
-                const bool stopped =
-                    WIFEXITED(status) && (WEXITSTATUS(status) == 128 + SIGTERM || WEXITSTATUS(status) == 128 + SIGINT ||
-                                          WEXITSTATUS(status) == 128 + SIGUSR1);
-                if (stopped && stopped_code == 0) stopped_code = WEXITSTATUS(status);
+                // A rank that the forwarded signal ended before it took stop signals (in its rendezvous) was
+                // stopped by it too: nothing was trained, so nothing was lost.
+                const bool ended_by_forward = forwarded != 0 && WIFSIGNALED(status) && WTERMSIG(status) == forwarded;
+                const bool stopped = ended_by_forward || (WIFEXITED(status) && (WEXITSTATUS(status) == 128 + SIGTERM ||
+                                                                                WEXITSTATUS(status) == 128 + SIGINT ||
+                                                                                WEXITSTATUS(status) == 128 + SIGUSR1));
+                if (stopped && stopped_code == 0)
+                    stopped_code = ended_by_forward ? 128 + forwarded : WEXITSTATUS(status);
                 if (!ok && !stopped &&
                     (!first_failure || (WIFSIGNALED(status) && !WIFSIGNALED(first_failure->status)))) {
                     first_failure = &c;

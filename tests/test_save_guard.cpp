@@ -286,3 +286,68 @@ TEST_CASE("save guard: outputs that cannot be written stop the run before step 1
         CHECK(trainer::checkpoint_steps(folder) == std::vector<long>{2});
     }
 }
+
+TEST_CASE("save guard: a stop signal during evaluation stops between its batches and saves the step") {
+    test_util::TempDir dir;
+    // A validation set that takes many seconds: 20000 instances of the tiny model's 65 tokens.
+    std::string tokens(static_cast<size_t>(65) * 20000 * 2, '\0');
+    for (size_t i = 0; i < tokens.size(); i += 2) tokens[i] = static_cast<char>(i % 251);
+    test_util::write_file(dir.path("val.u16"), tokens);
+    const std::string folder = dir.path("run"), log = dir.path("log.txt");
+    Args argv = {test_util::trainer_binary()};
+    const Args run = tiny(folder, 1000,
+                          {"--set", "eval_interval=2", "--set", "console_log_interval=1", "--set",
+                           R"(evaluators=[{"label": "big", "data": {"paths": [")" + dir.path("val.u16") + R"("]}}])"});
+    argv.insert(argv.end(), run.begin(), run.end());
+    const pid_t pid = test_util::start_logged(argv, log);
+    REQUIRE(pid > 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    // Step 3's line comes after step 2's evaluation; a second later the run is in step 4's (several seconds).
+    while (test_util::read_file_if_exists(log).find("step 3/") == std::string::npos &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    const auto signalled = std::chrono::steady_clock::now();
+    REQUIRE(::kill(pid, SIGTERM) == 0);
+    const int code = test_util::wait_exit_code(pid);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
+    const std::string text = test_util::read_file(log);
+    INFO(text);
+    CHECK(code == 128 + SIGTERM);
+    CHECK_THAT(text, Contains("step 4 | eval big interrupted by SIGTERM"));
+    CHECK_THAT(text, Contains("stopped by SIGTERM after step 4 of 1000"));
+    CHECK(trainer::checkpoint_steps(folder) == std::vector<long>{4});
+    CHECK(seconds < 5.0);  // the evaluation alone takes longer; a stop waits for one batch
+}
+
+TEST_CASE("save guard: a stop signal to trainer launch during the rendezvous exits 128 + the signal") {
+    // A second node that never comes: the rank waits in its rendezvous when the launcher is told to stop.
+    test_util::TempDir dir;
+    const std::string log = dir.path("log.txt");
+    Args argv = {test_util::trainer_binary(),
+                 "launch",
+                 "--nnodes",
+                 "2",
+                 "--node-rank",
+                 "0",
+                 "--nproc-per-node",
+                 "1",
+                 "--master-addr",
+                 "127.0.0.1",
+                 "--master-port",
+                 test_util::free_port(),
+                 "--"};
+    const Args run = tiny(dir.path("run"), 5, {"--strategy", "ddp"});
+    argv.insert(argv.end(), run.begin(), run.end());
+    const pid_t launcher = test_util::start_logged(argv, log);
+    REQUIRE(launcher > 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (test_util::read_file_if_exists(log).find("[launch] rank 0") == std::string::npos &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30))
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    REQUIRE(::kill(launcher, SIGTERM) == 0);
+    const int code = test_util::wait_exit_code(launcher);
+    INFO(test_util::read_file(log));
+    CHECK(code == 128 + SIGTERM);
+}
