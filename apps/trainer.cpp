@@ -264,11 +264,31 @@ int run_main(int argc, char** argv) {
 
     // `trainer launch [options] -- ARGS`: ARGS are the ranks' own arguments, split off before parsing.
     if (argc > 1 && std::string(argv[1]) == "launch") {
+        bool separated = false;
         for (int i = 2; i < argc; ++i) {
             if (std::string(argv[i]) == "--") {
                 launch_opts.args.assign(argv + i + 1, argv + argc);
                 argc = i;
+                separated = true;
                 break;
+            }
+        }
+        if (!separated) {
+            // The launcher's own options are few; anything else is the ranks' and belongs after "--" (CLI11
+            // would list it back to front as "not expected").
+            for (int i = 2; i < argc; ++i) {
+                const std::string a = argv[i];
+                const bool own =
+                    launch_cmd->get_option_no_throw(a.substr(0, a.find('='))) != nullptr || a == "-h" || a == "--help";
+                const bool value_of_own = i > 2 && launch_cmd->get_option_no_throw(argv[i - 1]) != nullptr &&
+                                          std::string(argv[i - 1]).find('=') == std::string::npos;
+                if (!own && !value_of_own) {
+                    std::fprintf(stderr,
+                                 "error: launch: \"%s\" is not an option of trainer launch; the ranks' arguments "
+                                 "follow \"--\": trainer launch --nproc-per-node N -- --config FILE ...\n",
+                                 a.c_str());
+                    return 2;
+                }
             }
         }
     }

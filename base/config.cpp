@@ -831,9 +831,6 @@ TrainConfig validate_config(const Json& user_doc) {
     c.metrics_file = opt<std::string>(doc["metrics_file"]);
     c.console_log_interval = get_long(doc["console_log_interval"]);
     c.utilization_interval = get_long(doc["utilization_interval"]);
-    if (c.save_interval > 0 && !c.save_folder) {
-        user_error("config save_interval: {} but save_folder is not set", c.save_interval);
-    }
     if (c.load_path && *c.load_path == "latest" && !c.save_folder) {
         user_error("config load_path: \"latest\" needs save_folder (the folder to look in)");
     }

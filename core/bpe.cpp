@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <list>
@@ -520,7 +521,17 @@ bool base64_decode(std::string_view in, std::string& out) {
 
 std::string default_tokenizer_dir() {
     const char* env = std::getenv("TRAINER_TOKENIZERS");
-    return env != nullptr && *env != '\0' ? env : "data/tokenizers";
+    if (env != nullptr && *env != '\0') return env;
+    // Found from the binary, not the working directory: an installed one (<prefix>/bin/trainer) reads
+    // <prefix>/share/trainer/tokenizers, one in a build tree (<source>/build*/bin/trainer) the source
+    // tree's data/tokenizers, where scripts/fetch_tokenizers.sh puts them.
+    std::error_code ec;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (ec) return "data/tokenizers";
+    const std::filesystem::path prefix = exe.parent_path().parent_path();
+    const std::filesystem::path installed = prefix / "share" / "trainer" / "tokenizers";
+    if (std::filesystem::is_directory(installed, ec)) return installed.string();
+    return (prefix.parent_path() / "data" / "tokenizers").string();
 }
 
 std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& name, const std::string& dir) {

@@ -165,6 +165,13 @@ Json verified_metadata(const std::string& path) {
     std::error_code ec;
     if (!fs::is_directory(path, ec)) user_error("checkpoint {}: no such folder", path);
     if (!fs::exists(meta_path, ec)) {
+        const auto inside = complete_checkpoints(path);
+        if (!inside.empty()) {
+            user_error(
+                "checkpoint {}: a save folder, not a checkpoint (it holds {} of them, the newest {}); resume "
+                "with --load-path latest --save-folder {}, or --load-path {}",
+                path, inside.size(), inside.back().second, path, inside.back().second);
+        }
         user_error("checkpoint {}: no metadata.json, so it is not a complete checkpoint (an interrupted save?)", path);
     }
     Json meta = read_json_file(meta_path, "checkpoint");
@@ -423,9 +430,37 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
     return final_dir;
 }
 
+// verified_metadata(path), whose refusal of a corrupt checkpoint also names the newest older one beside it
+// that verifies (what `latest` could resume from instead).
+Json verified_or_named_alternative(const std::string& path) {
+    try {
+        return verified_metadata(path);
+    } catch (const UserError& e) {
+        const fs::path parent = fs::path(path).lexically_normal().parent_path();
+        std::optional<long> step;
+        try {
+            step = checkpoint_step(path);
+        } catch (const UserError&) {
+        }
+        if (!step || parent.empty()) throw;
+        auto siblings = complete_checkpoints(parent.string());
+        for (auto it = siblings.rbegin(); it != siblings.rend(); ++it) {
+            if (it->first >= *step) continue;
+            try {
+                (void)verified_metadata(it->second);
+            } catch (const UserError&) {
+                continue;
+            }
+            user_error("{}; the newest checkpoint before it that verifies is {}: resume with --load-path {}", e.what(),
+                       it->second, it->second);
+        }
+        throw;
+    }
+}
+
 CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& layout, Backend* backend,
                                Strategy& strategy, const std::string& path) {
-    const Json meta = verified_metadata(path);
+    const Json meta = verified_or_named_alternative(path);
     check_model_matches(meta["config"], config, path);
     const Json& data = meta["data"];
     if (data["global_train_batch_size"].get<long>() != config.global_train_batch_size ||
@@ -443,8 +478,7 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
                      "note: resuming %s with data.paths %s; it was written with %s: the run goes on at instance "
                      "%ld of this data's order\n",
                      path.c_str(), json_text(config.json["data"]["paths"]).c_str(),
-                     json_text(meta["config"]["data"]["paths"]).c_str(),
-                     data["instances_consumed"].get<long>());
+                     json_text(meta["config"]["data"]["paths"]).c_str(), data["instances_consumed"].get<long>());
     }
     // Each unit this rank owns part of is assembled once per state from the checkpoint's pieces.
     std::vector<std::vector<ShardView>> by_unit(layout.units().size());

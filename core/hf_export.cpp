@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -227,7 +229,28 @@ void check_hf_config(const TrainConfig& config, const std::string& dir) {
 
 }  // namespace
 
+namespace {
+
+std::map<std::string, Tensor> read_hf_tensors(const TrainConfig& config, const std::string& path);
+
+}  // namespace
+
 std::map<std::string, Tensor> read_hf_weights(const TrainConfig& config, const std::string& path) {
+    std::map<std::string, Tensor> all = read_hf_tensors(config, path);
+    // Weights that are not finite would make the first loss NaN, blamed on the learning rate.
+    for (const auto& [name, t] : all) {
+        const auto bad = std::find_if(t.data.begin(), t.data.end(), [](float x) { return !std::isfinite(x); });
+        if (bad != t.data.end()) {
+            user_error("--init-from {}: tensor \"{}\" holds {} at element {}; the weights must be finite", path, name,
+                       *bad, bad - t.data.begin());
+        }
+    }
+    return all;
+}
+
+namespace {
+
+std::map<std::string, Tensor> read_hf_tensors(const TrainConfig& config, const std::string& path) {
     std::error_code ec;
     if (!fs::is_directory(path, ec)) return read_safetensors(path);
     check_hf_config(config, path);
@@ -272,5 +295,7 @@ std::map<std::string, Tensor> read_hf_weights(const TrainConfig& config, const s
     }
     return all;
 }
+
+}  // namespace
 
 }  // namespace trainer

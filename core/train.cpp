@@ -205,6 +205,10 @@ class TrainingRun {
         if (config_.distributed_strategy == DistributedStrategy::kAuto)
             config_ = choose_configuration(config_, env_, device);
         check_parallel_config(config_, env_, device);
+        if (config_.save_interval > 0 && !config_.save_folder) {  // a training question: logits and plan never save
+            user_error("config save_interval: {} but save_folder is not set; set save_folder (--save-folder)",
+                       config_.save_interval);
+        }
         device_index_ = rank_device(config_, env_, device);
         if (const char* nan = std::getenv("TRAINER_DEBUG_NAN_GRADIENT")) {
             // Test hook, "RANK:STEP": that rank's gradients at that step are NaN (before their reduction).

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "base/common.h"
 #include "parallel/comm_stream.h"
@@ -190,6 +192,66 @@ int ranks_on_gpu(const RankEnv& env, int gpus, int device_index) {
     return (env.local_world_size - 1 - device_index) / gpus + 1;
 }
 
+namespace {
+
+std::string host_name() {
+    char buf[256] = {};
+    return ::gethostname(buf, sizeof buf - 1) == 0 ? std::string(buf) : std::string("?");
+}
+
+// Before the communicators connect, the ranks check through the store that they agree on the world: a node
+// launched with another --nproc-per-node (or --nnodes) computes other ranks and sizes, and would leave the
+// others waiting out distributed_timeout_seconds for ranks that never come. Rank 0 publishes its sizes;
+// every other rank compares and either says it is ready or records the disagreement, which rank 0 (polling)
+// and this rank report at once. Rank 0 also names the ranks that never arrived when the timeout passes.
+void check_world_agrees(TcpStore& store, const RankEnv& env, std::chrono::milliseconds timeout) {
+    auto bytes = [](const std::string& s) { return std::vector<char>(s.begin(), s.end()); };
+    const std::string mine = fmt::format("{} {}", env.world_size, env.local_world_size);
+    const std::string mismatch_key = "trainer/world_mismatch";
+    if (env.rank != 0) {
+        const std::vector<char> got = store.get("trainer/world");
+        const std::string theirs(got.begin(), got.end());
+        if (theirs != mine) {
+            int w = 0, l = 0;
+            std::sscanf(theirs.c_str(), "%d %d", &w, &l);
+            const std::string text = fmt::format(
+                "the ranks disagree on the world: rank 0 has WORLD_SIZE {} and LOCAL_WORLD_SIZE {}, rank {} on "
+                "host {} has {} and {}; were the nodes launched with different --nproc-per-node or --nnodes?",
+                w, l, env.rank, host_name(), env.world_size, env.local_world_size);
+            store.set(mismatch_key, bytes(text));
+            user_error("rendezvous: {}", text);
+        }
+        store.set(fmt::format("trainer/ready/{}", env.rank), bytes("1"));
+        return;
+    }
+    store.set("trainer/world", bytes(mine));
+    std::vector<std::string> keys;
+    for (int r = 1; r < env.world_size; ++r) keys.push_back(fmt::format("trainer/ready/{}", r));
+    keys.push_back(mismatch_key);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+        const std::vector<bool> present = store.check(keys);
+        if (present.back()) {
+            const std::vector<char> text = store.get(mismatch_key);
+            user_error("rendezvous: {}", std::string(text.begin(), text.end()));
+        }
+        std::vector<int> missing;
+        for (int r = 1; r < env.world_size; ++r)
+            if (!present[static_cast<size_t>(r - 1)]) missing.push_back(r);
+        if (missing.empty()) return;
+        if (std::chrono::steady_clock::now() >= deadline) {
+            user_error(
+                "rendezvous: rank{} {} of {} did not arrive within {} s (distributed_timeout_seconds); are all "
+                "{} node(s) launched, with the same MASTER_ADDR and MASTER_PORT?",
+                missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), env.world_size, timeout.count() / 1000.0,
+                env.num_nodes());
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+}
+
+}  // namespace
+
 World connect_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend) {
     World world;
     world.env = env;
@@ -199,6 +261,7 @@ World connect_world(const TrainConfig& config, const RankEnv& env, Device device
     if (world.collectives != Collectives::kLocal) {
         if (env.rank == 0) world.store_server = std::make_unique<TcpStoreServer>(env.master_port);
         world.store = std::make_unique<TcpStore>(env.master_addr, env.master_port, world.timeout);
+        check_world_agrees(*world.store, env, world.timeout);
     }
     world.comm = connect_group(world, backend, "world", env.rank, env.world_size);
     return world;

@@ -106,9 +106,6 @@ TEST_CASE("config: inconsistent batch sizes are refused") {
     REQUIRE_THROWS_WITH(validate_config(d), Contains("global_train_batch_size: 10 is not a multiple of "
                                                      "device_train_microbatch_size 4"));
     d = minimal();
-    d["save_interval"] = 5;
-    REQUIRE_THROWS_WITH(validate_config(d), Contains("save_folder is not set"));
-    d = minimal();
     d["eval_interval"] = 5;
     REQUIRE_THROWS_WITH(validate_config(d), Contains("no evaluators"));
 }

@@ -3,9 +3,12 @@
 // safetensors headers; YAML aliases and interpolations that multiply; text that is not UTF-8 where it
 // would reach a checkpoint's JSON; numbers no run can hold. Each case runs the trainer binary, so a crash
 // shows as its signal.
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -132,4 +135,82 @@ TEST_CASE("input bounds: numbers no run can hold are named as such") {
     // A flag's bound in words, not the 309 digits of the largest double (a usage error: exit 2).
     check_refused(test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--nnodes", "0"}),
                   "--nnodes: expected a positive number", 2);
+}
+
+TEST_CASE("input bounds: messages name the mistake and the way out") {
+    test_util::TempDir dir;
+    SECTION("weights that are not finite in --init-from are named, not blamed on the learning rate") {
+        const float values[2] = {1.0f, std::numeric_limits<float>::quiet_NaN()};
+        trainer::write_safetensors(dir.path("w.safetensors"), {{"wte.weight", {2}, values}}, {});
+        const auto r = test_util::run_trainer(tiny({"--max-duration", "1", "--init-from", dir.path("w.safetensors")}));
+        check_refused(r, "tensor \"wte.weight\" holds nan at element 1; the weights must be finite");
+    }
+    SECTION("--load-path given a save folder points at latest and its newest checkpoint") {
+        const std::string folder = dir.path("run");
+        REQUIRE(
+            test_util::run_trainer(tiny({"--max-duration", "2", "--save-folder", folder, "--set", "save_interval=1"}))
+                .exit_code == 0);
+        check_refused(test_util::run_trainer(tiny({"--max-duration", "3", "--load-path", folder})),
+                      "a save folder, not a checkpoint (it holds 2 of them, the newest " + folder +
+                          "/step2); resume with --load-path latest --save-folder " + folder);
+        // A corrupt newest checkpoint: the refusal names the newest one that verifies.
+        test_util::write_file(folder + "/step2/rank0.bin", "garbage");
+        check_refused(
+            test_util::run_trainer(tiny({"--max-duration", "3", "--save-folder", folder, "--load-path", "latest"})),
+            "the newest checkpoint before it that verifies is " + folder + "/step1: resume with --load-path " + folder +
+                "/step1");
+    }
+    SECTION("trainer launch without -- says where the ranks' arguments go") {
+        check_refused(test_util::run_trainer({"launch", "--nproc-per-node", "1", "--config", "configs/tiny.json"}),
+                      "\"--config\" is not an option of trainer launch; the ranks' arguments follow \"--\"", 2);
+    }
+    SECTION("save_interval without save_folder is a training matter: trainer logits runs") {
+        const auto r = test_util::run_trainer(
+            tiny({"logits", "--instances", "1", "-o", dir.path("l.npy"), "--set", "save_interval=5"}));
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 0);
+        check_refused(test_util::run_trainer(tiny({"--max-duration", "1", "--set", "save_interval=5"})),
+                      "config save_interval: 5 but save_folder is not set");
+    }
+    SECTION("tokenizer files are found from the binary, not the working directory") {
+        const std::string cmd = "cd /tmp && env -u TRAINER_TOKENIZERS '" + test_util::trainer_binary() +
+                                "' tokenize --tokenizer gpt2 '" + test_util::fixture("tokenizer_stress.txt") +
+                                "' > /dev/null 2>&1";
+        CHECK(std::system(cmd.c_str()) == 0);
+    }
+    SECTION("nodes launched with different --nproc-per-node name the disagreement at once") {
+        const std::string port = test_util::free_port();
+        auto node = [&](int node_rank, int nproc) {
+            Args argv = {test_util::trainer_binary(),
+                         "launch",
+                         "--nnodes",
+                         "2",
+                         "--node-rank",
+                         std::to_string(node_rank),
+                         "--nproc-per-node",
+                         std::to_string(nproc),
+                         "--master-addr",
+                         "127.0.0.1",
+                         "--master-port",
+                         port,
+                         "--"};
+            const Args run =
+                tiny({"--max-duration", "2", "--strategy", "ddp", "--set", "global_train_batch_size=16", "--set",
+                      "device_train_microbatch_size=2", "--set", "distributed_timeout_seconds=60"});
+            argv.insert(argv.end(), run.begin(), run.end());
+            return test_util::start_logged(argv, dir.path("node" + std::to_string(node_rank) + ".log"),
+                                           {"TRAINER_GLOO_HOST=127.0.0.1"});
+        };
+        const auto t0 = std::chrono::steady_clock::now();
+        const pid_t a = node(0, 2), b = node(1, 1);
+        CHECK(test_util::wait_exit_code(a) == 1);
+        CHECK(test_util::wait_exit_code(b) == 1);
+        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));  // not the 60 s timeout
+        for (const char* log : {"node0.log", "node1.log"}) {
+            const std::string text = test_util::read_file(dir.path(log));
+            INFO(text);
+            CHECK_THAT(text, Contains("rank 0 has WORLD_SIZE 4 and LOCAL_WORLD_SIZE 2, rank 1 on host"));
+            CHECK_THAT(text, Contains("were the nodes launched with different --nproc-per-node or --nnodes?"));
+        }
+    }
 }

@@ -14,6 +14,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -350,4 +351,53 @@ TEST_CASE("save guard: a stop signal to trainer launch during the rendezvous exi
     const int code = test_util::wait_exit_code(launcher);
     INFO(test_util::read_file(log));
     CHECK(code == 128 + SIGTERM);
+}
+
+TEST_CASE("save guard: continuations that would silently go wrong are refused or said") {
+    test_util::TempDir dir;
+    const std::string folder = dir.path("run");
+    const auto first = test_util::run_trainer(tiny(folder, 2, {"--set", "save_interval=1"}));
+    INFO(first.out << first.err);
+    REQUIRE(first.exit_code == 0);
+    auto edit_metadata = [&](const std::string& step_folder, const std::function<void(trainer::Json&)>& edit) {
+        const std::string path = step_folder + "/metadata.json";
+        trainer::Json meta = trainer::Json::parse(test_util::read_file(path));
+        edit(meta);
+        test_util::write_file(path, meta.dump(2));
+    };
+    SECTION("a checkpoint whose metadata records another step than its folder's name") {
+        edit_metadata(folder + "/step1", [](trainer::Json& m) { m["step"] = 2; });
+        const auto r = test_util::run_trainer(tiny(folder, 4, {"--load-path", folder + "/step1"}));
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Contains("its metadata.json records step 2, not the step1 its folder is named for"));
+    }
+    SECTION("export of a checkpoint whose config was edited to another model") {
+        edit_metadata(folder + "/step2", [](trainer::Json& m) { m["config"]["model"]["d_model"] = 32; });
+        const auto r =
+            test_util::run_trainer({"export", "--checkpoint", folder + "/step2", "-o", dir.path("w.safetensors")});
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Contains("but the model configured is"));
+        CHECK_FALSE(fs::exists(dir.path("w.safetensors")));
+    }
+    SECTION("resuming on other data is said, with where the data position goes on") {
+        const auto r = test_util::run_trainer({"--config", "configs/tiny.json", "--data",
+                                               test_util::fixture("olmo_tiny_tokens.u16"), "--data",
+                                               test_util::fixture("olmo_tiny_tokens.u16"), "--max-duration", "3",
+                                               "--save-folder", folder, "--load-path", "latest"});
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 0);
+        CHECK_THAT(r.err, Contains("note: resuming " + folder + "/step2 with data.paths"));
+        CHECK_THAT(r.err, Contains("goes on at instance 16 of this data's order"));
+    }
+    SECTION("max_grad_norm 0 and a warmup longer than the run") {
+        const auto zero = test_util::run_trainer(tiny(dir.path("z"), 2, {"--set", "max_grad_norm=0"}));
+        CHECK(zero.exit_code == 1);
+        CHECK_THAT(zero.err, Contains("config max_grad_norm: 0 clips every gradient to zero"));
+        const auto warm = test_util::run_trainer(tiny(dir.path("w"), 3, {"--set", "scheduler.t_warmup=10"}));
+        INFO(warm.out << warm.err);
+        CHECK(warm.exit_code == 0);
+        CHECK_THAT(warm.err, Contains("note: scheduler.t_warmup is 10 steps in a run of 3"));
+    }
 }
