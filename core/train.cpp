@@ -186,6 +186,7 @@ class TrainingRun {
         for (long step = start_step_ + 1; step <= total_steps_; ++step) {
             const StepOutcome r = train_step(step);
             const int eval_stop = after_step(step, r);
+            if (governor_) follow_free_cores();
             const int sig = r.stop_signal != 0 ? r.stop_signal : eval_stop;
             if (sig != 0 && step < total_steps_) return stop_after(step, sig);
         }
@@ -274,6 +275,10 @@ class TrainingRun {
         metrics_ = std::make_unique<MetricsWriter>(env_.rank == 0 ? config_.metrics_file : std::nullopt,
                                                    resume_path_.has_value());
         threads_ = configure_threads(config_.threads);
+        // threads: 0 on the CPU follows the cores other processes leave (kernels/cpu/machine.h), unless a
+        // launcher or the user fixed the count with OMP_NUM_THREADS.
+        if (config_.threads == 0 && device_ == Device::kCpu && std::getenv("OMP_NUM_THREADS") == nullptr)
+            governor_ = std::make_unique<ThreadGovernor>(threads_max_ = threads_);
         if (config_.trace_file) {
             // Refuse an unwritable path now, not after the run.
             trace_path_ = trace_path(*config_.trace_file, env_.rank, env_.world_size);
@@ -497,6 +502,15 @@ class TrainingRun {
         return eval_stop;
     }
 
+    void follow_free_cores() {
+        const int n = governor_->poll();
+        if (n == 0) return;
+        bar_->clear();
+        std::printf("threads: %d of %d: %s (threads: 0 follows the free cores; a number fixes the count)\n", n,
+                    threads_max_, n < threads_ ? "other processes are using the cores" : "cores came free");
+        threads_ = n;
+    }
+
     // Before step 1, with the ranks connected: rank 0 takes the save folder's lock (one run at a time,
     // core/save_folder.h) and draws the run's tag; every rank that writes shard files probes the folder, so
     // a folder that cannot be written stops the run now, not after save_interval steps. The outcomes are
@@ -660,7 +674,8 @@ class TrainingRun {
     std::map<std::string, Tensor> init_tensors_;
     std::string trace_path_;  // this rank's trace file (trace_file)
     std::unique_ptr<MetricsWriter> metrics_;
-    int threads_ = 0;
+    int threads_ = 0, threads_max_ = 0;
+    std::unique_ptr<ThreadGovernor> governor_;  // threads: 0 on the CPU
     // build
     std::unique_ptr<Backend> backend_;
     std::unique_ptr<ParamLayout> layout_;

@@ -75,7 +75,8 @@ inline void write_file(const std::string& path, const std::string& bytes) {
 }
 
 // Runs the trainer with `args` (no shell), from the source folder, capturing stdout and stderr.
-// Extra environment assignments ("K=V") are added to the child's environment.
+// Extra environment assignments ("K=V") are added to the child's environment; "-K" removes K from it.
+// OMP_NUM_THREADS is 2 unless the caller sets or removes it.
 inline RunResult run_trainer(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
     static int counter = 0;
     const std::string base = "/tmp/trainer_run_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
@@ -88,8 +89,15 @@ inline RunResult run_trainer(const std::vector<std::string>& args, const std::ve
         FILE* e = std::freopen(err_path.c_str(), "w", stderr);
         (void)o;
         (void)e;
-        for (const auto& kv : env) ::putenv(const_cast<char*>(kv.c_str()));
-        ::setenv("OMP_NUM_THREADS", "2", 0);
+        bool threads_unset = false;
+        for (const auto& kv : env) {
+            if (kv == "-OMP_NUM_THREADS") threads_unset = true;  // "-NAME": the child runs without it
+            if (kv[0] == '-')
+                ::unsetenv(kv.c_str() + 1);
+            else
+                ::putenv(const_cast<char*>(kv.c_str()));
+        }
+        if (!threads_unset) ::setenv("OMP_NUM_THREADS", "2", 0);
         std::vector<char*> argv;
         const std::string bin = trainer_binary();
         argv.push_back(const_cast<char*>(bin.c_str()));

@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 
 #if defined(__x86_64__)
@@ -116,6 +119,71 @@ double best_fma_rate(int threads, int lanes, long iters, int trials, double min_
 }
 
 }  // namespace
+
+ThreadGovernor::ThreadGovernor(int max_threads) : max_threads_(max_threads), threads_(max_threads) {
+    double own = 0.0, idle = 0.0;
+    (void)sample(&own, &idle);  // the baseline
+}
+
+namespace {
+
+double seconds_of(clockid_t clock) {
+    timespec t{};
+    ::clock_gettime(clock, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// Idle seconds so far of the cores in this process's affinity mask (idle + iowait of their /proc/stat lines).
+double idle_seconds_of_allowed_cores() {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return 0.0;
+    std::ifstream stat("/proc/stat");
+    std::string line;
+    double ticks = 0.0;
+    while (std::getline(stat, line)) {
+        if (line.compare(0, 3, "cpu") != 0 || line.size() < 4 || !std::isdigit(static_cast<unsigned char>(line[3])))
+            continue;
+        const int cpu = std::atoi(line.c_str() + 3);
+        if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &set)) continue;
+        // cpuN user nice system idle iowait ...
+        unsigned long long v[5] = {};
+        if (std::sscanf(line.c_str() + 3, "%*d %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4]) == 5)
+            ticks += static_cast<double>(v[3] + v[4]);
+    }
+    return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+}  // namespace
+
+bool ThreadGovernor::sample(double* own_cores, double* idle_cores) {
+    const double wall = seconds_of(CLOCK_MONOTONIC);
+    if (last_wall_ > 0.0 && wall - last_wall_ < 0.5) return false;
+    const double cpu = seconds_of(CLOCK_PROCESS_CPUTIME_ID), idle = idle_seconds_of_allowed_cores();
+    const bool have = last_wall_ > 0.0;
+    if (have) {
+        *own_cores = (cpu - last_cpu_) / (wall - last_wall_);
+        *idle_cores = (idle - last_idle_) / (wall - last_wall_);
+    }
+    last_wall_ = wall, last_cpu_ = cpu, last_idle_ = idle;
+    return have;
+}
+
+int ThreadGovernor::poll() {
+    double own = 0.0, idle = 0.0;
+    if (max_threads_ <= 1 || !sample(&own, &idle)) return 0;
+    const int usable = std::clamp(static_cast<int>(std::floor(own + idle + 0.5)), 1, max_threads_);
+    if (usable == threads_) {
+        pending_ = 0;
+        return 0;
+    }
+    if (pending_ != usable) {  // once more before acting: a single sample may catch a passing burst
+        pending_ = usable;
+        return 0;
+    }
+    pending_ = 0;
+    threads_ = configure_threads(usable);
+    return threads_;
+}
 
 int configure_threads(int threads) {
     if (threads <= 0 && std::getenv("OMP_NUM_THREADS")) {

@@ -12,6 +12,27 @@ namespace trainer {
 // cores, else one per available core); returns the count used.
 int configure_threads(int threads);
 
+// The thread count that tracks the cores other processes leave (threads: 0 without OMP_NUM_THREADS).
+// OpenMP's workers wait for each other at every parallel region's end; when another process takes a core,
+// the one descheduled worker stalls all the others (a step 5-10x slower on a 2-core node with one busy
+// process, the waiting workers spinning). Sampled at most every half second of wall time: the cores this
+// process received (its CPU time over the wall time) plus the idle time of the cores it may run on
+// (/proc/stat, within its affinity mask) is what it can use; the count follows that, between 1 and the
+// starting count, when two samples in a row agree. The CPU kernels give the same bits on any thread count,
+// so a change does not change the numbers.
+class ThreadGovernor {
+   public:
+    explicit ThreadGovernor(int max_threads);
+    // Called between steps: the new thread count when it changed (configure_threads applied), else 0.
+    int poll();
+    int threads() const { return threads_; }
+
+   private:
+    bool sample(double* own_cores, double* idle_cores);
+    int max_threads_, threads_, pending_ = 0;
+    double last_wall_ = 0.0, last_cpu_ = 0.0, last_idle_ = 0.0;
+};
+
 // Core clock in Hz measured with a chain of dependent integer adds (one per cycle); 0 where unsupported.
 double measure_clock_hz();
 
