@@ -157,7 +157,7 @@ const std::vector<KeySpec>& schema() {
         {"cpu_offload.optimizer_state", KeyType::kBool, false, false, {}, -kInf, kInf, "keep the fp32 master parameters and the AdamW moments in (pinned) host memory and run AdamW on the host; the gradients stay on the device and stream down in chunks as the host updates, each updated chunk going straight back up (DeepSpeed's offload_optimizer)"},
         {"cpu_offload.parameters", KeyType::kBool, false, false, {}, -kInf, kInf, "also keep the sharded parameters only in host memory, each FSDP unit's shard uploaded before its gather (FSDP's CPUOffload(offload_params=True), DeepSpeed's offload_param); needs cpu_offload.optimizer_state and a sharding strategy that gathers (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD)"},
         {"peak_flops_per_device", KeyType::kFloat, nullptr, true, {}, 1, kInf, "peak FLOP/s of one device (a GPU; on the CPU, the cores one rank computes on) used for MFU; null: the backend's (GPU: SMs x clock x FLOP/clock/SM; CPU: threads x measured clock x FMA width and pipes)"},
-        {"threads", KeyType::kInt, 0, false, {}, 0, 4096, "compute threads (OpenMP and BLAS); 0: OMP_NUM_THREADS if set (trainer launch sets each rank's share), else one per available core"},
+        {"threads", KeyType::kInt, 0, false, {}, 0, 4096, "compute threads (OpenMP and BLAS); 0: OMP_NUM_THREADS if set (trainer launch sets each rank's share), else one per available core, fewer while other processes use cores (CPU device)"},
     };
     // clang-format on
     return keys;

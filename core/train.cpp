@@ -242,8 +242,10 @@ class TrainingRun {
         }
         if (config_.try_load_latest_save && latest_checkpoint_step(*config_.save_folder)) {
             resume_path_ = resolve_checkpoint(config_, "latest");  // OLMo's meaning: over load_path
+            resume_latest_ = true;
         } else if (config_.load_path) {
             resume_path_ = resolve_checkpoint(config_, *config_.load_path);
+            resume_latest_ = *config_.load_path == "latest";
         }
         // A checkpoint already in save_folder is never replaced unless save_overwrite: a fresh run may not start
         // there, nor may one resuming an older checkpoint (a rollback after a loss spike would overwrite or
@@ -297,7 +299,11 @@ class TrainingRun {
         backend_ = make_backend(device_, backend_options(config_, device_index_));
         layout_ = std::make_unique<ParamLayout>(config_);
         world_ = make_world(config_, env_, device_, backend_.get(), *layout_);
-        if (config_.save_folder) take_save_folder();
+        if (config_.save_folder) {
+            take_save_folder();
+            // What `latest` named before the lock may have been superseded by the run that held it.
+            if (resume_latest_) resume_path_ = resolve_checkpoint(config_, "latest");
+        }
         Strategy& strategy = *world_.strategy;
         load_initial_params(config_, *layout_, strategy, use_init_from_ ? &init_tensors_ : nullptr,
                             config_.init_from.value_or(""));
@@ -670,6 +676,7 @@ class TrainingRun {
     std::unique_ptr<InstanceOrder> order_;
     long total_steps_ = 0, start_step_ = 0;
     std::optional<std::string> resume_path_;
+    bool resume_latest_ = false;  // resume_path_ is what "latest" named
     bool use_init_from_ = false;
     std::map<std::string, Tensor> init_tensors_;
     std::string trace_path_;  // this rank's trace file (trace_file)
