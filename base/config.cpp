@@ -750,8 +750,9 @@ TrainConfig validate_config(const Json& user_doc) {
 
     c.max_grad_norm = opt<double>(doc["max_grad_norm"]);
     if (c.max_grad_norm && *c.max_grad_norm == 0.0) {
-        user_error("config max_grad_norm: 0 clips every gradient to zero, so nothing would train; null turns "
-                   "clipping off");
+        user_error(
+            "config max_grad_norm: 0 clips every gradient to zero, so nothing would train; null turns "
+            "clipping off");
     }
     if (doc["softmax_auxiliary_loss"].get<bool>()) c.z_loss_multiplier = doc["auxiliary_loss_multiplier"].get<double>();
     c.global_train_batch_size = get_long(doc["global_train_batch_size"]);

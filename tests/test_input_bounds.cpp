@@ -180,26 +180,11 @@ TEST_CASE("input bounds: messages name the mistake and the way out") {
     }
     SECTION("nodes launched with different --nproc-per-node name the disagreement at once") {
         const std::string port = test_util::free_port();
+        const Args run = tiny({"--max-duration", "2", "--strategy", "ddp", "--set", "global_train_batch_size=16",
+                               "--set", "device_train_microbatch_size=2", "--set", "distributed_timeout_seconds=60"});
         auto node = [&](int node_rank, int nproc) {
-            Args argv = {test_util::trainer_binary(),
-                         "launch",
-                         "--nnodes",
-                         "2",
-                         "--node-rank",
-                         std::to_string(node_rank),
-                         "--nproc-per-node",
-                         std::to_string(nproc),
-                         "--master-addr",
-                         "127.0.0.1",
-                         "--master-port",
-                         port,
-                         "--"};
-            const Args run =
-                tiny({"--max-duration", "2", "--strategy", "ddp", "--set", "global_train_batch_size=16", "--set",
-                      "device_train_microbatch_size=2", "--set", "distributed_timeout_seconds=60"});
-            argv.insert(argv.end(), run.begin(), run.end());
-            return test_util::start_logged(argv, dir.path("node" + std::to_string(node_rank) + ".log"),
-                                           {"TRAINER_GLOO_HOST=127.0.0.1"});
+            return test_util::start_node(2, node_rank, nproc, port, run,
+                                         dir.path("node" + std::to_string(node_rank) + ".log"));
         };
         const auto t0 = std::chrono::steady_clock::now();
         const pid_t a = node(0, 2), b = node(1, 1);

@@ -128,10 +128,8 @@ TEST_CASE("save guard: ranks do not outlive a launcher killed with SIGKILL") {
     argv.insert(argv.end(), run.begin(), run.end());
     const pid_t launcher = test_util::start_logged(argv, log);
     REQUIRE(launcher > 0);
-    const auto t0 = std::chrono::steady_clock::now();
-    while (test_util::read_file_if_exists(metrics).find("\"step\":2") == std::string::npos &&
-           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    test_util::wait_until(
+        [&] { return test_util::read_file_if_exists(metrics).find("\"step\":2") != std::string::npos; });
     const std::string text = test_util::read_file(log);
     INFO(text);
     // "[launch] rank R (local L of N, world W): pid P, T threads"
@@ -157,16 +155,6 @@ TEST_CASE("save guard: ranks do not outlive a launcher killed with SIGKILL") {
 
 namespace {
 
-// Waits until `path` exists (a background run's lock, its first checkpoint).
-bool wait_for(const std::string& path, int seconds = 60) {
-    const auto t0 = std::chrono::steady_clock::now();
-    while (!fs::exists(path)) {
-        if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(seconds)) return false;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return true;
-}
-
 std::vector<std::string> temporary_entries(const std::string& folder) {
     std::vector<std::string> found;
     for (const auto& e : fs::directory_iterator(folder)) {
@@ -186,7 +174,7 @@ TEST_CASE("save guard: a second run on a save folder in use is refused by name a
     argv.insert(argv.end(), first.begin(), first.end());
     const pid_t owner = test_util::start_logged(argv, log);
     REQUIRE(owner > 0);
-    REQUIRE(wait_for(folder + "/step2/metadata.json"));
+    REQUIRE(test_util::wait_until([&] { return fs::exists(folder + "/step2/metadata.json"); }));
     const trainer::Json lock = trainer::Json::parse(test_util::read_file(folder + "/.lock"));
     CHECK(lock["pid"] == owner);
 
@@ -267,7 +255,31 @@ TEST_CASE("save guard: outputs that cannot be written stop the run before step 1
         CHECK(r.exit_code == 1);
         CHECK_THAT(r.err, Contains("metrics_file /dev/full: a record could not be written (No space left on device)"));
     }
-    SECTION("a multi-rank save names its temporary folder for the run, and a failed save leaves none") {
+    SECTION("a trace file that cannot be written is refused before step 1 with its reason") {
+        const auto r = test_util::run_trainer(tiny(dir.path("t"), 2, {"--trace-file", dir.path("none/trace.json")}));
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Contains("trace_file " + dir.path("none/trace.json") +
+                                   ": cannot be written (No such file or directory)"));
+        CHECK(r.out.find("step 1/") == std::string::npos);
+    }
+    SECTION("the ranks of one run write into one temporary folder named for the run") {
+        // FSDP on 2 ranks: each writes its shard; both die between the shards and the metadata.
+        const std::string folder = dir.path("fsdp");
+        Args a = {"launch", "--nproc-per-node", "2", "--master-port", test_util::free_port(), "--"};
+        const Args run = tiny(folder, 4, {"--strategy", "fsdp", "--set", "save_interval=2"});
+        a.insert(a.end(), run.begin(), run.end());
+        const auto killed = test_util::run_trainer(a, {"TRAINER_DEBUG_KILL_IN_SAVE=4"});
+        INFO(killed.out << killed.err);
+        CHECK(killed.exit_code == 1);
+        const auto left = temporary_entries(folder);
+        REQUIRE(left.size() == 1);
+        CHECK(left[0].rfind(".step4.tmp-", 0) == 0);
+        CHECK(fs::exists(folder + "/" + left[0] + "/rank0.bin"));
+        CHECK(fs::exists(folder + "/" + left[0] + "/rank1.bin"));
+        CHECK(trainer::checkpoint_steps(folder) == std::vector<long>{2});
+    }
+    SECTION("a save's temporary folder carries the run's tag, and a failed save leaves none") {
         // Killed between the shard files and the metadata: the temporary folder carries the run's tag.
         const std::string folder = dir.path("ranks");
         const auto killed =
@@ -302,11 +314,9 @@ TEST_CASE("save guard: a stop signal during evaluation stops between its batches
     argv.insert(argv.end(), run.begin(), run.end());
     const pid_t pid = test_util::start_logged(argv, log);
     REQUIRE(pid > 0);
-    const auto t0 = std::chrono::steady_clock::now();
     // Step 3's line comes after step 2's evaluation; a second later the run is in step 4's (several seconds).
-    while (test_util::read_file_if_exists(log).find("step 3/") == std::string::npos &&
-           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(test_util::wait_until(
+        [&] { return test_util::read_file_if_exists(log).find("step 3/") != std::string::npos; }));
     std::this_thread::sleep_for(std::chrono::milliseconds(1000));
     const auto signalled = std::chrono::steady_clock::now();
     REQUIRE(::kill(pid, SIGTERM) == 0);
@@ -325,27 +335,11 @@ TEST_CASE("save guard: a stop signal to trainer launch during the rendezvous exi
     // A second node that never comes: the rank waits in its rendezvous when the launcher is told to stop.
     test_util::TempDir dir;
     const std::string log = dir.path("log.txt");
-    Args argv = {test_util::trainer_binary(),
-                 "launch",
-                 "--nnodes",
-                 "2",
-                 "--node-rank",
-                 "0",
-                 "--nproc-per-node",
-                 "1",
-                 "--master-addr",
-                 "127.0.0.1",
-                 "--master-port",
-                 test_util::free_port(),
-                 "--"};
-    const Args run = tiny(dir.path("run"), 5, {"--strategy", "ddp"});
-    argv.insert(argv.end(), run.begin(), run.end());
-    const pid_t launcher = test_util::start_logged(argv, log);
+    const pid_t launcher =
+        test_util::start_node(2, 0, 1, test_util::free_port(), tiny(dir.path("run"), 5, {"--strategy", "ddp"}), log);
     REQUIRE(launcher > 0);
-    const auto t0 = std::chrono::steady_clock::now();
-    while (test_util::read_file_if_exists(log).find("[launch] rank 0") == std::string::npos &&
-           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30))
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(test_util::wait_until(
+        [&] { return test_util::read_file_if_exists(log).find("[launch] rank 0") != std::string::npos; }, 30));
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     REQUIRE(::kill(launcher, SIGTERM) == 0);
     const int code = test_util::wait_exit_code(launcher);

@@ -195,34 +195,50 @@ inline RunResult launch(int nproc, const std::vector<std::string>& args) {
     return run_trainer(a);
 }
 
-// `trainer launch` as `nnodes` nodes of `nproc` ranks each on this machine (a launcher process a node, rank 0's
-// store and Gloo on loopback), every rank running `args`; node k's output goes to log_prefix + k + ".log". Checks
-// that every node exits 0, showing its log where one does not.
+// Starts node `node` of `nnodes` (`trainer launch` with `nproc` ranks, rank 0's store on this machine at
+// `port`, Gloo on loopback), every rank running `args`; its output goes to `log`. Returns the launcher's pid.
+inline pid_t start_node(int nnodes, int node, int nproc, const std::string& port, const std::vector<std::string>& args,
+                        const std::string& log) {
+    std::vector<std::string> argv = {trainer_binary(),
+                                     "launch",
+                                     "--nnodes",
+                                     std::to_string(nnodes),
+                                     "--node-rank",
+                                     std::to_string(node),
+                                     "--nproc-per-node",
+                                     std::to_string(nproc),
+                                     "--master-addr",
+                                     "127.0.0.1",
+                                     "--master-port",
+                                     port,
+                                     "--"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return start_logged(argv, log, {"TRAINER_GLOO_HOST=127.0.0.1"});
+}
+
+// `trainer launch` as `nnodes` nodes of `nproc` ranks each on this machine (start_node), every rank running
+// `args`; node k's output goes to log_prefix + k + ".log". Checks that every node exits 0, showing its log
+// where one does not.
 inline void launch_nodes(int nnodes, int nproc, const std::vector<std::string>& args, const std::string& log_prefix) {
     const std::string port = free_port();
     std::vector<pid_t> nodes;
-    for (int node = 0; node < nnodes; ++node) {
-        std::vector<std::string> argv = {trainer_binary(),
-                                         "launch",
-                                         "--nnodes",
-                                         std::to_string(nnodes),
-                                         "--node-rank",
-                                         std::to_string(node),
-                                         "--nproc-per-node",
-                                         std::to_string(nproc),
-                                         "--master-addr",
-                                         "127.0.0.1",
-                                         "--master-port",
-                                         port,
-                                         "--"};
-        argv.insert(argv.end(), args.begin(), args.end());
-        nodes.push_back(
-            start_logged(argv, log_prefix + std::to_string(node) + ".log", {"TRAINER_GLOO_HOST=127.0.0.1"}));
-    }
+    for (int node = 0; node < nnodes; ++node)
+        nodes.push_back(start_node(nnodes, node, nproc, port, args, log_prefix + std::to_string(node) + ".log"));
     for (int node = 0; node < nnodes; ++node) {
         INFO(read_file_if_exists(log_prefix + std::to_string(node) + ".log"));
         REQUIRE(wait_exit_code(nodes[node]) == 0);
     }
+}
+
+// Polls `done` every 5 ms until it holds or `seconds` pass; whether it held.
+template <typename F>
+bool wait_until(F&& done, int seconds = 60) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!done()) {
+        if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(seconds)) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return true;
 }
 
 // rank0.bin of a checkpoint as floats (per unit: params then the two moments, for a replicated strategy).
