@@ -232,13 +232,11 @@ class TrainingRun {
         const SchedulerConfig& sched = config_.scheduler;
         if (sched.name != SchedulerName::kConstant && !sched.t_max && sched.t_warmup >= 1 &&
             sched.t_warmup >= static_cast<double>(total_steps_)) {
-            // Flagged, not refused: a short trial of a long recipe is a fair use.
-            if (env_.rank == 0)
-                std::fprintf(stderr,
-                             "note: scheduler.t_warmup is %g steps in a run of %ld: the learning rate never reaches "
-                             "optimizer.learning_rate (shorten the warmup or lengthen max_duration if that is not "
-                             "meant)\n",
-                             sched.t_warmup, total_steps_);
+            // Flagged in the run's header, not refused: a short trial of a long recipe is a fair use.
+            warmup_note_ = fmt::format(
+                "note: scheduler.t_warmup is {:g} steps in a run of {}: the learning rate never reaches "
+                "optimizer.learning_rate (shorten the warmup or lengthen max_duration if that is not meant)",
+                sched.t_warmup, total_steps_);
         }
         if (config_.try_load_latest_save && latest_checkpoint_step(*config_.save_folder)) {
             resume_path_ = resolve_checkpoint(config_, "latest");  // OLMo's meaning: over load_path
@@ -358,6 +356,7 @@ class TrainingRun {
             "data: %ld instances of %ld tokens; %ld steps of %ld instances (micro-batch %ld x %ld accumulation)\n",
             static_cast<long>(train_data_->num_instances()), L, total_steps_, config_.global_train_batch_size,
             config_.device_train_microbatch_size, config_.accumulation_steps(world_.size()));
+        if (!warmup_note_.empty()) std::printf("%s\n", warmup_note_.c_str());
         std::printf(
             "FLOPs per token = 6N + 12*L*d*T = 6*%zu + 12*%d*%d*%ld = %.4g (N: matmul parameters, T = %ld "
             "predicted positions)\n",
@@ -677,6 +676,7 @@ class TrainingRun {
     long total_steps_ = 0, start_step_ = 0;
     std::optional<std::string> resume_path_;
     bool resume_latest_ = false;  // resume_path_ is what "latest" named
+    std::string warmup_note_;     // a warmup no shorter than the run, said in the header
     bool use_init_from_ = false;
     std::map<std::string, Tensor> init_tensors_;
     std::string trace_path_;  // this rank's trace file (trace_file)

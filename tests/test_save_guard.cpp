@@ -392,6 +392,6 @@ TEST_CASE("save guard: continuations that would silently go wrong are refused or
         const auto warm = test_util::run_trainer(tiny(dir.path("w"), 3, {"--set", "scheduler.t_warmup=10"}));
         INFO(warm.out << warm.err);
         CHECK(warm.exit_code == 0);
-        CHECK_THAT(warm.err, Contains("note: scheduler.t_warmup is 10 steps in a run of 3"));
+        CHECK_THAT(warm.out, Contains("note: scheduler.t_warmup is 10 steps in a run of 3"));
     }
 }
