@@ -5,7 +5,7 @@
 #   ddp                          both grad_sync modes
 #   fsdp NO_SHARD fp32           must cost what DDP costs
 #   fsdp FULL_SHARD by_block fp32, both grad_sync modes
-#   OLMo's measured FSDP configurations (REFERENCE.md), both grad_sync modes:
+#   OLMo's measured FSDP configurations (allenai/OLMo#762), both grad_sync modes:
 #     fsdp FULL_SHARD wrap null, mixed     and     fsdp SHARD_GRAD_OP by_block_and_size, mixed
 # Rounds alternate every configuration, so machine noise hits all alike; each row is the mean over rounds
 # of the run's mean step (first step excluded). Prints one markdown table: tokens/s/device, ratio to DDP

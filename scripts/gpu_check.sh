@@ -260,7 +260,7 @@ for s in "${expanded[@]}"; do
                 --set activation_checkpointing=whole_layer
             # OLMo-7B with its optimizer on the host: 64 micro-batches a step, so that the host's AdamW (about
             # 3.6 s over 6.9B parameters, the plan says, the copies hidden under it) keeps the step within 1.3x
-            # the compute (issue 11 item 5: busy fraction at least 0.77); the plan's prediction of the same run
+            # the compute (the target: busy fraction at least 0.77); the plan's prediction of the same run
             # first, to compare.
             offload7b=(--config configs/olmo_7b.json --set device_train_microbatch_size=2
                 --set global_train_batch_size=128 --set precision=amp_bf16

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""OLMo's A100 measurement against `trainer plan` (issue 12, item 2; REFERENCE.md: OLMo-1B on 4 A100s,
+"""OLMo's A100 measurement against `trainer plan` (OLMo's published measurement: OLMo-1B on 4 A100s,
 global batch 256, micro-batch 2: DDP 8,034 tokens/s/device, FSDP wrap null mixed 1,747, FSDP
 SHARD_GRAD_OP by_block_and_size 1,790, both FSDP rows reducing on every micro-batch).
 
