@@ -1,6 +1,6 @@
 // Token files, the dataset of fixed-length instances over them, and the order instances are read in.
 //
-// OLMo's data model (REFERENCE.md, "OLMo's enums" -> Data), kept exactly so an OLMo user's data and
+// OLMo's data model (its DataConfig and the enums it uses), kept exactly so an OLMo user's data and
 // expectations carry over:
 //  * A token file is a flat array of token ids, documents concatenated with EOS. Three layouts are
 //    read, told apart by the first bytes of the file:

@@ -309,7 +309,8 @@ TEST_CASE("gpu: bench-kernels' bf16 Linear ceiling computes the Linear's three p
     const auto got_out = download(out, size_t(M) * N), got_dinp = download(dinp, size_t(M) * K),
                got_dw = download(dweight, size_t(N) * K);
     auto at = [](const std::vector<uint16_t>& h, size_t i) { return static_cast<double>(bf16_to_float(h[i])); };
-    // Sums in double of the same bf16 operands; the results are rounded once to bf16 (STYLE.md's tolerance).
+    // Sums in double of the same bf16 operands; the results are rounded once to bf16 (the bf16 tolerance,
+    // docs/design-notes.md).
     auto close = [](double ref, float got) { return std::fabs(ref - got) <= 1e-2 + 1.6e-2 * std::fabs(ref); };
     int bad = 0;
     for (int m = 0; m < M; ++m) {
