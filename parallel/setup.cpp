@@ -261,7 +261,14 @@ World connect_world(const TrainConfig& config, const RankEnv& env, Device device
     if (world.collectives != Collectives::kLocal) {
         if (env.rank == 0) world.store_server = std::make_unique<TcpStoreServer>(env.master_port);
         world.store = std::make_unique<TcpStore>(env.master_addr, env.master_port, world.timeout);
-        check_world_agrees(*world.store, env, world.timeout);
+        try {
+            check_world_agrees(*world.store, env, world.timeout);
+        } catch (const UserError&) {
+            // Rank 0's store stays up until the process exits: torn down while the error unwinds, it would
+            // end the other local ranks first, and their launcher would stop this rank before it says why.
+            (void)world.store_server.release();
+            throw;
+        }
     }
     world.comm = connect_group(world, backend, "world", env.rank, env.world_size);
     return world;
