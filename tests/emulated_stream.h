@@ -106,6 +106,8 @@ class EmulatedDevice {
 class EmulatedCommStream final : public trainer::CommStream {
    public:
     explicit EmulatedCommStream(EmulatedDevice& d) : d_(d) {}
+    // The device finishes what was queued on the stream, as a GPU does after cudaStreamDestroy.
+    ~EmulatedCommStream() override { d_.comm.synchronize(); }
     trainer::EventRef mark_compute() override { return mark_on(d_.compute, d_.error); }
     trainer::EventRef mark() override { return mark_on(d_.comm, d_.error); }
     void wait_for(const trainer::EventRef& e) override { d_.comm.push(waiter(e)); }
@@ -114,17 +116,17 @@ class EmulatedCommStream final : public trainer::CommStream {
         d_.compute.push(waiter(e));
     }
     void copy_to_host(void* host, const void* device, size_t bytes) override {
-        d_.comm.push([this, host, device, bytes] {
-            std::this_thread::sleep_for(d_.copy_delay);
+        d_.comm.push([&d = d_, host, device, bytes] {  // the device's, not this object's: it may be gone
+            std::this_thread::sleep_for(d.copy_delay);
             std::memcpy(host, device, bytes);
-            ++d_.copies_down;
+            ++d.copies_down;
         });
     }
     void copy_to_device(void* device, const void* host, size_t bytes) override {
-        d_.comm.push([this, host, device, bytes] {
-            std::this_thread::sleep_for(d_.copy_delay);
+        d_.comm.push([&d = d_, host, device, bytes] {
+            std::this_thread::sleep_for(d.copy_delay);
             std::memcpy(device, host, bytes);
-            ++d_.copies_up;
+            ++d.copies_up;
         });
     }
     bool done(const trainer::EventRef& e, std::string* error) override {
@@ -144,6 +146,7 @@ class EmulatedCommStream final : public trainer::CommStream {
         return p;
     }
     void free_pinned(void* p) override {
+        d_.comm.synchronize();  // as cudaFreeHost waits for the device: no queued copy writes freed memory
         d_.pinned_live -= static_cast<long>(sizes_.at(p));
         sizes_.erase(p);
         ::operator delete(p);
