@@ -379,12 +379,10 @@ void BpeTokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>
             return;
         }
     }
+    auto merge = [&](std::vector<int32_t>& to) { gpt2 ? gpt2_word(word, to) : cl100k_word(word, to); };
     ThreadState& ts = t_state;
     if (word.size() > ThreadState::kLongestCached) {  // a long run of letters: merged once, not kept
-        if (gpt2)
-            gpt2_word(word, out);
-        else
-            cl100k_word(word, out);
+        merge(out);
         return;
     }
     auto hit = ts.index.find(word);
@@ -395,10 +393,7 @@ void BpeTokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>
         return;
     }
     std::vector<int32_t> ids;
-    if (gpt2)
-        gpt2_word(word, ids);
-    else
-        cl100k_word(word, ids);
+    merge(ids);
     out.insert(out.end(), ids.begin(), ids.end());
     if (ts.lru.size() >= ThreadState::kCapacity) {
         ts.index.erase(ts.lru.back().first);

@@ -19,18 +19,13 @@
 
 #include "base/common.h"
 #include "base/config.h"
+#include "parallel/rank_env.h"
 
 namespace trainer {
 namespace {
 
 namespace fs = std::filesystem;
 constexpr double kHeartbeatSeconds = 5.0;
-
-std::string host_name() {
-    char buf[256] = {};
-    if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown";
-    return buf;
-}
 
 // The start time of a process in clock ticks since boot (/proc/<pid>/stat field 22), or 0: with the pid it
 // names one process, not a later one that reuses the pid.
@@ -48,19 +43,16 @@ unsigned long long process_start(long pid) {
     return 0;
 }
 
-double seconds_since_modified(const std::string& path) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) return 0.0;
-    const double mtime = static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec);
-    timespec now{};
-    ::clock_gettime(CLOCK_REALTIME, &now);
-    return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec) - mtime;
-}
-
 std::optional<struct timespec> modified(const std::string& path) {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) return std::nullopt;
     return st.st_mtim;
+}
+
+double seconds_since(const timespec& t) {
+    timespec now{};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    return static_cast<double>(now.tv_sec - t.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec - t.tv_nsec);
 }
 
 double stale_seconds() {
@@ -170,10 +162,7 @@ std::unique_ptr<SaveFolderLock> SaveFolderLock::acquire(const std::string& folde
         // Held: by whom, and is it still there?
         Json owner = Json::object();
         try {
-            std::ifstream f(path);
-            std::stringstream ss;
-            ss << f.rdbuf();
-            owner = parse_json(ss.str(), "lock " + path);
+            owner = read_json_file(path, "lock");
             if (!owner.is_object()) owner = Json::object();
         } catch (const UserError&) {
             owner = Json::object();  // not a lock this trainer wrote: judged by its heartbeat alone
@@ -191,8 +180,9 @@ std::unique_ptr<SaveFolderLock> SaveFolderLock::acquire(const std::string& folde
         } else {
             // Another host (or an unreadable lock): alive while its heartbeat moves.
             const auto first = modified(path);
-            double age = seconds_since_modified(path);
-            bool moved = false;
+            if (!first) continue;  // released meanwhile: try again
+            double age = seconds_since(*first);
+            bool moved = false, released = false;
             if (age < stale_after) {
                 std::fprintf(stderr,
                              "save_folder %s: locked by %s; its heartbeat is %.0f s old: waiting up to %.0f s for "
@@ -201,11 +191,12 @@ std::unique_ptr<SaveFolderLock> SaveFolderLock::acquire(const std::string& folde
                 while (age < stale_after && !moved) {
                     std::this_thread::sleep_for(std::chrono::milliseconds(200));
                     const auto m = modified(path);
-                    if (!m) break;  // released meanwhile: try again
-                    moved = first && (m->tv_sec != first->tv_sec || m->tv_nsec != first->tv_nsec);
-                    age = seconds_since_modified(path);
+                    released = !m;
+                    if (released) break;
+                    moved = m->tv_sec != first->tv_sec || m->tv_nsec != first->tv_nsec;
+                    age = seconds_since(*m);
                 }
-                if (!modified(path)) continue;
+                if (released) continue;
             }
             gone = !moved;
             why = fmt::format("whose heartbeat stopped {:.0f} s ago", age);
@@ -249,13 +240,10 @@ SaveFolderLock::~SaveFolderLock() {
     stop_ = true;
     if (thread_.joinable()) thread_.join();
     // Removed only while it is still this run's (a take-over by another run after a long stall leaves it).
-    std::ifstream f(path_);
-    std::stringstream ss;
-    ss << f.rdbuf();
     try {
-        const Json owner = Json::parse(ss.str());
-        if (owner.value("run_id", std::string()) == run_id_) ::unlink(path_.c_str());
-    } catch (const Json::exception&) {
+        const Json owner = read_json_file(path_, "lock");
+        if (owner.is_object() && owner.value("run_id", std::string()) == run_id_) ::unlink(path_.c_str());
+    } catch (const std::exception&) {  // unreadable or not ours: left as it is
     }
 }
 

@@ -1,6 +1,8 @@
 // Rank discovery from the launcher's environment (see rank_env.h).
 #include "parallel/rank_env.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -108,6 +110,11 @@ void silence_stdout_unless_rank0(const RankEnv& env) {
     if (env.rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) {
         user_error("rank {}: cannot silence stdout", env.rank);
     }
+}
+
+std::string host_name() {
+    char name[256] = {};
+    return ::gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string();
 }
 
 }  // namespace trainer

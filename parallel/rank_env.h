@@ -30,6 +30,8 @@ struct RankEnv {
 // are a UserError naming the variable, its value and what is expected.
 RankEnv detect_rank_env(const std::function<const char*(const char*)>& getenv);
 RankEnv detect_rank_env();
+// This machine's host name (gethostname), or "" when it cannot be read.
+std::string host_name();
 
 // Rank 0 alone writes to stdout (what a run or a benchmark reports); the other ranks' stdout goes to /dev/null.
 // Errors still reach stderr from every rank.

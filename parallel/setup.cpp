@@ -43,8 +43,8 @@ Collectives collectives_for(const TrainConfig& c, Device device, int world) {
 std::string gloo_bind_host(const RankEnv& env) {
     if (const char* h = std::getenv("TRAINER_GLOO_HOST")) return h;
     if (env.num_nodes() == 1) return "127.0.0.1";
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) user_error("rank {}: gethostname failed", env.rank);
+    const std::string name = host_name();
+    if (name.empty()) user_error("rank {}: gethostname failed", env.rank);
     return name;
 }
 
@@ -194,11 +194,6 @@ int ranks_on_gpu(const RankEnv& env, int gpus, int device_index) {
 
 namespace {
 
-std::string host_name() {
-    char buf[256] = {};
-    return ::gethostname(buf, sizeof buf - 1) == 0 ? std::string(buf) : std::string("?");
-}
-
 // Before the communicators connect, the ranks check through the store that they agree on the world: a node
 // launched with another --nproc-per-node (or --nnodes) computes other ranks and sizes, and would leave the
 // others waiting out distributed_timeout_seconds for ranks that never come. Rank 0 publishes its sizes;
@@ -217,7 +212,7 @@ void check_world_agrees(TcpStore& store, const RankEnv& env, std::chrono::millis
             const std::string text = fmt::format(
                 "the ranks disagree on the world: rank 0 has WORLD_SIZE {} and LOCAL_WORLD_SIZE {}, rank {} on "
                 "host {} has {} and {}; were the nodes launched with different --nproc-per-node or --nnodes?",
-                w, l, env.rank, host_name(), env.world_size, env.local_world_size);
+                w, l, env.rank, host_name().empty() ? "?" : host_name(), env.world_size, env.local_world_size);
             store.set(mismatch_key, bytes(text));
             user_error("rendezvous: {}", text);
         }
