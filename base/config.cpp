@@ -474,22 +474,28 @@ std::string closest_config_key(const std::string& path) {
             normalized += path[i];
         }
     }
+    const size_t limit = std::max<size_t>(3, normalized.size() / 3);
+    // The distance is at least the difference of the lengths: past the limit it is not computed (a 64 KB
+    // --set key took seconds against every schema key), and nothing past the limit is suggested anyway.
+    auto distance = [&](const std::string& a, const std::string& b) {
+        const size_t gap = a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
+        return gap > limit ? limit + 1 : edit_distance(a, b);
+    };
     for (const auto& k : schema()) {
-        size_t d = edit_distance(normalized, k.path);
+        size_t d = distance(normalized, k.path);
         // A key typed without its section ("learning_rate") is close to "optimizer.learning_rate".
         const size_t dot = k.path.rfind('.');
         if (dot != std::string::npos) {
             const std::string leaf = k.path.substr(dot + 1);
             const size_t ndot = normalized.rfind('.');
             const std::string nleaf = ndot == std::string::npos ? normalized : normalized.substr(ndot + 1);
-            d = std::min(d, edit_distance(nleaf, leaf) + 1);
+            d = std::min(d, distance(nleaf, leaf) + 1);
         }
         if (d < best_d) {
             best_d = d;
             best = k.path;
         }
     }
-    const size_t limit = std::max<size_t>(3, normalized.size() / 3);
     return best_d <= limit ? best : "";
 }
 
