@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The BPE tokenizers against the npm encoders they match, on the State of the Union addresses (233 files,
-# 10.7 MB): the npm encoder's time to encode them in Node (reading excluded; scripts/tokenize_npm.js
+# 10.7 MB): the npm encoder's time to encode them in Node (reading excluded; dev/tokenize_npm.js
 # --time) against the whole `trainer prepare-data --threads 1` command (loading the vocabulary, reading
 # and writing included), so the ratio is one core against one core and errs against the trainer; then the
 # trainer on every core. Checks first that both give the same ids. Prints a markdown table (medians);
@@ -28,12 +28,12 @@ bytes=$(cat "${files[@]}" | wc -c)
 echo "| tokenizer | tokens | npm encoder (Node $(node --version)) | trainer, 1 thread | npm / trainer | trainer, $(nproc) threads |"
 echo "|---|---|---|---|---|---|"
 for t in gpt2 cl100k; do
-    node scripts/tokenize_npm.js "$t" "${files[@]}" >"$tmp/npm.json"
+    node dev/tokenize_npm.js "$t" "${files[@]}" >"$tmp/npm.json"
     "$trainer" tokenize --tokenizer "$t" "${files[@]}" >"$tmp/ours.json"
     cmp -s "$tmp/npm.json" "$tmp/ours.json" || { echo "error: $t ids differ from the npm encoder's" >&2; exit 1; }
     npm_s=() one_s=() all_s=()
     for ((r = 0; r < reps; r++)); do
-        npm_s+=("$(node scripts/tokenize_npm.js "$t" --time "${files[@]}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')")
+        npm_s+=("$(node dev/tokenize_npm.js "$t" --time "${files[@]}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')")
         start=$EPOCHREALTIME
         "$trainer" prepare-data --overwrite --tokenizer "$t" --threads 1 "${files[@]}" -o "$tmp/one.bin" >/dev/null
         one_s+=("$start:$EPOCHREALTIME")

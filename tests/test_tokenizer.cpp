@@ -1,5 +1,5 @@
 // The BPE tokenizers (gpt2, cl100k and dolma2) against the npm encoders they follow, run by Node on the same files
-// (scripts/tokenize_npm.js): the UTF-8 stress file, addresses of the State of the Union text, and
+// (dev/tokenize_npm.js): the UTF-8 stress file, addresses of the State of the Union text, and
 // seeded random text drawn from every kind of character the regexes tell apart. Then decode(encode(x))
 // == x, prepare-data's token files (in all three layouts, several threads), and the refusals.
 // Needs scripts/fetch_tokenizers.sh and the SOTU text (scripts/test.sh fetches both).
@@ -33,7 +33,7 @@ const BpeTokenizer& tokenizer(const std::string& name) {
 
 // The npm encoder's ids of each file, one JSON array per file.
 std::vector<Json> npm_ids(const std::string& name, const std::vector<std::string>& files) {
-    std::string cmd = "node " + test_util::source_dir() + "/scripts/tokenize_npm.js " + name;
+    std::string cmd = "node " + test_util::source_dir() + "/dev/tokenize_npm.js " + name;
     for (const auto& f : files) cmd += " '" + f + "'";
     std::FILE* p = ::popen(cmd.c_str(), "r");
     REQUIRE(p != nullptr);

@@ -189,7 +189,7 @@ __device__ __forceinline__ uint8_t* tile_base(uint8_t* raw) { return raw + (1024
 // wgmma.fence and the wait, which PTX forbids (nvcc put the zeroing of S's accumulators after wgmma.fence). The
 // fences on the operands hold every write of them (zeroing, the softmax's rescale of O, packing P) before
 // wgmma.fence here, and wgmma_retire's every read after the wait, as CUTLASS's warpgroup_fence_operand does.
-// Between the two, the code must not touch them. scripts/check_wgmma_ptx.py checks the compiled PTX for all of it.
+// Between the two, the code must not touch them. dev/check_wgmma_ptx.py checks the compiled PTX for all of it.
 template <typename Issue, typename... Regs>
 __device__ __forceinline__ void wgmma_issue(Issue&& issue, Regs&... regs) {
     (fence_operands(regs), ...);

@@ -1,4 +1,4 @@
-// Shared by the fuzz targets (libFuzzer; scripts/fuzz.sh builds and runs them): the input written to a
+// Shared by the fuzz targets (libFuzzer; dev/fuzz.sh builds and runs them): the input written to a
 // file (the readers under test take paths, as the trainer's callers give them), and the rule that the only
 // exception a reader may throw on bad input is the trainer's UserError: anything else escapes
 // LLVMFuzzerTestOneInput and libFuzzer reports it as a crash, as it reports sanitizer findings.

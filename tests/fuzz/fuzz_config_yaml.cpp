@@ -1,6 +1,6 @@
 // OLMo's YAML config reader: YAML parsing (aliases included), interpolation, the OLMo key mapping, then
 // validation, on any bytes (runs expanded, fuzz_common.h); what validates is dumped as a checkpoint's
-// metadata would dump it. scripts/fuzz.sh bounds the memory (-rss_limit_mb), which an alias bomb passes.
+// metadata would dump it. dev/fuzz.sh bounds the memory (-rss_limit_mb), which an alias bomb passes.
 #include "base/config.h"
 #include "base/olmo_yaml.h"
 #include "fuzz_common.h"

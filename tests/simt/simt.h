@@ -27,7 +27,7 @@
 //     wgmma.mma_async (the same descriptors), commit_group and wait_group instructions in the same order (each warp
 //     computes its 16 rows of the 64 on its own, so a warp that skips a wgmma would still give its rows right here;
 //     on a GPU the .sync.aligned instructions would hang or compute garbage). Not checked: wgmma.fence around
-//     register accesses, which is the compiler's schedule (scripts/check_wgmma_ptx.py checks it on the PTX), and
+//     register accesses, which is the compiler's schedule (dev/check_wgmma_ptx.py checks it on the PTX), and
 //     plain stores to shared memory (only cp.async's writes are tracked for the proxy fence).
 // Reports are exceptions thrown by launch() naming the block, thread and instruction.
 //

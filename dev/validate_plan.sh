@@ -10,7 +10,7 @@
 # recommendation, its prediction) and is compared with the fastest measured 2-rank row. Each row is planned
 # twice: on the cpu entry's link, and on the links `trainer bench-comm` measures on 2 and 4 ranks first.
 #
-# Usage: scripts/validate_plan.sh [--steps N]      (TRAINER_BIN: the trainer, default build/bin/trainer)
+# Usage: dev/validate_plan.sh [--steps N]      (TRAINER_BIN: the trainer, default build/bin/trainer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench_common.sh

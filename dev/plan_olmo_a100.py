@@ -12,7 +12,7 @@ row; the SHARD_GRAD_OP row is then a prediction, and the plan's recommendation u
 compared with DDP. With --comm-calibration, a fourth table plans the three rows on links measured by
 `trainer bench-comm` on a 4-GPU node (the machine a user has, where OLMo's machine is not recorded).
 
-Usage: scripts/plan_olmo_a100.py [--trainer build/bin/trainer] [--comm-calibration links.json [--hardware H]
+Usage: dev/plan_olmo_a100.py [--trainer build/bin/trainer] [--comm-calibration links.json [--hardware H]
        [--calibration cal.json]]
 """
 import argparse

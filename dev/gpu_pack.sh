@@ -5,9 +5,9 @@
 # stripping and over it before (2026-11-26); gzipped it is about 21 MB. Strips the binaries and libraries first
 # (their symbol tables: nothing a run reads; ncu names kernels from the CUDA fatbin, not from these).
 #
-#   bash ../shared/tools/gpu_bundle.sh && bash scripts/gpu_pack.sh          (here)
+#   bash ../shared/tools/gpu_bundle.sh && bash dev/gpu_pack.sh          (here)
 #   device tool: carry [".gpu-bundle.tgz"], command:
-#       tar xzf .gpu-bundle.tgz && bash .gpu-bundle/run.sh scripts/gpu_check.sh first throughput
+#       tar xzf .gpu-bundle.tgz && bash .gpu-bundle/run.sh dev/gpu_check.sh first throughput
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ -x .gpu-bundle/run.sh ]] || {
@@ -19,4 +19,4 @@ tar czf .gpu-bundle.tgz .gpu-bundle
 tree=$(git ls-files -z | xargs -0 cat | wc -c)
 packed=$(stat -c %s .gpu-bundle.tgz)
 echo "packed: .gpu-bundle.tgz $((packed >> 20)) MiB; with the tracked tree $(((packed + tree) >> 20)) of the 64 MiB a call carries"
-echo "carry [\".gpu-bundle.tgz\"]   command: tar xzf .gpu-bundle.tgz && bash .gpu-bundle/run.sh scripts/gpu_check.sh STAGE..."
+echo "carry [\".gpu-bundle.tgz\"]   command: tar xzf .gpu-bundle.tgz && bash .gpu-bundle/run.sh dev/gpu_check.sh STAGE..."

@@ -2,7 +2,7 @@
 // array per line, by the npm package the trainer's tokenizer matches (scripts/fetch_tokenizers.sh installs
 // them). With --time, prints instead the seconds spent encoding (reading excluded), for
 // scripts/bench_tokenizers.sh.
-// Usage: node scripts/tokenize_npm.js gpt2|cl100k|dolma2 [--time] FILE...
+// Usage: node dev/tokenize_npm.js gpt2|cl100k|dolma2 [--time] FILE...
 "use strict";
 const path = require("path");
 const fs = require("fs");

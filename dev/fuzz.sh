@@ -17,7 +17,7 @@
 # timeout (10 s an input), more than 1 GiB of memory (-rss_limit_mb: the bound every reader must hold on
 # any input), or an exception other than the trainer's UserError fails the target; its log and the input
 # that did it (build-fuzz/crash-*) are printed. Exit status 1 if any failed.
-# Usage: scripts/fuzz.sh [SECONDS] [TARGET...]
+# Usage: dev/fuzz.sh [SECONDS] [TARGET...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-30}

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The checks a session with a lent GPU runs, in one command that fits the device tool's 10-minute call, from
-# the portable bundle (../shared/tools/gpu_bundle.sh, then scripts/gpu_pack.sh, which gzips it to fit a call's
+# the portable bundle (../shared/tools/gpu_bundle.sh, then dev/gpu_pack.sh, which gzips it to fit a call's
 # 64 MiB) and without building or installing anything:
 #
-#   tar xzf .gpu-bundle.tgz && bash .gpu-bundle/run.sh scripts/gpu_check.sh [STAGE...]
+#   tar xzf .gpu-bundle.tgz && bash .gpu-bundle/run.sh dev/gpu_check.sh [STAGE...]
 #
 # A session is lent the GPU for 15 minutes of device time, start-up included, and the machine goes back 30
 # seconds after a call ends: put what belongs together into one call. On an H200 (2026-11-26) `first` took 1

@@ -9,7 +9,7 @@ and that order within sections of heads (kernels/cuda/flash_tile.cuh's flash_gri
 V in L2. The model leaves out that a block alone on an SM runs faster than beside another, so it overstates the
 tails of kernels that run two blocks an SM.
 
-    python3 scripts/flash_block_order.py            # OLMo-1B (micro-batch 4) and GPT-2 (16) on an H100's 132 SMs
+    python3 dev/flash_block_order.py            # OLMo-1B (micro-batch 4) and GPT-2 (16) on an H100's 132 SMs
 """
 import argparse
 import heapq
