@@ -22,16 +22,17 @@
 
 #include "base/common.h"
 #include "base/config.h"
+#include "base/files.h"
 #include "base/olmo_yaml.h"
-#include "core/bench_comm.h"
-#include "core/bench_kernels.h"
-#include "core/bpe.h"
-#include "core/checkpoint.h"
-#include "core/data.h"
+#include "core/data/bpe.h"
+#include "core/data/data.h"
+#include "core/data/tokenizer.h"
 #include "core/logits.h"
-#include "core/plan.h"
-#include "core/tokenizer.h"
+#include "core/plan/bench_comm.h"
+#include "core/plan/bench_kernels.h"
+#include "core/plan/plan.h"
 #include "core/train.h"
+#include "core/weights/checkpoint.h"
 #include "kernels/cpu/machine.h"
 #include "parallel/launcher.h"
 
@@ -323,9 +324,7 @@ int run_main(int argc, char** argv) {
     if (*tok_cmd) {
         const auto bpe = trainer::BpeTokenizer::load(tok_name, tokenizer_dir);
         for (const auto& f : tok_inputs) {
-            std::ifstream in(f, std::ios::binary);
-            if (!in) trainer::user_error("tokenize: {}: cannot be read", f);
-            const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+            const std::string text = trainer::read_file(f, "tokenize: input file");
             std::printf("%s\n", Json(bpe->encode(text, "tokenize: " + f)).dump().c_str());
         }
         return 0;
@@ -336,9 +335,7 @@ int run_main(int argc, char** argv) {
         if (detok_input.empty()) {
             text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
         } else {
-            std::ifstream in(detok_input, std::ios::binary);
-            if (!in) trainer::user_error("detokenize: {}: cannot be read", detok_input);
-            text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+            text = trainer::read_file(detok_input, "detokenize: input file");
         }
         std::vector<int32_t> ids;
         std::string number;

@@ -11,23 +11,22 @@
 #pragma once
 
 #include <iterator>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-namespace trainer {
+#include "base/json.h"
 
-using Json = nlohmann::json;
+namespace trainer {
 
 // ---- choices: each enum's values in the order of its spellings in Choices<E>::kNames ----
 enum class Device { kAuto, kCpu, kCuda };
 enum class Precision { kFp32, kAmpBf16 };
 enum class AttentionKernel { kAuto, kNative, kCudnn, kFlash };
 enum class DistributedBackend { kAuto, kGloo, kNccl };
-enum class DistributedStrategy { kSingle, kDdp, kFsdp, kAuto };  // kAuto: the plan chooses (core/plan.h)
+enum class DistributedStrategy { kSingle, kDdp, kFsdp, kAuto };  // kAuto: the plan chooses (core/plan/plan.h)
 enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard };
 enum class WrappingStrategy {
     kNull,  // JSON null: the whole model is one FSDP unit
@@ -212,7 +211,7 @@ struct SchedulerConfig {
 };
 
 // OLMo's data.instance_filter: instances repeating a sequence of min_period..max_period tokens max_count times
-// or more are masked out of the loss (core/data.h: repetitive_instance).
+// or more are masked out of the loss (core/data/data.h: repetitive_instance).
 struct InstanceFilter {
     int min_period = 1, max_period = 13, max_count = 32;  // OLMo's defaults
 };
@@ -245,7 +244,7 @@ struct FsdpConfig {
 
 // What `trainer plan` and distributed_strategy auto plan for (unset: the hardware entry's defaults).
 struct PlanConfig {
-    std::optional<std::string> hardware;          // a hardware entry (core/step_time.h)
+    std::optional<std::string> hardware;          // a hardware entry (core/plan/step_time.h)
     std::optional<std::string> calibration;       // bench-kernels --calibration-out
     std::optional<std::string> comm_calibration;  // bench-comm --calibration-out (the links)
     std::optional<double> device_memory_gib;      // memory of one device
@@ -323,24 +322,6 @@ struct TrainConfig {
     long total_steps(long instances_per_epoch) const;
 };
 
-// The reading policy for every JSON document the trainer takes (configs, checkpoint metadata, safetensors
-// headers, Hugging Face config files, tokenizer files, --set values): arrays and objects nest at most
-// kMaxJsonDepth deep (a config needs 4; nlohmann's dump, used in messages and saves, recurses per level),
-// and a document with more than kMaxJsonValues values is refused (a YAML config's aliases can expand to
-// that). Both are checked before anything is built, so memory stays within a small multiple of the text.
-constexpr int kMaxJsonDepth = 64;
-constexpr size_t kMaxJsonValues = 1u << 20;
-// Parses `text` under that policy; a bad document is a UserError "<what>: ..." naming the byte offset.
-Json parse_json(std::string_view text, const std::string& what);
-// Reads a JSON file under that policy; a file that cannot be read or parsed is a UserError "<what> <path>:
-// ..." naming the position of the first error.
-Json read_json_file(const std::string& path, const std::string& what);
-// The first string in `v` (a key or a value) that is not valid UTF-8, as its path ("data.paths[2]"), or
-// nullopt. nlohmann's dump throws on such a string: every document written is checked first.
-std::optional<std::string> invalid_utf8_path(const Json& v);
-// Writes `text` to `path` whole or not at all (a temporary file beside it, renamed over it); UserError naming
-// `what` and the path when it cannot.
-void write_text_file(const std::string& path, const std::string& text, const std::string& what);
 // Reads a config file (JSON); a bad file is a UserError naming it and the position.
 Json read_config_file(const std::string& path);
 // Applies one `key.path=value` override, typed by the schema (UserError on unknown key or bad value).
@@ -349,9 +330,6 @@ void apply_override(Json& doc, const std::string& assignment);
 void set_config_value(Json& doc, const std::string& path, const Json& value);
 // Validates `doc` against the schema, fills defaults, checks every cross-field rule and returns the config.
 TrainConfig validate_config(const Json& doc);
-// A value as JSON text for a message; invalid UTF-8 in a string (a YAML config can hold any bytes) is
-// shown replaced, never thrown.
-std::string json_text(const Json& v);
 // The configuration as `trainer show-config` prints it: the validated document with the keys whose null
 // means "derived" (data.seed, device_eval_batch_size, model.embedding_size, model.bias_for_layer_norm)
 // set to the values the run uses.

@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "base/common.h"
-#include "core/hf_names.h"
+#include "core/weights/hf_names.h"
 #include "core/model.h"
 
 namespace trainer {

@@ -25,7 +25,7 @@
 
 #include "base/config.h"
 #include "base/layout.h"
-#include "core/safetensors.h"
+#include "core/weights/safetensors.h"
 #include "kernels/backend.h"
 #include "kernels/graph.h"
 #include "parallel/strategy.h"
@@ -156,7 +156,7 @@ class Model {
 // The forward and backward passes of one optimizer step under the strategy's hooks: zero_grads and
 // begin_step, each of the `accumulation` micro-batches of `batch` instances (tokens_for(k) gives micro-batch
 // k's tokens), then finish_backward. Returns the sums of the token losses. The
-// training loop and the dry runs (core/plan.h) both take a step through it.
+// training loop and the dry runs (core/plan/plan.h) both take a step through it.
 // A micro-batch's tokens, (batch, L) on the host, and which instances count (nullable: all; see
 // Model::forward_backward).
 struct MicroBatchTokens {

@@ -23,16 +23,16 @@
 #include "base/layout.h"
 #include "base/stop.h"
 #include "base/trace.h"
-#include "core/checkpoint.h"
-#include "core/data.h"
-#include "core/hf_export.h"
-#include "core/hf_names.h"
+#include "core/weights/checkpoint.h"
+#include "core/data/data.h"
+#include "core/weights/hf_export.h"
+#include "core/weights/hf_names.h"
 #include "core/metrics.h"
 #include "core/model.h"
 #include "core/optimizer.h"
-#include "core/plan.h"
-#include "core/safetensors.h"
-#include "core/save_folder.h"
+#include "core/plan/plan.h"
+#include "core/weights/safetensors.h"
+#include "core/weights/save_folder.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
 #include "parallel/rank_env.h"
@@ -517,7 +517,7 @@ class TrainingRun {
     }
 
     // Before step 1, with the ranks connected: rank 0 takes the save folder's lock (one run at a time,
-    // core/save_folder.h) and draws the run's tag; every rank that writes shard files probes the folder, so
+    // core/weights/save_folder.h) and draws the run's tag; every rank that writes shard files probes the folder, so
     // a folder that cannot be written stops the run now, not after save_interval steps. The outcomes are
     // summed over the ranks, so every rank stops when one cannot go on.
     void take_save_folder() {

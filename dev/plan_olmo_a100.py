@@ -32,7 +32,7 @@ ROWS = {
                  "fsdp.wrapping_strategy=by_block_and_size", "--set", "fsdp.precision=mixed", "--set",
                  "fsdp.grad_sync_mode=micro_batch"]),
 }
-SHARES = (0.7, 0.5, 0.8)  # the a100-40gb entry's GEMM, attention and memory-bound shares (core/step_time.cpp)
+SHARES = (0.7, 0.5, 0.8)  # the a100-40gb entry's GEMM, attention and memory-bound shares (core/plan/step_time.cpp)
 
 
 def plan(trainer, row, link=None, scale=None, hardware="a100-40gb", extra=()):

@@ -7,10 +7,10 @@
 #include <string>
 
 #include "base/layout.h"
-#include "core/data.h"
-#include "core/hf_names.h"
+#include "core/data/data.h"
+#include "core/weights/hf_names.h"
 #include "core/model.h"
-#include "core/safetensors.h"
+#include "core/weights/safetensors.h"
 #include "kernels/backend.h"
 #include "parallel/strategy.h"
 #include "test_util.h"

@@ -8,8 +8,9 @@
 
 #include "base/common.h"
 #include "base/config.h"
-#include "core/bench_comm.h"
-#include "core/step_time.h"
+#include "base/files.h"
+#include "core/plan/bench_comm.h"
+#include "core/plan/step_time.h"
 #include "test_util.h"
 
 using namespace trainer;

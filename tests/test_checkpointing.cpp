@@ -8,7 +8,7 @@
 
 #include "base/layout.h"
 #include "base/memory.h"
-#include "core/data.h"
+#include "core/data/data.h"
 #include "core/model.h"
 #include "kernels/backend.h"
 #include "parallel/strategy.h"

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "base/common.h"
-#include "core/data.h"
-#include "core/tokenizer.h"
+#include "core/data/data.h"
+#include "core/data/tokenizer.h"
 #include "test_util.h"
 
 using Catch::Matchers::Contains;

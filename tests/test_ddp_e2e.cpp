@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <map>
 
-#include "core/safetensors.h"
+#include "core/weights/safetensors.h"
 #include "parallel/tcp_store.h"
 #include "test_util.h"
 

@@ -103,7 +103,7 @@ TEST_CASE("flash attention kernels emulated on the CPU match the CPU attention f
                 trainer::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, HS);
                 const FlashRun got = run_flash(qkv16, dout16, B, T, NH, HS, wgmma);
                 const auto got_out = widened(got.out);
-                // the bf16 tolerance (docs/design-notes.md) for bf16 outputs (P is rounded to bf16 before P V); lse is
+                // the bf16 tolerance (docs/gpus.md) for bf16 outputs (P is rounded to bf16 before P V); lse is
                 // fp32.
                 CHECK(mismatch(out, got_out, 1e-2, 1.6e-2) == "");
                 CHECK(mismatch(lse, got.lse, 1e-4, 1e-4) == "");

@@ -253,7 +253,7 @@ TEST_CASE("fsdp: memory: FULL_SHARD on 4 ranks of cpu_bench keeps a quarter of t
     TempDir dir;
     const std::string tokens = dir.path("tokens.bin");
     REQUIRE(run_trainer({"prepare-data", test_util::source_dir() + "/README.md",
-                         test_util::source_dir() + "/docs/design-notes.md", "-o", tokens})
+                         test_util::source_dir() + "/docs/gpus.md", "-o", tokens})
                 .exit_code == 0);
     const std::vector<std::string> base = {
         "--config", "configs/cpu_bench.json",        "--data", tokens, "--max-duration", "2",

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "base/layout.h"
-#include "core/data.h"
+#include "core/data/data.h"
 #include "core/model.h"
 #include "core/optimizer.h"
 #include "kernels/backend.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "base/config.h"
-#include "core/safetensors.h"
+#include "core/weights/safetensors.h"
 #include "test_util.h"
 
 using Catch::Matchers::Contains;

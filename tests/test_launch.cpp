@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "base/stop.h"
-#include "core/checkpoint.h"
+#include "core/weights/checkpoint.h"
 #include "kernels/backend.h"
 #include "test_util.h"
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/plan.h"
+#include "core/plan/plan.h"
 #include "test_util.h"
 
 using namespace trainer;

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "base/common.h"
-#include "core/safetensors.h"
+#include "core/weights/safetensors.h"
 #include "test_util.h"
 
 using Catch::Matchers::Contains;

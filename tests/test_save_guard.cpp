@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "base/common.h"
-#include "core/checkpoint.h"
+#include "core/weights/checkpoint.h"
 #include "test_util.h"
 
 using Catch::Matchers::Contains;

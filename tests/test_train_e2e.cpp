@@ -15,9 +15,9 @@
 #include <thread>
 
 #include "base/common.h"
-#include "core/checkpoint.h"
-#include "core/data.h"
-#include "core/safetensors.h"
+#include "core/weights/checkpoint.h"
+#include "core/data/data.h"
+#include "core/weights/safetensors.h"
 #include "kernels/backend.h"
 #include "test_util.h"
 

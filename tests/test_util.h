@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "base/config.h"
-#include "core/safetensors.h"
+#include "core/weights/safetensors.h"
 #include "parallel/tcp_store.h"
 
 namespace test_util {

@@ -1,7 +1,7 @@
 // The BPE tokenizers (gpt2, cl100k, dolma2; their files from scripts/fetch_tokenizers.sh, found through
 // TRAINER_TOKENIZERS): any bytes (runs expanded, fuzz_common.h) as a document. Valid UTF-8 must decode back to itself
 // exactly (dolma2's added tokens included); invalid UTF-8 and cl100k's special tokens are refused with a UserError.
-#include "core/bpe.h"
+#include "core/data/bpe.h"
 #include "fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

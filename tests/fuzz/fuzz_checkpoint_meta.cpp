@@ -1,6 +1,6 @@
 // A checkpoint's metadata.json (runs expanded, fuzz_common.h): read as the loader reads it, then the
 // structure check every loader runs first.
-#include "core/checkpoint_meta.h"
+#include "core/weights/checkpoint_meta.h"
 #include "fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,5 +1,5 @@
 // The safetensors reader (--init-from): any bytes (runs expanded, fuzz_common.h) as a .safetensors file.
-#include "core/safetensors.h"
+#include "core/weights/safetensors.h"
 #include "fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

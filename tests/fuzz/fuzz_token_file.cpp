@@ -1,5 +1,5 @@
 // The token-file readers: raw memmap (uint16 and uint32), .npy and llm.c shards, detected by header.
-#include "core/data.h"
+#include "core/data/data.h"
 #include "fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

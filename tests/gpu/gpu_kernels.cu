@@ -73,7 +73,7 @@ std::vector<float> wave(size_t n, float scale, float phase) {
     return x;
 }
 
-// Elementwise fp32 tolerance (1e-6 + 1e-5 |ref|, docs/design-notes.md "Tolerances"); a failure names the first
+// Elementwise fp32 tolerance (1e-6 + 1e-5 |ref|, docs/gpus.md "Tolerances"); a failure names the first
 // mismatch.
 void expect_close(const std::vector<float>& ref, const std::vector<float>& got, const char* what, double abs_tol = 1e-6,
                   double rel_tol = 1e-5) {
@@ -467,7 +467,7 @@ void test_layernorm() {
                                                       wp ? dwt.p : nullptr, mean_d, drstd.p, N, C, rms, scratch.p,
                                                       nullptr);
                     // Reductions over C (and over rows for dweight/dbias): the reduction tolerance
-                    // (docs/design-notes.md).
+                    // (docs/gpus.md).
                     expect_close(dx, ddx.host(), "layernorm_backward dinp matches the CPU", 1e-5, 1e-4);
                     if (wp) expect_close(dw, ddw.host(), "layernorm_backward dweight matches the CPU", 1e-5, 1e-4);
                     if (bp) expect_close(db, ddb.host(), "layernorm_backward dbias matches the CPU", 1e-5, 1e-4);
@@ -536,7 +536,7 @@ void test_norm_residual() {
                                 ddx16.p, dw_d, db_d, dg.p, static_cast<const uint16_t*>(dx16.p), wp ? dwt.p : nullptr,
                                 mean_d, drstd.p, N, C, rms, scratch.p, nullptr);
                             // A reduction over C in another order, then one rounding: the bf16 tolerance
-                            // (docs/design-notes.md).
+                            // (docs/gpus.md).
                             expect_close_bf16(dx, ddx16, "norm_residual_backward's bf16 dinp matches the CPU rounded",
                                               1e-2, 1.6e-2);
                         } else {
@@ -874,7 +874,7 @@ void test_wgmma_tiles() {
 
 #ifndef TRAINER_SIMT_EMULATION
 // cuDNN's fused attention against the CPU on the same bf16-rounded qkv and dout: P is rounded to bf16
-// inside cuDNN and its outputs are bf16, so the bf16 tolerance (docs/design-notes.md) applies (lse is fp32).
+// inside cuDNN and its outputs are bf16, so the bf16 tolerance (docs/gpus.md) applies (lse is fp32).
 void test_attention_cudnn() {
     trainer::cuda::CudnnAttention att;
     std::unique_ptr<Dev<uint8_t>> ws_buf;  // the workspace, grown as the plans ask (the backend's scratch)
@@ -909,7 +909,7 @@ void test_attention_cudnn() {
 }
 
 // Our flash attention against the CPU on bf16-rounded qkv and dout (P rounded to bf16 before P V, bf16
-// outputs: the bf16 tolerance (docs/design-notes.md); lse is fp32), and run twice: bitwise the same (no atomics in its
+// outputs: the bf16 tolerance (docs/gpus.md); lse is fp32), and run twice: bitwise the same (no atomics in its
 // sums). T up to 300 spans several key tiles of 64 and query tiles of 32 and 64, with partial last tiles.
 void test_attention_flash() {
     for (int B : {1, 2}) {
@@ -1109,7 +1109,7 @@ void test_matmul_gelu() {
                             gemm, dpre16.p, dout16.p, dx16.p, dw16.p, bias_mode ? db16.p : nullptr, M, K, N, nullptr);
                         if (N % 8 != 0) expect(!fused, "the bf16 GELU epilogue refuses N not a multiple of 8");
                         if (!fused) continue;
-                        // the starting bf16 tolerance (docs/design-notes.md), not one rounding's: on the H100
+                        // the starting bf16 tolerance (docs/gpus.md), not one rounding's: on the H100
                         // cuBLASLt's epilogue rounds the product to bf16 before it adds the bias (3.5e-4 off, 2.9%, on
                         // a value of 0.012 left by cancellation) and takes the GELU of the rounded pre (1.2%).
                         expect_close_bf16(pre_r, dpre16, "bf16 matmul_gelu_forward pre matches the CPU rounded to bf16",
@@ -1231,7 +1231,7 @@ void test_matmul_gelu_backward() {
                     continue;
                 }
                 if (!fused) continue;  // no such cuBLASLt kernel: training runs the two ops (their checks above)
-                // the starting bf16 tolerance (docs/design-notes.md), as the forward's epilogue needs (cuBLASLt may
+                // the starting bf16 tolerance (docs/gpus.md), as the forward's epilogue needs (cuBLASLt may
                 // round the product before it applies the slope).
                 expect_close_bf16(dpre, got, "bf16 matmul_backward_dgelu dpre matches the CPU rounded to bf16", 1e-2,
                                   1.6e-2);

@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/checkpoint.h"
+#include "core/weights/checkpoint.h"
 #include "kernels/backend.h"
 #include "test_util.h"
 

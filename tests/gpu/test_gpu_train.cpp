@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/step_time.h"
+#include "core/plan/step_time.h"
 #include "kernels/backend.h"
 #include "kernels/element.h"
 #include "model_check.h"
@@ -310,7 +310,7 @@ TEST_CASE("gpu: bench-kernels' bf16 Linear ceiling computes the Linear's three p
                got_dw = download(dweight, size_t(N) * K);
     auto at = [](const std::vector<uint16_t>& h, size_t i) { return static_cast<double>(bf16_to_float(h[i])); };
     // Sums in double of the same bf16 operands; the results are rounded once to bf16 (the bf16 tolerance,
-    // docs/design-notes.md).
+    // docs/gpus.md).
     auto close = [](double ref, float got) { return std::fabs(ref - got) <= 1e-2 + 1.6e-2 * std::fabs(ref); };
     int bad = 0;
     for (int m = 0; m < M; ++m) {

@@ -17,7 +17,7 @@
 
 #include "base/config.h"
 #include "base/layout.h"
-#include "core/hf_export.h"
+#include "core/weights/hf_export.h"
 #include "kernels/backend.h"
 #include "parallel/strategy.h"
 
@@ -28,7 +28,7 @@ struct CheckpointInfo {
     long step = 0;
 };
 
-// Writes step<step>/ under config.save_folder (whose lock the run holds: core/save_folder.h); returns its
+// Writes step<step>/ under config.save_folder (whose lock the run holds: core/weights/save_folder.h); returns its
 // path. The ranks write into .step<step>.tmp-<run_tag> (the tag the same on every rank of a run, another in every run),
 // renamed when complete; a save that fails on rank 0 removes it. Old checkpoints beyond save_num_checkpoints_to_keep
 // are removed after the new one is complete. Refuses (UserError, nothing published) to replace an existing

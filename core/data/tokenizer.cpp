@@ -1,7 +1,7 @@
 // The byte tokenizer and prepare_data_bytes (see tokenizer.h). The output is streamed in chunks, so
 // inputs larger than memory are fine; the header, which needs the token count, is computed from the
 // input sizes up front and the count is checked again as the inputs are read.
-#include "core/tokenizer.h"
+#include "core/data/tokenizer.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "base/common.h"
+#include "base/files.h"
 
 namespace trainer {
 
@@ -164,16 +165,8 @@ std::string format_header(const std::string& format, TokenDtype dtype, int64_t t
 
 // The whole of an input file, whose size was `size` when checked.
 std::string read_document(const std::string& input, int64_t size) {
-    std::FILE* in = std::fopen(input.c_str(), "rb");
-    if (in == nullptr) user_error("prepare data: input file {}: cannot open: {}", input, std::strerror(errno));
-    std::string text(static_cast<size_t>(size), '\0');
-    const size_t n = std::fread(text.data(), 1, text.size(), in);
-    const bool more = n == text.size() && std::fgetc(in) != EOF;
-    const bool failed = std::ferror(in) != 0;
-    const int read_errno = errno;
-    std::fclose(in);
-    if (failed) user_error("prepare data: input file {}: cannot read: {}", input, std::strerror(read_errno));
-    if (n != text.size() || more) {
+    std::string text = read_file(input, "prepare data: input file");
+    if (static_cast<int64_t>(text.size()) != size) {
         user_error("prepare data: input file {}: changed while being read ({} bytes when checked)", input, size);
     }
     return text;

@@ -1,5 +1,5 @@
 // The checkpoint metadata's structure (see checkpoint_meta.h).
-#include "core/checkpoint_meta.h"
+#include "core/weights/checkpoint_meta.h"
 
 #include "base/common.h"
 

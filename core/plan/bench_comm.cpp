@@ -1,5 +1,5 @@
 // `trainer bench-comm` (see bench_comm.h).
-#include "core/bench_comm.h"
+#include "core/plan/bench_comm.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "base/files.h"
 #include "base/common.h"
 #include "base/memory.h"
 #include "kernels/backend.h"

@@ -1,5 +1,5 @@
 // Sharded checkpoints written atomically (see checkpoint.h).
-#include "core/checkpoint.h"
+#include "core/weights/checkpoint.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -18,11 +18,11 @@
 #include <sstream>
 
 #include "base/common.h"
-#include "core/checkpoint_meta.h"
-#include "core/hf_export.h"
-#include "core/hf_names.h"
 #include "core/optimizer.h"
-#include "core/safetensors.h"
+#include "core/weights/checkpoint_meta.h"
+#include "core/weights/hf_export.h"
+#include "core/weights/hf_names.h"
+#include "core/weights/safetensors.h"
 
 namespace trainer {
 namespace fs = std::filesystem;

@@ -1,6 +1,6 @@
 // Token files (llm.c shards, .npy, raw memmaps), the instance dataset over them and the instance order.
 // See data.h for the formats and the rules; this file owns the parsing and the exact shuffle.
-#include "core/data.h"
+#include "core/data/data.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -79,7 +79,7 @@ void check_shared_device_memory(const TrainConfig& config, const RankEnv& env, D
 // modes where a step has several micro-batches, activation checkpointing null and whole_layer, and CPU
 // offload off, of the optimizer state, and of the parameters too where FSDP shards), each with the peak
 // memory per rank by category from a dry run of one step, whether it fits the device memory, and the step
-// time the time model (core/step_time.h) predicts for it on the hardware entry, split into compute,
+// time the time model (core/plan/step_time.h) predicts for it on the hardware entry, split into compute,
 // exposed communication and optimizer, with tokens/s/device and MFU. Prints a table, or with `json` one
 // object per line.
 struct PlanOptions {

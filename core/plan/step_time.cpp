@@ -1,5 +1,5 @@
 // The time model (see step_time.h).
-#include "core/step_time.h"
+#include "core/plan/step_time.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // One run at a time in a save folder (see save_folder.h).
-#include "core/save_folder.h"
+#include "core/weights/save_folder.h"
 
 #include <fcntl.h>
 #include <signal.h>

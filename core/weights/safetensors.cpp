@@ -1,7 +1,7 @@
 // safetensors reading (validated as the reference implementation validates) and F32 writing; see
 // safetensors.h. Tensors are read one at a time with stdio, so peak memory is the floats returned
 // plus one tensor's raw bytes.
-#include "core/safetensors.h"
+#include "core/weights/safetensors.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -19,7 +19,7 @@
 
 #include "base/config.h"
 #include "base/layout.h"
-#include "core/safetensors.h"
+#include "core/weights/safetensors.h"
 
 namespace trainer {
 

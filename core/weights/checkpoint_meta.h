@@ -1,4 +1,4 @@
-// The structure of a checkpoint's metadata.json (core/checkpoint.cpp writes it), checked before anything
+// The structure of a checkpoint's metadata.json (core/weights/checkpoint.cpp writes it), checked before anything
 // in it is used: a file edited by hand, truncated or damaged is refused with the entry that is wrong
 // instead of failing somewhere inside the reader. Only base/ is needed (the fuzz target links it alone).
 #pragma once

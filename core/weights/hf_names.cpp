@@ -1,5 +1,5 @@
 // Mapping between the trainer's OLMo-named flat units and Hugging Face tensors (see hf_names.h).
-#include "core/hf_names.h"
+#include "core/weights/hf_names.h"
 
 #include <cstring>
 #include <functional>

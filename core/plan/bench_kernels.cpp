@@ -1,6 +1,6 @@
 // `trainer bench-kernels`: every Backend op of one training step at a config's shapes, timed on the
 // configured device and set against the roofline of that device (see bench_kernels.h).
-#include "core/bench_kernels.h"
+#include "core/plan/bench_kernels.h"
 
 #include <algorithm>
 #include <chrono>
@@ -11,13 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "base/files.h"
 #include "base/common.h"
 #include "base/layout.h"
 #include "core/metrics.h"
 #include "core/model.h"
 #include "core/optimizer.h"
-#include "core/plan.h"
-#include "core/step_time.h"
+#include "core/plan/plan.h"
+#include "core/plan/step_time.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
 #include "parallel/rank_env.h"

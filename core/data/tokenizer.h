@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "core/bpe.h"
-#include "core/data.h"
+#include "core/data/bpe.h"
+#include "core/data/data.h"
 
 namespace trainer {
 

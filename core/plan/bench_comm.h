@@ -1,7 +1,7 @@
 // `trainer bench-comm`: the links of the launched world, measured. Every rank times all-reduce, reduce-scatter
 // and all-gather of fp32 buffers from 4 KiB up, over the collectives a run of the config would use (NCCL on
 // GPUs, Gloo on the CPU), on the world's group and, on several nodes, on each node's own group; a bandwidth
-// and a latency per ring step are fitted to each collective's times (ring_cost in core/step_time.h, the model
+// and a latency per ring step are fitted to each collective's times (ring_cost in core/plan/step_time.h, the model
 // the plan times collectives with), and --calibration-out writes them for `trainer plan --comm-calibration`
 // (plan.comm_calibration), in place of the hardware entry's links. So a plan on a machine whose links no
 // entry describes (GPUs on PCIe through host memory, a slow network) predicts from what the links do.
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "base/config.h"
-#include "core/step_time.h"
+#include "core/plan/step_time.h"
 
 namespace trainer {
 

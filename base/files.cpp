@@ -1,0 +1,41 @@
+// Whole files read and written (see files.h).
+#include "base/files.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "base/common.h"
+
+namespace trainer {
+
+std::string read_file(const std::string& path, const std::string& what, const std::string& hint) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    const auto fail = [&](int err) {
+        user_error("{} {}: cannot be read ({}){}{}", what, path, std::strerror(err), hint.empty() ? "" : "; ", hint);
+    };
+    if (f == nullptr) fail(errno);
+    std::string text;
+    char buf[1 << 16];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+    const int err = std::ferror(f) ? errno : 0;
+    std::fclose(f);
+    if (err != 0) fail(err);
+    return text;
+}
+
+void write_text_file(const std::string& path, const std::string& text, const std::string& what) {
+    // Beside the destination, then renamed over it: a failed write leaves what was there.
+    const std::string tmp = path + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr) user_error("{} {}: cannot be written ({})", what, path, std::strerror(errno));
+    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int err = errno;
+        std::remove(tmp.c_str());
+        user_error("{} {}: writing failed ({})", what, path, std::strerror(err));
+    }
+}
+
+}  // namespace trainer

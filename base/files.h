@@ -1,0 +1,15 @@
+// Whole files read and written, with errors that name the file and what it is.
+#pragma once
+
+#include <string>
+
+namespace trainer {
+
+// The whole of the file at `path`, bytes as they are; a file that cannot be read is a UserError
+// "<what> <path>: cannot be read (<reason>)", with "; <hint>" after it where a hint is given.
+std::string read_file(const std::string& path, const std::string& what, const std::string& hint = "");
+// Writes `text` to `path` whole or not at all (a temporary file beside it, renamed over it); UserError naming
+// `what` and the path when it cannot.
+void write_text_file(const std::string& path, const std::string& text, const std::string& what);
+
+}  // namespace trainer
