@@ -30,6 +30,7 @@
 #include "core/logits.h"
 #include "core/plan/bench_comm.h"
 #include "core/plan/bench_kernels.h"
+#include "core/plan/bench_comm.h"
 #include "core/plan/plan.h"
 #include "core/train.h"
 #include "core/weights/checkpoint.h"

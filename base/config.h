@@ -244,21 +244,11 @@ struct FsdpConfig {
 
 // What `trainer plan` and distributed_strategy auto plan for (unset: the hardware entry's defaults).
 struct PlanConfig {
-    std::optional<std::string> hardware;          // a hardware entry (core/plan/step_time.h)
+    std::optional<std::string> hardware;          // a hardware entry: a name or a file (core/plan/hardware.h)
     std::optional<std::string> calibration;       // bench-kernels --calibration-out
     std::optional<std::string> comm_calibration;  // bench-comm --calibration-out (the links)
     std::optional<double> device_memory_gib;      // memory of one device
     std::optional<double> host_memory_gib;        // host memory of one node, for CPU offload's state
-    // The hardware entry's links, overridden: bus bandwidth in GB/s (1e9 bytes/s, as nccl-tests' busbw)
-    // and latency per ring step in microseconds, within a node and between nodes.
-    std::optional<double> intra_node_bandwidth_gbs, inter_node_bandwidth_gbs;
-    std::optional<double> intra_node_latency_us, inter_node_latency_us;
-    // The shares of the roofline the ops reach (GEMMs of the dense peak, attention, memory-bound ops of the
-    // bandwidth), instead of the hardware entry's; a calibration's measured op times take precedence.
-    std::optional<double> gemm_efficiency, attention_efficiency, memory_efficiency;
-    // CPU offload's side of the entry, overridden: a GPU's link to host memory (GB/s a direction) and the
-    // host memory bandwidth one rank's optimizer streams at (GB/s).
-    std::optional<double> host_link_bandwidth_gbs, host_memory_bandwidth_gbs;
 };
 
 // CPU offload (DeepSpeed's two levers): where the optimizer's state and the sharded parameters live.

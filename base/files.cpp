@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "base/common.h"
 
@@ -36,6 +37,16 @@ void write_text_file(const std::string& path, const std::string& text, const std
         std::remove(tmp.c_str());
         user_error("{} {}: writing failed ({})", what, path, std::strerror(err));
     }
+}
+
+std::string trainer_data_dir(const std::string& installed, const std::string& in_source) {
+    std::error_code ec;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (ec) return in_source;
+    const std::filesystem::path prefix = exe.parent_path().parent_path();
+    const std::filesystem::path share = prefix / "share" / "trainer" / installed;
+    if (std::filesystem::is_directory(share, ec)) return share.string();
+    return (prefix.parent_path() / in_source).string();
 }
 
 }  // namespace trainer

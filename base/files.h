@@ -12,4 +12,9 @@ std::string read_file(const std::string& path, const std::string& what, const st
 // `what` and the path when it cannot.
 void write_text_file(const std::string& path, const std::string& text, const std::string& what);
 
+// A folder of the trainer's own data, found from the binary, not the working directory: an installed trainer
+// (<prefix>/bin/trainer) reads <prefix>/share/trainer/<installed>, one in a build tree (<source>/<build>/bin/
+// trainer) reads <source>/<in_source>.
+std::string trainer_data_dir(const std::string& installed, const std::string& in_source);
+
 }  // namespace trainer

@@ -6,8 +6,8 @@ SHARD_GRAD_OP by_block_and_size 1,790, both FSDP rows reducing on every micro-ba
 Prints three tables. First the plan with the a100-40gb entry as it is (NVLink 3 at 230 GB/s, the generic
 roofline shares), then with the a100-40gb-pcie entry as it is (the same GPU with no NVLink: PCIe 4.0 at about
 20 GB/s of bus bandwidth). Then the plan with the two things the entry cannot know about that machine fitted to two of
-the three measurements: the bus bandwidth between the GPUs (plan.intra_node_bandwidth_gbs) to the FSDP wrap
-null row, and one factor on the entry's roofline shares (plan.gemm/attention/memory_efficiency) to the DDP
+the three measurements: the bus bandwidth between the GPUs (intra_node of a copy of the hardware file) to the FSDP wrap
+null row, and one factor on the entry's roofline shares (its gemm/attention/memory_efficiency) to the DDP
 row; the SHARD_GRAD_OP row is then a prediction, and the plan's recommendation under the fitted machine is
 compared with DDP. With --comm-calibration, a fourth table plans the three rows on links measured by
 `trainer bench-comm` on a 4-GPU node (the machine a user has, where OLMo's machine is not recorded).
@@ -17,8 +17,10 @@ Usage: dev/plan_olmo_a100.py [--trainer build/bin/trainer] [--comm-calibration l
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
 
 MEASURED = {"ddp": 8034, "fsdp_null": 1747, "sgo_bbs": 1790}
 ROWS = {
@@ -32,18 +34,32 @@ ROWS = {
                  "fsdp.wrapping_strategy=by_block_and_size", "--set", "fsdp.precision=mixed", "--set",
                  "fsdp.grad_sync_mode=micro_batch"]),
 }
-SHARES = (0.7, 0.5, 0.8)  # the a100-40gb entry's GEMM, attention and memory-bound shares (core/plan/step_time.cpp)
+SHARES = (0.7, 0.5, 0.8)  # the a100-40gb entry's GEMM, attention and memory-bound shares (configs/hardware)
+SCRATCH = tempfile.mkdtemp(prefix="plan_olmo_a100_")
+
+
+def edited_hardware(hardware, link, scale):
+    """A copy of the hardware file with the fitted link and shares, as a user edits one."""
+    with open(os.path.join("configs", "hardware", hardware + ".json")) as f:
+        entry = json.load(f)
+    if link is not None:
+        entry["intra_node"]["bandwidth_gbs"] = link
+    if scale is not None:
+        for key, share in zip(("gemm", "attention", "memory"), SHARES):
+            entry[f"{key}_efficiency"] = share * scale
+        entry["attention_efficiency_64"] = None
+    path = os.path.join(SCRATCH, f"{hardware}_{link}_{scale}.json")
+    with open(path, "w") as f:
+        json.dump(entry, f)
+    return path
 
 
 def plan(trainer, row, link=None, scale=None, hardware="a100-40gb", extra=()):
+    if link is not None or scale is not None:
+        hardware = edited_hardware(hardware, link, scale)
     args = [trainer, "plan", "--config", "configs/olmo_1b.json", "--device", "cuda", "--hardware", hardware,
             "--nproc-per-node", "4", "--json", "--set", "global_train_batch_size=256", "--set",
             "device_train_microbatch_size=2"] + ROWS[row][1] + list(extra)
-    if link is not None:
-        args += ["--set", f"plan.intra_node_bandwidth_gbs={link}"]
-    if scale is not None:
-        for key, share in zip(("gemm", "attention", "memory"), SHARES):
-            args += ["--set", f"plan.{key}_efficiency={share * scale}"]
     out = subprocess.run(args, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"error: {' '.join(args)}\n{out.stderr}")

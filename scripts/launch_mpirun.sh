@@ -21,7 +21,12 @@ shift 3
 [[ -f $hostfile ]] || { echo "error: hostfile $hostfile not found" >&2; exit 2; }
 master_addr=${MASTER_ADDR:-$(awk 'NF && $1 !~ /^#/ {print $1; exit}' "$hostfile")}
 master_port=${MASTER_PORT:-29500}
-trainer=$(cd "$(dirname "$0")/.." && pwd)/build/bin/trainer
+# The trainer beside this script: the source tree's build/bin/trainer, or an installed one
+# (<prefix>/share/trainer/scripts/ -> <prefix>/bin/trainer); TRAINER overrides both.
+here=$(cd "$(dirname "$0")" && pwd)
+trainer=${TRAINER:-$here/../build/bin/trainer}
+[[ -x $trainer ]] || trainer=$here/../../../bin/trainer
+[[ -x $trainer ]] || { echo "error: no trainer binary at $here/../build/bin/trainer or $trainer (set TRAINER)" >&2; exit 2; }
 # --allow-run-as-root: containers often run as root; -x exports the rendezvous address to every rank;
 # --bind-to none lets each rank's OpenMP threads use its share of the cores.
 exec mpirun --allow-run-as-root --hostfile "$hostfile" -np "$nproc" --bind-to none \

@@ -1,6 +1,6 @@
 // `trainer bench-comm` and the measured links in `trainer plan`: the fit recovers a link from ring times, the
-// calibration file is checked key by key, the plan times each collective on its measured link (the explicit
-// plan.* link keys still win), and two ranks over Gloo measure and write a file the plan takes.
+// calibration file is checked key by key, the plan times each collective on its measured link, and two ranks over
+// Gloo measure and write a file the plan takes.
 #include <fmt/format.h>
 
 #include <string>
@@ -135,12 +135,13 @@ TEST_CASE("bench-comm: a comm calibration file is read key by key and refused wi
     CHECK(missing.err.find("comm calibration " + dir.path("none.json") + ": cannot be read") != std::string::npos);
 }
 
-TEST_CASE("plan: measured links time each collective on its own link and the plan link keys still win over them") {
+TEST_CASE("plan: measured links time each collective on its own link") {
     test_util::TempDir dir;
     // OLMo-1B on 4 ranks of an A100 node, a step of 8 micro-batches: DDP all-reduces, FSDP gathers and
     // reduce-scatters.
-    const std::vector<std::string> base = test_util::olmo_1b_on_4_a100s(
-        {"--set", "global_train_batch_size=64", "--set", "device_train_microbatch_size=2"});
+    const std::vector<std::string> batch = {"--set", "global_train_batch_size=64", "--set",
+                                            "device_train_microbatch_size=2"};
+    const std::vector<std::string> base = test_util::olmo_1b_on_4_a100s(batch);
     const std::vector<std::string> ddp = {"--strategy", "ddp", "--set", "ddp.grad_sync_mode=micro_batch"};
     const std::vector<std::string> fsdp = {
         "--strategy", "fsdp", "--set", "fsdp.wrapping_strategy=by_block", "--set", "fsdp.grad_sync_mode=micro_batch"};
@@ -148,23 +149,24 @@ TEST_CASE("plan: measured links time each collective on its own link and the pla
         strategy.insert(strategy.end(), extra.begin(), extra.end());
         return test_util::config_row(base, strategy)["predicted_step_ms"].get<double>();
     };
-    // Every kind at 2 GB/s and 30 us: the plan of the file is the plan of those two keys.
+    // Every kind at 2 GB/s and 30 us: the plan of the file is the plan of a hardware file with that link.
     const std::string same = dir.path("same.json"), slow_rs = dir.path("slow_rs.json");
     write(same, calibration(2.0, 2.0, 2.0, 30));
     write(slow_rs, calibration(2.0, 0.5, 2.0, 30));
-    const std::vector<std::string> keys = {"--set", "plan.intra_node_bandwidth_gbs=2", "--set",
-                                           "plan.intra_node_latency_us=30"};
+    const std::vector<std::string> link2 = test_util::olmo_1b_on_4_a100s(
+        batch,
+        test_util::edited_hardware(dir.path("link2.json"), "a100-40gb",
+                                   {{"name", "link2"}, {"intra_node", {{"bandwidth_gbs", 2}, {"latency_us", 30}}}}));
+    const auto row_on_link2 = [&](std::vector<std::string> strategy) {
+        return test_util::config_row(link2, strategy)["predicted_step_ms"].get<double>();
+    };
     for (const auto& strategy : {ddp, fsdp}) {
-        CHECK(row(strategy, {"--comm-calibration", same}) == Approx(row(strategy, keys)).epsilon(1e-9));
+        CHECK(row(strategy, {"--comm-calibration", same}) == Approx(row_on_link2(strategy)).epsilon(1e-9));
     }
     // A slow reduce-scatter moves FSDP's step, not DDP's (it all-reduces); the config key works as the flag.
-    CHECK(row(ddp, {"--set", "plan.comm_calibration=" + slow_rs}) == Approx(row(ddp, keys)).epsilon(1e-9));
+    CHECK(row(ddp, {"--set", "plan.comm_calibration=" + slow_rs}) == Approx(row_on_link2(ddp)).epsilon(1e-9));
     const double fsdp_slow = row(fsdp, {"--set", "plan.comm_calibration=" + slow_rs});
-    CHECK(fsdp_slow > row(fsdp, keys) * 1.2);
-    // An explicit bandwidth sets every collective's: the slow reduce-scatter is gone.
-    std::vector<std::string> both = {"--comm-calibration", slow_rs};
-    both.insert(both.end(), keys.begin(), keys.end());
-    CHECK(row(fsdp, both) == Approx(row(fsdp, keys)).epsilon(1e-9));
+    CHECK(fsdp_slow > row_on_link2(fsdp) * 1.2);
     // The table says where its links come from, and a world other than the measured one is noted.
     const auto table = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb",
                                                "--nproc-per-node", "2", "--comm-calibration", slow_rs});

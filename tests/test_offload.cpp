@@ -9,6 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "core/plan/auto.h"
+#include "core/plan/dry_run.h"
+#include "core/plan/host_memory.h"
 #include "core/plan/plan.h"
 #include "test_util.h"
 

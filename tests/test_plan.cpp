@@ -16,6 +16,9 @@
 #include "base/config.h"
 #include "base/files.h"
 #include "base/layout.h"
+#include "core/plan/auto.h"
+#include "core/plan/dry_run.h"
+#include "core/plan/host_memory.h"
 #include "core/plan/plan.h"
 #include "core/plan/step_time.h"
 #include "test_util.h"
@@ -251,27 +254,33 @@ TEST_CASE("time model: a GEMM op's fixed cost and attention's share by head size
     const Hardware a100 = *find_hardware("a100-40gb");
     CHECK(attention_efficiency_at(a100, 64) == a100.attention_efficiency);
     CHECK(a100.gemm_overhead == 0.0);
-    // The plan takes the share for the config's heads; plan.attention_efficiency overrides it at every size.
-    const std::vector<std::string> gpt2 = {"plan",
-                                           "--config",
-                                           "configs/gpt2_124m.json",
-                                           "--device",
-                                           "cuda",
-                                           "--hardware",
-                                           "h100-sxm",
-                                           "--json",
-                                           "--set",
-                                           "precision=amp_bf16",
-                                           "--set",
-                                           "device_train_microbatch_size=16",
-                                           "--set",
-                                           "global_train_batch_size=16"};
-    auto compute_ms = [&](const std::vector<std::string>& extra) {
-        return test_util::config_row(gpt2, extra)["predicted_compute_ms"].get<double>();
+    // The plan takes the share for the config's heads; a hardware file whose two shares are one takes it at
+    // every size.
+    test_util::TempDir dir;
+    const std::string flat128 = test_util::edited_hardware(
+                          dir.path("flat128.json"), "h100-sxm",
+                          {{"name", "flat128"}, {"attention_efficiency", e128}, {"attention_efficiency_64", e128}}),
+                      flat64 = test_util::edited_hardware(
+                          dir.path("flat64.json"), "h100-sxm",
+                          {{"name", "flat64"}, {"attention_efficiency", e64}, {"attention_efficiency_64", e64}});
+    auto compute_ms = [&](const std::string& hardware) {
+        const std::vector<std::string> gpt2 = {"plan",
+                                               "--config",
+                                               "configs/gpt2_124m.json",
+                                               "--device",
+                                               "cuda",
+                                               "--hardware",
+                                               hardware,
+                                               "--json",
+                                               "--set",
+                                               "precision=amp_bf16",
+                                               "--set",
+                                               "device_train_microbatch_size=16",
+                                               "--set",
+                                               "global_train_batch_size=16"};
+        return test_util::config_row(gpt2, {})["predicted_compute_ms"].get<double>();
     };
-    const double at64 = compute_ms({}),
-                 at128_share = compute_ms({"--set", fmt::format("plan.attention_efficiency={}", e128)}),
-                 at64_share = compute_ms({"--set", fmt::format("plan.attention_efficiency={}", e64)});
+    const double at64 = compute_ms("h100-sxm"), at128_share = compute_ms(flat128), at64_share = compute_ms(flat64);
     CHECK(at64 == Approx(at64_share).epsilon(1e-9));  // GPT-2's heads of 64 take the entry's heads-of-64 share
     CHECK(at64 > at128_share + 1.0);                  // ms: 12 layers of attention at 0.22 of the peak instead of 0.38
 }
@@ -441,7 +450,8 @@ TEST_CASE("plan: every candidate row is a dry run and --device-memory marks what
 TEST_CASE("plan: unknown hardware and a CPU plan without op times are refused") {
     const auto unknown = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "tpu-v9"});
     CHECK(unknown.exit_code != 0);
-    CHECK(unknown.err.find("plan --hardware tpu-v9: unknown; expected one of h100-sxm") != std::string::npos);
+    CHECK(unknown.err.find("plan --hardware tpu-v9: unknown; expected one of a100-40gb, a100-40gb-pcie") !=
+          std::string::npos);
     const auto cpu = test_util::run_trainer({"plan", "--config", "configs/tiny.json"});
     CHECK(cpu.exit_code != 0);
     CHECK(cpu.err.find("needs --calibration FILE") != std::string::npos);
@@ -478,53 +488,68 @@ TEST_CASE("plan: a GPU's driver name picks its hardware entry and a GPU without 
     }
 }
 
-TEST_CASE("plan: the hardware entry's links and roofline shares can be set and move what they should") {
+TEST_CASE("plan: a hardware file copied and edited moves what its fields should") {
     // OLMo-1B under DDP with an all-reduce per micro-batch on 4 ranks of an A100 node: the link sets the
     // exposed communication, the GEMMs' share the compute.
-    const std::vector<std::string> base =
-        test_util::olmo_1b_on_4_a100s({"--strategy", "ddp", "--set", "ddp.grad_sync_mode=micro_batch", "--set",
-                                       "global_train_batch_size=16", "--set", "device_train_microbatch_size=2"});
-    auto row = [&](const std::vector<std::string>& extra) { return test_util::config_row(base, extra); };
-    const Json entry = row({});
-    const Json slow_link =
-        row({"--set", "plan.intra_node_bandwidth_gbs=0.5", "--set", "plan.intra_node_latency_us=50"});
-    const Json slow_gemm = row({"--set", "plan.gemm_efficiency=0.1"});
+    test_util::TempDir dir;
+    const auto a100 = [&](const std::string& name, const Json& changes) {
+        Json named = changes;
+        named["name"] = name;
+        return test_util::edited_hardware(dir.path(name + ".json"), "a100-40gb", named);
+    };
+    auto row = [&](const std::string& hardware, const std::vector<std::string>& extra = {}) {
+        return test_util::config_row(
+            test_util::olmo_1b_on_4_a100s({"--strategy", "ddp", "--set", "ddp.grad_sync_mode=micro_batch", "--set",
+                                           "global_train_batch_size=16", "--set", "device_train_microbatch_size=2"},
+                                          hardware),
+            extra);
+    };
+    const Json entry = row("a100-40gb");
+    const Json copy = row(a100("copy", Json::object()));
+    CHECK(copy["predicted_step_ms"].get<double>() == entry["predicted_step_ms"].get<double>());
+    const Json slow_link = row(a100("slow_link", {{"intra_node", {{"bandwidth_gbs", 0.5}, {"latency_us", 50}}}}));
+    const Json slow_gemm = row(a100("slow_gemm", {{"gemm_efficiency", 0.1}}));
     CHECK(slow_link["predicted_compute_ms"].get<double>() ==
           Approx(entry["predicted_compute_ms"].get<double>()).epsilon(1e-9));
     CHECK(slow_link["predicted_exposed_comm_ms"].get<double>() >
           10 * entry["predicted_exposed_comm_ms"].get<double>() + 0.01);
     CHECK(slow_gemm["predicted_compute_ms"].get<double>() > 3 * entry["predicted_compute_ms"].get<double>());
-    // The table's header says which links it used and what was set.
+    // The table's header says which links it used; plan.hardware takes a file as --hardware does.
+    const std::string slow_inter = a100("slow_inter", {{"inter_node", {{"bandwidth_gbs", 3}, {"latency_us", 20}}}});
     const auto table =
-        test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb", "--set",
-                                "plan.inter_node_bandwidth_gbs=3", "--set", "plan.memory_efficiency=0.5"});
+        test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--set", "plan.hardware=" + slow_inter});
     INFO(table.out << table.err);
-    CHECK(table.out.find("links within a node 230 GB/s, 10 us, between nodes 3 GB/s, 20 us (set)") !=
-          std::string::npos);
-    CHECK(table.out.find("ops at 0.7 / 0.5 / 0.5 of the roofline") != std::string::npos);
+    CHECK(table.out.find("hardware slow_inter (") != std::string::npos);
+    CHECK(table.out.find("links within a node 230 GB/s, 10 us, between nodes 3 GB/s, 20 us") != std::string::npos);
+    // A bad field is refused naming the file and the field; an unknown name lists the entries.
     const auto bad = test_util::run_trainer(
-        {"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb", "--set", "plan.gemm_efficiency=1.5"});
-    CHECK(bad.exit_code != 0);
-    CHECK(bad.err.find("plan.gemm_efficiency") != std::string::npos);
+        {"plan", "--config", "configs/tiny.json", "--hardware", a100("bad", {{"gemm_efficiency", 1.5}})});
+    CHECK(bad.exit_code == 1);
+    CHECK(bad.err.find("hardware file " + dir.path("bad.json") + ": gemm_efficiency: 1.5; expected a number in") !=
+          std::string::npos);
+    const auto unknown = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "h300"});
+    CHECK(unknown.exit_code == 1);
+    CHECK(unknown.err.find("plan --hardware h300: unknown; expected one of a100-40gb, a100-40gb-pcie, a100-80gb, cpu, "
+                           "h100-sxm, h200") != std::string::npos);
+    const auto missing_field = test_util::run_trainer(
+        {"plan", "--config", "configs/tiny.json", "--hardware", a100("missing", {{"memory_gib", nullptr}})});
+    CHECK(missing_field.err.find("missing.json: memory_gib: required, not set") != std::string::npos);
     // CPU offload's side: the host link and the host's memory move the offloaded optimizer, nothing else.
     const std::vector<std::string> offload = {"--set", "cpu_offload.optimizer_state=true", "--set",
                                               "ddp.grad_sync_mode=batch"};
-    auto with = [&](std::vector<std::string> extra) {
-        extra.insert(extra.begin(), offload.begin(), offload.end());
-        return row(extra);
-    };
-    const Json host = with({});
-    const Json slow_host =
-        with({"--set", "plan.host_memory_bandwidth_gbs=1", "--set", "plan.host_link_bandwidth_gbs=1"});
+    const Json host = row("a100-40gb", offload);
+    const std::string slow_host_file = a100(
+        "slow_host", {{"host_memory_bandwidth_gbs", 1}, {"host_link", {{"bandwidth_gbs", 1}, {"latency_us", 10}}}});
+    const Json slow_host = row(slow_host_file, offload);
     CHECK(slow_host["predicted_compute_ms"].get<double>() ==
           Approx(host["predicted_compute_ms"].get<double>()).epsilon(1e-9));
     CHECK(slow_host["predicted_optimizer_ms"].get<double>() > 20 * host["predicted_optimizer_ms"].get<double>());
     const auto host_table =
-        test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb", "--set",
-                                "cpu_offload.optimizer_state=true", "--set", "plan.host_link_bandwidth_gbs=12"});
+        test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware",
+                                a100("host12", {{"host_link", {{"bandwidth_gbs", 12}, {"latency_us", 10}}}}), "--set",
+                                "cpu_offload.optimizer_state=true"});
     INFO(host_table.out << host_table.err);
-    CHECK(host_table.out.find("CPU offload: host link 12 GB/s (set), host memory 35.88 GB/s a rank") !=
-          std::string::npos);
+    CHECK(host_table.out.find("CPU offload: host link 12 GB/s, host memory 35.88 GB/s a rank") != std::string::npos);
 }
 
 TEST_CASE("plan: a world the config cannot split is refused with the reason") {

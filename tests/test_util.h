@@ -311,12 +311,23 @@ inline trainer::Json config_row(const std::vector<std::string>& args, const std:
     return trainer::Json();
 }
 
-// `trainer plan --json` of OLMo-1B on 4 ranks of an A100 40 GB node (NVLink), then `more`.
-inline std::vector<std::string> olmo_1b_on_4_a100s(const std::vector<std::string>& more) {
-    std::vector<std::string> args = {"plan",       "--config",  "configs/olmo_1b.json", "--device", "cuda",
-                                     "--hardware", "a100-40gb", "--nproc-per-node",     "4",        "--json"};
+// `trainer plan --json` of OLMo-1B on 4 ranks of an A100 40 GB node (NVLink), or of the entry `hardware`,
+// then `more`.
+inline std::vector<std::string> olmo_1b_on_4_a100s(const std::vector<std::string>& more,
+                                                   const std::string& hardware = "a100-40gb") {
+    std::vector<std::string> args = {"plan",       "--config", "configs/olmo_1b.json", "--device", "cuda",
+                                     "--hardware", hardware,   "--nproc-per-node",     "4",        "--json"};
     args.insert(args.end(), more.begin(), more.end());
     return args;
+}
+
+// A copy of configs/hardware/<entry>.json with `changes` merged into it (RFC 7396), written to `path`: a
+// hardware file as a user edits one.
+inline std::string edited_hardware(const std::string& path, const std::string& entry, const trainer::Json& changes) {
+    trainer::Json j = trainer::Json::parse(read_file(source_dir() + "/configs/hardware/" + entry + ".json"));
+    j.merge_patch(changes);
+    write_file(path, j.dump(2));
+    return path;
 }
 
 }  // namespace test_util

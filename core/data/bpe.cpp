@@ -510,16 +510,9 @@ bool base64_decode(std::string_view in, std::string& out) {
 std::string default_tokenizer_dir() {
     const char* env = std::getenv("TRAINER_TOKENIZERS");
     if (env != nullptr && *env != '\0') return env;
-    // Found from the binary, not the working directory: an installed one (<prefix>/bin/trainer) reads
-    // <prefix>/share/trainer/tokenizers, one in a build tree (<source>/build*/bin/trainer) the source
-    // tree's data/tokenizers, where scripts/fetch_tokenizers.sh puts them.
-    std::error_code ec;
-    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-    if (ec) return "data/tokenizers";
-    const std::filesystem::path prefix = exe.parent_path().parent_path();
-    const std::filesystem::path installed = prefix / "share" / "trainer" / "tokenizers";
-    if (std::filesystem::is_directory(installed, ec)) return installed.string();
-    return (prefix.parent_path() / "data" / "tokenizers").string();
+    // Found from the binary: an installed trainer's share/trainer/tokenizers, else the source tree's
+    // data/tokenizers, where scripts/fetch_tokenizers.sh puts them.
+    return trainer_data_dir("tokenizers", "data/tokenizers");
 }
 
 std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& name, const std::string& dir) {

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "base/files.h"
 #include "base/common.h"
+#include "base/files.h"
 #include "base/memory.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"

@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "base/files.h"
 #include "base/common.h"
+#include "base/files.h"
 #include "base/layout.h"
 #include "core/metrics.h"
 #include "core/model.h"
 #include "core/optimizer.h"
-#include "core/plan/plan.h"
+#include "core/plan/dry_run.h"
 #include "core/plan/step_time.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"

@@ -1,4 +1,4 @@
-// Dry runs of a training step, and `trainer plan` and distributed_strategy auto over them (see plan.h).
+// `trainer plan` (see plan.h).
 #include "core/plan/plan.h"
 
 #include <algorithm>
@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "base/files.h"
 #include "base/common.h"
+#include "base/files.h"
 #include "base/layout.h"
 #include "base/trace.h"
 #include "core/metrics.h"
@@ -23,200 +23,6 @@
 #include "parallel/setup.h"
 
 namespace trainer {
-
-DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device, StepTimer* timer) {
-    DryRunStep r;
-    // The step's events (not the initialisation's), in order: to the timer where there is one, else kept.
-    bool live = false, in_optimizer = false;
-    const auto record = [&](const StepEvent& e) {
-        if (!live) return;
-        if (timer != nullptr) return timer->add(e, in_optimizer);
-        r.events.push_back(e);
-    };
-    // The device's ops and copies, and (on_host) the ops of CPU offload's optimizer, which runs on the host.
-    const auto op_event = [&record](const OpCost& c, bool on_host) {
-        StepEvent e;
-        e.what = c.op, e.flops = c.flops, e.bytes = c.bytes, e.on_host = on_host, e.id = c.ticket;
-        if (std::strcmp(c.op, "copy_async") == 0) e.kind = StepEvent::kCopy;
-        if (std::strcmp(c.op, "host_wait") == 0 || std::strcmp(c.op, "device_wait") == 0) e.kind = StepEvent::kCopyWait;
-        record(e);
-    };
-    const auto on_op = [&op_event](const OpCost& c) { op_event(c, false); };
-    const auto on_host_op = [&op_event](const OpCost& c) { op_event(c, true); };
-    const auto on_call = [&record](const CollectiveCall& c) {
-        StepEvent e;
-        e.kind = c.wait ? StepEvent::kWait : StepEvent::kIssue;
-        e.what = c.kind, e.bytes = static_cast<double>(c.bytes), e.group_size = c.group_size;
-        e.spans_nodes = c.spans_nodes, e.id = c.id, e.channel = c.channel;
-        record(e);
-    };
-    // The model's and the strategy's trace spans, in order with the ops, so a predicted step can be drawn.
-    struct Spans final : trace::SpanObserver {
-        explicit Spans(std::function<void(const StepEvent&)> record) : record(std::move(record)) {}
-        void begin(const char* category, std::string_view name) override {
-            StepEvent e;
-            e.kind = StepEvent::kSpanBegin, e.what = category, e.label = std::string(name);
-            record(e);
-        }
-        void end() override {
-            StepEvent e;
-            e.kind = StepEvent::kSpanEnd;
-            record(e);
-        }
-        std::function<void(const StepEvent&)> record;
-    } spans(record);
-    const MemorySnapshot before = memory_snapshot();
-    memory_reset_peaks();
-    {
-        auto backend = make_dry_backend(on_op, gemm_operands_bf16_for(config, device));
-        const ParamLayout layout(config);
-        World world = make_dry_world(config, env, device, backend.get(), layout, on_call);
-        Strategy& strategy = *world.strategy;  // its parameters are never loaded: nothing is there to read
-        const long micro = config.device_train_microbatch_size, L = config.model.max_sequence_length;
-        Model model(config, layout, backend.get(), &strategy,
-                    static_cast<int>(std::max(micro, config.device_eval_batch_size)));
-        // CPU offload's optimizer runs on the host: its ops are the host's (copies and waits stay the device's).
-        auto host = make_dry_backend(on_host_op);
-        AdamW optimizer(config, layout, backend.get(), config.cpu_offload.optimizer_state ? host.get() : nullptr);
-        live = true;  // the step's work only, not the initialisation's
-        const std::vector<int32_t> tokens(static_cast<size_t>(micro) * L, 0);
-        const double global_tokens = static_cast<double>(config.global_train_batch_size) * (L - 1);
-        struct Observing {  // the spans of this thread go to `spans` until the step is done (or throws)
-            explicit Observing(trace::SpanObserver* o) { trace::observe_spans(o); }
-            ~Observing() { trace::observe_spans(nullptr); }
-        } observing(&spans);
-        {
-            const trace::Span step("step", "step");  // the spans of a measured step (core/train.cpp)
-            accumulate_gradients(strategy, model, config.accumulation_steps(env.world_size), static_cast<int>(micro),
-                                 static_cast<float>(env.world_size / global_tokens),
-                                 [&](long) { return tokens.data(); });
-            {
-                const trace::Span loss("comm", "loss all_reduce");
-                strategy.all_reduce_sum(0.0);
-            }
-            r.optimizer_begin = r.events.size();
-            in_optimizer = true;
-            const trace::Span opt("optimizer", "optimizer step");
-            optimizer.step(strategy, 1, 1);
-        }
-        const MemorySnapshot after = memory_snapshot();
-        for (int c = 0; c < kNumMemCategories; ++c) r.peak[c] = after.peak[c] - before.current[c];
-        r.total_peak = after.total_peak - before.total_current;
-        r.host_peak = after.host_peak - before.host_current;
-    }
-    memory_restore_peaks(before);
-    return r;
-}
-
-CgroupMemory cgroup_memory(const std::string& proc_cgroup, const std::string& sys_root) {
-    std::ifstream cg(proc_cgroup);
-    std::string line;
-    while (std::getline(cg, line)) {
-        const size_t a = line.find(':'), b = line.find(':', a + 1);
-        if (a == std::string::npos || b == std::string::npos) continue;
-        const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
-        std::string dir, max_file, cur_file;
-        if (controllers.empty() && line.compare(0, a, "0") == 0) {
-            dir = sys_root + path, max_file = "memory.max", cur_file = "memory.current";
-        } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
-            dir = sys_root + "/memory" + path, max_file = "memory.limit_in_bytes", cur_file = "memory.usage_in_bytes";
-        } else {
-            continue;
-        }
-        std::ifstream max_f(dir + "/" + max_file), cur_f(dir + "/" + cur_file);
-        std::string max_s;
-        int64_t current = 0;
-        if (!(max_f >> max_s) || !(cur_f >> current) || max_s == "max") continue;
-        const int64_t limit = std::atoll(max_s.c_str());
-        if (limit <= 0 || limit >= (int64_t(1) << 60)) continue;  // v1 writes "no limit" as ~2^63
-        return {limit, current};
-    }
-    return {};
-}
-
-int64_t cgroup_memory_left(const std::string& proc_cgroup, const std::string& sys_root) {
-    const CgroupMemory m = cgroup_memory(proc_cgroup, sys_root);
-    return m.limit < 0 ? -1 : std::max<int64_t>(m.limit - m.usage, 0);
-}
-
-namespace {
-
-// A /proc/meminfo figure in bytes (`key` as "MemAvailable:"), -1 when absent.
-int64_t meminfo_bytes(const std::string& key) {
-    std::ifstream f("/proc/meminfo");
-    std::string k, unit;
-    int64_t kb = 0;
-    while (f >> k >> kb >> unit) {
-        if (k == key) return kb * 1024;
-    }
-    return -1;
-}
-
-// The smaller of a figure and a cgroup's, either -1 when unknown.
-int64_t smaller_known(int64_t a, int64_t b) { return a < 0 ? b : b < 0 ? a : std::min(a, b); }
-
-// Host memory the kernel could hand out now: MemAvailable, or less where the memory cgroup leaves less;
-// TRAINER_HOST_MEMORY_BYTES replaces it (tests). -1 when unknown.
-int64_t available_host_bytes() {
-    if (const char* v = std::getenv("TRAINER_HOST_MEMORY_BYTES")) return std::atoll(v);
-    return smaller_known(meminfo_bytes("MemAvailable:"), cgroup_memory_left("/proc/self/cgroup", "/sys/fs/cgroup"));
-}
-
-// Host memory this node has for a run: MemTotal, or the memory cgroup's limit where less;
-// TRAINER_HOST_MEMORY_BYTES replaces it (tests). The same on every rank of a node at every moment, so ranks
-// that plan alike still choose alike (what is available now differs between them). -1 when unknown.
-int64_t host_capacity_bytes() {
-    if (const char* v = std::getenv("TRAINER_HOST_MEMORY_BYTES")) return std::atoll(v);
-    return smaller_known(meminfo_bytes("MemTotal:"), cgroup_memory("/proc/self/cgroup", "/sys/fs/cgroup").limit);
-}
-
-}  // namespace
-
-void check_offload_host_memory(const TrainConfig& config, const RankEnv& env, Device device) {
-    if (!config.cpu_offload.optimizer_state) return;
-    // The strategy's state, allocated over the dry backend: its host categories are what the run will hold.
-    const MemorySnapshot before = memory_snapshot();
-    int64_t per_rank = 0;
-    {
-        auto backend = make_dry_backend();
-        const ParamLayout layout(config);
-        const World world = make_dry_world(config, env, device, backend.get(), layout, {});
-        per_rank = memory_snapshot().host_current - before.host_current;
-    }
-    memory_restore_peaks(before);
-    // Every rank of this node keeps its offloaded state in the node's memory.
-    const double gib = 1024.0 * 1024.0 * 1024.0;
-    const int64_t need = per_rank * env.local_world_size, have = available_host_bytes();
-    if (have >= 0 && need > have) {
-        user_error(
-            "cpu_offload.optimizer_state: the offloaded state needs {:.2f} GiB of host memory per rank x {} ranks on "
-            "this node = {:.2f} GiB, but {:.2f} GiB is available (MemAvailable, or the memory cgroup's limit); shard "
-            "it over more ranks (fsdp FULL_SHARD), use more nodes, or turn the offload off",
-            per_rank / gib, env.local_world_size, need / gib, have / gib);
-    }
-}
-
-void check_shared_device_memory(const TrainConfig& config, const RankEnv& env, Device device, int device_index) {
-    if (device != Device::kCuda) return;
-    const int sharing = ranks_on_gpu(env, cuda_device_count(), device_index);
-    if (sharing < 2) return;
-    int64_t free_bytes = -1;
-    if (const char* forced = std::getenv("TRAINER_DEVICE_FREE_BYTES")) {
-        free_bytes = std::atoll(forced);
-    } else if (const auto f = cuda_free_memory(device_index)) {
-        free_bytes = static_cast<int64_t>(*f);
-    }
-    if (free_bytes < 0) return;
-    const int64_t per_rank = dry_run_step(config, env, device).total_peak, need = per_rank * sharing;
-    if (need > free_bytes) {
-        const double gib = 1024.0 * 1024.0 * 1024.0;
-        user_error(
-            "{} ranks share GPU {}: each plans a peak of {:.2f} GiB of device memory (trainer plan's dry run of this "
-            "configuration), {:.2f} GiB together, but the GPU has {:.2f} GiB free; start fewer ranks a node, use a "
-            "smaller micro-batch or model, or shard more (fsdp FULL_SHARD, activation_checkpointing)",
-            sharing, device_index, per_rank / gib, need / gib, free_bytes / gib);
-    }
-}
 
 namespace {
 
@@ -376,40 +182,26 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
                                 : device == Device::kCuda ? default_cuda_hardware(env)
                                                           : "cpu";
     const Hardware* entry = find_hardware(hw_name);
-    if (entry == nullptr) user_error("plan --hardware {}: unknown; expected one of {}", hw_name, hardware_names());
+    if (entry == nullptr) {
+        user_error("plan --hardware {}: unknown; expected one of {} (the files of {}), or the path of a hardware file",
+                   hw_name, hardware_names(), hardware_dir());
+    }
     plan.hw = *entry;
-    // The links measured on the machine, then the config's overrides of the entry: its links (of every
-    // collective), and the shares of the roofline its ops reach.
+    // The links measured on the machine in place of the entry's, and the entry's attention share for the
+    // model's heads.
     if (!o.comm_calibration.empty()) {
         plan.comm = read_comm_calibration(o.comm_calibration);
         apply_comm_calibration(*plan.hw, *plan.comm);
         note_comm_calibration_world(*plan.comm, env, device);
     }
-    const PlanConfig& set = config.plan;
-    const auto override_links = [](Link& link, std::map<std::string, Link>& by_kind, double Link::*field,
-                                   const std::optional<double>& value, double unit) {
-        if (!value) return;
-        link.*field = *value * unit;
-        for (auto& [kind, l] : by_kind) l.*field = *value * unit;
-    };
-    override_links(plan.hw->intra, plan.hw->intra_by_kind, &Link::bandwidth, set.intra_node_bandwidth_gbs, 1e9);
-    override_links(plan.hw->inter, plan.hw->inter_by_kind, &Link::bandwidth, set.inter_node_bandwidth_gbs, 1e9);
-    override_links(plan.hw->intra, plan.hw->intra_by_kind, &Link::latency, set.intra_node_latency_us, 1e-6);
-    override_links(plan.hw->inter, plan.hw->inter_by_kind, &Link::latency, set.inter_node_latency_us, 1e-6);
-    if (set.gemm_efficiency) plan.hw->gemm_efficiency = *set.gemm_efficiency;
-    // The entry's attention share for the model's heads, unless the config sets one.
-    plan.hw->attention_efficiency = set.attention_efficiency
-                                        ? *set.attention_efficiency
-                                        : attention_efficiency_at(*plan.hw, config.model.head_size());
-    if (set.memory_efficiency) plan.hw->memory_efficiency = *set.memory_efficiency;
-    if (set.host_link_bandwidth_gbs) plan.hw->host_link.bandwidth = *set.host_link_bandwidth_gbs * 1e9;
-    if (set.host_memory_bandwidth_gbs) plan.hw->host_bandwidth = *set.host_memory_bandwidth_gbs * 1e9;
+    plan.hw->attention_efficiency = attention_efficiency_at(*plan.hw, config.model.head_size());
     const Hardware& hw = *plan.hw;
     if (!o.calibration.empty()) plan.calibration = read_calibration(o.calibration);
-    if (hw.name == "cpu" && !plan.calibration) {
+    if (hw.bf16_flops <= 0.0 && hw.fp32_flops <= 0.0 && !plan.calibration) {  // the CPU's entry: no peaks
         user_error(
-            "plan --hardware cpu: needs --calibration FILE (plan.calibration), the op times measured on this machine "
-            "(trainer bench-kernels --config C --threads T --calibration-out FILE, T the threads each rank gets)");
+            "plan --hardware {}: needs --calibration FILE (plan.calibration), the op times measured on this machine "
+            "(trainer bench-kernels --config C --threads T --calibration-out FILE, T the threads each rank gets)",
+            hw.name);
     }
     const Calibration* cal = plan.calibration ? &*plan.calibration : nullptr;
     // CPU ranks share the node's cores: each op slows by the calibration's threads over the rank's, and again
@@ -517,6 +309,19 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
 
 }  // namespace
 
+Recommendation recommend(const TrainConfig& config, const RankEnv& env, Device device, const PlanOptions& options) {
+    const Plan plan = make_plan(config, env, device, options);
+    Recommendation r;
+    r.hardware = plan.hw->name;
+    r.device_gib = plan.device_gib;
+    r.reasons = plan.reasons;
+    if (plan.recommended >= 0) {
+        r.config = plan.rows[plan.recommended].config;
+        r.description = describe(*r.config, env.world_size);
+    }
+    return r;
+}
+
 // --trace-file: the predicted step of the config as given (else of the recommendation) as a Chrome trace, its
 // spans named as a measured trace's, so the two can be merged and laid side by side.
 void write_predicted_trace(const Plan& plan, int world, const std::string& path, bool announce) {
@@ -607,15 +412,14 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
     }
     // A link as the header shows it: the all-reduce's (the entry's one link), each other measured kind's
     // bandwidth, and where it comes from.
-    const auto link = [&](const Link& l, const std::map<std::string, Link>& by_kind, bool overridden) {
+    const auto link = [&](const Link& l, const std::map<std::string, Link>& by_kind) {
         std::string s = fmt::format("{:.4g} GB/s, {:.4g} us", l.bandwidth / 1e9, l.latency * 1e6);
         for (const auto& [kind, k] : by_kind) {
             if (kind != "all_reduce") s += fmt::format(", {} {:.4g} GB/s", kind, k.bandwidth / 1e9);
         }
         if (!by_kind.empty()) s += fmt::format(" (measured: {})", plan.comm->path);
-        return s + (overridden ? " (set)" : "");
+        return s;
     };
-    const PlanConfig& pc = config.plan;
     // CPU offload's side of the entry, where it has one and a row offloads.
     bool offloads = false;
     for (const Row& r : plan.rows) offloads = offloads || r.config.cpu_offload.optimizer_state;
@@ -623,9 +427,8 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
     if (offloads) {
         host_side = "; CPU offload: ";
         if (hw.host_link.bandwidth > 0.0) {
-            host_side += fmt::format("host link {:.4g} GB/s{}, host memory {:.4g} GB/s a rank{}, ",
-                                     hw.host_link.bandwidth / 1e9, pc.host_link_bandwidth_gbs ? " (set)" : "",
-                                     hw.host_bandwidth / 1e9, pc.host_memory_bandwidth_gbs ? " (set)" : "");
+            host_side += fmt::format("host link {:.4g} GB/s, host memory {:.4g} GB/s a rank, ",
+                                     hw.host_link.bandwidth / 1e9, hw.host_bandwidth / 1e9);
         }
         host_side += plan.host_gib > 0.0 ? fmt::format("{:.4g} GiB of host memory a node", plan.host_gib)
                                          : "host memory a node not checked (--host-memory)";
@@ -634,20 +437,8 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
         "plan for %s on %d node(s) x %d rank(s), device %s, hardware %s (%s; links within a node %s, between "
         "nodes %s%s)%s: a dry run of one step per configuration; times per step, memory per rank in GiB\n\n",
         config.run_name.c_str(), o.nnodes, o.nproc_per_node, choice_name(device), hw.name.c_str(),
-        hw.description.c_str(),
-        link(hw.intra, hw.intra_by_kind,
-             pc.intra_node_bandwidth_gbs.has_value() || pc.intra_node_latency_us.has_value())
-            .c_str(),
-        link(hw.inter, hw.inter_by_kind,
-             pc.inter_node_bandwidth_gbs.has_value() || pc.inter_node_latency_us.has_value())
-            .c_str(),
-        host_side.c_str(),
-        plan.calibration ? fmt::format(", op times from {}", plan.calibration->path).c_str()
-        : pc.gemm_efficiency || pc.attention_efficiency || pc.memory_efficiency
-            ? fmt::format(", ops at {:.3g} / {:.3g} / {:.3g} of the roofline (GEMMs / attention / memory; set)",
-                          hw.gemm_efficiency, hw.attention_efficiency, hw.memory_efficiency)
-                  .c_str()
-            : "");
+        hw.description.c_str(), link(hw.intra, hw.intra_by_kind).c_str(), link(hw.inter, hw.inter_by_kind).c_str(),
+        host_side.c_str(), plan.calibration ? fmt::format(", op times from {}", plan.calibration->path).c_str() : "");
     std::printf(
         "| configuration | step ms | compute | exposed comm | optimizer | tokens/s/device | MFU | parameters | "
         "gradients | optimizer state | gathered | activations | communication | device peak | host |%s\n",
@@ -679,36 +470,6 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
         "Step times: the ops at their calibrated or roofline times, the collectives on their links, overlapped "
         "where the strategy overlaps them.\n");
     return 0;
-}
-
-TrainConfig choose_configuration(const TrainConfig& config, const RankEnv& env, Device device) {
-    PlanOptions o;
-    o.nnodes = env.num_nodes(), o.nproc_per_node = env.local_world_size;
-    o.hardware = config.plan.hardware.value_or("");
-    o.calibration = config.plan.calibration.value_or("");
-    o.comm_calibration = config.plan.comm_calibration.value_or("");
-    o.device_memory_gib = config.plan.device_memory_gib.value_or(0.0);
-    // The memory of the GPU this rank computes on, not its hardware entry's (an A100 40 GB planned as an entry of
-    // 80 would be given a row that does not fit; an H200 as an H100, rows that shard for nothing).
-    if (const std::optional<CudaDeviceInfo> gpu = device == Device::kCuda ? local_gpu(env) : std::nullopt;
-        gpu && o.device_memory_gib <= 0.0) {
-        o.device_memory_gib = static_cast<double>(gpu->memory_bytes) / kGiB;
-    }
-    // The host memory this node has (its capacity, alike on every rank: the run's own check then compares
-    // what is available at its start), so the choice is never an offload the node cannot hold.
-    o.host_memory_gib = config.plan.host_memory_gib.value_or(0.0);
-    if (o.host_memory_gib <= 0.0) {
-        const int64_t have = host_capacity_bytes();
-        if (have >= 0) o.host_memory_gib = std::max<double>(static_cast<double>(have), 1.0) / kGiB;
-    }
-    const Plan plan = make_plan(config, env, device, o);
-    if (plan.recommended < 0) user_error("distributed_strategy auto: {}", plan.reasons);
-    const TrainConfig& chosen = plan.rows[plan.recommended].config;
-    const std::string memory = plan.device_gib > 0.0 ? fmt::format(", {:.1f} GiB a device", plan.device_gib) : "";
-    std::printf("distributed_strategy auto (plan on %s%s): %s, because %s\n", plan.hw->name.c_str(), memory.c_str(),
-                describe(chosen, env.world_size).c_str(), plan.reasons.c_str());
-    std::fflush(stdout);
-    return chosen;
 }
 
 }  // namespace trainer

@@ -1,78 +1,15 @@
-// Dry runs: one training step of a config, on one rank of a world of any size, through the real strategy,
-// model and optimizer over a backend that computes and allocates nothing (make_dry_backend) and
-// communicators that move nothing (make_dry_communicator). The memory accounting sees every buffer the step
-// takes, when it takes it, so the peak memory by category is the real run's, from the same code that
-// allocates (no second formula to drift); every op and collective is recorded in the order the rank issues
-// them, the input of a time model.
+// `trainer plan`: every configuration worth comparing for a config and a world, each dry-run for its memory
+// (core/plan/dry_run.h) and timed by the time model (core/plan/step_time.h).
 #pragma once
 
-#include <array>
-#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "base/config.h"
-#include "base/memory.h"
 #include "parallel/rank_env.h"
 
 namespace trainer {
-
-// One op, collective issue or collective wait of the step, in the order the rank issues them.
-struct StepEvent {
-    // kIssue / kWait: a collective issued, waited for. kCopy / kCopyWait: an asynchronous copy between host
-    // and device memory (CPU offload's gradients down, parameters up; Backend::copy_async) queued, waited
-    // for (by the host or by the device's work). kSpanBegin / kSpanEnd: a trace span of the step
-    // (base/trace.h), named in `label`.
-    enum Kind { kOp, kIssue, kWait, kCopy, kCopyWait, kSpanBegin, kSpanEnd } kind = kOp;
-    const char* what = "";            // the backend op, the collective's kind, or the span's category
-    std::string label;                // spans: the name
-    double flops = 0.0, bytes = 0.0;  // an op's work; a collective's bytes per rank; a copy's bytes
-    bool on_host = false;             // an op of the host's (CPU offload's optimizer), not the device's
-    int group_size = 1;               // collectives: the ranks of the group
-    bool spans_nodes = false;         // collectives: the group has ranks on several nodes
-    uint64_t id = 0;                  // collectives: the issue a wait is for; copies: the copy's ticket
-    const void* channel = nullptr;    // collectives: the communicator (its collectives run in order)
-};
-
-struct DryRunStep {
-    std::array<int64_t, kNumMemCategories> peak{};  // bytes per category
-    int64_t total_peak = 0;                         // the device categories' high-water mark
-    int64_t host_peak = 0;                          // the host categories' (CPU offload)
-    std::vector<StepEvent> events;
-    size_t optimizer_begin = 0;  // events from here on are the optimizer step's
-};
-
-// One optimizer step of `config` (after check_parallel_config) on rank env.rank of env.world_size ranks
-// (env.local_world_size per node) computing on `device` (kCpu or kCuda: which collectives a run would use).
-// Peaks are the step's own (what was allocated before the call does not count); the process's peaks are
-// left as they were.
-// With `timer`, the events go to it as they happen and `events` stays empty (a step of a thousand
-// micro-batches has millions).
-class StepTimer;
-DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device, StepTimer* timer = nullptr);
-
-// A memory cgroup's limit (a container's or a Slurm job's) and usage: the cgroup named in `proc_cgroup`
-// (the format of /proc/self/cgroup), read under `sys_root` (/sys/fs/cgroup) from cgroup v2 (memory.max,
-// memory.current) or v1 (memory/<path>/memory.limit_in_bytes, memory.usage_in_bytes); limit -1 where there
-// is no limit or nothing to read.
-struct CgroupMemory {
-    int64_t limit = -1, usage = 0;
-};
-CgroupMemory cgroup_memory(const std::string& proc_cgroup, const std::string& sys_root);
-// What the cgroup still allows: limit - usage (at least 0), or -1 where there is no limit.
-int64_t cgroup_memory_left(const std::string& proc_cgroup, const std::string& sys_root);
-
-// Refuses CPU offload whose host state times the node's ranks exceeds the host memory available now
-// (MemAvailable, or what the memory cgroup's limit leaves where that is less; TRAINER_HOST_MEMORY_BYTES
-// replaces it in tests), naming both. The host state is what the
-// strategy allocates under the host categories, counted over a dry backend. Nothing to check without offload.
-void check_offload_host_memory(const TrainConfig& config, const RankEnv& env, Device device);
-
-// Refuses ranks that share a GPU (more ranks on this node than GPUs: distributed_backend gloo) whose planned
-// peak device memory (dry_run_step's) times the ranks on GPU `device_index` exceeds that GPU's free memory as
-// this rank finds it (TRAINER_DEVICE_FREE_BYTES replaces it in tests), naming both. Nothing to check for a rank
-// alone on its GPU, where the run itself reports running out.
-void check_shared_device_memory(const TrainConfig& config, const RankEnv& env, Device device, int device_index);
 
 // `trainer plan`: the configurations worth comparing for a config on a world of nnodes x nproc_per_node
 // ranks (the config's own, then every strategy and sharding mode with the by_block wraps, both grad_sync
@@ -95,11 +32,15 @@ struct PlanOptions {
 };
 int run_plan(const TrainConfig& config, const PlanOptions& options);
 
-// distributed_strategy auto: the plan's recommendation for the launched world (the fastest configuration
-// that fits plan.device_memory_gib, or the hardware's memory, and plan.host_memory_gib, or this node's host
-// memory: MemTotal or the memory cgroup's limit, the same on every rank), as a config, printed with its
-// reasons.
-// UserError when nothing fits.
-TrainConfig choose_configuration(const TrainConfig& config, const RankEnv& env, Device device);
+// The plan's recommendation for the world of `env`: the fastest configuration that fits, or nullopt with the
+// reason nothing does.
+struct Recommendation {
+    std::optional<TrainConfig> config;
+    std::string hardware;     // the entry it was planned on
+    double device_gib = 0.0;  // the device memory it had to fit (0: unknown)
+    std::string description;  // the configuration in few words
+    std::string reasons;      // why it, or why nothing fits
+};
+Recommendation recommend(const TrainConfig& config, const RankEnv& env, Device device, const PlanOptions& options);
 
 }  // namespace trainer

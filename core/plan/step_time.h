@@ -21,45 +21,11 @@
 #include <vector>
 
 #include "base/config.h"
-#include "core/plan/plan.h"
+#include "core/plan/calibration.h"
+#include "core/plan/dry_run.h"
+#include "core/plan/hardware.h"
 
 namespace trainer {
-
-struct Link {
-    double bandwidth = 0.0;  // bytes/s each rank sends and receives (NCCL's bus bandwidth)
-    double latency = 0.0;    // seconds per ring step
-};
-
-struct Hardware {
-    std::string name, description;
-    double bf16_flops = 0.0, fp32_flops = 0.0;  // dense peak of one device
-    double bandwidth = 0.0;                     // device memory, bytes/s
-    double memory_gib = 0.0;                    // device memory
-    // Shares of the roofline that ops reach without a calibration: GEMMs, attention, the rest (memory-bound).
-    double gemm_efficiency = 0.7, attention_efficiency = 0.5, memory_efficiency = 0.8;
-    double op_overhead = 5e-6;   // seconds per op (a kernel launch)
-    double gemm_overhead = 0.0;  // seconds more per GEMM op, whatever its size (see hopper() in step_time.cpp)
-    double attention_efficiency_64 = 0.0;  // attention at heads of 64 (0: attention_efficiency at every size)
-    Link intra, inter;                     // within a node, between nodes
-    // Links measured per collective ("all_reduce", "reduce_scatter", "all_gather"; trainer bench-comm): where a
-    // kind has one it takes the place of intra or inter for that kind.
-    std::map<std::string, Link> intra_by_kind, inter_by_kind;
-    // CPU offload: the link between a GPU and host memory (pinned copies each way, one at a time: the
-    // backend's copy stream), and the rate one rank's host optimizer streams host memory at (the node's
-    // host memory bandwidth shared by its GPUs, at the share such loops reach). 0: none (the CPU, where
-    // host memory is the device's: its copies and host ops cost what the device's do).
-    Link host_link;
-    double host_bandwidth = 0.0;
-    double comm_compute_share = 0.0;  // CPU: the share of the cores a collective takes from the compute (< 1)
-    int cores = 0;                    // CPU: cores the node's ranks share (their threads beyond it slow every op)
-};
-
-// The share of the peak attention reaches at heads of `head_size`: the entry's attention_efficiency at 128 and
-// above, its attention_efficiency_64 at 64 and below, geometric in between.
-double attention_efficiency_at(const Hardware& hw, int head_size);
-
-// The link a collective of `kind` takes: its measured one where the entry has it, else intra or inter.
-const Link& link_for(const Hardware& hw, const std::string& kind, bool spans_nodes);
 
 // A ring collective's cost on a link: `steps` latencies, and `bytes` that each rank sends (and receives) at the
 // link's bandwidth. `bytes` is the call's as a dry run reports it (core/plan/plan.h): a reduce-scatter's or
@@ -70,43 +36,6 @@ struct RingCost {
     double steps = 0.0, bytes = 0.0;
 };
 RingCost ring_cost(const std::string& kind, double bytes, int group_size);
-
-// The built-in entries (h100-sxm, h200, a100-40gb, a100-80gb, a100-40gb-pcie, cpu: this machine) and their names.
-const Hardware* find_hardware(const std::string& name);
-std::string hardware_names();
-// The entry of a GPU as its driver names it ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", ...); nullptr for
-// a GPU without one (H100 PCIe and NVL, H200 NVL, A100 80GB PCIe, any other).
-const Hardware* hardware_for_gpu(const std::string& device_name);
-
-// Measured op times (trainer bench-kernels --calibration-out): each op's FLOPs, bytes and seconds.
-struct Calibration {
-    struct Entry {
-        std::string op;
-        double flops = 0.0, bytes = 0.0, seconds = 0.0;
-    };
-    std::vector<Entry> entries;
-    double bandwidth = 0.0;   // the device's measured copy bandwidth (ops the file does not have)
-    double peak_flops = 0.0;  // the device's peak as the benchmark's MFU counted it
-    double step_scale = 1.0;  // a real step's time over the sum of its ops measured alone
-    int threads = 0;          // threads the ops were measured with (CPU)
-    int ranks_per_node = 1;   // ranks that measured at the same time on the node (bench-kernels under a launcher)
-    std::string path;
-};
-Calibration read_calibration(const std::string& path);
-
-// Links measured by trainer bench-comm --calibration-out: per group ("intra": within a node, "inter": a group
-// spanning nodes) and collective kind, a bandwidth (bytes/s, the bus bandwidth) and a latency per ring step,
-// fitted to ring_cost over the measured sizes; with the world they were measured on.
-struct CommCalibration {
-    std::map<std::string, Link> intra, inter;  // by kind; empty: that group was not measured
-    std::string collectives;                   // "gloo" or "nccl"
-    int world_size = 0, nnodes = 0;
-    std::string path;
-};
-CommCalibration read_comm_calibration(const std::string& path);
-// The measured links in place of the entry's, for each group the file has: each kind's own, and the
-// all-reduce's as the link of the rest (broadcast, barrier).
-void apply_comm_calibration(Hardware& hw, const CommCalibration& c);
 
 struct StepTime {
     double total = 0.0;         // seconds of one optimizer step
