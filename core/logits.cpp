@@ -9,13 +9,14 @@
 
 #include "base/common.h"
 #include "base/layout.h"
-#include "core/weights/checkpoint.h"
 #include "core/data/data.h"
+#include "core/model.h"
+#include "core/weights/checkpoint.h"
 #include "core/weights/hf_export.h"
 #include "core/weights/hf_names.h"
-#include "core/model.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
+#include "parallel/setup.h"
 #include "parallel/strategy.h"
 
 namespace trainer {

@@ -6,28 +6,6 @@
 
 namespace trainer {
 
-BackendOptions backend_options(const TrainConfig& c, int device_index) {
-    BackendOptions o;
-    o.bf16_matmuls = c.precision == Precision::kAmpBf16;
-    o.bf16_operands = o.bf16_matmuls && c.kernels_bf16_activations;
-    o.attention = resolve_attention(c, resolve_device(c.device));
-    o.device_index = device_index;
-    o.classifier_one_read = c.kernels_classifier_one_read;
-    return o;
-}
-
-bool gemm_operands_bf16_for(const TrainConfig& c, Device device) {
-    return resolve_device(device) == Device::kCuda && c.precision == Precision::kAmpBf16 && c.kernels_bf16_activations;
-}
-
-AttentionKernel resolve_attention(const TrainConfig& c, Device device) {
-    if (c.kernels_attention != AttentionKernel::kAuto) return c.kernels_attention;
-    const int T = static_cast<int>(c.model.max_sequence_length - 1), HS = c.model.head_size();
-    const bool fast = resolve_device(device) == Device::kCuda && c.precision == Precision::kAmpBf16 &&
-                      cudnn_attention_unsupported(T, HS).empty();
-    return fast ? AttentionKernel::kCudnn : AttentionKernel::kNative;
-}
-
 std::unique_ptr<Backend> make_backend(Device device, const BackendOptions& options) {
     switch (resolve_device(device)) {
         case Device::kCuda:
@@ -47,53 +25,6 @@ std::unique_ptr<Backend> make_backend(Device device, const BackendOptions& optio
 Device resolve_device(Device device) {
     if (device != Device::kAuto) return device;
     return cuda_device_count() > 0 ? Device::kCuda : Device::kCpu;
-}
-
-Device check_device_config(const TrainConfig& c) {
-    const Device device = resolve_device(c.device);
-    const bool cuda = device == Device::kCuda;
-    const AttentionKernel attention = resolve_attention(c, device);
-    if (c.precision == Precision::kAmpBf16 && !cuda) {
-        user_error("precision \"amp_bf16\" needs the CUDA backend (device is {}); on CPU use --precision fp32",
-                   choice_name(device));
-    }
-    const int T = static_cast<int>(c.model.max_sequence_length - 1), HS = c.model.head_size();
-    if (!cuda && c.kernels_cuda_graphs) {
-        user_error("kernels.cuda_graphs records CUDA work; the {} backend has none to record (use --device cuda)",
-                   choice_name(device));
-    }
-    if (!cuda && attention != AttentionKernel::kNative) {
-        user_error("kernels.attention \"{}\" is a CUDA kernel; the {} backend has native attention only",
-                   choice_name(attention), choice_name(device));
-    }
-    if (cuda && attention == AttentionKernel::kNative && HS > kCudaNativeAttentionMaxHeadSize) {
-        user_error(
-            "the native CUDA attention takes heads of up to {} channels, this model's have {} (model.d_model / "
-            "model.n_heads)",
-            kCudaNativeAttentionMaxHeadSize, HS);
-    }
-    if (cuda && attention == AttentionKernel::kCudnn) {
-        if (c.precision != Precision::kAmpBf16) {
-            user_error(
-                "kernels.attention \"cudnn\" computes attention in bf16; use it with --precision amp_bf16 (fp32 "
-                "runs use the native kernels)");
-        }
-        const std::string why = cudnn_attention_unsupported(T, HS);
-        if (!why.empty())
-            user_error(
-                "kernels.attention \"cudnn\": cuDNN's fused attention cannot run a {}; use kernels.attention=native",
-                why);
-    }
-    if (cuda && attention == AttentionKernel::kFlash) {
-        if (c.precision != Precision::kAmpBf16) {
-            user_error(
-                "kernels.attention \"flash\" computes attention in bf16; use it with --precision amp_bf16 (fp32 "
-                "runs use the native kernels)");
-        }
-        const std::string why = flash_attention_unsupported(HS);
-        if (!why.empty()) user_error("kernels.attention \"flash\" cannot run a {}; use kernels.attention=cudnn", why);
-    }
-    return device;
 }
 
 #ifndef TRAINER_HAVE_CUDA

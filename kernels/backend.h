@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "base/config.h"
+#include "base/choices.h"
 #include "base/memory.h"
 
 namespace trainer {
@@ -348,14 +348,6 @@ struct BackendOptions {
     bool classifier_one_read = false;  // kernels.classifier_one_read: a logits row read from device memory once
 };
 
-// How the config asks the backend to compute (precision, attention kernels), on GPU `device_index`
-// (parallel/setup.h's rank_device).
-BackendOptions backend_options(const TrainConfig& config, int device_index);
-
-// The attention kernels a config runs on `device`: kernels.attention, with auto resolved to the fast path
-// (cuDNN's in amp_bf16 on CUDA, where cuDNN runs the shape) or the native kernels.
-AttentionKernel resolve_attention(const TrainConfig& config, Device device);
-
 // Builds the backend for a device: kCpu (always available) or kCuda (kAuto is resolved first). Refuses a
 // device this build or machine does not have, naming it and what is available.
 std::unique_ptr<Backend> make_backend(Device device, const BackendOptions& options = {});
@@ -373,11 +365,6 @@ std::optional<CudaDeviceInfo> cuda_device_info(int index);
 std::optional<uint64_t> cuda_free_memory(int index);
 // kAuto -> kCuda where a GPU is present, else kCpu; the others unchanged.
 Device resolve_device(Device device);
-
-// The device a config computes on (kAuto resolved), after checking that its backend runs what the config
-// asks: amp_bf16 and cuDNN attention need the GPU, the attention kernels' head-size and sequence limits.
-// UserError naming the key otherwise.
-Device check_device_config(const TrainConfig& config);
 
 // The native CUDA attention kernels' largest head (kernels/cuda/attention.cu).
 constexpr int kCudaNativeAttentionMaxHeadSize = 256;
@@ -421,13 +408,9 @@ struct OpCost {
 // to `observer` (when set) with its cost for fp32 storage (2 bytes an element of a bf16 GemmOperand), and
 // so is every copy_async (with distinct tickets from 1) and every wait on one; host values (sums, norms)
 // are 0. `gemm_operands_bf16`: what the backend it stands for answers (see
-// gemm_operands_bf16_for).
+// gemm_operands_bf16_for, parallel/setup.h).
 std::unique_ptr<Backend> make_dry_backend(std::function<void(const OpCost&)> observer = {},
                                           bool gemm_operands_bf16 = false);
-// Whether the backend a config computes on with `device` (resolved) keeps GEMM operands in bf16: amp_bf16
-// on CUDA with kernels.bf16_activations.
-bool gemm_operands_bf16_for(const TrainConfig& config, Device device);
-
 #ifdef TRAINER_HAVE_CUDA
 // The CUDA backend (kernels/cuda/cuda_backend.cu); refuses when no GPU is usable, naming why.
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);

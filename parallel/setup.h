@@ -79,4 +79,23 @@ std::unique_ptr<Communicator> connect_group(World& world, Backend* backend, cons
 World make_dry_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend,
                      const ParamLayout& layout, const std::function<void(const CollectiveCall&)>& observer);
 
+// ---- the config turned into the values the kernels take (kernels/ never sees the config) ----
+
+// How the config asks the backend to compute (precision, attention kernels), on GPU `device_index`
+// (parallel/setup.h's rank_device).
+BackendOptions backend_options(const TrainConfig& config, int device_index);
+
+// The attention kernels a config runs on `device`: kernels.attention, with auto resolved to the fast path
+// (cuDNN's in amp_bf16 on CUDA, where cuDNN runs the shape) or the native kernels.
+AttentionKernel resolve_attention(const TrainConfig& config, Device device);
+
+// The device a config computes on (kAuto resolved), after checking that its backend runs what the config
+// asks: amp_bf16 and cuDNN attention need the GPU, the attention kernels' head-size and sequence limits.
+// UserError naming the key otherwise.
+Device check_device_config(const TrainConfig& config);
+
+// Whether the backend a config computes on with `device` (resolved) keeps GEMM operands in bf16: amp_bf16
+// on CUDA with kernels.bf16_activations.
+bool gemm_operands_bf16_for(const TrainConfig& config, Device device);
+
 }  // namespace trainer

@@ -22,6 +22,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
 #include "parallel/rank_env.h"
+#include "parallel/setup.h"
 
 namespace trainer {
 namespace {
