@@ -143,7 +143,8 @@ class NcclCommunicator final : public Communicator {
    private:
     std::string op_name(const char* op) const { return comm_op_name("NCCL", op, rank_, size_); }
 
-    // Fails with the NCCL error, its last message and this rank.
+    // Fails with the NCCL error, its last message and this rank. Not TRAINER_CUDA_CHECK's internal error: a
+    // collective fails where a peer or the network does, a failure of the run's world, as Gloo's are.
     void check(ncclResult_t r, const char* what) {
         if (r == ncclSuccess || r == ncclInProgress) return;
         user_error("{} failed: {} ({})", op_name(what), ncclGetErrorString(r),

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "base/common.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
@@ -251,10 +252,7 @@ __global__ void dkv_kernel(float* dqkv, const float* dout, const float* qkv, con
 
 // Lanes per row: the fewest that keep a lane at 32 channels or fewer.
 int lanes_per_row(int HS) {
-    if (HS > kMaxHS) {
-        throw std::runtime_error("native CUDA attention supports head sizes up to " + std::to_string(kMaxHS) +
-                                 ", got " + std::to_string(HS));
-    }
+    TRAINER_CHECK(HS <= kMaxHS, "native CUDA attention supports head sizes up to {}, got {}", kMaxHS, HS);
     return HS <= 32 ? 1 : HS <= 64 ? 2 : HS <= 128 ? 4 : 8;
 }
 

@@ -28,31 +28,28 @@
 #include "kernels/cuda/ops.h"
 
 namespace trainer::cuda {
-namespace {
+namespace {}  // namespace
 
-std::string cudnn_message(cudnnStatus_t st, const char* what) {
+// cuDNN's statuses for TRAINER_CUDA_CHECK (check.h), with cuDNN's last error where it has one.
+inline bool succeeded(cudnnStatus_t st) { return st == CUDNN_STATUS_SUCCESS; }
+inline std::string status_message(cudnnStatus_t st) {
     char last[1024] = {};
     cudnnGetLastErrorString(last, sizeof last);
-    return std::string("cuDNN error in ") + what + ": " + cudnnGetErrorString(st) +
-           (last[0] ? std::string(" (") + last + ")" : "");
+    return std::string(cudnnGetErrorString(st)) + (last[0] ? std::string(" (") + last + ")" : "");
 }
 
-#define TRAINER_CUDNN_CHECK(stmt)                                                             \
-    do {                                                                                      \
-        const cudnnStatus_t st_ = (stmt);                                                     \
-        if (st_ != CUDNN_STATUS_SUCCESS) throw std::runtime_error(cudnn_message(st_, #stmt)); \
-    } while (0)
+namespace {
 
 // One backend descriptor, destroyed with its owner.
 class Desc {
    public:
-    explicit Desc(cudnnBackendDescriptorType_t type) { TRAINER_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d_)); }
+    explicit Desc(cudnnBackendDescriptorType_t type) { TRAINER_CUDA_CHECK(cudnnBackendCreateDescriptor(type, &d_)); }
     ~Desc() { cudnnBackendDestroyDescriptor(d_); }
     Desc(const Desc&) = delete;
     Desc& operator=(const Desc&) = delete;
     template <typename T>
     Desc& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count, const T* values) {
-        TRAINER_CUDNN_CHECK(cudnnBackendSetAttribute(d_, name, type, count, values));
+        TRAINER_CUDA_CHECK(cudnnBackendSetAttribute(d_, name, type, count, values));
         return *this;
     }
     Desc& set(cudnnBackendAttributeName_t name, const Desc& other) {
@@ -60,7 +57,7 @@ class Desc {
         return set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o);
     }
     Desc& finalize() {
-        TRAINER_CUDNN_CHECK(cudnnBackendFinalize(d_));
+        TRAINER_CUDA_CHECK(cudnnBackendFinalize(d_));
         return *this;
     }
     cudnnBackendDescriptor_t get() const { return d_; }
@@ -183,8 +180,8 @@ class GraphBuilder {
             .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode)
             .finalize();
         int64_t count = 0;
-        TRAINER_CUDNN_CHECK(cudnnBackendGetAttribute(heur->get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+        TRAINER_CUDA_CHECK(cudnnBackendGetAttribute(heur->get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
         std::vector<DescPtr> configs;
         std::vector<cudnnBackendDescriptor_t> raw;
         for (int64_t i = 0; i < count; ++i) {
@@ -192,8 +189,8 @@ class GraphBuilder {
             raw.push_back(configs.back()->get());
         }
         if (count > 0) {
-            TRAINER_CUDNN_CHECK(cudnnBackendGetAttribute(heur->get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &count, raw.data()));
+            TRAINER_CUDA_CHECK(cudnnBackendGetAttribute(heur->get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &count, raw.data()));
         }
         std::string last_error = "the heuristic returned no engine";
         for (int64_t i = 0; i < count && !p.plan; ++i) {
@@ -202,17 +199,18 @@ class GraphBuilder {
                 .set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
             const cudnnStatus_t st = cudnnBackendFinalize(plan->get());
             if (st != CUDNN_STATUS_SUCCESS) {
-                last_error = cudnn_message(st, "finalising an execution plan");
+                last_error = "finalising an execution plan: " + status_message(st);
                 continue;  // not supported for this graph: the next engine
             }
             int64_t ws = 0;
-            TRAINER_CUDNN_CHECK(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                         CUDNN_TYPE_INT64, 1, nullptr, &ws));
+            TRAINER_CUDA_CHECK(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                                        CUDNN_TYPE_INT64, 1, nullptr, &ws));
             p.plan = plan;
             p.workspace = ws;
         }
         if (!p.plan)
-            throw std::runtime_error(std::string("cuDNN has no engine for the ") + what + " graph: " + last_error);
+            TRAINER_CUDA_FAIL("cudnnBackendFinalize",
+                              std::string("no engine for the ") + what + " graph: " + last_error);
         p.keep = std::move(keep_);
         return p;
     }
@@ -240,7 +238,7 @@ void execute(cudnnHandle_t handle, const GraphBuilder::Plan& plan, const std::ve
              pointers.data())
         .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace)
         .finalize();
-    TRAINER_CUDNN_CHECK(cudnnBackendExecute(handle, plan.plan->get(), pack.get()));
+    TRAINER_CUDA_CHECK(cudnnBackendExecute(handle, plan.plan->get(), pack.get()));
 }
 
 // Unique ids of the non-virtual tensors.
@@ -279,7 +277,7 @@ CudnnAttention::CudnnAttention() : s_(new State) {
     const cudnnStatus_t st = cudnnCreate(&s_->handle);
     if (st != CUDNN_STATUS_SUCCESS) {
         delete s_;  // the destructor does not run for a constructor that throws
-        throw std::runtime_error(cudnn_message(st, "cudnnCreate"));
+        TRAINER_CUDA_FAIL("cudnnCreate", status_message(st));
     }
 }
 
@@ -323,7 +321,7 @@ void CudnnAttention::forward(uint16_t* out, float* lse, const uint16_t* qkv, int
         g.matmul(p, v, o);
         it = s_->forward.emplace(key, g.build(s_->handle, "attention forward")).first;
     }
-    TRAINER_CUDNN_CHECK(cudnnSetStream(s_->handle, stream));
+    TRAINER_CUDA_CHECK(cudnnSetStream(s_->handle, stream));
     float scale = 1.0f / std::sqrt(static_cast<float>(HS)), neg_inf = -INFINITY;
     auto* base = const_cast<uint16_t*>(qkv);
     void* ws = workspace(static_cast<size_t>(it->second.workspace));
@@ -388,7 +386,7 @@ void CudnnAttention::backward(uint16_t* dqkv, const uint16_t* dout, const uint16
         g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_acc, nullptr, nullptr, dq);
         it = s_->backward.emplace(key, g.build(s_->handle, "attention backward")).first;
     }
-    TRAINER_CUDNN_CHECK(cudnnSetStream(s_->handle, stream));
+    TRAINER_CUDA_CHECK(cudnnSetStream(s_->handle, stream));
     // Workspace: the fp32 dQ accumulator, the row sums, then the plan's own (256-byte aligned pieces).
     auto round_up = [](size_t x) { return (x + 255) / 256 * 256; };
     const size_t acc_bytes = round_up(static_cast<size_t>(b * h * t * d) * sizeof(float));

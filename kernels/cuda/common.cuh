@@ -4,6 +4,8 @@
 
 #ifndef TRAINER_SIMT_EMULATION
 #include <cuda_runtime.h>
+
+#include "kernels/cuda/check.h"
 #endif
 
 #include <array>
@@ -23,15 +25,9 @@ namespace trainer::cuda {
 #define TRAINER_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
 #define TRAINER_DYNAMIC_SHARED(name) extern __shared__ __align__(128) uint8_t name[]
 
-// Checks a CUDA runtime call (or cudaGetLastError() after a launch); throws naming the call and the error.
-#define TRAINER_CUDA_CHECK(stmt)                                                                  \
-    do {                                                                                          \
-        const cudaError_t err_ = (stmt);                                                          \
-        if (err_ != cudaSuccess) {                                                                \
-            throw std::runtime_error(std::string("CUDA error at " __FILE__ ": ") + #stmt + ": " + \
-                                     cudaGetErrorString(err_));                                   \
-        }                                                                                         \
-    } while (0)
+// The runtime's statuses for TRAINER_CUDA_CHECK (check.h): a runtime call, or cudaGetLastError() after a launch.
+inline bool succeeded(cudaError_t e) { return e == cudaSuccess; }
+inline std::string status_message(cudaError_t e) { return cudaGetErrorString(e); }
 #endif  // TRAINER_SIMT_EMULATION
 
 // A value asked of the current device once: the first call on a device runs ask(device) and keeps its answer,

@@ -45,6 +45,11 @@ F cublaslt_symbol(const char* name) {
     }
 
 extern "C" {
+// The library's message for a status (TRAINER_CUDA_CHECK's): the one forwarder that returns text.
+const char* CUBLASWINAPI cublasLtGetStatusString(cublasStatus_t status) {
+    static const auto forward = cublaslt_symbol<decltype(&cublasLtGetStatusString)>("cublasLtGetStatusString");
+    return forward(status);
+}
 TRAINER_CUBLASLT_FORWARD(cublasLtCreate, (cublasLtHandle_t * handle), (handle))
 TRAINER_CUBLASLT_FORWARD(cublasLtDestroy, (cublasLtHandle_t handle), (handle))
 TRAINER_CUBLASLT_FORWARD(cublasLtMatmul,

@@ -233,9 +233,8 @@ class CudaBackend final : public Backend {
         if (err != cudaSuccess || !capture_fault_.empty()) {
             if (graph != nullptr) cudaGraphDestroy(graph);
             (void)cudaGetLastError();
-            throw std::runtime_error(capture_fault_.empty()
-                                         ? fmt::format("cudaStreamEndCapture: {}", cudaGetErrorString(err))
-                                         : capture_fault_ + " while recording");
+            TRAINER_CUDA_FAIL("cudaStreamEndCapture",
+                              capture_fault_.empty() ? status_message(err) : capture_fault_ + " while recording");
         }
         cudaGraphExec_t exec = nullptr;
         const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
@@ -835,7 +834,7 @@ class CudaBackend final : public Backend {
     }
     // What needs the host is refused while recording a graph: the error names it.
     void no_capture(const char* what) const {
-        if (capturing_) throw std::runtime_error(fmt::format("{} while recording", what));
+        if (capturing_) TRAINER_CUDA_FAIL(what, "refused while recording a CUDA graph");
     }
     // Destroys the recordings (a launched one still runs to its end) and tells their owners (graph_epoch).
     void drop_graphs() {

@@ -15,16 +15,13 @@
 #include "kernels/cuda/ops.h"
 
 namespace trainer::cuda {
-namespace {
+namespace {}  // namespace
 
-#define TRAINER_CUBLAS_CHECK(stmt)                                                                           \
-    do {                                                                                                     \
-        const cublasStatus_t st_ = (stmt);                                                                   \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                                  \
-            throw std::runtime_error(std::string("cuBLASLt error at " __FILE__ ": ") + #stmt + ": status " + \
-                                     std::to_string(static_cast<int>(st_)));                                 \
-        }                                                                                                    \
-    } while (0)
+// cuBLASLt's statuses for TRAINER_CUDA_CHECK (check.h).
+inline bool succeeded(cublasStatus_t st) { return st == CUBLAS_STATUS_SUCCESS; }
+inline std::string status_message(cublasStatus_t st) { return cublasLtGetStatusString(st); }
+
+namespace {
 
 // C(M, N) (leading dimension ldc) = beta C + bias(N) per row (beta 0: C is not read; bias nullable).
 __global__ void scale_add_bias_kernel(float* C, int ldc, int M, int N, float beta, const float* bias) {
@@ -65,7 +62,7 @@ struct Gemm::State {
 };
 
 Gemm::Gemm(size_t workspace_bytes) : s_(new State) {
-    TRAINER_CUBLAS_CHECK(cublasLtCreate(&s_->handle));
+    TRAINER_CUDA_CHECK(cublasLtCreate(&s_->handle));
     s_->workspace_bytes = workspace_bytes;
     if (workspace_bytes > 0) TRAINER_CUDA_CHECK(cudaMalloc(&s_->workspace, workspace_bytes));
 }
@@ -154,9 +151,9 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     const int m = N, n = M, k = K;
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-    TRAINER_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    TRAINER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    TRAINER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    TRAINER_CUDA_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    TRAINER_CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    TRAINER_CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     // Epilogues: BIAS adds bias(m) to every column (bias(N) per row); GELU_AUX(_BIAS) also writes the
     // pre-activation to gelu_aux (leading dimension ldc) and gelu_tanh of it to C; DGELU multiplies the product by
     // gelu_tanh' of gelu_aux (read with leading dimension ldc).
@@ -165,23 +162,23 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
                                          : (fuse_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX))
                             : (fuse_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
     if (epi != CUBLASLT_EPILOGUE_DEFAULT)
-        TRAINER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        TRAINER_CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (fuse_bias)
-        TRAINER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        TRAINER_CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     if (gelu_aux != nullptr) {
-        if (bias != nullptr && !fuse_bias) throw std::runtime_error("GELU epilogue with an unaligned bias");
+        if (bias != nullptr && !fuse_bias) TRAINER_CUDA_FAIL("cublasLtMatmul", "GELU epilogue with an unaligned bias");
         const int64_t aux_ld = ldc;
-        TRAINER_CUBLAS_CHECK(
+        TRAINER_CUDA_CHECK(
             cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu_aux, sizeof gelu_aux));
-        TRAINER_CUBLAS_CHECK(
+        TRAINER_CUDA_CHECK(
             cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
     }
     // Stored shapes (before op): the first operand is B (m x k, or k x m transposed), the second A.
-    TRAINER_CUBLAS_CHECK(
+    TRAINER_CUDA_CHECK(
         cublasLtMatrixLayoutCreate(&la, ab_type, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, ldb));
-    TRAINER_CUBLAS_CHECK(
+    TRAINER_CUDA_CHECK(
         cublasLtMatrixLayoutCreate(&lb, ab_type, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, lda));
-    TRAINER_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, c_type, m, n, ldc));
+    TRAINER_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lc, c_type, m, n, ldc));
     // cuBLASLt's heuristic assumes 256-byte aligned operands unless told otherwise; parameters sit at
     // arbitrary 4-byte offsets of a unit's flat buffer and head chunks start mid-arena, so the real
     // alignments are passed (and are part of the cache key: an algorithm chosen for aligned operands may
@@ -210,23 +207,23 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     auto it = s_->algos.find(key);
     if (it == s_->algos.end()) {
         cublasLtMatmulPreference_t pref = nullptr;
-        TRAINER_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        TRAINER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                                  &s_->workspace_bytes, sizeof s_->workspace_bytes));
+        TRAINER_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        TRAINER_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                &s_->workspace_bytes, sizeof s_->workspace_bytes));
         const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
             {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first},
             {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second},
             {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
             {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
         for (const auto& [attr, value] : aligns)
-            TRAINER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
+            TRAINER_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
         cublasLtMatmulHeuristicResult_t result{};
         int found = 0;
         const cublasStatus_t status =
             cublasLtMatmulAlgoGetHeuristic(s_->handle, op, la, lb, lc, lc, pref, 1, &result, &found);
         cublasLtMatmulPreferenceDestroy(pref);
         const bool optional = gelu_aux != nullptr || c_type != CUDA_R_32F || c_in != nullptr;
-        if (status != CUBLAS_STATUS_SUCCESS && !optional) TRAINER_CUBLAS_CHECK(status);
+        if (status != CUBLAS_STATUS_SUCCESS && !optional) TRAINER_CUDA_CHECK(status);
         // No fused kernel (or no bf16 output) for this GPU or shape, or cuBLASLt refuses the combination: the
         // caller falls back to the fp32 GEMM.
         if (optional && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
@@ -238,15 +235,15 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
             return false;
         }
         if (found == 0) {
-            throw std::runtime_error(std::string("cuBLASLt has no ") + (ab_type == CUDA_R_32F ? "fp32" : "bf16") +
-                                     " algorithm for a " + std::to_string(M) + " x " + std::to_string(N) + " x " +
-                                     std::to_string(K) + " GEMM");
+            TRAINER_CUDA_FAIL("cublasLtMatmulAlgoGetHeuristic",
+                              std::string("no ") + (ab_type == CUDA_R_32F ? "fp32" : "bf16") + " algorithm for a " +
+                                  std::to_string(M) + " x " + std::to_string(N) + " x " + std::to_string(K) + " GEMM");
         }
         it = s_->algos.emplace(key, result.algo).first;
     }
     // B and A swapped: the column-major product's first operand is B.
-    TRAINER_CUBLAS_CHECK(cublasLtMatmul(s_->handle, op, &alpha, B, la, A, lb, &beta, c_in != nullptr ? c_in : C, lc, C,
-                                        lc, &it->second, s_->workspace, s_->workspace_bytes, stream));
+    TRAINER_CUDA_CHECK(cublasLtMatmul(s_->handle, op, &alpha, B, la, A, lb, &beta, c_in != nullptr ? c_in : C, lc, C,
+                                      lc, &it->second, s_->workspace, s_->workspace_bytes, stream));
     if (bias != nullptr && !fuse_bias)
         scale_add_bias(static_cast<float*>(C), ldc, M, N, 1.0f, static_cast<const float*>(bias), stream);
     cublasLtMatrixLayoutDestroy(lc);
