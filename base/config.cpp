@@ -545,30 +545,10 @@ long TrainConfig::total_steps(long instances_per_epoch) const {
     return whole_steps(steps);
 }
 
-TrainConfig validate_config(const Json& user_doc) {
-    if (const auto bad = invalid_utf8_path(user_doc)) {
-        user_error(
-            "config {}: not valid UTF-8; the config is saved in every checkpoint as JSON, which holds only "
-            "UTF-8 (rename the file or folder, or choose another name)",
-            *bad);
-    }
-    check_object(user_doc, "", "");
-    Json doc = user_doc;
-    fill_defaults(doc, "");
-    for (auto& ev : doc["evaluators"]) fill_defaults(ev, "evaluators[]");
+namespace {
 
-    for (const char* key :
-         {"model.d_model", "model.n_heads", "model.n_layers", "model.vocab_size", "model.max_sequence_length",
-          "global_train_batch_size", "device_train_microbatch_size", "max_duration", "data.paths"}) {
-        require(doc, key);
-    }
-
-    TrainConfig c;
-    c.run_name = doc["run_name"].get<std::string>();
-    c.seed = doc["seed"].get<unsigned long long>();
-
-    const Json& m = doc["model"];
-    ModelConfig& mc = c.model;
+ModelConfig read_model(const Json& m) {
+    ModelConfig mc;
     mc.d_model = m["d_model"].get<int>();
     mc.n_heads = m["n_heads"].get<int>();
     mc.n_layers = m["n_layers"].get<int>();
@@ -593,7 +573,10 @@ TrainConfig validate_config(const Json& user_doc) {
     mc.init_std = m["init_std"].get<double>();
     mc.init_cutoff_factor = opt<double>(m["init_cutoff_factor"]);
     mc.eos_token_id = m["eos_token_id"].get<int>();
+    return mc;
+}
 
+void check_model(const ModelConfig& mc) {
     if (mc.d_model % mc.n_heads != 0) {
         user_error("config model.n_heads: {} does not divide model.d_model {}", mc.n_heads, mc.d_model);
     }
@@ -612,93 +595,113 @@ TrainConfig validate_config(const Json& user_doc) {
         user_error("config model.mlp_hidden_size: {} must be even with activation_type swiglu (it is split in two)",
                    mc.ff_proj_size());
     }
+}
 
-    const Json& o = doc["optimizer"];
-    c.optimizer.name = o["name"].get<std::string>();
-    c.optimizer.learning_rate = o["learning_rate"].get<double>();
-    c.optimizer.beta1 = o["betas"][0].get<double>();
-    c.optimizer.beta2 = o["betas"][1].get<double>();
-    c.optimizer.eps = o["eps"].get<double>();
-    c.optimizer.weight_decay = o["weight_decay"].get<double>();
-    c.optimizer.decay_norm_and_bias = o["decay_norm_and_bias"].get<bool>();
-    c.optimizer.decay_embeddings = o["decay_embeddings"].get<bool>();
+OptimizerConfig read_optimizer(const Json& o) {
+    OptimizerConfig c;
+    c.name = o["name"].get<std::string>();
+    c.learning_rate = o["learning_rate"].get<double>();
+    c.beta1 = o["betas"][0].get<double>();
+    c.beta2 = o["betas"][1].get<double>();
+    c.eps = o["eps"].get<double>();
+    c.weight_decay = o["weight_decay"].get<double>();
+    c.decay_norm_and_bias = o["decay_norm_and_bias"].get<bool>();
+    c.decay_embeddings = o["decay_embeddings"].get<bool>();
+    return c;
+}
 
-    const Json& s = doc["scheduler"];
-    c.scheduler.name = choice<SchedulerName>(s["name"]);
-    c.scheduler.t_warmup = s["t_warmup"].get<double>();
-    c.scheduler.t_max = opt<double>(s["t_max"]);
-    c.scheduler.alpha_f = s["alpha_f"].get<double>();
-    c.scheduler.warmup_min_lr = opt<double>(s["warmup_min_lr"]);
-    c.scheduler.grad_clip_warmup_steps = opt<double>(s["grad_clip_warmup_steps"]);
-    c.scheduler.grad_clip_warmup_factor = opt<double>(s["grad_clip_warmup_factor"]);
-    if (c.scheduler.grad_clip_warmup_steps.has_value() != c.scheduler.grad_clip_warmup_factor.has_value()) {
+SchedulerConfig read_scheduler(const Json& s) {
+    SchedulerConfig c;
+    c.name = choice<SchedulerName>(s["name"]);
+    c.t_warmup = s["t_warmup"].get<double>();
+    c.t_max = opt<double>(s["t_max"]);
+    c.alpha_f = s["alpha_f"].get<double>();
+    c.warmup_min_lr = opt<double>(s["warmup_min_lr"]);
+    c.grad_clip_warmup_steps = opt<double>(s["grad_clip_warmup_steps"]);
+    c.grad_clip_warmup_factor = opt<double>(s["grad_clip_warmup_factor"]);
+    return c;
+}
+
+void check_scheduler(const SchedulerConfig& s) {
+    if (s.grad_clip_warmup_steps.has_value() != s.grad_clip_warmup_factor.has_value()) {
         user_error(
             "config scheduler.grad_clip_warmup_steps and scheduler.grad_clip_warmup_factor: set both or neither");
     }
-    if (c.scheduler.name != SchedulerName::kConstant && c.scheduler.name != SchedulerName::kInverseSqrtWithWarmup &&
-        c.scheduler.t_max && *c.scheduler.t_max <= c.scheduler.t_warmup) {
-        user_error("config scheduler.t_max: {} must exceed scheduler.t_warmup {}", *c.scheduler.t_max,
-                   c.scheduler.t_warmup);
+    if (s.name != SchedulerName::kConstant && s.name != SchedulerName::kInverseSqrtWithWarmup && s.t_max &&
+        *s.t_max <= s.t_warmup) {
+        user_error("config scheduler.t_max: {} must exceed scheduler.t_warmup {}", *s.t_max, s.t_warmup);
     }
-    if (c.scheduler.name == SchedulerName::kInverseSqrtWithWarmup && c.scheduler.t_warmup < 1) {
+    if (s.name == SchedulerName::kInverseSqrtWithWarmup && s.t_warmup < 1) {
         user_error("config scheduler.t_warmup: inverse_sqrt_with_warmup needs t_warmup >= 1");
     }
+}
 
+// The batch sizes, the duration and the loss's terms.
+void read_training(const Json& doc, TrainConfig& c) {
     c.max_grad_norm = opt<double>(doc["max_grad_norm"]);
-    if (c.max_grad_norm && *c.max_grad_norm == 0.0) {
-        user_error(
-            "config max_grad_norm: 0 clips every gradient to zero, so nothing would train; null turns "
-            "clipping off");
-    }
     if (doc["softmax_auxiliary_loss"].get<bool>()) c.z_loss_multiplier = doc["auxiliary_loss_multiplier"].get<double>();
     c.global_train_batch_size = get_long(doc["global_train_batch_size"]);
     c.device_train_microbatch_size = get_long(doc["device_train_microbatch_size"]);
     c.device_eval_batch_size = doc["device_eval_batch_size"].is_null() ? c.device_train_microbatch_size
                                                                        : get_long(doc["device_eval_batch_size"]);
+    const Json& md = doc["max_duration"];
+    c.max_duration = md.is_string() ? md.get<std::string>() : std::to_string(md.get<long long>());
+}
+
+void check_training(const TrainConfig& c) {
+    if (c.max_grad_norm && *c.max_grad_norm == 0.0) {
+        user_error(
+            "config max_grad_norm: 0 clips every gradient to zero, so nothing would train; null turns "
+            "clipping off");
+    }
     if (c.global_train_batch_size % c.device_train_microbatch_size != 0) {
         user_error(
             "config global_train_batch_size: {} is not a multiple of device_train_microbatch_size {} "
             "(global = micro-batch x accumulation steps x ranks)",
             c.global_train_batch_size, c.device_train_microbatch_size);
     }
-    const Json& md = doc["max_duration"];
-    c.max_duration = md.is_string() ? md.get<std::string>() : std::to_string(md.get<long long>());
     c.total_steps(1 << 30);  // checks the syntax now; the real count needs the dataset size
+}
 
-    const Json& d = doc["data"];
-    c.data.paths = string_list(d["paths"]);
-    for (size_t i = 0; i < c.data.paths.size(); ++i) {
-        if (c.data.paths[i].find("://") != std::string::npos) {
+DataConfig read_data(const Json& d, unsigned long long seed) {
+    DataConfig c;
+    c.paths = string_list(d["paths"]);
+    c.memmap_dtype = d["memmap_dtype"].get<std::string>();
+    c.shuffle = d["shuffle"].get<bool>();
+    c.seed = d["seed"].is_null() ? seed : d["seed"].get<unsigned long long>();
+    const Json& f = d["instance_filter"];
+    const auto max_period = opt<int>(f["repetition_max_period"]), max_count = opt<int>(f["repetition_max_count"]);
+    if (max_period.has_value() != max_count.has_value()) {
+        user_error(
+            "config data.instance_filter: set repetition_max_period and repetition_max_count together (OLMo's "
+            "defaults: 13 and 32), or neither (no filter)");
+    }
+    if (max_period) {
+        InstanceFilter filter;
+        filter.max_period = *max_period;
+        filter.max_count = *max_count;
+        filter.min_period = f["repetition_min_period"].get<int>();
+        c.instance_filter = filter;
+    }
+    return c;
+}
+
+void check_data(const DataConfig& d) {
+    for (size_t i = 0; i < d.paths.size(); ++i) {
+        if (d.paths[i].find("://") != std::string::npos) {
             user_error(
                 "config data.paths[{}]: {} is a URL; this trainer reads local token files: download them and "
                 "pass --data FILE...",
-                i, c.data.paths[i]);
+                i, d.paths[i]);
         }
     }
-    c.data.memmap_dtype = d["memmap_dtype"].get<std::string>();
-    c.data.shuffle = d["shuffle"].get<bool>();
-    c.data.seed = d["seed"].is_null() ? c.seed : d["seed"].get<unsigned long long>();
-    {
-        const Json& f = d["instance_filter"];
-        const auto max_period = opt<int>(f["repetition_max_period"]), max_count = opt<int>(f["repetition_max_count"]);
-        if (max_period.has_value() != max_count.has_value()) {
-            user_error(
-                "config data.instance_filter: set repetition_max_period and repetition_max_count together (OLMo's "
-                "defaults: 13 and 32), or neither (no filter)");
-        }
-        if (max_period) {
-            InstanceFilter filter;
-            filter.max_period = *max_period;
-            filter.max_count = *max_count;
-            filter.min_period = f["repetition_min_period"].get<int>();
-            if (filter.min_period > filter.max_period) {
-                user_error("config data.instance_filter.repetition_min_period: {} exceeds repetition_max_period {}",
-                           filter.min_period, filter.max_period);
-            }
-            c.data.instance_filter = filter;
-        }
+    if (d.instance_filter && d.instance_filter->min_period > d.instance_filter->max_period) {
+        user_error("config data.instance_filter.repetition_min_period: {} exceeds repetition_max_period {}",
+                   d.instance_filter->min_period, d.instance_filter->max_period);
     }
+}
 
+void read_evaluators(const Json& doc, TrainConfig& c) {
     for (size_t i = 0; i < doc["evaluators"].size(); ++i) {
         const Json& e = doc["evaluators"][i];
         if (e["data"]["paths"].is_null()) user_error("config evaluators[{}].data.paths: required, not set", i);
@@ -716,7 +719,10 @@ TrainConfig validate_config(const Json& user_doc) {
         user_error("config eval_interval: {} but no evaluators are configured; add evaluators[].data.paths",
                    c.eval_interval);
     }
+}
 
+// Checkpoints, initial weights and the run's outputs.
+void read_saving(const Json& doc, TrainConfig& c) {
     c.save_folder = opt<std::string>(doc["save_folder"]);
     c.save_interval = get_long(doc["save_interval"]);
     c.save_overwrite = doc["save_overwrite"].get<bool>();
@@ -728,6 +734,10 @@ TrainConfig validate_config(const Json& user_doc) {
     c.metrics_file = opt<std::string>(doc["metrics_file"]);
     c.console_log_interval = get_long(doc["console_log_interval"]);
     c.utilization_interval = get_long(doc["utilization_interval"]);
+    c.trace_file = opt<std::string>(doc["trace_file"]);
+}
+
+void check_saving(const TrainConfig& c) {
     if (c.load_path && *c.load_path == "latest" && !c.save_folder) {
         user_error("config load_path: \"latest\" needs save_folder (the folder to look in)");
     }
@@ -737,7 +747,10 @@ TrainConfig validate_config(const Json& user_doc) {
     if (c.save_num_checkpoints_to_keep == 0) {
         user_error("config save_num_checkpoints_to_keep: 0; expected -1 (keep all) or the number to keep (>= 1)");
     }
+}
 
+// Where and how the step computes: device, precision, kernels, the strategy and its memory levers.
+void read_execution(const Json& doc, TrainConfig& c) {
     c.device = choice<Device>(doc["device"]);
     c.precision = choice<Precision>(doc["precision"]);
     c.kernels_attention = choice<AttentionKernel>(doc["kernels"]["attention"]);
@@ -746,26 +759,35 @@ TrainConfig validate_config(const Json& user_doc) {
     c.kernels_classifier_one_read = doc["kernels"]["classifier_one_read"].get<bool>();
     c.distributed_backend = choice<DistributedBackend>(doc["distributed_backend"]);
     c.distributed_strategy = choice<DistributedStrategy>(doc["distributed_strategy"]);
-    c.fsdp.sharding_strategy = choice<ShardingStrategy>(doc["fsdp"]["sharding_strategy"]);
-    const Json& wrap = doc["fsdp"]["wrapping_strategy"];
-    c.fsdp.wrapping_strategy = wrap.is_null() ? WrappingStrategy::kNull : choice<WrappingStrategy>(wrap);
-    c.fsdp.block_group_size = doc["fsdp"]["block_group_size"].get<int>();
-    c.fsdp.precision = choice<FsdpPrecision>(doc["fsdp"]["precision"]);
-    c.fsdp.grad_sync_mode = choice<GradSyncMode>(doc["fsdp"]["grad_sync_mode"]);
-    c.fsdp.min_num_params = get_long(doc["fsdp"]["min_num_params"]);
-    c.fsdp.hybrid_sharding_num_model_replicas = opt<int>(doc["fsdp"]["hybrid_sharding_num_model_replicas"]);
-    c.fsdp.forward_prefetch = doc["fsdp"]["forward_prefetch"].get<bool>();
-    c.fsdp.backward_prefetch = doc["fsdp"]["backward_prefetch"].get<bool>();
-    c.fsdp.limit_all_gathers = doc["fsdp"]["limit_all_gathers"].get<bool>();
+    const Json& f = doc["fsdp"];
+    c.fsdp.sharding_strategy = choice<ShardingStrategy>(f["sharding_strategy"]);
+    c.fsdp.wrapping_strategy =
+        f["wrapping_strategy"].is_null() ? WrappingStrategy::kNull : choice<WrappingStrategy>(f["wrapping_strategy"]);
+    c.fsdp.block_group_size = f["block_group_size"].get<int>();
+    c.fsdp.precision = choice<FsdpPrecision>(f["precision"]);
+    c.fsdp.grad_sync_mode = choice<GradSyncMode>(f["grad_sync_mode"]);
+    c.fsdp.min_num_params = get_long(f["min_num_params"]);
+    c.fsdp.hybrid_sharding_num_model_replicas = opt<int>(f["hybrid_sharding_num_model_replicas"]);
+    c.fsdp.forward_prefetch = f["forward_prefetch"].get<bool>();
+    c.fsdp.backward_prefetch = f["backward_prefetch"].get<bool>();
+    c.fsdp.limit_all_gathers = f["limit_all_gathers"].get<bool>();
     c.ddp_grad_sync_mode = choice<GradSyncMode>(doc["ddp"]["grad_sync_mode"]);
-    c.trace_file = opt<std::string>(doc["trace_file"]);
-    c.plan.hardware = opt<std::string>(doc["plan"]["hardware"]);
-    c.plan.calibration = opt<std::string>(doc["plan"]["calibration"]);
-    c.plan.comm_calibration = opt<std::string>(doc["plan"]["comm_calibration"]);
-    c.plan.device_memory_gib = opt<double>(doc["plan"]["device_memory_gib"]);
-    c.plan.host_memory_gib = opt<double>(doc["plan"]["host_memory_gib"]);
     c.cpu_offload.optimizer_state = doc["cpu_offload"]["optimizer_state"].get<bool>();
     c.cpu_offload.parameters = doc["cpu_offload"]["parameters"].get<bool>();
+    const Json& ac = doc["activation_checkpointing"];
+    c.activation_checkpointing = ac.is_null() ? ActivationCheckpointing::kNull : choice<ActivationCheckpointing>(ac);
+    c.peak_flops_per_device = opt<double>(doc["peak_flops_per_device"]);
+    c.threads = doc["threads"].get<int>();
+    c.distributed_timeout_seconds = doc["distributed_timeout_seconds"].get<double>();
+    const Json& p = doc["plan"];
+    c.plan.hardware = opt<std::string>(p["hardware"]);
+    c.plan.calibration = opt<std::string>(p["calibration"]);
+    c.plan.comm_calibration = opt<std::string>(p["comm_calibration"]);
+    c.plan.device_memory_gib = opt<double>(p["device_memory_gib"]);
+    c.plan.host_memory_gib = opt<double>(p["host_memory_gib"]);
+}
+
+void check_execution(const TrainConfig& c) {
     if (c.cpu_offload.parameters && !c.cpu_offload.optimizer_state) {
         user_error(
             "config cpu_offload.parameters: true needs cpu_offload.optimizer_state: true (the optimizer updates the "
@@ -780,11 +802,76 @@ TrainConfig validate_config(const Json& user_doc) {
             "full replicas on the device); cpu_offload.optimizer_state alone works with every strategy",
             c.distributed_strategy == DistributedStrategy::kFsdp ? "NO_SHARD" : choice_name(c.distributed_strategy));
     }
-    c.peak_flops_per_device = opt<double>(doc["peak_flops_per_device"]);
-    const Json& ac = doc["activation_checkpointing"];
-    c.activation_checkpointing = ac.is_null() ? ActivationCheckpointing::kNull : choice<ActivationCheckpointing>(ac);
-    c.threads = doc["threads"].get<int>();
-    c.distributed_timeout_seconds = doc["distributed_timeout_seconds"].get<double>();
+}
+
+}  // namespace
+
+void check_config(const TrainConfig& c) {
+    check_model(c.model);
+    check_scheduler(c.scheduler);
+    check_training(c);
+    check_data(c.data);
+    check_saving(c);
+    check_execution(c);
+}
+
+TrainConfig with_execution(const TrainConfig& config, const ExecutionChoice& e) {
+    TrainConfig c = config;
+    Json& doc = c.json;
+    const auto null_or = [](auto value, auto null_value) {
+        return value == null_value ? Json(nullptr) : Json(choice_name(value));
+    };
+    c.distributed_strategy = e.strategy;
+    doc["distributed_strategy"] = choice_name(e.strategy);
+    if (e.strategy == DistributedStrategy::kFsdp) {
+        c.fsdp.sharding_strategy = e.sharding, c.fsdp.wrapping_strategy = e.wrapping;
+        doc["fsdp"]["sharding_strategy"] = choice_name(e.sharding);
+        doc["fsdp"]["wrapping_strategy"] = null_or(e.wrapping, WrappingStrategy::kNull);
+    }
+    if (e.grad_sync) {
+        GradSyncMode& mode = e.strategy == DistributedStrategy::kFsdp ? c.fsdp.grad_sync_mode : c.ddp_grad_sync_mode;
+        mode = *e.grad_sync;
+        doc[e.strategy == DistributedStrategy::kFsdp ? "fsdp" : "ddp"]["grad_sync_mode"] = choice_name(*e.grad_sync);
+    }
+    c.activation_checkpointing = e.checkpointing;
+    doc["activation_checkpointing"] = null_or(e.checkpointing, ActivationCheckpointing::kNull);
+    c.cpu_offload.optimizer_state = e.offload_optimizer, c.cpu_offload.parameters = e.offload_parameters;
+    doc["cpu_offload"]["optimizer_state"] = e.offload_optimizer;
+    doc["cpu_offload"]["parameters"] = e.offload_parameters;
+    c.kernels_cuda_graphs = e.cuda_graphs;
+    doc["kernels"]["cuda_graphs"] = e.cuda_graphs;
+    check_config(c);
+    return c;
+}
+
+TrainConfig validate_config(const Json& user_doc) {
+    if (const auto bad = invalid_utf8_path(user_doc)) {
+        user_error(
+            "config {}: not valid UTF-8; the config is saved in every checkpoint as JSON, which holds only "
+            "UTF-8 (rename the file or folder, or choose another name)",
+            *bad);
+    }
+    check_object(user_doc, "", "");
+    Json doc = user_doc;
+    fill_defaults(doc, "");
+    for (auto& ev : doc["evaluators"]) fill_defaults(ev, "evaluators[]");
+    for (const char* key :
+         {"model.d_model", "model.n_heads", "model.n_layers", "model.vocab_size", "model.max_sequence_length",
+          "global_train_batch_size", "device_train_microbatch_size", "max_duration", "data.paths"}) {
+        require(doc, key);
+    }
+    TrainConfig c;
+    c.run_name = doc["run_name"].get<std::string>();
+    c.seed = doc["seed"].get<unsigned long long>();
+    c.model = read_model(doc["model"]);
+    c.optimizer = read_optimizer(doc["optimizer"]);
+    c.scheduler = read_scheduler(doc["scheduler"]);
+    read_training(doc, c);
+    c.data = read_data(doc["data"], c.seed);
+    read_evaluators(doc, c);
+    read_saving(doc, c);
+    read_execution(doc, c);
+    check_config(c);
     c.json = doc;
     return c;
 }

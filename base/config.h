@@ -198,6 +198,22 @@ void apply_override(Json& doc, const std::string& assignment);
 void set_config_value(Json& doc, const std::string& path, const Json& value);
 // Validates `doc` against the schema, fills defaults, checks every cross-field rule and returns the config.
 TrainConfig validate_config(const Json& doc);
+// How a step runs on its world, as `trainer plan` varies it: the strategy, FSDP's sharding and wrap, the
+// gradient reductions' timing, activation checkpointing, CPU offload and CUDA graphs.
+struct ExecutionChoice {
+    DistributedStrategy strategy = DistributedStrategy::kSingle;
+    ShardingStrategy sharding = ShardingStrategy::kFullShard;  // fsdp
+    WrappingStrategy wrapping = WrappingStrategy::kByBlock;    // fsdp
+    std::optional<GradSyncMode> grad_sync;                     // ddp and fsdp; nullopt: the config's
+    ActivationCheckpointing checkpointing = ActivationCheckpointing::kNull;
+    bool offload_optimizer = false, offload_parameters = false, cuda_graphs = false;
+};
+// `config` with `choice` in place of its own (the typed fields and the document saved in checkpoints alike),
+// checked by check_config.
+TrainConfig with_execution(const TrainConfig& config, const ExecutionChoice& choice);
+// The cross-field rules alone (model shapes, scheduler, batch sizes, data, checkpoints, offload), on a
+// configuration built in code (a plan's candidate) as on one read from a file; UserError naming the key.
+void check_config(const TrainConfig& config);
 // The configuration as `trainer show-config` prints it: the validated document with the keys whose null
 // means "derived" (data.seed, device_eval_batch_size, model.embedding_size, model.bias_for_layer_norm)
 // set to the values the run uses.

@@ -26,47 +26,47 @@ namespace trainer {
 
 namespace {
 
-// One configuration to dry-run: config keys and their values on top of the user's config.
+// One configuration to dry-run: the config as given, or the config with another way to run its step.
 struct Candidate {
-    std::vector<std::pair<std::string, Json>> keys;
-    bool is_config = false;  // the config as given
+    std::optional<ExecutionChoice> choice;  // nullopt: the config as given
 };
 
 std::vector<Candidate> candidates(const TrainConfig& config, const RankEnv& env) {
     const int world = env.world_size;
-    std::vector<std::vector<std::pair<std::string, Json>>> strategies;
-    if (world == 1) strategies.push_back({{"distributed_strategy", "single"}});
-    if (world > 1) strategies.push_back({{"distributed_strategy", "ddp"}});
-    auto fsdp = [&](const char* sharding, const Json& wrap) {
-        strategies.push_back(
-            {{"distributed_strategy", "fsdp"}, {"fsdp.sharding_strategy", sharding}, {"fsdp.wrapping_strategy", wrap}});
+    std::vector<ExecutionChoice> strategies;
+    const auto add = [&](DistributedStrategy strategy, ShardingStrategy sharding, WrappingStrategy wrapping) {
+        ExecutionChoice e;
+        e.strategy = strategy, e.sharding = sharding, e.wrapping = wrapping;
+        strategies.push_back(e);
     };
-    fsdp("FULL_SHARD", "by_block");
-    fsdp("FULL_SHARD", "by_block_and_size");
-    fsdp("SHARD_GRAD_OP", "by_block");
-    if (world > 1) fsdp("NO_SHARD", nullptr);
-    if (env.num_nodes() > 1) fsdp("HYBRID_SHARD", "by_block");
+    const auto fsdp = [&](ShardingStrategy sharding, WrappingStrategy wrapping) {
+        add(DistributedStrategy::kFsdp, sharding, wrapping);
+    };
+    if (world == 1) add(DistributedStrategy::kSingle, {}, {});
+    if (world > 1) add(DistributedStrategy::kDdp, {}, {});
+    fsdp(ShardingStrategy::kFullShard, WrappingStrategy::kByBlock);
+    fsdp(ShardingStrategy::kFullShard, WrappingStrategy::kByBlockAndSize);
+    fsdp(ShardingStrategy::kShardGradOp, WrappingStrategy::kByBlock);
+    if (world > 1) fsdp(ShardingStrategy::kNoShard, WrappingStrategy::kNull);
+    if (env.num_nodes() > 1) fsdp(ShardingStrategy::kHybridShard, WrappingStrategy::kByBlock);
     const bool accumulates = config.accumulation_steps(world) > 1;
     std::vector<Candidate> out;
-    out.push_back({{}, true});
-    for (const auto& s : strategies) {
-        const bool is_fsdp = s[0].second == "fsdp";
-        const bool sharded = is_fsdp && s[1].second != "NO_SHARD";
-        const std::string sync_key = is_fsdp ? "fsdp.grad_sync_mode" : "ddp.grad_sync_mode";
-        for (const char* sync : {"batch", "micro_batch"}) {
-            if (!accumulates && std::string(sync) == "micro_batch") continue;
-            for (const Json& ac : {Json(nullptr), Json("whole_layer")}) {
+    out.push_back({});
+    for (const ExecutionChoice& s : strategies) {
+        const bool sharded = s.strategy == DistributedStrategy::kFsdp && s.sharding != ShardingStrategy::kNoShard;
+        for (const GradSyncMode sync : {GradSyncMode::kBatch, GradSyncMode::kMicroBatch}) {
+            if (!accumulates && sync == GradSyncMode::kMicroBatch) continue;
+            for (const ActivationCheckpointing ac :
+                 {ActivationCheckpointing::kNull, ActivationCheckpointing::kWholeLayer}) {
                 for (int offload = 0; offload <= (sharded ? 2 : 1); ++offload) {
-                    Candidate c;
-                    c.keys = s;
-                    if (world > 1) c.keys.push_back({sync_key, sync});
-                    c.keys.push_back({"activation_checkpointing", ac});
-                    c.keys.push_back({"cpu_offload.optimizer_state", offload >= 1});
-                    c.keys.push_back({"cpu_offload.parameters", offload >= 2});
+                    ExecutionChoice e = s;
+                    if (world > 1) e.grad_sync = sync;
+                    e.checkpointing = ac;
+                    e.offload_optimizer = offload >= 1, e.offload_parameters = offload >= 2;
                     // kernels.cuda_graphs as the config asks, where the row can replay its micro-batches.
-                    c.keys.push_back(
-                        {"kernels.cuda_graphs", config.kernels_cuda_graphs && s[0].second == "single" && offload == 0});
-                    out.push_back(c);
+                    e.cuda_graphs =
+                        config.kernels_cuda_graphs && s.strategy == DistributedStrategy::kSingle && offload == 0;
+                    out.push_back({e});
                 }
             }
         }
@@ -222,18 +222,18 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
     plan.host_gib = o.host_memory_gib;
     std::vector<std::string> seen;
     for (const Candidate& cand : candidates(config, env)) {
-        Json doc = config.json;
-        for (const auto& [key, value] : cand.keys) set_config_value(doc, key, value);
+        const bool is_config = !cand.choice;
         TrainConfig c;
         try {
-            if (cand.is_config && config.distributed_strategy == DistributedStrategy::kAuto) {
+            if (is_config && config.distributed_strategy == DistributedStrategy::kAuto) {
                 user_error("distributed_strategy auto: the plan chooses it");
             }
-            c = validate_config(doc);
+            c = is_config ? config : with_execution(config, *cand.choice);
+            check_config(c);
             check_parallel_config(c, env, device);
         } catch (const UserError& e) {
             // Not a configuration this world runs (e.g. a batch that does not split over the ranks).
-            if (cand.is_config) {
+            if (is_config) {
                 plan.config_refused = e.what();
             } else if (plan.other_refused.empty()) {
                 plan.other_refused = e.what();
@@ -241,11 +241,11 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
             continue;
         }
         const std::string name = describe(c, world);
-        if (!cand.is_config && std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
+        if (!is_config && std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
         seen.push_back(name);
         const bool bf16 = c.precision == Precision::kAmpBf16;
         StepTimer timer(hw, cal, bf16, plan.slowdown);
-        Row row{c, cand.is_config, dry_run_step(c, env, device, &timer), {}};
+        Row row{c, is_config, dry_run_step(c, env, device, &timer), {}};
         row.time = timer.result();
         const double L = static_cast<double>(c.model.max_sequence_length);
         row.tokens_per_s = static_cast<double>(c.global_train_batch_size) * L / world / row.time.total;
