@@ -424,12 +424,11 @@ Json read_yaml_config(const std::string& path) {
     return doc;
 }
 
-void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
-    Resolver(doc, path).resolve_all();
-    std::vector<std::string> ignored;
+namespace {
 
-    // Evaluators: downstream ones and datasets that are URLs are not run here; each local dataset becomes
-    // an evaluator of its own, labelled with its name.
+// Evaluators: downstream ones and datasets that are URLs are not run here; each local dataset becomes
+// an evaluator of its own, labelled with its name.
+void finish_evaluators(Json& doc, std::vector<std::string>& ignored) {
     const long subset = doc.contains("eval_subset_num_batches") && doc["eval_subset_num_batches"].is_number_integer()
                             ? doc["eval_subset_num_batches"].get<long>()
                             : -1;
@@ -504,52 +503,54 @@ void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
             ignored.push_back("eval_interval (no evaluator left)");
         }
     }
+}
 
-    // Checkpoints. OLMo writes sharded ones (save_interval, save_num_checkpoints_to_keep), unsharded ones
-    // (save_interval_unsharded, save_num_unsharded_checkpoints_to_keep) and ephemeral ones (every
-    // save_interval_ephemeral steps, only the newest kept); save_num_checkpoints_to_keep: 0 turns the sharded
-    // ones off (OLMo-2's recipe). The trainer writes one kind, sharded and loadable on any world size and
-    // exportable, like both of OLMo's: it follows the sharded keys, or the unsharded ones where the sharded
-    // are off. Ephemeral checkpoints change nothing where they fall on those steps anyway.
-    {
-        const auto number = [&](const char* key) -> std::optional<double> {
-            if (!doc.contains(key) || doc[key].is_null()) return std::nullopt;
-            if (!doc[key].is_number()) {
-                user_error("config file {}: {}: {}; expected a number", path, key, json_text(doc[key]));
-            }
-            return doc[key].get<double>();
-        };
-        const auto unsharded_interval = number("save_interval_unsharded");
-        const auto unsharded_keep = number("save_num_unsharded_checkpoints_to_keep");
-        const auto keep = number("save_num_checkpoints_to_keep");
-        if (keep && *keep == 0.0) {
-            doc.erase("save_num_checkpoints_to_keep");
-            if (unsharded_keep) doc["save_num_checkpoints_to_keep"] = static_cast<long>(*unsharded_keep);
-            if (unsharded_interval)
-                doc["save_interval"] = static_cast<long>(*unsharded_interval);
-            else
-                doc.erase("save_interval");
-            ignored.push_back("save_num_checkpoints_to_keep: 0 (sharded checkpoints off: the unsharded keys apply)");
-        } else {
-            if (unsharded_interval) ignored.push_back("save_interval_unsharded");
-            if (unsharded_keep) ignored.push_back("save_num_unsharded_checkpoints_to_keep");
+// Checkpoints. OLMo writes sharded ones (save_interval, save_num_checkpoints_to_keep), unsharded ones
+// (save_interval_unsharded, save_num_unsharded_checkpoints_to_keep) and ephemeral ones (every
+// save_interval_ephemeral steps, only the newest kept); save_num_checkpoints_to_keep: 0 turns the sharded
+// ones off (OLMo-2's recipe). The trainer writes one kind, sharded and loadable on any world size and
+// exportable, like both of OLMo's: it follows the sharded keys, or the unsharded ones where the sharded
+// are off. Ephemeral checkpoints change nothing where they fall on those steps anyway.
+void finish_checkpoints(Json& doc, const std::string& path, std::vector<std::string>& ignored) {
+    const auto number = [&](const char* key) -> std::optional<double> {
+        if (!doc.contains(key) || doc[key].is_null()) return std::nullopt;
+        if (!doc[key].is_number()) {
+            user_error("config file {}: {}: {}; expected a number", path, key, json_text(doc[key]));
         }
-        doc.erase("save_interval_unsharded");
-        doc.erase("save_num_unsharded_checkpoints_to_keep");
-        if (const auto ephemeral = number("save_interval_ephemeral")) {
-            const auto every = number("save_interval");
-            if (!every || *every <= 0.0 || std::fmod(*ephemeral, *every) != 0.0) {
-                user_error(
-                    "config file {}: save_interval_ephemeral: {}; this trainer has no ephemeral checkpoints (it "
-                    "accepts the key where those steps are checkpointed anyway: a multiple of save_interval {})",
-                    path, json_text(doc["save_interval_ephemeral"]), every ? json_text(doc["save_interval"]) : "null");
-            }
-            ignored.push_back("save_interval_ephemeral");
-        }
-        doc.erase("save_interval_ephemeral");
+        return doc[key].get<double>();
+    };
+    const auto unsharded_interval = number("save_interval_unsharded");
+    const auto unsharded_keep = number("save_num_unsharded_checkpoints_to_keep");
+    const auto keep = number("save_num_checkpoints_to_keep");
+    if (keep && *keep == 0.0) {
+        doc.erase("save_num_checkpoints_to_keep");
+        if (unsharded_keep) doc["save_num_checkpoints_to_keep"] = static_cast<long>(*unsharded_keep);
+        if (unsharded_interval)
+            doc["save_interval"] = static_cast<long>(*unsharded_interval);
+        else
+            doc.erase("save_interval");
+        ignored.push_back("save_num_checkpoints_to_keep: 0 (sharded checkpoints off: the unsharded keys apply)");
+    } else {
+        if (unsharded_interval) ignored.push_back("save_interval_unsharded");
+        if (unsharded_keep) ignored.push_back("save_num_unsharded_checkpoints_to_keep");
     }
+    doc.erase("save_interval_unsharded");
+    doc.erase("save_num_unsharded_checkpoints_to_keep");
+    if (const auto ephemeral = number("save_interval_ephemeral")) {
+        const auto every = number("save_interval");
+        if (!every || *every <= 0.0 || std::fmod(*ephemeral, *every) != 0.0) {
+            user_error(
+                "config file {}: save_interval_ephemeral: {}; this trainer has no ephemeral checkpoints (it "
+                "accepts the key where those steps are checkpointed anyway: a multiple of save_interval {})",
+                path, json_text(doc["save_interval_ephemeral"]), every ? json_text(doc["save_interval"]) : "null");
+        }
+        ignored.push_back("save_interval_ephemeral");
+    }
+    doc.erase("save_interval_ephemeral");
+}
 
-    // QK-norm's affine setting without QK-norm (OLMo-1B's and 7B's configs set it false) changes nothing.
+// QK-norm's affine setting without QK-norm (OLMo-1B's and 7B's configs set it false) changes nothing.
+void finish_model(Json& doc, std::vector<std::string>& ignored) {
     if (doc.contains("model") && doc["model"].is_object() &&
         doc["model"].contains("attention_layer_norm_with_affine")) {
         const Json& on = doc["model"].contains("attention_layer_norm") ? doc["model"]["attention_layer_norm"] : Json();
@@ -558,9 +559,11 @@ void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
             ignored.push_back("model.attention_layer_norm_with_affine (without attention_layer_norm)");
         }
     }
+}
 
-    // data.instance_filter: an object (OLMo's defaults for what it leaves out, as OLMo's InstanceFilterConfig),
-    // or null (no filter).
+// data.instance_filter: an object (OLMo's defaults for what it leaves out, as OLMo's InstanceFilterConfig),
+// or null (no filter).
+void finish_instance_filter(Json& doc) {
     if (doc.contains("data") && doc["data"].is_object() && doc["data"].contains("instance_filter")) {
         Json& f = doc["data"]["instance_filter"];
         if (f.is_null()) {
@@ -573,9 +576,11 @@ void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
             }
         }  // anything else: validate_config names it
     }
+}
 
-    // scheduler.units: tokens -> steps of global_train_batch_size x max_sequence_length tokens (fractional where
-    // they do not divide: the schedule on tokens seen is the same formula on fractional steps).
+// scheduler.units: tokens -> steps of global_train_batch_size x max_sequence_length tokens (fractional where
+// they do not divide: the schedule on tokens seen is the same formula on fractional steps).
+void finish_scheduler_units(Json& doc, const std::string& path) {
     if (auto units = take(doc, "scheduler.units")) {
         if (*units == "tokens") {
             const Json* batch = doc.contains("global_train_batch_size") ? &doc["global_train_batch_size"] : nullptr;
@@ -608,8 +613,10 @@ void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
             user_error("config file {}: scheduler.units: {}; expected steps or tokens", path, json_text(*units));
         }
     }
+}
 
-    // The keys with no effect here.
+// The keys with no effect here.
+void take_no_effect_keys(Json& doc, const std::string& path, std::vector<std::string>& ignored) {
     for (const NoEffect& k : no_effect_keys()) {
         const std::string p = k.path;
         const size_t arr = p.find("[]");
@@ -635,6 +642,19 @@ void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
             ignored.push_back(shown);
         }
     }
+}
+
+}  // namespace
+
+void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
+    Resolver(doc, path).resolve_all();
+    std::vector<std::string> ignored;
+    finish_evaluators(doc, ignored);
+    finish_checkpoints(doc, path, ignored);
+    finish_model(doc, ignored);
+    finish_instance_filter(doc);
+    finish_scheduler_units(doc, path);
+    take_no_effect_keys(doc, path, ignored);
     if (!ignored.empty()) {
         const std::string list = fmt::format("{}", fmt::join(ignored, ", "));
         if (strict) user_error("config file {}: OLMo keys with no effect here (--strict): {}", path, list);
