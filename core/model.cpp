@@ -135,161 +135,28 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
         TRAINER_CHECK(f < kNumHeadFields, "unexpected head parameter {}", spec.name);
         head_offsets_[f] = spec.offset;
     }
-    const size_t N = static_cast<size_t>(max_batch_) * T_;
-    const size_t NC = N * C_;
-    // OLMo's policies: which blocks recompute, and what (one_in_N: the blocks with layer % N == 0; two_in_three
-    // and three_in_four: the others).
-    auto keep_for = [&](int l) {
-        using A = ActivationCheckpointing;
-        const auto whole_if = [](bool recomputed) { return recomputed ? Keep::kInput : Keep::kAll; };
-        switch (config.activation_checkpointing) {
-            case A::kNull:
-                return Keep::kAll;
-            case A::kWholeLayer:
-                return Keep::kInput;
-            case A::kOneInTwo:
-                return whole_if(l % 2 == 0);
-            case A::kOneInThree:
-                return whole_if(l % 3 == 0);
-            case A::kOneInFour:
-                return whole_if(l % 4 == 0);
-            case A::kOneInEight:
-                return whole_if(l % 8 == 0);
-            case A::kTwoInThree:
-                return whole_if(l % 3 != 0);
-            case A::kThreeInFour:
-                return whole_if(l % 4 != 0);
-            case A::kFineGrained:
-                return Keep::kGemmOutputs;
-        }
-        return Keep::kAll;
-    };
-    for (int l = 0; l < L_; ++l) keep_.push_back(keep_for(l));
-    const auto count = [&](Keep k) { return std::count(keep_.begin(), keep_.end(), k); };
+    keep_ = checkpointing_policy(config.activation_checkpointing, L_);
     norm_kind_ = m_.rms_norm() ? NormKind::kRms : NormKind::kLayerNorm;
     norm_eps_ = static_cast<float>(m_.layer_norm_eps);
     norm_after_ = m_.norm_after;
     qk_norm_ = m_.attention_layer_norm;
     norm_from_output_ = m_.norm_backward_from_output();
     z_loss_ = static_cast<float>(config.z_loss_multiplier);
-    const bool rms = m_.rms_norm();
-
-    // The arena, in three parts.
-    size_t off = 0;
-    auto take = [&](size_t n) {
-        const size_t o = off;
-        off += (n + 15) / 16 * 16;  // 64-byte alignment of every activation
-        return o;
-    };
-    // A GemmOperand activation of n elements (backend.h): half the floats where the backend keeps them in bf16.
-    auto take_operand = [&](size_t n) { return take(operands_bf16_ ? (n + 1) / 2 : n); };
-    const size_t lse_n = static_cast<size_t>(max_batch_) * NH_ * T_;
-    // What a block's backward reads, by who provides it when the block does not keep everything: its input
-    // (kept, unless streamed below), the GEMM and attention outputs (kept by fine_grained blocks, recomputed by whole
-    // ones) and the cheap ones (recomputed by every block that does not keep everything: the pre-norms and their
-    // statistics, the sublayers' GEMM inputs and the MLP activation). The post-norms' statistics are N floats
-    // each and their recompute would need the GEMM before them: fine_grained keeps them.
-    enum class Need { kInput, kGemm, kCheap };
-    struct Slot {
-        size_t Plan::*field;
-        size_t n;
-        bool operand;
-        Need need;
-    };
-    const Need norm_stats = norm_after_ ? Need::kGemm : Need::kCheap;
-    std::vector<Slot> slots = {{&Plan::resid, NC, false, Need::kInput}};
-    // With norm_after and fp32 operands the sublayers' GEMMs read the residual stream in place.
-    const bool sublayer_inputs = !norm_after_ || operands_bf16_;
-    if (sublayer_inputs) slots.push_back({&Plan::ln1, NC, true, Need::kCheap});
-    if (!rms) slots.push_back({&Plan::ln1_mean, N, false, norm_stats});
-    slots.push_back({&Plan::ln1_rstd, N, false, norm_stats});
-    if (qk_norm_) {
-        slots.push_back({&Plan::qk, 2 * NC, true, Need::kGemm});
-        if (!rms) slots.push_back({&Plan::qk_mean, 2 * N, false, Need::kGemm});
-        slots.push_back({&Plan::qk_rstd, 2 * N, false, Need::kGemm});
-    }
-    slots.push_back({&Plan::qkv, 3 * NC, true, Need::kGemm});
-    slots.push_back({&Plan::att, NC, true, Need::kGemm});
-    slots.push_back({&Plan::lse, lse_n, false, Need::kGemm});
-    if (norm_after_) slots.push_back({&Plan::att_o, NC, true, Need::kGemm});
-    slots.push_back({&Plan::resid_mid, NC, false, Need::kGemm});
-    if (sublayer_inputs) slots.push_back({&Plan::ln2, NC, true, Need::kCheap});
-    if (!rms) slots.push_back({&Plan::ln2_mean, N, false, norm_stats});
-    slots.push_back({&Plan::ln2_rstd, N, false, norm_stats});
-    slots.push_back({&Plan::fch, N * P_, true, Need::kGemm});
-    slots.push_back({&Plan::fch_act, N * H_, true, Need::kCheap});
-    if (norm_after_) slots.push_back({&Plan::ff_o, NC, true, Need::kGemm});
-    const auto take_slot = [&](const Slot& slot) { return slot.operand ? take_operand(slot.n) : take(slot.n); };
-    // With norm_from_output_ the pre-norms' outputs and statistics are all their backward reads, and the
-    // outputs are the GEMMs' inputs, kept anyway: a fine_grained block keeps them (N floats of statistics
-    // each) instead of recomputing them from the residual stream, so that it needs no stream either.
-    const auto pre_norm = [&](size_t Plan::*f) {
-        return f == &Plan::ln1 || f == &Plan::ln1_mean || f == &Plan::ln1_rstd || f == &Plan::ln2 ||
-               f == &Plan::ln2_mean || f == &Plan::ln2_rstd;
-    };
-    const auto kept = [&](Keep k, const Slot& slot) {
-        if (k == Keep::kAll || slot.need == Need::kInput) return true;
-        return k == Keep::kGemmOutputs && (slot.need == Need::kGemm || (norm_from_output_ && pre_norm(slot.field)));
-    };
-    // With norm_from_output_ a block that keeps its norms' outputs (null and fine_grained) has no use for the
-    // residual stream in its backward: its input and resid_mid live only through its forward, in two stream
-    // buffers that every such block shares (a block's output overwrites its input there once resid_mid holds
-    // the sum), laid over the backward's gradient scratch, dead while the forward runs.
-    const auto streamed = [&](int l, size_t Plan::*field) {
-        return norm_from_output_ && keep_[l] != Keep::kInput && (field == &Plan::resid || field == &Plan::resid_mid);
-    };
-    // 1. What each block keeps for its backward.
-    for (int l = 0; l < L_; ++l) {
-        Plan p;
-        for (const Slot& slot : slots) {
-            if (kept(keep_[l], slot) && !streamed(l, slot.field)) p.*slot.field = take_slot(slot);
-        }
-        layers_.push_back(p);
-    }
-    // 2. What lives across the head: its input and output, the losses, and the gradients it writes.
-    resid_final_ = take(NC);
-    lnf_ = take_operand(NC);
-    lnf_mean_ = rms ? kAbsent : take(N);
-    lnf_rstd_ = take(N);
-    losses_ = take(N);
-    z_losses_ = z_loss_ > 0.0f ? take(N) : kAbsent;
-    dresid_ = take(NC);
-    dln_ = take(NC);
-    // 3. What is dead while the head runs, shared with the head's logits chunk: the work plan (the recomputed
-    // activations, one block's worth, only what the policy recomputes), the forward's projection scratch and
-    // the blocks' backward scratch.
-    const size_t region = off;
-    Plan work;
-    for (const Slot& slot : slots) {
-        bool needed = false;  // by a block that neither keeps it nor streams it
-        for (int l = 0; l < L_; ++l) needed = needed || (!kept(keep_[l], slot) && !streamed(l, slot.field));
-        if (needed) work.*slot.field = take_slot(slot);
-    }
-    // The gradients that only a GEMM or a bf16 kernel reads next are GemmOperands too (bf16 in amp_bf16, as
-    // autocast's are): attention's and the MLP's inner ones, and with norm_after the sublayers' outputs'. The
-    // residual stream's (dresid) and the pre-norms' (dln), which accumulate across paths, stay fp32.
-    scratch_ = take(NC);
-    const size_t backward_scratch = off;  // from here on only the blocks' backward writes
-    dqkv_ = take_operand(3 * NC);
-    datt_ = take_operand(NC);
-    dfch_ = take_operand(N * P_);
-    dfch_act_ = take_operand(N * H_);
-    dsub_ = norm_after_ ? take_operand(NC) : kAbsent;
-    const size_t rows = static_cast<size_t>(head_chunk_rows(m_, max_batch_, operands_bf16_));
-    head_chunk_rows_ = static_cast<int>(rows);
-    logits_ = region;
-    const size_t logit_floats = operands_bf16_ ? (rows * V_ + 1) / 2 : rows * V_;
-    off = std::max(off, region + (logit_floats + 15) / 16 * 16);
-    const size_t stream_floats = (NC + 15) / 16 * 16;
-    if (norm_from_output_ && count(Keep::kInput) < L_) off = std::max(off, backward_scratch + 2 * stream_floats);
-    for (int l = 0; l < L_; ++l) {
-        Plan& p = layers_[l];
-        if (streamed(l, &Plan::resid)) p.resid = backward_scratch, p.resid_mid = backward_scratch + stream_floats;
-        for (const Slot& slot : slots) {
-            if (p.*slot.field == kAbsent) p.*slot.field = work.*slot.field;
-        }
-    }
-    arena_ = DeviceBuffer(backend_, off * sizeof(float), MemCategory::kActivations);
+    ArenaShape shape;
+    shape.max_batch = max_batch_, shape.T = T_, shape.C = C_, shape.NH = NH_, shape.P = P_, shape.H = H_;
+    shape.L = L_, shape.V = V_;
+    shape.head_chunk_rows = head_chunk_rows(m_, max_batch_, operands_bf16_);
+    shape.operands_bf16 = operands_bf16_, shape.norm_after = norm_after_, shape.qk_norm = qk_norm_;
+    shape.rms = m_.rms_norm(), shape.norm_from_output = norm_from_output_, shape.z_loss = z_loss_ > 0.0f;
+    const ArenaPlan plan = plan_arena(shape, keep_);
+    layers_ = plan.layers;
+    resid_final_ = plan.resid_final, lnf_ = plan.lnf, lnf_mean_ = plan.lnf_mean, lnf_rstd_ = plan.lnf_rstd;
+    logits_ = plan.logits, losses_ = plan.losses, z_losses_ = plan.z_losses, scratch_ = plan.scratch;
+    dresid_ = plan.dresid, dln_ = plan.dln, dqkv_ = plan.dqkv, datt_ = plan.datt, dfch_ = plan.dfch;
+    dfch_act_ = plan.dfch_act, dsub_ = plan.dsub;
+    head_chunk_rows_ = shape.head_chunk_rows;
+    const size_t N = static_cast<size_t>(max_batch_) * T_;
+    arena_ = DeviceBuffer(backend_, plan.floats * sizeof(float), MemCategory::kActivations);
     tokens_dev_ = DeviceBuffer(backend_, 2 * N * sizeof(int32_t), MemCategory::kActivations);
     tokens_host_.resize(2 * N);
 }

@@ -25,6 +25,7 @@
 
 #include "base/config.h"
 #include "base/layout.h"
+#include "core/arena.h"
 #include "core/weights/safetensors.h"
 #include "kernels/backend.h"
 #include "kernels/graph.h"
@@ -71,11 +72,8 @@ class Model {
     struct HeadParams;
 
    private:
-    // What a block keeps for its backward (activation_checkpointing): everything; its input only
-    // (whole_layer: the backward recomputes the block's forward); or its GEMM and attention outputs
-    // (fine_grained: the backward recomputes the norms and the MLP activation; only the activation where
-    // norm_from_output_, whose blocks keep the norms' outputs and no residual stream).
-    enum class Keep { kAll, kInput, kGemmOutputs };
+    // What a block keeps for its backward (core/arena.h).
+    using Keep = ArenaKeep;
 
     BlockParams block_params(const float* base, int layer) const;
     // Block l's forward from its input (layers_[l].resid) into its plan; the output goes to the next
@@ -129,18 +127,9 @@ class Model {
     bool norm_from_output_ = false;
     float z_loss_ = 0.0f;  // z-loss multiplier; 0: none
 
-    // Arena offsets (in floats) of each activation of a block: the block's own where it keeps it for its
-    // backward, else the shared work plan's (overwritten by every block that does not keep it); kAbsent
-    // where the config has no such activation. ln1/ln2: the attention and MLP sublayers' GEMM input (the
-    // pre-norms' outputs; with norm_after the bf16 copy of resid / resid_mid, absent when the GEMMs read the
-    // fp32 stream); ln1_*/ln2_*: attn_norm's and ff_norm's statistics, of resid / resid_mid or (norm_after)
-    // of att_o / ff_o, the outputs of attn_out and ff_out; qk and qk_*: the QK-norm's inputs and statistics.
-    static constexpr size_t kAbsent = static_cast<size_t>(-1);
-    struct Plan {
-        size_t resid = kAbsent, ln1 = kAbsent, ln1_mean = kAbsent, ln1_rstd = kAbsent, qk = kAbsent, qk_mean = kAbsent,
-               qk_rstd = kAbsent, qkv = kAbsent, att = kAbsent, lse = kAbsent, att_o = kAbsent, resid_mid = kAbsent,
-               ln2 = kAbsent, ln2_mean = kAbsent, ln2_rstd = kAbsent, fch = kAbsent, fch_act = kAbsent, ff_o = kAbsent;
-    };
+    // Arena offsets (in floats) of each block's activations (core/arena.h).
+    static constexpr size_t kAbsent = ArenaSlots::kAbsent;
+    using Plan = ArenaSlots;
     std::vector<Plan> layers_;
     std::vector<Keep> keep_;                             // per layer
     std::vector<std::array<size_t, 16>> block_offsets_;  // per layer: each block parameter's offset in its unit
