@@ -60,6 +60,86 @@ int available_cores() {
     return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
 }
 
+// Starts local rank `i` of this node: the trainer with the ranks' arguments, torchrun's variables and its
+// share of the cores, its stdout and stderr piped back to the launcher.
+Child start_rank(const LaunchOptions& o, int i, int world, int threads) {
+    Child c;
+    c.local_rank = i;
+    c.rank = o.node_rank * o.nproc_per_node + i;
+    int out_pipe[2], err_pipe[2];
+    if (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0) user_error("launch: pipe failed ({})", std::strerror(errno));
+    std::fflush(nullptr);
+    const pid_t launcher = ::getpid();
+    c.pid = ::fork();
+    if (c.pid < 0) user_error("launch: fork failed ({})", std::strerror(errno));
+    if (c.pid == 0) {
+        // A rank dies with its launcher: killed (the OOM killer, a scheduler's SIGKILL), the launcher can
+        // neither stop its ranks nor relay their output, and ranks left running beside a requeued run would
+        // train and save into the same folder. The death signal survives the exec; a launcher that died
+        // before it was set is noticed by the parent's pid.
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != launcher) ::_exit(1);
+        ::dup2(out_pipe[1], STDOUT_FILENO);
+        ::dup2(err_pipe[1], STDERR_FILENO);
+        ::close(out_pipe[0]);
+        ::close(out_pipe[1]);
+        ::close(err_pipe[0]);
+        ::close(err_pipe[1]);
+        ::setenv("RANK", std::to_string(c.rank).c_str(), 1);
+        ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
+        ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+        ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node).c_str(), 1);
+        ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
+        ::setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
+        ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+        ::setenv("OPENBLAS_NUM_THREADS", std::to_string(threads).c_str(), 1);
+        std::vector<char*> argv;
+        static char self[] = "trainer";
+        argv.push_back(self);
+        for (const auto& a : o.args) argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        ::execv("/proc/self/exe", argv.data());
+        std::fprintf(stderr, "error: launch: cannot start the trainer for rank %d (%s)\n", c.rank,
+                     std::strerror(errno));
+        ::_exit(127);
+    }
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    c.out_fd = out_pipe[0];
+    c.err_fd = err_pipe[0];
+    std::printf("[launch] rank %d (local %d of %d, world %d): pid %d, %d threads\n", c.rank, i, o.nproc_per_node, world,
+                static_cast<int>(c.pid), threads);
+    return c;
+}
+
+// Relays what the ranks wrote since the last call, line by line with their rank (waits up to 100 ms for it).
+void relay_output(std::vector<Child>& children) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Child*, bool>> owners;  // (child, is_stderr)
+    for (auto& c : children) {
+        if (c.out_fd >= 0) fds.push_back({c.out_fd, POLLIN, 0}), owners.emplace_back(&c, false);
+        if (c.err_fd >= 0) fds.push_back({c.err_fd, POLLIN, 0}), owners.emplace_back(&c, true);
+    }
+    if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
+    for (size_t k = 0; k < fds.size(); ++k) {
+        if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        Child& c = *owners[k].first;
+        const bool is_err = owners[k].second;
+        char buf[65536];
+        const ssize_t n = ::read(fds[k].fd, buf, sizeof buf);
+        std::string& acc = is_err ? c.err_buf : c.out_buf;
+        if (n > 0) {
+            acc.append(buf, static_cast<size_t>(n));
+            flush_lines(acc, c.rank, is_err ? stderr : stdout, false);
+        } else {
+            flush_lines(acc, c.rank, is_err ? stderr : stdout, true);
+            ::close(fds[k].fd);
+            (is_err ? c.err_fd : c.out_fd) = -1;
+        }
+    }
+    if (fds.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
 }  // namespace
 
 int launch(const LaunchOptions& o) {
@@ -81,53 +161,7 @@ int launch(const LaunchOptions& o) {
 
     std::vector<Child> children(o.nproc_per_node);
     for (int i = 0; i < o.nproc_per_node; ++i) {
-        Child& c = children[i];
-        c.local_rank = i;
-        c.rank = o.node_rank * o.nproc_per_node + i;
-        int out_pipe[2], err_pipe[2];
-        if (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0)
-            user_error("launch: pipe failed ({})", std::strerror(errno));
-        std::fflush(nullptr);
-        const pid_t launcher = ::getpid();
-        c.pid = ::fork();
-        if (c.pid < 0) user_error("launch: fork failed ({})", std::strerror(errno));
-        if (c.pid == 0) {
-            // A rank dies with its launcher: killed (the OOM killer, a scheduler's SIGKILL), the launcher can
-            // neither stop its ranks nor relay their output, and ranks left running beside a requeued run would
-            // train and save into the same folder. The death signal survives the exec; a launcher that died
-            // before it was set is noticed by the parent's pid.
-            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-            if (::getppid() != launcher) ::_exit(1);
-            ::dup2(out_pipe[1], STDOUT_FILENO);
-            ::dup2(err_pipe[1], STDERR_FILENO);
-            ::close(out_pipe[0]);
-            ::close(out_pipe[1]);
-            ::close(err_pipe[0]);
-            ::close(err_pipe[1]);
-            ::setenv("RANK", std::to_string(c.rank).c_str(), 1);
-            ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
-            ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-            ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node).c_str(), 1);
-            ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
-            ::setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
-            ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
-            ::setenv("OPENBLAS_NUM_THREADS", std::to_string(threads).c_str(), 1);
-            std::vector<char*> argv;
-            static char self[] = "trainer";
-            argv.push_back(self);
-            for (const auto& a : o.args) argv.push_back(const_cast<char*>(a.c_str()));
-            argv.push_back(nullptr);
-            ::execv("/proc/self/exe", argv.data());
-            std::fprintf(stderr, "error: launch: cannot start the trainer for rank %d (%s)\n", c.rank,
-                         std::strerror(errno));
-            ::_exit(127);
-        }
-        ::close(out_pipe[1]);
-        ::close(err_pipe[1]);
-        c.out_fd = out_pipe[0];
-        c.err_fd = err_pipe[0];
-        std::printf("[launch] rank %d (local %d of %d, world %d): pid %d, %d threads\n", c.rank, i, o.nproc_per_node,
-                    world, static_cast<int>(c.pid), threads);
+        children[i] = start_rank(o, i, world, threads);
     }
     std::fflush(stdout);
 
@@ -151,30 +185,7 @@ int launch(const LaunchOptions& o) {
     bool killed = false;
     for (;;) {
         // Output first, so a failing rank's last words appear before the launcher's verdict.
-        std::vector<pollfd> fds;
-        std::vector<std::pair<Child*, bool>> owners;  // (child, is_stderr)
-        for (auto& c : children) {
-            if (c.out_fd >= 0) fds.push_back({c.out_fd, POLLIN, 0}), owners.emplace_back(&c, false);
-            if (c.err_fd >= 0) fds.push_back({c.err_fd, POLLIN, 0}), owners.emplace_back(&c, true);
-        }
-        if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
-        for (size_t k = 0; k < fds.size(); ++k) {
-            if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-            Child& c = *owners[k].first;
-            const bool is_err = owners[k].second;
-            char buf[65536];
-            const ssize_t n = ::read(fds[k].fd, buf, sizeof buf);
-            std::string& acc = is_err ? c.err_buf : c.out_buf;
-            if (n > 0) {
-                acc.append(buf, static_cast<size_t>(n));
-                flush_lines(acc, c.rank, is_err ? stderr : stdout, false);
-            } else {
-                flush_lines(acc, c.rank, is_err ? stderr : stdout, true);
-                ::close(fds[k].fd);
-                (is_err ? c.err_fd : c.out_fd) = -1;
-            }
-        }
-        if (fds.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        relay_output(children);
 
         if (const int sig = g_forward_signal.exchange(0)) {
             if (forwarded == 0) {
