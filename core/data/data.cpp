@@ -211,140 +211,148 @@ TokenFile::TokenFile(const std::string& path, TokenDtype memmap_dtype) : path_(p
     try {
         static const char kNpyMagic[] = "\x93NUMPY";
         if (map_size_ >= 4 && load<int32_t>(map_) == kLlmcMagic) {
-            // llm.c shard. The size rule is llm.c's own (dataloader.h): exactly header + count uint16s.
-            format_ = TokenFileFormat::kLlmc;
-            dtype_ = TokenDtype::kUint16;
-            if (map_size_ < kLlmcHeaderBytes) {
-                user_error(
-                    "data file {}: llm.c shard (magic {}) truncated in its header: {} bytes; the header alone is {}",
-                    path, kLlmcMagic, map_size_, kLlmcHeaderBytes);
-            }
-            int32_t version = load<int32_t>(map_ + 4);
-            if (version != kLlmcVersion) {
-                user_error("data file {}: llm.c shard header version {} (byte offset 4); expected {}", path, version,
-                           kLlmcVersion);
-            }
-            int32_t count = load<int32_t>(map_ + 8);
-            if (count <= 0) {
-                user_error("data file {}: llm.c shard header token count {} (byte offset 8); expected > 0", path,
-                           count);
-            }
-            int64_t expected = kLlmcHeaderBytes + 2 * static_cast<int64_t>(count);
-            if (map_size_ < expected) {
-                user_error(
-                    "data file {}: llm.c shard truncated: header says {} tokens ({} bytes with the header) but "
-                    "the file has {} bytes",
-                    path, count, expected, map_size_);
-            }
-            if (map_size_ > expected) {
-                user_error(
-                    "data file {}: llm.c shard has {} trailing bytes: header says {} tokens ({} bytes with the "
-                    "header) but the file has {} bytes",
-                    path, map_size_ - expected, count, expected, map_size_);
-            }
-            data_offset_ = kLlmcHeaderBytes;
-            num_tokens_ = count;
+            read_llmc_header();
         } else if (map_size_ >= 6 && std::memcmp(map_, kNpyMagic, 6) == 0) {
-            format_ = TokenFileFormat::kNpy;
-            if (map_size_ < 10)
-                user_error("data file {}: npy file truncated in its header ({} bytes)", path, map_size_);
-            int major = map_[6], minor = map_[7];
-            int64_t header_len = 0, header_start = 0;
-            if (major == 1) {
-                header_len = load<uint16_t>(map_ + 8);
-                header_start = 10;
-            } else if (major == 2 || major == 3) {
-                if (map_size_ < 12) {
-                    user_error("data file {}: npy file truncated in its header ({} bytes)", path, map_size_);
-                }
-                header_len = load<uint32_t>(map_ + 8);
-                header_start = 12;
-            } else {
-                user_error("data file {}: npy format version {}.{} (byte offset 6); expected 1.0, 2.0 or 3.0", path,
-                           major, minor);
-            }
-            if (header_start + header_len > map_size_) {
-                user_error("data file {}: npy header length {} runs past the end of the file ({} bytes)", path,
-                           header_len, map_size_);
-            }
-            std::string header(reinterpret_cast<const char*>(map_ + header_start), static_cast<size_t>(header_len));
-            NpyHeaderParser parser(path, header);
-            auto entries = parser.parse_dict();
-            const PyValue* descr = nullptr;
-            const PyValue* fortran = nullptr;
-            const PyValue* shape = nullptr;
-            for (const auto& [key, value] : entries) {
-                if (key == "descr") {
-                    descr = &value;
-                } else if (key == "fortran_order") {
-                    fortran = &value;
-                } else if (key == "shape") {
-                    shape = &value;
-                } else {
-                    user_error("data file {}: npy header has an unknown key '{}'; expected descr, fortran_order, shape",
-                               path, key);
-                }
-            }
-            for (auto [name, value] : {std::pair<const char*, const PyValue*>{"descr", descr},
-                                       {"fortran_order", fortran},
-                                       {"shape", shape}}) {
-                if (value == nullptr)
-                    user_error("data file {}: npy header {:?} has no '{}'", path, parser.shown(), name);
-            }
-            if (descr->kind == PyValue::Kind::kString && descr->str == "<u2") {
-                dtype_ = TokenDtype::kUint16;
-            } else if (descr->kind == PyValue::Kind::kString && descr->str == "<u4") {
-                dtype_ = TokenDtype::kUint32;
-            } else {
-                user_error("data file {}: npy descr {}; expected '<u2' (uint16) or '<u4' (uint32) token ids", path,
-                           descr->text);
-            }
-            if (fortran->kind != PyValue::Kind::kBool || fortran->boolean) {
-                user_error("data file {}: npy fortran_order {}; expected False (C order)", path, fortran->text);
-            }
-            bool shape_ok =
-                shape->kind == PyValue::Kind::kSequence && (shape->items.size() == 1 || shape->items.size() == 2) &&
-                std::all_of(shape->items.begin(), shape->items.end(),
-                            [](const PyValue& d) { return d.kind == PyValue::Kind::kInt && d.integer >= 0; });
-            if (!shape_ok) user_error("data file {}: npy shape {}; expected (n,) or (a, b)", path, shape->text);
-            int64_t numel = shape->items[0].integer;
-            if (shape->items.size() == 2) {
-                int64_t b = shape->items[1].integer;
-                if (b != 0 && numel > std::numeric_limits<int64_t>::max() / 8 / b) {
-                    user_error("data file {}: npy shape {} is too large", path, shape->text);
-                }
-                numel *= b;
-            }
-            if (numel > std::numeric_limits<int64_t>::max() / 8) {
-                user_error("data file {}: npy shape {} is too large", path, shape->text);
-            }
-            data_offset_ = header_start + header_len;
-            int64_t data_bytes = map_size_ - data_offset_;
-            int64_t expected = numel * token_dtype_size(dtype_);
-            if (data_bytes != expected) {
-                user_error(
-                    "data file {}: npy shape {} of {} needs {} data bytes but the file has {} after its {}-byte "
-                    "header",
-                    path, shape->text, descr->text, expected, data_bytes, data_offset_);
-            }
-            if (numel == 0) user_error("data file {}: npy shape {} holds no tokens", path, shape->text);
-            num_tokens_ = numel;
+            read_npy_header();
         } else {
-            format_ = TokenFileFormat::kRaw;
-            int64_t size = token_dtype_size(dtype_);
-            if (map_size_ % size != 0) {
-                user_error(
-                    "data file {}: {} bytes is not a whole number of {} tokens ({} bytes each); set "
-                    "data.memmap_dtype to the file's token type",
-                    path, map_size_, token_dtype_name(dtype_), size);
-            }
-            data_offset_ = 0;
-            num_tokens_ = map_size_ / size;
+            read_raw();
         }
     } catch (...) {
         close_mapping();
         throw;
     }
+}
+
+// An llm.c shard. The size rule is llm.c's own (dataloader.h): exactly header + count uint16s.
+void TokenFile::read_llmc_header() {
+    format_ = TokenFileFormat::kLlmc;
+    dtype_ = TokenDtype::kUint16;
+    if (map_size_ < kLlmcHeaderBytes) {
+        user_error("data file {}: llm.c shard (magic {}) truncated in its header: {} bytes; the header alone is {}",
+                   path_, kLlmcMagic, map_size_, kLlmcHeaderBytes);
+    }
+    int32_t version = load<int32_t>(map_ + 4);
+    if (version != kLlmcVersion) {
+        user_error("data file {}: llm.c shard header version {} (byte offset 4); expected {}", path_, version,
+                   kLlmcVersion);
+    }
+    int32_t count = load<int32_t>(map_ + 8);
+    if (count <= 0) {
+        user_error("data file {}: llm.c shard header token count {} (byte offset 8); expected > 0", path_, count);
+    }
+    int64_t expected = kLlmcHeaderBytes + 2 * static_cast<int64_t>(count);
+    if (map_size_ < expected) {
+        user_error(
+            "data file {}: llm.c shard truncated: header says {} tokens ({} bytes with the header) but "
+            "the file has {} bytes",
+            path_, count, expected, map_size_);
+    }
+    if (map_size_ > expected) {
+        user_error(
+            "data file {}: llm.c shard has {} trailing bytes: header says {} tokens ({} bytes with the "
+            "header) but the file has {} bytes",
+            path_, map_size_ - expected, count, expected, map_size_);
+    }
+    data_offset_ = kLlmcHeaderBytes;
+    num_tokens_ = count;
+}
+
+// A .npy array of uint16 or uint32 ids, one or two dimensions, C order.
+void TokenFile::read_npy_header() {
+    format_ = TokenFileFormat::kNpy;
+    if (map_size_ < 10) user_error("data file {}: npy file truncated in its header ({} bytes)", path_, map_size_);
+    int major = map_[6], minor = map_[7];
+    int64_t header_len = 0, header_start = 0;
+    if (major == 1) {
+        header_len = load<uint16_t>(map_ + 8);
+        header_start = 10;
+    } else if (major == 2 || major == 3) {
+        if (map_size_ < 12) {
+            user_error("data file {}: npy file truncated in its header ({} bytes)", path_, map_size_);
+        }
+        header_len = load<uint32_t>(map_ + 8);
+        header_start = 12;
+    } else {
+        user_error("data file {}: npy format version {}.{} (byte offset 6); expected 1.0, 2.0 or 3.0", path_, major,
+                   minor);
+    }
+    if (header_start + header_len > map_size_) {
+        user_error("data file {}: npy header length {} runs past the end of the file ({} bytes)", path_, header_len,
+                   map_size_);
+    }
+    std::string header(reinterpret_cast<const char*>(map_ + header_start), static_cast<size_t>(header_len));
+    NpyHeaderParser parser(path_, header);
+    auto entries = parser.parse_dict();
+    const PyValue* descr = nullptr;
+    const PyValue* fortran = nullptr;
+    const PyValue* shape = nullptr;
+    for (const auto& [key, value] : entries) {
+        if (key == "descr") {
+            descr = &value;
+        } else if (key == "fortran_order") {
+            fortran = &value;
+        } else if (key == "shape") {
+            shape = &value;
+        } else {
+            user_error("data file {}: npy header has an unknown key '{}'; expected descr, fortran_order, shape", path_,
+                       key);
+        }
+    }
+    for (auto [name, value] :
+         {std::pair<const char*, const PyValue*>{"descr", descr}, {"fortran_order", fortran}, {"shape", shape}}) {
+        if (value == nullptr) user_error("data file {}: npy header {:?} has no '{}'", path_, parser.shown(), name);
+    }
+    if (descr->kind == PyValue::Kind::kString && descr->str == "<u2") {
+        dtype_ = TokenDtype::kUint16;
+    } else if (descr->kind == PyValue::Kind::kString && descr->str == "<u4") {
+        dtype_ = TokenDtype::kUint32;
+    } else {
+        user_error("data file {}: npy descr {}; expected '<u2' (uint16) or '<u4' (uint32) token ids", path_,
+                   descr->text);
+    }
+    if (fortran->kind != PyValue::Kind::kBool || fortran->boolean) {
+        user_error("data file {}: npy fortran_order {}; expected False (C order)", path_, fortran->text);
+    }
+    bool shape_ok = shape->kind == PyValue::Kind::kSequence && (shape->items.size() == 1 || shape->items.size() == 2) &&
+                    std::all_of(shape->items.begin(), shape->items.end(),
+                                [](const PyValue& d) { return d.kind == PyValue::Kind::kInt && d.integer >= 0; });
+    if (!shape_ok) user_error("data file {}: npy shape {}; expected (n,) or (a, b)", path_, shape->text);
+    int64_t numel = shape->items[0].integer;
+    if (shape->items.size() == 2) {
+        int64_t b = shape->items[1].integer;
+        if (b != 0 && numel > std::numeric_limits<int64_t>::max() / 8 / b) {
+            user_error("data file {}: npy shape {} is too large", path_, shape->text);
+        }
+        numel *= b;
+    }
+    if (numel > std::numeric_limits<int64_t>::max() / 8) {
+        user_error("data file {}: npy shape {} is too large", path_, shape->text);
+    }
+    data_offset_ = header_start + header_len;
+    int64_t data_bytes = map_size_ - data_offset_;
+    int64_t expected = numel * token_dtype_size(dtype_);
+    if (data_bytes != expected) {
+        user_error(
+            "data file {}: npy shape {} of {} needs {} data bytes but the file has {} after its {}-byte "
+            "header",
+            path_, shape->text, descr->text, expected, data_bytes, data_offset_);
+    }
+    if (numel == 0) user_error("data file {}: npy shape {} holds no tokens", path_, shape->text);
+    num_tokens_ = numel;
+}
+
+// OLMo's raw memmap: ids of data.memmap_dtype, nothing else.
+void TokenFile::read_raw() {
+    format_ = TokenFileFormat::kRaw;
+    int64_t size = token_dtype_size(dtype_);
+    if (map_size_ % size != 0) {
+        user_error(
+            "data file {}: {} bytes is not a whole number of {} tokens ({} bytes each); set "
+            "data.memmap_dtype to the file's token type",
+            path_, map_size_, token_dtype_name(dtype_), size);
+    }
+    data_offset_ = 0;
+    num_tokens_ = map_size_ / size;
 }
 
 TokenFile::~TokenFile() { close_mapping(); }

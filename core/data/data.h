@@ -87,6 +87,10 @@ class TokenFile {
 
    private:
     void close_mapping();
+    // The header and size of each format, setting format_, dtype_, data_offset_ and num_tokens_.
+    void read_llmc_header();
+    void read_npy_header();
+    void read_raw();
 
     std::string path_;
     TokenFileFormat format_ = TokenFileFormat::kRaw;
