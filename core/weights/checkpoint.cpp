@@ -276,6 +276,54 @@ std::string resolve_checkpoint(const TrainConfig& config, const std::string& loa
     return all.back().second;
 }
 
+namespace {
+
+// This rank's shard file (rank<k>.bin: each owned shard's parameters and moments) and the list of the unit
+// ranges in it (rank<k>.json), in the save's temporary folder.
+void write_shard(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy& strategy, long step,
+                 const std::string& tmp_dir, int file_index) {
+    const std::string folder = *config.save_folder;
+    const std::string file = (fs::path(tmp_dir) / fmt::format("rank{}.bin", file_index)).string();
+    Writer w(file);
+    std::vector<float> host;
+    Json pieces = Json::array();
+    size_t offset = 0;
+    for (const ShardView& s : strategy.owned_shards()) {
+        const size_t n = s.end - s.begin;
+        host.resize(n);
+        pieces.push_back(Json::array({s.unit, s.begin, s.end, offset}));
+        const char* what[] = {"parameters", "first moments (exp_avg)", "second moments (exp_avg_sq)"};
+        int k = 0;
+        for (const float* src : {s.param, s.exp_avg, s.exp_avg_sq}) {
+            if (n > 0) backend->copy_any(host.data(), src, n * sizeof(float));  // device, or host (offload)
+            // The state is committed here: a non-finite value is refused, so that `latest` and the rotation
+            // of save_num_checkpoints_to_keep never trade a good checkpoint for it.
+            const auto bad = std::find_if(host.begin(), host.end(), [](float x) { return !std::isfinite(x); });
+            if (bad != host.end()) {
+                const std::optional<long> newest = latest_checkpoint_step(folder);
+                const std::string kept =
+                    newest ? fmt::format("the newest complete checkpoint, {}/step{}, is kept", folder, *newest)
+                           : fmt::format("no checkpoint was written to {}", folder);
+                user_error(
+                    "step {}: not saved: the {} of unit {} are not finite ({} at element {}) after the optimizer "
+                    "step; {}; {}",
+                    step, what[k], layout.units()[s.unit].name, *bad, s.begin + (bad - host.begin()), kept,
+                    divergence_advice(config.optimizer));
+            }
+            w.write(host.data(), n * sizeof(float));
+            ++k;
+        }
+        offset += 3 * n * sizeof(float);
+    }
+    w.close();
+    const std::string text = pieces.dump();
+    Writer j((fs::path(tmp_dir) / fmt::format("rank{}.json", file_index)).string());
+    j.write(text.data(), text.size());
+    j.close();
+}
+
+}  // namespace
+
 std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy& strategy,
                             long step, const std::string& run_tag) {
     const std::string folder = *config.save_folder;
@@ -314,45 +362,7 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
     }
     if (multi) strategy.barrier();
 
-    if (file_index >= 0) {
-        const std::string file = (fs::path(tmp_dir) / fmt::format("rank{}.bin", file_index)).string();
-        Writer w(file);
-        std::vector<float> host;
-        Json pieces = Json::array();
-        size_t offset = 0;
-        for (const ShardView& s : strategy.owned_shards()) {
-            const size_t n = s.end - s.begin;
-            host.resize(n);
-            pieces.push_back(Json::array({s.unit, s.begin, s.end, offset}));
-            const char* what[] = {"parameters", "first moments (exp_avg)", "second moments (exp_avg_sq)"};
-            int k = 0;
-            for (const float* src : {s.param, s.exp_avg, s.exp_avg_sq}) {
-                if (n > 0) backend->copy_any(host.data(), src, n * sizeof(float));  // device, or host (offload)
-                // The state is committed here: a non-finite value is refused, so that `latest` and the rotation
-                // of save_num_checkpoints_to_keep never trade a good checkpoint for it.
-                const auto bad = std::find_if(host.begin(), host.end(), [](float x) { return !std::isfinite(x); });
-                if (bad != host.end()) {
-                    const std::optional<long> newest = latest_checkpoint_step(folder);
-                    const std::string kept =
-                        newest ? fmt::format("the newest complete checkpoint, {}/step{}, is kept", folder, *newest)
-                               : fmt::format("no checkpoint was written to {}", folder);
-                    user_error(
-                        "step {}: not saved: the {} of unit {} are not finite ({} at element {}) after the optimizer "
-                        "step; {}; {}",
-                        step, what[k], layout.units()[s.unit].name, *bad, s.begin + (bad - host.begin()), kept,
-                        divergence_advice(config.optimizer));
-                }
-                w.write(host.data(), n * sizeof(float));
-                ++k;
-            }
-            offset += 3 * n * sizeof(float);
-        }
-        w.close();
-        const std::string text = pieces.dump();
-        Writer j((fs::path(tmp_dir) / fmt::format("rank{}.json", file_index)).string());
-        j.write(text.data(), text.size());
-        j.close();
-    }
+    if (file_index >= 0) write_shard(config, layout, backend, strategy, step, tmp_dir, file_index);
     if (const char* kill = std::getenv("TRAINER_DEBUG_KILL_IN_SAVE"); kill && std::atol(kill) == step) {
         ::raise(SIGKILL);  // test hook: dies between the shard files and the metadata
     }

@@ -101,6 +101,33 @@ int64_t Tensor::numel() const {
     return n;
 }
 
+namespace {
+
+// The tensors must tile the data section exactly (the reference's InvalidOffset and MetadataIncompleteBuffer
+// checks).
+void check_tiling(const std::string& path, const std::vector<Entry>& entries, int64_t data_size) {
+    std::vector<const Entry*> by_offset;
+    for (const Entry& e : entries) by_offset.push_back(&e);
+    std::stable_sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
+        return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+    });
+    int64_t covered = 0;
+    for (const Entry* e : by_offset) {
+        if (e->begin != covered) {
+            user_error(
+                "safetensors file {}: tensor '{}' data_offsets [{}, {}] {} the previous tensor, which ends at {}", path,
+                e->name, e->begin, e->end, e->begin > covered ? "leave a gap after" : "overlap", covered);
+        }
+        covered = e->end;
+    }
+    if (covered != data_size) {
+        user_error("safetensors file {}: the tensors cover {} of the {} data bytes; expected all of them", path,
+                   covered, data_size);
+    }
+}
+
+}  // namespace
+
 std::map<std::string, Tensor> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
     std::FILE* f = std::fopen(path.c_str(), "rb");
     if (f == nullptr) user_error("safetensors file {}: cannot open: {}", path, std::strerror(errno));
@@ -205,26 +232,7 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path, std::map
         entries.push_back(std::move(e));
     }
 
-    // The tensors must tile the data section exactly (the reference's InvalidOffset and
-    // MetadataIncompleteBuffer checks).
-    std::vector<const Entry*> by_offset;
-    for (const Entry& e : entries) by_offset.push_back(&e);
-    std::stable_sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
-        return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
-    });
-    int64_t covered = 0;
-    for (const Entry* e : by_offset) {
-        if (e->begin != covered) {
-            user_error(
-                "safetensors file {}: tensor '{}' data_offsets [{}, {}] {} the previous tensor, which ends at {}", path,
-                e->name, e->begin, e->end, e->begin > covered ? "leave a gap after" : "overlap", covered);
-        }
-        covered = e->end;
-    }
-    if (covered != data_size) {
-        user_error("safetensors file {}: the tensors cover {} of the {} data bytes; expected all of them", path,
-                   covered, data_size);
-    }
+    check_tiling(path, entries, data_size);
 
     std::map<std::string, Tensor> out;
     std::vector<unsigned char> raw;
