@@ -193,15 +193,14 @@ __global__ void __launch_bounds__(kThreads)
     bf16* sv = sk + 2 * kKeys * D;
     const int n_qtiles = (T + kFwdRows - 1) / kFwdRows;
     const HeadBlock hb = head_block();
-    const int b = hb.bh / NH, h = hb.bh % NH;
+    const HeadRows<bf16> hr = head_rows<D>(qkv, hb.bh, T, NH);
+    const int b = hr.b, h = hr.h;
     const int qt = n_qtiles - 1 - hb.block;  // block 0: the last query tile, which sees every key
     const int q0 = qt * kFwdRows;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const LaneOffsets lo = lane_offsets<D>(lane);
-    const size_t stride = static_cast<size_t>(3) * NH * D;
-    const bf16* qbase = qkv + static_cast<size_t>(b) * T * stride + static_cast<size_t>(h) * D;
-    const bf16* kbase = qbase + static_cast<size_t>(NH) * D;
-    const bf16* vbase = kbase + static_cast<size_t>(NH) * D;
+    const size_t stride = hr.stride;
+    const bf16 *qbase = hr.q, *kbase = hr.k, *vbase = hr.v;
 
     load_tile<D, kFwdRows>(sq, qbase, stride, q0, T);
     load_tile<D, kKeys>(sk, kbase, stride, 0, T);
@@ -269,16 +268,13 @@ __device__ __forceinline__ void backward_dkdv_tile(uint8_t* smem_raw, int bh, in
     float* slse = reinterpret_cast<float*>(sdo + 2 * kBwdRows * D);  // two buffers of kBwdRows
     float* sdsum = slse + 2 * kBwdRows;                              // two buffers of kBwdRows
 
-    const int b = bh / NH, h = bh % NH;
+    const HeadRows<bf16> hr = head_rows<D>(qkv, bh, T, NH);
     const int k0 = kt * kBwdKeys;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const size_t stride = static_cast<size_t>(3) * NH * D;
-    const size_t head_off = static_cast<size_t>(b) * T * stride + static_cast<size_t>(h) * D;
-    const bf16* qbase = qkv + head_off;
-    const bf16* kbase = qbase + static_cast<size_t>(NH) * D;
-    const bf16* vbase = kbase + static_cast<size_t>(NH) * D;
-    const size_t ostride = static_cast<size_t>(NH) * D;
-    const bf16* dobase = dout + static_cast<size_t>(b) * T * ostride + static_cast<size_t>(h) * D;
+    const size_t stride = hr.stride, ostride = hr.ostride;
+    const size_t head_off = static_cast<size_t>(hr.q - qkv);
+    const bf16 *qbase = hr.q, *kbase = hr.k, *vbase = hr.v;
+    const bf16* dobase = dout + hr.o_off;
     const float* lse_bh = lse + static_cast<size_t>(bh) * T;
     const float* dsum_bh = dsum + static_cast<size_t>(bh) * T;
     const int n_qtiles = (T + kBwdRows - 1) / kBwdRows;
@@ -370,16 +366,14 @@ __device__ __forceinline__ void backward_dq_tile(uint8_t* smem_raw, int bh, int 
     bf16* sv = sk + 2 * kDqKeys * D;
     float* slse = reinterpret_cast<float*>(sv + 2 * kDqKeys * D);  // kDqRows
     float* sdsum = slse + kDqRows;                                 // kDqRows
-    const int b = bh / NH, h = bh % NH;
+    const HeadRows<bf16> hr = head_rows<D>(qkv, bh, T, NH);
+    const int b = hr.b, h = hr.h;
     const int q0 = qt * kDqRows;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const LaneOffsets lo = lane_offsets<D>(lane);
-    const size_t stride = static_cast<size_t>(3) * NH * D;
-    const bf16* qbase = qkv + static_cast<size_t>(b) * T * stride + static_cast<size_t>(h) * D;
-    const bf16* kbase = qbase + static_cast<size_t>(NH) * D;
-    const bf16* vbase = kbase + static_cast<size_t>(NH) * D;
-    const size_t ostride = static_cast<size_t>(NH) * D;
-    const bf16* dobase = dout + static_cast<size_t>(b) * T * ostride + static_cast<size_t>(h) * D;
+    const size_t stride = hr.stride, ostride = hr.ostride;
+    const bf16 *qbase = hr.q, *kbase = hr.k, *vbase = hr.v;
+    const bf16* dobase = dout + hr.o_off;
 
     load_tile<D, kDqRows>(sq, qbase, stride, q0, T);
     load_tile<D, kDqRows>(sdo, dobase, ostride, q0, T);
@@ -387,14 +381,8 @@ __device__ __forceinline__ void backward_dq_tile(uint8_t* smem_raw, int bh, int 
     load_tile<D, kDqKeys>(sv, vbase, stride, 0, T);
     cp_async_commit();
 
-    // The block's lse (base 2) and D in shared memory, not in registers (dQ, S and dP take nearly all of them);
-    // the first barrier of the key-tile loop publishes them. Rows past T: lse +inf makes their P zero (and
-    // they are not written).
-    if (threadIdx.x < kDqRows) {
-        const int row = q0 + static_cast<int>(threadIdx.x);
-        slse[threadIdx.x] = row < T ? lse[static_cast<size_t>(bh) * T + row] * kLog2e : INFINITY;
-        sdsum[threadIdx.x] = row < T ? dsum[static_cast<size_t>(bh) * T + row] : 0.0f;
-    }
+    // The block's lse and D in shared memory, not in registers (dQ, S and dP take nearly all of them).
+    load_row_stats<kDqRows>(slse, sdsum, lse, dsum, bh, q0, T);
     const int w0 = q0 + warp * 16 * MT;  // this warp's first query; per m-tile mt, rows g and g + 8 of its 16
     float dq[MT][D / 8][4] = {};
     // Key tiles up to the block's last query (none past T).

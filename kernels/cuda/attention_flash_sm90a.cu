@@ -117,15 +117,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     uint8_t* sv = sk + 2 * kTileBytes;
     const int n_qtiles = (T + kRows - 1) / kRows;
     const HeadBlock hb = head_block();
-    const int b = hb.bh / NH, h = hb.bh % NH;
+    const HeadRows<bf16> hr = head_rows<D>(qkv, hb.bh, T, NH);
+    const int b = hr.b, h = hr.h;
     const int qt = n_qtiles - 1 - hb.block;  // block 0: the last query tile, which sees every key
     const int q0 = qt * kRows;
     const int group = static_cast<int>(threadIdx.x) / 128, warp = static_cast<int>(threadIdx.x) / 32;
     const int g = static_cast<int>(threadIdx.x) % 32 / 4, t = static_cast<int>(threadIdx.x) % 4;  // flash_tile.cuh
-    const size_t stride = static_cast<size_t>(3) * NH * D;
-    const bf16* qbase = qkv + static_cast<size_t>(b) * T * stride + static_cast<size_t>(h) * D;
-    const bf16* kbase = qbase + static_cast<size_t>(NH) * D;
-    const bf16* vbase = kbase + static_cast<size_t>(NH) * D;
+    const size_t stride = hr.stride;
+    const bf16 *qbase = hr.q, *kbase = hr.k, *vbase = hr.v;
 
     load_tile<D, kRows>(sq, qbase, stride, q0, T);
     load_tile<D, kK>(sk, kbase, stride, 0, T);
@@ -211,15 +210,14 @@ __device__ __forceinline__ void backward_dkdv_block(uint8_t* smem, int bh, int k
     float* slse = reinterpret_cast<float*>(sdo + 2 * kTile);  // two buffers of kQ
     float* sdsum = slse + 2 * kQ;                             // two buffers of kQ
 
-    const int b = bh / NH, h = bh % NH, k0 = kb * kBwdKeys;
+    const HeadRows<bf16> hr = head_rows<D>(qkv, bh, T, NH);
+    const int k0 = kb * kBwdKeys;
     const int group = static_cast<int>(threadIdx.x) / 128, warp = static_cast<int>(threadIdx.x) / 32;
     const int g = static_cast<int>(threadIdx.x) % 32 / 4, t = static_cast<int>(threadIdx.x) % 4;
-    const size_t stride = static_cast<size_t>(3) * NH * D, ostride = static_cast<size_t>(NH) * D;
-    const size_t head_off = static_cast<size_t>(b) * T * stride + static_cast<size_t>(h) * D;
-    const bf16* qbase = qkv + head_off;
-    const bf16* kbase = qbase + static_cast<size_t>(NH) * D;
-    const bf16* vbase = kbase + static_cast<size_t>(NH) * D;
-    const bf16* dobase = dout + static_cast<size_t>(b) * T * ostride + static_cast<size_t>(h) * D;
+    const size_t stride = hr.stride, ostride = hr.ostride;
+    const size_t head_off = static_cast<size_t>(hr.q - qkv);
+    const bf16 *qbase = hr.q, *kbase = hr.k, *vbase = hr.v;
+    const bf16* dobase = dout + hr.o_off;
     const float* lse_bh = lse + static_cast<size_t>(bh) * T;
     const float* dsum_bh = dsum + static_cast<size_t>(bh) * T;
     const int n_qtiles = (T + kQ - 1) / kQ, first_qt = k0 / kQ;  // query tiles before first_qt see none of the keys
@@ -323,27 +321,20 @@ __device__ __forceinline__ void backward_dq_block(uint8_t* smem, int bh, int qb,
     float* slse = reinterpret_cast<float*>(sv + 2 * kTile);  // kDqRows
     float* sdsum = slse + kDqRows;                           // kDqRows
 
-    const int b = bh / NH, h = bh % NH, q0 = qb * kDqRows;
+    const HeadRows<bf16> hr = head_rows<D>(qkv, bh, T, NH);
+    const int b = hr.b, h = hr.h, q0 = qb * kDqRows;
     const int group = static_cast<int>(threadIdx.x) / 128, warp = static_cast<int>(threadIdx.x) / 32;
     const int g = static_cast<int>(threadIdx.x) % 32 / 4, t = static_cast<int>(threadIdx.x) % 4;
-    const size_t stride = static_cast<size_t>(3) * NH * D, ostride = static_cast<size_t>(NH) * D;
-    const bf16* qbase = qkv + static_cast<size_t>(b) * T * stride + static_cast<size_t>(h) * D;
-    const bf16* kbase = qbase + static_cast<size_t>(NH) * D;
-    const bf16* vbase = kbase + static_cast<size_t>(NH) * D;
-    const bf16* dobase = dout + static_cast<size_t>(b) * T * ostride + static_cast<size_t>(h) * D;
+    const size_t stride = hr.stride, ostride = hr.ostride;
+    const bf16 *qbase = hr.q, *kbase = hr.k, *vbase = hr.v;
+    const bf16* dobase = dout + hr.o_off;
 
     load_tile<D, kDqRows>(sq, qbase, stride, q0, T);
     load_tile<D, kDqRows>(sdo, dobase, ostride, q0, T);
     load_tile<D, kK>(sk, kbase, stride, 0, T);
     load_tile<D, kK>(sv, vbase, stride, 0, T);
     cp_async_commit();
-    // The block's lse (base 2) and D, published by the key-tile loop's first barrier. Rows past T: lse +inf makes
-    // their P zero (and they are not written).
-    if (threadIdx.x < kDqRows) {
-        const int row = q0 + static_cast<int>(threadIdx.x);
-        slse[threadIdx.x] = row < T ? lse[static_cast<size_t>(bh) * T + row] * kLog2e : INFINITY;
-        sdsum[threadIdx.x] = row < T ? dsum[static_cast<size_t>(bh) * T + row] : 0.0f;
-    }
+    load_row_stats<kDqRows>(slse, sdsum, lse, dsum, bh, q0, T);
     float dq[D / 8][4] = {};
     const int g0 = q0 + 64 * group;  // this warpgroup's first query
     const int w0 = q0 + 16 * warp;   // this warp's first query

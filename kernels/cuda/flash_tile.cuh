@@ -67,6 +67,40 @@ struct HeadBlock {
 __device__ __forceinline__ HeadBlock head_block() {
     return {static_cast<int>(blockIdx.z * gridDim.x + blockIdx.x), static_cast<int>(blockIdx.y)};
 }
+// One head's rows, as every flash kernel addresses them: in the fused qkv (B, T, 3 NH, D) the q, k and v of head h
+// of batch row b (bh = b NH + h), rows `stride` apart; in a (B, T, NH, D) tensor (the output, its gradient) the
+// head starts `o_off` in, rows `ostride` apart.
+template <typename Bf16>
+struct HeadRows {
+    int b, h;
+    size_t stride, ostride, o_off;
+    const Bf16 *q, *k, *v;
+};
+template <int D, typename Bf16>
+__device__ __forceinline__ HeadRows<Bf16> head_rows(const Bf16* qkv, int bh, int T, int NH) {
+    HeadRows<Bf16> r;
+    r.b = bh / NH, r.h = bh % NH;
+    r.stride = static_cast<size_t>(3) * NH * D, r.ostride = static_cast<size_t>(NH) * D;
+    r.o_off = static_cast<size_t>(r.b) * T * r.ostride + static_cast<size_t>(r.h) * D;
+    r.q = qkv + static_cast<size_t>(r.b) * T * r.stride + static_cast<size_t>(r.h) * D;
+    r.k = r.q + static_cast<size_t>(NH) * D;
+    r.v = r.k + static_cast<size_t>(NH) * D;
+    return r;
+}
+
+// The dQ pass's row statistics of its kRows queries from q0, into shared memory: lse in base 2, and D =
+// rowsum(dO * O). Rows past T: lse +inf makes their P zero (and they are not written). Published by the key-tile
+// loop's first barrier.
+template <int kRows>
+__device__ __forceinline__ void load_row_stats(float* slse, float* sdsum, const float* lse, const float* dsum, int bh,
+                                               int q0, int T) {
+    if (threadIdx.x < kRows) {
+        const int row = q0 + static_cast<int>(threadIdx.x);
+        slse[threadIdx.x] = row < T ? lse[static_cast<size_t>(bh) * T + row] * kLog2e : INFINITY;
+        sdsum[threadIdx.x] = row < T ? dsum[static_cast<size_t>(bh) * T + row] : 0.0f;
+    }
+}
+
 // The L2 a section's streamed operands may fill: 32 MiB (an H100 has 50 MB, an A100 40 MB; the rest holds what else
 // is in flight). The emulated build lets a test shrink it, so that a run of a few heads has several sections.
 #ifdef TRAINER_SIMT_EMULATION

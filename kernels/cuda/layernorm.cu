@@ -112,6 +112,25 @@ __global__ void norm_forward_kernel(Out* out, int ld_out, const float* resid, fl
     });
 }
 
+// One row's input gradient at the W channels from c: dx (+)= rstd * (dn - mean_dn - norm * mean_dn_norm), dn =
+// dout * weight, norm = (x - m) * rstd; the element update both norm backwards share.
+template <int W, typename In, typename G, typename D>
+__device__ __forceinline__ void norm_dinp_update(D* dx, const G* g, const In* x, const float* weight, int c, float m,
+                                                 float rs, float mean_dn, float mean_dn_norm, bool accumulate) {
+    float gv[W], xv[W], wt[W], d[W] = {};
+    load_vec<W>(g + c, gv);
+    load_vec<W>(x + c, xv);
+    if (accumulate) load_vec<W>(dx + c, d);
+    if (weight != nullptr) load_vec<W>(weight + c, wt);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+        const float dn = weight != nullptr ? gv[k] * wt[k] : gv[k];
+        const float norm = (xv[k] - m) * rs;
+        d[k] += rs * (dn - mean_dn - norm * mean_dn_norm);
+    }
+    store_vec<W>(dx + c, d);
+}
+
 // dinp (+)= rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * weight (RMSNorm: no
 // mean(dnorm) term); rows of dinp, dout and inp ld_dinp, ld_dout and ld_in apart.
 template <int W, bool kRms, typename In, typename G, typename D>
@@ -141,18 +160,7 @@ __global__ void norm_backward_dinp_kernel(D* dinp, int ld_dinp, bool accumulate,
     const float mean_dn = kRms ? 0.0f : warp_sum(sum_dn) / static_cast<float>(C);
     const float mean_dn_norm = warp_sum(sum_dn_norm) / static_cast<float>(C);
     for (int c = lane * W; c < C; c += 32 * W) {
-        float gv[W], xv[W], wt[W], d[W] = {};
-        load_vec<W>(g + c, gv);
-        load_vec<W>(x + c, xv);
-        if (accumulate) load_vec<W>(dx + c, d);
-        if (weight != nullptr) load_vec<W>(weight + c, wt);
-#pragma unroll
-        for (int k = 0; k < W; ++k) {
-            const float dn = weight != nullptr ? gv[k] * wt[k] : gv[k];
-            const float norm = (xv[k] - m) * rs;
-            d[k] += rs * (dn - mean_dn - norm * mean_dn_norm);
-        }
-        store_vec<W>(dx + c, d);
+        norm_dinp_update<W>(dx, g, x, weight, c, m, rs, mean_dn, mean_dn_norm, accumulate);
     }
 }
 
@@ -269,17 +277,7 @@ __global__ void norm_backward_fused_kernel(D* dinp, int ld_dinp, bool accumulate
         for (int gi = 0; gi < Gr; ++gi) {
             const int c = (gi * 32 + lane) * W;
             if (c >= C) break;
-            float gv[W], xv[W], wt[W], d[W] = {};
-            load_vec<W>(g + c, gv);
-            load_vec<W>(x + c, xv);
-            if (accumulate) load_vec<W>(dx + c, d);
-            if (weight != nullptr) load_vec<W>(weight + c, wt);
-#pragma unroll
-            for (int k = 0; k < W; ++k) {
-                const float dn = weight != nullptr ? gv[k] * wt[k] : gv[k];
-                d[k] += rs * (dn - mean_dn - (xv[k] - m) * rs * mean_dn_norm);
-            }
-            store_vec<W>(dx + c, d);
+            norm_dinp_update<W>(dx, g, x, weight, c, m, rs, mean_dn, mean_dn_norm, accumulate);
         }
     }
     // The warps' sums, added in warp order: group gi of dweight, then of dbias.
