@@ -166,7 +166,7 @@ void map2_bf16_grad(uint16_t* dinp, const In* inp, const uint16_t* dout, size_t 
 
 }  // namespace
 
-void gelu_forward_bf16(uint16_t* out, const float* inp, size_t n, bool tanh_approx, cudaStream_t stream) {
+void gelu_forward(uint16_t* out, const float* inp, size_t n, bool tanh_approx, cudaStream_t stream) {
     if (tanh_approx) {
         map1_to_bf16(out, inp, n, GeluTanh{}, stream);
     } else {
@@ -174,7 +174,7 @@ void gelu_forward_bf16(uint16_t* out, const float* inp, size_t n, bool tanh_appr
     }
 }
 
-void gelu_forward_bf16_in(uint16_t* out, const uint16_t* inp, size_t n, bool tanh_approx, cudaStream_t stream) {
+void gelu_forward(uint16_t* out, const uint16_t* inp, size_t n, bool tanh_approx, cudaStream_t stream) {
     if (tanh_approx) {
         map1_to_bf16(out, inp, n, GeluTanh{}, stream);
     } else {
@@ -182,8 +182,8 @@ void gelu_forward_bf16_in(uint16_t* out, const uint16_t* inp, size_t n, bool tan
     }
 }
 
-void gelu_backward_bf16_in(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, size_t n, bool tanh_approx,
-                           cudaStream_t stream) {
+void gelu_backward(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, size_t n, bool tanh_approx,
+                   cudaStream_t stream) {
     if (tanh_approx) {
         map2_bf16_grad(dinp, inp, dout, n, GeluTanhBackward{}, stream);
     } else {
@@ -191,25 +191,24 @@ void gelu_backward_bf16_in(uint16_t* dinp, const uint16_t* inp, const uint16_t* 
     }
 }
 
-void swiglu_forward_bf16(uint16_t* out, const float* inp, int N, int H, cudaStream_t stream) {
+void swiglu_forward(uint16_t* out, const float* inp, int N, int H, cudaStream_t stream) {
     swiglu_forward_launch(out, inp, N, H, stream);
 }
 
-void swiglu_forward_bf16_in(uint16_t* out, const uint16_t* inp, int N, int H, cudaStream_t stream) {
+void swiglu_forward(uint16_t* out, const uint16_t* inp, int N, int H, cudaStream_t stream) {
     swiglu_forward_launch(out, inp, N, H, stream);
 }
 
-void swiglu_backward_bf16_in(float* dinp, const uint16_t* inp, const float* dout, int N, int H, cudaStream_t stream) {
+void swiglu_backward(float* dinp, const uint16_t* inp, const float* dout, int N, int H, cudaStream_t stream) {
     swiglu_backward_launch(dinp, inp, dout, N, H, stream);
 }
 
-void swiglu_backward_bf16(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int N, int H,
-                          cudaStream_t stream) {
+void swiglu_backward(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int N, int H, cudaStream_t stream) {
     swiglu_backward_launch(dinp, inp, dout, N, H, stream);
 }
 
-void gelu_backward_bf16(uint16_t* dinp, const float* inp, const uint16_t* dout, size_t n, bool tanh_approx,
-                        cudaStream_t stream) {
+void gelu_backward(uint16_t* dinp, const float* inp, const uint16_t* dout, size_t n, bool tanh_approx,
+                   cudaStream_t stream) {
     if (tanh_approx) {
         map2_bf16_grad(dinp, inp, dout, n, GeluTanhBackward{}, stream);
     } else {

@@ -214,9 +214,9 @@ void classifier_forward_backward(float* logits, float* losses, const int32_t* ta
                       stream);
 }
 
-void classifier_forward_backward_bf16(uint16_t* logits, float* losses, const int32_t* targets, int N, int V,
-                                      float dloss_scale, bool compute_grad, float z_loss_multiplier, float* z_losses,
-                                      bool one_read, cudaStream_t stream) {
+void classifier_forward_backward(uint16_t* logits, float* losses, const int32_t* targets, int N, int V,
+                                 float dloss_scale, bool compute_grad, float z_loss_multiplier, float* z_losses,
+                                 bool one_read, cudaStream_t stream) {
     classifier_launch(logits, losses, targets, N, V, dloss_scale, compute_grad, z_loss_multiplier, z_losses, one_read,
                       stream);
 }

@@ -452,12 +452,12 @@ class CudaBackend final : public Backend {
             // Rounded once by cuBLASLt's epilogue, a bias rounded to bf16 first (as autocast's Linear does);
             // where cuBLASLt has no such kernel, the fp32 product (fp32 bias) rounded by a cast.
             const uint16_t* bias16 = bias != nullptr ? to_bf16(bias16_, bias, N) : nullptr;
-            if (cuda::matmul_forward_bf16_out(*gemm_, out.b16(), inp16, w16, bias16, M, K, N, stream_)) return;
+            if (cuda::matmul_forward(*gemm_, out.b16(), inp16, w16, bias16, M, K, N, stream_)) return;
             auto* wide = static_cast<float*>(grow(wide_[1], size_t(M) * N * sizeof(float)));
-            cuda::matmul_forward_bf16(*gemm_, wide, inp16, w16, bias, M, K, N, stream_);
+            cuda::matmul_forward(*gemm_, wide, inp16, w16, bias, M, K, N, stream_);
             return cuda::cast_float_to_bf16(out.b16(), wide, size_t(M) * N, stream_);
         }
-        cuda::matmul_forward_bf16(*gemm_, out.f32(), inp16, w16, bias, M, K, N, stream_);
+        cuda::matmul_forward(*gemm_, out.f32(), inp16, w16, bias, M, K, N, stream_);
     }
     void matmul_residual_forward(float* out, const float* resid, GemmOperand inp, const float* weight,
                                  const float* bias, int M, int K, int N, float* scratch) override {
@@ -465,7 +465,7 @@ class CudaBackend final : public Backend {
         if (options_.bf16_matmuls) {
             const uint16_t* inp16 = operand_bf16(a16_, inp, size_t(M) * K);
             const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
-            if (cuda::matmul_residual_forward_bf16(*gemm_, out, resid, inp16, w16, bias, M, K, N, stream_)) return;
+            if (cuda::matmul_residual_forward(*gemm_, out, resid, inp16, w16, bias, M, K, N, stream_)) return;
         }
         Backend::matmul_residual_forward(out, resid, inp, weight, bias, M, K, N, scratch);
     }
@@ -478,8 +478,7 @@ class CudaBackend final : public Backend {
             const uint16_t* inp16 = operand_bf16(a16_, inp, size_t(M) * K);
             const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
             const uint16_t* bias16 = bias != nullptr ? to_bf16(bias16_, bias, N) : nullptr;
-            if (cuda::matmul_gelu_forward_bf16_out(*gemm_, pre.b16(), out.b16(), inp16, w16, bias16, M, K, N, stream_))
-                return;
+            if (cuda::matmul_gelu_forward(*gemm_, pre.b16(), out.b16(), inp16, w16, bias16, M, K, N, stream_)) return;
         }
         // A bf16 pre or out otherwise: the GEMM writes pre and one pass writes gelu(pre).
         if (!tanh_approx || out.bf16 || pre.bf16)
@@ -490,7 +489,7 @@ class CudaBackend final : public Backend {
         }
         const uint16_t* inp16 = operand_bf16(a16_, inp, size_t(M) * K);
         const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
-        cuda::matmul_gelu_forward_bf16(*gemm_, pre.f32(), out.f32(), inp16, w16, bias, M, K, N, stream_);
+        cuda::matmul_gelu_forward(*gemm_, pre.f32(), out.f32(), inp16, w16, bias, M, K, N, stream_);
     }
     void matmul_backward(GemmOperand dinp, float* dweight, float* dbias, GemmOperand dout, GemmOperand inp,
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override {
@@ -507,16 +506,15 @@ class CudaBackend final : public Backend {
         const uint16_t* inp16 = dweight != nullptr ? operand_bf16(a16_, inp, size_t(M) * K) : nullptr;
         const uint16_t* w16 = dinp.p != nullptr ? weight_bf16(weight, size_t(N) * K) : nullptr;
         if (!dinp.bf16) {
-            cuda::matmul_backward_bf16(*gemm_, dinp.f32(), nullptr, dweight, dout16, inp16, w16, M, K, N,
-                                       accumulate_dinp, stream_);
+            cuda::matmul_backward(*gemm_, dinp.f32(), nullptr, dweight, dout16, inp16, w16, M, K, N, accumulate_dinp,
+                                  stream_);
             return;
         }
         // A bf16 dinp rounded once by cuBLASLt; where it has no such kernel, the fp32 product rounded by a cast.
-        if (cuda::matmul_backward_bf16(*gemm_, nullptr, dinp.b16(), dweight, dout16, inp16, w16, M, K, N, false,
-                                       stream_))
+        if (cuda::matmul_backward(*gemm_, nullptr, dinp.b16(), dweight, dout16, inp16, w16, M, K, N, false, stream_))
             return;
         auto* wide = static_cast<float*>(grow(wide_[1], size_t(M) * K * sizeof(float)));
-        cuda::matmul_backward_bf16(*gemm_, wide, nullptr, dweight, dout16, inp16, w16, M, K, N, false, stream_);
+        cuda::matmul_backward(*gemm_, wide, nullptr, dweight, dout16, inp16, w16, M, K, N, false, stream_);
         cuda::cast_float_to_bf16(dinp.b16(), wide, size_t(M) * K, stream_);
     }
     void matmul_gelu_backward(GemmOperand dpre, GemmOperand dact, float* dweight, float* dbias, GemmOperand dout,
@@ -529,8 +527,8 @@ class CudaBackend final : public Backend {
             const uint16_t* dout16 = operand_bf16(c16_, dout, size_t(M) * N);
             const uint16_t* act16 = dweight != nullptr ? operand_bf16(a16_, act, size_t(M) * K) : nullptr;
             const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
-            if (cuda::matmul_backward_dgelu_bf16(*gemm_, dpre.b16(), dweight, dout16, act16, w16, pre.b16(), M, K, N,
-                                                 stream_)) {
+            if (cuda::matmul_backward_dgelu(*gemm_, dpre.b16(), dweight, dout16, act16, w16, pre.b16(), M, K, N,
+                                            stream_)) {
                 bias_gradient(dbias, dout, M, N);
                 return;
             }
@@ -565,7 +563,7 @@ class CudaBackend final : public Backend {
         const OpMark mark(*timeline_, "layernorm_forward");
         const bool rms = kind == NormKind::kRms;
         if (out.bf16) {
-            return cuda::layernorm_forward_bf16(out.b16(), mean, rstd, inp, weight, bias, N, C, eps, rms, stream_);
+            return cuda::layernorm_forward(out.b16(), mean, rstd, inp, weight, bias, N, C, eps, rms, stream_);
         }
         cuda::layernorm_forward(out.f32(), mean, rstd, inp, weight, bias, N, C, eps, rms, stream_);
     }
@@ -639,13 +637,13 @@ class CudaBackend final : public Backend {
     void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float theta) override {
         const OpMark mark(*timeline_, "rope_forward");
         const auto& [cos_t, sin_t] = rope_table(T, HS, theta);
-        if (qkv.bf16) return cuda::rope_forward_bf16(qkv.b16(), cos_t, sin_t, B, T, NH, HS, stream_);
+        if (qkv.bf16) return cuda::rope_forward(qkv.b16(), cos_t, sin_t, B, T, NH, HS, stream_);
         cuda::rope_forward(qkv.f32(), cos_t, sin_t, B, T, NH, HS, stream_);
     }
     void rope_backward(GemmOperand dqkv, int B, int T, int NH, int HS, float theta) override {
         const OpMark mark(*timeline_, "rope_backward");
         const auto& [cos_t, sin_t] = rope_table(T, HS, theta);
-        if (dqkv.bf16) return cuda::rope_backward_bf16(dqkv.b16(), cos_t, sin_t, B, T, NH, HS, stream_);
+        if (dqkv.bf16) return cuda::rope_backward(dqkv.b16(), cos_t, sin_t, B, T, NH, HS, stream_);
         cuda::rope_backward(dqkv.f32(), cos_t, sin_t, B, T, NH, HS, stream_);
     }
     void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) override {
@@ -697,17 +695,17 @@ class CudaBackend final : public Backend {
     }
     void gelu_forward(GemmOperand out, GemmOperand inp, size_t n, bool tanh_approx) override {
         const OpMark mark(*timeline_, "gelu_forward");
-        if (inp.bf16 && out.bf16) return cuda::gelu_forward_bf16_in(out.b16(), inp.b16(), n, tanh_approx, stream_);
+        if (inp.bf16 && out.bf16) return cuda::gelu_forward(out.b16(), inp.b16(), n, tanh_approx, stream_);
         const float* x = operand_f32(wide_[0], inp, n);
-        if (out.bf16) return cuda::gelu_forward_bf16(out.b16(), x, n, tanh_approx, stream_);
+        if (out.bf16) return cuda::gelu_forward(out.b16(), x, n, tanh_approx, stream_);
         cuda::gelu_forward(out.f32(), x, n, tanh_approx, stream_);
     }
     void gelu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, size_t n, bool tanh_approx) override {
         const OpMark mark(*timeline_, "gelu_backward");
         if (dinp.bf16) {
             const uint16_t* g16 = operand_bf16(c16_, dout, n);
-            if (inp.bf16) return cuda::gelu_backward_bf16_in(dinp.b16(), inp.b16(), g16, n, tanh_approx, stream_);
-            return cuda::gelu_backward_bf16(dinp.b16(), inp.f32(), g16, n, tanh_approx, stream_);
+            if (inp.bf16) return cuda::gelu_backward(dinp.b16(), inp.b16(), g16, n, tanh_approx, stream_);
+            return cuda::gelu_backward(dinp.b16(), inp.f32(), g16, n, tanh_approx, stream_);
         }
         cuda::gelu_backward(dinp.f32(), operand_f32(wide_[1], inp, n), operand_f32(wide_[0], dout, n), n, tanh_approx,
                             stream_);
@@ -716,23 +714,23 @@ class CudaBackend final : public Backend {
         const OpMark mark(*timeline_, "swiglu_forward");
         if (inp.bf16) {
             const size_t NH = static_cast<size_t>(N) * H;
-            if (out.bf16) return cuda::swiglu_forward_bf16_in(out.b16(), inp.b16(), N, H, stream_);
+            if (out.bf16) return cuda::swiglu_forward(out.b16(), inp.b16(), N, H, stream_);
             return cuda::swiglu_forward(out.f32(), operand_f32(wide_[0], inp, 2 * NH), N, H, stream_);
         }
-        if (out.bf16) return cuda::swiglu_forward_bf16(out.b16(), inp.f32(), N, H, stream_);
+        if (out.bf16) return cuda::swiglu_forward(out.b16(), inp.f32(), N, H, stream_);
         cuda::swiglu_forward(out.f32(), inp.f32(), N, H, stream_);
     }
     void swiglu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, int N, int H) override {
         const OpMark mark(*timeline_, "swiglu_backward");
         const size_t NH = static_cast<size_t>(N) * H;
         if (dinp.bf16 && inp.bf16) {  // amp_bf16's: all three bf16
-            return cuda::swiglu_backward_bf16(dinp.b16(), inp.b16(), operand_bf16(c16_, dout, NH), N, H, stream_);
+            return cuda::swiglu_backward(dinp.b16(), inp.b16(), operand_bf16(c16_, dout, NH), N, H, stream_);
         }
         // Else fp32 gradients (a bf16 dinp from an fp32 input: computed in fp32 and rounded once).
         float* d32 = dinp.bf16 ? static_cast<float*>(grow(wide_[1], 2 * NH * sizeof(float))) : dinp.f32();
         const float* g32 = operand_f32(wide_[2], dout, NH);
         if (inp.bf16) {
-            cuda::swiglu_backward_bf16_in(d32, inp.b16(), g32, N, H, stream_);
+            cuda::swiglu_backward(d32, inp.b16(), g32, N, H, stream_);
         } else {
             cuda::swiglu_backward(d32, inp.f32(), g32, N, H, stream_);
         }
@@ -751,9 +749,9 @@ class CudaBackend final : public Backend {
                                      float* z_losses) override {
         const OpMark mark(*timeline_, "classifier_forward_backward");
         if (logits.bf16) {
-            return cuda::classifier_forward_backward_bf16(logits.b16(), losses, targets, N, V, dloss_scale,
-                                                          compute_grad, z_loss_multiplier, z_losses,
-                                                          options_.classifier_one_read, stream_);
+            return cuda::classifier_forward_backward(logits.b16(), losses, targets, N, V, dloss_scale, compute_grad,
+                                                     z_loss_multiplier, z_losses, options_.classifier_one_read,
+                                                     stream_);
         }
         cuda::classifier_forward_backward(logits.f32(), losses, targets, N, V, dloss_scale, compute_grad,
                                           z_loss_multiplier, z_losses, options_.classifier_one_read, stream_);

@@ -452,8 +452,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
     norm_forward_launch(out, C, nullptr, mean, rstd, inp, C, weight, bias, N, C, eps, rms, stream);
 }
 
-void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
-                            const float* bias, int N, int C, float eps, bool rms, cudaStream_t stream) {
+void layernorm_forward(uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C, float eps, bool rms, cudaStream_t stream) {
     norm_forward_launch(out, C, nullptr, mean, rstd, inp, C, weight, bias, N, C, eps, rms, stream);
 }
 

@@ -279,41 +279,40 @@ void matmul_gelu_forward(Gemm& gemm, float* pre, float* out, const float* inp, c
     gelu_forward(out, pre, static_cast<size_t>(M) * N, true, stream);
 }
 
-void matmul_gelu_forward_bf16(Gemm& gemm, float* pre, float* out, const uint16_t* inp, const uint16_t* weight,
-                              const float* bias, int M, int K, int N, cudaStream_t stream) {
+void matmul_gelu_forward(Gemm& gemm, float* pre, float* out, const uint16_t* inp, const uint16_t* weight,
+                         const float* bias, int M, int K, int N, cudaStream_t stream) {
     if (K > 0 && M > 0 && Gemm::gelu_fusable(N, out, pre, bias) &&
         gemm.run_gelu(M, N, K, inp, weight, CUDA_R_16BF, out, pre, bias, stream)) {
         return;
     }
-    matmul_forward_bf16(gemm, pre, inp, weight, bias, M, K, N, stream);
+    matmul_forward(gemm, pre, inp, weight, bias, M, K, N, stream);
     gelu_forward(out, pre, static_cast<size_t>(M) * N, true, stream);
 }
 
-void matmul_forward_bf16(Gemm& gemm, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias, int M,
-                         int K, int N, cudaStream_t stream) {
+void matmul_forward(Gemm& gemm, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias, int M,
+                    int K, int N, cudaStream_t stream) {
     gemm.run_bf16(false, true, M, N, K, 1.0f, inp, K, weight, K, 0.0f, out, N, bias, stream);
 }
 
-bool matmul_residual_forward_bf16(Gemm& gemm, float* out, const float* resid, const uint16_t* inp,
-                                  const uint16_t* weight, const float* bias, int M, int K, int N, cudaStream_t stream) {
+bool matmul_residual_forward(Gemm& gemm, float* out, const float* resid, const uint16_t* inp, const uint16_t* weight,
+                             const float* bias, int M, int K, int N, cudaStream_t stream) {
     return gemm.run_bf16_residual(M, N, K, inp, weight, resid, out, bias, stream);
 }
 
-bool matmul_gelu_forward_bf16_out(Gemm& gemm, uint16_t* pre, uint16_t* out, const uint16_t* inp, const uint16_t* weight,
-                                  const uint16_t* bias, int M, int K, int N, cudaStream_t stream) {
+bool matmul_gelu_forward(Gemm& gemm, uint16_t* pre, uint16_t* out, const uint16_t* inp, const uint16_t* weight,
+                         const uint16_t* bias, int M, int K, int N, cudaStream_t stream) {
     if (K == 0 || M == 0 || !Gemm::gelu_fusable(N, out, pre, bias)) return false;
     return gemm.run_gelu_bf16(M, N, K, inp, weight, out, pre, bias, stream);
 }
 
-bool matmul_forward_bf16_out(Gemm& gemm, uint16_t* out, const uint16_t* inp, const uint16_t* weight,
-                             const uint16_t* bias, int M, int K, int N, cudaStream_t stream) {
+bool matmul_forward(Gemm& gemm, uint16_t* out, const uint16_t* inp, const uint16_t* weight, const uint16_t* bias, int M,
+                    int K, int N, cudaStream_t stream) {
     return gemm.run_bf16_out(false, true, M, N, K, inp, K, weight, K, out, N, bias, stream);
 }
 
-bool matmul_backward_dgelu_bf16(Gemm& gemm, uint16_t* dpre, float* dweight, const uint16_t* dout16,
-                                const uint16_t* act16, const uint16_t* weight16, const uint16_t* pre, int M, int K,
-                                int N, cudaStream_t stream) {
-    // dpre(M, K) = dout(M, N) @ weight(N, K), times gelu_tanh'(pre): the input gradient as matmul_backward_bf16's.
+bool matmul_backward_dgelu(Gemm& gemm, uint16_t* dpre, float* dweight, const uint16_t* dout16, const uint16_t* act16,
+                           const uint16_t* weight16, const uint16_t* pre, int M, int K, int N, cudaStream_t stream) {
+    // dpre(M, K) = dout(M, N) @ weight(N, K), times gelu_tanh'(pre): the input gradient as matmul_backward's.
     if (M == 0 || K == 0 || N == 0 || !Gemm::gelu_fusable(K, dpre, pre, nullptr)) return false;
     if (!gemm.run_dgelu_bf16(false, false, M, K, N, dout16, N, weight16, K, dpre, K, pre, stream)) return false;
     if (dweight != nullptr)
@@ -321,9 +320,9 @@ bool matmul_backward_dgelu_bf16(Gemm& gemm, uint16_t* dpre, float* dweight, cons
     return true;
 }
 
-bool matmul_backward_bf16(Gemm& gemm, float* dinp, uint16_t* dinp16, float* dweight, const uint16_t* dout16,
-                          const uint16_t* inp16, const uint16_t* weight16, int M, int K, int N, bool accumulate_dinp,
-                          cudaStream_t stream) {
+bool matmul_backward(Gemm& gemm, float* dinp, uint16_t* dinp16, float* dweight, const uint16_t* dout16,
+                     const uint16_t* inp16, const uint16_t* weight16, int M, int K, int N, bool accumulate_dinp,
+                     cudaStream_t stream) {
     // The bf16 dinp first: where cuBLASLt has no kernel for it, nothing has been queued when this returns.
     if (dinp16 != nullptr && (accumulate_dinp || !gemm.run_bf16_out(false, false, M, K, N, dout16, N, weight16, K,
                                                                     dinp16, K, nullptr, stream)))

@@ -1,6 +1,9 @@
 // CUDA kernels' launchers: the same signatures as their CPU twins in kernels/cpu/ops.h, on device
 // pointers, queued on `stream`; each op's contract is the Backend's (kernels/backend.h). The CUDA backend
 // (kernels/cuda/*) grows one op family per file with the same stem as the CPU file; each launch is checked.
+// An op has one name whatever its storage: its overloads differ by the type of each buffer, float* for fp32 and
+// uint16_t* for bf16 bits (so `gelu_forward(uint16_t* out, const float* inp, ...)` rounds its output to bf16, and
+// `matmul_forward(Gemm&, float* out, const uint16_t* inp, ...)` reads bf16 operands), never by a suffix.
 #pragma once
 
 #ifndef TRAINER_SIMT_EMULATION  // the CPU suite compiles the kernels onto an emulator (tests/simt/cuda_shim.h)
@@ -85,36 +88,35 @@ void matmul_gelu_forward(Gemm& gemm, float* pre, float* out, const float* inp, c
                          int M, int K, int N, cudaStream_t stream);
 // The bf16 form of it: out = gelu_tanh(pre) with pre and out in bf16 (each rounded once from fp32) and the
 // bias rounded to bf16 (as the bf16-output GEMMs add it); false, nothing queued, where the epilogue cannot
-// (the caller runs the bf16-output GEMM and gelu_forward_bf16_in).
-bool matmul_gelu_forward_bf16_out(Gemm& gemm, uint16_t* pre, uint16_t* out, const uint16_t* inp, const uint16_t* weight,
-                                  const uint16_t* bias, int M, int K, int N, cudaStream_t stream);
-void matmul_gelu_forward_bf16(Gemm& gemm, float* pre, float* out, const uint16_t* inp, const uint16_t* weight,
-                              const float* bias, int M, int K, int N, cudaStream_t stream);
+// (the caller runs the bf16-output GEMM and gelu_forward).
+bool matmul_gelu_forward(Gemm& gemm, uint16_t* pre, uint16_t* out, const uint16_t* inp, const uint16_t* weight,
+                         const uint16_t* bias, int M, int K, int N, cudaStream_t stream);
+void matmul_gelu_forward(Gemm& gemm, float* pre, float* out, const uint16_t* inp, const uint16_t* weight,
+                         const float* bias, int M, int K, int N, cudaStream_t stream);
 // The same products from bf16 copies of the operands (amp_bf16): fp32 accumulation and fp32 results.
 // The Linear forward writing a bf16 out, its bias (nullable) in bf16 (Gemm::run_bf16_out); false where
 // cuBLASLt has no such kernel: the caller takes the fp32 path and rounds.
 // out = resid + inp @ weight^T + bias in one GEMM (Gemm::run_bf16_residual): a sublayer's output added to
 // the residual stream without its own pass; false where cuBLASLt cannot, the caller running the two ops.
-bool matmul_residual_forward_bf16(Gemm& gemm, float* out, const float* resid, const uint16_t* inp,
-                                  const uint16_t* weight, const float* bias, int M, int K, int N, cudaStream_t stream);
-bool matmul_forward_bf16_out(Gemm& gemm, uint16_t* out, const uint16_t* inp, const uint16_t* weight,
-                             const uint16_t* bias, int M, int K, int N, cudaStream_t stream);
-void matmul_forward_bf16(Gemm& gemm, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias, int M,
-                         int K, int N, cudaStream_t stream);
+bool matmul_residual_forward(Gemm& gemm, float* out, const float* resid, const uint16_t* inp, const uint16_t* weight,
+                             const float* bias, int M, int K, int N, cudaStream_t stream);
+bool matmul_forward(Gemm& gemm, uint16_t* out, const uint16_t* inp, const uint16_t* weight, const uint16_t* bias, int M,
+                    int K, int N, cudaStream_t stream);
+void matmul_forward(Gemm& gemm, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias, int M,
+                    int K, int N, cudaStream_t stream);
 // The backward from bf16 operands: dout16 is dout in bf16. dinp is written in fp32 (dinp) or rounded once to
 // bf16 (dinp16, overwritten: not with accumulate_dinp), at most one of them set. False, with nothing queued,
 // where cuBLASLt has no bf16-output kernel for dinp16 (or it would accumulate): the caller computes dinp in
 // fp32 and rounds it.
-bool matmul_backward_bf16(Gemm& gemm, float* dinp, uint16_t* dinp16, float* dweight, const uint16_t* dout16,
-                          const uint16_t* inp16, const uint16_t* weight16, int M, int K, int N, bool accumulate_dinp,
-                          cudaStream_t stream);
+bool matmul_backward(Gemm& gemm, float* dinp, uint16_t* dinp16, float* dweight, const uint16_t* dout16,
+                     const uint16_t* inp16, const uint16_t* weight16, int M, int K, int N, bool accumulate_dinp,
+                     cudaStream_t stream);
 // The backward of a Linear whose input is gelu_tanh(pre) (GPT-2's ff_out), from bf16 operands: dpre(M, K) =
 // (dout16 @ weight16) * gelu_tanh'(pre) in one GEMM (Gemm::run_dgelu_bf16: the input gradient of the Linear is
 // never stored), then dweight += dout16^T @ act16 (nullable). False, with nothing queued, where the epilogue
-// cannot: the caller runs matmul_backward_bf16 and the GELU's backward.
-bool matmul_backward_dgelu_bf16(Gemm& gemm, uint16_t* dpre, float* dweight, const uint16_t* dout16,
-                                const uint16_t* act16, const uint16_t* weight16, const uint16_t* pre, int M, int K,
-                                int N, cudaStream_t stream);
+// cannot: the caller runs matmul_backward and the GELU's backward.
+bool matmul_backward_dgelu(Gemm& gemm, uint16_t* dpre, float* dweight, const uint16_t* dout16, const uint16_t* act16,
+                           const uint16_t* weight16, const uint16_t* pre, int M, int K, int N, cudaStream_t stream);
 
 // Token (+ learned position, nullable) embedding; the backward adds into dwte/dwpe in row order, with
 // no atomics (embedding.cu), rows grouped by token with `scratch` of embedding_backward_scratch_bytes(N).
@@ -130,8 +132,8 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                        int N, int C, float eps, bool rms, cudaStream_t stream);
 // The same with the output rounded to bf16 (a GEMM operand; the statistics stay fp32).
-void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
-                            const float* bias, int N, int C, float eps, bool rms, cudaStream_t stream);
+void layernorm_forward(uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C, float eps, bool rms, cudaStream_t stream);
 size_t layernorm_backward_scratch_floats(int N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C, bool rms,
@@ -178,10 +180,10 @@ void rope_backward(float* dqkv, const float* cos_t, const float* sin_t, int B, i
                    cudaStream_t stream);
 // The forward on a bf16 qkv (the att_proj GEMM's bf16 output) and the backward on a bf16 dqkv (the bf16
 // attentions' output): rotated in fp32, rounded back to bf16.
-void rope_forward_bf16(uint16_t* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
-                       cudaStream_t stream);
-void rope_backward_bf16(uint16_t* dqkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
-                        cudaStream_t stream);
+void rope_forward(uint16_t* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
+                  cudaStream_t stream);
+void rope_backward(uint16_t* dqkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
+                   cudaStream_t stream);
 
 // Residual add (out may alias a or b) and in-place scaling (residual.cu).
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
@@ -193,23 +195,23 @@ void gelu_forward(float* out, const float* inp, size_t n, bool tanh_approx, cuda
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx, cudaStream_t stream);
 void swiglu_forward(float* out, const float* inp, int N, int H, cudaStream_t stream);
 // GELU and SwiGLU forward with the output rounded to bf16 (a GEMM operand; not in place).
-void gelu_forward_bf16(uint16_t* out, const float* inp, size_t n, bool tanh_approx, cudaStream_t stream);
-void swiglu_forward_bf16(uint16_t* out, const float* inp, int N, int H, cudaStream_t stream);
+void gelu_forward(uint16_t* out, const float* inp, size_t n, bool tanh_approx, cudaStream_t stream);
+void swiglu_forward(uint16_t* out, const float* inp, int N, int H, cudaStream_t stream);
 // SwiGLU forward and backward from a bf16 input (the ff_proj GEMM's bf16 output).
-void swiglu_forward_bf16_in(uint16_t* out, const uint16_t* inp, int N, int H, cudaStream_t stream);
-void swiglu_backward_bf16_in(float* dinp, const uint16_t* inp, const float* dout, int N, int H, cudaStream_t stream);
+void swiglu_forward(uint16_t* out, const uint16_t* inp, int N, int H, cudaStream_t stream);
+void swiglu_backward(float* dinp, const uint16_t* inp, const float* dout, int N, int H, cudaStream_t stream);
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H, cudaStream_t stream);
 // The backwards on bf16 gradients (amp_bf16: dout the ff_out GEMM's bf16 dinp, dinp the ff_proj GEMM's bf16
 // dout), fp32 math, dinp rounded once; GELU's fp32 pre-activation, SwiGLU's bf16 ff_proj output. GELU may
 // run in place (dinp == dout).
-void gelu_backward_bf16(uint16_t* dinp, const float* inp, const uint16_t* dout, size_t n, bool tanh_approx,
-                        cudaStream_t stream);
-void swiglu_backward_bf16(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int N, int H, cudaStream_t stream);
+void gelu_backward(uint16_t* dinp, const float* inp, const uint16_t* dout, size_t n, bool tanh_approx,
+                   cudaStream_t stream);
+void swiglu_backward(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int N, int H, cudaStream_t stream);
 // GELU on a bf16 pre-activation (the ff_proj GEMM's bf16 output): forward to bf16, backward on bf16
 // gradients; fp32 math, rounded once.
-void gelu_forward_bf16_in(uint16_t* out, const uint16_t* inp, size_t n, bool tanh_approx, cudaStream_t stream);
-void gelu_backward_bf16_in(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, size_t n, bool tanh_approx,
-                           cudaStream_t stream);
+void gelu_forward(uint16_t* out, const uint16_t* inp, size_t n, bool tanh_approx, cudaStream_t stream);
+void gelu_backward(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, size_t n, bool tanh_approx,
+                   cudaStream_t stream);
 
 // Causal attention over qkv (B, T, 3C): out (B, T, C), lse (B, NH, T) of the scaled scores; backward
 // overwrites dqkv, with `scratch` of attention_backward_scratch_floats(B, T, NH) floats. The native
@@ -276,9 +278,9 @@ void classifier_forward_backward(float* logits, float* losses, const int32_t* ta
                                  cudaStream_t stream);
 // The same over bf16 logits (the LM head GEMM's bf16 output): fp32 math, fp32 losses, the dlogits rounded to
 // bf16 in place.
-void classifier_forward_backward_bf16(uint16_t* logits, float* losses, const int32_t* targets, int N, int V,
-                                      float dloss_scale, bool compute_grad, float z_loss_multiplier, float* z_losses,
-                                      bool one_read, cudaStream_t stream);
+void classifier_forward_backward(uint16_t* logits, float* losses, const int32_t* targets, int N, int V,
+                                 float dloss_scale, bool compute_grad, float z_loss_multiplier, float* z_losses,
+                                 bool one_read, cudaStream_t stream);
 
 // Fused AdamW over a flat shard, PyTorch's semantics; grad_scale is the clip coefficient (adamw.cu).
 // param_bf16 (nullable) receives the updated parameters rounded to bf16 in the same pass.

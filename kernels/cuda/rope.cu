@@ -66,8 +66,8 @@ void rope_forward(float* qkv, const float* cos_t, const float* sin_t, int B, int
     rope_apply(qkv, cos_t, sin_t, B, T, NH, HS, 1.0f, stream);
 }
 
-void rope_forward_bf16(uint16_t* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
-                       cudaStream_t stream) {
+void rope_forward(uint16_t* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
+                  cudaStream_t stream) {
     rope_apply(qkv, cos_t, sin_t, B, T, NH, HS, 1.0f, stream);
 }
 
@@ -76,8 +76,8 @@ void rope_backward(float* dqkv, const float* cos_t, const float* sin_t, int B, i
     rope_apply(dqkv, cos_t, sin_t, B, T, NH, HS, -1.0f, stream);
 }
 
-void rope_backward_bf16(uint16_t* dqkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
-                        cudaStream_t stream) {
+void rope_backward(uint16_t* dqkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
+                   cudaStream_t stream) {
     rope_apply(dqkv, cos_t, sin_t, B, T, NH, HS, -1.0f, stream);
 }
 

@@ -194,25 +194,25 @@ void test_gelu() {
             expect_close(ref, dout.host(), "gelu_forward matches the CPU");
             expect_close(dref, dd.host(), "gelu_backward matches the CPU");
             Dev<uint16_t> dout16(n);
-            trainer::cuda::gelu_forward_bf16(dout16.p, dx.p, n, tanh_approx, nullptr);
-            expect_close_bf16(ref, dout16, "gelu_forward_bf16 matches the CPU rounded to bf16");
+            trainer::cuda::gelu_forward(dout16.p, dx.p, n, tanh_approx, nullptr);
+            expect_close_bf16(ref, dout16, "gelu_forward matches the CPU rounded to bf16");
             // On bf16 gradients (amp_bf16): the CPU on the rounded dout, rounded once; and in place.
             const auto [g16, gr] = bf16_rounded(g);
             std::vector<float> rref(n);
             trainer::cpu::gelu_backward(rref.data(), x.data(), gr.data(), n, tanh_approx);
             Dev<uint16_t> dg16(g16), dd16(n);
-            trainer::cuda::gelu_backward_bf16(dd16.p, dx.p, dg16.p, n, tanh_approx, nullptr);
-            expect_close_bf16(rref, dd16, "gelu_backward_bf16 matches the CPU rounded to bf16");
-            trainer::cuda::gelu_backward_bf16(dg16.p, dx.p, dg16.p, n, tanh_approx, nullptr);
-            expect(dg16.host() == dd16.host(), "gelu_backward_bf16 in place gives the same bits");
+            trainer::cuda::gelu_backward(dd16.p, dx.p, dg16.p, n, tanh_approx, nullptr);
+            expect_close_bf16(rref, dd16, "gelu_backward matches the CPU rounded to bf16");
+            trainer::cuda::gelu_backward(dg16.p, dx.p, dg16.p, n, tanh_approx, nullptr);
+            expect(dg16.host() == dd16.host(), "gelu_backward in place gives the same bits");
             // On a bf16 pre-activation (the bf16 ff_proj output): the CPU on the rounded input, rounded once.
             const auto [x16, xr] = bf16_rounded(x);
             std::vector<float> fref(n), bref(n);
             trainer::cpu::gelu_forward(fref.data(), xr.data(), n, tanh_approx);
             trainer::cpu::gelu_backward(bref.data(), xr.data(), gr.data(), n, tanh_approx);
             Dev<uint16_t> dx16(x16), df16(n), dg16b(g16), db16(n);
-            trainer::cuda::gelu_forward_bf16_in(df16.p, dx16.p, n, tanh_approx, nullptr);
-            trainer::cuda::gelu_backward_bf16_in(db16.p, dx16.p, dg16b.p, n, tanh_approx, nullptr);
+            trainer::cuda::gelu_forward(df16.p, dx16.p, n, tanh_approx, nullptr);
+            trainer::cuda::gelu_backward(db16.p, dx16.p, dg16b.p, n, tanh_approx, nullptr);
             expect_close_bf16(fref, df16, "gelu_forward from bf16 matches the CPU rounded to bf16");
             expect_close_bf16(bref, db16, "gelu_backward from bf16 matches the CPU rounded to bf16");
         }
@@ -234,8 +234,8 @@ void test_swiglu() {
             expect_close(ref, dy.host(), "swiglu_forward matches the CPU");
             expect_close(dref, dd.host(), "swiglu_backward matches the CPU");
             Dev<uint16_t> dy16(ref.size());
-            trainer::cuda::swiglu_forward_bf16(dy16.p, di.p, N, H, nullptr);
-            expect_close_bf16(ref, dy16, "swiglu_forward_bf16 matches the CPU rounded to bf16");
+            trainer::cuda::swiglu_forward(dy16.p, di.p, N, H, nullptr);
+            expect_close_bf16(ref, dy16, "swiglu_forward matches the CPU rounded to bf16");
             // From a bf16 input (the ff_proj GEMM's bf16 output): the CPU on the rounded input.
             const auto [in16, inr] = bf16_rounded(inp);
             std::vector<float> rref(ref.size()), rdref(inp.size());
@@ -243,8 +243,8 @@ void test_swiglu() {
             trainer::cpu::swiglu_backward(rdref.data(), inr.data(), dout.data(), N, H);
             Dev<uint16_t> di16(in16), dyr16(ref.size());
             Dev<float> ddr(inp.size());
-            trainer::cuda::swiglu_forward_bf16_in(dyr16.p, di16.p, N, H, nullptr);
-            trainer::cuda::swiglu_backward_bf16_in(ddr.p, di16.p, dg.p, N, H, nullptr);
+            trainer::cuda::swiglu_forward(dyr16.p, di16.p, N, H, nullptr);
+            trainer::cuda::swiglu_backward(ddr.p, di16.p, dg.p, N, H, nullptr);
             expect_close_bf16(rref, dyr16, "swiglu_forward from bf16 matches the CPU rounded to bf16");
             expect_close(rdref, ddr.host(), "swiglu_backward from bf16 matches the CPU on the rounded input");
             // All bf16 (amp_bf16's gradients): the CPU on the rounded input and dout, rounded once.
@@ -252,7 +252,7 @@ void test_swiglu() {
             std::vector<float> bref(inp.size());
             trainer::cpu::swiglu_backward(bref.data(), inr.data(), gr.data(), N, H);
             Dev<uint16_t> dg16(g16), dd16(inp.size());
-            trainer::cuda::swiglu_backward_bf16(dd16.p, di16.p, dg16.p, N, H, nullptr);
+            trainer::cuda::swiglu_backward(dd16.p, di16.p, dg16.p, N, H, nullptr);
             expect_close_bf16(bref, dd16, "swiglu_backward on bf16 matches the CPU rounded to bf16");
         }
     }
@@ -456,11 +456,11 @@ void test_layernorm() {
                     expect_close(rstd, drstd.host(), "layernorm rstd matches the CPU", 1e-5, 1e-4);
                     Dev<uint16_t> dy16(y.size());
                     Dev<float> dmean2(N), drstd2(N);
-                    trainer::cuda::layernorm_forward_bf16(dy16.p, rms ? nullptr : dmean2.p, drstd2.p, dxin.p,
-                                                          wp ? dwt.p : nullptr, bp ? dbs.p : nullptr, N, C, 1e-5f, rms,
-                                                          nullptr);
-                    expect_close_bf16(y, dy16, "layernorm_forward_bf16 matches the CPU rounded to bf16");
-                    expect_close(rstd, drstd2.host(), "layernorm_forward_bf16 keeps the fp32 statistics", 1e-5, 1e-4);
+                    trainer::cuda::layernorm_forward(dy16.p, rms ? nullptr : dmean2.p, drstd2.p, dxin.p,
+                                                     wp ? dwt.p : nullptr, bp ? dbs.p : nullptr, N, C, 1e-5f, rms,
+                                                     nullptr);
+                    expect_close_bf16(y, dy16, "layernorm_forward matches the CPU rounded to bf16");
+                    expect_close(rstd, drstd2.host(), "layernorm_forward keeps the fp32 statistics", 1e-5, 1e-4);
                     trainer::cpu::layernorm_backward(dx.data(), wp ? dw.data() : nullptr, bp ? db.data() : nullptr,
                                                      g.data(), x.data(), wp, mean_h, rstd.data(), N, C, rms);
                     trainer::cuda::layernorm_backward(ddx.p, wp ? ddw.p : nullptr, bp ? ddb.p : nullptr, dg.p, dxin.p,
@@ -661,7 +661,7 @@ void test_rope() {
                 auto [q16, qr] = bf16_rounded(qkv);
                 Dev<uint16_t> dq16(q16);
                 trainer::cpu::rope_forward(qr.data(), B, T, NH, HS, 10000.0f);
-                trainer::cuda::rope_forward_bf16(dq16.p, dc.p, ds.p, B, T, NH, HS, nullptr);
+                trainer::cuda::rope_forward(dq16.p, dc.p, ds.p, B, T, NH, HS, nullptr);
                 expect_close_bf16(qr, dq16, "rope_forward on bf16 matches the CPU rounded to bf16");
             }
             trainer::cpu::rope_forward(qkv.data(), B, T, NH, HS, 10000.0f);
@@ -671,7 +671,7 @@ void test_rope() {
                 auto [d16, dr] = bf16_rounded(qkv);
                 Dev<uint16_t> dd16(d16);
                 trainer::cpu::rope_backward(dr.data(), B, T, NH, HS, 10000.0f);
-                trainer::cuda::rope_backward_bf16(dd16.p, dc.p, ds.p, B, T, NH, HS, nullptr);
+                trainer::cuda::rope_backward(dd16.p, dc.p, ds.p, B, T, NH, HS, nullptr);
                 expect_close_bf16(dr, dd16, "rope_backward on bf16 matches the CPU rounded to bf16");
             }
             trainer::cpu::rope_backward(qkv.data(), B, T, NH, HS, 10000.0f);
@@ -706,9 +706,8 @@ void test_classifier() {
                         Dev<E> dl(in);
                         Dev<float> dloss(N), dz(N);
                         if constexpr (std::is_same_v<E, uint16_t>) {
-                            trainer::cuda::classifier_forward_backward_bf16(dl.p, dloss.p, dt.p, N, V, 0.01f, grad, z,
-                                                                            z != 0.0f ? dz.p : nullptr, one_read,
-                                                                            nullptr);
+                            trainer::cuda::classifier_forward_backward(dl.p, dloss.p, dt.p, N, V, 0.01f, grad, z,
+                                                                       z != 0.0f ? dz.p : nullptr, one_read, nullptr);
                         } else {
                             trainer::cuda::classifier_forward_backward(dl.p, dloss.p, dt.p, N, V, 0.01f, grad, z,
                                                                        z != 0.0f ? dz.p : nullptr, one_read, nullptr);
@@ -1087,8 +1086,8 @@ void test_matmul_gelu() {
                         Dev<uint16_t> dx16(x16), dw16(w16);
                         const float* db = bias_mode == 0 ? nullptr : dbias.p + (bias_mode == 2 ? 1 : 0);
                         if (bf16) {
-                            trainer::cuda::matmul_gelu_forward_bf16(gemm, dpre.p, dout.p, dx16.p, dw16.p, db, M, K, N,
-                                                                    nullptr);
+                            trainer::cuda::matmul_gelu_forward(gemm, dpre.p, dout.p, dx16.p, dw16.p, db, M, K, N,
+                                                               nullptr);
                         } else {
                             trainer::cuda::matmul_gelu_forward(gemm, dpre.p, dout.p, dx.p, dw.p, db, M, K, N, nullptr);
                         }
@@ -1105,7 +1104,7 @@ void test_matmul_gelu() {
                                                      M, K, N);
                         trainer::cpu::gelu_forward(out_r.data(), pre_r.data(), pre_r.size(), true);
                         Dev<uint16_t> db16(b16), dpre16(pre.size()), dout16(pre.size());
-                        const bool fused = trainer::cuda::matmul_gelu_forward_bf16_out(
+                        const bool fused = trainer::cuda::matmul_gelu_forward(
                             gemm, dpre16.p, dout16.p, dx16.p, dw16.p, bias_mode ? db16.p : nullptr, M, K, N, nullptr);
                         if (N % 8 != 0) expect(!fused, "the bf16 GELU epilogue refuses N not a multiple of 8");
                         if (!fused) continue;
@@ -1142,14 +1141,14 @@ void test_matmul_bf16() {
                 trainer::cpu::matmul_forward(y.data(), xr.data(), wr.data(), b.data(), M, K, N);
                 Dev<uint16_t> dx16(x16), dw16(w16), dg16(g16);
                 Dev<float> dbias(b), dy(y.size()), ddx(dx), ddw(dw);
-                trainer::cuda::matmul_forward_bf16(gemm, dy.p, dx16.p, dw16.p, dbias.p, M, K, N, nullptr);
+                trainer::cuda::matmul_forward(gemm, dy.p, dx16.p, dw16.p, dbias.p, M, K, N, nullptr);
                 expect_close(y, dy.host(), "bf16 matmul_forward matches the CPU on rounded operands", 1e-5, 1e-4);
                 // The bf16 output (no bias): the CPU's product rounded once.
                 std::vector<float> y0(y.size());
                 trainer::cpu::matmul_forward(y0.data(), xr.data(), wr.data(), static_cast<const float*>(nullptr), M, K,
                                              N);
                 Dev<uint16_t> dy16(y.size());
-                expect(trainer::cuda::matmul_forward_bf16_out(gemm, dy16.p, dx16.p, dw16.p, nullptr, M, K, N, nullptr),
+                expect(trainer::cuda::matmul_forward(gemm, dy16.p, dx16.p, dw16.p, nullptr, M, K, N, nullptr),
                        "cuBLASLt runs the bf16-output GEMM");
                 expect_close_bf16(y0, dy16, "bf16-output matmul_forward matches the CPU rounded to bf16");
                 // resid + the product + bias in one GEMM (the residual add in the epilogue), into another buffer
@@ -1158,27 +1157,27 @@ void test_matmul_bf16() {
                 std::vector<float> yr(y.size());
                 for (size_t i = 0; i < y.size(); ++i) yr[i] = resid[i] + y[i];
                 Dev<float> dres(resid), dres2(resid), dyr(y.size());
-                expect(trainer::cuda::matmul_residual_forward_bf16(gemm, dyr.p, dres.p, dx16.p, dw16.p, dbias.p, M, K,
-                                                                   N, nullptr),
+                expect(trainer::cuda::matmul_residual_forward(gemm, dyr.p, dres.p, dx16.p, dw16.p, dbias.p, M, K, N,
+                                                              nullptr),
                        "cuBLASLt runs the residual GEMM");
-                expect_close(yr, dyr.host(), "matmul_residual_forward_bf16 matches the CPU", 1e-5, 1e-4);
-                expect(trainer::cuda::matmul_residual_forward_bf16(gemm, dres2.p, dres2.p, dx16.p, dw16.p, dbias.p, M,
-                                                                   K, N, nullptr),
+                expect_close(yr, dyr.host(), "matmul_residual_forward matches the CPU", 1e-5, 1e-4);
+                expect(trainer::cuda::matmul_residual_forward(gemm, dres2.p, dres2.p, dx16.p, dw16.p, dbias.p, M, K, N,
+                                                              nullptr),
                        "cuBLASLt runs the residual GEMM in place");
-                expect_close(yr, dres2.host(), "matmul_residual_forward_bf16 in place matches the CPU", 1e-5, 1e-4);
+                expect_close(yr, dres2.host(), "matmul_residual_forward in place matches the CPU", 1e-5, 1e-4);
                 // With a bias, rounded to bf16 and added by the epilogue: the CPU with the rounded bias.
                 const auto [b16, br] = bf16_rounded(b);
                 std::vector<float> yb(y.size());
                 trainer::cpu::matmul_forward(yb.data(), xr.data(), wr.data(), br.data(), M, K, N);
                 Dev<uint16_t> db16(b16), dyb16(y.size());
-                expect(trainer::cuda::matmul_forward_bf16_out(gemm, dyb16.p, dx16.p, dw16.p, db16.p, M, K, N, nullptr),
+                expect(trainer::cuda::matmul_forward(gemm, dyb16.p, dx16.p, dw16.p, db16.p, M, K, N, nullptr),
                        "cuBLASLt runs the bf16-output GEMM with its bias epilogue");
                 expect_close_bf16(yb, dyb16, "bf16-output matmul_forward with a bias matches the CPU rounded to bf16");
                 // The products use the rounded copies (the bias gradient is test_bias_gradient's).
                 trainer::cpu::matmul_backward(dx.data(), dw.data(), static_cast<float*>(nullptr), gr.data(), xr.data(),
                                               wr.data(), M, K, N, false);
-                expect(trainer::cuda::matmul_backward_bf16(gemm, ddx.p, nullptr, ddw.p, dg16.p, dx16.p, dw16.p, M, K, N,
-                                                           false, nullptr),
+                expect(trainer::cuda::matmul_backward(gemm, ddx.p, nullptr, ddw.p, dg16.p, dx16.p, dw16.p, M, K, N,
+                                                      false, nullptr),
                        "the fp32-dinp backward runs");
                 expect_close(dx, ddx.host(), "bf16 matmul_backward dinp matches the CPU", 1e-5, 1e-4);
                 expect_close(dw, ddw.host(), "bf16 matmul_backward dweight matches the CPU", 1e-5, 1e-4);
@@ -1187,13 +1186,13 @@ void test_matmul_bf16() {
                 std::vector<float> dw2(w.size());
                 for (size_t i = 0; i < dw.size(); ++i) dw2[i] = 2.0f * dw[i];
                 Dev<uint16_t> ddx16(x.size());
-                expect(trainer::cuda::matmul_backward_bf16(gemm, nullptr, ddx16.p, ddw.p, dg16.p, dx16.p, dw16.p, M, K,
-                                                           N, false, nullptr),
+                expect(trainer::cuda::matmul_backward(gemm, nullptr, ddx16.p, ddw.p, dg16.p, dx16.p, dw16.p, M, K, N,
+                                                      false, nullptr),
                        "cuBLASLt runs the bf16-output backward GEMM");
                 expect_close_bf16(dx, ddx16, "bf16 matmul_backward bf16 dinp matches the CPU rounded to bf16");
                 expect_close(dw2, ddw.host(), "bf16 matmul_backward dweight accumulates", 1e-5, 1e-4);
-                expect(!trainer::cuda::matmul_backward_bf16(gemm, nullptr, ddx16.p, ddw.p, dg16.p, dx16.p, dw16.p, M, K,
-                                                            N, true, nullptr),
+                expect(!trainer::cuda::matmul_backward(gemm, nullptr, ddx16.p, ddw.p, dg16.p, dx16.p, dw16.p, M, K, N,
+                                                       true, nullptr),
                        "a bf16 dinp refuses to accumulate");
             }
         }
@@ -1222,8 +1221,8 @@ void test_matmul_gelu_backward() {
                 trainer::cpu::gelu_backward(dpre.data(), prer.data(), dact.data(), mk, true);
                 Dev<uint16_t> ddout(dout16), dw16(w16), dpre16(pre16), dact16(act16), got(mk);
                 Dev<float> ddw(std::vector<float>(nk, 0.25f));
-                const bool fused = trainer::cuda::matmul_backward_dgelu_bf16(gemm, got.p, ddw.p, ddout.p, dact16.p,
-                                                                             dw16.p, dpre16.p, M, K, N, nullptr);
+                const bool fused = trainer::cuda::matmul_backward_dgelu(gemm, got.p, ddw.p, ddout.p, dact16.p, dw16.p,
+                                                                        dpre16.p, M, K, N, nullptr);
                 if (K % 8 != 0) {
                     expect(!fused, "the DGELU epilogue refuses a GELU width not a multiple of 8");
                     expect_close(std::vector<float>(nk, 0.25f), ddw.host(), "a refused DGELU GEMM writes nothing", 0,
