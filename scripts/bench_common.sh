@@ -5,8 +5,10 @@
 bench_tokens() {
     mkdir -p data
     [[ -f data/bench_tokens.bin ]] && return 0
-    git ls-files '*.cpp' '*.h' '*.cu' '*.md' '*.py' '*.sh' | xargs "$1" prepare-data --tokenizer bytes --format llmc \
-        -o data/bench_tokens.bin >/dev/null
+    # The files as they are on disk (a copied tree's git index may be stale), in a fixed order.
+    find apps base core kernels parallel scripts docs tests -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' \
+        -o -name '*.md' -o -name '*.py' -o -name '*.sh' \) | LC_ALL=C sort | xargs "$1" prepare-data --tokenizer bytes \
+        --format llmc -o data/bench_tokens.bin >/dev/null
 }
 
 # Prints the trainer to run: TRAINER_BIN when set, else build/bin/trainer (built by scripts/build.sh when
