@@ -31,6 +31,7 @@
 #include "core/data/data.h"
 #include "core/data/tokenizer.h"
 #include "core/logits.h"
+#include "core/plan/auto.h"
 #include "core/plan/bench_comm.h"
 #include "core/plan/bench_kernels.h"
 #include "core/plan/plan.h"
@@ -507,7 +508,7 @@ int run_main(int argc, char** argv) {
     for (const auto& [name, run] : commands) {
         if (app.got_subcommand(name)) return run();
     }
-    return trainer::run_training(flags.load());
+    return trainer::run_training(trainer::resolve_training_config(flags.load()));
 }
 
 }  // namespace

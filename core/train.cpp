@@ -27,7 +27,6 @@
 #include "core/metrics.h"
 #include "core/model.h"
 #include "core/optimizer.h"
-#include "core/plan/auto.h"
 #include "core/plan/host_memory.h"
 #include "core/weights/checkpoint.h"
 #include "core/weights/hf_export.h"
@@ -203,9 +202,9 @@ class TrainingRun {
         const Device device = check_device_config(config_);
         device_ = device;
         silence_stdout_unless_rank0(env_);
-        // Every rank plans alike (the same config, world and op times), so every rank chooses the same.
-        if (config_.distributed_strategy == DistributedStrategy::kAuto)
-            config_ = choose_configuration(config_, env_, device);
+        // distributed_strategy auto is resolved before the run is built (resolve_training_config).
+        TRAINER_CHECK(config_.distributed_strategy != DistributedStrategy::kAuto,
+                      "distributed_strategy auto reached the training loop unresolved");
         check_parallel_config(config_, env_, device);
         if (config_.save_interval > 0 && !config_.save_folder) {  // a training question: logits and plan never save
             user_error("config save_interval: {} but save_folder is not set; set save_folder (--save-folder)",

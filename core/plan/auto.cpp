@@ -9,6 +9,7 @@
 #include "core/plan/host_memory.h"
 #include "core/plan/plan.h"
 #include "kernels/backend.h"
+#include "parallel/setup.h"
 
 namespace trainer {
 
@@ -41,6 +42,14 @@ TrainConfig choose_configuration(const TrainConfig& config, const RankEnv& env, 
                 r.description.c_str(), r.reasons.c_str());
     std::fflush(stdout);
     return *r.config;
+}
+
+TrainConfig resolve_training_config(const TrainConfig& config) {
+    if (config.distributed_strategy != DistributedStrategy::kAuto) return config;
+    const RankEnv env = detect_rank_env();
+    const Device device = check_device_config(config);
+    silence_stdout_unless_rank0(env);
+    return choose_configuration(config, env, device);
 }
 
 }  // namespace trainer

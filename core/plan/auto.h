@@ -14,4 +14,10 @@ namespace trainer {
 // UserError when nothing fits.
 TrainConfig choose_configuration(const TrainConfig& config, const RankEnv& env, Device device);
 
+// The configuration a run trains, resolved before the training loop is built: `config` itself, or under
+// distributed_strategy auto the plan's choice for the world this process was launched into (every rank plans
+// alike, so every rank chooses the same; rank 0 prints the choice and why). The loop takes a configuration,
+// never a planner.
+TrainConfig resolve_training_config(const TrainConfig& config);
+
 }  // namespace trainer
