@@ -6,13 +6,12 @@
 #include "base/trace.h"
 #include "core/model.h"
 #include "core/optimizer.h"
-#include "core/plan/step_time.h"
 #include "kernels/backend.h"
 #include "parallel/setup.h"
 
 namespace trainer {
 
-DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device, StepTimer* timer) {
+DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device, StepEventSink* timer) {
     DryRunStep r;
     // The step's events (not the initialisation's), in order: to the timer where there is one, else kept.
     bool live = false, in_optimizer = false;

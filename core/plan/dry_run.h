@@ -48,7 +48,13 @@ struct DryRunStep {
 // left as they were.
 // With `timer`, the events go to it as they happen and `events` stays empty (a step of a thousand
 // micro-batches has millions).
-class StepTimer;
-DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device, StepTimer* timer = nullptr);
+// Where a dry run's events go as they happen (the time model, core/plan/step_time.h).
+class StepEventSink {
+   public:
+    virtual ~StepEventSink() = default;
+    // The next event of the step; `optimizer`: it belongs to the optimizer step.
+    virtual void add(const StepEvent& e, bool optimizer) = 0;
+};
+DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device device, StepEventSink* timer = nullptr);
 
 }  // namespace trainer

@@ -50,12 +50,11 @@ struct StepTime {
 // every op's time (CPU ranks sharing cores beyond their count). With `trace`, the predicted step is
 // appended to it as Chrome trace events (the step's spans on the compute track, each collective on its
 // communicator's track), process `pid`.
-class StepTimer {
+class StepTimer final : public StepEventSink {
    public:
     StepTimer(const Hardware& hw, const Calibration* calibration, bool bf16, double slowdown = 1.0,
               Json* trace = nullptr, int pid = 0);
-    // The next event of the step; `optimizer`: it belongs to the optimizer step.
-    void add(const StepEvent& e, bool optimizer);
+    void add(const StepEvent& e, bool optimizer) override;
     // The step so far, ended when the parameters uploaded by its optimizer (CPU offload) have landed.
     StepTime result() const;
 
