@@ -15,8 +15,9 @@
 #include <thread>
 
 #include "base/common.h"
-#include "core/weights/checkpoint.h"
 #include "core/data/data.h"
+#include "core/plan/bench_kernels.h"
+#include "core/weights/checkpoint.h"
 #include "core/weights/safetensors.h"
 #include "kernels/backend.h"
 #include "test_util.h"
@@ -612,6 +613,26 @@ TEST_CASE("bench-kernels: times every op of a step at the config's shapes agains
     CHECK_THAT(r.out, !Contains("bf16 Linear (ceiling)"));
     const auto bad = run_trainer({"bench-kernels", "--reps", "0", "--config", "configs/tiny.json"});
     CHECK(bad.exit_code != 0);
+}
+
+TEST_CASE("bench-kernels: has a row for every compute op a step of each model family runs on each device") {
+    // The model's own op sequence (a dry run of one step) against the bench's rows: a new op in the model fails
+    // here rather than going unmeasured. CUDA in amp_bf16 with bf16 operands takes other paths (fused GEMM
+    // epilogues, bf16 operands); its dry run needs no GPU.
+    for (const char* file : {"configs/tiny.json", "tests/fixtures/gpt2_tiny.json", "tests/fixtures/olmo_tiny.json",
+                             "tests/fixtures/olmo2_tiny.json", "configs/gpt2_124m.json", "configs/olmo2_1b.json"}) {
+        for (const bool cuda : {false, true}) {
+            CAPTURE(file, cuda);
+            trainer::Json doc = trainer::read_config_file(test_util::source_dir() + "/" + file);
+            doc["data"]["paths"] = trainer::Json::array({"unused.bin"});
+            doc["precision"] = cuda ? "amp_bf16" : "fp32";
+            doc["kernels"]["bf16_activations"] = cuda;
+            doc["kernels"]["attention"] = cuda ? "cudnn" : "native";
+            const trainer::TrainConfig config = trainer::validate_config(doc);
+            CHECK(
+                trainer::ops_without_bench_rows(config, cuda ? trainer::Device::kCuda : trainer::Device::kCpu).empty());
+        }
+    }
 }
 
 TEST_CASE("train: the instance filter masks repetitive instances out of the loss and counts them") {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -220,7 +221,8 @@ class StepOps {
         const float eps = static_cast<float>(m.layer_norm_eps);
         const char* norm_name = m.rms_norm() ? "rmsnorm" : "layernorm";
         // The norms as the model runs them: before each sublayer, or after it (norm_after: the sublayer's output
-        // normed and added to the residual stream), and the QK-norm on q and k.
+        // normed and added to the residual stream), and the QK-norm on q and k. The final norm before the head is
+        // a plain one in either case (with norm_after, the only plain one).
         if (m.norm_after) {
             ops.push_back({fmt::format("{} + residual forward", norm_name), [=](Backend& b) {
                                b.norm_residual_forward(y.f32(), x.f32(), mean.f32(), rstd.f32(), atto, w, nullptr, N, C,
@@ -230,20 +232,20 @@ class StepOps {
                                b.norm_residual_backward(datto, dw, nullptr, x.f32(), atto, w, mean.f32(), rstd.f32(), N,
                                                         C, kind);
                            }});
-        } else {
-            ops.push_back({fmt::format("{} forward", norm_name), [=](Backend& b) {
-                               b.layernorm_forward(yo, mean.f32(), rstd.f32(), x.f32(), w, nullptr, N, C, eps, kind);
+        }
+        const char* which = m.norm_after ? " (final norm)" : "";
+        ops.push_back({fmt::format("{} forward{}", norm_name, which), [=](Backend& b) {
+                           b.layernorm_forward(yo, mean.f32(), rstd.f32(), x.f32(), w, nullptr, N, C, eps, kind);
+                       }});
+        if (m.norm_backward_from_output()) {  // as the model runs it
+            ops.push_back({fmt::format("{} backward from its output{}", norm_name, which), [=](Backend& b) {
+                               b.norm_backward_from_output(dx.f32(), y.f32(), yo, rstd.f32(), N, C, kind);
                            }});
-            if (m.norm_backward_from_output()) {  // as the model runs it
-                ops.push_back({fmt::format("{} backward from its output", norm_name), [=](Backend& b) {
-                                   b.norm_backward_from_output(dx.f32(), y.f32(), yo, rstd.f32(), N, C, kind);
-                               }});
-            } else {
-                ops.push_back({fmt::format("{} backward", norm_name), [=](Backend& b) {
-                                   b.layernorm_backward(dx.f32(), dw, nullptr, y.f32(), x.f32(), w, mean.f32(),
-                                                        rstd.f32(), N, C, kind);
-                               }});
-            }
+        } else {
+            ops.push_back({fmt::format("{} backward{}", norm_name, which), [=](Backend& b) {
+                               b.layernorm_backward(dx.f32(), dw, nullptr, y.f32(), x.f32(), w, mean.f32(), rstd.f32(),
+                                                    N, C, kind);
+                           }});
         }
         if (m.attention_layer_norm) {
             qk = buf(2 * NC);
@@ -330,7 +332,36 @@ class StepOps {
     GemmOperand qko;
 };
 
+// The ops a step of `config` runs that no row of `ops` runs: every compute op a dry run of one step issues (copies,
+// fills, casts, reductions to the host and waits are priced by their bytes, not by a row), less the ops the rows
+// issue through the dry backend. A new op in the model then fails here, in every bench-kernels run and its test,
+// instead of going unmeasured.
+std::vector<std::string> ops_without_rows(const TrainConfig& config, Device device, const std::vector<Op>& ops,
+                                          bool operands_bf16) {
+    static const std::set<std::string> by_bytes = {
+        "fill_zero",           "copy",      "copy_async",   "copy_device_to_device", "copy_device_to_host",
+        "copy_host_to_device", "host_wait", "device_wait",  "cast_float_to_bf16",    "cast_bf16_to_float",
+        "round_to_bf16",       "sum",       "scale_inplace"};
+    std::set<std::string> rows;
+    auto dry = make_dry_backend([&rows](const OpCost& c) { rows.insert(c.op); }, operands_bf16);
+    for (const Op& op : ops) op.run(*dry);
+    TrainConfig one = config;
+    one.global_train_batch_size = config.device_train_microbatch_size;
+    one.distributed_strategy = DistributedStrategy::kSingle;
+    std::set<std::string> missing;
+    for (const StepEvent& e : dry_run_step(one, RankEnv{}, device).events) {
+        if (e.kind == StepEvent::kOp && !by_bytes.count(e.what) && !rows.count(e.what)) missing.insert(e.what);
+    }
+    return {missing.begin(), missing.end()};
+}
+
 }  // namespace
+
+std::vector<std::string> ops_without_bench_rows(const TrainConfig& config, Device device) {
+    auto dry = make_dry_backend({}, gemm_operands_bf16_for(config, device));
+    const StepOps step_ops(config, *dry);
+    return ops_without_rows(config, device, step_ops.ops, step_ops.op16);
+}
 
 int run_kernel_bench(const TrainConfig& config, int reps, const std::string& calibration_out) {
     const Device device = check_device_config(config);
@@ -349,6 +380,10 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     const int B = step_ops.B, T = step_ops.T, C = step_ops.C, NH = step_ops.NH, HS = step_ops.HS, P = step_ops.P,
               H = step_ops.H, V = step_ops.V, N = step_ops.N, R = step_ops.R;
     const bool op16 = step_ops.op16;
+    if (const std::vector<std::string> missing = ops_without_rows(config, device, ops, op16); !missing.empty()) {
+        TRAINER_CHECK(false, "bench-kernels has no row for {}, which a step of this config runs (add it to StepOps)",
+                      fmt::join(missing, ", "));
+    }
 
     // Rooflines: the device's peak as training's MFU counts it (the backend's, or peak_flops_per_device);
     // bandwidth stated by the backend where it knows it, and measured by a device-to-device copy as well.

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "base/config.h"
 
@@ -14,5 +15,9 @@ namespace trainer {
 // `calibration_out`, also writes the measured time of each op with its FLOPs and bytes there (JSON), for
 // `trainer plan --calibration`.
 int run_kernel_bench(const TrainConfig& config, int reps, const std::string& calibration_out = "");
+
+// The compute ops a step of `config` on `device` runs (a dry run of it) that bench-kernels has no row for; empty
+// when every one is timed. run_kernel_bench refuses to run with any (an internal error naming them).
+std::vector<std::string> ops_without_bench_rows(const TrainConfig& config, Device device);
 
 }  // namespace trainer
