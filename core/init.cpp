@@ -11,8 +11,8 @@
 #include <cstdint>
 
 #include "base/common.h"
-#include "core/weights/hf_names.h"
 #include "core/model.h"
+#include "core/weights/hf_names.h"
 
 namespace trainer {
 namespace {

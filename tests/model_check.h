@@ -8,8 +8,8 @@
 
 #include "base/layout.h"
 #include "core/data/data.h"
-#include "core/weights/hf_names.h"
 #include "core/model.h"
+#include "core/weights/hf_names.h"
 #include "core/weights/safetensors.h"
 #include "kernels/backend.h"
 #include "parallel/strategy.h"

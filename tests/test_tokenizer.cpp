@@ -326,7 +326,8 @@ TEST_CASE("tokenizers: invalid UTF-8 special tokens and ids that do not fit are 
     r = run_trainer({"prepare-data", "--tokenizer", "gpt2", "--tokenizer-dir", dir.path("none"), dir.path("ok.txt"),
                      "-o", dir.path("never.bin")});
     CHECK(r.exit_code == 1);
-    CHECK_THAT(r.err, Contains("encoder.json: cannot be read (No such file or directory); run scripts/fetch_tokenizers.sh"));
+    CHECK_THAT(r.err,
+               Contains("encoder.json: cannot be read (No such file or directory); run scripts/fetch_tokenizers.sh"));
     CHECK(!std::filesystem::exists(dir.path("never.bin")));
     r = run_trainer({"detokenize", "--tokenizer", "gpt2", "--tokenizer-dir", tokenizer_dir(), dir.path("ok.txt")});
     CHECK(r.exit_code == 1);
