@@ -531,6 +531,11 @@ TEST_CASE("plan: a hardware file copied and edited moves what its fields should"
     CHECK(unknown.exit_code == 1);
     CHECK(unknown.err.find("plan --hardware h300: unknown; expected one of a100-40gb, a100-40gb-pcie, a100-80gb, cpu, "
                            "h100-sxm, h200") != std::string::npos);
+    const auto wrong_format = test_util::run_trainer(
+        {"plan", "--config", "configs/tiny.json", "--hardware", a100("format", {{"format", 5}})});
+    CHECK(wrong_format.exit_code == 1);
+    CHECK(wrong_format.err.find("format.json: expected an object with \"format\": \"trainer-hardware\"") !=
+          std::string::npos);
     const auto missing_field = test_util::run_trainer(
         {"plan", "--config", "configs/tiny.json", "--hardware", a100("missing", {{"memory_gib", nullptr}})});
     CHECK(missing_field.err.find("missing.json: memory_gib: required, not set") != std::string::npos);

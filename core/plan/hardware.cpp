@@ -80,7 +80,7 @@ struct Entry {
 
 Entry read_entry(const std::string& path) {
     const Json j = read_json_file(path, "hardware file");
-    if (!j.is_object() || j.value("format", "") != "trainer-hardware") {
+    if (!j.is_object() || !j.contains("format") || j["format"] != "trainer-hardware") {
         user_error("hardware file {}: expected an object with \"format\": \"trainer-hardware\" (see {})", path,
                    hardware_dir());
     }
