@@ -15,7 +15,7 @@ enum class Device { kAuto, kCpu, kCuda };
 enum class Precision { kFp32, kAmpBf16 };
 enum class AttentionKernel { kAuto, kNative, kCudnn, kFlash };
 enum class DistributedBackend { kAuto, kGloo, kNccl };
-enum class DistributedStrategy { kSingle, kDdp, kFsdp, kAuto };  // kAuto: the plan chooses (core/plan/plan.h)
+enum class DistributedStrategy { kSingle, kDdp, kFsdp, kAuto };  // kAuto: the plan chooses (core/plan/auto.h)
 enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard };
 enum class WrappingStrategy {
     kNull,  // JSON null: the whole model is one FSDP unit

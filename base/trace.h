@@ -22,7 +22,7 @@ void start(int rank);
 void stop();
 inline bool enabled() { return detail::g_enabled.load(std::memory_order_relaxed); }
 
-// A dry run's view of the spans (core/plan/plan.h): while an observer is set on a thread, that thread's spans are
+// A dry run's view of the spans (core/plan/dry_run.h): while an observer is set on a thread, that thread's spans are
 // reported to it at their begin and end instead of being recorded, so a predicted step carries the same
 // spans as a measured one.
 struct SpanObserver {

@@ -145,7 +145,7 @@ class Model {
 // The forward and backward passes of one optimizer step under the strategy's hooks: zero_grads and
 // begin_step, each of the `accumulation` micro-batches of `batch` instances (tokens_for(k) gives micro-batch
 // k's tokens), then finish_backward. Returns the sums of the token losses. The
-// training loop and the dry runs (core/plan/plan.h) both take a step through it.
+// training loop and the dry runs (core/plan/dry_run.h) both take a step through it.
 // A micro-batch's tokens, (batch, L) on the host, and which instances count (nullable: all; see
 // Model::forward_backward).
 struct MicroBatchTokens {

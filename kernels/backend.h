@@ -403,7 +403,7 @@ struct OpCost {
     uint64_t ticket = 0;
 };
 // A backend that computes nothing and allocates nothing (kernels/dry_backend.cpp), for dry runs of a step
-// (core/plan/plan.h): alloc and alloc_host hand out distinct addresses that are never dereferenced, while the
+// (core/plan/dry_run.h): alloc and alloc_host hand out distinct addresses that are never dereferenced, while the
 // DeviceBuffers that own them are counted by the memory accounting as in a real run; every op is reported
 // to `observer` (when set) with its cost for fp32 storage (2 bytes an element of a bf16 GemmOperand), and
 // so is every copy_async (with distinct tickets from 1) and every wait on one; host values (sums, norms)

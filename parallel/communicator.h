@@ -94,7 +94,7 @@ struct CollectiveCall {
     bool spans_nodes;  // the group has ranks on more than one node
     bool wait;         // false: issued; true: waited for
 };
-// A communicator that moves nothing (dry runs, core/plan/plan.h): rank `rank` of `size`, every collective
+// A communicator that moves nothing (dry runs, core/plan/dry_run.h): rank `rank` of `size`, every collective
 // complete at once and reported to `observer` (when set) at its issue and at each wait. With `gloo_scratch`
 // it takes the Gloo communicator's reduce-scatter buffer as that does, so the memory accounting sees what a
 // Gloo run counts.

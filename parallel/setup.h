@@ -73,7 +73,7 @@ World connect_world(const TrainConfig& config, const RankEnv& env, Device device
 std::unique_ptr<Communicator> connect_group(World& world, Backend* backend, const std::string& prefix, int rank,
                                             int size);
 
-// The World of a dry run (core/plan/plan.h) for rank env.rank of env.world_size: communicators that move
+// The World of a dry run (core/plan/dry_run.h) for rank env.rank of env.world_size: communicators that move
 // nothing (taking the Gloo communicator's buffers where the run would use Gloo) reporting each collective
 // to `observer`, and the strategy the config names over them, built as make_world builds it.
 World make_dry_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend,

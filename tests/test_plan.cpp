@@ -1,4 +1,4 @@
-// Dry runs (core/plan/plan.h): the peak memory a dry run of one step predicts, by category, is what the real
+// Dry runs (core/plan/dry_run.h): the peak memory a dry run of one step predicts, by category, is what the real
 // run's accounting measures (rank 0 of the same world), under every strategy, precision, grad_sync mode,
 // activation checkpointing policy and CPU offload; and the step's events are the ops and collectives the
 // strategy issues; the time model overlaps and queues collectives as the strategy issues them; and `trainer

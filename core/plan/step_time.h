@@ -1,4 +1,4 @@
-// The time model of `trainer plan`: a dry run's events (core/plan/plan.h) replayed on a clock. Each op takes its
+// The time model of `trainer plan`: a dry run's events (core/plan/dry_run.h) replayed on a clock. Each op takes its
 // calibrated time (bench-kernels measured on this machine, scaled by its work) or, without a calibration,
 // its roofline time on the hardware entry at that entry's efficiencies; each collective runs on its
 // communicator's queue (one at a time, in issue order) for a ring algorithm's time over the link its group
@@ -28,7 +28,7 @@
 namespace trainer {
 
 // A ring collective's cost on a link: `steps` latencies, and `bytes` that each rank sends (and receives) at the
-// link's bandwidth. `bytes` is the call's as a dry run reports it (core/plan/plan.h): a reduce-scatter's or
+// link's bandwidth. `bytes` is the call's as a dry run reports it (core/plan/dry_run.h): a reduce-scatter's or
 // all-gather's shard, an all-reduce's or broadcast's buffer. A reduce-scatter or all-gather moves n-1 shards in
 // n-1 steps, an all-reduce is both (2(n-1)/n of its buffer in 2(n-1) steps), a broadcast forwards its buffer
 // along n-1 steps, a barrier takes log2(n) latencies.
