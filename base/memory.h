@@ -27,6 +27,8 @@ enum class MemCategory : int {
     kCount
 };
 constexpr int kNumMemCategories = static_cast<int>(MemCategory::kCount);
+// Bytes in a GiB, the unit memory is planned and reported in.
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // JSON/console name of a category ("parameters", "gradients", ..., "host_parameters", ...).
 const char* mem_category_name(MemCategory c);

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "base/common.h"
+#include "base/memory.h"
 #include "core/plan/host_memory.h"
 #include "core/plan/plan.h"
 #include "kernels/backend.h"
@@ -25,15 +26,14 @@ TrainConfig choose_configuration(const TrainConfig& config, const RankEnv& env, 
     const int gpus = device == Device::kCuda ? cuda_device_count() : 0;
     if (const std::optional<CudaDeviceInfo> gpu = gpus > 0 ? cuda_device_info(env.local_rank % gpus) : std::nullopt;
         gpu && o.device_memory_gib <= 0.0) {
-        o.device_memory_gib = static_cast<double>(gpu->memory_bytes) / (1024.0 * 1024.0 * 1024.0);
+        o.device_memory_gib = static_cast<double>(gpu->memory_bytes) / kGiB;
     }
     // The host memory this node has (its capacity, alike on every rank: the run's own check then compares
     // what is available at its start), so the choice is never an offload the node cannot hold.
     o.host_memory_gib = config.plan.host_memory_gib.value_or(0.0);
     if (o.host_memory_gib <= 0.0) {
         const int64_t have = host_capacity_bytes();
-        if (have >= 0)
-            o.host_memory_gib = std::max<double>(static_cast<double>(have), 1.0) / (1024.0 * 1024.0 * 1024.0);
+        if (have >= 0) o.host_memory_gib = std::max<double>(static_cast<double>(have), 1.0) / kGiB;
     }
     const Recommendation r = recommend(config, env, device, o);
     if (!r.config) user_error("distributed_strategy auto: {}", r.reasons);

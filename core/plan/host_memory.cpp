@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/common.h"
+#include "base/memory.h"
 #include "core/plan/dry_run.h"
 #include "kernels/backend.h"
 #include "parallel/setup.h"
@@ -90,14 +91,13 @@ void check_offload_host_memory(const TrainConfig& config, const RankEnv& env, De
     }
     memory_restore_peaks(before);
     // Every rank of this node keeps its offloaded state in the node's memory.
-    const double gib = 1024.0 * 1024.0 * 1024.0;
     const int64_t need = per_rank * env.local_world_size, have = available_host_bytes();
     if (have >= 0 && need > have) {
         user_error(
             "cpu_offload.optimizer_state: the offloaded state needs {:.2f} GiB of host memory per rank x {} ranks on "
             "this node = {:.2f} GiB, but {:.2f} GiB is available (MemAvailable, or the memory cgroup's limit); shard "
             "it over more ranks (fsdp FULL_SHARD), use more nodes, or turn the offload off",
-            per_rank / gib, env.local_world_size, need / gib, have / gib);
+            per_rank / kGiB, env.local_world_size, need / kGiB, have / kGiB);
     }
 }
 
@@ -114,12 +114,11 @@ void check_shared_device_memory(const TrainConfig& config, const RankEnv& env, D
     if (free_bytes < 0) return;
     const int64_t per_rank = dry_run_step(config, env, device).total_peak, need = per_rank * sharing;
     if (need > free_bytes) {
-        const double gib = 1024.0 * 1024.0 * 1024.0;
         user_error(
             "{} ranks share GPU {}: each plans a peak of {:.2f} GiB of device memory (trainer plan's dry run of this "
             "configuration), {:.2f} GiB together, but the GPU has {:.2f} GiB free; start fewer ranks a node, use a "
             "smaller micro-batch or model, or shard more (fsdp FULL_SHARD, activation_checkpointing)",
-            sharing, device_index, per_rank / gib, need / gib, free_bytes / gib);
+            sharing, device_index, per_rank / kGiB, need / kGiB, free_bytes / kGiB);
     }
 }
 

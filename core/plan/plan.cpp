@@ -126,8 +126,6 @@ struct Plan {
     Device device = Device::kCpu;
 };
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 // The GPU this rank computes on (its local rank modulo the GPUs present), where the node has one.
 std::optional<CudaDeviceInfo> local_gpu(const RankEnv& env) {
     const int n = cuda_device_count();
@@ -228,8 +226,7 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
             if (is_config && config.distributed_strategy == DistributedStrategy::kAuto) {
                 user_error("distributed_strategy auto: the plan chooses it");
             }
-            c = is_config ? config : with_execution(config, *cand.choice);
-            check_config(c);
+            c = is_config ? config : with_execution(config, *cand.choice);  // with_execution runs check_config
             check_parallel_config(c, env, device);
         } catch (const UserError& e) {
             // Not a configuration this world runs (e.g. a batch that does not split over the ranks).
