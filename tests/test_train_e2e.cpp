@@ -17,6 +17,7 @@
 #include "base/common.h"
 #include "core/data/data.h"
 #include "core/plan/bench_kernels.h"
+#include "core/plan/dry_run.h"
 #include "core/weights/checkpoint.h"
 #include "core/weights/safetensors.h"
 #include "kernels/backend.h"
@@ -596,41 +597,81 @@ TEST_CASE("errors: bad weights and checkpoints end with one error line and damag
                  "metadata.json files.rank0.bin.bytes: expected a non-negative integer, not \"many\"");
 }
 
-TEST_CASE("bench-kernels: times every op of a step at the config's shapes against the roofline") {
+TEST_CASE("bench-kernels: times the ops of a real step at the config's shapes against the roofline") {
     const auto r = run_trainer(
         {"bench-kernels", "--reps", "1", "--config", "configs/tiny.json", "--device", "cpu", "--threads", "2"});
     INFO(r.out << r.err);
     REQUIRE(r.exit_code == 0);
     CHECK_THAT(r.out, Contains("shape: micro-batch 4 x T 64, d_model 64, 4 heads of 16"));
-    for (const char* op : {"att_proj GEMM forward", "ff_out GEMM backward", "LM head GEMM (one chunk) forward",
-                           "layernorm backward from its output", "rope forward", "attention backward", "swiglu forward",
-                           "classifier (one chunk)", "embedding backward", "adamw (one block)"}) {
-        CAPTURE(op);
-        CHECK_THAT(r.out, Contains(std::string("| ") + op + " | "));
+    // Each op at each shape the step runs, with its calls a step (tiny: 2 blocks of 4 x 64 rows, d_model 64, SwiGLU's
+    // 512 -> 256, OLMo's non-parametric LayerNorm backward from its output: two a block and the final one), and the
+    // parts of the fused ops (the attention output's GEMM and the residual add), timed for the plan.
+    for (const char* row :
+         {"| matmul_forward | M 256, K 64, N 192 | 2 |", "| matmul_backward | M 256, K 256, N 64 | 2 |",
+          "| matmul_forward | M 256, K 64, N 320 | 1 |", "| norm_backward_from_output | N 256, C 64 | 5 |",
+          "| rope_forward | B 4, T 64, 4 heads of 16 | 2 |", "| attention_backward | B 4, T 64, 4 heads of 16 | 2 |",
+          "| swiglu_forward | N 256, H 256 | 2 |", "| classifier_forward_backward | N 256, V 320 | 1 |",
+          "| embedding_backward | N 256, C 64 | 1 |", "| matmul_residual_forward | M 256, K 64, N 64 | 2 |",
+          "| residual_forward | n 16384 | part |", "| adamw_update_multi | 3 ranges, n 151552 | 1 |"}) {
+        CAPTURE(row);
+        CHECK_THAT(r.out, Contains(row));
     }
+    CHECK_THAT(r.out, Contains("a step's ops, each timed alone: "));
     // Every row ends in a share of the roofline. The GEMMs' bf16 Linear ceilings are rows on CUDA only.
     CHECK_THAT(r.out, Contains("% |"));
     CHECK_THAT(r.out, !Contains("bf16 Linear (ceiling)"));
+    // A deeper model is timed on its first two blocks and counted whole; the optimizer's one call over every
+    // range is timed over the cut model's and scaled by its bytes.
+    const auto deep = run_trainer({"bench-kernels", "--reps", "1", "--config", "configs/tiny.json", "--device", "cpu",
+                                   "--threads", "2", "--set", "model.n_layers=6"});
+    INFO(deep.out << deep.err);
+    REQUIRE(deep.exit_code == 0);
+    CHECK_THAT(deep.out, Contains("6 blocks; timed on a step of the first 2"));
+    CHECK_THAT(deep.out, Contains("| attention_forward | B 4, T 64, 4 heads of 16 | 6 |"));
+    CHECK_THAT(deep.out, Contains("| norm_backward_from_output | N 256, C 64 | 13 |"));
+    CHECK_THAT(deep.out, Contains("| adamw_update_multi | 7 ranges, n 413696 | 1 |"));
     const auto bad = run_trainer({"bench-kernels", "--reps", "0", "--config", "configs/tiny.json"});
     CHECK(bad.exit_code != 0);
 }
 
-TEST_CASE("bench-kernels: has a row for every compute op a step of each model family runs on each device") {
-    // The model's own op sequence (a dry run of one step) against the bench's rows: a new op in the model fails
-    // here rather than going unmeasured. CUDA in amp_bf16 with bf16 operands takes other paths (fused GEMM
-    // epilogues, bf16 operands); its dry run needs no GPU.
+TEST_CASE(
+    "bench-kernels: its rows are every compute op call of a step of each model family on each device and recompute") {
+    // The rows' calls, each counted by the dry backend's names of its costs (a fused op by its parts), against the
+    // compute ops of a dry run of the same step: every call the step makes is a row, and each row's calls are the
+    // step's. The cut step (two blocks) must run every op the whole model runs, under each layer pattern of
+    // activation checkpointing too. CUDA in amp_bf16 with bf16 operands takes other paths (fused GEMM epilogues,
+    // bf16 operands); its dry run needs no GPU.
+    const std::set<std::string> by_bytes = {
+        "fill_zero",           "copy",      "copy_async",   "copy_device_to_device", "copy_device_to_host",
+        "copy_host_to_device", "host_wait", "device_wait",  "cast_float_to_bf16",    "cast_bf16_to_float",
+        "round_to_bf16",       "sum",       "scale_inplace"};
     for (const char* file : {"configs/tiny.json", "tests/fixtures/gpt2_tiny.json", "tests/fixtures/olmo_tiny.json",
                              "tests/fixtures/olmo2_tiny.json", "configs/gpt2_124m.json", "configs/olmo2_1b.json"}) {
         for (const bool cuda : {false, true}) {
-            CAPTURE(file, cuda);
-            trainer::Json doc = trainer::read_config_file(test_util::source_dir() + "/" + file);
-            doc["data"]["paths"] = trainer::Json::array({"unused.bin"});
-            doc["precision"] = cuda ? "amp_bf16" : "fp32";
-            doc["kernels"]["bf16_activations"] = cuda;
-            doc["kernels"]["attention"] = cuda ? "cudnn" : "native";
-            const trainer::TrainConfig config = trainer::validate_config(doc);
-            CHECK(
-                trainer::ops_without_bench_rows(config, cuda ? trainer::Device::kCuda : trainer::Device::kCpu).empty());
+            for (const char* recompute : {"null", "one_in_two", "two_in_three", "fine_grained"}) {
+                CAPTURE(file, cuda, recompute);
+                trainer::Json doc = trainer::read_config_file(test_util::source_dir() + "/" + file);
+                doc["data"]["paths"] = trainer::Json::array({"unused.bin"});
+                doc["precision"] = cuda ? "amp_bf16" : "fp32";
+                doc["kernels"]["bf16_activations"] = cuda;
+                doc["kernels"]["attention"] = cuda ? "cudnn" : "native";
+                doc["activation_checkpointing"] =
+                    std::strcmp(recompute, "null") == 0 ? trainer::Json(nullptr) : trainer::Json(recompute);
+                doc["model"]["n_layers"] = 5;
+                const trainer::TrainConfig config = trainer::validate_config(doc);
+                const trainer::Device device = cuda ? trainer::Device::kCuda : trainer::Device::kCpu;
+                std::map<std::string, long> from_rows, from_step;
+                for (const trainer::RecordedOp& r : trainer::bench_kernel_rows(config, device)) {
+                    for (const std::string& op : r.cost_ops) from_rows[op] += r.calls;
+                }
+                trainer::TrainConfig one = config;
+                one.global_train_batch_size = config.device_train_microbatch_size;
+                one.distributed_strategy = trainer::DistributedStrategy::kSingle;
+                for (const trainer::StepEvent& e : trainer::dry_run_step(one, trainer::RankEnv{}, device).events) {
+                    if (e.kind == trainer::StepEvent::kOp && !by_bytes.count(e.what)) ++from_step[e.what];
+                }
+                CHECK(from_rows == from_step);
+            }
         }
     }
 }
