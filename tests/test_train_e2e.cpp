@@ -634,8 +634,7 @@ TEST_CASE("bench-kernels: times the ops of a real step at the config's shapes ag
     CHECK(bad.exit_code != 0);
 }
 
-TEST_CASE(
-    "bench-kernels: its rows are every compute op call of a step of each model family on each device and recompute") {
+TEST_CASE("bench-kernels: its rows count every compute op call of a step on each path") {
     // The rows' calls, each counted by the dry backend's names of its costs (a fused op by its parts), against the
     // compute ops of a dry run of the same step: every call the step makes is a row, and each row's calls are the
     // step's. The cut step (two blocks) must run every op the whole model runs, under each layer pattern of

@@ -33,7 +33,10 @@ class ThreadGovernor {
     double last_wall_ = 0.0, last_cpu_ = 0.0, last_idle_ = 0.0;
 };
 
-// Core clock in Hz measured with a chain of dependent integer adds (one per cycle); 0 where unsupported.
+// Core clock in Hz measured with a chain of dependent 64-bit integer multiplies: 3 cycles each on every x86-64
+// core since Intel's Nehalem and AMD's Zen (Agner Fog's instruction tables), with a run-time operand no renamer
+// folds. (A chain of dependent immediate adds is not one add a cycle: Intel cores since Golden Cove fold such
+// chains and run them several times faster, which read as a clock of 10-20 GHz.) 0 where unsupported.
 double measure_clock_hz();
 
 // fp32 FMA throughput (FLOP/s) of `threads` threads over about `seconds`: independent FMA chains on the
