@@ -14,6 +14,7 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -27,6 +28,7 @@
 #include "kernels/backend.h"
 #include "kernels/element.h"
 #include "parallel/communicator.h"
+#include "parallel/rank_env.h"
 #include "parallel/tcp_store.h"
 
 namespace trainer {
@@ -55,8 +57,12 @@ class GlooCommunicator final : public Communicator {
             context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
             context_->setTimeout(timeout);
             gloo::rendezvous::PrefixStore prefixed(prefix, store);
+            // Where this rank listens, for the other ranks' errors (published before the barrier, so read after it).
+            const std::string host = host_name(), where = (host.empty() ? "" : host + " ") + bind_host;
+            store.set(fmt::format("{}/where/{}", prefix, rank), std::vector<char>(where.begin(), where.end()));
             rendezvous_barrier(store, prefix, rank, size);
             context_->connectFullMesh(prefixed, device_);
+            read_peers(store);
         } catch (const gloo::Exception& e) {
             user_error("communicator {} rank {}/{}: connecting the full mesh through {} failed: {}", prefix, rank, size,
                        store.address(), e.what());
@@ -194,6 +200,26 @@ class GlooCommunicator final : public Communicator {
     }
     uint32_t next_tag() { return tag_++; }
 
+    // The text naming this rank's peers and where they listen, for the errors of its collectives: every peer in a
+    // group of up to 9 ranks, else the 8 nearest in rank order (a ring's neighbours first), read once now, since
+    // the store may be out of reach when a collective fails.
+    void read_peers(TcpStore& store) {
+        std::vector<int> order;
+        for (int d = 1; d < size_ && order.size() < 8; ++d) {
+            for (const int peer : {(rank_ + d) % size_, (rank_ - d + size_) % size_}) {
+                if (order.size() < 8 && std::find(order.begin(), order.end(), peer) == order.end())
+                    order.push_back(peer);
+            }
+        }
+        std::vector<std::string> items;
+        for (const int peer : order) {
+            const std::vector<char> where = store.get(fmt::format("{}/where/{}", prefix_, peer));
+            items.push_back(fmt::format("rank {} on {}", peer, std::string(where.begin(), where.end())));
+        }
+        peers_ = fmt::format("{}: {}", static_cast<int>(order.size()) == size_ - 1 ? "its peers" : "its nearest peers",
+                             fmt::join(items, ", "));
+    }
+
     // Queues `op` (`bytes`: what this rank contributes, for the trace).
     CommHandle enqueue(const char* what, size_t bytes, std::function<void()> op) {
         auto task = std::make_shared<std::packaged_task<void()>>([this, what, bytes, op = std::move(op)] {
@@ -205,9 +231,9 @@ class GlooCommunicator final : public Communicator {
                 // launcher (trainer launch, mpirun, srun) sees the rank that died first and names it.
                 std::this_thread::sleep_for(std::chrono::seconds(1));
                 user_error(
-                    "{} failed on rank {}/{}: {} (a peer died, or did not issue the same collective within "
-                    "{} s)",
-                    what, rank_, size_, e.what(), timeout_.count() / 1000.0);
+                    "{} failed on rank {}/{}: {} (a peer died, its link went down, or it did not issue the same "
+                    "collective within {} s); {}",
+                    what, rank_, size_, e.what(), timeout_.count() / 1000.0, peers_);
             }
         });
         CommHandle h(task->get_future().share());
@@ -237,6 +263,7 @@ class GlooCommunicator final : public Communicator {
     int rank_, size_;
     std::chrono::milliseconds timeout_;
     std::string prefix_;  // the group's name ("world", "shard0", ...), for the trace
+    std::string peers_;   // read_peers
     std::shared_ptr<gloo::transport::Device> device_;
     std::shared_ptr<gloo::rendezvous::Context> context_;
     uint32_t tag_ = 1;

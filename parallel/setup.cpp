@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/common.h"
+#include "parallel/bind_address.h"
 #include "parallel/comm_stream.h"
 #include "parallel/wrap_policy.h"
 
@@ -36,16 +37,6 @@ Collectives collectives_for(const TrainConfig& c, Device device, int world) {
     if (world == 1) return Collectives::kLocal;
     if (c.distributed_backend == DistributedBackend::kGloo) return Collectives::kGloo;
     return device == Device::kCuda ? Collectives::kNccl : Collectives::kGloo;
-}
-
-// Where this rank's Gloo pairs listen: TRAINER_GLOO_HOST when set, loopback on one node, else this
-// machine's hostname (which the other nodes must resolve to a routable address).
-std::string gloo_bind_host(const RankEnv& env) {
-    if (const char* h = std::getenv("TRAINER_GLOO_HOST")) return h;
-    if (env.num_nodes() == 1) return "127.0.0.1";
-    const std::string name = host_name();
-    if (name.empty()) user_error("rank {}: gethostname failed", env.rank);
-    return name;
 }
 
 // A communicator over ranks [0, size) of a group whose store keys start with `prefix`.
@@ -252,7 +243,11 @@ World connect_world(const TrainConfig& config, const RankEnv& env, Device device
     world.env = env;
     world.collectives = collectives_for(config, device, env.world_size);
     world.timeout = std::chrono::milliseconds(static_cast<long>(config.distributed_timeout_seconds * 1000));
-    // Ranks meet at rank 0's store; Gloo (loopback for one node) or NCCL connects them.
+    // Ranks meet at rank 0's store; Gloo or NCCL connects them. Gloo's address is settled first: a setting that
+    // names nothing here ends the run before it waits for anyone.
+    if (world.collectives == Collectives::kGloo) {
+        world.gloo_host = gloo_bind_host(env, [](const char* name) { return std::getenv(name); });
+    }
     if (world.collectives != Collectives::kLocal) {
         if (env.rank == 0) world.store_server = std::make_unique<TcpStoreServer>(env.master_port);
         world.store = std::make_unique<TcpStore>(env.master_addr, env.master_port, world.timeout);
@@ -275,8 +270,7 @@ std::unique_ptr<Communicator> connect_group(World& world, Backend* backend, cons
         case Collectives::kNccl:
             return make_nccl_communicator(*world.store, prefix, rank, size, world.timeout, backend);
         case Collectives::kGloo: {
-            auto host =
-                make_gloo_communicator(*world.store, prefix, rank, size, world.timeout, gloo_bind_host(world.env));
+            auto host = make_gloo_communicator(*world.store, prefix, rank, size, world.timeout, world.gloo_host);
             // On a GPU: each collective's device buffers staged through pinned host memory (comm_stream.h).
             if (backend != nullptr && backend->name() == "cuda")
                 return make_staged_communicator(std::move(host), make_cuda_comm_stream(backend), "Gloo", world.timeout);

@@ -55,13 +55,14 @@ struct World {
     std::vector<std::unique_ptr<Communicator>> sub_comms;  // HYBRID_SHARD's shard and replica groups
     std::unique_ptr<Strategy> strategy;
     std::chrono::milliseconds timeout{0};  // distributed_timeout_seconds: connection and every collective
+    std::string gloo_host;                 // Gloo: the address this rank's pairs listen on (parallel/bind_address.h)
 
     int rank() const { return env.rank; }
     int size() const { return env.world_size; }
 };
 
-// Connects the ranks (rank 0's store at MASTER_ADDR:MASTER_PORT; Gloo on loopback for one node, or NCCL on
-// the backend's GPU) and builds the strategy the config names over them. The config must have passed
+// Connects the ranks (rank 0's store at MASTER_ADDR:MASTER_PORT; Gloo on the address gloo_bind_host finds, or NCCL
+// on the backend's GPU) and builds the strategy the config names over them. The config must have passed
 // check_parallel_config.
 World make_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend,
                  const ParamLayout& layout);

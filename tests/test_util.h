@@ -195,10 +195,53 @@ inline RunResult launch(int nproc, const std::vector<std::string>& args) {
     return run_trainer(a);
 }
 
-// Starts node `node` of `nnodes` (`trainer launch` with `nproc` ranks, rank 0's store on this machine at
-// `port`, Gloo on loopback), every rank running `args`; its output goes to `log`. Returns the launcher's pid.
+// A network lab (scripts/netlab.sh) owned by this process, removed when it goes out of scope: `nodes` network
+// namespaces, node i at address(i) on its own stack, joined through a bridge by links limited to `rate` (as tc
+// writes it: "500mbit"; "none": not limited).
+class NetLab {
+   public:
+    // Why no lab can be made on this machine, "" where one can: the namespaces need root.
+    static std::string unavailable() {
+        if (::geteuid() != 0) return "not root (network namespaces need root)";
+        if (::system("ip netns list >/dev/null 2>&1") != 0) return "ip netns does not work here";
+        return "";
+    }
+    NetLab(int nodes, const std::string& rate) : name_("tnl" + std::to_string(::getpid())) {
+        const std::string cmd = "cd '" + source_dir() + "' && bash scripts/netlab.sh up " + name_ + " " +
+                                std::to_string(nodes) + " " + rate;
+        REQUIRE(::system(cmd.c_str()) == 0);
+    }
+    ~NetLab() {
+        const std::string cmd = "cd '" + source_dir() + "' && bash scripts/netlab.sh down " + name_;
+        (void)!::system(cmd.c_str());
+    }
+    NetLab(const NetLab&) = delete;
+    NetLab& operator=(const NetLab&) = delete;
+    const std::string& name() const { return name_; }
+    static std::string address(int node) { return "10.77.0." + std::to_string(node + 1); }
+    // `argv` as a command run in node `node`'s namespace.
+    std::vector<std::string> in_node(int node, const std::vector<std::string>& argv) const {
+        std::vector<std::string> a = {"/bin/bash", "scripts/netlab.sh", "exec", name_, std::to_string(node)};
+        a.insert(a.end(), argv.begin(), argv.end());
+        return a;
+    }
+    // Node `node`'s link up or down (its cable put back or pulled, at the bridge).
+    void set_link(int node, bool up) const {
+        const std::string cmd = "cd '" + source_dir() + "' && bash scripts/netlab.sh link " + name_ + " " +
+                                std::to_string(node) + (up ? " up" : " down");
+        REQUIRE(::system(cmd.c_str()) == 0);
+    }
+
+   private:
+    std::string name_;
+};
+
+// Starts node `node` of `nnodes` (`trainer launch` with `nproc` ranks, rank 0's store at `port`), every rank
+// running `args`; its output goes to `log`. Returns the launcher's pid. On this machine's loopback (rank 0's
+// store and Gloo on 127.0.0.1), or with `lab`, in the lab's node `node` (the store at node 0's address, and Gloo
+// on the address each rank finds itself).
 inline pid_t start_node(int nnodes, int node, int nproc, const std::string& port, const std::vector<std::string>& args,
-                        const std::string& log) {
+                        const std::string& log, const NetLab* lab = nullptr) {
     std::vector<std::string> argv = {trainer_binary(),
                                      "launch",
                                      "--nnodes",
@@ -208,22 +251,24 @@ inline pid_t start_node(int nnodes, int node, int nproc, const std::string& port
                                      "--nproc-per-node",
                                      std::to_string(nproc),
                                      "--master-addr",
-                                     "127.0.0.1",
+                                     lab != nullptr ? NetLab::address(0) : "127.0.0.1",
                                      "--master-port",
                                      port,
                                      "--"};
     argv.insert(argv.end(), args.begin(), args.end());
+    if (lab != nullptr) return start_logged(lab->in_node(node, argv), log);
     return start_logged(argv, log, {"TRAINER_GLOO_HOST=127.0.0.1"});
 }
 
-// `trainer launch` as `nnodes` nodes of `nproc` ranks each on this machine (start_node), every rank running
-// `args`; node k's output goes to log_prefix + k + ".log". Checks that every node exits 0, showing its log
-// where one does not.
-inline void launch_nodes(int nnodes, int nproc, const std::vector<std::string>& args, const std::string& log_prefix) {
+// `trainer launch` as `nnodes` nodes of `nproc` ranks each (start_node: on this machine, or in `lab`'s nodes), every
+// rank running `args`; node k's output goes to log_prefix + k + ".log". Checks that every node exits 0, showing its
+// log where one does not.
+inline void launch_nodes(int nnodes, int nproc, const std::vector<std::string>& args, const std::string& log_prefix,
+                         const NetLab* lab = nullptr) {
     const std::string port = free_port();
     std::vector<pid_t> nodes;
     for (int node = 0; node < nnodes; ++node)
-        nodes.push_back(start_node(nnodes, node, nproc, port, args, log_prefix + std::to_string(node) + ".log"));
+        nodes.push_back(start_node(nnodes, node, nproc, port, args, log_prefix + std::to_string(node) + ".log", lab));
     for (int node = 0; node < nnodes; ++node) {
         INFO(read_file_if_exists(log_prefix + std::to_string(node) + ".log"));
         REQUIRE(wait_exit_code(nodes[node]) == 0);
