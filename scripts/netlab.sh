@@ -16,6 +16,10 @@
 #   scripts/netlab.sh up LAB NODES [RATE]      make lab LAB (tnl<owner pid>) of NODES nodes; RATE as tc writes it
 #                                              (100mbit, 1gbit, ...; "none": not limited; default none)
 #   scripts/netlab.sh exec LAB NODE COMMAND... run COMMAND in node NODE's namespace
+#   scripts/netlab.sh launch LAB NPROC TRAINER -- ARGS...
+#                                              `TRAINER launch` on every node of LAB (NPROC ranks each, rank 0's store
+#                                              on node 0), every rank running ARGS; output prefixed "[node i] ";
+#                                              exits with the first failing node's status
 #   scripts/netlab.sh link LAB NODE up|down    set node NODE's link up or down (a cable pulled, and put back)
 #   scripts/netlab.sh addr NODE                node NODE's address (10.77.0.NODE+1)
 #   scripts/netlab.sh down LAB                 remove lab LAB
@@ -144,6 +148,26 @@ run() {
     return "$status"
 }
 
+launch() {
+    local lab=$1 nproc=$2 trainer=$3 nodes i status=0
+    shift 3
+    [[ ${1:-} == -- ]] || die "launch LAB NPROC TRAINER -- ARGS..."
+    shift
+    check_lab "$lab"
+    nodes=$(ip netns list | awk '{print $1}' | grep -cE "^$lab-n[0-9]+$" || true)
+    ((nodes > 0)) || die "no lab $lab (scripts/netlab.sh up $lab NODES RATE)"
+    local -a launched=()
+    for ((i = 0; i < nodes; i++)); do
+        ip netns exec "$lab-n$i" "$trainer" launch --nnodes "$nodes" --node-rank "$i" --nproc-per-node "$nproc" \
+            --master-addr "$(addr 0)" --master-port 29500 -- "$@" > >(sed -u "s/^/[node $i] /") 2>&1 &
+        launched+=($!)
+    done
+    for i in "${!launched[@]}"; do
+        wait "${launched[$i]}" || { ((status != 0)) || status=$?; }
+    done
+    return "$status"
+}
+
 (($#)) || die "no command (see the header of $0)"
 cmd=$1
 shift
@@ -160,6 +184,7 @@ case $cmd in
         ip netns list | awk '{print $1}' | grep -qx "$lab-n$node" || die "lab $lab has no node $node"
         exec ip netns exec "$lab-n$node" "$@"
         ;;
+    launch) need_root; (($# >= 4)) || die "launch LAB NPROC TRAINER -- ARGS..."; launch "$@" ;;
     link)
         need_root
         (($# == 3)) && [[ $3 == up || $3 == down ]] || die "link LAB NODE up|down"

@@ -34,10 +34,15 @@ std::string cpu_blas_description() {
     const bool core_avx512 = core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids";
     if (avx512 && !core_avx512) {
         const char* pinned = std::getenv("OPENBLAS_CORETYPE");
-        text += fmt::format(
-            " (note: this CPU has AVX-512 but OpenBLAS runs its {} kernels{}; OpenBLAS's own detection picks "
-            "AVX-512 kernels, about 1.6x faster GEMMs here)",
-            core, pinned ? fmt::format(" because OPENBLAS_CORETYPE={}", pinned) : "");
+        // Pinned to a narrower set by the environment, or OpenBLAS's detection does not know this CPU model (a
+        // new or virtual CPU falls back to its oldest x86-64 set, Prescott).
+        text += pinned != nullptr
+                    ? fmt::format(" (note: this CPU has AVX-512 but OpenBLAS runs its {} kernels because "
+                                  "OPENBLAS_CORETYPE={}; unset it, or set SkylakeX, for its AVX-512 kernels)",
+                                  core, pinned)
+                    : fmt::format(" (note: this CPU has AVX-512 but OpenBLAS's detection does not know its model and "
+                                  "runs its {} kernels; OPENBLAS_CORETYPE=SkylakeX runs its AVX-512 kernels)",
+                                  core);
     }
 #endif
     return text;
