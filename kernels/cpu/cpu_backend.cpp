@@ -37,12 +37,14 @@ std::string cpu_blas_description() {
         // Pinned to a narrower set by the environment, or OpenBLAS's detection does not know this CPU model (a
         // new or virtual CPU falls back to its oldest x86-64 set, Prescott).
         text += pinned != nullptr
-                    ? fmt::format(" (note: this CPU has AVX-512 but OpenBLAS runs its {} kernels because "
-                                  "OPENBLAS_CORETYPE={}; unset it, or set SkylakeX, for its AVX-512 kernels)",
-                                  core, pinned)
-                    : fmt::format(" (note: this CPU has AVX-512 but OpenBLAS's detection does not know its model and "
-                                  "runs its {} kernels; OPENBLAS_CORETYPE=SkylakeX runs its AVX-512 kernels)",
-                                  core);
+                    ? fmt::format(
+                          " (note: this CPU has AVX-512 but OpenBLAS runs its {} kernels because "
+                          "OPENBLAS_CORETYPE={}; unset it, or set SkylakeX, for its AVX-512 kernels)",
+                          core, pinned)
+                    : fmt::format(
+                          " (note: this CPU has AVX-512 but OpenBLAS's detection does not know its model and "
+                          "runs its {} kernels; OPENBLAS_CORETYPE=SkylakeX runs its AVX-512 kernels)",
+                          core);
     }
 #endif
     return text;
