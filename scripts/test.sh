@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything, builds, and runs every test: format check -> release build (warnings as errors,
 # CUDA parts compiled when nvcc is found) + all tests -> address/undefined sanitizer build + all tests ->
-# the fuzz targets for 30 s each (dev/fuzz.sh).
+# the fuzz targets for 20 s each (dev/fuzz.sh).
 # Usage: scripts/test.sh [--fast]   (--fast: skip the sanitizer pass and the fuzzing)
 # The sanitizer pass leaves out the FSDP wrap-policy matrix, the 4-rank cpu_bench memory check, the
 # activation-checkpointing strategy matrix and the emulated attention kernels' shape sweeps (CMakePresets.json):
@@ -31,7 +31,7 @@ if [[ "${1:-}" != "--fast" ]]; then
     cmake --build --preset cpu-asan -j "$jobs"
     echo "== tests (address + undefined sanitizers)"
     ctest --preset cpu-asan -j "$jobs"
-    echo "== fuzzing (libFuzzer: every reader of user input for 30 s)"
-    bash dev/fuzz.sh 30
+    echo "== fuzzing (libFuzzer: every reader of user input for 20 s)"
+    bash dev/fuzz.sh 20
 fi
 echo "== all tests passed"
