@@ -120,6 +120,24 @@ up() {
     done
 }
 
+# Runs COMMAND in every node of lab $1 ($2 nodes) at once, an argument "{node}" replaced by the node's index, with
+# NETLAB_NODE, NETLAB_NODES, NETLAB_ADDR and NETLAB_MASTER set and each output line prefixed "[node i] "; waits for
+# all and returns the first failing node's status. The commands' pids are in `pids` (for a trap to stop them).
+on_every_node() {
+    local lab=$1 nodes=$2 i rc status=0
+    shift 2
+    pids=()
+    for ((i = 0; i < nodes; i++)); do
+        NETLAB_NODE=$i NETLAB_NODES=$nodes NETLAB_ADDR=$(addr "$i") NETLAB_MASTER=$(addr 0) \
+            ip netns exec "$lab-n$i" "${@//\{node\}/$i}" > >(sed -u "s/^/[node $i] /") 2>&1 &
+        pids+=($!)
+    done
+    for i in "${!pids[@]}"; do
+        wait "${pids[$i]}" || { rc=$?; ((status != 0)) || status=$rc; }
+    done
+    return "$status"
+}
+
 run() {
     local nodes=2 rate=none
     while (($#)); do
@@ -131,41 +149,25 @@ run() {
         esac
     done
     (($#)) || die "run: no command after --"
-    local lab=tnl$$ i status=0
+    local lab=tnl$$
     pids=()
     # On any exit: the nodes' commands stopped (they would live on in namespaces without names), the lab removed.
     trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait; down '"$lab" EXIT
     trap 'exit 130' INT TERM
     up "$lab" "$nodes" "$rate"
-    for ((i = 0; i < nodes; i++)); do
-        NETLAB_NODE=$i NETLAB_NODES=$nodes NETLAB_ADDR=$(addr "$i") NETLAB_MASTER=$(addr 0) \
-            ip netns exec "$lab-n$i" "$@" > >(sed -u "s/^/[node $i] /") 2>&1 &
-        pids+=($!)
-    done
-    for i in "${!pids[@]}"; do
-        wait "${pids[$i]}" || { ((status != 0)) || status=$?; }
-    done
-    return "$status"
+    on_every_node "$lab" "$nodes" "$@"
 }
 
 launch() {
-    local lab=$1 nproc=$2 trainer=$3 nodes i status=0
+    local lab=$1 nproc=$2 trainer=$3 nodes
     shift 3
     [[ ${1:-} == -- ]] || die "launch LAB NPROC TRAINER -- ARGS..."
     shift
     check_lab "$lab"
     nodes=$(ip netns list | awk '{print $1}' | grep -cE "^$lab-n[0-9]+$" || true)
     ((nodes > 0)) || die "no lab $lab (scripts/netlab.sh up $lab NODES RATE)"
-    local -a launched=()
-    for ((i = 0; i < nodes; i++)); do
-        ip netns exec "$lab-n$i" "$trainer" launch --nnodes "$nodes" --node-rank "$i" --nproc-per-node "$nproc" \
-            --master-addr "$(addr 0)" --master-port 29500 -- "$@" > >(sed -u "s/^/[node $i] /") 2>&1 &
-        launched+=($!)
-    done
-    for i in "${!launched[@]}"; do
-        wait "${launched[$i]}" || { ((status != 0)) || status=$?; }
-    done
-    return "$status"
+    on_every_node "$lab" "$nodes" "$trainer" launch --nnodes "$nodes" --node-rank "{node}" --nproc-per-node "$nproc" \
+        --master-addr "$(addr 0)" --master-port 29500 -- "$@"
 }
 
 (($#)) || die "no command (see the header of $0)"

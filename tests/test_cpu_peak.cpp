@@ -1,8 +1,6 @@
 // The CPU's MFU denominator (kernels/cpu/machine.h): the peak the formula reports (cores x clock x FLOP a cycle)
 // against the FMA rate the same cores reach, measured.
-#include <cstdio>
-#include <fstream>
-#include <string>
+#include <algorithm>
 
 #include "kernels/cpu/machine.h"
 #include "test_util.h"
@@ -37,11 +35,7 @@ TEST_CASE("cpu peak: the reported fp32 peak is within 2x of the measured FMA rat
 TEST_CASE("cpu peak: the measured clock is near the clock the kernel reports") {
     // /proc/cpuinfo's "cpu MHz" is the nominal or current clock; cores boost above it, by less than 2x on every
     // x86 server and desktop part, and a virtual machine's is the host's.
-    std::ifstream f("/proc/cpuinfo");
-    double mhz = 0.0;
-    for (std::string line; std::getline(f, line);) {
-        if (line.rfind("cpu MHz", 0) == 0) mhz = std::max(mhz, std::atof(line.substr(line.find(':') + 1).c_str()));
-    }
+    const double mhz = trainer::cpuinfo_clock_hz() / 1e6;
     const double hz = trainer::measure_clock_hz();
     if (mhz <= 0.0 || hz <= 0.0) {
         WARN("skipped: no cpu MHz in /proc/cpuinfo or no clock measurement on this architecture");

@@ -229,13 +229,18 @@ double measure_fma_peak(int threads, double seconds) {
     return best_fma_rate(threads, widest_lanes(), 1 << 18, 3, seconds / 3);
 }
 
-CpuPeak cpu_peak_flops(int threads) {
+double cpuinfo_clock_hz() {
     std::ifstream f("/proc/cpuinfo");
     std::string line;
     double mhz = 0.0;
     while (std::getline(f, line)) {
         if (line.rfind("cpu MHz", 0) == 0) mhz = std::max(mhz, std::atof(line.substr(line.find(':') + 1).c_str()));
     }
+    return mhz * 1e6;
+}
+
+CpuPeak cpu_peak_flops(int threads) {
+    const double mhz = cpuinfo_clock_hz() / 1e6;
     // /proc/cpuinfo gives the nominal clock; cores boost above it, so the clock is also measured (a chain of
     // dependent integer multiplies, 3 cycles each) and the larger of the two is used.
     const double measured_hz = measure_clock_hz();

@@ -39,6 +39,9 @@ class ThreadGovernor {
 // chains and run them several times faster, which read as a clock of 10-20 GHz.) 0 where unsupported.
 double measure_clock_hz();
 
+// The largest "cpu MHz" of /proc/cpuinfo in Hz (nominal or current, not boosted); 0 where there is none.
+double cpuinfo_clock_hz();
+
 // fp32 FMA throughput (FLOP/s) of `threads` threads over about `seconds`: independent FMA chains on the
 // widest vectors the CPU has (chosen at run time, whatever the build targets). The practical peak.
 double measure_fma_peak(int threads, double seconds);
