@@ -5,23 +5,15 @@
 #include "kernels/cpu/machine.h"
 #include "test_util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define TRAINER_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TRAINER_TEST_SANITIZED 1
-#endif
-#endif
-
 TEST_CASE("cpu peak: the reported fp32 peak is within 2x of the measured FMA rate on one core") {
     // The formula's clock comes from a chain of dependent multiplies and its FLOP a cycle from the FMA rate over
     // that clock, rounded to whole pipes: a clock read wrong (a chain the core folds) or pipes counted wrong
     // moves it away from what the FMAs do. Best of a few measurements of each, so a busy moment elsewhere on a
     // shared machine slows one and not the result.
-#ifdef TRAINER_TEST_SANITIZED
-    WARN("skipped: a sanitizer build's FMA loops run instrumented, far below the cores' rate");
-    return;
-#endif
+    if (test_util::sanitized) {
+        WARN("skipped: a sanitizer build's FMA loops run instrumented, far below the cores' rate");
+        return;
+    }
     double measured = 0.0, reported = 0.0;
     for (int trial = 0; trial < 3; ++trial) {
         measured = std::max(measured, trainer::measure_fma_peak(1, 0.1));

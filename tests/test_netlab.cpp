@@ -143,6 +143,11 @@ TEST_CASE("netlab: a node whose link goes down mid-run ends every rank within th
 // Alone ([serial]): a test beside it on the same cores slows the Gloo workers below the link's rate.
 TEST_CASE("netlab: bench-comm measures a limited link within 15% of its rate", "[serial]") {
     if (skipped()) return;
+    if (test_util::sanitized) {
+        // Measured there at 0.84x the rate: the reduce-scatter's sums run instrumented between the sends.
+        WARN("skipped: a sanitizer build's Gloo workers and reductions run instrumented, below the link's rate");
+        return;
+    }
     TempDir dir;
     const NetLab lab(2, "400mbit");
     const std::string out = dir.path("links.json");

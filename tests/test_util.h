@@ -23,7 +23,23 @@
 #include "core/weights/safetensors.h"
 #include "parallel/tcp_store.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define TRAINER_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TRAINER_TEST_SANITIZED 1
+#endif
+#endif
+
 namespace test_util {
+
+// True in the address-sanitizer build, whose instrumented loops run far below the machine's rates: a test that
+// measures a rate (FLOP/s, a link's bandwidth) skips there and runs in the release build.
+#ifdef TRAINER_TEST_SANITIZED
+constexpr bool sanitized = true;
+#else
+constexpr bool sanitized = false;
+#endif
 
 inline std::string source_dir() { return TRAINER_SOURCE_DIR; }
 inline std::string fixture(const std::string& name) { return source_dir() + "/tests/fixtures/" + name; }
