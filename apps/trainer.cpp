@@ -333,6 +333,46 @@ int split_launch_args(int& argc, char** argv, CLI::App* launch_cmd, std::vector<
     return 0;
 }
 
+// `trainer launch --max-restarts N`: the ranks must train (a subcommand is not restarted), into a save folder
+// they checkpoint every save_interval steps, which a restarted round resumes from (try_load_latest_save).
+void check_restartable(const trainer::LaunchOptions& o, const CLI::App& root) {
+    const std::string what = fmt::format("launch --max-restarts {}", o.max_restarts);
+    bool subcommand = false;
+    try {
+        subcommand = !o.args.empty() && root.get_subcommand(o.args[0]) != nullptr;
+    } catch (const CLI::OptionNotFound&) {
+    }
+    if (subcommand) {
+        trainer::user_error("{}: restarts training runs; the ranks run `trainer {}`, which is not one", what,
+                            o.args[0]);
+    }
+    CLI::App app{"the ranks' arguments"};
+    TrainingFlags flags;
+    flags.add_to(app);
+    std::vector<std::string> words = {"trainer"};
+    words.insert(words.end(), o.args.begin(), o.args.end());
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
+    try {
+        app.parse(static_cast<int>(argv.size()), argv.data());
+    } catch (const CLI::ParseError& e) {
+        trainer::user_error("{}: the ranks' arguments: {}", what, e.what());
+    }
+    const trainer::TrainConfig c = flags.load();
+    if (!c.save_folder) {
+        trainer::user_error(
+            "{}: the run has no save_folder, so a restart could only train again from step 0; set save_folder "
+            "(--save-folder) and save_interval",
+            what);
+    }
+    if (c.save_interval <= 0) {
+        trainer::user_error(
+            "{}: save_interval is {}, so the run saves only at its end and a restart would train again from step 0 "
+            "(or an older checkpoint in {}); set save_interval to the steps a failure may cost",
+            what, c.save_interval, *c.save_folder);
+    }
+}
+
 Run add_launch(CLI::App& app, std::shared_ptr<trainer::LaunchOptions> o) {
     auto* cmd = app.add_subcommand(
         "launch", "start the local ranks of one node (torchrun-like): trainer launch --nproc-per-node N -- ARGS");
@@ -341,9 +381,18 @@ Run add_launch(CLI::App& app, std::shared_ptr<trainer::LaunchOptions> o) {
     cmd->add_option("--node-rank", o->node_rank, "this node's index, 0..nnodes-1");
     cmd->add_option("--master-addr", o->master_addr, "address of rank 0's node (rendezvous store)");
     cmd->add_option("--master-port", o->master_port, "port of the rendezvous store");
-    return [o] {
+    cmd->add_option("--max-restarts", o->max_restarts,
+                    "after a rank fails, start every rank of every node again, resuming from the newest complete "
+                    "checkpoint, up to this many times (torchrun's flag; needs save_folder and save_interval)");
+    cmd->add_option("--join-timeout", o->join_timeout_seconds,
+                    "with --max-restarts: seconds a round waits for every node's launcher (default 600)");
+    return [o, &app] {
         if (o->args.empty()) {
             trainer::user_error("launch: no trainer arguments; usage: trainer launch --nproc-per-node N -- ARGS");
+        }
+        if (o->max_restarts > 0) {
+            check_restartable(*o, app);
+            o->restart_args = {"--set", "try_load_latest_save=true"};
         }
         return trainer::launch(*o);
     };

@@ -117,6 +117,7 @@ const std::vector<KeySpec>& schema() {
         {"init_from", KeyType::kString, nullptr, true, {}, -kInf, kInf, "initial weights with Hugging Face names (GPT2LMHeadModel / OlmoForCausalLM): a safetensors file, or a Hugging Face model directory (one model.safetensors or shards with their index; its config.json must agree); a resumed run (load_path) takes the checkpoint's weights instead"},
         {"metrics_file", KeyType::kString, nullptr, true, {}, -kInf, kInf, "write one JSON object per step here (and a final summary)"},
         {"console_log_interval", KeyType::kInt, 1, false, {}, 1, 9e18, "print a console line every N steps"},
+        {"straggler_factor", KeyType::kFloat, 1.5, false, {}, 1.0, 1e9, "every console_log_interval steps the ranks compare their compute time a step (the step less its waits on collectives); a rank above this factor times the median is named on the console with its host and its times, and in the metrics (stragglers)"},
         {"utilization_interval", KeyType::kInt, 1, false, {}, 0, 9e18, "every N steps, measure how much of the step the device ran kernels (device_busy_fraction), waited for collectives (device_comm_wait_fraction) or waited for the host (device_host_wait_fraction), with the GPU's NVML counters; CUDA times each op with a pair of events; 0: never (a trace_file measures every step)"},
         {"device", KeyType::kString, "auto", false, choice_names<Device>(), -kInf, kInf, "where to train: auto picks cuda when a GPU is present"},
         {"precision", KeyType::kString, "fp32", false, choice_names<Precision>(), -kInf, kInf, "compute precision (amp_bf16 needs the CUDA backend)"},
@@ -734,6 +735,7 @@ void read_saving(const Json& doc, TrainConfig& c) {
     c.metrics_file = opt<std::string>(doc["metrics_file"]);
     c.console_log_interval = get_long(doc["console_log_interval"]);
     c.utilization_interval = get_long(doc["utilization_interval"]);
+    c.straggler_factor = doc["straggler_factor"].get<double>();
     c.trace_file = opt<std::string>(doc["trace_file"]);
 }
 

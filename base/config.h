@@ -161,6 +161,7 @@ struct TrainConfig {
     std::optional<std::string> metrics_file;
     long console_log_interval = 1;
     long utilization_interval = 1;  // measure the device's busy / wait shares every N steps (0: never)
+    double straggler_factor = 1.5;  // a rank computing this many times the median's time a step is named
     Device device = Device::kAuto;
     Precision precision = Precision::kFp32;
     AttentionKernel kernels_attention = AttentionKernel::kAuto;  // CUDA; resolved by resolve_attention

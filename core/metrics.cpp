@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,23 @@ namespace trainer {
 double flops_per_token(const ModelConfig& m, const ParamLayout& layout) {
     const double T = m.max_sequence_length - 1;
     return 6.0 * static_cast<double>(layout.matmul_numel()) + 12.0 * m.n_layers * m.d_model * T;
+}
+
+double lower_median(std::vector<double> values) {
+    if (values.empty()) return 0.0;
+    std::sort(values.begin(), values.end());
+    return values[(values.size() - 1) / 2];
+}
+
+std::vector<int> find_stragglers(const std::vector<double>& compute_per_rank, double factor) {
+    if (compute_per_rank.size() < 2) return {};
+    const double median = lower_median(compute_per_rank);
+    std::vector<int> slow;
+    if (!(median > 0.0)) return slow;
+    for (size_t r = 0; r < compute_per_rank.size(); ++r)
+        if (compute_per_rank[r] > factor * median) slow.push_back(static_cast<int>(r));
+    std::stable_sort(slow.begin(), slow.end(), [&](int a, int b) { return compute_per_rank[a] > compute_per_rank[b]; });
+    return slow;
 }
 
 MetricsWriter::MetricsWriter(const std::optional<std::string>& path, bool append) : append_(append) {

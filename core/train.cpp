@@ -166,8 +166,12 @@ struct StepOutcome {
     long masked_instances = 0;  // the global batch's instances the instance filter masked
     OptimizerStepResult opt;
     double seconds = 0.0, comm_wait = 0.0;
-    Backend::Activity activity;   // the device's busy and wait time, when measured
-    int stop_signal = 0;          // the ranks agreed to stop after this step (base/stop.h), 0: go on
+    Backend::Activity activity;  // the device's busy and wait time, when measured
+    int stop_signal = 0;         // the ranks agreed to stop after this step (base/stop.h), 0: go on
+    // Every console_log_interval steps on several ranks: each rank's mean compute time a step (the step less its
+    // waits on collectives) over the `compute_steps` steps before this one, exchanged in the loss all-reduce.
+    std::vector<double> compute_per_rank;
+    long compute_steps = 0;
     bool recorded_graph = false;  // kernels.cuda_graphs: a micro-batch was recorded (a one-off cost)
 };
 
@@ -309,7 +313,10 @@ class TrainingRun {
         if (resume_path_) {
             const CheckpointInfo info = load_checkpoint(config_, *layout_, backend_.get(), strategy, *resume_path_);
             start_step_ = info.step;
-            std::printf("resumed from %s at step %ld\n", resume_path_->c_str(), start_step_);
+            std::printf("resumed from %s at step %ld%s\n", resume_path_->c_str(), start_step_,
+                        env_.restart_count > 0
+                            ? fmt::format(" (restart {} of trainer launch --max-restarts)", env_.restart_count).c_str()
+                            : "");
         }
         const long micro = config_.device_train_microbatch_size;
         model_ = std::make_unique<Model>(config_, *layout_, backend_.get(), &strategy,
@@ -411,15 +418,29 @@ class TrainingRun {
                     return MicroBatchTokens(tokens_.data(), keep_.data());
                 });
             {
-                // The loss sums and the ranks' votes on a stop request, in one collective.
+                // The loss sums, the ranks' votes on a stop request and, every console_log_interval steps, each
+                // rank's compute time a step since the last such step (each rank fills its own slot), in one
+                // collective.
                 const trace::Span loss("comm", "loss all_reduce");
-                double sums[3 + stop::kVotes] = {loss_sum.ce, loss_sum.z, masked};
-                stop::vote(sums + 3);
-                strategy.all_reduce_sum(sums, 3 + stop::kVotes);
-                r.loss = sums[0] / global_tokens;
-                r.z_loss = sums[1] / global_tokens;
-                r.masked_instances = static_cast<long>(sums[2]);
-                r.stop_signal = stop::agreed(sums + 3);
+                const bool exchange = world > 1 && step % config_.console_log_interval == 0 && interval_steps_ > 0;
+                constexpr int kTimes = 3 + stop::kVotes;
+                sums_.assign(kTimes + (exchange ? world : 0), 0.0);
+                sums_[0] = loss_sum.ce;
+                sums_[1] = loss_sum.z;
+                sums_[2] = masked;
+                stop::vote(sums_.data() + 3);
+                if (exchange) sums_[kTimes + strategy.rank()] = interval_compute_ / interval_steps_;
+                strategy.all_reduce_sum(sums_.data(), static_cast<int>(sums_.size()));
+                r.loss = sums_[0] / global_tokens;
+                r.z_loss = sums_[1] / global_tokens;
+                r.masked_instances = static_cast<long>(sums_[2]);
+                r.stop_signal = stop::agreed(sums_.data() + 3);
+                if (exchange) {
+                    r.compute_per_rank.assign(sums_.begin() + kTimes, sums_.end());
+                    r.compute_steps = interval_steps_;
+                    interval_compute_ = 0.0;
+                    interval_steps_ = 0;
+                }
             }
             if (!std::isfinite(r.loss) || !std::isfinite(r.z_loss)) {
                 user_error("step {}: the {} is {} (diverged); {}", step, std::isfinite(r.loss) ? "z-loss" : "loss",
@@ -450,6 +471,11 @@ class TrainingRun {
             total_comm_wait_ += r.comm_wait;
             ++timed_steps_;
         }
+        const double compute = std::max(0.0, r.seconds - r.comm_wait);
+        interval_compute_ += compute;
+        ++interval_steps_;
+        run_compute_ += compute;
+        ++run_compute_steps_;
         last_loss_ = r.loss;
         const double tps = tokens_per_step_ / world / r.seconds;
         const double mfu = flops_per_step_ / world / r.seconds / peak_flops_;
@@ -482,6 +508,7 @@ class TrainingRun {
             }
         }
         if (config_.data.instance_filter) record["masked_instances"] = r.masked_instances;
+        if (!r.compute_per_rank.empty()) report_stragglers(step, r, record);
         int eval_stop = 0;
         if (config_.eval_interval > 0 && (step % config_.eval_interval == 0 || step == total_steps_)) {
             eval_stop = run_evals(step, record);
@@ -505,6 +532,25 @@ class TrainingRun {
         bar_->draw(step, (total_steps_ - step) * (total_time_ / std::max<long>(1, timed_steps_)));
         std::fflush(stdout);
         return eval_stop;
+    }
+
+    // Names (rank 0, on the console and in the step's record) each rank whose compute time a step over the last
+    // exchange's window exceeds straggler_factor times the median rank's, with its host and both times.
+    void report_stragglers(long step, const StepOutcome& r, Json& record) {
+        const std::vector<int> slow = find_stragglers(r.compute_per_rank, config_.straggler_factor);
+        if (slow.empty()) return;
+        const double median = lower_median(r.compute_per_rank);
+        record["stragglers"] = slow;
+        record["compute_ms_median"] = median * 1e3;
+        bar_->clear();
+        for (const int k : slow) {
+            const std::string host = static_cast<size_t>(k) < world_.hosts.size() ? world_.hosts[k] : "?";
+            std::printf(
+                "straggler: rank %d on %s computed %.1f ms a step over steps %ld-%ld, %.2fx the median rank's %.1f "
+                "ms (straggler_factor %g)\n",
+                k, host.c_str(), r.compute_per_rank[k] * 1e3, step - r.compute_steps, step - 1,
+                r.compute_per_rank[k] / median, median * 1e3, config_.straggler_factor);
+        }
     }
 
     void follow_free_cores() {
@@ -631,6 +677,17 @@ class TrainingRun {
                         {"peak_memory_bytes", per_rank[world_.rank()]},
                         {"peak_memory_bytes_per_rank", per_rank}};
         if (busy_steps_ > 0) summary["mean_device_busy_fraction"] = total_busy_ / busy_steps_;
+        {
+            // Every rank's mean compute time a step over the run (its step less its waits on collectives).
+            std::vector<double> per_rank(world, 0.0);
+            per_rank[world_.rank()] = run_compute_steps_ > 0 ? run_compute_ / run_compute_steps_ : 0.0;
+            if (world > 1) world_.strategy->all_reduce_sum(per_rank.data(), world);
+            Json ms = Json::array();
+            for (const double c : per_rank) ms.push_back(c * 1e3);
+            summary["compute_ms_per_rank"] = ms;
+        }
+        // trainer launch --max-restarts: how often the job was started again after a failure before this round.
+        if (env_.restart_count > 0) summary["restarts"] = env_.restart_count;
         if (model_->graphs().enabled()) {  // kernels.cuda_graphs: micro-batches recorded, and launched as graphs
             summary["cuda_graph_captures"] = model_->graphs().captures();
             summary["cuda_graph_launches"] = model_->graphs().launches();
@@ -703,6 +760,11 @@ class TrainingRun {
     double total_busy_ = 0.0;  // the measured steps' device_busy_fraction, summed over busy_steps_ of them
     long busy_steps_ = 0;
     long timed_steps_ = 0;
+    // Stragglers: this rank's compute time (its steps less their waits on collectives) since the ranks last
+    // exchanged theirs, and over the run; the loss all-reduce's buffer.
+    double interval_compute_ = 0.0, run_compute_ = 0.0;
+    long interval_steps_ = 0, run_compute_steps_ = 0;
+    std::vector<double> sums_;
     Clock::time_point run_t0_;
     long saved_step_ = -1;  // the newest checkpoint this run wrote, and its path
     std::string saved_path_;

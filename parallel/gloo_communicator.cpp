@@ -15,7 +15,9 @@
 #include <gloo/types.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -68,6 +70,13 @@ class GlooCommunicator final : public Communicator {
                        store.address(), e.what());
         }
         worker_ = std::thread([this] { run(); });
+        if (size_ > 1) {
+            // Its own connection, answering within 2 s or failing: a call to a store out of reach (a link down)
+            // must neither hold up the error of a failed op nor wait behind another call.
+            progress_store_ = store.another_connection();
+            progress_store_->set_io_timeout(std::chrono::milliseconds(2000));
+            publisher_ = std::thread([this] { publish_progress(); });
+        }
     }
 
     ~GlooCommunicator() override {
@@ -76,7 +85,9 @@ class GlooCommunicator final : public Communicator {
             stopping_ = true;
         }
         cv_.notify_all();
+        publish_cv_.notify_all();
         worker_.join();
+        if (publisher_.joinable()) publisher_.join();
         memory_record_free(MemCategory::kCommunication, static_cast<int64_t>(scratch_bytes_));
     }
 
@@ -220,20 +231,28 @@ class GlooCommunicator final : public Communicator {
                              fmt::join(items, ", "));
     }
 
-    // Queues `op` (`bytes`: what this rank contributes, for the trace).
+    // Queues `op` (`bytes`: what this rank contributes, for the trace). The ops of a group are numbered in the
+    // order they run (the same order on every rank), for the errors of one that fails.
     CommHandle enqueue(const char* what, size_t bytes, std::function<void()> op) {
         auto task = std::make_shared<std::packaged_task<void()>>([this, what, bytes, op = std::move(op)] {
+            const uint64_t seq = ++started_;
             try {
                 trace::Span span("comm", what, static_cast<int64_t>(bytes));
                 op();
+                std::lock_guard<std::mutex> lock(progress_mutex_);
+                completed_ = seq;
+                completed_name_ = what;
             } catch (const gloo::Exception& e) {
+                const std::string message = e.what();
+                const bool timed_out = message.find("imed out") != std::string::npos;
+                const std::string who = who_reached(seq, what, timed_out);
                 // This rank's failure is a consequence: wait a moment before it ends the process, so the
                 // launcher (trainer launch, mpirun, srun) sees the rank that died first and names it.
                 std::this_thread::sleep_for(std::chrono::seconds(1));
                 user_error(
-                    "{} failed on rank {}/{}: {} (a peer died, its link went down, or it did not issue the same "
-                    "collective within {} s); {}",
-                    what, rank_, size_, e.what(), timeout_.count() / 1000.0, peers_);
+                    "{} #{} of group {} failed on rank {}/{}: {} (a peer died, its link went down, or it did not issue "
+                    "the same collective within {} s); {}; {}",
+                    what, seq, prefix_, rank_, size_, message, timeout_.count() / 1000.0, who, peers_);
             }
         });
         CommHandle h(task->get_future().share());
@@ -243,6 +262,93 @@ class GlooCommunicator final : public Communicator {
         }
         cv_.notify_one();
         return h;
+    }
+
+    std::string key(const char* what, uint64_t seq, int rank) const {
+        return seq ? fmt::format("{}/{}/{}/{}", prefix_, what, seq, rank)
+                   : fmt::format("{}/{}/{}", prefix_, what, rank);
+    }
+
+    // Once a second, when it changed: the last op this rank completed, as "<number> <name> <unix ms>" under
+    // `<group>/progress/<rank>` in the store, for the errors of the other ranks when they wait for this one in vain.
+    void publish_progress() {
+        uint64_t published = 0;
+        std::unique_lock<std::mutex> lock(mutex_);
+        while (!publish_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stopping_; })) {
+            lock.unlock();
+            std::string text;
+            {
+                std::lock_guard<std::mutex> progress(progress_mutex_);
+                if (completed_ != published) {
+                    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count();
+                    text = fmt::format("{} {} {}", completed_, completed_name_, ms);
+                    published = completed_;
+                }
+            }
+            if (!text.empty()) {
+                try {
+                    progress_store_->set(key("progress", 0, rank_), std::vector<char>(text.begin(), text.end()));
+                } catch (const UserError&) {
+                    return;  // the store is gone (rank 0's process ended): nothing left to tell
+                }
+            }
+            lock.lock();
+        }
+    }
+
+    // Which ranks of the group reached op #seq and which did not, from the store (not the stuck collective): a
+    // rank whose op fails says so under `<group>/stuck/<seq>/<rank>`; ranks stuck in the same op time out within
+    // moments of one another, so a rank that timed out waits a little for their word. A rank that did not reach
+    // it is named with the last op it reported completing (reported once a second) and how long before.
+    std::string who_reached(uint64_t seq, const char* what, bool timed_out) {
+        if (!progress_store_) return "a group of one rank";
+        try {
+            progress_store_->set(key("stuck", seq, rank_), {1});
+            std::vector<std::string> keys;
+            for (int r = 0; r < size_; ++r) keys.push_back(key("stuck", seq, r));
+            const auto grace = std::chrono::milliseconds(
+                timed_out ? std::clamp<long>(static_cast<long>(timeout_.count() / 10), 2000, 10000) : 0);
+            const auto deadline = std::chrono::steady_clock::now() + grace;
+            std::vector<bool> in;
+            for (;;) {
+                in = progress_store_->check(keys);
+                if (std::count(in.begin(), in.end(), true) == size_ || std::chrono::steady_clock::now() >= deadline)
+                    break;
+                std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            }
+            std::vector<int> reached, missing;
+            for (int r = 0; r < size_; ++r) (in[r] ? reached : missing).push_back(r);
+            std::vector<std::string> absent;
+            for (size_t k = 0; k < missing.size() && k < 8; ++k) {
+                const int r = missing[k];
+                const std::string progress_key = key("progress", 0, r);
+                if (!progress_store_->check({progress_key})[0]) {
+                    absent.push_back(fmt::format("rank {} (no completed op reported)", r));
+                    continue;
+                }
+                const std::vector<char> v = progress_store_->get(progress_key);
+                unsigned long long done = 0;
+                char name[64] = {};
+                long long ms = 0;
+                if (std::sscanf(std::string(v.begin(), v.end()).c_str(), "%llu %63s %lld", &done, name, &ms) != 3) {
+                    absent.push_back(fmt::format("rank {}", r));
+                    continue;
+                }
+                const double ago = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch() -
+                                                                 std::chrono::milliseconds(ms))
+                                       .count();
+                absent.push_back(
+                    fmt::format("rank {} (its last completed op: #{} {}, {:.1f} s ago)", r, done, name, ago));
+            }
+            if (missing.size() > 8) absent.push_back(fmt::format("{} more", missing.size() - 8));
+            if (missing.empty()) return fmt::format("every rank of the group reached {} #{}", what, seq);
+            return fmt::format("{} #{} was reached by rank(s) {}, not by {}", what, seq, fmt::join(reached, ", "),
+                               fmt::join(absent, ", "));
+        } catch (const UserError& e) {
+            return fmt::format("the store could not say which ranks reached it ({})", e.what());
+        }
     }
 
     void run() {
@@ -278,6 +384,14 @@ class GlooCommunicator final : public Communicator {
     std::deque<std::function<void()>> queue_;
     bool stopping_ = false;
     std::thread worker_;
+    // Progress, for the errors of an op that fails (who_reached): ops begun, and the last completed.
+    std::unique_ptr<TcpStore> progress_store_;
+    std::atomic<uint64_t> started_{0};
+    std::mutex progress_mutex_;
+    uint64_t completed_ = 0;
+    const char* completed_name_ = "";
+    std::condition_variable publish_cv_;  // with mutex_: the publisher's wake-up (stopping_)
+    std::thread publisher_;
 };
 
 }  // namespace

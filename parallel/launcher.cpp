@@ -14,16 +14,22 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include "base/common.h"
+#include "parallel/tcp_store.h"
 
 namespace trainer {
 namespace {
 
 std::atomic<int> g_forward_signal{0};
+std::atomic<bool> g_signalled{false};  // a stop signal came at some point: no restart after it
 
-void on_signal(int sig) { g_forward_signal = sig; }
+void on_signal(int sig) {
+    g_forward_signal = sig;
+    g_signalled = true;
+}
 
 struct Child {
     int local_rank = 0, rank = 0;
@@ -62,7 +68,7 @@ int available_cores() {
 
 // Starts local rank `i` of this node: the trainer with the ranks' arguments, torchrun's variables and its
 // share of the cores, its stdout and stderr piped back to the launcher.
-Child start_rank(const LaunchOptions& o, int i, int world, int threads) {
+Child start_rank(const LaunchOptions& o, int i, int world, int threads, int round) {
     Child c;
     c.local_rank = i;
     c.rank = o.node_rank * o.nproc_per_node + i;
@@ -93,10 +99,17 @@ Child start_rank(const LaunchOptions& o, int i, int world, int threads) {
         ::setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
         ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
         ::setenv("OPENBLAS_NUM_THREADS", std::to_string(threads).c_str(), 1);
+        if (o.max_restarts > 0) {  // the launchers' store, one key prefix a round (rank_env.h)
+            ::setenv("TRAINER_AGENT_STORE", "1", 1);
+            ::setenv("TRAINER_STORE_PREFIX", fmt::format("round{}/", round).c_str(), 1);
+            ::setenv("TRAINER_RESTART_COUNT", std::to_string(round).c_str(), 1);
+        }
         std::vector<char*> argv;
         static char self[] = "trainer";
         argv.push_back(self);
         for (const auto& a : o.args) argv.push_back(const_cast<char*>(a.c_str()));
+        if (round > 0)
+            for (const auto& a : o.restart_args) argv.push_back(const_cast<char*>(a.c_str()));
         argv.push_back(nullptr);
         ::execv("/proc/self/exe", argv.data());
         std::fprintf(stderr, "error: launch: cannot start the trainer for rank %d (%s)\n", c.rank,
@@ -140,36 +153,104 @@ void relay_output(std::vector<Child>& children) {
     if (fds.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
-}  // namespace
+// The launchers' agreement on restarts: node 0's launcher hosts the store at the master address, every
+// launcher is a client. A round starts when every node's launcher has joined it; a launcher whose ranks fail
+// reports why under the round's key, and the others, polling, stop their ranks too.
+class Agreement {
+   public:
+    explicit Agreement(const LaunchOptions& o) : o_(o) {
+        if (o.node_rank == 0) server_ = std::make_unique<TcpStoreServer>(o.master_port);
+        store_ = std::make_unique<TcpStore>(
+            o.master_addr, o.master_port, std::chrono::milliseconds(static_cast<long>(o.join_timeout_seconds * 1000)));
+    }
 
-int launch(const LaunchOptions& o) {
-    if (o.nproc_per_node < 1) user_error("launch --nproc-per-node: {}; expected >= 1", o.nproc_per_node);
-    if (o.nnodes < 1) user_error("launch --nnodes: {}; expected >= 1", o.nnodes);
-    if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
-        user_error("launch --node-rank: {}; expected 0..{} for --nnodes {}", o.node_rank, o.nnodes - 1, o.nnodes);
+    // Waits until every node's launcher joined `round` (or a stop signal came: false).
+    bool join(int round) {
+        store_->set(key(round, "joined", o_.node_rank), {1});
+        std::vector<std::string> keys;
+        for (int n = 0; n < o_.nnodes; ++n) keys.push_back(key(round, "joined", n));
+        const auto deadline = std::chrono::steady_clock::now() +
+                              std::chrono::milliseconds(static_cast<long>(o_.join_timeout_seconds * 1000));
+        for (;;) {
+            const std::vector<bool> in = store_->check(keys);
+            std::string missing;
+            for (int n = 0; n < o_.nnodes; ++n)
+                if (!in[n]) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+            if (missing.empty()) return true;
+            if (g_forward_signal.load() != 0) return false;
+            if (std::chrono::steady_clock::now() > deadline) {
+                user_error("launch: round {} of the restarts: node(s) {} of {} did not join within {} s at {}", round,
+                           missing, o_.nnodes, o_.join_timeout_seconds, store_->address());
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
     }
-    if (o.master_port < 1 || o.master_port > 65535) {
-        user_error("launch --master-port: {}; expected 1..65535", o.master_port);
+
+    void report_failure(int round, const std::string& why) {
+        const std::string text = o_.nnodes > 1 ? fmt::format("node {}: {}", o_.node_rank, why) : why;
+        store_->set(key(round, "failed", o_.node_rank), std::vector<char>(text.begin(), text.end()));
     }
+
+    // What the nodes reported failing in `round`, "; "-joined ("" when none did).
+    std::string failures(int round) {
+        std::vector<std::string> keys;
+        for (int n = 0; n < o_.nnodes; ++n) keys.push_back(key(round, "failed", n));
+        const std::vector<bool> in = store_->check(keys);
+        std::string out;
+        for (int n = 0; n < o_.nnodes; ++n) {
+            if (!in[n]) continue;
+            const std::vector<char> v = store_->get(keys[n]);
+            out += (out.empty() ? "" : "; ") + std::string(v.begin(), v.end());
+        }
+        return out;
+    }
+
+    // The run ended well on this node. Node 0 hosts the store, so it waits (a while) for the others to say so
+    // too before it exits and takes the store with it.
+    void finish(int round) {
+        store_->set(key(round, "done", o_.node_rank), {1});
+        if (o_.node_rank != 0) return;
+        std::vector<std::string> keys;
+        for (int n = 0; n < o_.nnodes; ++n) keys.push_back(key(round, "done", n));
+        try {
+            store_->wait(keys, std::chrono::milliseconds(30000));
+        } catch (const UserError&) {
+            std::fprintf(stderr, "[launch] the other nodes did not report their end within 30 s; exiting\n");
+        }
+    }
+
+   private:
+    static std::string key(int round, const char* what, int node) {
+        return fmt::format("launch/round{}/{}/{}", round, what, node);
+    }
+    const LaunchOptions& o_;
+    std::unique_ptr<TcpStoreServer> server_;
+    std::unique_ptr<TcpStore> store_;
+};
+
+// How one round of local ranks ended.
+struct RoundEnd {
+    enum Kind { kSuccess, kStopped, kFailed } kind = kSuccess;
+    int code = 0;       // kStopped: 128 + the signal
+    std::string cause;  // kFailed: which rank exited how, or which node's failure stopped this one
+};
+
+// Starts this node's ranks for `round` and watches them until every one has exited (see launch()).
+RoundEnd run_round(const LaunchOptions& o, int round, Agreement* agreement) {
     const int world = o.nnodes * o.nproc_per_node;
     const int threads = std::max(1, available_cores() / o.nproc_per_node);
-
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaction(sig, &sa, nullptr);
-
     std::vector<Child> children(o.nproc_per_node);
     for (int i = 0; i < o.nproc_per_node; ++i) {
-        children[i] = start_rank(o, i, world, threads);
+        children[i] = start_rank(o, i, world, threads, round);
     }
     std::fflush(stdout);
 
     // A stop signal (SIGTERM, SIGINT, SIGUSR1) is forwarded to every rank, which finish their step, save
     // and exit with 128 + the signal (base/stop.h): no deadline, the ranks' collective timeout bounds it. A
-    // second signal more than 2 s later kills them. A rank that fails (any other exit) gets the others
-    // SIGTERMed, then SIGKILLed after stop_grace_seconds.
+    // second signal more than 2 s later kills them. A rank that fails (any other exit), or a failure another
+    // node's launcher reports, gets the others SIGTERMed, then SIGKILLed after stop_grace_seconds.
     int failed_rank = -1, failed_status = 0, stopped_code = 0;
+    std::string remote_failure;
     int forwarded = 0;
     auto forwarded_at = std::chrono::steady_clock::now();
     bool stopping = false;
@@ -181,8 +262,14 @@ int launch(const LaunchOptions& o) {
     auto seconds_since = [](std::chrono::steady_clock::time_point t) {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
     };
-    auto stop_started = std::chrono::steady_clock::now();
-    bool killed = false;
+    auto stop_started = std::chrono::steady_clock::now(), polled = stop_started;
+    bool killed = false, store_lost = false;
+    auto start_stopping = [&] {
+        if (stopping) return;
+        stop_all(SIGTERM);
+        stopping = true;
+        stop_started = std::chrono::steady_clock::now();
+    };
     for (;;) {
         // Output first, so a failing rank's last words appear before the launcher's verdict.
         relay_output(children);
@@ -217,7 +304,7 @@ int launch(const LaunchOptions& o) {
                 const bool stopped = ended_by_forward || (WIFEXITED(status) && (WEXITSTATUS(status) == 128 + SIGTERM ||
                                                                                 WEXITSTATUS(status) == 128 + SIGINT ||
                                                                                 WEXITSTATUS(status) == 128 + SIGUSR1));
-                if (stopped && stopped_code == 0)
+                if (stopped && stopped_code == 0 && !stopping)
                     stopped_code = ended_by_forward ? 128 + forwarded : WEXITSTATUS(status);
                 if (!ok && !stopped &&
                     (!first_failure || (WIFSIGNALED(status) && !WIFSIGNALED(first_failure->status)))) {
@@ -227,15 +314,34 @@ int launch(const LaunchOptions& o) {
                 ++running;
             }
         }
-        if (first_failure && failed_rank < 0) {
+        if (first_failure && failed_rank < 0 && remote_failure.empty()) {
             failed_rank = first_failure->rank;
             failed_status = first_failure->status;
-            if (!stopping) {
-                std::fprintf(stderr, "[launch] rank %d exited with %s; stopping the other ranks\n", failed_rank,
-                             describe(failed_status).c_str());
-                stop_all(SIGTERM);
-                stopping = true;
-                stop_started = std::chrono::steady_clock::now();
+            const std::string why = fmt::format("rank {} exited with {}", failed_rank, describe(failed_status));
+            if (!stopping) std::fprintf(stderr, "[launch] %s; stopping the other ranks\n", why.c_str());
+            start_stopping();
+            if (agreement && !store_lost) {
+                try {
+                    agreement->report_failure(round, why);
+                } catch (const UserError& e) {
+                    std::fprintf(stderr, "[launch] could not report it to the other nodes: %s\n", e.what());
+                    store_lost = true;
+                }
+            }
+        }
+        // Another node's failure: polled a few times a second while this node's ranks run.
+        if (agreement && !store_lost && !stopping && forwarded == 0 && seconds_since(polled) > 0.25) {
+            polled = std::chrono::steady_clock::now();
+            try {
+                remote_failure = agreement->failures(round);
+            } catch (const UserError& e) {
+                // Node 0's launcher is gone: no restart can be agreed on, and this node's ranks end on their own.
+                std::fprintf(stderr, "[launch] lost the launchers' store (%s); no restart is possible\n", e.what());
+                store_lost = true;
+            }
+            if (!remote_failure.empty()) {
+                std::fprintf(stderr, "[launch] %s; stopping this node's ranks\n", remote_failure.c_str());
+                start_stopping();
             }
         }
         if (stopping && !killed && seconds_since(stop_started) > o.stop_grace_seconds) {
@@ -248,17 +354,73 @@ int launch(const LaunchOptions& o) {
         if (running == 0 && killed) break;  // grandchildren may hold the pipes open
     }
     std::fflush(stdout);
-    if (failed_rank >= 0) {
-        std::fprintf(stderr, "error: launch: rank %d exited with %s; the other ranks were stopped\n", failed_rank,
-                     describe(failed_status).c_str());
-        return 1;
+    RoundEnd end;
+    if (failed_rank >= 0 || !remote_failure.empty()) {
+        end.kind = RoundEnd::kFailed;
+        end.cause = failed_rank >= 0 ? fmt::format("rank {} exited with {}", failed_rank, describe(failed_status))
+                                     : remote_failure;
+        if (store_lost) end.code = -1;  // no restart: the launchers can no longer agree
+    } else if (stopped_code != 0) {
+        end.kind = RoundEnd::kStopped;
+        end.code = stopped_code;
     }
-    if (stopped_code != 0) {
-        std::fprintf(stderr, "[launch] every rank stopped on %s; exit status %d\n", strsignal(stopped_code - 128),
-                     stopped_code);
-        return stopped_code;
+    return end;
+}
+
+}  // namespace
+
+int launch(const LaunchOptions& o) {
+    if (o.nproc_per_node < 1) user_error("launch --nproc-per-node: {}; expected >= 1", o.nproc_per_node);
+    if (o.nnodes < 1) user_error("launch --nnodes: {}; expected >= 1", o.nnodes);
+    if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
+        user_error("launch --node-rank: {}; expected 0..{} for --nnodes {}", o.node_rank, o.nnodes - 1, o.nnodes);
     }
-    return 0;
+    if (o.master_port < 1 || o.master_port > 65535) {
+        user_error("launch --master-port: {}; expected 1..65535", o.master_port);
+    }
+    if (o.max_restarts < 0) user_error("launch --max-restarts: {}; expected a count >= 0", o.max_restarts);
+    if (!(o.join_timeout_seconds > 0)) {
+        user_error("launch --join-timeout: {}; expected a positive number of seconds", o.join_timeout_seconds);
+    }
+
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaction(sig, &sa, nullptr);
+
+    std::unique_ptr<Agreement> agreement;
+    if (o.max_restarts > 0) agreement = std::make_unique<Agreement>(o);
+    for (int round = 0;; ++round) {
+        if (agreement && !agreement->join(round)) {
+            const int sig = g_forward_signal.load();
+            std::fprintf(stderr, "[launch] %s before the ranks started; exit status %d\n", strsignal(sig), 128 + sig);
+            return 128 + sig;
+        }
+        if (round > 0) {
+            // Every node that failed reported it before joining this round: the causes of every node.
+            std::fprintf(stderr,
+                         "[launch] restart %d of %d: %s; starting every rank again from the newest complete "
+                         "checkpoint\n",
+                         round, o.max_restarts, agreement->failures(round - 1).c_str());
+        }
+        const RoundEnd end = run_round(o, round, agreement.get());
+        if (end.kind == RoundEnd::kSuccess) {
+            if (agreement) agreement->finish(round);
+            return 0;
+        }
+        if (end.kind == RoundEnd::kStopped) {
+            std::fprintf(stderr, "[launch] every rank stopped on %s; exit status %d\n", strsignal(end.code - 128),
+                         end.code);
+            return end.code;
+        }
+        if (round >= o.max_restarts || end.code < 0 || g_signalled) {
+            const std::string used =
+                o.max_restarts > 0 ? fmt::format(" ({} of {} restarts used)", round, o.max_restarts) : "";
+            std::fprintf(stderr, "error: launch: %s; the other ranks were stopped%s\n", end.cause.c_str(),
+                         used.c_str());
+            return 1;
+        }
+    }
 }
 
 }  // namespace trainer

@@ -56,6 +56,13 @@ RankEnv detect_rank_env(const Getenv& getenv) {
         e.world_size = env_int(getenv, "WORLD_SIZE", 1);
         e.local_rank = getenv("LOCAL_RANK") ? env_int(getenv, "LOCAL_RANK", 0) : e.rank;
         e.local_world_size = getenv("LOCAL_WORLD_SIZE") ? env_int(getenv, "LOCAL_WORLD_SIZE", 1) : e.world_size;
+        if (const char* agent = getenv("TRAINER_AGENT_STORE")) {
+            if (std::string(agent) != "0" && std::string(agent) != "1")
+                user_error("rank environment: TRAINER_AGENT_STORE=\"{}\"; expected 0 or 1", agent);
+            e.agent_store = std::string(agent) == "1";
+        }
+        if (const char* prefix = getenv("TRAINER_STORE_PREFIX")) e.store_prefix = prefix;
+        if (getenv("TRAINER_RESTART_COUNT")) e.restart_count = env_int(getenv, "TRAINER_RESTART_COUNT", 0);
     } else if (getenv("OMPI_COMM_WORLD_RANK")) {
         e.launcher = "mpirun";
         e.rank = env_int(getenv, "OMPI_COMM_WORLD_RANK", 0);

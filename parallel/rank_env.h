@@ -21,6 +21,12 @@ struct RankEnv {
     std::string master_addr = "127.0.0.1";
     int master_port = 29500;
     std::string launcher = "none";  // "trainer launch", "mpirun", "slurm" or "none"
+    // Set by `trainer launch --max-restarts`: its node 0 hosts the store at MASTER_ADDR:MASTER_PORT
+    // (TRAINER_AGENT_STORE=1, so rank 0 is a client like the others), the ranks of each restart round meet there
+    // under their own key prefix (TRAINER_STORE_PREFIX), and TRAINER_RESTART_COUNT counts the restarts so far.
+    bool agent_store = false;
+    std::string store_prefix;
+    int restart_count = 0;
 
     int node_rank() const { return rank / local_world_size; }
     int num_nodes() const { return world_size / local_world_size; }

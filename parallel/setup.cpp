@@ -194,6 +194,7 @@ void check_world_agrees(TcpStore& store, const RankEnv& env, std::chrono::millis
     auto bytes = [](const std::string& s) { return std::vector<char>(s.begin(), s.end()); };
     const std::string mine = fmt::format("{} {}", env.world_size, env.local_world_size);
     const std::string mismatch_key = "trainer/world_mismatch";
+    store.set(fmt::format("trainer/host/{}", env.rank), bytes(host_name().empty() ? "?" : host_name()));
     if (env.rank != 0) {
         const std::vector<char> got = store.get("trainer/world");
         const std::string theirs(got.begin(), got.end());
@@ -249,10 +250,19 @@ World connect_world(const TrainConfig& config, const RankEnv& env, Device device
         world.gloo_host = gloo_bind_host(env, [](const char* name) { return std::getenv(name); });
     }
     if (world.collectives != Collectives::kLocal) {
-        if (env.rank == 0) world.store_server = std::make_unique<TcpStoreServer>(env.master_port);
+        // Under `trainer launch --max-restarts` the launcher of node 0 hosts the store for every round.
+        if (env.rank == 0 && !env.agent_store) world.store_server = std::make_unique<TcpStoreServer>(env.master_port);
         world.store = std::make_unique<TcpStore>(env.master_addr, env.master_port, world.timeout);
+        world.store->set_key_prefix(env.store_prefix);
         try {
             check_world_agrees(*world.store, env, world.timeout);
+            // Every rank's host, for rank 0's messages (stragglers); every rank set its key before the agreement.
+            if (env.rank == 0) {
+                for (int r = 0; r < env.world_size; ++r) {
+                    const std::vector<char> h = world.store->get(fmt::format("trainer/host/{}", r));
+                    world.hosts.emplace_back(h.begin(), h.end());
+                }
+            }
         } catch (const UserError&) {
             // Rank 0's store stays up until the process exits: torn down while the error unwinds, it would
             // end the other local ranks first, and their launcher would stop this rank before it says why.

@@ -56,6 +56,7 @@ struct World {
     std::unique_ptr<Strategy> strategy;
     std::chrono::milliseconds timeout{0};  // distributed_timeout_seconds: connection and every collective
     std::string gloo_host;                 // Gloo: the address this rank's pairs listen on (parallel/bind_address.h)
+    std::vector<std::string> hosts;        // rank 0: every rank's host name, by rank (for its messages)
 
     int rank() const { return env.rank; }
     int size() const { return env.world_size; }

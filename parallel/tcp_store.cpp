@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -171,7 +172,7 @@ void TcpStoreServer::serve(int fd) {
 }
 
 TcpStore::TcpStore(const std::string& host, int port, std::chrono::milliseconds timeout)
-    : host_(host), port_(port), timeout_(timeout) {
+    : host_(host), port_(port), timeout_(timeout), io_timeout_(timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::string last_error = "no attempt";
     for (;;) {
@@ -209,12 +210,43 @@ TcpStore::~TcpStore() {
 
 std::string TcpStore::address() const { return fmt::format("{}:{}", host_, port_); }
 
+std::unique_ptr<TcpStore> TcpStore::another_connection() const {
+    auto other = std::make_unique<TcpStore>(host_, port_, timeout_);
+    other->set_key_prefix(key_prefix_);
+    return other;
+}
+
+void TcpStore::arm(std::chrono::milliseconds wait) {
+    if (fd_ < 0) user_error("rendezvous store {}: the connection was closed after an earlier failure", address());
+    auto as_timeval = [](std::chrono::milliseconds t) {
+        timeval tv{};
+        tv.tv_sec = static_cast<time_t>(t.count() / 1000);
+        tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
+        return tv;
+    };
+    const timeval send = as_timeval(io_timeout_), recv = as_timeval(wait + io_timeout_);
+    ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &send, sizeof send);
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &recv, sizeof recv);
+}
+
+void TcpStore::fail(const char* what) {
+    const bool timed_out = errno == EAGAIN || errno == EWOULDBLOCK;
+    ::close(fd_);
+    fd_ = -1;
+    if (timed_out) {
+        user_error("rendezvous store {}: no answer {} within {} s (its host unreachable?)", address(), what,
+                   io_timeout_.count() / 1000.0);
+    }
+    user_error("rendezvous store {}: connection lost {} (the process hosting it exited?)", address(), what);
+}
+
 void TcpStore::send_all(const void* data, size_t n) {
-    if (!write_full(fd_, data, n)) user_error("rendezvous store {}: connection lost (rank 0 exited?)", address());
+    if (!write_full(fd_, data, n)) fail("sending");
 }
 
 void TcpStore::recv_all(void* data, size_t n) {
-    if (!read_full(fd_, data, n)) user_error("rendezvous store {}: connection lost (rank 0 exited?)", address());
+    errno = 0;
+    if (!read_full(fd_, data, n)) fail("receiving");
 }
 
 void TcpStore::send_string(const std::string& s) {
@@ -233,8 +265,9 @@ std::string TcpStore::recv_string() {
 
 void TcpStore::set(const std::string& key, const std::vector<char>& data) {
     std::lock_guard<std::mutex> lock(mutex_);
+    arm(std::chrono::milliseconds(0));
     send_all("S", 1);
-    send_string(key);
+    send_string(key_prefix_ + key);
     send_string(std::string(data.begin(), data.end()));
     char ok = 0;
     recv_all(&ok, 1);
@@ -242,8 +275,9 @@ void TcpStore::set(const std::string& key, const std::vector<char>& data) {
 
 std::vector<char> TcpStore::get(const std::string& key) {
     std::lock_guard<std::mutex> lock(mutex_);
+    arm(timeout_);
     send_all("G", 1);
-    send_string(key);
+    send_string(key_prefix_ + key);
     const uint64_t ms = static_cast<uint64_t>(timeout_.count());
     send_all(&ms, 8);
     char status = 0;
@@ -259,10 +293,11 @@ void TcpStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_)
 
 void TcpStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
     std::lock_guard<std::mutex> lock(mutex_);
+    arm(timeout);
     send_all("W", 1);
     const uint32_t n = static_cast<uint32_t>(keys.size());
     send_all(&n, 4);
-    for (const auto& k : keys) send_string(k);
+    for (const auto& k : keys) send_string(key_prefix_ + k);
     const uint64_t ms = static_cast<uint64_t>(timeout.count());
     send_all(&ms, 8);
     char status = 0;
@@ -275,10 +310,11 @@ void TcpStore::wait(const std::vector<std::string>& keys, const std::chrono::mil
 
 std::vector<bool> TcpStore::check(const std::vector<std::string>& keys) {
     std::lock_guard<std::mutex> lock(mutex_);
+    arm(std::chrono::milliseconds(0));
     send_all("C", 1);
     const uint32_t n = static_cast<uint32_t>(keys.size());
     send_all(&n, 4);
-    for (const auto& k : keys) send_string(k);
+    for (const auto& k : keys) send_string(key_prefix_ + k);
     std::string present(keys.size(), '\0');
     if (!keys.empty()) recv_all(&present[0], keys.size());
     std::vector<bool> out(keys.size());

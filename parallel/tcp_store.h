@@ -59,8 +59,21 @@ class TcpStore : public gloo::rendezvous::Store {
     std::vector<bool> check(const std::vector<std::string>& keys);
     std::string address() const;
     std::chrono::milliseconds timeout() const { return timeout_; }
+    // Every key this client sets, gets, waits for or checks starts with `prefix` from now on: the ranks of one
+    // restart round of `trainer launch --max-restarts` meet in the launcher's store apart from the other rounds.
+    void set_key_prefix(const std::string& prefix) { key_prefix_ = prefix; }
+    // How long a call may wait for the server beyond what it asks the server to wait (default: the timeout). A call
+    // that exceeds it, or loses the connection, fails with a UserError and closes the connection: every later call
+    // fails at once (an answer that came late would be read as the next call's).
+    void set_io_timeout(std::chrono::milliseconds t) { io_timeout_ = t; }
+    // A second connection to the same store, with the same timeout and key prefix: for a thread whose calls must not
+    // wait behind another's (a call holds its connection until it is answered).
+    std::unique_ptr<TcpStore> another_connection() const;
 
    private:
+    // Bounds the next call's sends by the io timeout and its receives by `wait` (what the server may wait) plus it.
+    void arm(std::chrono::milliseconds wait);
+    void fail(const char* what);
     void send_all(const void* data, size_t n);
     void recv_all(void* data, size_t n);
     void send_string(const std::string& s);
@@ -68,7 +81,8 @@ class TcpStore : public gloo::rendezvous::Store {
 
     std::string host_;
     int port_;
-    std::chrono::milliseconds timeout_;
+    std::chrono::milliseconds timeout_, io_timeout_;
+    std::string key_prefix_;
     int fd_ = -1;
     std::mutex mutex_;
 };

@@ -6,7 +6,7 @@
 #                 e.g. from a Node.js distribution that bundles it)
 set -euo pipefail
 
-packages=(cmake g++ make pkg-config libopenblas-openmp-dev libopenblas0-openmp libcli11-dev nlohmann-json3-dev
+packages=(cmake ninja-build g++ make pkg-config libopenblas-openmp-dev libopenblas0-openmp libcli11-dev nlohmann-json3-dev
           libfmt-dev catch2 libgloo-dev clang-format openmpi-bin libpcre2-dev libyaml-cpp-dev
           python3-matplotlib clang libclang-rt-dev libomp-dev)
 for arg in "$@"; do

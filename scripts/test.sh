@@ -3,6 +3,9 @@
 # CUDA parts compiled when nvcc is found) + all tests -> address/undefined sanitizer build + all tests ->
 # the fuzz targets for 20 s each (dev/fuzz.sh).
 # Usage: scripts/test.sh [--fast]   (--fast: skip the sanitizer pass and the fuzzing)
+# Builds use Ninja (the presets): it compiles the objects of every target at once, where Make waited for each
+# library before the next and for the trainer before the tests (one core idle at every step). Under the
+# sanitizers the test cases' own code is not instrumented (tests/CMakeLists.txt): the code under test is.
 # The sanitizer pass leaves out the FSDP wrap-policy matrix, the 4-rank cpu_bench memory check, the
 # activation-checkpointing strategy matrix, the FSDP precision matrix (16 runs), the shared-node thread test
 # (300 steps beside busy processes) and the emulated attention kernels' shape sweeps (CMakePresets.json):
@@ -16,6 +19,14 @@ jobs=$(nproc)
 
 echo "== format check (clang-format $(clang-format --version | grep -oE '[0-9]+\.[0-9.]+' | head -1))"
 git ls-files '*.cpp' '*.h' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror
+
+# A build folder configured by another CMake generator (Makefiles, before the presets named Ninja) is configured
+# afresh: CMake refuses to switch generators in place.
+for d in build-ci build-asan; do
+    if [[ -f $d/CMakeCache.txt ]] && ! grep -qx 'CMAKE_GENERATOR:INTERNAL=Ninja' "$d/CMakeCache.txt"; then
+        rm -rf "$d/CMakeCache.txt" "$d/CMakeFiles"
+    fi
+done
 
 echo "== release build (warnings as errors)"
 cmake --preset ci >/dev/null

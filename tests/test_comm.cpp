@@ -156,7 +156,7 @@ TEST_CASE("comm: an unreachable store and a missing collective peer end in clear
             }
         },
         std::chrono::milliseconds(1000));
-    CHECK_THAT(error, Contains("all_reduce failed on rank 1/2"));
+    CHECK_THAT(error, Contains("all_reduce #1 of group test failed on rank 1/2"));
 }
 
 TEST_CASE("comm: rank environment of each launcher") {

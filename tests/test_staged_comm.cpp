@@ -163,7 +163,7 @@ TEST_CASE("staged comm: a peer that never issues the collective ends the wait na
         done = true;
     }
     silent.join();
-    CHECK_THAT(error, Contains("all_reduce failed on rank 0/2"));
+    CHECK_THAT(error, Contains("all_reduce #1 of group staged failed on rank 0/2"));
 }
 
 TEST_CASE("ranks_on_gpu: a node's ranks by LOCAL_RANK modulo the GPUs but one where CUDA_VISIBLE_DEVICES binds them") {

@@ -203,6 +203,20 @@ inline std::string free_port() {
     return std::to_string(probe.port());
 }
 
+// The pid of the `occurrence`-th start (0: the first; later ones are the restarts of --max-restarts) of rank `rank`
+// in a `trainer launch` log ("[launch] rank R (...): pid P, ..."), 0 while it has not started.
+inline pid_t launched_rank_pid(const std::string& log, int rank, int occurrence = 0) {
+    const std::string text = read_file_if_exists(log), line = "[launch] rank " + std::to_string(rank) + " (";
+    size_t at = 0;
+    for (int k = 0; k <= occurrence; ++k) {
+        at = text.find(line, k == 0 ? 0 : at + 1);
+        if (at == std::string::npos) return 0;
+    }
+    const size_t pid_at = text.find(": pid ", at), end = text.find(',', pid_at);
+    if (pid_at == std::string::npos || end == std::string::npos) return 0;
+    return static_cast<pid_t>(std::stol(text.substr(pid_at + 6, end - pid_at - 6)));
+}
+
 // `trainer launch --nproc-per-node nproc -- args` on a fresh port.
 inline RunResult launch(int nproc, const std::vector<std::string>& args) {
     std::vector<std::string> a = {"launch",        "--nproc-per-node", std::to_string(nproc),
@@ -252,25 +266,21 @@ class NetLab {
     std::string name_;
 };
 
-// Starts node `node` of `nnodes` (`trainer launch` with `nproc` ranks, rank 0's store at `port`), every rank
-// running `args`; its output goes to `log`. Returns the launcher's pid. On this machine's loopback (rank 0's
-// store and Gloo on 127.0.0.1), or with `lab`, in the lab's node `node` (the store at node 0's address, and Gloo
-// on the address each rank finds itself).
+// Starts node `node` of `nnodes` (`trainer launch` with `nproc` ranks and `launcher_flags`, rank 0's store at
+// `port`), every rank running `args`; its output goes to `log`. Returns the launcher's pid. On this machine's loopback
+// (rank 0's store and Gloo on 127.0.0.1), or with `lab`, in the lab's node `node` (the store at node 0's address, and
+// Gloo on the address each rank finds itself).
 inline pid_t start_node(int nnodes, int node, int nproc, const std::string& port, const std::vector<std::string>& args,
-                        const std::string& log, const NetLab* lab = nullptr) {
-    std::vector<std::string> argv = {trainer_binary(),
-                                     "launch",
-                                     "--nnodes",
-                                     std::to_string(nnodes),
-                                     "--node-rank",
-                                     std::to_string(node),
-                                     "--nproc-per-node",
-                                     std::to_string(nproc),
-                                     "--master-addr",
-                                     lab != nullptr ? NetLab::address(0) : "127.0.0.1",
-                                     "--master-port",
-                                     port,
-                                     "--"};
+                        const std::string& log, const NetLab* lab = nullptr,
+                        const std::vector<std::string>& launcher_flags = {}) {
+    std::vector<std::string> argv = {trainer_binary(),   "launch",
+                                     "--nnodes",         std::to_string(nnodes),
+                                     "--node-rank",      std::to_string(node),
+                                     "--nproc-per-node", std::to_string(nproc),
+                                     "--master-addr",    lab != nullptr ? NetLab::address(0) : "127.0.0.1",
+                                     "--master-port",    port};
+    argv.insert(argv.end(), launcher_flags.begin(), launcher_flags.end());
+    argv.push_back("--");
     argv.insert(argv.end(), args.begin(), args.end());
     if (lab != nullptr) return start_logged(lab->in_node(node, argv), log);
     return start_logged(argv, log, {"TRAINER_GLOO_HOST=127.0.0.1"});

@@ -1,0 +1,159 @@
+// `trainer launch --max-restarts`: a rank killed during training restarts every rank, on one node and across
+// launcher nodes (the launchers agree through node 0's store), resuming from the newest complete checkpoint; the
+// run ends with the losses and parameters of a run that was never interrupted, bit for bit. A bad count, a run
+// with nothing to resume from, or a subcommand is refused by name.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <map>
+
+#include "core/weights/checkpoint.h"
+#include "test_util.h"
+
+using Catch::Matchers::Contains;
+
+namespace {
+
+// The training every case runs: olmo_tiny on 2 ranks of one thread, FSDP, a checkpoint every 25 steps.
+std::vector<std::string> training(const std::string& folder, const std::string& metrics, int steps) {
+    return {"--config",       test_util::fixture("olmo_tiny.json"),
+            "--max-duration", std::to_string(steps),
+            "--threads",      "1",
+            "--strategy",     "fsdp",
+            "--set",          "save_interval=25",
+            "--set",          "console_log_interval=100000",
+            "--save-folder",  folder,
+            "--metrics-file", metrics};
+}
+
+// Loss by step (the last record of each step: a resumed round logs the steps after its checkpoint again).
+std::map<long, double> losses_by_step(const std::string& metrics) {
+    std::map<long, double> m;
+    for (const auto& r : test_util::read_metrics(metrics)) m[r["step"].get<long>()] = r["loss"].get<double>();
+    return m;
+}
+
+// Waits (up to 120 s) for the round `occurrence` start of `rank` and for its training to log a step past `step`,
+// then SIGKILLs it.
+void kill_rank_once_past(const std::string& log, const std::string& metrics, int rank, int occurrence, long step) {
+    pid_t pid = 0;
+    REQUIRE(
+        test_util::wait_until([&] { return (pid = test_util::launched_rank_pid(log, rank, occurrence)) > 0; }, 120));
+    // The metrics file is appended by every round: a round's own steps past its checkpoint count.
+    REQUIRE(test_util::wait_until(
+        [&] {
+            const auto all = test_util::read_metrics(metrics);
+            return !all.empty() && all.back().value("step", 0L) > step;
+        },
+        120));
+    REQUIRE(::kill(pid, SIGKILL) == 0);
+}
+
+struct Reference {
+    std::map<long, double> losses;
+    std::vector<float> params;
+};
+
+Reference uninterrupted(test_util::TempDir& dir, int steps) {
+    const std::string folder = dir.path("ref_ck"), metrics = dir.path("ref.jsonl");
+    const auto r = test_util::launch(2, training(folder, metrics, steps));
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    return {losses_by_step(metrics), test_util::checkpoint_params(folder)};
+}
+
+}  // namespace
+
+TEST_CASE("restart: ranks SIGKILLed twice are restarted from the newest checkpoint and end bitwise as uninterrupted") {
+    test_util::TempDir dir;
+    const int steps = 300;
+    const Reference ref = uninterrupted(dir, steps);
+    REQUIRE(ref.losses.size() == static_cast<size_t>(steps));
+    const std::string folder = dir.path("ck"), metrics = dir.path("m.jsonl"), log = dir.path("log.txt");
+    std::vector<std::string> argv = {test_util::trainer_binary(),
+                                     "launch",
+                                     "--nproc-per-node",
+                                     "2",
+                                     "--master-port",
+                                     test_util::free_port(),
+                                     "--max-restarts",
+                                     "3",
+                                     "--"};
+    const auto args = training(folder, metrics, steps);
+    argv.insert(argv.end(), args.begin(), args.end());
+    const pid_t launcher = test_util::start_logged(argv, log);
+    REQUIRE(launcher > 0);
+    kill_rank_once_past(log, metrics, 1, 0, 40);   // rank 1, in the first round
+    kill_rank_once_past(log, metrics, 0, 1, 110);  // rank 0 (the save folder's lock holder), in the second
+    const int code = test_util::wait_exit_code(launcher);
+    const std::string text = test_util::read_file(log);
+    INFO(text);
+    REQUIRE(code == 0);
+    CHECK_THAT(text, Contains("[launch] restart 1 of 3: rank 1 exited with signal 9"));
+    CHECK_THAT(text, Contains("[launch] restart 2 of 3: rank 0 exited with signal 9"));
+    CHECK_THAT(text, Contains("(restart 2 of trainer launch --max-restarts)"));
+    CHECK(test_util::launched_rank_pid(log, 0, 3) == 0);  // three rounds, no more
+    CHECK(test_util::read_summary(metrics)["restarts"] == 2);
+    // Every step's loss, and the final parameters, as if nothing had happened.
+    CHECK(losses_by_step(metrics) == ref.losses);
+    CHECK(test_util::checkpoint_params(folder) == ref.params);
+    CHECK(trainer::latest_checkpoint_step(folder) == std::optional<long>(steps));
+}
+
+TEST_CASE("restart: a rank killed on one launcher node restarts the ranks of every node") {
+    test_util::TempDir dir;
+    const int steps = 200;
+    const Reference ref = uninterrupted(dir, steps);
+    const std::string folder = dir.path("ck"), metrics = dir.path("m.jsonl");
+    const std::string port = test_util::free_port();
+    const auto args = training(folder, metrics, steps);
+    std::vector<pid_t> nodes;
+    for (int node = 0; node < 2; ++node) {
+        nodes.push_back(test_util::start_node(2, node, 1, port, args, dir.path("node" + std::to_string(node) + ".log"),
+                                              nullptr, {"--max-restarts", "1"}));
+    }
+    kill_rank_once_past(dir.path("node1.log"), metrics, 1, 0, 40);  // node 1's only rank
+    const int code0 = test_util::wait_exit_code(nodes[0]), code1 = test_util::wait_exit_code(nodes[1]);
+    const std::string log0 = test_util::read_file(dir.path("node0.log")),
+                      log1 = test_util::read_file(dir.path("node1.log"));
+    INFO("node 0:\n" << log0 << "\nnode 1:\n" << log1);
+    REQUIRE(code0 == 0);
+    REQUIRE(code1 == 0);
+    // Both launchers restart, naming the cause on node 1 (node 0's rank may fail first on its lost peer).
+    CHECK_THAT(log0, Contains("node 1: rank 1 exited with signal 9"));
+    CHECK_THAT(log0, Contains("[launch] restart 1 of 1: "));
+    CHECK_THAT(log1, Contains("[launch] restart 1 of 1: "));
+    CHECK_THAT(log1, Contains("node 1: rank 1 exited with signal 9"));
+    CHECK(test_util::launched_rank_pid(dir.path("node0.log"), 0, 1) > 0);  // node 0's rank was started again
+    CHECK(losses_by_step(metrics) == ref.losses);
+    CHECK(test_util::checkpoint_params(folder) == ref.params);
+}
+
+TEST_CASE("restart: a bad count or no save folder or interval or a subcommand is refused by name") {
+    test_util::TempDir dir;
+    const std::vector<std::string> train = {"--config", test_util::fixture("olmo_tiny.json"), "--max-duration", "4"};
+    auto launch = [&](const std::vector<std::string>& flags, const std::vector<std::string>& args) {
+        std::vector<std::string> a = {"launch", "--nproc-per-node", "2", "--master-port", test_util::free_port()};
+        a.insert(a.end(), flags.begin(), flags.end());
+        a.push_back("--");
+        a.insert(a.end(), args.begin(), args.end());
+        return test_util::run_trainer(a);
+    };
+    auto refused = [](const test_util::RunResult& r, const std::string& why) {
+        INFO(r.out << r.err);
+        CHECK(r.exit_code != 0);
+        CHECK_THAT(r.err, Contains(why));
+        CHECK_THAT(r.out, !Contains("[launch] rank 0"));  // nothing started
+    };
+    refused(launch({"--max-restarts", "-1"}, train), "launch --max-restarts: -1; expected a count >= 0");
+    refused(launch({"--max-restarts", "two"}, train), "--max-restarts");
+    refused(launch({"--max-restarts", "2"}, train),
+            "launch --max-restarts 2: the run has no save_folder, so a restart could only train again from step 0");
+    auto saving = train;
+    saving.insert(saving.end(), {"--save-folder", dir.path("ck")});
+    refused(launch({"--max-restarts", "2"}, saving), "launch --max-restarts 2: save_interval is 0");
+    refused(launch({"--max-restarts", "1"}, {"bench-comm", "--config", "configs/tiny.json"}),
+            "launch --max-restarts 1: restarts training runs; the ranks run `trainer bench-comm`");
+    saving.insert(saving.end(), {"--set", "save_interval=2"});
+    refused(launch({"--max-restarts", "1", "--join-timeout", "0"}, saving), "launch --join-timeout: 0");
+}
