@@ -117,9 +117,15 @@ void StepTimer::add(const StepEvent& e, bool optimizer) {
         const auto it = copy_done_.find(e.id);
         if (it != copy_done_.end()) clock = std::max(clock, it->second);
     } else if (e.kind == StepEvent::kIssue) {
-        // CPU: the collective shares the cores with the compute beside it, so it runs at (1 - share) of its
-        // link's speed and takes `share` of its time from the compute.
-        const double d = collective_seconds(e, link_for(hw_, e.what, e.spans_nodes)) / (1.0 - hw_.comm_compute_share);
+        // CPU: the collective's own work (its copies and sums: its time over the node's own link, where the cores
+        // are what bounds it) shares the cores with the compute beside it, so it runs at (1 - share) of that speed
+        // and takes `share` of its time from the compute. Across nodes the wire may bound it instead: it then
+        // takes the wire's time (bench-comm's, on that link), and the cores still only its work's share.
+        const double share = hw_.comm_compute_share;
+        const double link = collective_seconds(e, link_for(hw_, e.what, e.spans_nodes));
+        const double work =
+            (share > 0.0 && e.spans_nodes ? collective_seconds(e, link_for(hw_, e.what, false)) : link) / (1.0 - share);
+        const double d = std::max(work, link);
         double& free = channel_free_[e.channel];
         const double start = std::max(clock, free);
         free = start + d;
@@ -128,7 +134,7 @@ void StepTimer::add(const StepEvent& e, bool optimizer) {
             const int tid = track_.emplace(e.channel, static_cast<int>(track_.size()) + 1).first->second;
             emit(e.what, "comm", start, d, tid, e.bytes);
         }
-        clock += hw_.comm_compute_share * d;  // CPU: the collective's cycles come out of the compute's
+        clock += share * work;  // CPU: the collective's cycles come out of the compute's
     } else {
         const auto it = done_.find(e.id);
         if (it != done_.end()) {
