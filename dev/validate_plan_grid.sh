@@ -5,7 +5,8 @@
 # markdown table: predicted and measured step time and their error, the largest error over the memory categories,
 # and for each link whether the plan's fastest row is the measured fastest (within the noise: 5%).
 #
-# Model: tiny.json at d_model 128, 4 blocks (1.1M parameters), one thread a rank, micro-batches of 4 x 64 tokens.
+# Model: tiny.json at d_model 128, 4 blocks (1.1M parameters), one thread a rank, micro-batches of 4 x 64 tokens. The
+# lab rows are planned for a node with half this machine's cores (its two nodes share them).
 #
 # Usage: sudo dev/validate_plan_grid.sh [--steps N] [--rates "RATE RATE"]   (TRAINER_BIN: the trainer)
 set -euo pipefail
@@ -27,6 +28,13 @@ trap 'bash scripts/netlab.sh down '"$lab"'; rm -rf "$tmp"' EXIT
 model=(--config configs/tiny.json --set model.d_model=128 --set model.n_layers=4 --set threads=1
     --set device_train_microbatch_size=4)
 "$trainer" bench-kernels "${model[@]}" --threads 1 --reps 5 --calibration-out "$tmp/cal.json" >/dev/null
+python3 - "$tmp/cpu_lab_node.json" "$(nproc)" <<'PY'
+import json, sys
+entry = json.load(open("configs/hardware/cpu.json"))
+entry["name"], entry["cores"] = "cpu_lab_node", max(1, int(sys.argv[2]) // 2)  # two lab nodes on this machine
+entry["description"] = "one of two network-lab nodes on this machine: half its cores"
+json.dump(entry, open(sys.argv[1], "w"), indent=2)
+PY
 
 # name | flags (every row: global batch 4 x ranks x accumulation)
 configs=(
@@ -48,8 +56,12 @@ row() {
         --set "plan.calibration=$tmp/cal.json")
     [[ $link != loopback ]] && common+=(--set "plan.comm_calibration=$tmp/links_${link}_$nproc.json")
     [[ $link == loopback ]] && common+=(--set "plan.comm_calibration=$tmp/links_loopback.json")
+    # The lab's nodes share this machine's cores: each has its share (the cpu entry with that many cores).
+    local -a hardware=()
+    [[ $link != loopback ]] && hardware=(--hardware "$tmp/cpu_lab_node.json")
     # shellcheck disable=SC2086
-    "$trainer" plan "${common[@]}" $flags --nnodes "$nodes" --nproc-per-node "$nproc" --json >"$tmp/$k.plan"
+    "$trainer" plan "${common[@]}" $flags --nnodes "$nodes" --nproc-per-node "$nproc" "${hardware[@]}" --json \
+        >"$tmp/$k.plan"
     local -a args=("${common[@]}" --data data/bench_tokens.bin --max-duration "$steps" --set save_folder=null
         --set console_log_interval=1000 --metrics-file "$tmp/$k.jsonl")
     # shellcheck disable=SC2086

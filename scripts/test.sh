@@ -8,7 +8,8 @@
 # sanitizers the test cases' own code is not instrumented (tests/CMakeLists.txt): the code under test is.
 # The sanitizer pass leaves out the FSDP wrap-policy matrix, the 4-rank cpu_bench memory check, the
 # activation-checkpointing strategy matrix, the FSDP precision matrix (16 runs), the shared-node thread test
-# (300 steps beside busy processes) and the emulated attention kernels' shape sweeps (CMakePresets.json):
+# (300 steps beside busy processes), the chaos run (scripts/chaos.sh: the restart tests' paths, many times) and
+# the emulated attention kernels' shape sweeps (CMakePresets.json):
 # they run the code paths of the other multi-rank, one-rank and emulator tests, at sizes too slow there.
 # Tests run with OMP_WAIT_POLICY=PASSIVE (CMakePresets.json): ctest runs two at once on two cores, and OpenMP
 # threads spinning at barriers would take the cores from the other test (a 0.2 s test took 13 s).

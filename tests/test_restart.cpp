@@ -157,3 +157,19 @@ TEST_CASE("restart: a bad count or no save folder or interval or a subcommand is
     saving.insert(saving.end(), {"--set", "save_interval=2"});
     refused(launch({"--max-restarts", "1", "--join-timeout", "0"}, saving), "launch --join-timeout: 0");
 }
+
+TEST_CASE("chaos: a short run under random kills and a stop and a straggler ends unattended as if uninterrupted") {
+    // scripts/chaos.sh at CI size: 3 ranks, kills of random ranks (one during a checkpoint write), a SIGTERM and a
+    // requeue, a rank at half speed; the full run is scripts/chaos.sh's defaults.
+    const auto r = test_util::run_command(
+        {"/bin/bash", "scripts/chaos.sh", "--ranks", "3", "--steps", "120", "--failures", "5", "--save-interval", "10",
+         "--seed", "3", "--data", test_util::fixture("olmo_tiny_tokens.u16")},
+        {"TRAINER_BIN=" + test_util::trainer_binary()});
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Contains("final parameters: identical to the uninterrupted run"));
+    CHECK_THAT(r.out, Contains("unreadable: none"));
+    CHECK_THAT(r.out, Contains("| save-kill |"));
+    CHECK_THAT(r.out, Contains("| sigterm |"));
+    CHECK_THAT(r.out, Contains("goodput"));
+}

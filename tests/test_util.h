@@ -90,10 +90,10 @@ inline void write_file(const std::string& path, const std::string& bytes) {
     REQUIRE(out.good());
 }
 
-// Runs the trainer with `args` (no shell), from the source folder, capturing stdout and stderr.
+// Runs `argv` (a program's path first; no shell) from the source folder, capturing stdout and stderr.
 // Extra environment assignments ("K=V") are added to the child's environment; "-K" removes K from it.
 // OMP_NUM_THREADS is 2 unless the caller sets or removes it.
-inline RunResult run_trainer(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+inline RunResult run_command(const std::vector<std::string>& argv_in, const std::vector<std::string>& env = {}) {
     static int counter = 0;
     const std::string base = "/tmp/trainer_run_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
     const std::string out_path = base + ".out", err_path = base + ".err";
@@ -115,11 +115,9 @@ inline RunResult run_trainer(const std::vector<std::string>& args, const std::ve
         }
         if (!threads_unset) ::setenv("OMP_NUM_THREADS", "2", 0);
         std::vector<char*> argv;
-        const std::string bin = trainer_binary();
-        argv.push_back(const_cast<char*>(bin.c_str()));
-        for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+        for (const auto& a : argv_in) argv.push_back(const_cast<char*>(a.c_str()));
         argv.push_back(nullptr);
-        ::execv(bin.c_str(), argv.data());
+        ::execv(argv[0], argv.data());
         ::_exit(127);
     }
     int status = 0;
@@ -131,6 +129,13 @@ inline RunResult run_trainer(const std::vector<std::string>& args, const std::ve
     std::remove(out_path.c_str());
     std::remove(err_path.c_str());
     return r;
+}
+
+// Runs the trainer with `args`, as run_command.
+inline RunResult run_trainer(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+    std::vector<std::string> argv = {trainer_binary()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_command(argv, env);
 }
 
 // One JSON object per line of a metrics file; the summary line (event) is left out.

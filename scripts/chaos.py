@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Goodput under failure (run by scripts/chaos.sh): a multi-rank CPU run under `trainer launch --max-restarts`, with
+failures injected on purpose, against an uninterrupted run of the same steps.
+
+Failures, in turn, each when the run's newest logged step passes a random step:
+  kill       SIGKILL of a random rank (the launcher restarts every rank from the newest complete checkpoint)
+  save-kill  SIGKILL of a random rank while a checkpoint is being written (its temporary folder exists)
+  sigterm    SIGTERM to the launcher: every rank saves its step and the job ends (143), as a preempted job; the
+             script starts it again with try_load_latest_save, as a scheduler's requeue would
+  slow       one rank stopped half of every 20 ms for 2 s (SIGSTOP/SIGCONT): not a failure, a straggler
+Prints the failures, the restarts, the steps lost to each failure (steps trained again), goodput (the share of the
+wall time spent in steps that count: each step's last run), and whether every checkpoint left in the folder loads
+and the final parameters equal the uninterrupted run's bit for bit. Exit status 1 if they do not, or if a failure
+lost more than save_interval steps.
+"""
+import argparse
+import glob
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+def metrics(path):
+    out = []
+    if os.path.exists(path):
+        for line in open(path):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a line being written
+    return out
+
+
+def newest_step(path):
+    records = [r for r in metrics(path) if "step" in r and "loss" in r]
+    return records[-1]["step"] if records else 0
+
+
+def rank_pids(log):
+    """The pids of the current round's ranks, from the launcher's "[launch] rank R (...): pid P," lines."""
+    pids = {}
+    for line in open(log, errors="replace"):
+        if line.startswith("[launch] rank ") and ": pid " in line:
+            rank = int(line.split()[2])
+            pids[rank] = int(line.split(": pid ")[1].split(",")[0])
+    return pids
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trainer", required=True)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--failures", type=int, default=6)
+    p.add_argument("--save-interval", type=int, default=10)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--data", default="data/bench_tokens.bin")
+    a = p.parse_args()
+    if a.ranks < 2 or a.steps < 20 or a.failures < 1 or a.save_interval < 1:
+        sys.exit("error: chaos: --ranks >= 2, --steps >= 20, --failures >= 1 and --save-interval >= 1 expected")
+    rng = random.Random(a.seed)
+    tmp = tempfile.mkdtemp(prefix="chaos_")
+    train = ["--config", "configs/tiny.json", "--data", a.data, "--max-duration", str(a.steps), "--threads", "1",
+             "--strategy", "fsdp", "--set", f"save_interval={a.save_interval}", "--set", "console_log_interval=100000",
+             "--set", "device_train_microbatch_size=4", "--set", f"global_train_batch_size={8 * a.ranks}",
+             "--set", "distributed_timeout_seconds=20"]
+
+    def launch(folder, metrics_file, log, extra=(), restarts=0):
+        port = str(20000 + rng.randrange(20000))
+        argv = [a.trainer, "launch", "--nproc-per-node", str(a.ranks), "--master-port", port,
+                "--max-restarts", str(restarts), "--"] + train + \
+            ["--save-folder", folder, "--metrics-file", metrics_file] + list(extra)
+        return subprocess.Popen(argv, stdout=open(log, "a"), stderr=subprocess.STDOUT)
+
+    # The uninterrupted run.
+    ref_folder = f"{tmp}/ref"
+    t0 = time.time()
+    if launch(ref_folder, f"{tmp}/ref.jsonl", f"{tmp}/ref.log", restarts=1).wait() != 0:
+        sys.exit(f"error: chaos: the uninterrupted run failed; its log: {tmp}/ref.log")
+    ref_wall = time.time() - t0
+
+    # The run under failures.
+    folder, mfile, log = f"{tmp}/run", f"{tmp}/run.jsonl", f"{tmp}/run.log"
+    kinds = ["kill", "save-kill", "kill", "sigterm", "slow", "kill"]
+    plan = sorted(rng.sample(range(a.save_interval, a.steps - 5), a.failures))
+    restarts_allowed = a.failures + 2
+    t0 = time.time()
+    proc = launch(folder, mfile, log, restarts=restarts_allowed)
+    events, requeues = [], 0
+    for i, at in enumerate(plan):
+        kind = kinds[i % len(kinds)]
+        while newest_step(mfile) < at and proc.poll() is None:
+            time.sleep(0.002)
+        if proc.poll() is not None:
+            break
+        pids = rank_pids(log)
+        victim_rank = rng.randrange(a.ranks)
+        victim = pids.get(victim_rank)
+        if kind == "save-kill":
+            # Until a save's temporary folder appears (the next multiple of save_interval), then the kill.
+            deadline = time.time() + 30
+            while not glob.glob(f"{folder}/.step*.tmp-*") and time.time() < deadline and proc.poll() is None:
+                time.sleep(0.0002)
+            pids = rank_pids(log)
+            victim = pids.get(victim_rank)
+            os.kill(victim, signal.SIGKILL)
+            landed = bool(glob.glob(f"{folder}/.step*.tmp-*"))
+            events.append((kind, newest_step(mfile), f"rank {victim_rank}" + ("" if landed else " (the save ended first)")))
+        elif kind == "kill":
+            os.kill(victim, signal.SIGKILL)
+            events.append((kind, newest_step(mfile), f"rank {victim_rank}"))
+        elif kind == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait()
+            events.append((kind, newest_step(mfile), f"launcher exit {code}; requeued"))
+            requeues += 1
+            proc = launch(folder, mfile, log, ["--set", "try_load_latest_save=true"], restarts=restarts_allowed)
+        elif kind == "slow":
+            stop = time.time() + 2.0
+            while time.time() < stop and alive(victim):
+                os.kill(victim, signal.SIGSTOP)
+                time.sleep(0.01)
+                os.kill(victim, signal.SIGCONT)
+                time.sleep(0.01)
+            events.append((kind, newest_step(mfile), f"rank {victim_rank} at half speed for 2 s"))
+        # The next failure waits for the restarted round's first step, so that each is its own.
+        if kind in ("kill", "save-kill"):
+            round_pids = pids
+            deadline = time.time() + 60
+            while rank_pids(log) == round_pids and time.time() < deadline and proc.poll() is None:
+                time.sleep(0.01)
+    code = proc.wait()
+    wall = time.time() - t0
+    text = open(log, errors="replace").read()
+    restarts = text.count("[launch] restart ")
+
+    # Steps lost: each time the logged step goes back, the steps from the resumed one to the last before it.
+    records = [r for r in metrics(mfile) if "step" in r and "loss" in r]
+    lost, prev = [], 0
+    last_time = {}
+    for r in records:
+        if r["step"] <= prev:
+            lost.append(prev - r["step"] + 1)
+        prev = r["step"]
+        last_time[r["step"]] = r["step_time_ms"] / 1e3
+    goodput = sum(last_time.values()) / wall if wall > 0 else 0.0
+
+    # Every checkpoint left loads (checksums verified), and the final parameters against the uninterrupted run's.
+    unreadable = []
+    for ck in sorted(glob.glob(f"{folder}/step*")):
+        out = f"{tmp}/check.safetensors"
+        if subprocess.run([a.trainer, "export", "--checkpoint", ck, "-o", out], capture_output=True).returncode != 0:
+            unreadable.append(os.path.basename(ck))
+    final = f"step{a.steps}"
+    same = False
+    if os.path.isdir(f"{folder}/{final}"):
+        subprocess.run([a.trainer, "export", "--checkpoint", f"{ref_folder}/{final}", "-o", f"{tmp}/ref.safetensors"], check=True,
+                       capture_output=True)
+        subprocess.run([a.trainer, "export", "--checkpoint", f"{folder}/{final}", "-o", f"{tmp}/run.safetensors"], check=True,
+                       capture_output=True)
+        same = open(f"{tmp}/ref.safetensors", "rb").read() == open(f"{tmp}/run.safetensors", "rb").read()
+
+    print(f"chaos: {a.ranks} ranks, {a.steps} steps, checkpoint every {a.save_interval}, seed {a.seed}")
+    print("| failure | at step | what |")
+    print("|---|---|---|")
+    for kind, step, what in events:
+        print(f"| {kind} | {step} | {what} |")
+    print(f"\nrun ended with exit status {code}; {restarts} restarts by the launcher, {requeues} requeue(s) after a "
+          f"stop signal")
+    print(f"steps lost to each failure: {lost} (at most save_interval {a.save_interval} allowed)")
+    print(f"wall time {wall:.1f} s against {ref_wall:.1f} s uninterrupted; goodput {100 * goodput:.1f}% "
+          f"(time in the steps that count over the wall time)")
+    print(f"checkpoints left: {len(glob.glob(folder + '/step*'))}, unreadable: {unreadable or 'none'}")
+    print(f"final parameters: {'identical to the uninterrupted run' if same else 'DIFFERENT from the uninterrupted run'}")
+    ok = code == 0 and same and not unreadable and all(n <= a.save_interval for n in lost)
+    if not ok:
+        print(f"error: chaos: the run did not survive as it should; logs in {tmp}", file=sys.stderr)
+        sys.exit(1)
+    subprocess.run(["rm", "-rf", tmp])
+
+
+if __name__ == "__main__":
+    main()
