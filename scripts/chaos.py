@@ -52,11 +52,12 @@ def rank_pids(log):
     return pids
 
 
-def alive(pid):
+def kill(pid, sig):
+    """Sends `sig`; False when the process is already gone (it ended between the choice and the signal)."""
     try:
-        os.kill(pid, 0)
+        os.kill(pid, sig)
         return True
-    except ProcessLookupError:
+    except (ProcessLookupError, TypeError):
         return False
 
 
@@ -117,12 +118,12 @@ def main():
                 time.sleep(0.0002)
             pids = rank_pids(log)
             victim = pids.get(victim_rank)
-            os.kill(victim, signal.SIGKILL)
+            kill(victim, signal.SIGKILL)
             landed = bool(glob.glob(f"{folder}/.step*.tmp-*"))
             events.append((kind, newest_step(mfile), f"rank {victim_rank}" + ("" if landed else " (the save ended first)")))
         elif kind == "kill":
-            os.kill(victim, signal.SIGKILL)
-            events.append((kind, newest_step(mfile), f"rank {victim_rank}"))
+            gone = not kill(victim, signal.SIGKILL)
+            events.append((kind, newest_step(mfile), f"rank {victim_rank}" + (" (already gone)" if gone else "")))
         elif kind == "sigterm":
             proc.send_signal(signal.SIGTERM)
             code = proc.wait()
@@ -131,10 +132,9 @@ def main():
             proc = launch(folder, mfile, log, ["--set", "try_load_latest_save=true"], restarts=restarts_allowed)
         elif kind == "slow":
             stop = time.time() + 2.0
-            while time.time() < stop and alive(victim):
-                os.kill(victim, signal.SIGSTOP)
+            while time.time() < stop and kill(victim, signal.SIGSTOP):
                 time.sleep(0.01)
-                os.kill(victim, signal.SIGCONT)
+                kill(victim, signal.SIGCONT)
                 time.sleep(0.01)
             events.append((kind, newest_step(mfile), f"rank {victim_rank} at half speed for 2 s"))
         # The next failure waits for the restarted round's first step, so that each is its own.

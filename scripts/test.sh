@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs everything, builds, and runs every test: format check -> release build (warnings as errors,
 # CUDA parts compiled when nvcc is found) + all tests -> address/undefined sanitizer build + all tests ->
-# the fuzz targets for 20 s each (dev/fuzz.sh).
+# the fuzz targets for 10 s each (dev/fuzz.sh).
 # Usage: scripts/test.sh [--fast]   (--fast: skip the sanitizer pass and the fuzzing)
 # Builds use Ninja (the presets): it compiles the objects of every target at once, where Make waited for each
 # library before the next and for the trainer before the tests (one core idle at every step). Under the
 # sanitizers the test cases' own code is not instrumented (tests/CMakeLists.txt): the code under test is.
 # The sanitizer pass leaves out the FSDP wrap-policy matrix, the 4-rank cpu_bench memory check, the
 # activation-checkpointing strategy matrix, the FSDP precision matrix (16 runs), the shared-node thread test
-# (300 steps beside busy processes), the chaos run (scripts/chaos.sh: the restart tests' paths, many times) and
+# (300 steps beside busy processes), the chaos run (scripts/chaos.sh: the restart tests' paths, many times), the
+# preemption test under mpirun and trainer launch (the restart and save guard tests signal the same paths) and
 # the emulated attention kernels' shape sweeps (CMakePresets.json):
 # they run the code paths of the other multi-rank, one-rank and emulator tests, at sizes too slow there.
 # Tests run with OMP_WAIT_POLICY=PASSIVE (CMakePresets.json): ctest runs two at once on two cores, and OpenMP
@@ -44,7 +45,7 @@ if [[ "${1:-}" != "--fast" ]]; then
     cmake --build --preset cpu-asan -j "$jobs"
     echo "== tests (address + undefined sanitizers)"
     ctest --preset cpu-asan -j "$jobs"
-    echo "== fuzzing (libFuzzer: every reader of user input for 20 s)"
-    bash dev/fuzz.sh 20
+    echo "== fuzzing (libFuzzer: every reader of user input for 10 s)"
+    bash dev/fuzz.sh 10
 fi
 echo "== all tests passed"

@@ -23,18 +23,11 @@
 #include "core/weights/safetensors.h"
 #include "parallel/tcp_store.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define TRAINER_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TRAINER_TEST_SANITIZED 1
-#endif
-#endif
-
 namespace test_util {
 
 // True in the address-sanitizer build, whose instrumented loops run far below the machine's rates: a test that
-// measures a rate (FLOP/s, a link's bandwidth) skips there and runs in the release build.
+// measures a rate (FLOP/s, a link's bandwidth) skips there and runs in the release build. Set by the build
+// (tests/CMakeLists.txt): the test cases themselves are compiled without the sanitizers, the code they measure with.
 #ifdef TRAINER_TEST_SANITIZED
 constexpr bool sanitized = true;
 #else
