@@ -544,7 +544,7 @@ class TrainingRun {
         record["compute_ms_median"] = median * 1e3;
         bar_->clear();
         for (const int k : slow) {
-            const std::string host = static_cast<size_t>(k) < world_.hosts.size() ? world_.hosts[k] : "?";
+            const std::string host = world_.host_of(k);
             std::printf(
                 "straggler: rank %d on %s computed %.1f ms a step over steps %ld-%ld, %.2fx the median rank's %.1f "
                 "ms (straggler_factor %g)\n",

@@ -134,30 +134,21 @@ class GlooCommunicator final : public Communicator {
             auto* base = static_cast<uint8_t*>(in);
             auto send_buf = context_->createUnboundBuffer(base, bytes * size_);
             auto recv_buf = context_->createUnboundBuffer(tmp, bytes);
-            const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, next_tag());
-            const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
-            for (int step = 0; step < size_ - 1; ++step) {
-                const int send_chunk = ((rank_ - step - 1) % size_ + size_) % size_;
-                const int recv_chunk = ((rank_ - step - 2) % size_ + size_) % size_;
-                // The receive is posted first: Gloo writes a send whose receive is already posted from the calling
-                // thread, until it is on the wire, so a rank that came late and sent first would tell its peer
-                // that it may send only after its own send had crossed the link (measured: twice the time of one
-                // send, on a 40 Mbit/s link where one rank reached the op 0.2 s after the other).
-                recv_buf->recv(left, slot, 0, bytes);
-                send_buf->send(right, slot, static_cast<size_t>(send_chunk) * bytes, bytes);
-                recv_buf->waitRecv(timeout_);
-                uint8_t* acc = base + static_cast<size_t>(recv_chunk) * bytes;
-                if (dtype == CommDType::kFloat32) {
-                    float* a = reinterpret_cast<float*>(acc);
-                    const float* b = reinterpret_cast<const float*>(tmp);
-                    for (size_t i = 0; i < count; ++i) a[i] = b[i] + a[i];
-                } else {
-                    uint16_t* a = reinterpret_cast<uint16_t*>(acc);
-                    const uint16_t* b = reinterpret_cast<const uint16_t*>(tmp);
-                    for (size_t i = 0; i < count; ++i) a[i] = float_to_bf16(bf16_to_float(b[i]) + bf16_to_float(a[i]));
-                }
-                send_buf->waitSend(timeout_);  // the next step sends the chunk just summed, not this one
-            }
+            ring(
+                *send_buf, *recv_buf, bytes, 1, [](int) { return size_t{0}; },
+                [&](int step) {
+                    uint8_t* acc = base + static_cast<size_t>(chunk(step + 2)) * bytes;
+                    if (dtype == CommDType::kFloat32) {
+                        float* a = reinterpret_cast<float*>(acc);
+                        const float* b = reinterpret_cast<const float*>(tmp);
+                        for (size_t i = 0; i < count; ++i) a[i] = b[i] + a[i];
+                    } else {
+                        uint16_t* a = reinterpret_cast<uint16_t*>(acc);
+                        const uint16_t* b = reinterpret_cast<const uint16_t*>(tmp);
+                        for (size_t i = 0; i < count; ++i)
+                            a[i] = float_to_bf16(bf16_to_float(b[i]) + bf16_to_float(a[i]));
+                    }
+                });
             if (out != base + static_cast<size_t>(rank_) * bytes)  // else in place: already there
                 std::memcpy(out, base + static_cast<size_t>(rank_) * bytes, bytes);
         });
@@ -170,24 +161,17 @@ class GlooCommunicator final : public Communicator {
                 std::memmove(out, in, bytes);
                 return;
             }
-            // A ring over Gloo's point-to-point buffers, as the reduce-scatter's (Gloo's own allgather posts each
-            // step's send before its receive: 1.6x the time on a slow link where the ranks arrive apart). At step
-            // s this rank sends chunk (r - s) mod n to rank r + 1 and receives chunk (r - s - 1) mod n from rank
-            // r - 1, in place in `out`. Bytes are bytes, whatever the element type.
+            // The reduce-scatter's ring (Gloo's own allgather posts each step's send before its receive: 1.6x the
+            // time on a slow link where the ranks arrive apart). At step s this rank sends chunk (r - s) mod n to
+            // rank r + 1 and receives chunk (r - s - 1) mod n from rank r - 1, in place in `out`. Bytes are bytes,
+            // whatever the element type.
             auto* base = static_cast<uint8_t*>(out);
             if (in != base + static_cast<size_t>(rank_) * bytes)
                 std::memcpy(base + static_cast<size_t>(rank_) * bytes, in, bytes);
             auto buf = context_->createUnboundBuffer(base, bytes * size_);
-            const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, next_tag());
-            const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
-            for (int step = 0; step < size_ - 1; ++step) {
-                const int send_chunk = ((rank_ - step) % size_ + size_) % size_;
-                const int recv_chunk = ((rank_ - step - 1) % size_ + size_) % size_;
-                buf->recv(left, slot, static_cast<size_t>(recv_chunk) * bytes, bytes);  // first: see reduce_scatter
-                buf->send(right, slot, static_cast<size_t>(send_chunk) * bytes, bytes);
-                buf->waitRecv(timeout_);
-                buf->waitSend(timeout_);  // the next step sends the chunk just received
-            }
+            ring(
+                *buf, *buf, bytes, 0, [&](int step) { return static_cast<size_t>(chunk(step + 1)) * bytes; },
+                [](int) {});
         });
     }
 
@@ -215,6 +199,30 @@ class GlooCommunicator final : public Communicator {
     }
 
    private:
+    // Chunk (r - shift) mod n of a ring step.
+    int chunk(int shift) const { return ((rank_ - shift) % size_ + size_) % size_; }
+
+    // The ring of the reduce-scatter and the all-gather, n - 1 steps over Gloo's point-to-point buffers: at step s
+    // this rank sends chunk (r - s - send_shift) mod n of `sent` (chunks of `bytes`) to rank r + 1, receives rank
+    // r - 1's into `received` at recv_offset(s), and runs on_received(s) before its send is waited for (the next
+    // step sends what this one received). The receive is posted first: Gloo writes a send whose receive is
+    // already posted from the calling thread, until it is on the wire, so a rank that came late and sent first
+    // would tell its peer that it may send only after its own send had crossed the link (measured: twice the time
+    // of one send, on a 40 Mbit/s link where one rank reached the op 0.2 s after the other).
+    template <typename RecvOffset, typename OnReceived>
+    void ring(gloo::transport::UnboundBuffer& sent, gloo::transport::UnboundBuffer& received, size_t bytes,
+              int send_shift, RecvOffset recv_offset, OnReceived on_received) {
+        const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, next_tag());
+        const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
+        for (int step = 0; step < size_ - 1; ++step) {
+            received.recv(left, slot, recv_offset(step), bytes);
+            sent.send(right, slot, static_cast<size_t>(chunk(step + send_shift)) * bytes, bytes);
+            received.waitRecv(timeout_);
+            on_received(step);
+            sent.waitSend(timeout_);
+        }
+    }
+
     uint8_t* scratch(size_t bytes) {
         if (bytes > scratch_bytes_) {
             scratch_.reset(new uint8_t[bytes]);  // uninitialised: the all-to-all writes every byte

@@ -194,6 +194,7 @@ void check_world_agrees(TcpStore& store, const RankEnv& env, std::chrono::millis
     auto bytes = [](const std::string& s) { return std::vector<char>(s.begin(), s.end()); };
     const std::string mine = fmt::format("{} {}", env.world_size, env.local_world_size);
     const std::string mismatch_key = "trainer/world_mismatch";
+    // Every rank's host as well, for messages that name a rank (World::host_of).
     store.set(fmt::format("trainer/host/{}", env.rank), bytes(host_name().empty() ? "?" : host_name()));
     if (env.rank != 0) {
         const std::vector<char> got = store.get("trainer/world");
@@ -239,6 +240,16 @@ void check_world_agrees(TcpStore& store, const RankEnv& env, std::chrono::millis
 
 }  // namespace
 
+std::string World::host_of(int r) const {
+    if (!store) return host_name().empty() ? "?" : host_name();
+    try {
+        const std::vector<char> h = store->get(fmt::format("trainer/host/{}", r));
+        return std::string(h.begin(), h.end());
+    } catch (const UserError&) {
+        return "?";  // the store is out of reach: the message goes out without the host
+    }
+}
+
 World connect_world(const TrainConfig& config, const RankEnv& env, Device device, Backend* backend) {
     World world;
     world.env = env;
@@ -256,13 +267,6 @@ World connect_world(const TrainConfig& config, const RankEnv& env, Device device
         world.store->set_key_prefix(env.store_prefix);
         try {
             check_world_agrees(*world.store, env, world.timeout);
-            // Every rank's host, for rank 0's messages (stragglers); every rank set its key before the agreement.
-            if (env.rank == 0) {
-                for (int r = 0; r < env.world_size; ++r) {
-                    const std::vector<char> h = world.store->get(fmt::format("trainer/host/{}", r));
-                    world.hosts.emplace_back(h.begin(), h.end());
-                }
-            }
         } catch (const UserError&) {
             // Rank 0's store stays up until the process exits: torn down while the error unwinds, it would
             // end the other local ranks first, and their launcher would stop this rank before it says why.

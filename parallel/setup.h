@@ -56,10 +56,11 @@ struct World {
     std::unique_ptr<Strategy> strategy;
     std::chrono::milliseconds timeout{0};  // distributed_timeout_seconds: connection and every collective
     std::string gloo_host;                 // Gloo: the address this rank's pairs listen on (parallel/bind_address.h)
-    std::vector<std::string> hosts;        // rank 0: every rank's host name, by rank (for its messages)
 
     int rank() const { return env.rank; }
     int size() const { return env.world_size; }
+    // Rank r's host name, from the store (every rank wrote its own when the ranks met), "?" when out of reach.
+    std::string host_of(int r) const;
 };
 
 // Connects the ranks (rank 0's store at MASTER_ADDR:MASTER_PORT; Gloo on the address gloo_bind_host finds, or NCCL

@@ -172,13 +172,7 @@ void kill_rank_during_training(const std::vector<std::string>& launcher_argv, bo
             if (mpirun) {
                 victim = mpi_rank_pid(launcher, 1), survivor = mpi_rank_pid(launcher, 0);
             } else {
-                const std::string text = test_util::read_file(log);
-                for (int r : {0, 1}) {
-                    const size_t at = text.find("[launch] rank " + std::to_string(r) + " ");
-                    if (at == std::string::npos) continue;
-                    const pid_t p = std::stoi(text.substr(text.find(": pid ", at) + 6));
-                    (r == 1 ? victim : survivor) = p;
-                }
+                victim = test_util::launched_rank_pid(log, 1), survivor = test_util::launched_rank_pid(log, 0);
             }
             if (victim > 0 && survivor > 0) break;
         }
@@ -359,13 +353,9 @@ TEST_CASE("preemption: SIGTERM to one rank alone stops every rank after the same
     pid_t rank1 = 0;
     const auto start = std::chrono::steady_clock::now();
     while (std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
-        const std::string text = test_util::read_file_if_exists(log);
-        const size_t at = text.find("[launch] rank 1 ");
-        if (at != std::string::npos &&
-            test_util::read_file_if_exists(metrics).find("\"step\":3") != std::string::npos) {
-            rank1 = static_cast<pid_t>(std::stol(text.substr(text.find(": pid ", at) + 6)));
+        if (test_util::read_file_if_exists(metrics).find("\"step\":3") != std::string::npos &&
+            (rank1 = test_util::launched_rank_pid(log, 1)) > 0)
             break;
-        }
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     REQUIRE(rank1 > 0);
