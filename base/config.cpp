@@ -111,6 +111,7 @@ const std::vector<KeySpec>& schema() {
         {"save_interval", KeyType::kInt, 0, false, {}, 0, 9e18, "checkpoint every N steps; 0: only at the end (when save_folder is set)"},
         {"save_overwrite", KeyType::kBool, false, false, {}, -kInf, kInf, "allow a fresh run to write into a save_folder that already holds checkpoints"},
         {"save_safetensors", KeyType::kBool, false, false, {}, -kInf, kInf, "rank 0 also writes the full weights as model.safetensors (Hugging Face names) into every checkpoint folder"},
+        {"save_async", KeyType::kBool, true, false, {}, -kInf, kInf, "save_interval checkpoints copy the state to host memory at the end of the step (pinned on GPUs; host_checkpoint_snapshot in the memory report) and are written by a background thread while training goes on; false: every rank stops for the whole write"},
         {"save_num_checkpoints_to_keep", KeyType::kInt, -1, false, {}, -1, 9e18, "keep the newest N checkpoints; -1: all"},
         {"load_path", KeyType::kString, nullptr, true, {}, -kInf, kInf, "resume from this checkpoint folder, or \"latest\" in save_folder"},
         {"try_load_latest_save", KeyType::kBool, false, false, {}, -kInf, kInf, "resume from the newest complete checkpoint in save_folder when there is one (over load_path), else start as configured: the same command serves the first run and every requeue after a preemption"},
@@ -729,6 +730,7 @@ void read_saving(const Json& doc, TrainConfig& c) {
     c.save_overwrite = doc["save_overwrite"].get<bool>();
     c.save_num_checkpoints_to_keep = get_long(doc["save_num_checkpoints_to_keep"]);
     c.save_safetensors = doc["save_safetensors"].get<bool>();
+    c.save_async = doc["save_async"].get<bool>();
     c.load_path = opt<std::string>(doc["load_path"]);
     c.try_load_latest_save = doc["try_load_latest_save"].get<bool>();
     c.init_from = opt<std::string>(doc["init_from"]);

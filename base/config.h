@@ -154,7 +154,10 @@ struct TrainConfig {
     long save_interval = 0;  // 0: no periodic checkpoints (a final one is still written when save_folder is set)
     bool save_overwrite = false;
     long save_num_checkpoints_to_keep = -1;
-    bool save_safetensors = false;         // rank 0 also writes model.safetensors into each checkpoint
+    bool save_safetensors = false;  // rank 0 also writes model.safetensors into each checkpoint
+    bool save_async = true;         // save_interval checkpoints are written by a background thread
+    // Whether this run writes save_interval checkpoints in the background (core/weights/async_save.h).
+    bool async_saves() const { return save_async && save_folder && save_interval > 0; }
     std::optional<std::string> load_path;  // a checkpoint folder, or "latest" in save_folder
     bool try_load_latest_save = false;     // resume from save_folder's newest checkpoint when it has one
     std::optional<std::string> init_from;  // a safetensors file with Hugging Face names

@@ -35,6 +35,8 @@ const char* mem_category_name(MemCategory c) {
             return "host_gradients";
         case MemCategory::kHostOptimizerState:
             return "host_optimizer_state";
+        case MemCategory::kHostCheckpoint:
+            return "host_checkpoint_snapshot";
         case MemCategory::kCount:
             break;
     }

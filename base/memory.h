@@ -24,6 +24,7 @@ enum class MemCategory : int {
     kHostParameters,      // cpu_offload: the fp32 master parameters (and their bf16 copy for the upload)
     kHostGradients,       // cpu_offload: two chunks of the gradients, streamed down to the host optimizer
     kHostOptimizerState,  // cpu_offload: the AdamW moments
+    kHostCheckpoint,      // save_async: the snapshot of a rank's state that the background thread writes
     kCount
 };
 constexpr int kNumMemCategories = static_cast<int>(MemCategory::kCount);
@@ -35,7 +36,7 @@ const char* mem_category_name(MemCategory c);
 // Whether a category counts host memory (CPU offload) rather than the device's.
 constexpr bool mem_category_is_host(MemCategory c) {
     return c == MemCategory::kHostParameters || c == MemCategory::kHostGradients ||
-           c == MemCategory::kHostOptimizerState;
+           c == MemCategory::kHostOptimizerState || c == MemCategory::kHostCheckpoint;
 }
 
 struct MemorySnapshot {

@@ -28,6 +28,7 @@
 #include "core/model.h"
 #include "core/optimizer.h"
 #include "core/plan/host_memory.h"
+#include "core/weights/async_save.h"
 #include "core/weights/checkpoint.h"
 #include "core/weights/hf_export.h"
 #include "core/weights/hf_names.h"
@@ -220,7 +221,7 @@ class TrainingRun {
             long r = -1, s = -1;
             if (std::sscanf(nan, "%ld:%ld", &r, &s) == 2 && r == env_.rank) nan_gradient_step_ = s;
         }
-        check_offload_host_memory(config_, env_, device);
+        check_host_memory(config_, env_, device);
         check_shared_device_memory(config_, env_, device, device_index_);
         train_data_ = std::make_unique<TokenDataset>(config_.data.paths, parse_token_dtype(config_.data.memmap_dtype),
                                                      m_.max_sequence_length, m_.vocab_size);
@@ -329,6 +330,8 @@ class TrainingRun {
             host = device_ == Device::kCpu ? backend_.get() : host_backend_.get();
         }
         optimizer_ = std::make_unique<AdamW>(config_, *layout_, backend_.get(), host);
+        if (config_.async_saves())
+            saver_ = std::make_unique<AsyncSaver>(config_, *layout_, backend_.get(), strategy, run_tag_);
         tokens_.resize(static_cast<size_t>(micro) * m_.max_sequence_length);
         keep_.resize(static_cast<size_t>(micro));
 
@@ -418,25 +421,30 @@ class TrainingRun {
                     return MicroBatchTokens(tokens_.data(), keep_.data());
                 });
             {
-                // The loss sums, the ranks' votes on a stop request and, every console_log_interval steps, each
-                // rank's compute time a step since the last such step (each rank fills its own slot), in one
+                // The loss sums, the ranks' votes on a stop request, while a checkpoint is written in the
+                // background their votes on it (core/weights/async_save.h) and, every console_log_interval steps,
+                // each rank's compute time a step since the last such step (each rank fills its own slot), in one
                 // collective.
                 const trace::Span loss("comm", "loss all_reduce");
                 const bool exchange = world > 1 && step % config_.console_log_interval == 0 && interval_steps_ > 0;
-                constexpr int kTimes = 3 + stop::kVotes;
-                sums_.assign(kTimes + (exchange ? world : 0), 0.0);
+                const bool save_votes = saver_ && saver_->voting();
+                constexpr int kSaveVotes = 3 + stop::kVotes;
+                const int times = kSaveVotes + (save_votes ? AsyncSaver::kVotes : 0);
+                sums_.assign(times + (exchange ? world : 0), 0.0);
                 sums_[0] = loss_sum.ce;
                 sums_[1] = loss_sum.z;
                 sums_[2] = masked;
                 stop::vote(sums_.data() + 3);
-                if (exchange) sums_[kTimes + strategy.rank()] = interval_compute_ / interval_steps_;
+                if (save_votes) saver_->vote(sums_.data() + kSaveVotes);
+                if (exchange) sums_[times + strategy.rank()] = interval_compute_ / interval_steps_;
                 strategy.all_reduce_sum(sums_.data(), static_cast<int>(sums_.size()));
                 r.loss = sums_[0] / global_tokens;
                 r.z_loss = sums_[1] / global_tokens;
                 r.masked_instances = static_cast<long>(sums_[2]);
                 r.stop_signal = stop::agreed(sums_.data() + 3);
+                if (save_votes) saver_->tally(sums_.data() + kSaveVotes);
                 if (exchange) {
-                    r.compute_per_rank.assign(sums_.begin() + kTimes, sums_.end());
+                    r.compute_per_rank.assign(sums_.begin() + times, sums_.end());
                     r.compute_steps = interval_steps_;
                     interval_compute_ = 0.0;
                     interval_steps_ = 0;
@@ -524,11 +532,20 @@ class TrainingRun {
                 step, total_steps_, r.loss, z.c_str(), r.opt.lr, r.opt.grad_norm, tps, 100.0 * mfu, r.seconds * 1e3,
                 busy_text.c_str());
         }
-        metrics_->write(record);
         if (config_.save_folder &&
             ((config_.save_interval > 0 && step % config_.save_interval == 0) || step == total_steps_)) {
+            const auto t0 = Clock::now();
             save(step);
+            record["save_ms"] = seconds_since(t0) * 1e3;  // how long the save held the step up
+            save_stall_ += seconds_since(t0);
+            ++saves_;
         }
+        // A checkpoint written in the background and published since the last step: the step it holds (the
+        // steps between are those a failure before its publication would also lose).
+        report_published();
+        if (published_step_) record["checkpoint_published"] = *published_step_;
+        published_step_.reset();
+        metrics_->write(record);
         bar_->draw(step, (total_steps_ - step) * (total_time_ / std::max<long>(1, timed_steps_)));
         std::fflush(stdout);
         return eval_stop;
@@ -600,19 +617,50 @@ class TrainingRun {
             nullptr, "a rank that writes checkpoint shards cannot write it");
     }
 
-    // Every rank takes part (barriers); the strategy says which ranks write shard files.
-    void save(long step) {
+    // Every rank takes part; the strategy says which ranks write shard files. save_interval checkpoints of a
+    // save_async run are snapshot and written in the background (said once published: report_published); the
+    // run's last checkpoint, and one that must be on disk before the run stops (`now`), is written now, once
+    // the one in flight is.
+    void save(long step, bool now = false) {
         const trace::Span span("checkpoint", "save checkpoint");
+        if (saver_ && !now && step != total_steps_) {
+            saver_->start(step);
+            report_published();  // the one before it, published while start() waited for it
+            // Every rank counts it saved: a stop waits for it to be published (finish_saves) before it asks.
+            saved_step_ = step;
+            saved_path_ = saver_->last_path();
+            return;
+        }
+        finish_saves();
         saved_path_ = save_checkpoint(config_, *layout_, backend_.get(), *world_.strategy, step, run_tag_);
         saved_step_ = step;
         bar_->clear();
         std::printf("saved checkpoint %s\n", saved_path_.c_str());
     }
 
+    // Waits for the checkpoint written in the background, if any (every rank at the same point).
+    void finish_saves() {
+        if (!saver_) return;
+        saver_->wait();
+        report_published();
+    }
+
+    // Rank 0: says the checkpoint the background thread published since the last step, if any (and keeps its
+    // step for the step's record).
+    void report_published() {
+        if (!saver_) return;
+        const std::optional<std::string> path = saver_->take_published();
+        if (!path) return;
+        bar_->clear();
+        std::printf("saved checkpoint %s (written in the background)\n", path->c_str());
+        published_step_ = checkpoint_step(*path);
+    }
+
     // The ranks agreed to stop after `step` (a stop signal, base/stop.h): a checkpoint of it when
     // save_folder is set, a metrics record saying so, the summary of the steps run, and 128 + the signal.
     int stop_after(long step, int sig) {
-        if (config_.save_folder && saved_step_ != step) save(step);
+        finish_saves();
+        if (config_.save_folder && saved_step_ != step) save(step, /*now=*/true);
         bar_->clear();
         const std::string resume = config_.save_folder
                                        ? fmt::format("checkpoint {}; resume with --load-path latest", saved_path_)
@@ -677,6 +725,11 @@ class TrainingRun {
                         {"peak_memory_bytes", per_rank[world_.rank()]},
                         {"peak_memory_bytes_per_rank", per_rank}};
         if (busy_steps_ > 0) summary["mean_device_busy_fraction"] = total_busy_ / busy_steps_;
+        if (saves_ > 0) {  // the checkpoints' cost to the run: the time the steps waited for them
+            summary["checkpoints"] = saves_;
+            summary["save_stall_s"] = save_stall_;
+            summary["save_async"] = saver_ != nullptr;
+        }
         {
             // Every rank's mean compute time a step over the run (its step less its waits on collectives).
             std::vector<double> per_rank(world, 0.0);
@@ -702,9 +755,11 @@ class TrainingRun {
             auto peak = [&](MemCategory c) { return mem.peak[static_cast<int>(c)] / mib; };
             const std::string host =
                 mem.host_peak > 0
-                    ? fmt::format(", host {:.1f} MiB (params {:.1f}, grads {:.1f}, optimizer {:.1f})",
-                                  mem.host_peak / mib, peak(MemCategory::kHostParameters),
-                                  peak(MemCategory::kHostGradients), peak(MemCategory::kHostOptimizerState))
+                    ? fmt::format(
+                          ", host {:.1f} MiB (params {:.1f}, grads {:.1f}, optimizer {:.1f}, checkpoint snapshot "
+                          "{:.1f})",
+                          mem.host_peak / mib, peak(MemCategory::kHostParameters), peak(MemCategory::kHostGradients),
+                          peak(MemCategory::kHostOptimizerState), peak(MemCategory::kHostCheckpoint))
                     : std::string();
             const std::string busy =
                 busy_steps_ > 0 ? fmt::format(" (device busy {:.0f}%)", 100.0 * total_busy_ / busy_steps_) : "";
@@ -749,6 +804,7 @@ class TrainingRun {
     std::unique_ptr<Model> model_;
     std::unique_ptr<Backend> host_backend_;  // cpu_offload on a GPU: the host optimizer's kernels
     std::unique_ptr<AdamW> optimizer_;
+    std::unique_ptr<AsyncSaver> saver_;  // save_async: save_interval checkpoints written in the background
     double flops_per_token_ = 0.0, tokens_per_step_ = 0.0, flops_per_step_ = 0.0, peak_flops_ = 0.0;
     std::string peak_how_;
     std::unique_ptr<ProgressBar> bar_;
@@ -766,7 +822,10 @@ class TrainingRun {
     long interval_steps_ = 0, run_compute_steps_ = 0;
     std::vector<double> sums_;
     Clock::time_point run_t0_;
-    long saved_step_ = -1;  // the newest checkpoint this run wrote, and its path
+    double save_stall_ = 0.0;  // seconds the steps' saves held the run up, over saves_ of them
+    long saves_ = 0;
+    std::optional<long> published_step_;  // a background checkpoint published since the last step's record
+    long saved_step_ = -1;                // the newest checkpoint this run wrote, and its path
     std::string saved_path_;
 };
 

@@ -68,6 +68,10 @@ TEST_CASE("dry run: predicted peak memory by category is the measured accounting
          {"distributed_strategy=fsdp", "fsdp.sharding_strategy=HYBRID_SHARD", "fsdp.wrapping_strategy=by_block",
           "fsdp.hybrid_sharding_num_model_replicas=2"}},
         {1, fsdp},
+        // save_async: the host snapshot each writing rank keeps for its checkpoints (all of it on one rank, a
+        // shard each under FULL_SHARD).
+        {1, {"save_interval=1"}},
+        {2, with(fsdp, {"save_interval=1"})},
         // OLMo-2's block (the norms after the sublayers, QK-norm, the z-loss) with a recompute under FULL_SHARD.
         {2, with(fsdp, {"model.layer_norm_type=rms", "model.layer_norm_with_affine=true", "model.norm_after=true",
                         "model.attention_layer_norm=true", "softmax_auxiliary_loss=true",
@@ -76,6 +80,8 @@ TEST_CASE("dry run: predicted peak memory by category is the measured accounting
     int k = 0;
     for (const Case& c : cases) {
         std::vector<std::string> sets = with(c.sets, {"device_train_microbatch_size=2", "max_duration=2"});
+        if (std::find(sets.begin(), sets.end(), "save_interval=1") != sets.end())
+            sets.push_back("save_folder=" + dir.path("ck" + std::to_string(k)));
         CAPTURE(c.ranks, sets);
         const std::string metrics = dir.path("m" + std::to_string(k++) + ".jsonl");
         std::vector<std::string> args = {"--config",       "configs/tiny.json",

@@ -31,11 +31,7 @@ namespace {
 using Args = std::vector<std::string>;
 
 Args tiny(const std::string& folder, long steps, const Args& extra) {
-    Args a = {"--config",       "configs/tiny.json",       "--data",        test_util::fixture("olmo_tiny_tokens.u16"),
-              "--max-duration", std::to_string(steps),     "--save-folder", folder,
-              "--set",          "console_log_interval=100"};
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
+    return test_util::tiny_saving(folder, steps, extra);
 }
 
 // A process that has exited, or that is a zombie nobody has reaped yet, no longer runs.
@@ -189,7 +185,10 @@ TEST_CASE("save guard: a second run on a save folder in use is refused by name a
     // interrupted saves left.
     REQUIRE(::kill(owner, SIGKILL) == 0);
     test_util::wait_exit_code(owner);
+    // The save it was writing, if the kill landed in one (its checkpoints are written in the background, so
+    // often), and one more.
     fs::create_directories(folder + "/.step999.tmp-0123456789ab");
+    const size_t interrupted = temporary_entries(folder).size();
     const std::vector<long> kept = trainer::checkpoint_steps(folder);
     REQUIRE(!kept.empty());
     const auto third = test_util::run_trainer(tiny(folder, kept.back() + 2, {"--load-path", "latest"}));
@@ -197,7 +196,8 @@ TEST_CASE("save guard: a second run on a save folder in use is refused by name a
     CHECK(third.exit_code == 0);
     CHECK_THAT(third.err, Contains("took over the lock of run " + lock["run_id"].get<std::string>()));
     CHECK_THAT(third.err, Contains("which no longer runs"));
-    CHECK_THAT(third.err, Contains("removed 1 temporary folder of interrupted saves"));
+    CHECK_THAT(third.err, Contains(fmt::format("removed {} temporary folder{} of interrupted saves", interrupted,
+                                               interrupted == 1 ? "" : "s")));
     CHECK_THAT(third.out, Contains(fmt::format("resumed from {}/step{}", folder, kept.back())));
     CHECK(temporary_entries(folder).empty());
     CHECK_FALSE(fs::exists(folder + "/.lock"));  // released at the end

@@ -215,12 +215,29 @@ inline pid_t launched_rank_pid(const std::string& log, int rank, int occurrence 
     return static_cast<pid_t>(std::stol(text.substr(pid_at + 6, end - pid_at - 6)));
 }
 
-// `trainer launch --nproc-per-node nproc -- args` on a fresh port.
-inline RunResult launch(int nproc, const std::vector<std::string>& args) {
+// The trainer's arguments for `trainer launch --nproc-per-node nproc -- args` on a fresh port.
+inline std::vector<std::string> launch_args(int nproc, const std::vector<std::string>& args) {
     std::vector<std::string> a = {"launch",        "--nproc-per-node", std::to_string(nproc),
                                   "--master-port", free_port(),        "--"};
     a.insert(a.end(), args.begin(), args.end());
-    return run_trainer(a);
+    return a;
+}
+
+// `trainer launch --nproc-per-node nproc -- args` on a fresh port.
+inline RunResult launch(int nproc, const std::vector<std::string>& args) {
+    return run_trainer(launch_args(nproc, args));
+}
+
+// configs/tiny.json on olmo_tiny's tokens for `steps` steps, saving checkpoints into `folder`, console lines
+// every 100 steps, then `extra`.
+inline std::vector<std::string> tiny_saving(const std::string& folder, long steps,
+                                            const std::vector<std::string>& extra) {
+    std::vector<std::string> a = {
+        "--config",       "configs/tiny.json",       "--data",        fixture("olmo_tiny_tokens.u16"),
+        "--max-duration", std::to_string(steps),     "--save-folder", folder,
+        "--set",          "console_log_interval=100"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
 }
 
 // A network lab (scripts/netlab.sh) owned by this process, removed when it goes out of scope: `nodes` network

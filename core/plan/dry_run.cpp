@@ -1,11 +1,14 @@
 // Dry runs of a training step (see dry_run.h).
 #include "core/plan/dry_run.h"
 
+#include <optional>
+
 #include "base/common.h"
 #include "base/layout.h"
 #include "base/trace.h"
 #include "core/model.h"
 #include "core/optimizer.h"
+#include "core/weights/async_save.h"
 #include "kernels/backend.h"
 #include "parallel/setup.h"
 
@@ -65,6 +68,9 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
         // CPU offload's optimizer runs on the host: its ops are the host's (copies and waits stay the device's).
         auto host = make_dry_backend(on_host_op);
         AdamW optimizer(config, layout, backend.get(), config.cpu_offload.optimizer_state ? host.get() : nullptr);
+        // save_async: the host snapshot a checkpoint is written from (held for the whole run).
+        std::optional<CheckpointSnapshot> snapshot;
+        if (config.async_saves()) snapshot.emplace(backend.get(), strategy);
         live = true;  // the step's work only, not the initialisation's
         const std::vector<int32_t> tokens(static_cast<size_t>(micro) * L, 0);
         const double global_tokens = static_cast<double>(config.global_train_batch_size) * (L - 1);

@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "base/common.h"
 #include "base/memory.h"
 #include "core/plan/dry_run.h"
+#include "core/weights/async_save.h"
 #include "kernels/backend.h"
 #include "parallel/setup.h"
 
@@ -78,26 +80,39 @@ int64_t host_capacity_bytes() {
     return smaller_known(meminfo_bytes("MemTotal:"), cgroup_memory("/proc/self/cgroup", "/sys/fs/cgroup").limit);
 }
 
-void check_offload_host_memory(const TrainConfig& config, const RankEnv& env, Device device) {
-    if (!config.cpu_offload.optimizer_state) return;
-    // The strategy's state, allocated over the dry backend: its host categories are what the run will hold.
+void check_host_memory(const TrainConfig& config, const RankEnv& env, Device device) {
+    if (!config.cpu_offload.optimizer_state && !config.async_saves()) return;
+    // The strategy's state and the checkpoint snapshot, allocated over the dry backend: their host categories
+    // are what the run will hold.
     const MemorySnapshot before = memory_snapshot();
-    int64_t per_rank = 0;
+    int64_t per_rank = 0, snapshot = 0;
     {
         auto backend = make_dry_backend();
         const ParamLayout layout(config);
         const World world = make_dry_world(config, env, device, backend.get(), layout, {});
+        const int64_t state = memory_snapshot().host_current;
+        std::optional<CheckpointSnapshot> snap;
+        if (config.async_saves()) snap.emplace(backend.get(), *world.strategy);
+        snapshot = memory_snapshot().host_current - state;
         per_rank = memory_snapshot().host_current - before.host_current;
     }
     memory_restore_peaks(before);
-    // Every rank of this node keeps its offloaded state in the node's memory.
+    // Every rank of this node keeps its host state in the node's memory.
     const int64_t need = per_rank * env.local_world_size, have = available_host_bytes();
     if (have >= 0 && need > have) {
+        std::string parts;
+        if (per_rank > snapshot) parts = fmt::format("cpu_offload's state {:.2f} GiB", (per_rank - snapshot) / kGiB);
+        if (snapshot > 0) {
+            parts += fmt::format("{}save_async's checkpoint snapshot {:.2f} GiB", parts.empty() ? "" : " + ",
+                                 snapshot / kGiB);
+        }
         user_error(
-            "cpu_offload.optimizer_state: the offloaded state needs {:.2f} GiB of host memory per rank x {} ranks on "
-            "this node = {:.2f} GiB, but {:.2f} GiB is available (MemAvailable, or the memory cgroup's limit); shard "
-            "it over more ranks (fsdp FULL_SHARD), use more nodes, or turn the offload off",
-            per_rank / kGiB, env.local_world_size, need / kGiB, have / kGiB);
+            "host memory: this run needs {:.2f} GiB per rank ({}) x {} ranks on this node = {:.2f} GiB, but {:.2f} "
+            "GiB is available (MemAvailable, or the memory cgroup's limit); {}",
+            per_rank / kGiB, parts, env.local_world_size, need / kGiB, have / kGiB,
+            snapshot > 0 ? "write checkpoints synchronously (save_async=false), shard the state over more ranks "
+                           "(fsdp FULL_SHARD) or use more nodes"
+                         : "shard it over more ranks (fsdp FULL_SHARD), use more nodes, or turn the offload off");
     }
 }
 

@@ -25,11 +25,11 @@ int64_t cgroup_memory_left(const std::string& proc_cgroup, const std::string& sy
 // The host memory of this node: MemTotal, or the memory cgroup's limit where that is less; -1 when unknown.
 int64_t host_capacity_bytes();
 
-// Refuses CPU offload whose host state times the node's ranks exceeds the host memory available now
-// (MemAvailable, or what the memory cgroup's limit leaves where that is less; TRAINER_HOST_MEMORY_BYTES
-// replaces it in tests), naming both. The host state is what the
-// strategy allocates under the host categories, counted over a dry backend. Nothing to check without offload.
-void check_offload_host_memory(const TrainConfig& config, const RankEnv& env, Device device);
+// Refuses a run whose host memory (CPU offload's state, save_async's checkpoint snapshot) times the node's ranks
+// exceeds the host memory available now (MemAvailable, or what the memory cgroup's limit leaves where that is
+// less; TRAINER_HOST_MEMORY_BYTES replaces it in tests), naming each part. Both are what the run allocates under
+// the host categories, counted over a dry backend. Nothing to check without either.
+void check_host_memory(const TrainConfig& config, const RankEnv& env, Device device);
 
 // Refuses ranks that share a GPU (more ranks on this node than GPUs: distributed_backend gloo) whose planned
 // peak device memory (dry_run_step's) times the ranks on GPU `device_index` exceeds that GPU's free memory as

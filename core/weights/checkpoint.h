@@ -11,6 +11,7 @@
 // checkpoint reloads on a different world size.
 #pragma once
 
+#include <atomic>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +28,38 @@ struct CheckpointInfo {
     std::string path;
     long step = 0;
 };
+
+// A save's folders: save_folder, its step<N>/ and the temporary folder the ranks write into first.
+struct SavePaths {
+    long step = 0;
+    std::string folder, final_dir, tmp_dir;
+};
+
+// The phases of a save, run in order by save_checkpoint below and, split between the step and a background
+// thread, by asynchronous saves (core/weights/async_save.h).
+// 1. Every rank: the save's folders; refuses (UserError) an existing step<step>/ unless save_overwrite.
+SavePaths prepare_save(const TrainConfig& config, long step, const std::string& run_tag);
+// 2. Each rank that writes a shard file: rank<file_index>.bin (each of `shards`' parameters, exp_avg and
+//    exp_avg_sq) and rank<file_index>.json (the unit ranges in it, its size and checksum) in save.tmp_dir,
+//    which exists. The shards' arrays are read through `device` (its memory, or offloaded host memory), or in
+//    place when it is null (a host snapshot); `contiguous`: they lie back to back from there as the file holds
+//    them (a snapshot), and the file is written from it in one pass, with direct I/O where the file system
+//    takes it. Refuses state that is not finite; stops (UserError) once *cancel is set.
+void write_shard_file(const TrainConfig& config, const ParamLayout& layout, const std::vector<ShardView>& shards,
+                      Backend* device, const SavePaths& save, int file_index, const std::atomic<bool>* cancel = nullptr,
+                      const void* contiguous = nullptr);
+// Test hook (TRAINER_DEBUG_KILL_IN_SAVE=<step>): the process dies between its shard file and the metadata.
+void debug_kill_in_save(long step);
+// 3. Rank 0, once every writer's files are complete: metadata.json from the `files` lists, the rename to
+//    step<N>/, save_safetensors, `latest` and save_num_checkpoints_to_keep; returns step<N>/'s path. Removes
+//    the temporary folder when it fails. `rotate` false leaves the rotation to the caller
+//    (remove_excess_checkpoints).
+std::string publish_save(const TrainConfig& config, const ParamLayout& layout, const SavePaths& save, int files,
+                         bool rotate = true);
+// Removes the oldest complete checkpoints in save_folder beyond save_num_checkpoints_to_keep.
+void remove_excess_checkpoints(const TrainConfig& config);
+// Rank 0, for a save that failed on some rank: removes its temporary folder.
+void abandon_save(const SavePaths& save);
 
 // Writes step<step>/ under config.save_folder (whose lock the run holds: core/weights/save_folder.h); returns its
 // path. The ranks write into .step<step>.tmp-<run_tag> (the tag the same on every rank of a run, another in every run),

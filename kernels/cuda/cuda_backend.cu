@@ -339,8 +339,9 @@ class CudaBackend final : public Backend {
         if (err != cudaSuccess) {
             (void)cudaGetLastError();
             user_error(
-                "out of pinned host memory allocating {:.1f} MiB ({}); CPU offload keeps the optimizer state in "
-                "host memory: use fewer ranks per node or more nodes",
+                "out of pinned host memory allocating {:.1f} MiB ({}); CPU offload's state and save_async's "
+                "checkpoint snapshot live in host memory: use fewer ranks per node or more nodes, or "
+                "save_async=false",
                 bytes / 1048576.0, cudaGetErrorString(err));
         }
         std::memset(p, 0, bytes);
