@@ -44,12 +44,13 @@ class LocalCommunicator final : public Communicator {
 // Moves nothing; reports what it was asked.
 class DryCommunicator final : public Communicator {
    public:
-    DryCommunicator(int rank, int size, bool gloo_scratch, bool spans_nodes,
+    DryCommunicator(int rank, int size, bool gloo_scratch, bool spans_nodes, int node_flows,
                     std::function<void(const CollectiveCall&)> observer)
         : rank_(rank),
           size_(size),
           gloo_scratch_(gloo_scratch),
           spans_nodes_(spans_nodes),
+          node_flows_(node_flows),
           observer_(std::move(observer)) {}
     ~DryCommunicator() override { memory_record_free(MemCategory::kCommunication, static_cast<int64_t>(scratch_)); }
     int rank() const override { return rank_; }
@@ -77,13 +78,14 @@ class DryCommunicator final : public Communicator {
     CommHandle note(const char* kind, size_t bytes) {
         if (!observer_) return CommHandle();
         static std::atomic<uint64_t> next_id{1};
-        CollectiveCall call{kind, bytes, size_, next_id++, this, spans_nodes_, false};
+        CollectiveCall call{kind, bytes, size_, next_id++, this, spans_nodes_, node_flows_, false};
         observer_(call);
         call.wait = true;
         return CommHandle(std::function<void()>([observer = observer_, call] { observer(call); }));
     }
     int rank_, size_;
     bool gloo_scratch_, spans_nodes_;
+    int node_flows_;
     std::function<void(const CollectiveCall&)> observer_;
     size_t scratch_ = 0;
 };
@@ -95,8 +97,9 @@ std::unique_ptr<Communicator> make_local_communicator(Backend* backend) {
 }
 
 std::unique_ptr<Communicator> make_dry_communicator(int rank, int size, bool gloo_scratch, bool spans_nodes,
+                                                    int node_flows,
                                                     std::function<void(const CollectiveCall&)> observer) {
-    return std::make_unique<DryCommunicator>(rank, size, gloo_scratch, spans_nodes, std::move(observer));
+    return std::make_unique<DryCommunicator>(rank, size, gloo_scratch, spans_nodes, node_flows, std::move(observer));
 }
 
 size_t comm_dtype_size(CommDType t) {

@@ -92,13 +92,18 @@ struct CollectiveCall {
     uint64_t id;
     const void* channel;
     bool spans_nodes;  // the group has ranks on more than one node
-    bool wait;         // false: issued; true: waited for
+    // Spanning nodes: the groups like this one that run at once on this node (its ranks over the group's ranks a
+    // node), each sending across the node's links: 1 for a group of every rank, a node's ranks for HYBRID_SHARD's
+    // replica groups of one rank a node.
+    int node_flows;
+    bool wait;  // false: issued; true: waited for
 };
 // A communicator that moves nothing (dry runs, core/plan/dry_run.h): rank `rank` of `size`, every collective
 // complete at once and reported to `observer` (when set) at its issue and at each wait. With `gloo_scratch`
 // it takes the Gloo communicator's reduce-scatter buffer as that does, so the memory accounting sees what a
 // Gloo run counts.
 std::unique_ptr<Communicator> make_dry_communicator(int rank, int size, bool gloo_scratch, bool spans_nodes,
+                                                    int node_flows = 1,
                                                     std::function<void(const CollectiveCall&)> observer = {});
 
 // A Gloo communicator over TCP for `size` ranks, connected through `store` with keys under `prefix`

@@ -71,9 +71,11 @@ class GlooCommunicator final : public Communicator {
         worker_ = std::thread([this] { run(); });
         if (size_ > 1) {
             // Its own connection, answering within 2 s or failing: a call to a store out of reach (a link down)
-            // must neither hold up the error of a failed op nor wait behind another call.
+            // must neither hold up the error of a failed op nor wait behind another call. After a failure the
+            // next call connects again, so reports go on once a link that was down is back.
             progress_store_ = store.another_connection();
             progress_store_->set_io_timeout(std::chrono::milliseconds(2000));
+            progress_store_->set_reconnect(true);
             publisher_ = std::thread([this] { publish_progress(); });
         }
     }
@@ -313,7 +315,7 @@ class GlooCommunicator final : public Communicator {
                 try {
                     progress_store_->set(key("progress", 0, rank_), std::vector<char>(text.begin(), text.end()));
                 } catch (const UserError&) {
-                    return;  // the store is gone (rank 0's process ended): nothing left to tell
+                    published = 0;  // out of reach for now (a link down, or rank 0's process ended): told again
                 }
             }
             lock.lock();

@@ -318,7 +318,10 @@ World make_dry_world(const TrainConfig& config, const RankEnv& env, Device devic
     const GroupFactory make_group = [&](const std::string& prefix, int r, int n) {
         const bool shard = prefix.rfind("shard", 0) == 0;
         const bool spans = env.num_nodes() > 1 && (!shard || n > env.local_world_size);
-        return make_dry_communicator(r, n, gloo, spans, observer);
+        // Its ranks spread evenly over the nodes: the node's ranks run local_world_size / (n / nodes) such
+        // groups at once, each one flow across the node's links.
+        const int flows = spans ? std::max(1, env.local_world_size / std::max(1, n / env.num_nodes())) : 1;
+        return make_dry_communicator(r, n, gloo, spans, flows, observer);
     };
     world.comm = make_group("world", env.rank, env.world_size);
     world.strategy = make_strategy(config, world, backend, layout, make_group);

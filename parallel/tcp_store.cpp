@@ -174,34 +174,44 @@ void TcpStoreServer::serve(int fd) {
 TcpStore::TcpStore(const std::string& host, int port, std::chrono::milliseconds timeout)
     : host_(host), port_(port), timeout_(timeout), io_timeout_(timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    std::string last_error = "no attempt";
     for (;;) {
-        addrinfo hints{};
-        hints.ai_family = AF_INET;
-        hints.ai_socktype = SOCK_STREAM;
-        addrinfo* res = nullptr;
-        const int gai = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-        if (gai != 0) {
-            user_error("rendezvous store: cannot resolve MASTER_ADDR \"{}\" ({})", host, gai_strerror(gai));
-        }
-        fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-        const int rc = ::connect(fd_, res->ai_addr, res->ai_addrlen);
-        const int err = errno;
-        ::freeaddrinfo(res);
-        if (rc == 0) break;
-        last_error = std::strerror(err);
-        ::close(fd_);
-        fd_ = -1;
+        const std::string error = connect_once(std::chrono::milliseconds(0));
+        if (error.empty()) break;
         if (std::chrono::steady_clock::now() >= deadline) {
             user_error(
                 "rendezvous store: could not reach {} within {} s ({}); is rank 0 running, and are "
                 "MASTER_ADDR/MASTER_PORT the same on every rank?",
-                address(), timeout.count() / 1000.0, last_error);
+                address(), timeout.count() / 1000.0, error);
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+}
+
+std::string TcpStore::connect_once(std::chrono::milliseconds limit) {
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const int gai = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res);
+    if (gai != 0) user_error("rendezvous store: cannot resolve MASTER_ADDR \"{}\" ({})", host_, gai_strerror(gai));
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (limit.count() > 0) {  // connect(2) gives up after the send timeout
+        timeval tv{};
+        tv.tv_sec = static_cast<time_t>(limit.count() / 1000);
+        tv.tv_usec = static_cast<suseconds_t>((limit.count() % 1000) * 1000);
+        ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    }
+    const int rc = ::connect(fd_, res->ai_addr, res->ai_addrlen);
+    const int err = errno;
+    ::freeaddrinfo(res);
+    if (rc != 0) {
+        ::close(fd_);
+        fd_ = -1;
+        return std::strerror(err);
+    }
     const int one = 1;
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return "";
 }
 
 TcpStore::~TcpStore() {
@@ -217,6 +227,10 @@ std::unique_ptr<TcpStore> TcpStore::another_connection() const {
 }
 
 void TcpStore::arm(std::chrono::milliseconds wait) {
+    if (fd_ < 0 && reconnect_) {
+        const std::string error = connect_once(io_timeout_);
+        if (!error.empty()) user_error("rendezvous store {}: cannot connect again ({})", address(), error);
+    }
     if (fd_ < 0) user_error("rendezvous store {}: the connection was closed after an earlier failure", address());
     auto as_timeval = [](std::chrono::milliseconds t) {
         timeval tv{};

@@ -66,6 +66,9 @@ class TcpStore : public gloo::rendezvous::Store {
     // that exceeds it, or loses the connection, fails with a UserError and closes the connection: every later call
     // fails at once (an answer that came late would be read as the next call's).
     void set_io_timeout(std::chrono::milliseconds t) { io_timeout_ = t; }
+    // With `on`, a call after such a failure connects again first (one attempt, bounded by the io timeout) instead
+    // of failing at once: for a connection that must outlive a link that was down for a while.
+    void set_reconnect(bool on) { reconnect_ = on; }
     // A second connection to the same store, with the same timeout and key prefix: for a thread whose calls must not
     // wait behind another's (a call holds its connection until it is answered).
     std::unique_ptr<TcpStore> another_connection() const;
@@ -73,6 +76,8 @@ class TcpStore : public gloo::rendezvous::Store {
    private:
     // Bounds the next call's sends by the io timeout and its receives by `wait` (what the server may wait) plus it.
     void arm(std::chrono::milliseconds wait);
+    // One attempt to connect, its connect(2) bounded by `limit` where positive; the error text, "" on success.
+    std::string connect_once(std::chrono::milliseconds limit);
     void fail(const char* what);
     void send_all(const void* data, size_t n);
     void recv_all(void* data, size_t n);
@@ -84,6 +89,7 @@ class TcpStore : public gloo::rendezvous::Store {
     std::chrono::milliseconds timeout_, io_timeout_;
     std::string key_prefix_;
     int fd_ = -1;
+    bool reconnect_ = false;
     std::mutex mutex_;
 };
 

@@ -5,9 +5,13 @@
 # failures, the restarts, the steps each failure lost, goodput, whether every checkpoint left loads, and whether the
 # final parameters equal the uninterrupted run's bit for bit (scripts/chaos.py says how each is measured).
 #
-# Usage: scripts/chaos.sh [--ranks N] [--steps S] [--failures K] [--save-interval I] [--seed X] [--data FILE]
-#        (defaults 2 ranks, 200 steps, 6 failures, a checkpoint every 10 steps, tiny.json on this repository's
-#        sources as byte tokens; TRAINER_BIN: the trainer)
+# With --nodes N (root) the ranks run on N nodes of a network lab (scripts/netlab.sh), each node its own network
+# stack, and one failure is a node's link down for 3 s.
+#
+# Usage: scripts/chaos.sh [--ranks N] [--nodes M] [--steps S] [--failures K] [--save-interval I] [--seed X]
+#                         [--data FILE]
+#        (defaults 2 ranks on 1 node, 200 steps, 6 failures, a checkpoint every 10 steps, tiny.json on this
+#        repository's sources as byte tokens; TRAINER_BIN: the trainer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench_common.sh

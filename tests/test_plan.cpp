@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -226,6 +227,48 @@ TEST_CASE("time model: collectives overlap later ops and queue on their communic
     step.events = {op(1.0)};
     step.optimizer_begin = 1;
     CHECK(predict_step_time(step, hw, &cal, false).total == Approx(1.5 * 2e-3));
+}
+
+TEST_CASE("time model: collectives across nodes that run at once share a node's link") {
+    // A 1 MB all-gather of 2 ranks across nodes: 1 ms over a 1 GB/s link.
+    Hardware hw;
+    hw.inter = {1e9, 0.0};
+    auto gather = [](int node_flows) {
+        StepEvent issue;
+        issue.kind = StepEvent::kIssue, issue.what = "all_gather", issue.bytes = 1e6, issue.group_size = 2;
+        issue.id = 1, issue.spans_nodes = true, issue.node_flows = node_flows;
+        StepEvent wait;
+        wait.kind = StepEvent::kWait, wait.id = 1;
+        DryRunStep step;
+        step.events = {issue, wait};
+        step.optimizer_begin = step.events.size();
+        return step;
+    };
+    // A link a rank (GPU entries: a NIC a GPU): nothing shared.
+    CHECK(predict_step_time(gather(2), hw, nullptr, false).total == Approx(1.0e-3));
+    // One link a node: two of the node's groups at once take twice as long; two links carry them side by side.
+    hw.inter_node_links = 1;
+    CHECK(predict_step_time(gather(1), hw, nullptr, false).total == Approx(1.0e-3));
+    CHECK(predict_step_time(gather(2), hw, nullptr, false).total == Approx(2.0e-3));
+    hw.inter_node_links = 2;
+    CHECK(predict_step_time(gather(2), hw, nullptr, false).total == Approx(1.0e-3));
+
+    // Which groups those are, on 2 nodes of 2 ranks: HYBRID_SHARD's replica groups (one rank a node: two at once
+    // on each node) and not its shards within the node or a group of every rank.
+    RankEnv env;
+    env.world_size = 4, env.local_world_size = 2;
+    using Kinds = std::set<std::pair<int, int>>;  // the collectives' (group size, node_flows; 0: within a node)
+    auto flows = [&](const std::vector<std::string>& sets) {
+        Kinds kinds;
+        for (const StepEvent& e : dry_run_step(tiny_with(sets), env, Device::kCpu).events) {
+            if (e.kind == StepEvent::kIssue) kinds.insert({e.group_size, e.spans_nodes ? e.node_flows : 0});
+        }
+        return kinds;
+    };
+    CHECK(flows({"distributed_strategy=fsdp", "fsdp.sharding_strategy=HYBRID_SHARD",
+                 "fsdp.hybrid_sharding_num_model_replicas=2"}) == Kinds{{2, 0}, {2, 2}, {4, 1}});
+    CHECK(flows({"distributed_strategy=fsdp"}) == Kinds{{4, 1}});
+    CHECK(flows({"distributed_strategy=ddp"}) == Kinds{{4, 1}});
 }
 
 TEST_CASE("time model: a GEMM op's fixed cost and attention's share by head size on the Hopper entries") {

@@ -37,7 +37,7 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
         StepEvent e;
         e.kind = c.wait ? StepEvent::kWait : StepEvent::kIssue;
         e.what = c.kind, e.bytes = static_cast<double>(c.bytes), e.group_size = c.group_size;
-        e.spans_nodes = c.spans_nodes, e.id = c.id, e.channel = c.channel;
+        e.spans_nodes = c.spans_nodes, e.node_flows = c.node_flows, e.id = c.id, e.channel = c.channel;
         record(e);
     };
     // The model's and the strategy's trace spans, in order with the ops, so a predicted step can be drawn.

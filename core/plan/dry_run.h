@@ -30,6 +30,7 @@ struct StepEvent {
     bool on_host = false;             // an op of the host's (CPU offload's optimizer), not the device's
     int group_size = 1;               // collectives: the ranks of the group
     bool spans_nodes = false;         // collectives: the group has ranks on several nodes
+    int node_flows = 1;               // collectives across nodes: the node's groups like it at once (CollectiveCall)
     uint64_t id = 0;                  // collectives: the issue a wait is for; copies: the copy's ticket
     const void* channel = nullptr;    // collectives: the communicator (its collectives run in order)
 };

@@ -102,6 +102,9 @@ Entry read_entry(const std::string& path) {
     h.gemm_overhead = r.number("gemm_overhead_us", 0, 1e9) / 1e6;
     h.intra = r.link("intra_node");
     h.inter = r.link("inter_node");
+    // Optional (entries written before it have one link a rank).
+    if (j.contains("inter_node_links") && !j["inter_node_links"].is_null())
+        h.inter_node_links = static_cast<int>(r.number("inter_node_links", 1, 1 << 20));
     h.host_link = r.link("host_link", true);
     h.host_bandwidth = r.number("host_memory_bandwidth_gbs", 0, 1e9) * 1e9;
     h.comm_compute_share = r.number("comm_compute_share", 0, 0.99);

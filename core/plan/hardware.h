@@ -26,6 +26,9 @@ struct Hardware {
     double gemm_overhead = 0.0;            // seconds more per GEMM op, whatever its size (docs/plan.md)
     double attention_efficiency_64 = 0.0;  // attention at heads of 64 (0: attention_efficiency at every size)
     Link intra, inter;                     // within a node, between nodes
+    // The links a node has to the others, shared by its ranks' concurrent collectives across nodes (one NIC a
+    // node); 0: each rank has its own (a NIC a GPU, as on InfiniBand GPU nodes), nothing shared.
+    int inter_node_links = 0;
     // Links measured per collective ("all_reduce", "reduce_scatter", "all_gather"; trainer bench-comm): where a
     // kind has one it takes the place of intra or inter for that kind.
     std::map<std::string, Link> intra_by_kind, inter_by_kind;

@@ -15,10 +15,11 @@ namespace trainer {
 namespace {
 
 // Seconds of one collective over `link` (ring_cost).
-double collective_seconds(const StepEvent& e, const Link& link) {
+// `sharing`: the flows that share the link's bandwidth.
+double collective_seconds(const StepEvent& e, const Link& link, double sharing = 1.0) {
     if (e.group_size <= 1 || link.bandwidth <= 0.0) return 0.0;
     const RingCost c = ring_cost(e.what, e.bytes, e.group_size);
-    return c.bytes / link.bandwidth + c.steps * link.latency;
+    return c.bytes * sharing / link.bandwidth + c.steps * link.latency;
 }
 
 }  // namespace
@@ -122,7 +123,12 @@ void StepTimer::add(const StepEvent& e, bool optimizer) {
         // and takes `share` of its time from the compute. Across nodes the wire may bound it instead: it then
         // takes the wire's time (bench-comm's, on that link), and the cores still only its work's share.
         const double share = hw_.comm_compute_share;
-        const double link = collective_seconds(e, link_for(hw_, e.what, e.spans_nodes));
+        // Across nodes with a link a node (inter_node_links): the node's groups that run such a collective at
+        // once share it.
+        const double sharing = e.spans_nodes && hw_.inter_node_links > 0
+                                   ? std::max(1.0, static_cast<double>(e.node_flows) / hw_.inter_node_links)
+                                   : 1.0;
+        const double link = collective_seconds(e, link_for(hw_, e.what, e.spans_nodes), sharing);
         const double work =
             (share > 0.0 && e.spans_nodes ? collective_seconds(e, link_for(hw_, e.what, false)) : link) / (1.0 - share);
         const double d = std::max(work, link);
