@@ -27,7 +27,10 @@ lab=tnl$$
 trap 'bash scripts/netlab.sh down '"$lab"'; rm -rf "$tmp"' EXIT
 model=(--config configs/tiny.json --set model.d_model=128 --set model.n_layers=4 --set threads=1
     --set device_train_microbatch_size=4)
-"$trainer" bench-kernels "${model[@]}" --threads 1 --reps 5 --calibration-out "$tmp/cal.json" >/dev/null
+# Op times measured by two ranks at once, as every row runs (two ranks, or two lab nodes, on this machine's two
+# cores): an op alone runs faster than beside another rank on the next core (memory and cache are shared).
+"$trainer" launch --nproc-per-node 2 -- bench-kernels "${model[@]}" --threads 1 --reps 5 \
+    --calibration-out "$tmp/cal.json" >/dev/null
 python3 - "$tmp/cpu_lab_node.json" "$(nproc)" <<'PY'
 import json, sys
 entry = json.load(open("configs/hardware/cpu.json"))

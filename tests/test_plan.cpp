@@ -794,6 +794,23 @@ TEST_CASE("plan: op times measured by several ranks at once carry their sharing 
         test_util::config_row(args, {"--calibration", file(4)})["predicted_compute_ms"].get<double>();
     const double cores = std::max(1u, std::thread::hardware_concurrency());
     CHECK(alone / together == Approx(std::max(1.0, 4.0 / cores)).epsilon(1e-9));
+    // Measured by 2 ranks of a 2-core machine, planned for a node of 1 core (a network lab's, on that machine):
+    // the times hold no oversubscription of their own machine, so one rank on the node runs them as measured.
+    const std::string two = dir.path("cal_two.json");
+    write_text_file(two,
+                    R"({"format": "trainer-calibration", "bandwidth": 1e10, "threads": 1, "ranks_per_node": 2,
+                        "cores": 2, "ops": []})",
+                    "test calibration");
+    const std::string one_core =
+        test_util::edited_hardware(dir.path("one_core.json"), "cpu", {{"name", "one_core"}, {"cores", 1}});
+    const std::vector<std::string> lab = {"plan",       "--config",  "configs/tiny.json",
+                                          "--strategy", "ddp",       "--nproc-per-node",
+                                          "1",          "--set",     "device_train_microbatch_size=2",
+                                          "--set",      "threads=1", "--json",
+                                          "--hardware", one_core};
+    const double on_two = test_util::config_row(lab, {"--calibration", two})["predicted_compute_ms"].get<double>();
+    const double on_one = test_util::config_row(lab, {"--calibration", file(1)})["predicted_compute_ms"].get<double>();
+    CHECK(on_two == Approx(on_one).epsilon(1e-9));
     const std::string bad = dir.path("bad.json");
     write_text_file(bad, R"({"format": "trainer-calibration", "ranks_per_node": 0, "ops": []})", "test calibration");
     const auto r = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--calibration", bad});

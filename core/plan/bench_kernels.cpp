@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/common.h"
@@ -258,6 +259,7 @@ void write_calibration(const TrainConfig& config, Device device, Backend& be, co
                        {"precision", choice_name(config.precision)},
                        {"threads", threads},
                        {"ranks_per_node", env.local_world_size},
+                       {"cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))},
                        {"peak_flops", roofs.flops},
                        {"bandwidth", roofs.bandwidth},
                        {"ops", ops}};

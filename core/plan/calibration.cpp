@@ -21,6 +21,8 @@ Calibration read_calibration(const std::string& path) {
     c.threads = j.value("threads", 0);
     c.ranks_per_node = j.value("ranks_per_node", 1);
     if (c.ranks_per_node < 1) user_error("calibration {}: ranks_per_node: expected at least 1", path);
+    c.cores = j.value("cores", 0);
+    if (c.cores < 0) user_error("calibration {}: cores: {}; expected at least 1 (or absent)", path, c.cores);
     for (const Json& e : j["ops"]) {
         Calibration::Entry entry{e.value("op", ""), e.value("flops", 0.0), e.value("bytes", 0.0),
                                  e.value("seconds", 0.0)};

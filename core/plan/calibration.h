@@ -22,6 +22,7 @@ struct Calibration {
     double step_scale = 1.0;  // a real step's time over the sum of its ops measured alone
     int threads = 0;          // threads the ops were measured with (CPU)
     int ranks_per_node = 1;   // ranks that measured at the same time on the node (bench-kernels under a launcher)
+    int cores = 0;            // CPU: the cores of the machine that measured them (0: not recorded)
     std::string path;
 };
 Calibration read_calibration(const std::string& path);

@@ -210,11 +210,14 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
         const int threads = config.threads > 0 ? config.threads : std::max(1, hw.cores / per_node);
         const int measured = cal != nullptr && cal->threads > 0 ? cal->threads : threads;
         const int measured_ranks = cal != nullptr ? cal->ranks_per_node : 1;
-        const auto oversubscribed = [&](int ranks, int each) {
-            return std::max(1.0, static_cast<double>(ranks) * each / hw.cores);
+        // The calibration's sharing is of the cores it was measured on (the hardware entry may describe a node
+        // with fewer: a network lab's node on this machine).
+        const int measured_cores = cal != nullptr && cal->cores > 0 ? cal->cores : hw.cores;
+        const auto oversubscribed = [](int ranks, int each, int cores) {
+            return std::max(1.0, static_cast<double>(ranks) * each / cores);
         };
-        plan.slowdown = static_cast<double>(measured) / threads * oversubscribed(per_node, threads) /
-                        oversubscribed(measured_ranks, measured);
+        plan.slowdown = static_cast<double>(measured) / threads * oversubscribed(per_node, threads, hw.cores) /
+                        oversubscribed(measured_ranks, measured, measured_cores);
     }
     plan.device_gib = o.device_memory_gib > 0.0 ? o.device_memory_gib : hw.memory_gib;
     plan.host_gib = o.host_memory_gib;
