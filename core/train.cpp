@@ -428,21 +428,21 @@ class TrainingRun {
                 const trace::Span loss("comm", "loss all_reduce");
                 const bool exchange = world > 1 && step % config_.console_log_interval == 0 && interval_steps_ > 0;
                 const bool save_votes = saver_ && saver_->voting();
-                constexpr int kSaveVotes = 3 + stop::kVotes;
-                const int times = kSaveVotes + (save_votes ? AsyncSaver::kVotes : 0);
+                constexpr int kSaveSlot = 3 + stop::kVotes;
+                const int times = kSaveSlot + (save_votes ? AsyncSaver::kVotes : 0);
                 sums_.assign(times + (exchange ? world : 0), 0.0);
                 sums_[0] = loss_sum.ce;
                 sums_[1] = loss_sum.z;
                 sums_[2] = masked;
                 stop::vote(sums_.data() + 3);
-                if (save_votes) saver_->vote(sums_.data() + kSaveVotes);
+                if (save_votes) saver_->vote(sums_.data() + kSaveSlot);
                 if (exchange) sums_[times + strategy.rank()] = interval_compute_ / interval_steps_;
                 strategy.all_reduce_sum(sums_.data(), static_cast<int>(sums_.size()));
                 r.loss = sums_[0] / global_tokens;
                 r.z_loss = sums_[1] / global_tokens;
                 r.masked_instances = static_cast<long>(sums_[2]);
                 r.stop_signal = stop::agreed(sums_.data() + 3);
-                if (save_votes) saver_->tally(sums_.data() + kSaveVotes);
+                if (save_votes) saver_->tally(sums_.data() + kSaveSlot);
                 if (exchange) {
                     r.compute_per_rank.assign(sums_.begin() + times, sums_.end());
                     r.compute_steps = interval_steps_;
