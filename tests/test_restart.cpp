@@ -158,13 +158,23 @@ TEST_CASE("restart: a bad count or no save folder or interval or a subcommand is
     refused(launch({"--max-restarts", "1", "--join-timeout", "0"}, saving), "launch --join-timeout: 0");
 }
 
+namespace {
+
+// scripts/chaos.sh with `args` on olmo_tiny's tokens, the trainer under test.
+test_util::RunResult run_chaos(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {"/bin/bash", "scripts/chaos.sh"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), {"--data", test_util::fixture("olmo_tiny_tokens.u16")});
+    return test_util::run_command(argv, {"TRAINER_BIN=" + test_util::trainer_binary()});
+}
+
+}  // namespace
+
 TEST_CASE("chaos: a short run under random kills and a stop and a straggler ends unattended as if uninterrupted") {
     // scripts/chaos.sh at CI size: 3 ranks, kills of random ranks (one during a checkpoint write), a SIGTERM and a
     // requeue, a rank at half speed; the full run is scripts/chaos.sh's defaults.
-    const auto r = test_util::run_command(
-        {"/bin/bash", "scripts/chaos.sh", "--ranks", "3", "--steps", "120", "--failures", "5", "--save-interval", "10",
-         "--seed", "3", "--data", test_util::fixture("olmo_tiny_tokens.u16")},
-        {"TRAINER_BIN=" + test_util::trainer_binary()});
+    const auto r =
+        run_chaos({"--ranks", "3", "--steps", "120", "--failures", "5", "--save-interval", "10", "--seed", "3"});
     INFO(r.out << r.err);
     REQUIRE(r.exit_code == 0);
     CHECK_THAT(r.out, Contains("final parameters: identical to the uninterrupted run"));
@@ -183,10 +193,8 @@ TEST_CASE("chaos: ranks on two lab nodes survive kills and a link down for 3 s a
         WARN("skipped: " << why);
         return;
     }
-    const auto r = test_util::run_command(
-        {"/bin/bash", "scripts/chaos.sh", "--ranks", "2", "--nodes", "2", "--steps", "80", "--failures", "3",
-         "--save-interval", "10", "--seed", "5", "--data", test_util::fixture("olmo_tiny_tokens.u16")},
-        {"TRAINER_BIN=" + test_util::trainer_binary()});
+    const auto r = run_chaos(
+        {"--ranks", "2", "--nodes", "2", "--steps", "80", "--failures", "3", "--save-interval", "10", "--seed", "5"});
     INFO(r.out << r.err);
     REQUIRE(r.exit_code == 0);
     CHECK_THAT(r.out, Contains("| link |"));

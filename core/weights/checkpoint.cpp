@@ -428,6 +428,19 @@ void abandon_save(const SavePaths& save) {
     fs::remove_all(save.tmp_dir, ignored);
 }
 
+namespace {
+
+// Removes a save's temporary folder when it goes out of scope while armed (a save that failed).
+struct TemporaryFolderGuard {
+    const SavePaths& save;
+    bool armed;
+    ~TemporaryFolderGuard() {
+        if (armed) abandon_save(save);
+    }
+};
+
+}  // namespace
+
 void remove_excess_checkpoints(const TrainConfig& config) {
     if (config.save_num_checkpoints_to_keep <= 0) return;
     const auto all = complete_checkpoints(*config.save_folder);
@@ -444,13 +457,7 @@ std::string publish_save(const TrainConfig& config, const ParamLayout& layout, c
     const long step = save.step;
     std::error_code ec;
     // A save that fails here leaves no temporary folder behind (a full disk stays full otherwise).
-    struct RemoveUnlessPublished {
-        const SavePaths& save;
-        bool armed = true;
-        ~RemoveUnlessPublished() {
-            if (armed) abandon_save(save);
-        }
-    } cleanup{save};
+    TemporaryFolderGuard cleanup{save, true};
     Json units = Json::array();
     for (const Unit& u : layout.units()) {
         units.push_back({{"name", u.name}, {"numel", u.numel}, {"pieces", Json::array()}});
@@ -528,13 +535,7 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
     const bool multi = strategy.world_size() > 1;
     // A save that fails on rank 0 leaves no temporary folder behind; what another rank's failure leaves is
     // cleared by the next run that takes the folder's lock.
-    struct RemoveUnlessDone {
-        const SavePaths& save;
-        bool armed;
-        ~RemoveUnlessDone() {
-            if (armed) abandon_save(save);
-        }
-    } cleanup{save, rank == 0};
+    TemporaryFolderGuard cleanup{save, rank == 0};
     if (rank == 0) {
         abandon_save(save);
         std::error_code ec;
