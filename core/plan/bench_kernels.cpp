@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -228,7 +229,8 @@ double print_rows(const std::vector<RecordedOp>& rows, const Roofs& roofs) {
 // of the timed model runs slower than its ops alone (caches shared with the rest of the step, the allocator, the
 // hooks): one optimizer step of one micro-batch, timed, against the same step predicted from the ops just measured.
 void write_calibration(const TrainConfig& config, Device device, Backend& be, const std::vector<RecordedOp>& rows,
-                       const Roofs& roofs, int threads, const RankEnv& env, const std::string& path) {
+                       const Roofs& roofs, int threads, const RankEnv& env, const std::string& path,
+                       const std::function<void()>& together) {
     Calibration measured;
     measured.bandwidth = roofs.bandwidth;
     for (const RecordedOp& r : rows) {
@@ -241,6 +243,7 @@ void write_calibration(const TrainConfig& config, Device device, Backend& be, co
     {
         OneStep step(timed, be, true);
         const std::vector<int32_t> tokens = zipf_tokens(timed);
+        together();
         step_seconds = time_op(
             be, [&] { step.run(tokens); }, 2);
     }
@@ -281,6 +284,13 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     const int threads = configure_threads(config.threads);
     auto backend_ptr = make_backend(device, backend_options(config, env.local_rank));
     Backend& be = *backend_ptr;
+    // The ranks begin each timed phase together (a barrier over the launch's ranks) and leave together: a rank
+    // that started late, or finished early, would leave the others timing ops alone for a while.
+    std::optional<World> world;
+    if (env.world_size > 1) world.emplace(connect_world(config, env, device, &be));
+    const std::function<void()> together = [&] {
+        if (world) world->comm->barrier().wait();
+    };
     const Roofs roofs = rooflines(config, be);
     const ModelConfig& m = config.model;
     const long B = config.device_train_microbatch_size;
@@ -298,13 +308,17 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         const TrainConfig timed = timed_step_config(config);
         OpRecorder recorder(be, [&](const std::function<void()>& f) { return time_op(be, f, reps); });
         OneStep step(timed, recorder, true);
-        step.run(zipf_tokens(timed));
+        const std::vector<int32_t> tokens = zipf_tokens(timed);
+        together();
+        step.run(tokens);
         timed_ops = recorder.ops();
     }
     const std::vector<RecordedOp> rows = step_rows(config, device, timed_ops);
     const double step = print_rows(rows, roofs);
     std::printf("\na step's ops, each timed alone: %.1f ms (the calls times the times)\n", step * 1e3);
-    if (!calibration_out.empty()) write_calibration(config, device, be, rows, roofs, threads, env, calibration_out);
+    if (!calibration_out.empty())
+        write_calibration(config, device, be, rows, roofs, threads, env, calibration_out, together);
+    together();
     return 0;
 }
 
