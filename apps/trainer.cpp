@@ -30,6 +30,7 @@
 #include "core/data/bpe.h"
 #include "core/data/data.h"
 #include "core/data/tokenizer.h"
+#include "core/generate.h"
 #include "core/logits.h"
 #include "core/plan/auto.h"
 #include "core/plan/bench_comm.h"
@@ -107,6 +108,7 @@ struct TrainingFlags {
         {"--load-path", "load_path", "resume from a checkpoint folder or \"latest\"", ""},
         {"--init-from", "init_from", "initial weights, safetensors with Hugging Face names", ""},
         {"--metrics-file", "metrics_file", "JSON lines of per-step metrics", ""},
+        {"--tensorboard-dir", "tensorboard_dir", "TensorBoard event files of the step metrics", ""},
         {"--trace-file", "trace_file", "Chrome trace of every step (Perfetto); one file per rank", ""},
         {"--seed", "seed", "run seed", ""},
         {"--max-duration", "max_duration", "steps, tokens (2e9T) or epochs (1ep)", ""},
@@ -487,6 +489,33 @@ Run add_logits(CLI::App& app, const TrainingFlags& flags) {
     return [o, &flags] { return trainer::run_logits(flags.load(), o->instances, o->output); };
 }
 
+Run add_generate(CLI::App& app, const TrainingFlags& flags) {
+    auto* cmd = app.add_subcommand(
+        "generate",
+        "continue prompts with the model: --load-path's checkpoint, --init-from's weights (a Hugging Face "
+        "directory or safetensors) or the initialisation, greedy or sampled (the draws seeded by --seed), with a KV "
+        "cache; the prompts run as one batch (takes the training flags: --config, --device, ...)");
+    cmd->fallthrough();
+    auto o = std::make_shared<trainer::GenerateOptions>();
+    o->tokenizer_dir = trainer::default_tokenizer_dir();
+    cmd->add_option("--prompt", o->prompts, "a prompt's text (repeat for a batch; \"\" starts after an EOS)");
+    cmd->add_option("--prompt-file", o->prompt_files, "a file whose text is one prompt (repeatable)");
+    cmd->add_option("--prompt-ids", o->prompt_ids, "a prompt as token ids, \"1, 2, 3\" (repeatable)");
+    cmd->add_option("--tokenizer", o->tokenizer, "the tokenizer the data was made with: bytes | gpt2 | cl100k | dolma2")
+        ->check(CLI::IsMember({"bytes", "gpt2", "cl100k", "dolma2"}));
+    add_tokenizer_dir(cmd, o->tokenizer_dir);
+    cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to add to each prompt at most (default 64)");
+    cmd->add_option("--temperature", o->sampling.temperature, "0: greedy (default); above 0: sample at it");
+    cmd->add_option("--top-k", o->sampling.top_k, "sample among the k most likely tokens (0: all)");
+    cmd->add_option("--top-p", o->sampling.top_p, "then among the fewest whose probabilities reach p (1: all)");
+    cmd->add_flag("!--no-stop-at-eos", o->stop_at_eos, "go on past an EOS token");
+    cmd->add_flag("!--no-kv-cache", o->kv_cache,
+                  "recompute each sequence's whole prefix for every new token (the baseline the cache is timed "
+                  "against)");
+    cmd->add_flag("--json", o->json, "one JSON object a prompt (ids and text) and a summary line");
+    return [o, &flags] { return trainer::run_generate(flags.load(), *o); };
+}
+
 Run add_show_config(CLI::App& app, const TrainingFlags& flags) {
     app.add_subcommand("show-config",
                        "print the configuration a run would use (file, --set overrides and flags applied, defaults "
@@ -535,13 +564,19 @@ int run_main(int argc, char** argv) {
     flags.add_to(app);
     auto launch_opts = std::make_shared<trainer::LaunchOptions>();
     // Every subcommand, and what it runs; none given: training.
-    const std::vector<std::pair<const char*, Run>> commands = {
-        {"prepare-data", add_prepare_data(app)},      {"tokenize", add_tokenize(app)},
-        {"detokenize", add_detokenize(app)},          {"export", add_export(app)},
-        {"launch", add_launch(app, launch_opts)},     {"config-keys", add_config_keys(app)},
-        {"peak-flops", add_peak_flops(app)},          {"bench-kernels", add_bench_kernels(app, flags)},
-        {"bench-comm", add_bench_comm(app, flags)},   {"logits", add_logits(app, flags)},
-        {"show-config", add_show_config(app, flags)}, {"plan", add_plan(app, flags)}};
+    const std::vector<std::pair<const char*, Run>> commands = {{"prepare-data", add_prepare_data(app)},
+                                                               {"tokenize", add_tokenize(app)},
+                                                               {"detokenize", add_detokenize(app)},
+                                                               {"export", add_export(app)},
+                                                               {"launch", add_launch(app, launch_opts)},
+                                                               {"config-keys", add_config_keys(app)},
+                                                               {"peak-flops", add_peak_flops(app)},
+                                                               {"bench-kernels", add_bench_kernels(app, flags)},
+                                                               {"bench-comm", add_bench_comm(app, flags)},
+                                                               {"logits", add_logits(app, flags)},
+                                                               {"generate", add_generate(app, flags)},
+                                                               {"show-config", add_show_config(app, flags)},
+                                                               {"plan", add_plan(app, flags)}};
     if (const int refused = split_launch_args(argc, argv, app.get_subcommand("launch"), launch_opts->args))
         return refused;
     try {

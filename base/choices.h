@@ -33,7 +33,17 @@ enum class GradSyncMode { kBatch, kMicroBatch };
 enum class FsdpPrecision { kFp32, kMixed, kPure };
 enum class ActivationType { kSwiglu, kGelu, kGeluTanh };
 enum class LayerNormType { kDefault, kLowPrecision, kRms };
-enum class SchedulerName { kConstant, kLinearWithWarmup, kCosineWithWarmup, kInverseSqrtWithWarmup };
+enum class SchedulerName {
+    kConstant,
+    kLinearWithWarmup,
+    kCosineWithWarmup,
+    kInverseSqrtWithWarmup,
+    kMaxScheduler,
+    kCosineLinearEnvelope,
+    kConstantWithWarmup,
+    kWsd
+};
+enum class DecayShape { kLinear, kOneMinusSqrt };
 enum class InitFn { kNormal, kMitchell };
 enum class ActivationCheckpointing {
     kNull,         // every block keeps all it needs for its backward
@@ -99,8 +109,13 @@ struct Choices<LayerNormType> {
 };
 template <>
 struct Choices<SchedulerName> {
-    static constexpr const char* kNames[] = {"constant", "linear_with_warmup", "cosine_with_warmup",
-                                             "inverse_sqrt_with_warmup"};
+    static constexpr const char* kNames[] = {
+        "constant",      "linear_with_warmup",     "cosine_with_warmup",   "inverse_sqrt_with_warmup",
+        "max_scheduler", "cosine_linear_envelope", "constant_with_warmup", "wsd"};
+};
+template <>
+struct Choices<DecayShape> {
+    static constexpr const char* kNames[] = {"linear", "1-sqrt"};
 };
 template <>
 struct Choices<ActivationCheckpointing> {

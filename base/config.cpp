@@ -87,6 +87,9 @@ const std::vector<KeySpec>& schema() {
         {"scheduler.warmup_min_lr", KeyType::kFloat, nullptr, true, {}, 0, kInf, "learning rate at step 0 of warmup; null: 0.1 * learning_rate"},
         {"scheduler.grad_clip_warmup_steps", KeyType::kFloat, nullptr, true, {}, 0, 9e18, "steps during which max_grad_norm is multiplied by grad_clip_warmup_factor (step <= this)"},
         {"scheduler.grad_clip_warmup_factor", KeyType::kFloat, nullptr, true, {}, 0, kInf, "factor on max_grad_norm during the clip warmup"},
+        {"scheduler.t_decay", KeyType::kFloat, nullptr, true, {}, 0, 9e18, "wsd: steps of the decay that ends at t_max (may be fractional); null: decay_fraction"},
+        {"scheduler.decay_fraction", KeyType::kFloat, nullptr, true, {}, 0, 1, "wsd: the decay's share of t_max, rounded to whole steps; null (and t_decay null): 0.1, OLMo-core's"},
+        {"scheduler.decay_shape", KeyType::kString, nullptr, true, choice_names<DecayShape>(), -kInf, kInf, "wsd: linear (OLMo-core) or 1-sqrt (llm.c) from learning_rate down to alpha_f x learning_rate; null: linear"},
         {"max_grad_norm", KeyType::kFloat, 1.0, true, {}, 0, kInf, "global gradient-norm clipping threshold; null: no clipping"},
         {"softmax_auxiliary_loss", KeyType::kBool, false, false, {}, -kInf, kInf, "add the z-loss auxiliary_loss_multiplier * logsumexp(logits)^2 per token to the objective (PaLM's, OLMo-2's); logged as z_loss beside the cross-entropy loss"},
         {"auxiliary_loss_multiplier", KeyType::kFloat, 1e-4, false, {}, 0, kInf, "the z-loss multiplier with softmax_auxiliary_loss (OLMo's default 1e-4; OLMo-2 1e-5)"},
@@ -94,7 +97,12 @@ const std::vector<KeySpec>& schema() {
         {"device_train_microbatch_size", KeyType::kInt, nullptr, false, {}, 1, 1e9, "instances per forward/backward on one rank (required)"},
         {"device_eval_batch_size", KeyType::kInt, nullptr, true, {}, 1, 1e9, "instances per evaluation forward; null: device_train_microbatch_size"},
         {"max_duration", KeyType::kDuration, nullptr, false, {}, -kInf, kInf, "length of the run: steps (1000), tokens (\"2e12T\") or epochs (\"1ep\") (required)"},
-        {"data.paths", KeyType::kStringList, nullptr, false, {}, -kInf, kInf, "token files (raw uint16/uint32, .npy, llm.c .bin), concatenated in order (required)"},
+        {"data.paths", KeyType::kStringList, nullptr, true, {}, -kInf, kInf, "token files (raw uint16/uint32, .npy, llm.c .bin), concatenated in order (this or data.sources is required)"},
+        {"data.sources", KeyType::kObjectList, Json::array(), false, {}, -kInf, kInf, "a mixture instead of data.paths (OLMo-core's source mixture): sources, each {source_name, target_ratio, paths, max_repetition_ratio}; every global batch takes each source's share, exactly over the run, in an order fixed by the seed and the step"},
+        {"data.sources[].source_name", KeyType::kString, nullptr, false, {}, -kInf, kInf, "the source's name in the metrics (tokens_by_source) (required)"},
+        {"data.sources[].target_ratio", KeyType::kFloat, nullptr, false, {}, 0, 1, "the source's share of every global batch; the ratios sum to 1 (required)"},
+        {"data.sources[].paths", KeyType::kStringList, nullptr, false, {}, -kInf, kInf, "the source's token files (required)"},
+        {"data.sources[].max_repetition_ratio", KeyType::kFloat, 1.0, false, {}, 1, 1e6, "the run may read the source's instances at most this many times over (checked before step 1; OLMo-core's default 1: none twice)"},
         {"data.memmap_dtype", KeyType::kString, "uint16", false, {"uint16", "uint32"}, -kInf, kInf, "token type of raw files without a header"},
         {"data.shuffle", KeyType::kBool, true, false, {}, -kInf, kInf, "seeded permutation of instances per epoch; false: file order"},
         {"data.seed", KeyType::kInt, nullptr, true, {}, 0, 9.2e18, "seed of the data order; null: the run's seed"},
@@ -107,6 +115,12 @@ const std::vector<KeySpec>& schema() {
         {"evaluators[].data.memmap_dtype", KeyType::kString, "uint16", false, {"uint16", "uint32"}, -kInf, kInf, "token type of raw validation files"},
         {"evaluators[].subset_num_batches", KeyType::kInt, -1, false, {}, -1, 1e12, "evaluate this many batches; -1: all"},
         {"eval_interval", KeyType::kInt, 0, false, {}, 0, 9e18, "evaluate every N steps (and after the last); 0: never"},
+        {"sample.interval", KeyType::kInt, 0, false, {}, 0, 9e18, "every N steps the model continues sample.prompt (as trainer generate, with a KV cache; every rank takes part, so FSDP gathers its units) and rank 0 prints it (metrics: sample); 0: never. Its buffers count as other memory, which trainer plan does not predict"},
+        {"sample.prompt", KeyType::kString, "", false, {}, -kInf, kInf, "the sample's prompt; \"\": it starts after an EOS, as a document does"},
+        {"sample.max_new_tokens", KeyType::kInt, 64, false, {}, 1, 1e6, "tokens a sample adds (the prompt and these within max_sequence_length)"},
+        {"sample.temperature", KeyType::kFloat, 1.0, false, {}, 0, 1e6, "the sample's temperature; 0: greedy (draws seeded by the seed and the step)"},
+        {"sample.top_k", KeyType::kInt, 0, false, {}, 0, 1e9, "the sample draws among the k most likely tokens; 0: all"},
+        {"sample.tokenizer", KeyType::kString, "bytes", false, {"bytes", "gpt2", "cl100k", "dolma2"}, -kInf, kInf, "the tokenizer of the training data, for the sample's prompt and text"},
         {"save_folder", KeyType::kString, nullptr, true, {}, -kInf, kInf, "folder of checkpoints step<N>/ (created)"},
         {"save_interval", KeyType::kInt, 0, false, {}, 0, 9e18, "checkpoint every N steps; 0: only at the end (when save_folder is set)"},
         {"save_overwrite", KeyType::kBool, false, false, {}, -kInf, kInf, "allow a fresh run to write into a save_folder that already holds checkpoints"},
@@ -117,6 +131,7 @@ const std::vector<KeySpec>& schema() {
         {"try_load_latest_save", KeyType::kBool, false, false, {}, -kInf, kInf, "resume from the newest complete checkpoint in save_folder when there is one (over load_path), else start as configured: the same command serves the first run and every requeue after a preemption"},
         {"init_from", KeyType::kString, nullptr, true, {}, -kInf, kInf, "initial weights with Hugging Face names (GPT2LMHeadModel / OlmoForCausalLM): a safetensors file, or a Hugging Face model directory (one model.safetensors or shards with their index; its config.json must agree); a resumed run (load_path) takes the checkpoint's weights instead"},
         {"metrics_file", KeyType::kString, nullptr, true, {}, -kInf, kInf, "write one JSON object per step here (and a final summary)"},
+        {"tensorboard_dir", KeyType::kString, nullptr, true, {}, -kInf, kInf, "write every step's metrics (each number of the metrics file's step record) as TensorBoard scalars to an event file in this folder (created): tensorboard --logdir DIR"},
         {"console_log_interval", KeyType::kInt, 1, false, {}, 1, 9e18, "print a console line every N steps"},
         {"straggler_factor", KeyType::kFloat, 1.5, false, {}, 1.0, 1e9, "every console_log_interval steps the ranks compare their compute time a step (the step less its waits on collectives); a rank above this factor times the median is named on the console with its host and its times, and in the metrics (stragglers)"},
         {"utilization_interval", KeyType::kInt, 1, false, {}, 0, 9e18, "every N steps, measure how much of the step the device ran kernels (device_busy_fraction), waited for collectives (device_comm_wait_fraction) or waited for the host (device_host_wait_fraction), with the GPU's NVML counters; CUDA times each op with a pair of events; 0: never (a trace_file measures every step)"},
@@ -621,6 +636,9 @@ SchedulerConfig read_scheduler(const Json& s) {
     c.warmup_min_lr = opt<double>(s["warmup_min_lr"]);
     c.grad_clip_warmup_steps = opt<double>(s["grad_clip_warmup_steps"]);
     c.grad_clip_warmup_factor = opt<double>(s["grad_clip_warmup_factor"]);
+    c.t_decay = opt<double>(s["t_decay"]);
+    c.decay_fraction = opt<double>(s["decay_fraction"]);
+    if (!s["decay_shape"].is_null()) c.decay_shape = choice<DecayShape>(s["decay_shape"]);
     return c;
 }
 
@@ -629,12 +647,35 @@ void check_scheduler(const SchedulerConfig& s) {
         user_error(
             "config scheduler.grad_clip_warmup_steps and scheduler.grad_clip_warmup_factor: set both or neither");
     }
-    if (s.name != SchedulerName::kConstant && s.name != SchedulerName::kInverseSqrtWithWarmup && s.t_max &&
-        *s.t_max <= s.t_warmup) {
+    const bool decays_to_t_max = s.name != SchedulerName::kConstant &&
+                                 s.name != SchedulerName::kInverseSqrtWithWarmup &&
+                                 s.name != SchedulerName::kConstantWithWarmup;
+    if (decays_to_t_max && s.t_max && *s.t_max <= s.t_warmup) {
         user_error("config scheduler.t_max: {} must exceed scheduler.t_warmup {}", *s.t_max, s.t_warmup);
     }
-    if (s.name == SchedulerName::kInverseSqrtWithWarmup && s.t_warmup < 1) {
-        user_error("config scheduler.t_warmup: inverse_sqrt_with_warmup needs t_warmup >= 1");
+    if ((s.name == SchedulerName::kInverseSqrtWithWarmup || s.name == SchedulerName::kMaxScheduler) && s.t_warmup < 1) {
+        user_error("config scheduler.t_warmup: {} needs t_warmup >= 1 (its inverse square root starts there)",
+                   choice_name(s.name));
+    }
+    if (s.name == SchedulerName::kWsd) {
+        if (s.t_decay && s.decay_fraction) {
+            user_error("config scheduler.t_decay and scheduler.decay_fraction: wsd takes one of them, not both");
+        }
+        if (s.t_max && s.t_decay && s.t_warmup > *s.t_max - *s.t_decay) {
+            user_error(
+                "config scheduler.t_decay: {} steps of decay ending at t_max {} begin before the warmup of {} "
+                "ends",
+                *s.t_decay, *s.t_max, s.t_warmup);
+        }
+    } else {
+        for (const auto& [key, set] : {std::pair<const char*, bool>{"t_decay", s.t_decay.has_value()},
+                                       {"decay_fraction", s.decay_fraction.has_value()},
+                                       {"decay_shape", s.decay_shape.has_value()}}) {
+            if (set) {
+                user_error("config scheduler.{}: only scheduler.name wsd has a decay phase; {} does not read it", key,
+                           choice_name(s.name));
+            }
+        }
     }
 }
 
@@ -648,6 +689,13 @@ void read_training(const Json& doc, TrainConfig& c) {
                                                                        : get_long(doc["device_eval_batch_size"]);
     const Json& md = doc["max_duration"];
     c.max_duration = md.is_string() ? md.get<std::string>() : std::to_string(md.get<long long>());
+    const Json& sample = doc["sample"];
+    c.sample.interval = get_long(sample["interval"]);
+    c.sample.prompt = sample["prompt"].get<std::string>();
+    c.sample.tokenizer = sample["tokenizer"].get<std::string>();
+    c.sample.max_new_tokens = sample["max_new_tokens"].get<int>();
+    c.sample.top_k = sample["top_k"].get<int>();
+    c.sample.temperature = sample["temperature"].get<double>();
 }
 
 void check_training(const TrainConfig& c) {
@@ -667,7 +715,19 @@ void check_training(const TrainConfig& c) {
 
 DataConfig read_data(const Json& d, unsigned long long seed) {
     DataConfig c;
-    c.paths = string_list(d["paths"]);
+    if (!d["paths"].is_null()) c.paths = string_list(d["paths"]);
+    for (size_t i = 0; i < d["sources"].size(); ++i) {
+        const Json& s = d["sources"][i];
+        for (const char* key : {"source_name", "target_ratio", "paths"}) {
+            if (s[key].is_null()) user_error("config data.sources[{}].{}: required, not set", i, key);
+        }
+        DataSource source;
+        source.name = s["source_name"].get<std::string>();
+        source.paths = string_list(s["paths"]);
+        source.target_ratio = s["target_ratio"].get<double>();
+        source.max_repetition_ratio = s["max_repetition_ratio"].get<double>();
+        c.sources.push_back(std::move(source));
+    }
     c.memmap_dtype = d["memmap_dtype"].get<std::string>();
     c.shuffle = d["shuffle"].get<bool>();
     c.seed = d["seed"].is_null() ? seed : d["seed"].get<unsigned long long>();
@@ -689,14 +749,37 @@ DataConfig read_data(const Json& d, unsigned long long seed) {
 }
 
 void check_data(const DataConfig& d) {
-    for (size_t i = 0; i < d.paths.size(); ++i) {
-        if (d.paths[i].find("://") != std::string::npos) {
-            user_error(
-                "config data.paths[{}]: {} is a URL; this trainer reads local token files: download them and "
-                "pass --data FILE...",
-                i, d.paths[i]);
-        }
+    if (d.paths.empty() == d.sources.empty()) {
+        user_error(d.paths.empty() ? "config data.paths: required, not set (or data.sources, a mixture)"
+                                   : "config data.paths and data.sources: set one (data.sources is a mixture of "
+                                     "groups of files; --data sets data.paths)");
     }
+    double ratios = 0.0;
+    for (size_t i = 0; i < d.sources.size(); ++i) {
+        const DataSource& s = d.sources[i];
+        if (s.paths.empty()) user_error("config data.sources[{}].paths: no files", i);
+        for (size_t j = 0; j < i; ++j) {
+            if (d.sources[j].name == s.name)
+                user_error("config data.sources[{}].source_name: {} names data.sources[{}] too", i, s.name, j);
+        }
+        ratios += s.target_ratio;
+    }
+    if (!d.sources.empty() && std::fabs(ratios - 1.0) > 1e-6) {
+        user_error("config data.sources[].target_ratio: the ratios sum to {:g}; expected 1", ratios);
+    }
+    const auto check_local = [](const std::vector<std::string>& paths, const std::string& key) {
+        for (size_t i = 0; i < paths.size(); ++i) {
+            if (paths[i].find("://") != std::string::npos) {
+                user_error(
+                    "config {}[{}]: {} is a URL; this trainer reads local token files: download them and "
+                    "pass --data FILE...",
+                    key, i, paths[i]);
+            }
+        }
+    };
+    check_local(d.paths, "data.paths");
+    for (size_t i = 0; i < d.sources.size(); ++i)
+        check_local(d.sources[i].paths, fmt::format("data.sources[{}].paths", i));
     if (d.instance_filter && d.instance_filter->min_period > d.instance_filter->max_period) {
         user_error("config data.instance_filter.repetition_min_period: {} exceeds repetition_max_period {}",
                    d.instance_filter->min_period, d.instance_filter->max_period);
@@ -735,6 +818,7 @@ void read_saving(const Json& doc, TrainConfig& c) {
     c.try_load_latest_save = doc["try_load_latest_save"].get<bool>();
     c.init_from = opt<std::string>(doc["init_from"]);
     c.metrics_file = opt<std::string>(doc["metrics_file"]);
+    c.tensorboard_dir = opt<std::string>(doc["tensorboard_dir"]);
     c.console_log_interval = get_long(doc["console_log_interval"]);
     c.utilization_interval = get_long(doc["utilization_interval"]);
     c.straggler_factor = doc["straggler_factor"].get<double>();
@@ -815,6 +899,13 @@ void check_config(const TrainConfig& c) {
     check_scheduler(c.scheduler);
     check_training(c);
     check_data(c.data);
+    const std::string& d = c.max_duration;
+    if (!c.data.sources.empty() && d.size() > 2 && d.compare(d.size() - 2, 2, "ep") == 0) {
+        user_error(
+            "config max_duration: \"{}\" counts epochs, which a mixture of sources does not have (each source "
+            "repeats at its own rate); give steps or tokens",
+            d);
+    }
     check_saving(c);
     check_execution(c);
 }
@@ -859,9 +950,10 @@ TrainConfig validate_config(const Json& user_doc) {
     Json doc = user_doc;
     fill_defaults(doc, "");
     for (auto& ev : doc["evaluators"]) fill_defaults(ev, "evaluators[]");
+    for (auto& source : doc["data"]["sources"]) fill_defaults(source, "data.sources[]");
     for (const char* key :
          {"model.d_model", "model.n_heads", "model.n_layers", "model.vocab_size", "model.max_sequence_length",
-          "global_train_batch_size", "device_train_microbatch_size", "max_duration", "data.paths"}) {
+          "global_train_batch_size", "device_train_microbatch_size", "max_duration"}) {
         require(doc, key);
     }
     TrainConfig c;

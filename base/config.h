@@ -86,6 +86,11 @@ struct SchedulerConfig {
     std::optional<double> warmup_min_lr;  // defaults to 0.1 * learning_rate
     std::optional<double> grad_clip_warmup_steps;
     std::optional<double> grad_clip_warmup_factor;
+    // wsd: the decay at the end of t_max, its length in steps (t_decay) or as a share of t_max (decay_fraction;
+    // OLMo-core's default 0.1 when neither is set), and its shape (linear as OLMo-core's WSD, or llm.c's 1-sqrt).
+    std::optional<double> t_decay;
+    std::optional<double> decay_fraction;
+    std::optional<DecayShape> decay_shape;
 };
 
 // OLMo's data.instance_filter: instances repeating a sequence of min_period..max_period tokens max_count times
@@ -94,10 +99,20 @@ struct InstanceFilter {
     int min_period = 1, max_period = 13, max_count = 32;  // OLMo's defaults
 };
 
+// One source of a mixture (data.sources, OLMo-core's SourceMixtureConfig names): its token files and its share of
+// every global batch (core/data/mixture.h).
+struct DataSource {
+    std::string name;
+    std::vector<std::string> paths;
+    double target_ratio = 0.0;
+    double max_repetition_ratio = 1.0;  // how many times over its instances a run may read
+};
+
 struct DataConfig {
     std::optional<InstanceFilter> instance_filter;  // null: every instance counts
-    std::vector<std::string> paths;
-    std::string memmap_dtype;  // uint16 | uint32
+    std::vector<std::string> paths;                 // one stream of files, or (empty) the sources' files
+    std::vector<DataSource> sources;                // a mixture instead of `paths`
+    std::string memmap_dtype;                       // uint16 | uint32
     bool shuffle = true;
     unsigned long long seed = 0;  // resolved: defaults to the run's seed
 };
@@ -150,6 +165,13 @@ struct TrainConfig {
     DataConfig data;
     std::vector<EvaluatorConfig> evaluators;
     long eval_interval = 0;  // 0: no evaluation
+    // sample.*: every `interval` steps the model continues `prompt` (core/generate.h) and rank 0 prints it.
+    struct Sample {
+        long interval = 0;  // 0: never
+        std::string prompt, tokenizer = "bytes";
+        int max_new_tokens = 64, top_k = 0;
+        double temperature = 1.0;
+    } sample;
     std::optional<std::string> save_folder;
     long save_interval = 0;  // 0: no periodic checkpoints (a final one is still written when save_folder is set)
     bool save_overwrite = false;
@@ -162,6 +184,7 @@ struct TrainConfig {
     bool try_load_latest_save = false;     // resume from save_folder's newest checkpoint when it has one
     std::optional<std::string> init_from;  // a safetensors file with Hugging Face names
     std::optional<std::string> metrics_file;
+    std::optional<std::string> tensorboard_dir;
     long console_log_interval = 1;
     long utilization_interval = 1;  // measure the device's busy / wait shares every N steps (0: never)
     double straggler_factor = 1.5;  // a rank computing this many times the median's time a step is named

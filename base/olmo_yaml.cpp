@@ -595,7 +595,7 @@ void finish_scheduler_units(Json& doc, const std::string& path) {
                     path);
             }
             const double per_step = batch->get<double>() * length->get<double>();
-            for (const char* k : {"t_warmup", "t_max", "grad_clip_warmup_steps"}) {
+            for (const char* k : {"t_warmup", "t_max", "grad_clip_warmup_steps", "t_decay"}) {
                 if (!doc["scheduler"].contains(k)) continue;
                 Json& v = doc["scheduler"][k];
                 if (v.is_null()) continue;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace trainer {
@@ -36,6 +37,20 @@ inline size_t invalid_utf8_offset(std::string_view s) {
         i += len;
     }
     return std::string_view::npos;
+}
+
+// `s` with each byte that starts no valid UTF-8 sequence replaced by U+FFFD (text a byte-level model wrote, for
+// JSON, which holds only UTF-8).
+inline std::string valid_utf8(std::string_view s) {
+    std::string out;
+    while (!s.empty()) {
+        const size_t bad = invalid_utf8_offset(s);
+        out.append(s.substr(0, bad));
+        if (bad == std::string_view::npos) break;
+        out += "\xEF\xBF\xBD";
+        s.remove_prefix(bad + 1);
+    }
+    return out;
 }
 
 }  // namespace trainer

@@ -11,24 +11,6 @@
 
 namespace trainer {
 
-// Pointers into a block unit's flat buffer (parameters or gradients); null where the config has none.
-// Pointers into the head unit's flat buffer; null where the config has none.
-struct Model::HeadParams {
-    float *norm_w = nullptr, *norm_b = nullptr;  // ln_f
-    float *w = nullptr, *b = nullptr;            // the untied LM head (V, C), (V)
-};
-
-struct Model::BlockParams {
-    float *attn_norm_w = nullptr, *attn_norm_b = nullptr;
-    float *att_proj_w = nullptr, *att_proj_b = nullptr;  // (3C, C), (3C)
-    float *q_norm_w = nullptr, *q_norm_b = nullptr;      // (C), (C): QK-norm
-    float *k_norm_w = nullptr, *k_norm_b = nullptr;
-    float *attn_out_w = nullptr, *attn_out_b = nullptr;  // (C, C), (C)
-    float *ff_norm_w = nullptr, *ff_norm_b = nullptr;
-    float *ff_proj_w = nullptr, *ff_proj_b = nullptr;  // (P, C), (P)
-    float *ff_out_w = nullptr, *ff_out_b = nullptr;    // (C, H), (C)
-};
-
 namespace {
 
 // Each block parameter's name (after "transformer.blocks.N.") and its field in BlockParams.
@@ -142,6 +124,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     qk_norm_ = m_.attention_layer_norm;
     norm_from_output_ = m_.norm_backward_from_output();
     z_loss_ = static_cast<float>(config.z_loss_multiplier);
+    if (max_batch_ == 0) return;  // generation only (decode): no training or evaluation passes, no arena
     ArenaShape shape;
     shape.max_batch = max_batch_, shape.T = T_, shape.C = C_, shape.NH = NH_, shape.P = P_, shape.H = H_;
     shape.L = L_, shape.V = V_;

@@ -44,7 +44,8 @@ struct LossSums {
 
 class Model {
    public:
-    // Plans and allocates the activation arena for micro-batches of up to `max_batch` instances.
+    // Plans and allocates the activation arena for micro-batches of up to `max_batch` instances (0: none, for a
+    // model that only decodes).
     Model(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy* strategy, int max_batch);
 
     // Forward, loss and backward of one micro-batch: `tokens` is (batch, L) on the host. Each predicted
@@ -67,9 +68,41 @@ class Model {
     // kernels.cuda_graphs: how forward_backward ran its micro-batches (kernels/graph.h).
     const GraphRunner& graphs() const { return graphs_; }
 
-    // Pointers to one block's (or the head's) parameters or gradients in its unit's flat buffer (model.cpp).
-    struct BlockParams;
-    struct HeadParams;
+    // Pointers into a block unit's flat buffer (parameters or gradients); null where the config has none.
+    struct BlockParams {
+        float *attn_norm_w = nullptr, *attn_norm_b = nullptr;
+        float *att_proj_w = nullptr, *att_proj_b = nullptr;  // (3C, C), (3C)
+        float *q_norm_w = nullptr, *q_norm_b = nullptr;      // (C), (C): QK-norm
+        float *k_norm_w = nullptr, *k_norm_b = nullptr;
+        float *attn_out_w = nullptr, *attn_out_b = nullptr;  // (C, C), (C)
+        float *ff_norm_w = nullptr, *ff_norm_b = nullptr;
+        float *ff_proj_w = nullptr, *ff_proj_b = nullptr;  // (P, C), (P)
+        float *ff_out_w = nullptr, *ff_out_b = nullptr;    // (C, H), (C)
+    };
+    // Pointers into the head unit's flat buffer; null where the config has none.
+    struct HeadParams {
+        float *norm_w = nullptr, *norm_b = nullptr;  // ln_f
+        float *w = nullptr, *b = nullptr;            // the untied LM head (V, C), (V)
+    };
+
+    // ---- generation with a KV cache (core/decode.cpp; core/generate.h drives it) ----
+    // The keys and values of every block for `sequences` sequences of up to `length` positions (at most
+    // max_sequence_length), and fp32 buffers for up to `rows` rows a call, counted as "other" memory.
+    struct DecodeCache {
+        int sequences = 0, length = 0, rows = 0;
+        DeviceBuffer keys, values;  // (layers, sequences, NH, length, HS) each
+        DeviceBuffer x, ln, qkv, qk, att, sub, fch, fch_act, stats, logits, scratch;
+        DeviceBuffer ids;  // tokens, sequences and positions of the rows, int32
+    };
+    DecodeCache make_decode_cache(int sequences, int length, int rows) const;
+    // Runs `rows` tokens through the model, row r being token tokens[r] of sequence seqs[r] at position
+    // positions[r]: their keys and values go into the cache (the rows of one sequence in one call see each other
+    // causally, as a prompt's tokens do), each row attends to its sequence's cache up to its position, and the
+    // logits of the rows for which `wanted` is set (nullable: every row), (those rows, embedding_size), reach
+    // `sink` on the host in row order. Under the strategy's hooks: a sharded strategy gathers each unit, so every
+    // rank calls it alike.
+    void decode(DecodeCache& cache, const int32_t* tokens, const int32_t* seqs, const int32_t* positions, int rows,
+                const uint8_t* wanted, const LogitsSink& sink);
 
    private:
     // What a block keeps for its backward (core/arena.h).

@@ -9,6 +9,30 @@
 
 namespace trainer {
 
+namespace {
+
+// Cosine from lr at the warmup's end to eta_min at t_max (OLMo's CosWithWarmup after its warmup).
+double cosine_after_warmup(double lr, double eta_min, double at, double warmup, double t_max) {
+    if (at >= t_max) return eta_min;
+    return eta_min + (lr - eta_min) * (1.0 + std::cos(M_PI * (at - warmup) / (t_max - warmup))) / 2.0;
+}
+
+// OLMo's InvSqrtWithWarmup after its warmup.
+double inverse_sqrt_after_warmup(double lr, double at, double warmup) {
+    return lr * std::sqrt(warmup / std::max(warmup, at));
+}
+
+// WSD's decay length in steps: t_decay, or decay_fraction (default 0.1) of t_max. OLMo-core rounds the share to its
+// unit, half to even as Python's round(); t_max from token units is a fractional step count, whose share stays
+// as it is (the rounding to a token is below a step).
+double wsd_decay_steps(const SchedulerConfig& sched, double t_max) {
+    if (sched.t_decay) return *sched.t_decay;
+    const double share = t_max * sched.decay_fraction.value_or(0.1);
+    return t_max == std::floor(t_max) ? std::nearbyint(share) : share;
+}
+
+}  // namespace
+
 double scheduled_lr(const OptimizerConfig& opt, const SchedulerConfig& sched, long step, long total_steps) {
     const double lr = opt.learning_rate;
     if (sched.name == SchedulerName::kConstant) return lr;
@@ -17,14 +41,39 @@ double scheduled_lr(const OptimizerConfig& opt, const SchedulerConfig& sched, lo
     const double warmup = sched.t_warmup, at = static_cast<double>(step);
     const double warmup_min = sched.warmup_min_lr ? *sched.warmup_min_lr : 0.1 * lr;
     if (at < warmup) return warmup_min + (lr - warmup_min) * at / warmup;
-    if (sched.name == SchedulerName::kInverseSqrtWithWarmup) return lr * std::sqrt(warmup / std::max(warmup, at));
     const double t_max = sched.t_max ? *sched.t_max : static_cast<double>(total_steps);
     const double eta_min = lr * sched.alpha_f;
-    if (at >= t_max) return eta_min;
-    const double s = at - warmup;
-    const double span = t_max - warmup;
-    if (sched.name == SchedulerName::kLinearWithWarmup) return lr - (lr - eta_min) * (s / span);
-    return eta_min + (lr - eta_min) * (1.0 + std::cos(M_PI * s / span)) / 2.0;
+    switch (sched.name) {
+        case SchedulerName::kConstant:
+        case SchedulerName::kConstantWithWarmup:
+            return lr;
+        case SchedulerName::kInverseSqrtWithWarmup:
+            return inverse_sqrt_after_warmup(lr, at, warmup);
+        case SchedulerName::kMaxScheduler:
+            return std::max(cosine_after_warmup(lr, eta_min, at, warmup, t_max),
+                            inverse_sqrt_after_warmup(lr, at, warmup));
+        case SchedulerName::kLinearWithWarmup:
+            if (at >= t_max) return eta_min;
+            return lr - (lr - eta_min) * ((at - warmup) / (t_max - warmup));
+        case SchedulerName::kCosineLinearEnvelope: {
+            // The cosine's distance above eta_min, scaled down linearly to nothing at t_max.
+            if (at >= t_max) return eta_min;
+            const double x = (at - warmup) / (t_max - warmup);
+            return eta_min + (1.0 - x) * (lr - eta_min) * (1.0 + std::cos(M_PI * x)) / 2.0;
+        }
+        case SchedulerName::kCosineWithWarmup:
+            return cosine_after_warmup(lr, eta_min, at, warmup, t_max);
+        case SchedulerName::kWsd: {
+            // Stable at lr until the decay's last t_decay steps before t_max, then down to eta_min.
+            if (at >= t_max) return eta_min;
+            const double decay = wsd_decay_steps(sched, t_max), into = at - (t_max - decay);
+            if (into < 0.0 || decay <= 0.0) return lr;
+            const double x = into / decay;
+            const double left = sched.decay_shape == DecayShape::kOneMinusSqrt ? 1.0 - std::sqrt(x) : 1.0 - x;
+            return eta_min + (lr - eta_min) * left;
+        }
+    }
+    return lr;
 }
 
 double scheduled_max_grad_norm(const TrainConfig& config, long step) {

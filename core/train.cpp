@@ -23,11 +23,16 @@
 #include "base/layout.h"
 #include "base/stop.h"
 #include "base/trace.h"
+#include "base/utf8.h"
+#include "core/data/bpe.h"
 #include "core/data/data.h"
+#include "core/data/mixture.h"
+#include "core/generate.h"
 #include "core/metrics.h"
 #include "core/model.h"
 #include "core/optimizer.h"
 #include "core/plan/host_memory.h"
+#include "core/tensorboard.h"
 #include "core/weights/async_save.h"
 #include "core/weights/checkpoint.h"
 #include "core/weights/hf_export.h"
@@ -223,17 +228,32 @@ class TrainingRun {
         }
         check_host_memory(config_, env_, device);
         check_shared_device_memory(config_, env_, device, device_index_);
-        train_data_ = std::make_unique<TokenDataset>(config_.data.paths, parse_token_dtype(config_.data.memmap_dtype),
-                                                     m_.max_sequence_length, m_.vocab_size);
+        const std::vector<DataSource>& sources = config_.data.sources;
+        std::vector<std::string> paths = config_.data.paths;
+        for (const DataSource& s : sources) paths.insert(paths.end(), s.paths.begin(), s.paths.end());
+        train_data_ =
+            std::make_unique<TokenDataset>(paths, parse_token_dtype(config_.data.memmap_dtype), m_.max_sequence_length,
+                                           m_.vocab_size, sources.empty() ? "data.paths" : "data.sources[].paths");
         for (size_t i = 0; i < config_.evaluators.size(); ++i) {
             const auto& ev = config_.evaluators[i];
             eval_data_.push_back(std::make_unique<TokenDataset>(
                 ev.paths, parse_token_dtype(ev.memmap_dtype, fmt::format("evaluators[{}].data.memmap_dtype", i)),
                 m_.max_sequence_length, m_.vocab_size, fmt::format("evaluators[{}].data.paths", i)));
         }
-        order_ = std::make_unique<InstanceOrder>(train_data_->num_instances(), config_.global_train_batch_size,
-                                                 config_.data.seed, config_.data.shuffle);
-        total_steps_ = config_.total_steps(train_data_->num_instances());
+        total_steps_ = config_.total_steps(train_data_->num_instances());  // epochs: data.paths alone
+        if (sources.empty()) {
+            order_ = std::make_unique<InstanceOrder>(train_data_->num_instances(), config_.global_train_batch_size,
+                                                     config_.data.seed, config_.data.shuffle);
+        } else {
+            auto mixture = std::make_unique<MixtureOrder>(mixture_sources(config_.data, *train_data_),
+                                                          config_.global_train_batch_size, config_.data.seed,
+                                                          config_.data.shuffle);
+            std::vector<double> max_repetition;
+            for (const DataSource& s : sources) max_repetition.push_back(s.max_repetition_ratio);
+            mixture->check_repetition(total_steps_, max_repetition);
+            mixture_ = mixture.get();
+            order_ = std::move(mixture);
+        }
         const SchedulerConfig& sched = config_.scheduler;
         if (sched.name != SchedulerName::kConstant && !sched.t_max && sched.t_warmup >= 1 &&
             sched.t_warmup >= static_cast<double>(total_steps_)) {
@@ -279,6 +299,21 @@ class TrainingRun {
         }
         metrics_ = std::make_unique<MetricsWriter>(env_.rank == 0 ? config_.metrics_file : std::nullopt,
                                                    resume_path_.has_value());
+        if (config_.sample.interval > 0) {  // the prompt checked now, not at the first sample
+            sample_codec_ =
+                std::make_unique<TextCodec>(config_.sample.tokenizer, default_tokenizer_dir(), m_.eos_token_id);
+            sample_prompt_ = sample_codec_->encode(config_.sample.prompt, "config sample.prompt");
+            if (sample_prompt_.empty()) sample_prompt_.push_back(static_cast<int32_t>(m_.eos_token_id));
+            const long positions = static_cast<long>(sample_prompt_.size()) + config_.sample.max_new_tokens;
+            if (positions > m_.max_sequence_length) {
+                user_error(
+                    "config sample.max_new_tokens: {} after a prompt of {} tokens is {} positions, above "
+                    "model.max_sequence_length {}",
+                    config_.sample.max_new_tokens, sample_prompt_.size(), positions, m_.max_sequence_length);
+            }
+        }
+        if (env_.rank == 0 && config_.tensorboard_dir)
+            tensorboard_ = std::make_unique<TensorBoardWriter>(*config_.tensorboard_dir);
         threads_ = configure_threads(config_.threads);
         // threads: 0 on the CPU follows the cores other processes leave (kernels/cpu/machine.h), unless a
         // launcher or the user fixed the count with OMP_NUM_THREADS.
@@ -516,13 +551,23 @@ class TrainingRun {
             }
         }
         if (config_.data.instance_filter) record["masked_instances"] = r.masked_instances;
+        if (mixture_) {  // the tokens each source gave the run so far
+            Json by_source = Json::object();
+            for (size_t k = 0; k < mixture_->sources().size(); ++k) {
+                by_source[mixture_->sources()[k].name] =
+                    mixture_->draws(k, step * config_.global_train_batch_size) * m_.max_sequence_length;
+            }
+            record["tokens_by_source"] = by_source;
+        }
         if (!r.compute_per_rank.empty()) report_stragglers(step, r, record);
         int eval_stop = 0;
         if (config_.eval_interval > 0 && (step % config_.eval_interval == 0 || step == total_steps_)) {
             eval_stop = run_evals(step, record);
         }
+        if (config_.sample.interval > 0 && step % config_.sample.interval == 0) run_sample(step, record);
         // The metrics file's step records carry every rank's peak memory so far (one tiny all-gather).
-        if (config_.metrics_file) record["peak_memory_bytes_per_rank"] = peak_memory_per_rank();
+        if (config_.metrics_file || config_.tensorboard_dir)
+            record["peak_memory_bytes_per_rank"] = peak_memory_per_rank();
         if (step % config_.console_log_interval == 0 || step == total_steps_ || step == start_step_ + 1) {
             bar_->clear();
             const std::string z = config_.z_loss_multiplier > 0.0 ? fmt::format(" | z_loss {:.3e}", r.z_loss) : "";
@@ -546,6 +591,7 @@ class TrainingRun {
         if (published_step_) record["checkpoint_published"] = *published_step_;
         published_step_.reset();
         metrics_->write(record);
+        if (tensorboard_) tensorboard_->write(step, scalars_of(record));
         bar_->draw(step, (total_steps_ - step) * (total_time_ / std::max<long>(1, timed_steps_)));
         std::fflush(stdout);
         return eval_stop;
@@ -674,6 +720,22 @@ class TrainingRun {
         return stop::exit_code(sig);
     }
 
+    // The model continues sample.prompt: on every rank (a sharded strategy gathers each unit for it), for exactly
+    // max_new_tokens tokens (no early stop at EOS, so every rank runs as many steps whatever it draws), with draws
+    // seeded by the run's seed and the step; rank 0 prints it.
+    void run_sample(long step, Json& record) {
+        const trace::Span span("eval", "sample");
+        SamplingOptions o;
+        o.temperature = config_.sample.temperature, o.top_k = config_.sample.top_k;
+        o.seed = config_.seed + static_cast<uint64_t>(step);
+        const GenerationResult g =
+            generate_tokens(*model_, m_, {sample_prompt_}, config_.sample.max_new_tokens, o, -1, true);
+        const std::string text = sample_codec_->decode(g.tokens[0]);
+        record["sample"] = valid_utf8(text);
+        bar_->clear();
+        std::printf("step %ld | sample: %s%s\n", step, config_.sample.prompt.c_str(), text.c_str());
+    }
+
     // Returns the stop signal the ranks agreed on between evaluation batches, or 0.
     int run_evals(long step, Json& record) {
         const auto t0 = Clock::now();
@@ -784,7 +846,8 @@ class TrainingRun {
     long nan_gradient_step_ = -1;  // TRAINER_DEBUG_NAN_GRADIENT's step for this rank, or -1
     std::unique_ptr<TokenDataset> train_data_;
     std::vector<std::unique_ptr<TokenDataset>> eval_data_;
-    std::unique_ptr<InstanceOrder> order_;
+    std::unique_ptr<BatchOrder> order_;
+    const MixtureOrder* mixture_ = nullptr;  // order_ when data.sources is a mixture
     long total_steps_ = 0, start_step_ = 0;
     std::optional<std::string> resume_path_;
     bool resume_latest_ = false;  // resume_path_ is what "latest" named
@@ -793,6 +856,9 @@ class TrainingRun {
     std::map<std::string, Tensor> init_tensors_;
     std::string trace_path_;  // this rank's trace file (trace_file)
     std::unique_ptr<MetricsWriter> metrics_;
+    std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0 with tensorboard_dir
+    std::unique_ptr<TextCodec> sample_codec_;         // sample.interval: the sample's tokenizer and prompt
+    std::vector<int32_t> sample_prompt_;
     int threads_ = 0, threads_max_ = 0;
     std::unique_ptr<ThreadGovernor> governor_;  // threads: 0 on the CPU
     // build

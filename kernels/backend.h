@@ -267,6 +267,17 @@ class Backend {
     // dqkv(B,T,3C) overwritten with d(q|k|v), from the forward's out and lse.
     virtual void attention_backward(GemmOperand dqkv, GemmOperand dout, GemmOperand qkv, GemmOperand out,
                                     const float* lse, int B, int T, int NH, int HS) = 0;
+    // ---- generation with a KV cache (core/generate.h), fp32 ----
+    // RoPE of rows at positions of their own: q and k of row n of qkv(N,3C) rotated as rope_forward rotates
+    // position positions[n] (int32, device memory, each below S), by the same fp32 angles; v untouched.
+    virtual void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS, float theta, int S) = 0;
+    // Attention of rows against a KV cache: first the k and v of every row n of qkv(N,3C) are written into the
+    // caches (sequences, NH, S, HS) at sequence seqs[n] and position positions[n] (device int32, positions < S);
+    // then each row's query attends to its sequence's cache at positions 0..positions[n] (scale 1/sqrt(HS)):
+    // out(N,C). Rows of one sequence at several positions (a prompt) see each other's keys as causal attention
+    // does.
+    virtual void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
+                                      const int32_t* positions, int N, int NH, int HS, int S) = 0;
     // out(n) = gelu(inp), the exact erf form or the tanh approximation; out == inp allowed (fp32).
     virtual void gelu_forward(GemmOperand out, GemmOperand inp, size_t n, bool tanh_approx) = 0;
     // dinp(n) = dout * gelu'(inp), overwritten; dinp == dout allowed (same storage type).

@@ -121,6 +121,16 @@ class DryBackend final : public Backend {
     void rope_backward(GemmOperand dqkv, int B, int T, int NH, int HS, float) override {
         rope("rope_backward", B, T, NH, HS, size(dqkv));
     }
+    void rope_forward_at(float*, const int32_t*, int N, int NH, int HS, float, int) override {
+        rope("rope_forward_at", N, 1, NH, HS, 4.0);
+    }
+    // The rows' k and v written, then each query against its sequence's cache: at most S keys a row (the dry run
+    // knows no positions).
+    void attention_with_cache(float*, const float*, float*, float*, const int32_t*, const int32_t*, int N, int NH,
+                              int HS, int S) override {
+        const double nc = static_cast<double>(N) * NH * HS;
+        note("attention_with_cache", 4.0 * nc * S, 4.0 * (3 * nc + 2 * nc + 2.0 * nc * S + nc));
+    }
     // Causal: half the T x T scores; the backward recomputes the probabilities (QK^T) besides its three GEMMs.
     void attention_forward(GemmOperand out, float*, GemmOperand qkv, int B, int T, int NH, int HS) override {
         const double btc = static_cast<double>(B) * T * NH * HS;

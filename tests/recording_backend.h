@@ -187,6 +187,13 @@ class RecordingBackend final : public trainer::Backend {
     void rope_backward(GemmOperand dqkv, int B, int T, int NH, int HS, float theta) override {
         queue([=] { inner_->rope_backward(dqkv, B, T, NH, HS, theta); });
     }
+    void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS, float theta, int S) override {
+        queue([=] { inner_->rope_forward_at(qkv, positions, N, NH, HS, theta, S); });
+    }
+    void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
+                              const int32_t* positions, int N, int NH, int HS, int S) override {
+        queue([=] { inner_->attention_with_cache(out, qkv, kcache, vcache, seqs, positions, N, NH, HS, S); });
+    }
     void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) override {
         queue([=] { inner_->attention_forward(out, lse, qkv, B, T, NH, HS); });
     }

@@ -99,6 +99,53 @@ TEST_CASE("config: wrong types and out-of-range values name the key and what is 
     REQUIRE_THROWS_WITH(validate_config(d), Contains("max_duration") && Contains("\"12 parsecs\""));
 }
 
+TEST_CASE("config: the decay keys belong to wsd alone and inverse square roots need a warmup") {
+    Json d = minimal();
+    d["scheduler"] = {{"name", "cosine_with_warmup"}, {"t_decay", 10}};
+    REQUIRE_THROWS_WITH(validate_config(d),
+                        Contains("scheduler.t_decay") && Contains("cosine_with_warmup does not read it"));
+    d["scheduler"] = {{"name", "wsd"}, {"t_decay", 10}, {"decay_fraction", 0.2}};
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("one of them, not both"));
+    d["scheduler"] = {{"name", "wsd"}, {"t_decay", 10}, {"t_max", 20}, {"t_warmup", 15}};
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("begin before the warmup of 15 ends"));
+    d["scheduler"] = {{"name", "wsd"}, {"decay_shape", "sqrt"}};
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("scheduler.decay_shape") && Contains("linear or 1-sqrt"));
+    d["scheduler"] = {{"name", "max_scheduler"}, {"t_warmup", 0}};
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("max_scheduler needs t_warmup >= 1"));
+    d["scheduler"] = {{"name", "wsd"}, {"t_warmup", 2}, {"decay_fraction", 0.5}, {"decay_shape", "1-sqrt"}};
+    CHECK_NOTHROW(validate_config(d));
+}
+
+TEST_CASE("config: a mixture of sources is refused with data.paths or ratios that do not sum to 1") {
+    const Json two = Json::parse(R"([{"source_name": "web", "target_ratio": 0.7, "paths": ["a.bin"]},
+                                     {"source_name": "code", "target_ratio": 0.3, "paths": ["b.bin", "c.bin"]}])");
+    Json d = minimal();
+    d["data"]["sources"] = two;
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("data.paths and data.sources: set one"));
+    d["data"].erase("paths");
+    const TrainConfig c = validate_config(d);
+    REQUIRE(c.data.sources.size() == 2);
+    CHECK(c.data.sources[1].paths == std::vector<std::string>{"b.bin", "c.bin"});
+    CHECK(c.data.sources[1].max_repetition_ratio == 1.0);
+    d["data"]["sources"][1]["target_ratio"] = 0.2;
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("the ratios sum to 0.9; expected 1"));
+    d["data"]["sources"][1]["target_ratio"] = 0.3;
+    d["data"]["sources"][1]["source_name"] = "web";
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("data.sources[1].source_name: web names data.sources[0] too"));
+    d["data"]["sources"] = two;
+    d["data"]["sources"][0].erase("target_ratio");
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("data.sources[0].target_ratio: required"));
+    d["data"]["sources"] = two;
+    d["data"]["sources"][0]["weight"] = 1;
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("data.sources[0].weight"));
+    d["data"]["sources"] = two;
+    d["max_duration"] = "2ep";
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("counts epochs, which a mixture of sources does not have"));
+    d = minimal();
+    d["data"].erase("paths");
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("data.paths: required, not set (or data.sources"));
+}
+
 TEST_CASE("config: inconsistent batch sizes are refused") {
     Json d = minimal();
     d["global_train_batch_size"] = 10;

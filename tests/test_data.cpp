@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -19,11 +20,13 @@
 
 #include "base/common.h"
 #include "core/data/data.h"
+#include "core/data/mixture.h"
 #include "core/data/tokenizer.h"
 #include "test_util.h"
 
 using Catch::Matchers::Contains;
 using trainer::InstanceOrder;
+using trainer::Json;
 using trainer::TokenDataset;
 using trainer::TokenDtype;
 using trainer::TokenFile;
@@ -527,6 +530,88 @@ TEST_CASE("data: rank slices cover the global batch for any world size") {
     CHECK(slice == std::vector<int64_t>{11, 13});
 }
 
+TEST_CASE("data: a 0.7 0.3 mixture draws within 1% of its ratios over 1000 instances and every prefix") {
+    using trainer::MixtureOrder;
+    // Source "web" holds instances [0, 500), "code" [500, 800).
+    const MixtureOrder order({{"web", 0, 500, 0.7}, {"code", 500, 300, 0.3}}, 10, 3, true);
+    std::vector<int64_t> batch;
+    int64_t web = 0, code = 0;
+    std::set<int64_t> web_seen, code_seen;
+    for (int64_t step = 0; step < 100; ++step) {
+        order.global_batch(step, batch);
+        REQUIRE(batch.size() == 10);
+        for (int64_t i : batch) {
+            REQUIRE(i >= 0);
+            REQUIRE(i < 800);
+            if (i < 500) {
+                ++web, web_seen.insert(i);
+            } else {
+                ++code, code_seen.insert(i);
+            }
+        }
+        const double n = static_cast<double>(web + code);
+        CAPTURE(step, web, code);
+        CHECK(std::fabs(static_cast<double>(web) - 0.7 * n) <= 1.0);  // every prefix: within one instance
+        CHECK(web == order.draws(0, (step + 1) * 10));
+    }
+    CHECK(web == 700);
+    CHECK(code == 300);
+    // "web" read 700 draws of 500 instances: each once in its first epoch, then 200 of its second; "code" 300 of
+    // 300, each once.
+    CHECK(web_seen.size() == 500);
+    CHECK(code_seen.size() == 300);
+}
+
+TEST_CASE("data: a mixture's draws rise with the run and add up for any ratios") {
+    using trainer::MixtureOrder;
+    std::mt19937 rng(5);
+    for (int trial = 0; trial < 20; ++trial) {
+        std::vector<double> w(2 + trial % 4);
+        double sum = 0.0;
+        for (double& x : w) sum += (x = std::uniform_real_distribution<double>(0.01, 1.0)(rng));
+        std::vector<trainer::MixtureSource> sources;
+        for (size_t k = 0; k < w.size(); ++k) sources.push_back({"s" + std::to_string(k), 0, 7, w[k] / sum});
+        const MixtureOrder order(sources, 4, 0, true);
+        std::vector<int64_t> prev(w.size(), 0);
+        for (int64_t n = 1; n <= 3000; ++n) {
+            int64_t total = 0;
+            for (size_t k = 0; k < w.size(); ++k) {
+                const int64_t d = order.draws(k, n);
+                CAPTURE(trial, n, k);
+                REQUIRE(d >= prev[k]);
+                REQUIRE(d <= prev[k] + 1);
+                // Each level's rounding adds at most half an instance to what the later sources share: source k
+                // is within (k + 1) / 2 instances of its ratio (mixture.h).
+                REQUIRE(std::fabs(static_cast<double>(d) - w[k] / sum * static_cast<double>(n)) <=
+                        0.5 * static_cast<double>(k + 1) + 1e-9);
+                prev[k] = d, total += d;
+            }
+            REQUIRE(total == n);
+        }
+    }
+}
+
+TEST_CASE("data: a mixture's global batch is a function of the seed and the step alone") {
+    using trainer::MixtureOrder;
+    const std::vector<trainer::MixtureSource> sources = {{"a", 0, 40, 0.5}, {"b", 40, 13, 0.25}, {"c", 53, 9, 0.25}};
+    const MixtureOrder walked(sources, 8, 11, true);
+    std::vector<int64_t> batch, fresh_batch;
+    for (int64_t step = 0; step < 60; ++step) walked.global_batch(step, batch);
+    const MixtureOrder fresh(sources, 8, 11, true);
+    fresh.global_batch(59, fresh_batch);
+    CHECK(fresh_batch == batch);
+    const MixtureOrder other_seed(sources, 8, 12, true);
+    other_seed.global_batch(59, fresh_batch);
+    CHECK(fresh_batch != batch);
+    const MixtureOrder in_order(sources, 8, 11, false);
+    in_order.global_batch(0, batch);  // unshuffled: each source's first draws in file order, sources in order
+    CHECK(batch == std::vector<int64_t>{0, 1, 2, 3, 40, 41, 53, 54});
+    REQUIRE_THROWS_WITH(walked.check_repetition(60, {1.0, 100.0, 100.0}),
+                        Contains("data.sources[0] (a)") && Contains("draws 240 instances") &&
+                            Contains("the 40 it holds") && Contains("max_repetition_ratio 1"));
+    CHECK_NOTHROW(walked.check_repetition(60, {6.0, 10.0, 14.0}));
+}
+
 TEST_CASE("data: fewer instances than a global batch are refused") {
     REQUIRE_THROWS_AS(InstanceOrder(5, 8, 0, true), UserError);
     REQUIRE_THROWS_WITH(InstanceOrder(5, 8, 0, true), Contains("5 instances") && Contains("global_train_batch_size=8"));
@@ -680,4 +765,51 @@ TEST_CASE("data: the instance filter masks what repeats a short sequence max_cou
     // Periods above a third of the instance are not looked for.
     CHECK_FALSE(repetitive_instance(planted(12, 2, 6, 0).data(), 12, InstanceFilter{1, 13, 7}));
     CHECK(repetitive_instance(planted(12, 2, 6, 0).data(), 12, InstanceFilter{1, 13, 6}));
+}
+
+TEST_CASE("data: a mixture trains on 2 ranks and resumes on 1 with the same stream and counts by source") {
+    test_util::TempDir dir;
+    const std::string sources =
+        R"([{"source_name": "web", "target_ratio": 0.7, "max_repetition_ratio": 2, "paths": [")" +
+        test_util::fixture("olmo_tiny_tokens.u16") +
+        R"("]}, {"source_name": "code", "target_ratio": 0.3, "paths": [")" +
+        test_util::fixture("gpt2_tiny_tokens.u16") + R"("]}])";
+    const auto args = [&](const std::string& run) {
+        return std::vector<std::string>{"--config",       "configs/tiny.json",
+                                        "--threads",      "1",
+                                        "--max-duration", "8",
+                                        "--set",          "data.paths=null",
+                                        "--set",          "data.sources=" + sources,
+                                        "--set",          "save_interval=4",
+                                        "--save-folder",  dir.path(run),
+                                        "--metrics-file", dir.path(run + ".jsonl")};
+    };
+    std::vector<std::string> two = args("two");
+    two.insert(two.end(), {"--strategy", "ddp"});
+    const test_util::RunResult r2 = test_util::launch(2, two);
+    INFO(r2.out << r2.err);
+    REQUIRE(r2.exit_code == 0);
+    std::vector<std::string> one = args("one");
+    one.insert(one.end(), {"--load-path", dir.path("two") + "/step4"});
+    const test_util::RunResult r1 = test_util::run_trainer(one);
+    INFO(r1.out << r1.err);
+    REQUIRE(r1.exit_code == 0);
+    const auto ref = test_util::read_metrics(dir.path("two.jsonl"));
+    const auto got = test_util::read_metrics(dir.path("one.jsonl"));
+    REQUIRE(ref.size() == 8);
+    test_util::check_losses(ref, got, 4);
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i]["tokens_by_source"] == ref[4 + i]["tokens_by_source"]);
+    // 64 instances of 65 tokens: 45 of web and 19 of code (0.7 x 64 = 44.8).
+    CHECK(ref.back()["tokens_by_source"] == Json{{"web", 45 * 65}, {"code", 19 * 65}});
+    // Without the repeats allowed, web's 45 draws of its 41 instances are refused before step 1.
+    std::vector<std::string> strict = args("strict");
+    strict.back() = dir.path("strict.jsonl");
+    for (std::string& a : strict) {
+        const std::string allow = R"("max_repetition_ratio": 2, )";
+        if (const size_t at = a.find(allow); at != std::string::npos) a.erase(at, allow.size());
+    }
+    const test_util::RunResult refused = test_util::run_trainer(strict);
+    CHECK(refused.exit_code != 0);
+    CHECK_THAT(refused.err, Contains("data.sources[0] (web): the run of 8 steps draws 45 instances of it, 1.10 times "
+                                     "the 41 it holds, above its max_repetition_ratio 1"));
 }

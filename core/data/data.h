@@ -119,6 +119,8 @@ class TokenDataset {
     int64_t seq_len() const { return seq_len_; }
     // The token files, in the order given.
     const std::vector<TokenFile>& files() const { return files_; }
+    // The first global instance index of file `f`; first_instance(files().size()) is num_instances().
+    int64_t first_instance(size_t f) const { return first_instance_.at(f); }
     // Copies the seq_len tokens of instance `index` (0 <= index < num_instances(), checked) into
     // `out`. A token id >= vocab_size is a UserError naming the file, the token and byte offset, the
     // id and the vocabulary size.
@@ -132,6 +134,14 @@ class TokenDataset {
     int64_t num_instances_ = 0;
 };
 
+// Which instances make up each global batch: a function of (seed, step) alone, never of the world size.
+class BatchOrder {
+   public:
+    virtual ~BatchOrder() = default;
+    // The global_train_batch_size instance indices of global batch `step` (0-based) into `out`.
+    virtual void global_batch(int64_t step, std::vector<int64_t>& out) const = 0;
+};
+
 // Which instances make up each global batch. Not thread-safe: global_batch caches the current
 // epoch's permutation (8 bytes per instance) and recomputes it only when the epoch changes.
 //
@@ -140,7 +150,7 @@ class TokenDataset {
 // from the back: for i = n-1 down to 1, j = uniform(i + 1), swap(order[i], order[j]) starting from
 // the identity; uniform(k) draws r = next() until r >= (2^64 - k) mod k and returns r mod k, which
 // is exactly uniform (std::shuffle and std::uniform_int_distribution are implementation-defined).
-class InstanceOrder {
+class InstanceOrder : public BatchOrder {
    public:
     // UserError when global_batch_size < 1 or num_instances < global_batch_size (both named).
     InstanceOrder(int64_t num_instances, int64_t global_batch_size, uint64_t seed, bool shuffle);
@@ -150,7 +160,7 @@ class InstanceOrder {
     int64_t num_instances() const { return num_instances_; }
     int64_t global_batch_size() const { return global_batch_size_; }
     // The global_batch_size instance indices of global batch `step` (0-based, any epoch) into `out`.
-    void global_batch(int64_t step, std::vector<int64_t>& out) const;
+    void global_batch(int64_t step, std::vector<int64_t>& out) const override;
     // Entries rank, rank + world, ... of `global` (rank r's share, as OLMo's indices[r::world]).
     static void rank_slice(const std::vector<int64_t>& global, int rank, int world, std::vector<int64_t>& out);
     // The shuffled order of [0, n) for `seed` (the epoch order is permutation(n, seed + e)).

@@ -65,6 +65,14 @@ class OpRecorder final : public Backend {
         inner_.copy_device_to_device(dst, src, bytes);
     }
     void fill_zero(void* ptr, size_t bytes) override { inner_.fill_zero(ptr, bytes); }
+    // Generation's ops are no part of a training step: forwarded, not recorded.
+    void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS, float theta, int S) override {
+        inner_.rope_forward_at(qkv, positions, N, NH, HS, theta, S);
+    }
+    void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
+                              const int32_t* positions, int N, int NH, int HS, int S) override {
+        inner_.attention_with_cache(out, qkv, kcache, vcache, seqs, positions, N, NH, HS, S);
+    }
     void copy_any(void* dst, const void* src, size_t bytes) override { inner_.copy_any(dst, src, bytes); }
     void synchronize() override { inner_.synchronize(); }
     void* alloc_host(size_t bytes) override { return inner_.alloc_host(bytes); }

@@ -594,12 +594,17 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
             data["shuffle"].get<bool>(), config.global_train_batch_size, config.data.seed, config.data.shuffle);
     }
     check_units_match(meta, layout, path);
-    if (meta["config"]["data"]["paths"] != config.json["data"]["paths"]) {
+    // Checkpoints from before data.sources hold none.
+    const Json& saved_data = meta["config"]["data"];
+    const Json saved_sources = saved_data.value("sources", Json::array());
+    const Json sources = config.json["data"].value("sources", Json::array());
+    if (saved_data["paths"] != config.json["data"]["paths"] || saved_sources != sources) {
         std::fprintf(stderr,
-                     "note: resuming %s with data.paths %s; it was written with %s: the run goes on at instance "
-                     "%ld of this data's order\n",
-                     path.c_str(), json_text(config.json["data"]["paths"]).c_str(),
-                     json_text(meta["config"]["data"]["paths"]).c_str(), data["instances_consumed"].get<long>());
+                     "note: resuming %s with data.paths %s and data.sources %s; it was written with %s and %s: the run "
+                     "goes on at instance %ld of this data's order\n",
+                     path.c_str(), json_text(config.json["data"]["paths"]).c_str(), json_text(sources).c_str(),
+                     json_text(saved_data["paths"]).c_str(), json_text(saved_sources).c_str(),
+                     data["instances_consumed"].get<long>());
     }
     // Each unit this rank owns part of is assembled once per state from the checkpoint's pieces.
     std::vector<std::vector<ShardView>> by_unit(layout.units().size());

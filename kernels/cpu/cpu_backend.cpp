@@ -233,6 +233,15 @@ class CpuBackend final : public Backend {
         const Busy busy(*this);
         cpu::rope_backward(f32(dqkv), B, T, NH, HS, theta);
     }
+    void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS, float theta, int S) override {
+        const Busy busy(*this);
+        cpu::rope_forward_at(qkv, positions, N, NH, HS, theta, S);
+    }
+    void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
+                              const int32_t* positions, int N, int NH, int HS, int S) override {
+        const Busy busy(*this);
+        cpu::attention_with_cache(out, qkv, kcache, vcache, seqs, positions, N, NH, HS, S);
+    }
     void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) override {
         const Busy busy(*this);
         cpu::attention_forward(f32(out), lse, f32(qkv), B, T, NH, HS);

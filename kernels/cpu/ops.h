@@ -73,6 +73,11 @@ template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int B, int T_, int NH,
                         int HS);
 
+// ---- kv_cache.cpp: generation (Backend::rope_forward_at, Backend::attention_with_cache). ----
+void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS, float theta, int S);
+void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
+                          const int32_t* positions, int N, int NH, int HS, int S);
+
 // ---- activation.cpp ----
 template <typename T>
 void gelu_forward(T* out, const T* inp, size_t n, bool tanh_approx);

@@ -647,6 +647,16 @@ class CudaBackend final : public Backend {
         if (dqkv.bf16) return cuda::rope_backward(dqkv.b16(), cos_t, sin_t, B, T, NH, HS, stream_);
         cuda::rope_backward(dqkv.f32(), cos_t, sin_t, B, T, NH, HS, stream_);
     }
+    void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS, float theta, int S) override {
+        const OpMark mark(*timeline_, "rope_forward_at");
+        const auto& [cos_t, sin_t] = rope_table(S, HS, theta);
+        cuda::rope_forward_at(qkv, positions, cos_t, sin_t, N, NH, HS, stream_);
+    }
+    void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
+                              const int32_t* positions, int N, int NH, int HS, int S) override {
+        const OpMark mark(*timeline_, "attention_with_cache");
+        cuda::attention_with_cache(out, qkv, kcache, vcache, seqs, positions, N, NH, HS, S, stream_);
+    }
     void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) override {
         const OpMark mark(*timeline_, "attention_forward");
         const size_t NC = static_cast<size_t>(B) * T * NH * HS;

@@ -185,6 +185,13 @@ void rope_forward(uint16_t* qkv, const float* cos_t, const float* sin_t, int B, 
 void rope_backward(uint16_t* dqkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int HS,
                    cudaStream_t stream);
 
+// Generation (kv_cache.cu): RoPE of fp32 rows at positions[n] with the (S, HS/2) tables above, and attention
+// with a KV cache (Backend::attention_with_cache's contract; heads up to 256 channels).
+void rope_forward_at(float* qkv, const int32_t* positions, const float* cos_t, const float* sin_t, int N, int NH,
+                     int HS, cudaStream_t stream);
+void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
+                          const int32_t* positions, int N, int NH, int HS, int S, cudaStream_t stream);
+
 // Residual add (out may alias a or b) and in-place scaling (residual.cu).
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
 void scale_inplace(float* x, size_t n, float s, cudaStream_t stream);

@@ -790,6 +790,49 @@ void test_attention() {
     }
 }
 
+// Generation's ops (kv_cache.cu) against the CPU: RoPE at each row's position (the CPU's angles, from the same
+// table), and attention with a KV cache over three sequences, first a prompt of several rows a
+// sequence (causal among themselves), then one decode row each, the caches carried over between the calls.
+void test_kv_cache() {
+    for (int HS : {8, 40, 64, 128, 256}) {
+        const Where at("NH=3 HS={}", HS);
+        const int NH = 3, C = NH * HS, S = 40, seqs_n = 3;
+        std::vector<int32_t> seqs, pos;
+        const int prompt[seqs_n] = {5, 1, 33};
+        for (int b = 0; b < seqs_n; ++b) {
+            for (int t = 0; t < prompt[b]; ++t) seqs.push_back(b), pos.push_back(t);
+        }
+        const int N = static_cast<int>(seqs.size());
+        auto qkv = wave(static_cast<size_t>(N) * 3 * C, 1.0f, 0.3f);
+        std::vector<float> cos_t(static_cast<size_t>(S) * HS / 2), sin_t(cos_t.size());
+        trainer::cpu::rope_table_f32(cos_t.data(), sin_t.data(), S, HS, 10000.0f);
+        Dev<float> dq(qkv), dc(cos_t), ds(sin_t);
+        Dev<int32_t> dseqs(seqs), dpos(pos);
+        trainer::cpu::rope_forward_at(qkv.data(), pos.data(), N, NH, HS, 10000.0f, S);
+        trainer::cuda::rope_forward_at(dq.p, dpos.p, dc.p, ds.p, N, NH, HS, nullptr);
+        expect_close(qkv, dq.host(), "rope_forward_at matches the CPU");
+        const size_t cache = static_cast<size_t>(seqs_n) * NH * S * HS;
+        std::vector<float> kc(cache, 0.0f), vc(cache, 0.0f), out(static_cast<size_t>(N) * C);
+        Dev<float> dkc(kc), dvc(vc), dout(out.size());
+        trainer::cpu::attention_with_cache(out.data(), qkv.data(), kc.data(), vc.data(), seqs.data(), pos.data(), N, NH,
+                                           HS, S);
+        trainer::cuda::attention_with_cache(dout.p, dq.p, dkc.p, dvc.p, dseqs.p, dpos.p, N, NH, HS, S, nullptr);
+        expect_close(out, dout.host(), "attention_with_cache over prompts matches the CPU", 1e-5, 1e-5);
+        expect_close(kc, dkc.host(), "the prompts' keys in the cache are the CPU's");
+        // One decode row a sequence, at the position after its prompt.
+        const std::vector<int32_t> step_seqs = {0, 1, 2}, step_pos = {5, 1, 33};
+        const auto step = wave(static_cast<size_t>(seqs_n) * 3 * C, 0.7f, 0.9f);
+        std::vector<float> step_out(static_cast<size_t>(seqs_n) * C);
+        Dev<float> dstep(step), dstep_out(step_out.size());
+        Dev<int32_t> dss(step_seqs), dsp(step_pos);
+        trainer::cpu::attention_with_cache(step_out.data(), step.data(), kc.data(), vc.data(), step_seqs.data(),
+                                           step_pos.data(), seqs_n, NH, HS, S);
+        trainer::cuda::attention_with_cache(dstep_out.p, dstep.p, dkc.p, dvc.p, dss.p, dsp.p, seqs_n, NH, HS, S,
+                                            nullptr);
+        expect_close(step_out, dstep_out.host(), "attention_with_cache of a decode step matches the CPU", 1e-5, 1e-5);
+    }
+}
+
 // A Linear layer's bias gradient (bias.cu): dbias += the column sums of an fp32 or bf16 dout, against the CPU's
 // sums in double, for row counts across the 128-row chunks and column counts with and without 16-byte rows
 // (and a dout at a 4-byte offset: the scalar path); the same bits from both paths and on a second run.

@@ -21,6 +21,7 @@ void test_qk_norm();
 void test_rope();
 void test_classifier();
 void test_attention();
+void test_kv_cache();
 void test_bias_gradient();
 void test_wgmma_tiles();
 void test_attention_cudnn();

@@ -1,0 +1,240 @@
+// `trainer generate` (see generate.h).
+#include "core/generate.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+
+#include "base/common.h"
+#include "base/files.h"
+#include "base/layout.h"
+#include "core/data/bpe.h"
+#include "core/data/tokenizer.h"
+#include "core/logits.h"
+#include "core/model.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/machine.h"
+#include "parallel/setup.h"
+#include "parallel/strategy.h"
+
+namespace trainer {
+
+namespace {
+
+// A uniform double in [0, 1) for (seed, sequence, step): splitmix64's finaliser over the three mixed, so the
+// draws of every prompt and step are independent of the batch they run in.
+double uniform01(uint64_t seed, int sequence, long step) {
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(sequence) + 1) +
+                 0xd1b54a32d192ed03ull * (static_cast<uint64_t>(step) + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+// Token ids written as numbers separated by spaces, commas or brackets ("[1, 2, 3]", "1 2 3").
+std::vector<int32_t> parse_ids(const std::string& text, const std::string& what) {
+    std::vector<int32_t> ids;
+    size_t i = 0;
+    while (i < text.size()) {
+        const char ch = text[i];
+        if (ch == ' ' || ch == ',' || ch == '[' || ch == ']' || ch == '\n' || ch == '\t') {
+            ++i;
+            continue;
+        }
+        size_t end = i;
+        while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+        if (end == i || end - i > 9) user_error("{}: \"{}\" is not a list of token ids (\"1, 2, 3\")", what, text);
+        ids.push_back(static_cast<int32_t>(std::stol(text.substr(i, end - i))));
+        i = end;
+    }
+    return ids;
+}
+
+}  // namespace
+
+TextCodec::TextCodec(const std::string& name, const std::string& dir, int eos) : eos_(eos) {
+    if (name != "bytes") bpe_ = BpeTokenizer::load(name, dir);
+}
+TextCodec::~TextCodec() = default;
+int TextCodec::vocab_size() const { return bpe_ ? bpe_->vocab_size() : kByteVocabSize; }
+std::vector<int32_t> TextCodec::encode(const std::string& text, const std::string& what) const {
+    return bpe_ ? bpe_->encode(text, what) : byte_encode(text);
+}
+std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
+    return bpe_ ? bpe_->decode(ids) : byte_decode(ids, eos_);
+}
+
+int32_t sample_token(const float* logits, int vocab, const SamplingOptions& o, int sequence, long step) {
+    TRAINER_CHECK(vocab >= 1, "sampling from {} ids", vocab);
+    if (o.temperature <= 0.0) {
+        return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);  // the first of equals
+    }
+    // The candidates, most likely first (equal logits: the lower id first), cut to top_k.
+    std::vector<int32_t> ids(static_cast<size_t>(vocab));
+    std::iota(ids.begin(), ids.end(), 0);
+    const auto before = [&](int32_t a, int32_t b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    };
+    const size_t k = o.top_k > 0 ? std::min<size_t>(static_cast<size_t>(o.top_k), ids.size()) : ids.size();
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), before);
+    ids.resize(k);
+    std::vector<double> p(k);
+    const double top = logits[ids[0]];
+    double sum = 0.0;
+    for (size_t i = 0; i < k; ++i) sum += (p[i] = std::exp((logits[ids[i]] - top) / o.temperature));
+    // top-p: the fewest most likely whose probabilities reach p (at least one).
+    size_t keep = k;
+    if (o.top_p < 1.0) {
+        double cumulative = 0.0;
+        for (size_t i = 0; i < k; ++i) {
+            cumulative += p[i] / sum;
+            if (cumulative >= o.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        sum = std::accumulate(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(keep), 0.0);
+    }
+    const double u = uniform01(o.seed, sequence, step) * sum;
+    double cumulative = 0.0;
+    for (size_t i = 0; i < keep; ++i) {
+        cumulative += p[i];
+        if (u < cumulative) return ids[i];
+    }
+    return ids[keep - 1];
+}
+
+GenerationResult generate_tokens(Model& model, const ModelConfig& m, const std::vector<std::vector<int32_t>>& prompts,
+                                 int max_new_tokens, const SamplingOptions& sampling, int eos, bool kv_cache) {
+    const int B = static_cast<int>(prompts.size());
+    TRAINER_CHECK(B >= 1 && max_new_tokens >= 1, "{} prompts, {} new tokens", B, max_new_tokens);
+    int length = 0, prompt_rows = 0, all_rows = 0;
+    for (int b = 0; b < B; ++b) {
+        const int n = static_cast<int>(prompts[b].size());
+        TRAINER_CHECK(n >= 1, "prompt {} is empty", b);
+        if (n + max_new_tokens > m.max_sequence_length) {
+            user_error(
+                "generate: prompt {} has {} tokens; with --max-new-tokens {} that is {} positions, above the model's "
+                "max_sequence_length {} (shorten the prompt or generate fewer tokens)",
+                b + 1, n, max_new_tokens, n + max_new_tokens, m.max_sequence_length);
+        }
+        length = std::max(length, n + max_new_tokens);
+        prompt_rows += n, all_rows += n + max_new_tokens;
+    }
+    Model::DecodeCache cache = model.make_decode_cache(B, length, kv_cache ? std::max(prompt_rows, B) : all_rows);
+    std::vector<std::vector<int32_t>> seq(prompts.begin(), prompts.end());
+    GenerationResult result;
+    result.tokens.resize(static_cast<size_t>(B));
+    std::vector<uint8_t> active(static_cast<size_t>(B), 1);
+    std::vector<int32_t> tokens, seqs, positions;
+    std::vector<uint8_t> wanted;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (long step = 0; step < max_new_tokens; ++step) {
+        tokens.clear(), seqs.clear(), positions.clear(), wanted.clear();
+        for (int b = 0; b < B; ++b) {
+            if (!active[static_cast<size_t>(b)]) continue;
+            const int n = static_cast<int>(seq[b].size());
+            // With the cache: a prompt's tokens on the first step, then the last new token; without: everything.
+            const int from = kv_cache && step > 0 ? n - 1 : 0;
+            for (int t = from; t < n; ++t) {
+                tokens.push_back(seq[b][static_cast<size_t>(t)]), seqs.push_back(b), positions.push_back(t);
+                wanted.push_back(t == n - 1);
+            }
+        }
+        model.decode(cache, tokens.data(), seqs.data(), positions.data(), static_cast<int>(tokens.size()),
+                     wanted.data(), [&](int row, int, const float* logits) {
+                         const int b = seqs[static_cast<size_t>(row)];
+                         const int32_t next = sample_token(logits, m.vocab_size, sampling, b, step);
+                         seq[b].push_back(next);
+                         result.tokens[b].push_back(next);
+                         ++result.new_tokens;
+                         if (next == eos) active[static_cast<size_t>(b)] = 0;
+                     });
+        if (std::none_of(active.begin(), active.end(), [](uint8_t a) { return a != 0; })) break;
+    }
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return result;
+}
+
+int run_generate(const TrainConfig& config, const GenerateOptions& o) {
+    const ModelConfig& m = config.model;
+    if (o.max_new_tokens < 1) user_error("generate --max-new-tokens: {}; expected at least 1", o.max_new_tokens);
+    if (o.sampling.temperature < 0.0 || !std::isfinite(o.sampling.temperature))
+        user_error("generate --temperature: {}; expected 0 (greedy) or more", o.sampling.temperature);
+    if (o.sampling.top_k < 0) user_error("generate --top-k: {}; expected 0 (all) or more", o.sampling.top_k);
+    if (!(o.sampling.top_p > 0.0 && o.sampling.top_p <= 1.0))
+        user_error("generate --top-p: {}; expected above 0 and at most 1", o.sampling.top_p);
+    const TextCodec codec(o.tokenizer, o.tokenizer_dir, m.eos_token_id);
+    if (codec.vocab_size() > m.vocab_size) {
+        user_error("generate --tokenizer {}: its {} ids do not fit the model's vocab_size {}", o.tokenizer,
+                   codec.vocab_size(), m.vocab_size);
+    }
+    // The prompts in the order given: texts, files, ids. An empty prompt starts after an EOS, as a document does.
+    std::vector<std::vector<int32_t>> prompts;
+    for (const std::string& text : o.prompts) prompts.push_back(codec.encode(text, "generate --prompt"));
+    for (const std::string& path : o.prompt_files)
+        prompts.push_back(codec.encode(read_file(path, "generate --prompt-file"), "generate --prompt-file " + path));
+    for (const std::string& ids : o.prompt_ids) {
+        prompts.push_back(parse_ids(ids, "generate --prompt-ids"));
+        for (int32_t id : prompts.back()) {
+            if (id >= m.vocab_size)
+                user_error("generate --prompt-ids: id {} is not below the model's vocab_size {}", id, m.vocab_size);
+        }
+    }
+    if (prompts.empty())
+        user_error("generate: no prompt; give --prompt TEXT, --prompt-file FILE or --prompt-ids \"1, 2, 3\"");
+    for (auto& p : prompts) {
+        if (p.empty()) p.push_back(static_cast<int32_t>(m.eos_token_id));
+    }
+
+    const Device device = check_device_config(config);
+    configure_threads(config.threads);
+    BackendOptions options = backend_options(config, 0);
+    options.bf16_operands = false;  // the decode path's buffers are fp32
+    auto backend = make_backend(device, options);
+    const ParamLayout layout(config);
+    auto strategy = make_single_strategy(backend.get(), layout);
+    load_inference_params(config, layout, *strategy, "generate");
+    Model model(config, layout, backend.get(), strategy.get(), 0);
+    SamplingOptions sampling = o.sampling;
+    sampling.seed = config.seed;
+    const GenerationResult r =
+        generate_tokens(model, m, prompts, o.max_new_tokens, sampling, o.stop_at_eos ? m.eos_token_id : -1, o.kv_cache);
+    const double rate = r.seconds > 0.0 ? static_cast<double>(r.new_tokens) / r.seconds : 0.0;
+    for (size_t b = 0; b < prompts.size(); ++b) {
+        std::vector<int32_t> shown = r.tokens[b];
+        const bool ended = !shown.empty() && shown.back() == m.eos_token_id && o.stop_at_eos;
+        if (ended) shown.pop_back();
+        if (o.json) {
+            const Json line = {{"prompt", b},
+                               {"prompt_ids", prompts[b]},
+                               {"ids", r.tokens[b]},
+                               {"prompt_text", codec.decode(prompts[b])},
+                               {"text", codec.decode(shown)},
+                               {"stopped_at_eos", ended}};
+            std::printf("%s\n", line.dump(-1, ' ', false, Json::error_handler_t::replace).c_str());
+        } else {
+            std::printf("%s%s%s\n", codec.decode(prompts[b]).c_str(), codec.decode(shown).c_str(),
+                        ended ? "<|endoftext|>" : "");
+            if (b + 1 < prompts.size()) std::printf("----\n");
+        }
+    }
+    if (o.json) {
+        const Json summary = {{"event", "summary"},       {"prompts", prompts.size()}, {"new_tokens", r.new_tokens},
+                              {"seconds", r.seconds},     {"tokens_per_second", rate}, {"kv_cache", o.kv_cache},
+                              {"device", backend->name()}};
+        std::printf("%s\n", summary.dump().c_str());
+    }
+    std::fprintf(stderr, "generated %ld tokens for %zu prompts in %.3f s: %.1f tokens/s (%s, %s%s)\n", r.new_tokens,
+                 prompts.size(), r.seconds, rate, backend->name().c_str(),
+                 o.kv_cache ? "KV cache" : "no KV cache: the prefix recomputed every token",
+                 sampling.temperature > 0.0 ? ", sampled" : ", greedy");
+    return 0;
+}
+
+}  // namespace trainer

@@ -1,0 +1,190 @@
+// Generation: the decode path with a KV cache gives the training forward's logits at every position (a prompt of
+// several tokens at once, then one token a step, three model shapes), sampling's rules (greedy, top-k, top-p,
+// reproducible draws), the cache and the recomputed prefix continue alike, and `trainer generate` end to end with
+// its refusals.
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "core/generate.h"
+#include "model_check.h"
+#include "test_util.h"
+
+using namespace trainer;
+using Catch::Matchers::Contains;
+using test_util::fixture;
+using test_util::fixture_config;
+
+namespace {
+
+// The model of fixture `name` with its initial weights, on the CPU.
+struct Loaded {
+    TrainConfig config;
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<ParamLayout> layout;
+    std::unique_ptr<Strategy> strategy;
+    explicit Loaded(const std::string& name) : config(fixture_config(name)), backend(make_backend(Device::kCpu)) {
+        layout = std::make_unique<ParamLayout>(config);
+        strategy = make_single_strategy(backend.get(), *layout);
+        const std::string init = fixture(name + "_tiny_init.safetensors");
+        const auto tensors = read_safetensors(init);
+        load_initial_params(config, *layout, *strategy, &tensors, init);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("generate: the KV cache path gives the forward's logits at every position of every shape") {
+    // OLMo (RoPE, SwiGLU, parameter-free LayerNorm), GPT-2 (learned positions, GELU, biases, affine LayerNorm) and
+    // OLMo-2 (RMSNorm after each sublayer, QK-norm, an untied head).
+    for (const std::string name : {"olmo", "gpt2", "olmo2"}) {
+        CAPTURE(name);
+        Loaded m(name);
+        const int L = m.config.model.max_sequence_length, T = L - 1, V = m.config.model.embedding_size;
+        TokenDataset data(m.config.data.paths, TokenDtype::kUint16, L, m.config.model.vocab_size);
+        std::vector<int32_t> tokens(2 * static_cast<size_t>(L));
+        for (int i = 0; i < 2; ++i) data.read_instance(i, tokens.data() + static_cast<size_t>(i) * L);
+        Model model(m.config, *m.layout, m.backend.get(), m.strategy.get(), 2);
+        std::vector<float> want(2 * static_cast<size_t>(T) * V);
+        model.forward_logits(tokens.data(), 2, [&](int r0, int rows, const float* logits) {
+            std::copy_n(logits, static_cast<size_t>(rows) * V, want.begin() + static_cast<std::ptrdiff_t>(r0) * V);
+        });
+        // The two sequences: their first 5 tokens as one call (a prompt), then one token each per call.
+        Model::DecodeCache cache = model.make_decode_cache(2, T, 10);
+        std::vector<float> got(want.size(), NAN);
+        const auto sink_into = [&](const std::vector<int32_t>& seqs, const std::vector<int32_t>& pos) {
+            return [&, seqs, pos](int row, int, const float* logits) {
+                const size_t at = (static_cast<size_t>(seqs[row]) * T + pos[row]) * V;
+                std::copy_n(logits, V, got.begin() + static_cast<std::ptrdiff_t>(at));
+            };
+        };
+        std::vector<int32_t> tok, seqs, pos;
+        for (int b = 0; b < 2; ++b) {
+            for (int t = 0; t < 5; ++t) tok.push_back(tokens[b * L + t]), seqs.push_back(b), pos.push_back(t);
+        }
+        model.decode(cache, tok.data(), seqs.data(), pos.data(), 10, nullptr, sink_into(seqs, pos));
+        for (int t = 5; t < T; ++t) {
+            tok = {tokens[t], tokens[L + t]}, seqs = {0, 1}, pos = {t, t};
+            model.decode(cache, tok.data(), seqs.data(), pos.data(), 2, nullptr, sink_into(seqs, pos));
+        }
+        double scale = 0.0, worst = 0.0;
+        for (size_t i = 0; i < want.size(); ++i) {
+            REQUIRE(std::isfinite(got[i]));
+            scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
+            worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])));
+        }
+        CAPTURE(worst, scale);
+        CHECK(worst <= 1e-5 * scale);
+    }
+}
+
+TEST_CASE("generate: greedy takes the first most likely id and sampling keeps to top-k and top-p") {
+    const std::vector<float> logits = {1.0f, 3.0f, 3.0f, 2.0f, -1.0f, 0.5f};
+    SamplingOptions greedy;
+    CHECK(sample_token(logits.data(), 6, greedy, 0, 0) == 1);
+    CHECK(sample_token(logits.data(), 4, greedy, 0, 0) == 1);
+    SamplingOptions o;
+    o.temperature = 1.0, o.seed = 9;
+    std::map<int, int> counts;
+    for (long step = 0; step < 4000; ++step) ++counts[sample_token(logits.data(), 6, o, 0, step)];
+    CHECK(counts.size() == 6);
+    // Probabilities e^x / sum: token 1 about 0.36 of the draws.
+    double sum = 0.0;
+    for (float x : logits) sum += std::exp(x);
+    CHECK(std::fabs(counts[1] / 4000.0 - std::exp(3.0) / sum) < 0.03);
+    // Reproducible: the same (seed, sequence, step) draws the same token.
+    for (long step = 0; step < 50; ++step) {
+        CHECK(sample_token(logits.data(), 6, o, 3, step) == sample_token(logits.data(), 6, o, 3, step));
+    }
+    o.top_k = 2;  // ids 1 and 2 only (the two 3.0s)
+    std::set<int> seen;
+    for (long step = 0; step < 200; ++step) seen.insert(sample_token(logits.data(), 6, o, 0, step));
+    CHECK(seen == std::set<int>{1, 2});
+    o.top_k = 0, o.top_p = 0.5;  // 1 and 2 hold 0.72 together, 1 alone 0.36: both needed to reach 0.5
+    seen.clear();
+    for (long step = 0; step < 200; ++step) seen.insert(sample_token(logits.data(), 6, o, 0, step));
+    CHECK(seen == std::set<int>{1, 2});
+    o.top_p = 0.3;  // 1 alone reaches 0.3
+    seen.clear();
+    for (long step = 0; step < 200; ++step) seen.insert(sample_token(logits.data(), 6, o, 0, step));
+    CHECK(seen == std::set<int>{1});
+}
+
+TEST_CASE("generate: the cache and the recomputed prefix continue a batch of prompts alike") {
+    Loaded m("olmo");
+    Model model(m.config, *m.layout, m.backend.get(), m.strategy.get(), 0);
+    const std::vector<std::vector<int32_t>> prompts = {{10, 20, 30}, {5}, {7, 8, 9, 10, 11, 12}};
+    SamplingOptions o;
+    const GenerationResult cached = generate_tokens(model, m.config.model, prompts, 10, o, -1, true);
+    const GenerationResult recomputed = generate_tokens(model, m.config.model, prompts, 10, o, -1, false);
+    CHECK(cached.tokens == recomputed.tokens);
+    CHECK(cached.new_tokens == 30);
+    o.temperature = 0.8, o.top_k = 50, o.seed = 4;
+    CHECK(generate_tokens(model, m.config.model, prompts, 10, o, -1, true).tokens ==
+          generate_tokens(model, m.config.model, prompts, 10, o, -1, false).tokens);
+    // Greedy, a prompt alone continues as it does in the batch (a draw depends on the prompt's place in it).
+    const GenerationResult alone = generate_tokens(model, m.config.model, {prompts[2]}, 10, {}, -1, true);
+    CHECK(alone.tokens[0] == cached.tokens[2]);
+    // The context is the model's: a prompt and its new tokens past max_sequence_length are refused.
+    REQUIRE_THROWS_WITH(
+        generate_tokens(model, m.config.model, prompts, m.config.model.max_sequence_length, o, -1, true),
+        Contains("prompt 1 has 3 tokens") && Contains("above the model's max_sequence_length"));
+}
+
+TEST_CASE("generate: the command continues prompts from a checkpoint and refuses what it cannot do") {
+    test_util::TempDir dir;
+    // Trained on 2 ranks under FSDP with a sample every 5 steps (every rank gathers the units for it).
+    const std::vector<std::string> train = {"--config",       "configs/tiny.json",
+                                            "--data",         test_util::fixture("olmo_tiny_tokens.u16"),
+                                            "--threads",      "1",
+                                            "--max-duration", "10",
+                                            "--save-folder",  dir.path("ck"),
+                                            "--strategy",     "fsdp",
+                                            "--set",          "sample.interval=5",
+                                            "--set",          "sample.prompt=The",
+                                            "--set",          "sample.max_new_tokens=16",
+                                            "--metrics-file", dir.path("m.jsonl")};
+    const test_util::RunResult trained = test_util::launch(2, train);
+    INFO(trained.out << trained.err);
+    REQUIRE(trained.exit_code == 0);
+    CHECK_THAT(trained.out, Contains("step 5 | sample: The"));
+    CHECK_THAT(trained.out, Contains("step 10 | sample: The"));
+    const auto rows = test_util::read_metrics(dir.path("m.jsonl"));
+    REQUIRE(rows.size() == 10);
+    CHECK(rows[4].contains("sample"));
+    CHECK_FALSE(rows[3].contains("sample"));
+    const std::vector<std::string> base = {"generate", "--config",    "configs/tiny.json",       "--threads",
+                                           "1",        "--load-path", dir.path("ck") + "/latest"};
+    auto with = [&](std::vector<std::string> extra) {
+        std::vector<std::string> a = base;
+        a.insert(a.end(), extra.begin(), extra.end());
+        return test_util::run_trainer(a);
+    };
+    const test_util::RunResult r =
+        with({"--prompt", "The Congress", "--prompt", "", "--max-new-tokens", "12", "--json", "--no-stop-at-eos"});
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    std::vector<Json> lines;
+    std::stringstream ss(r.out);
+    for (std::string line; std::getline(ss, line);) lines.push_back(Json::parse(line));
+    REQUIRE(lines.size() == 3);
+    CHECK(lines[0]["prompt_text"] == "The Congress");
+    CHECK(lines[0]["ids"].size() == 12);
+    CHECK(lines[1]["prompt_ids"] == Json::array({256}));  // an empty prompt starts after an EOS
+    CHECK(lines[2]["new_tokens"] == 24);
+    CHECK_THAT(r.err, Contains("generated 24 tokens for 2 prompts"));
+    // Greedy is the same with and without the cache, and the same again.
+    const test_util::RunResult again =
+        with({"--prompt", "The Congress", "--max-new-tokens", "12", "--json", "--no-stop-at-eos", "--no-kv-cache"});
+    REQUIRE(again.exit_code == 0);
+    CHECK(Json::parse(again.out.substr(0, again.out.find('\n')))["ids"] == lines[0]["ids"]);
+    const test_util::RunResult none = with({});
+    CHECK(none.exit_code != 0);
+    CHECK_THAT(none.err, Contains("no prompt; give --prompt TEXT"));
+    const test_util::RunResult bad = with({"--prompt-ids", "1, 999"});
+    CHECK(bad.exit_code != 0);
+    CHECK_THAT(bad.err, Contains("id 999 is not below the model's vocab_size 257"));
+    const test_util::RunResult hot = with({"--prompt", "x", "--top-p", "0"});
+    CHECK(hot.exit_code != 0);
+    CHECK_THAT(hot.err, Contains("--top-p: 0; expected above 0"));
+}
