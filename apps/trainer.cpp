@@ -229,33 +229,6 @@ Run add_tokenize(CLI::App& app) {
     };
 }
 
-// Token ids in text: numbers separated by spaces, commas or brackets.
-std::vector<int32_t> parse_token_ids(const std::string& text) {
-    std::vector<int32_t> ids;
-    std::string number;
-    auto flush = [&] {
-        if (number.empty()) return;
-        size_t used = 0;
-        long v = -1;
-        try {
-            v = std::stol(number, &used);
-        } catch (const std::exception&) {
-        }
-        if (used != number.size() || v < 0 || v > INT32_MAX)
-            trainer::user_error("detokenize: \"{}\" is not a token id", number);
-        ids.push_back(static_cast<int32_t>(v));
-        number.clear();
-    };
-    for (char c : text) {
-        if (std::isspace(static_cast<unsigned char>(c)) || c == ',' || c == '[' || c == ']')
-            flush();
-        else
-            number += c;
-    }
-    flush();
-    return ids;
-}
-
 Run add_detokenize(CLI::App& app) {
     auto* cmd = app.add_subcommand(
         "detokenize", "write the text of token ids (numbers separated by spaces, commas or brackets) to stdout");
@@ -275,7 +248,7 @@ Run add_detokenize(CLI::App& app) {
         } else {
             text = trainer::read_file(o->input, "detokenize: input file");
         }
-        const std::string out = bpe->decode(parse_token_ids(text));
+        const std::string out = bpe->decode(trainer::parse_token_ids(text, "detokenize"));
         std::fwrite(out.data(), 1, out.size(), stdout);
         return 0;
     };

@@ -2,7 +2,6 @@
 #include "core/generate.h"
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,34 +24,12 @@ namespace trainer {
 
 namespace {
 
-// A uniform double in [0, 1) for (seed, sequence, step): splitmix64's finaliser over the three mixed, so the
-// draws of every prompt and step are independent of the batch they run in.
+// A uniform double in [0, 1) for (seed, sequence, step): splitmix64's first draw from a state that mixes the three,
+// so the draws of every prompt and step are independent of the batch they run in.
 double uniform01(uint64_t seed, int sequence, long step) {
-    uint64_t z = seed + 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(sequence) + 1) +
-                 0xd1b54a32d192ed03ull * (static_cast<uint64_t>(step) + 1);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return static_cast<double>(z >> 11) * 0x1.0p-53;
-}
-
-// Token ids written as numbers separated by spaces, commas or brackets ("[1, 2, 3]", "1 2 3").
-std::vector<int32_t> parse_ids(const std::string& text, const std::string& what) {
-    std::vector<int32_t> ids;
-    size_t i = 0;
-    while (i < text.size()) {
-        const char ch = text[i];
-        if (ch == ' ' || ch == ',' || ch == '[' || ch == ']' || ch == '\n' || ch == '\t') {
-            ++i;
-            continue;
-        }
-        size_t end = i;
-        while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
-        if (end == i || end - i > 9) user_error("{}: \"{}\" is not a list of token ids (\"1, 2, 3\")", what, text);
-        ids.push_back(static_cast<int32_t>(std::stol(text.substr(i, end - i))));
-        i = end;
-    }
-    return ids;
+    SplitMix64 rng(seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(sequence) +
+                   0xd1b54a32d192ed03ull * (static_cast<uint64_t>(step) + 1));
+    return static_cast<double>(rng.next() >> 11) * 0x1.0p-53;
 }
 
 }  // namespace
@@ -180,7 +157,7 @@ int run_generate(const TrainConfig& config, const GenerateOptions& o) {
     for (const std::string& path : o.prompt_files)
         prompts.push_back(codec.encode(read_file(path, "generate --prompt-file"), "generate --prompt-file " + path));
     for (const std::string& ids : o.prompt_ids) {
-        prompts.push_back(parse_ids(ids, "generate --prompt-ids"));
+        prompts.push_back(parse_token_ids(ids, "generate --prompt-ids"));
         for (int32_t id : prompts.back()) {
             if (id >= m.vocab_size)
                 user_error("generate --prompt-ids: id {} is not below the model's vocab_size {}", id, m.vocab_size);

@@ -134,6 +134,30 @@ class TokenDataset {
     int64_t num_instances_ = 0;
 };
 
+// splitmix64 (Steele, Lea and Flood 2014; the reference is Vigna's public-domain splitmix64.c).
+class SplitMix64 {
+   public:
+    explicit SplitMix64(uint64_t state) : state_(state) {}
+    uint64_t next() {
+        uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        return z ^ (z >> 31);
+    }
+    // Exactly uniform in [0, k), k >= 1: reject the 2^64 mod k lowest draws so the rest is a whole
+    // number of copies of [0, k).
+    uint64_t uniform(uint64_t k) {
+        uint64_t threshold = (0 - k) % k;
+        for (;;) {
+            uint64_t r = next();
+            if (r >= threshold) return r % k;
+        }
+    }
+
+   private:
+    uint64_t state_;
+};
+
 // Which instances make up each global batch: a function of (seed, step) alone, never of the world size.
 class BatchOrder {
    public:

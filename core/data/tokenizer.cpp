@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -349,6 +351,31 @@ PrepareDataSummary prepare_data_bpe(const std::vector<std::string>& inputs, cons
     out.commit();
 
     return PrepareDataSummary{static_cast<int64_t>(inputs.size()), tokens, out.written(), output, format, dtype};
+}
+
+std::vector<int32_t> parse_token_ids(const std::string& text, const std::string& what) {
+    std::vector<int32_t> ids;
+    std::string number;
+    auto flush = [&] {
+        if (number.empty()) return;
+        size_t used = 0;
+        long v = -1;
+        try {
+            v = std::stol(number, &used);
+        } catch (const std::exception&) {
+        }
+        if (used != number.size() || v < 0 || v > INT32_MAX) user_error("{}: \"{}\" is not a token id", what, number);
+        ids.push_back(static_cast<int32_t>(v));
+        number.clear();
+    };
+    for (char c : text) {
+        if (std::isspace(static_cast<unsigned char>(c)) || c == ',' || c == '[' || c == ']')
+            flush();
+        else
+            number += c;
+    }
+    flush();
+    return ids;
 }
 
 }  // namespace trainer

@@ -31,6 +31,10 @@ std::vector<int32_t> byte_encode(const std::string& text);
 // id "<|N|>" (a sampled id the byte tokenizer does not know, shown rather than dropped).
 std::string byte_decode(const std::vector<int32_t>& ids, int eos_token_id = kByteEosTokenId);
 
+// Token ids written as numbers separated by spaces, commas or brackets ("[1, 2, 3]", "1 2 3"); anything else is a
+// UserError naming `what` (the flag it came from) and the text.
+std::vector<int32_t> parse_token_ids(const std::string& text, const std::string& what);
+
 // What prepare_data_bytes wrote.
 struct PrepareDataSummary {
     int64_t documents = 0;      // input files

@@ -22,8 +22,7 @@ void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS
         // The angles as rope_table_f32 computes them for row t = positions[n], so the rotation is rope_forward's.
         std::vector<float> cs(half), sn(half);
         for (int i = 0; i < half; ++i) {
-            const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(HS));
-            const float angle = static_cast<float>(positions[n]) * inv_freq;
+            const float angle = static_cast<float>(positions[n]) * rope_inv_freq_f32(i, HS, theta);
             cs[i] = cosf(angle), sn[i] = sinf(angle);
         }
         float* base = qkv + static_cast<size_t>(n) * 3 * C;

@@ -61,6 +61,9 @@ void qk_norm_backward(T* dqkv, T* dq_weight, T* dq_bias, T* dk_weight, T* dk_bia
 // For T = float the angles are computed in fp32 as OLMo does.
 template <typename T>
 void rope_forward(T* qkv, int B, int T_, int NH, int HS, float theta);
+// The fp32 inverse frequency of channel pair i, 1 / theta^(2i/HS), as OLMo computes it; position t turns by
+// t * it.
+float rope_inv_freq_f32(int i, int HS, float theta);
 // The fp32 cos/sin tables, (T, HS/2) each, as rope_forward<float> uses them (shared with the CUDA kernels).
 void rope_table_f32(float* cos_t, float* sin_t, int T_, int HS, float theta);
 template <typename T>

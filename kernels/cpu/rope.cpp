@@ -12,11 +12,15 @@
 
 namespace trainer::cpu {
 
+float rope_inv_freq_f32(int i, int HS, float theta) {
+    return 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(HS));
+}
+
 // cos/sin of t * inv_freq[i], (T, HS/2), in fp32 as OLMo builds them (the CUDA kernels use this table).
 void rope_table_f32(float* cos_t, float* sin_t, int T_, int HS, float theta) {
     const int half = HS / 2;
     for (int i = 0; i < half; ++i) {
-        const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(HS));
+        const float inv_freq = rope_inv_freq_f32(i, HS, theta);
         for (int t = 0; t < T_; ++t) {
             const float angle = static_cast<float>(t) * inv_freq;
             cos_t[static_cast<size_t>(t) * half + i] = cosf(angle);
