@@ -50,6 +50,7 @@ const std::vector<KeySpec>& schema() {
         {"seed", KeyType::kInt, 6198, false, {}, 0, 9.2e18, "seed of the initialisation (and the data order unless data.seed is set)"},
         {"model.d_model", KeyType::kInt, nullptr, false, {}, 1, 1 << 20, "model width C (required)"},
         {"model.n_heads", KeyType::kInt, nullptr, false, {}, 1, 4096, "attention heads; must divide d_model (required)"},
+        {"model.n_kv_heads", KeyType::kInt, nullptr, true, {}, 1, 4096, "key/value heads (grouped-query attention: n_heads / n_kv_heads query heads share each; 1 is multi-query); must divide n_heads; null: n_heads"},
         {"model.n_layers", KeyType::kInt, nullptr, false, {}, 1, 4096, "transformer blocks (required)"},
         {"model.mlp_ratio", KeyType::kInt, 4, false, {}, 1, 1024, "ff_proj width = mlp_ratio * d_model unless mlp_hidden_size is set"},
         {"model.mlp_hidden_size", KeyType::kInt, nullptr, true, {}, 1, 1 << 24, "ff_proj output width (before SwiGLU halves it); null: mlp_ratio * d_model"},
@@ -129,7 +130,7 @@ const std::vector<KeySpec>& schema() {
         {"save_num_checkpoints_to_keep", KeyType::kInt, -1, false, {}, -1, 9e18, "keep the newest N checkpoints; -1: all"},
         {"load_path", KeyType::kString, nullptr, true, {}, -kInf, kInf, "resume from this checkpoint folder, or \"latest\" in save_folder"},
         {"try_load_latest_save", KeyType::kBool, false, false, {}, -kInf, kInf, "resume from the newest complete checkpoint in save_folder when there is one (over load_path), else start as configured: the same command serves the first run and every requeue after a preemption"},
-        {"init_from", KeyType::kString, nullptr, true, {}, -kInf, kInf, "initial weights with Hugging Face names (GPT2LMHeadModel / OlmoForCausalLM): a safetensors file, or a Hugging Face model directory (one model.safetensors or shards with their index; its config.json must agree); a resumed run (load_path) takes the checkpoint's weights instead"},
+        {"init_from", KeyType::kString, nullptr, true, {}, -kInf, kInf, "initial weights with Hugging Face names (GPT2LMHeadModel, OlmoForCausalLM, Olmo2ForCausalLM, LlamaForCausalLM): a safetensors file, or a Hugging Face model directory (one model.safetensors or shards with their index; its config.json must agree); a resumed run (load_path) takes the checkpoint's weights instead"},
         {"metrics_file", KeyType::kString, nullptr, true, {}, -kInf, kInf, "write one JSON object per step here (and a final summary)"},
         {"tensorboard_dir", KeyType::kString, nullptr, true, {}, -kInf, kInf, "write every step's metrics (each number of the metrics file's step record) as TensorBoard scalars to an event file in this folder (created): tensorboard --logdir DIR"},
         {"console_log_interval", KeyType::kInt, 1, false, {}, 1, 9e18, "print a console line every N steps"},
@@ -568,6 +569,7 @@ ModelConfig read_model(const Json& m) {
     ModelConfig mc;
     mc.d_model = m["d_model"].get<int>();
     mc.n_heads = m["n_heads"].get<int>();
+    mc.n_kv_heads = opt<int>(m["n_kv_heads"]).value_or(mc.n_heads);
     mc.n_layers = m["n_layers"].get<int>();
     mc.mlp_ratio = m["mlp_ratio"].get<int>();
     mc.mlp_hidden_size = opt<int>(m["mlp_hidden_size"]);
@@ -596,6 +598,12 @@ ModelConfig read_model(const Json& m) {
 void check_model(const ModelConfig& mc) {
     if (mc.d_model % mc.n_heads != 0) {
         user_error("config model.n_heads: {} does not divide model.d_model {}", mc.n_heads, mc.d_model);
+    }
+    if (mc.n_heads % mc.n_kv_heads != 0) {
+        user_error(
+            "config model.n_kv_heads: {} does not divide model.n_heads {}; each key/value head serves "
+            "n_heads / n_kv_heads query heads",
+            mc.n_kv_heads, mc.n_heads);
     }
     if (mc.rope && mc.head_size() % 2 != 0) {
         user_error("config model.rope: RoPE needs an even head size; d_model {} / n_heads {} = {}", mc.d_model,

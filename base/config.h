@@ -25,6 +25,7 @@ namespace trainer {
 struct ModelConfig {
     int d_model = 0;
     int n_heads = 0;
+    int n_kv_heads = 0;  // resolved: defaults to n_heads (grouped-query attention when fewer)
     int n_layers = 0;
     int mlp_ratio = 4;
     std::optional<int> mlp_hidden_size;  // overrides mlp_ratio * d_model when set
@@ -49,6 +50,10 @@ struct ModelConfig {
     int eos_token_id = 0;
 
     int head_size() const { return d_model / n_heads; }
+    // Width of k and of v: n_kv_heads heads (d_model without grouped-query attention).
+    int kv_size() const { return n_kv_heads * head_size(); }
+    // Output width of att_proj: q | k | v.
+    int qkv_size() const { return d_model + 2 * kv_size(); }
     // Output width of ff_proj (OLMo's hidden_size): mlp_hidden_size or mlp_ratio * d_model.
     int ff_proj_size() const { return mlp_hidden_size ? *mlp_hidden_size : mlp_ratio * d_model; }
     // Input width of ff_out: SwiGLU halves ff_proj's output.

@@ -32,13 +32,13 @@ void add(Unit& u, std::string name, std::vector<int64_t> shape, ParamKind kind, 
     u.params.push_back(std::move(p));
 }
 
-void add_norm(Unit& u, const std::string& prefix, const ModelConfig& m, int layer, const OptimizerConfig& opt,
-              bool weight, bool bias) {
-    if (weight) add(u, prefix + ".weight", {m.d_model}, ParamKind::kNormWeight, layer, opt);
-    if (bias) add(u, prefix + ".bias", {m.d_model}, ParamKind::kNormBias, layer, opt);
+void add_norm(Unit& u, const std::string& prefix, int64_t width, int layer, const OptimizerConfig& opt, bool weight,
+              bool bias) {
+    if (weight) add(u, prefix + ".weight", {width}, ParamKind::kNormWeight, layer, opt);
+    if (bias) add(u, prefix + ".bias", {width}, ParamKind::kNormBias, layer, opt);
 }
 void add_norm(Unit& u, const std::string& prefix, const ModelConfig& m, int layer, const OptimizerConfig& opt) {
-    add_norm(u, prefix, m, layer, opt, m.norm_has_weight(), m.norm_has_bias());
+    add_norm(u, prefix, m.d_model, layer, opt, m.norm_has_weight(), m.norm_has_bias());
 }
 
 void add_linear(Unit& u, const std::string& prefix, int64_t out, int64_t in, const ModelConfig& m, int layer,
@@ -68,10 +68,11 @@ ParamLayout::ParamLayout(const TrainConfig& config) {
         Unit b{fmt::format("block.{}", l), {}, 0};
         const std::string p = fmt::format("transformer.blocks.{}.", l);
         add_norm(b, p + "attn_norm", m, l, opt);
-        add_linear(b, p + "att_proj", 3 * C, C, m, l, opt);
-        // QK-norm over the whole q and k (OLMo's q_norm, k_norm: d_model wide with n_kv_heads = n_heads).
-        add_norm(b, p + "q_norm", m, l, opt, m.qk_norm_has_weight(), m.qk_norm_has_bias());
-        add_norm(b, p + "k_norm", m, l, opt, m.qk_norm_has_weight(), m.qk_norm_has_bias());
+        // q | k | v: d_model, then n_kv_heads heads each for k and v (OLMo's fused att_proj).
+        add_linear(b, p + "att_proj", m.qkv_size(), C, m, l, opt);
+        // QK-norm over the whole q and the whole k (OLMo's q_norm, d_model wide, and k_norm, n_kv_heads heads wide).
+        add_norm(b, p + "q_norm", C, l, opt, m.qk_norm_has_weight(), m.qk_norm_has_bias());
+        add_norm(b, p + "k_norm", m.kv_size(), l, opt, m.qk_norm_has_weight(), m.qk_norm_has_bias());
         add_linear(b, p + "attn_out", C, C, m, l, opt);
         add_norm(b, p + "ff_norm", m, l, opt);
         add_linear(b, p + "ff_proj", m.ff_proj_size(), C, m, l, opt);

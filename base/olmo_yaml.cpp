@@ -358,8 +358,6 @@ const std::vector<NoEffect>& no_effect_keys() {
         {"model.attention_dropout", is_zero_or_null, "dropout"},
         {"model.residual_dropout", is_zero_or_null, "dropout"},
         {"model.embedding_dropout", is_zero_or_null, "dropout"},
-        {"model.multi_query_attention", is_false_or_null, "multi-query attention"},
-        {"model.n_kv_heads", is_null, "grouped-query attention"},
         {"model.block_type", [](const Json& v) { return v.is_null() || v == "sequential"; }, "that block type"},
         {"model.init_device", nullptr, ""},
         {"model.clip_qkv", is_null, "clipping q, k and v (clip_qkv)"},
@@ -549,8 +547,27 @@ void finish_checkpoints(Json& doc, const std::string& path, std::vector<std::str
     doc.erase("save_interval_ephemeral");
 }
 
-// QK-norm's affine setting without QK-norm (OLMo-1B's and 7B's configs set it false) changes nothing.
-void finish_model(Json& doc, std::vector<std::string>& ignored) {
+// QK-norm's affine setting without QK-norm (OLMo-1B's and 7B's configs set it false) changes nothing. OLMo's
+// multi_query_attention: true is one key/value head, false all n_heads; with n_kv_heads set too, the two must agree
+// (OLMo's effective_n_kv_heads).
+void finish_model(Json& doc, const std::string& path, std::vector<std::string>& ignored) {
+    if (auto mqa = take(doc, "model.multi_query_attention"); mqa && !mqa->is_null()) {
+        if (!mqa->is_boolean()) {
+            user_error("config file {}: model.multi_query_attention: {}; expected true, false or null", path,
+                       json_text(*mqa));
+        }
+        Json& model = doc["model"];
+        const Json heads = mqa->get<bool>() ? Json(1) : model.value("n_heads", Json());
+        const Json kv = model.value("n_kv_heads", Json());
+        if (!kv.is_null() && kv != heads) {
+            user_error(
+                "config file {}: model.multi_query_attention: {} and model.n_kv_heads: {} disagree (it means "
+                "n_kv_heads {}); set one of them",
+                path, json_text(*mqa), json_text(kv), heads.is_null() ? "n_heads" : json_text(heads));
+        }
+        if (mqa->get<bool>()) model["n_kv_heads"] = 1;
+    }
+
     if (doc.contains("model") && doc["model"].is_object() &&
         doc["model"].contains("attention_layer_norm_with_affine")) {
         const Json& on = doc["model"].contains("attention_layer_norm") ? doc["model"]["attention_layer_norm"] : Json();
@@ -651,7 +668,7 @@ void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
     std::vector<std::string> ignored;
     finish_evaluators(doc, ignored);
     finish_checkpoints(doc, path, ignored);
-    finish_model(doc, ignored);
+    finish_model(doc, path, ignored);
     finish_instance_filter(doc);
     finish_scheduler_units(doc, path);
     take_no_effect_keys(doc, path, ignored);

@@ -73,7 +73,7 @@ ArenaPlan plan_arena(const ArenaShape& s, const std::vector<ArenaKeep>& keep) {
     if (!rms) slots.push_back({&ArenaSlots::ln1_mean, N, false, norm_stats});
     slots.push_back({&ArenaSlots::ln1_rstd, N, false, norm_stats});
     if (s.qk_norm) {
-        slots.push_back({&ArenaSlots::qk, 2 * NC, true, Need::kGemm});
+        slots.push_back({&ArenaSlots::qk, N * (s.C + s.KV), true, Need::kGemm});
         if (!rms) slots.push_back({&ArenaSlots::qk_mean, 2 * N, false, Need::kGemm});
         slots.push_back({&ArenaSlots::qk_rstd, 2 * N, false, Need::kGemm});
     }
@@ -140,12 +140,15 @@ ArenaPlan plan_arena(const ArenaShape& s, const std::vector<ArenaKeep>& keep) {
     // autocast's are): attention's and the MLP's inner ones, and with norm_after the sublayers' outputs'. The
     // residual stream's (dresid) and the pre-norms' (dln), which accumulate across paths, stay fp32.
     a.scratch = take(NC);
-    const size_t backward_scratch = off;  // from here on only the blocks' backward writes
+    const size_t backward_scratch = off;  // from here on only the blocks' backward writes (and the forward, proj)
     a.dqkv = take_operand(3 * NC);
     a.datt = take_operand(NC);
     a.dfch = take_operand(N * s.P);
     a.dfch_act = take_operand(N * s.H);
     a.dsub = s.norm_after ? take_operand(NC) : ArenaSlots::kAbsent;
+    // The forward writes it too, while the backward scratch is dead: past the two stream buffers laid over the
+    // scratch's start below (dqkv and datt alone are 2NC floats), and not read across the head.
+    if (s.KV < s.C) a.proj = take_operand(N * (s.C + 2 * static_cast<size_t>(s.KV)));
     const size_t rows = static_cast<size_t>(s.head_chunk_rows);
     a.logits = region;
     const size_t logit_floats = s.operands_bf16 ? (rows * s.V + 1) / 2 : rows * s.V;

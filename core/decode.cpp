@@ -16,9 +16,9 @@ Model::DecodeCache Model::make_decode_cache(int sequences, int length, int rows)
     DecodeCache c;
     c.sequences = sequences, c.length = length, c.rows = rows;
     const auto floats = [&](size_t n) { return DeviceBuffer(backend_, n * sizeof(float), MemCategory::kOther); };
-    const size_t cache = static_cast<size_t>(L_) * sequences * NH_ * length * HS_, R = static_cast<size_t>(rows);
+    const size_t cache = static_cast<size_t>(L_) * sequences * KVH_ * length * HS_, R = static_cast<size_t>(rows);
     c.keys = floats(cache), c.values = floats(cache);
-    c.x = floats(R * C_), c.ln = floats(R * C_), c.qkv = floats(R * 3 * C_), c.qk = floats(R * 2 * C_);
+    c.x = floats(R * C_), c.ln = floats(R * C_), c.qkv = floats(R * W_), c.qk = floats(R * (C_ + KV_));
     c.att = floats(R * C_), c.sub = floats(R * C_), c.fch = floats(R * P_), c.fch_act = floats(R * H_);
     c.stats = floats(4 * R), c.logits = floats(R * V_), c.scratch = floats(R * C_);
     c.ids = DeviceBuffer(backend_, 3 * R * sizeof(int32_t), MemCategory::kOther);
@@ -48,7 +48,7 @@ void Model::decode(DecodeCache& c, const int32_t* tokens, const int32_t* seqs, c
     float *mean = m_.rms_norm() ? nullptr : stats, *rstd = stats + N, *qk_rstd = stats + 2 * N;
     const float theta = static_cast<float>(m_.rope_theta);
     const bool tanh_gelu = m_.activation_type == ActivationType::kGeluTanh;
-    const size_t per_layer = static_cast<size_t>(c.sequences) * NH_ * c.length * HS_;
+    const size_t per_layer = static_cast<size_t>(c.sequences) * KVH_ * c.length * HS_;
 
     strategy_->begin_forward(false);
     const int emb = layout_.embedding_unit();
@@ -80,15 +80,17 @@ void Model::decode(DecodeCache& c, const int32_t* tokens, const int32_t* seqs, c
         strategy_->before_forward(u);
         const BlockParams w = block_params(strategy_->unit_params(u), l);
         // Attention: x += attn_out(attn(rope(qk_norm(att_proj(LN1(x)))))), or with norm_after x + LN1(attn_out(...)).
+        // Grouped-query attention's shared heads stay shared here: the cache holds KVH heads, and each query head
+        // reads its group's.
         backend_->matmul_forward(qkv, sublayer_input(w.attn_norm_w, w.attn_norm_b), w.att_proj_w, w.att_proj_b, N, C_,
-                                 3 * C_);
+                                 W_);
         if (qk_norm_) {
             backend_->qk_norm_forward(qkv, c.qk.f32(), mean, qk_rstd, w.q_norm_w, w.q_norm_b, w.k_norm_w, w.k_norm_b, N,
-                                      C_, norm_eps_, norm_kind_);
+                                      C_, KV_, norm_eps_, norm_kind_);
         }
-        if (m_.rope) backend_->rope_forward_at(qkv, pos_d, N, NH_, HS_, theta, c.length);
+        if (m_.rope) backend_->rope_forward_at(qkv, pos_d, N, NH_, KVH_, HS_, theta, c.length);
         backend_->attention_with_cache(att, qkv, c.keys.f32() + l * per_layer, c.values.f32() + l * per_layer, seq_d,
-                                       pos_d, N, NH_, HS_, c.length);
+                                       pos_d, N, NH_, KVH_, HS_, c.length);
         add_sublayer(att, w.attn_out_w, w.attn_out_b, C_, w.attn_norm_w, w.attn_norm_b);
         // MLP: x += ff_out(act(ff_proj(LN2(x)))), or with norm_after x + LN2(ff_out(act(ff_proj(x)))).
         const float* in2 = sublayer_input(w.ff_norm_w, w.ff_norm_b);

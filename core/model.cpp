@@ -93,6 +93,9 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     C_ = m_.d_model;
     NH_ = m_.n_heads;
     HS_ = m_.head_size();
+    KVH_ = m_.n_kv_heads;
+    KV_ = m_.kv_size();
+    W_ = m_.qkv_size();
     P_ = m_.ff_proj_size();
     H_ = m_.ff_hidden_size();
     V_ = m_.embedding_size;
@@ -127,7 +130,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     if (max_batch_ == 0) return;  // generation only (decode): no training or evaluation passes, no arena
     ArenaShape shape;
     shape.max_batch = max_batch_, shape.T = T_, shape.C = C_, shape.NH = NH_, shape.P = P_, shape.H = H_;
-    shape.L = L_, shape.V = V_;
+    shape.L = L_, shape.V = V_, shape.KV = KV_;
     shape.head_chunk_rows = head_chunk_rows(m_, max_batch_, operands_bf16_);
     shape.operands_bf16 = operands_bf16_, shape.norm_after = norm_after_, shape.qk_norm = qk_norm_;
     shape.rms = m_.rms_norm(), shape.norm_from_output = norm_from_output_, shape.z_loss = z_loss_ > 0.0f;
@@ -136,7 +139,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     resid_final_ = plan.resid_final, lnf_ = plan.lnf, lnf_mean_ = plan.lnf_mean, lnf_rstd_ = plan.lnf_rstd;
     logits_ = plan.logits, losses_ = plan.losses, z_losses_ = plan.z_losses, scratch_ = plan.scratch;
     dresid_ = plan.dresid, dln_ = plan.dln, dqkv_ = plan.dqkv, datt_ = plan.datt, dfch_ = plan.dfch;
-    dfch_act_ = plan.dfch_act, dsub_ = plan.dsub;
+    dfch_act_ = plan.dfch_act, dsub_ = plan.dsub, proj_ = plan.proj;
     head_chunk_rows_ = shape.head_chunk_rows;
     const size_t N = static_cast<size_t>(max_batch_) * T_;
     arena_ = DeviceBuffer(backend_, plan.floats * sizeof(float), MemCategory::kActivations);
@@ -230,11 +233,15 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
     const bool tanh_gelu = m_.activation_type == ActivationType::kGeluTanh;
     const Plan& a = layers_[l];
     block_sublayer_input(l, 1, N, w);
-    backend_->matmul_forward(op(a.qkv), sublayer_input(l, 1), w.att_proj_w, w.att_proj_b, N, C_, 3 * C_);
+    // With grouped-query attention att_proj's narrower output is expanded into qkv after the QK-norm: RoPE and
+    // attention then run as with a head of k and v for every query head (torchtitan's and HF's repeat_kv).
+    const GemmOperand proj = KVH_ < NH_ ? op(proj_) : op(a.qkv);
+    backend_->matmul_forward(proj, sublayer_input(l, 1), w.att_proj_w, w.att_proj_b, N, C_, W_);
     if (qk_norm_) {
-        backend_->qk_norm_forward(op(a.qkv), op(a.qk), mean_at(a.qk_mean), act(a.qk_rstd), w.q_norm_w, w.q_norm_b,
-                                  w.k_norm_w, w.k_norm_b, N, C_, norm_eps_, norm_kind_);
+        backend_->qk_norm_forward(proj, op(a.qk), mean_at(a.qk_mean), act(a.qk_rstd), w.q_norm_w, w.q_norm_b,
+                                  w.k_norm_w, w.k_norm_b, N, C_, KV_, norm_eps_, norm_kind_);
     }
+    if (KVH_ < NH_) backend_->kv_heads_expand(op(a.qkv), proj, N, NH_, KVH_, HS_);
     if (m_.rope) backend_->rope_forward(op(a.qkv), batch, T_, NH_, HS_, theta);
     backend_->attention_forward(op(a.att), act(a.lse), op(a.qkv), batch, T_, NH_, HS_);
     if (norm_after_) {
@@ -409,16 +416,18 @@ void Model::backward_blocks(int batch) {
                                   false);
         backend_->attention_backward(op(dqkv_), op(datt_), op(a.qkv), op(a.att), act(a.lse), batch, T_, NH_, HS_);
         if (m_.rope) backend_->rope_backward(op(dqkv_), batch, T_, NH_, HS_, theta);
+        const GemmOperand dproj = KVH_ < NH_ ? op(proj_) : op(dqkv_);
+        if (KVH_ < NH_) backend_->kv_heads_reduce(dproj, op(dqkv_), N, NH_, KVH_, HS_);
         if (qk_norm_) {
-            backend_->qk_norm_backward(op(dqkv_), g.q_norm_w, g.q_norm_b, g.k_norm_w, g.k_norm_b, op(a.qk), w.q_norm_w,
-                                       w.k_norm_w, mean_at(a.qk_mean), act(a.qk_rstd), N, C_, norm_kind_);
+            backend_->qk_norm_backward(dproj, g.q_norm_w, g.q_norm_b, g.k_norm_w, g.k_norm_b, op(a.qk), w.q_norm_w,
+                                       w.k_norm_w, mean_at(a.qk_mean), act(a.qk_rstd), N, C_, KV_, norm_kind_);
         }
         if (norm_after_) {
-            backend_->matmul_backward(act(dresid_), g.att_proj_w, g.att_proj_b, op(dqkv_), sublayer_input(l, 1),
-                                      w.att_proj_w, N, C_, 3 * C_, true);
+            backend_->matmul_backward(act(dresid_), g.att_proj_w, g.att_proj_b, dproj, sublayer_input(l, 1),
+                                      w.att_proj_w, N, C_, W_, true);
         } else {
-            backend_->matmul_backward(act(dln_), g.att_proj_w, g.att_proj_b, op(dqkv_), op(a.ln1), w.att_proj_w, N, C_,
-                                      3 * C_, false);
+            backend_->matmul_backward(act(dln_), g.att_proj_w, g.att_proj_b, dproj, op(a.ln1), w.att_proj_w, N, C_, W_,
+                                      false);
             pre_norm_backward(l, 1, w, g, N);
         }
         strategy_->after_backward(u);

@@ -71,8 +71,8 @@ class Model {
     // Pointers into a block unit's flat buffer (parameters or gradients); null where the config has none.
     struct BlockParams {
         float *attn_norm_w = nullptr, *attn_norm_b = nullptr;
-        float *att_proj_w = nullptr, *att_proj_b = nullptr;  // (3C, C), (3C)
-        float *q_norm_w = nullptr, *q_norm_b = nullptr;      // (C), (C): QK-norm
+        float *att_proj_w = nullptr, *att_proj_b = nullptr;  // (C + 2KV, C), (C + 2KV)
+        float *q_norm_w = nullptr, *q_norm_b = nullptr;      // (C), (C): QK-norm; k_norm's (KV), (KV)
         float *k_norm_w = nullptr, *k_norm_b = nullptr;
         float *attn_out_w = nullptr, *attn_out_b = nullptr;  // (C, C), (C)
         float *ff_norm_w = nullptr, *ff_norm_b = nullptr;
@@ -90,7 +90,7 @@ class Model {
     // max_sequence_length), and fp32 buffers for up to `rows` rows a call, counted as "other" memory.
     struct DecodeCache {
         int sequences = 0, length = 0, rows = 0;
-        DeviceBuffer keys, values;  // (layers, sequences, NH, length, HS) each
+        DeviceBuffer keys, values;  // (layers, sequences, KVH, length, HS) each
         DeviceBuffer x, ln, qkv, qk, att, sub, fch, fch_act, stats, logits, scratch;
         DeviceBuffer ids;  // tokens, sequences and positions of the rows, int32
     };
@@ -149,6 +149,9 @@ class Model {
     Backend* backend_;
     Strategy* strategy_;
     int max_batch_, T_, C_, NH_, HS_, P_, H_, V_, L_;
+    // Grouped-query attention: KVH_ key/value heads of KV_ = KVH_ * HS_ channels (NH_ and C_ without it), att_proj
+    // W_ = C_ + 2 KV_ wide; with fewer than NH_, att_proj writes proj_ and kv_heads_expand fills qkv from it.
+    int KVH_, KV_, W_;
     bool operands_bf16_ = false;  // the backend keeps GemmOperand activations in bf16
     GraphRunner graphs_;          // forward_backward's device work, replayed (kernels.cuda_graphs)
     int head_chunk_rows_;
@@ -168,7 +171,7 @@ class Model {
     std::vector<std::array<size_t, 16>> block_offsets_;  // per layer: each block parameter's offset in its unit
     std::array<size_t, 4> head_offsets_;                 // each head parameter's offset in the head unit
     size_t resid_final_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, z_losses_, scratch_;
-    size_t dresid_, dln_, dqkv_, datt_, dfch_, dfch_act_, dsub_;
+    size_t dresid_, dln_, dqkv_, datt_, dfch_, dfch_act_, dsub_, proj_;
     DeviceBuffer arena_;
     DeviceBuffer tokens_dev_;  // inputs (N) then targets (N), int32
     std::vector<int32_t> tokens_host_;

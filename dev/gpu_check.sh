@@ -36,9 +36,10 @@
 #   plan      trainer plan against a measured run of the same configuration, OLMo-1B (micro-batch 4) and GPT-2 124M
 #             (16): from this GPU's hardware entry, and from the ops' times where `kernels` ran before it in the
 #             same call (its bench-kernels --calibration-out, cuDNN attention)
-#   hf        transformers' logits on the Hugging Face exports of the tiny GPT-2, OLMo and OLMo-2 fixtures (two
-#             steps trained on the CPU, `trainer export`, scripts/check_hf_export.py): the GPU machine is where
-#             transformers is installed; nothing here needs the GPU (under a minute)
+#   hf        transformers' logits and 8 greedy tokens on the Hugging Face exports of the tiny GPT-2, OLMo, OLMo-2,
+#             Llama (grouped-query) and one-key/value-head OLMo-2 fixtures (two steps trained on the CPU, `trainer
+#             export`, scripts/check_hf_export.py --generate 8): the GPU machine is where transformers is installed;
+#             nothing here needs the GPU (under a minute)
 #   comm      on a node of 2 or more GPUs: trainer bench-comm over NCCL on all of them (the links, fitted per
 #             collective), then OLMo-1B's plan for that world on the hardware entry's links and on the measured
 #             ones; on one GPU it says so and runs nothing (NCCL takes one GPU a rank)
@@ -301,14 +302,14 @@ print(f\"  $model plan ($how): {row['predicted_step_ms']:.1f} ms a step predicte
             done
             ;;
         hf)
-            for name in gpt2 olmo olmo2; do
+            for name in gpt2 olmo olmo2 llama olmo2mqa; do
                 fixture=tests/fixtures/${name}_tiny
                 step "hf_${name}_train" 60 "$trainer" --config "$fixture.json" --init-from "${fixture}_init.safetensors" \
                     --device cpu --max-duration 2 --save-folder "$logs/hf_${name}_ck" &&
                     step "hf_${name}_export" 60 "$trainer" export --checkpoint "$logs/hf_${name}_ck/step2" \
                         -o "$logs/hf_$name" &&
                     step "hf_${name}_check" 120 python3 scripts/check_hf_export.py --config "$fixture.json" \
-                        --dir "$logs/hf_$name" --data "${fixture}_tokens.u16" --trainer "$trainer"
+                        --dir "$logs/hf_$name" --data "${fixture}_tokens.u16" --trainer "$trainer" --generate 8
                 tail -1 "$logs/hf_${name}_check.log" 2>/dev/null | sed "s/^/  /" | tee -a "$summary"
                 rm -rf "$logs/hf_${name}_ck"
             done

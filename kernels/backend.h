@@ -2,7 +2,8 @@
 // device memory. The CPU backend (kernels/cpu) is the reference; the CUDA backend (kernels/cuda)
 // implements the same contracts, written here once. Every member is required unless it says otherwise.
 //
-// Shape legend: B batch, T sequence length, C model width (d_model), NH heads, HS head size (C/NH),
+// Shape legend: B batch, T sequence length, C model width (d_model), NH heads, HS head size (C/NH), KVH key/value
+// heads (NH, or fewer with grouped-query attention) and KV = KVH*HS their width,
 // H MLP hidden width (after the activation), V vocabulary rows (embedding_size), N = B*T rows,
 // M/K generic GEMM sizes. Row-major throughout; Linear weights are PyTorch's (out, in).
 // Conventions (llm.c's): parameter gradients ACCUMULATE (+=) so micro-batches sum; activation gradients
@@ -241,18 +242,27 @@ class Backend {
     virtual void norm_residual_backward(GemmOperand dinp, float* dweight, float* dbias, const float* dout,
                                         GemmOperand inp, const float* weight, const float* mean, const float* rstd,
                                         int N, int C, NormKind kind) = 0;
-    // QK-norm (OLMo's attention_layer_norm): q and k of qkv(N,3C), each row's C channels (all heads together,
-    // as OLMo and HF's Olmo2 norm them), normalised in place with their own weight and bias (nullable); their
-    // inputs are saved in qk(N,2C) = q | k, and mean (nullable with RMSNorm) and rstd, (2,N) each: q's rows,
-    // then k's. v untouched.
+    // QK-norm (OLMo's attention_layer_norm): q and k of qkv(N, C+2KV) = q | k | v (q C channels, k and v KV each:
+    // KV = C with every head its own k and v, fewer with grouped-query attention), each row's q and each row's k
+    // normalised as a whole (all heads together, as OLMo and HF's Olmo2 norm them: q over C channels, k over KV),
+    // in place with their own weight and bias (nullable); their inputs are saved in qk(N, C+KV) = q | k, and mean
+    // (nullable with RMSNorm) and rstd, (2,N) each: q's rows, then k's. v untouched.
     virtual void qk_norm_forward(GemmOperand qkv, GemmOperand qk, float* mean, float* rstd, const float* q_weight,
-                                 const float* q_bias, const float* k_weight, const float* k_bias, int N, int C,
+                                 const float* q_bias, const float* k_weight, const float* k_bias, int N, int C, int KV,
                                  float eps, NormKind kind) = 0;
-    // In place on dqkv(N,3C): its dq and dk parts become the gradients of the norms' inputs (dv untouched);
+    // In place on dqkv(N, C+2KV): its dq and dk parts become the gradients of the norms' inputs (dv untouched);
     // the weights' and biases' gradients += (nullable).
     virtual void qk_norm_backward(GemmOperand dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias,
                                   GemmOperand qk, const float* q_weight, const float* k_weight, const float* mean,
-                                  const float* rstd, int N, int C, NormKind kind) = 0;
+                                  const float* rstd, int N, int C, int KV, NormKind kind) = 0;
+    // Grouped-query attention (KVH key/value heads shared by NH query heads, NH/KVH each): out(N,3C) = q | k | v with
+    // every query head's own k and v, from inp(N, C+2KV), KV = KVH*HS: q copied, and query head h's k and v the
+    // inp's k and v of head h / (NH/KVH) (the order of HF's repeat_kv). The attention kernels then run as with
+    // NH heads of their own.
+    virtual void kv_heads_expand(GemmOperand out, GemmOperand inp, int N, int NH, int KVH, int HS) = 0;
+    // Its transpose: dinp(N, C+2KV) overwritten with dq, and each shared head's dk and dv the sum of its NH/KVH
+    // query heads' parts of dout(N,3C).
+    virtual void kv_heads_reduce(GemmOperand dinp, GemmOperand dout, int N, int NH, int KVH, int HS) = 0;
     // Rotary embeddings, non-interleaved ("rotate_half", as OLMo and HF Llama), in place on qkv(B,T,3C)
     // = q | k | v, each (NH,HS): q and k rotated at positions t = 0..T-1 by angle t / theta^(2i/HS) (i <
     // HS/2), y[i] = x[i] cos - x[i+HS/2] sin, y[i+HS/2] = x[i+HS/2] cos + x[i] sin, the tables in fp32 as
@@ -268,16 +278,18 @@ class Backend {
     virtual void attention_backward(GemmOperand dqkv, GemmOperand dout, GemmOperand qkv, GemmOperand out,
                                     const float* lse, int B, int T, int NH, int HS) = 0;
     // ---- generation with a KV cache (core/generate.h), fp32 ----
-    // RoPE of rows at positions of their own: q and k of row n of qkv(N,3C) rotated as rope_forward rotates
-    // position positions[n] (int32, device memory, each below S), by the same fp32 angles; v untouched.
-    virtual void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS, float theta, int S) = 0;
-    // Attention of rows against a KV cache: first the k and v of every row n of qkv(N,3C) are written into the
-    // caches (sequences, NH, S, HS) at sequence seqs[n] and position positions[n] (device int32, positions < S);
-    // then each row's query attends to its sequence's cache at positions 0..positions[n] (scale 1/sqrt(HS)):
-    // out(N,C). Rows of one sequence at several positions (a prompt) see each other's keys as causal attention
-    // does.
+    // qkv rows here are (NH + 2 KVH) heads of HS: q | k | v, KVH = NH without grouped-query attention.
+    // RoPE of rows at positions of their own: q and k of row n of qkv rotated as rope_forward rotates position
+    // positions[n] (int32, device memory, each below S), by the same fp32 angles; v untouched.
+    virtual void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int KVH, int HS, float theta,
+                                 int S) = 0;
+    // Attention of rows against a KV cache: first the k and v of every row n of qkv are written into the caches
+    // (sequences, KVH, S, HS) at sequence seqs[n] and position positions[n] (device int32, positions < S); then
+    // each row's query head h attends to its sequence's cache of head h / (NH/KVH) at positions 0..positions[n]
+    // (scale 1/sqrt(HS)): out(N, NH*HS). Rows of one sequence at several positions (a prompt) see each other's
+    // keys as causal attention does.
     virtual void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
-                                      const int32_t* positions, int N, int NH, int HS, int S) = 0;
+                                      const int32_t* positions, int N, int NH, int KVH, int HS, int S) = 0;
     // out(n) = gelu(inp), the exact erf form or the tanh approximation; out == inp allowed (fp32).
     virtual void gelu_forward(GemmOperand out, GemmOperand inp, size_t n, bool tanh_approx) = 0;
     // dinp(n) = dout * gelu'(inp), overwritten; dinp == dout allowed (same storage type).

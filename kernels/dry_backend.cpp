@@ -104,32 +104,41 @@ class DryBackend final : public Backend {
         const double nc = static_cast<double>(N) * C;
         note("norm_residual_backward", 12 * nc, (size(dinp) + size(inp) + 4) * nc + 8.0 * N);
     }
-    // q and k (2NC) copied aside, then normalised in place.
+    // q and k (N(C+KV)) copied aside, then normalised in place.
     void qk_norm_forward(GemmOperand qkv, GemmOperand qk, float*, float*, const float*, const float*, const float*,
-                         const float*, int N, int C, float, NormKind) override {
-        const double nc2 = 2.0 * N * C;
-        note("qk_norm_forward", 8 * nc2, (2 * size(qkv) + size(qk)) * nc2 + 16.0 * N);
+                         const float*, int N, int C, int KV, float, NormKind) override {
+        const double nqk = static_cast<double>(N) * (C + KV);
+        note("qk_norm_forward", 8 * nqk, (2 * size(qkv) + size(qk)) * nqk + 16.0 * N);
     }
     void qk_norm_backward(GemmOperand dqkv, float*, float*, float*, float*, GemmOperand qk, const float*, const float*,
-                          const float*, const float*, int N, int C, NormKind) override {
-        const double nc2 = 2.0 * N * C;
-        note("qk_norm_backward", 12 * nc2, (2 * size(dqkv) + size(qk)) * nc2 + 16.0 * N);
+                          const float*, const float*, int N, int C, int KV, NormKind) override {
+        const double nqk = static_cast<double>(N) * (C + KV);
+        note("qk_norm_backward", 12 * nqk, (2 * size(dqkv) + size(qk)) * nqk + 16.0 * N);
+    }
+    // Copies: the shared heads read once a row, every query head's written (expand); the transpose adds the group.
+    void kv_heads_expand(GemmOperand out, GemmOperand inp, int N, int NH, int KVH, int HS) override {
+        const double n = static_cast<double>(N) * HS;
+        note("kv_heads_expand", 0.0, size(inp) * n * (NH + 2 * KVH) + size(out) * n * 3 * NH);
+    }
+    void kv_heads_reduce(GemmOperand dinp, GemmOperand dout, int N, int NH, int KVH, int HS) override {
+        const double n = static_cast<double>(N) * HS;
+        note("kv_heads_reduce", 2.0 * n * NH, size(dout) * n * 3 * NH + size(dinp) * n * (NH + 2 * KVH));
     }
     void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float) override {
-        rope("rope_forward", B, T, NH, HS, size(qkv));
+        rope("rope_forward", static_cast<double>(B) * T, 2 * NH, HS, size(qkv));
     }
     void rope_backward(GemmOperand dqkv, int B, int T, int NH, int HS, float) override {
-        rope("rope_backward", B, T, NH, HS, size(dqkv));
+        rope("rope_backward", static_cast<double>(B) * T, 2 * NH, HS, size(dqkv));
     }
-    void rope_forward_at(float*, const int32_t*, int N, int NH, int HS, float, int) override {
-        rope("rope_forward_at", N, 1, NH, HS, 4.0);
+    void rope_forward_at(float*, const int32_t*, int N, int NH, int KVH, int HS, float, int) override {
+        rope("rope_forward_at", N, NH + KVH, HS, 4.0);
     }
     // The rows' k and v written, then each query against its sequence's cache: at most S keys a row (the dry run
     // knows no positions).
     void attention_with_cache(float*, const float*, float*, float*, const int32_t*, const int32_t*, int N, int NH,
-                              int HS, int S) override {
-        const double nc = static_cast<double>(N) * NH * HS;
-        note("attention_with_cache", 4.0 * nc * S, 4.0 * (3 * nc + 2 * nc + 2.0 * nc * S + nc));
+                              int KVH, int HS, int S) override {
+        const double nc = static_cast<double>(N) * NH * HS, nkv = static_cast<double>(N) * KVH * HS;
+        note("attention_with_cache", 4.0 * nc * S, 4.0 * (nc + 2 * nkv + 2 * nkv + 2.0 * nc * S + nc));
     }
     // Causal: half the T x T scores; the backward recomputes the probabilities (QK^T) besides its three GEMMs.
     void attention_forward(GemmOperand out, float*, GemmOperand qkv, int B, int T, int NH, int HS) override {
@@ -184,8 +193,9 @@ class DryBackend final : public Backend {
 
    private:
     static double size(GemmOperand x) { return x.bf16 ? 2.0 : 4.0; }  // bytes an element
-    void rope(const char* op, int B, int T, int NH, int HS, double element_bytes) {
-        const double qk = 2.0 * B * T * NH * HS;  // q and k rotated, v untouched
+    // `heads` heads of HS channels rotated in each of `rows` rows (q's and k's; v untouched).
+    void rope(const char* op, double rows, int heads, int HS, double element_bytes) {
+        const double qk = rows * heads * HS;
         note(op, 3 * qk, 2 * element_bytes * qk);
     }
     void note(const char* op, double flops, double bytes, uint64_t ticket = 0) {

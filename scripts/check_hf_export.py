@@ -4,11 +4,15 @@
 `trainer logits --config C --init-from DIR --data TOKENS --instances K` writes the trainer's logits of the
 first K instances of the token file (fp32 on the CPU); transformers' AutoModelForCausalLM loads DIR and
 computes its logits of the same tokens. Every logit must agree to --atol + --rtol * |logit| (fp32 both, summed
-in different orders), and so must the mean cross-entropy. Works for GPT2LMHeadModel, OlmoForCausalLM and
-Olmo2ForCausalLM (whichever config.json names).
+in different orders), and so must the mean cross-entropy. Works for GPT2LMHeadModel, OlmoForCausalLM,
+Olmo2ForCausalLM and LlamaForCausalLM, grouped-query attention included (whichever config.json names).
+
+With --generate N, greedy decoding is compared too: `trainer generate --init-from DIR` continues the first
+--prompt-length tokens of each instance by N tokens (one batch, no stop at EOS), and transformers' generate
+(do_sample=False, exactly N new tokens) continues the same prompts; the tokens must be the same.
 
 Usage: python3 scripts/check_hf_export.py --config C --dir DIR --data TOKENS [--instances 4] [--trainer BIN]
-                                          [--atol 1e-4] [--rtol 1e-4]
+                                          [--atol 1e-4] [--rtol 1e-4] [--generate N] [--prompt-length 8]
   TOKENS: a token file the trainer reads (raw memmap as the config's data.memmap_dtype, .npy, or llm.c .bin);
   DIR from `trainer export --checkpoint CK -o DIR`. Prints one JSON line; exit status 0 when they agree.
 """
@@ -43,6 +47,8 @@ def main():
     ap.add_argument("--trainer", default=os.environ.get("TRAINER_BIN", "build/bin/trainer"))
     ap.add_argument("--atol", type=float, default=1e-4)
     ap.add_argument("--rtol", type=float, default=1e-4)
+    ap.add_argument("--generate", type=int, default=0, help="also compare N greedy tokens (0: no)")
+    ap.add_argument("--prompt-length", type=int, default=8)
     a = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,11 +78,31 @@ def main():
     ce = lambda x: torch.nn.functional.cross_entropy(x.reshape(-1, x.shape[-1]).double(), targets).item()
     loss_ours, loss_theirs = ce(ours), ce(theirs)
     loss_rel = abs(loss_ours - loss_theirs) / abs(loss_theirs)
-    print(json.dumps({"architecture": model.config.architectures[0], "instances": a.instances, "positions": L - 1,
-                      "max_abs_logit_difference": diff.max().item(), "max_abs_logit": theirs.abs().max().item(),
-                      "logits_out_of_tolerance": bad, "trainer_loss": loss_ours, "transformers_loss": loss_theirs,
-                      "loss_relative_difference": loss_rel}))
-    sys.exit(0 if bad == 0 and loss_rel <= a.rtol else 1)
+    result = {"architecture": model.config.architectures[0], "instances": a.instances, "positions": L - 1,
+              "max_abs_logit_difference": diff.max().item(), "max_abs_logit": theirs.abs().max().item(),
+              "logits_out_of_tolerance": bad, "trainer_loss": loss_ours, "transformers_loss": loss_theirs,
+              "loss_relative_difference": loss_rel}
+    same_tokens = True
+    if a.generate > 0:
+        prompts = batch[:, : a.prompt_length]
+        cmd = [a.trainer, "generate", "--config", a.config, "--init-from", a.dir, "--device", "cpu", "--precision",
+               "fp32", "--max-new-tokens", str(a.generate), "--no-stop-at-eos", "--json"]
+        for row in prompts.tolist():
+            cmd += ["--prompt-ids", ", ".join(str(t) for t in row)]
+        lines = [json.loads(x) for x in subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split("\n")
+                 if x.strip()]
+        ours_ids = [x["ids"] for x in lines if "ids" in x]
+        with torch.no_grad():
+            out = model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
+                                 max_new_tokens=a.generate, min_new_tokens=a.generate,
+                                 pad_token_id=cfg["model"].get("eos_token_id", 0))
+        theirs_ids = out[:, a.prompt_length:].tolist()
+        same_tokens = ours_ids == theirs_ids
+        result.update({"generated_tokens": a.generate, "greedy_tokens_equal": same_tokens,
+                       "first_difference": next(([b, i] for b, (x, y) in enumerate(zip(ours_ids, theirs_ids))
+                                                 for i, (p, q) in enumerate(zip(x, y)) if p != q), None)})
+    print(json.dumps(result))
+    sys.exit(0 if bad == 0 and loss_rel <= a.rtol and same_tokens else 1)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 Usage (system Python, which has torch 1.13; scripts/install_deps.sh --with-torch installs it):
     /usr/bin/python3 tests/make_fixtures.py [NAME...]     (default: every fixture)
 
-For each config tests/fixtures/{gpt2_tiny,olmo_tiny,olmo2_tiny}.json this writes into
-tests/fixtures/:
+For each config tests/fixtures/{gpt2_tiny,olmo_tiny,olmo2_tiny,llama_tiny,olmo2mqa_tiny}.json
+(olmo2mqa: OLMo-2's shape with one key/value head) this writes into tests/fixtures/:
   <name>_tokens.u16         raw little-endian uint16 tokens, G * max_duration
                             instances of L tokens plus 5 tokens of remainder
   <name>_init.safetensors   initial weights, Hugging Face names, float32
@@ -30,7 +30,7 @@ sys.path.insert(0, HERE)
 import torch_ref as ref  # noqa: E402
 
 FIXTURES = os.path.join(HERE, "fixtures")
-CONFIGS = ["gpt2_tiny", "olmo_tiny", "olmo2_tiny"]
+CONFIGS = ["gpt2_tiny", "olmo_tiny", "olmo2_tiny", "llama_tiny", "olmo2mqa_tiny"]
 EXTRA_TOKENS = 5          # remainder the trainer must drop
 FP32_CHECK_STEPS = 3      # steps whose float32 loss must match float64 to 1e-4 relative
 
@@ -57,12 +57,14 @@ def write_u16(tokens, path):
 
 def hf_forward(hf, mc, tokens):
     """Logits from the Hugging Face-named tensors, written independently of
-    torch_ref the way HF's GPT2LMHeadModel / OlmoForCausalLM / Olmo2ForCausalLM
-    compute them (hand-written layer and RMS norms, GELU-tanh, SiLU and softmax).
-    Checks the name mapping (Conv1D transposes, q/k/v blocks, up = value / gate
-    halves, Olmo2's q/k norms and post-sublayer norms)."""
+    torch_ref the way HF's GPT2LMHeadModel / OlmoForCausalLM / Olmo2ForCausalLM /
+    LlamaForCausalLM compute them (hand-written layer and RMS norms, GELU-tanh, SiLU,
+    softmax, and repeat_kv for grouped-query attention). Checks the name mapping
+    (Conv1D transposes, q/k/v blocks, up = value / gate halves, Olmo2's q/k norms and
+    post-sublayer norms, Llama's norms before the sublayers)."""
     B, T = tokens.shape
     C, NH, HS = mc.d_model, mc.n_heads, mc.head_size
+    KVH = mc.n_kv_heads
 
     def layer_norm(x, w=None, b=None):
         mu = x.mean(-1, keepdim=True)
@@ -73,10 +75,14 @@ def hf_forward(hf, mc, tokens):
     def rms_norm(x, w):  # Olmo2RMSNorm
         return w * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + mc.layer_norm_eps))
 
-    def split_heads(*ts):  # (B, T, C) each -> (B, NH, T, HS) each
-        return [t.reshape(B, T, NH, HS).permute(0, 2, 1, 3) for t in ts]
+    def split_heads(*ts):  # (B, T, heads * HS) each -> (B, heads, T, HS) each
+        return [t.reshape(B, T, t.shape[-1] // HS, HS).permute(0, 2, 1, 3) for t in ts]
+
+    def repeat_kv(t):  # HF's: (B, KVH, T, HS) -> (B, NH, T, HS), each key/value head for NH / KVH query heads
+        return t[:, :, None].expand(B, KVH, NH // KVH, T, HS).reshape(B, NH, T, HS)
 
     def softmax_attention(q, k, v):
+        k, v = repeat_kv(k), repeat_kv(v)
         s = torch.einsum("bhtd,bhsd->bhts", q, k) / HS ** 0.5
         future = torch.arange(T)[None, :] > torch.arange(T)[:, None]
         s = s.masked_fill(future, float("-inf"))
@@ -129,6 +135,21 @@ def hf_forward(hf, mc, tokens):
             y = (gate * torch.sigmoid(gate) * up) @ hf[h + "mlp.down_proj.weight"].t()
             x = x + rms_norm(y, hf[h + "post_feedforward_layernorm.weight"])
         return rms_norm(x, hf["model.norm.weight"]) @ hf["lm_head.weight"].t()
+    if ref.hf_flavor(mc) == "llama":
+        # LlamaForCausalLM: RMSNorms with weights before each sublayer and at the end.
+        for i in range(mc.n_layers):
+            h = f"model.layers.{i}."
+            a = rms_norm(x, hf[h + "input_layernorm.weight"])
+            q, k, v = split_heads(a @ hf[h + "self_attn.q_proj.weight"].t(),
+                                  a @ hf[h + "self_attn.k_proj.weight"].t(),
+                                  a @ hf[h + "self_attn.v_proj.weight"].t())
+            x = x + softmax_attention(rope(q), rope(k), v) @ hf[h + "self_attn.o_proj.weight"].t()
+            m = rms_norm(x, hf[h + "post_attention_layernorm.weight"])
+            gate = m @ hf[h + "mlp.gate_proj.weight"].t()
+            up = m @ hf[h + "mlp.up_proj.weight"].t()
+            x = x + (gate * torch.sigmoid(gate) * up) @ hf[h + "mlp.down_proj.weight"].t()
+        head = hf["lm_head.weight"] if "lm_head.weight" in hf else hf["model.embed_tokens.weight"]
+        return rms_norm(x, hf["model.norm.weight"]) @ head.t()
     for i in range(mc.n_layers):
         h = f"model.layers.{i}."
         a = layer_norm(x)

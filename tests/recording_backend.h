@@ -168,18 +168,25 @@ class RecordingBackend final : public trainer::Backend {
         queue([=] { inner_->norm_residual_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, kind); });
     }
     void qk_norm_forward(GemmOperand qkv, GemmOperand qk, float* mean, float* rstd, const float* q_weight,
-                         const float* q_bias, const float* k_weight, const float* k_bias, int N, int C, float eps,
-                         NormKind kind) override {
-        queue(
-            [=] { inner_->qk_norm_forward(qkv, qk, mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, eps, kind); });
+                         const float* q_bias, const float* k_weight, const float* k_bias, int N, int C, int KV,
+                         float eps, NormKind kind) override {
+        queue([=] {
+            inner_->qk_norm_forward(qkv, qk, mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, KV, eps, kind);
+        });
     }
     void qk_norm_backward(GemmOperand dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias,
                           GemmOperand qk, const float* q_weight, const float* k_weight, const float* mean,
-                          const float* rstd, int N, int C, NormKind kind) override {
+                          const float* rstd, int N, int C, int KV, NormKind kind) override {
         queue([=] {
             inner_->qk_norm_backward(dqkv, dq_weight, dq_bias, dk_weight, dk_bias, qk, q_weight, k_weight, mean, rstd,
-                                     N, C, kind);
+                                     N, C, KV, kind);
         });
+    }
+    void kv_heads_expand(GemmOperand out, GemmOperand inp, int N, int NH, int KVH, int HS) override {
+        queue([=] { inner_->kv_heads_expand(out, inp, N, NH, KVH, HS); });
+    }
+    void kv_heads_reduce(GemmOperand dinp, GemmOperand dout, int N, int NH, int KVH, int HS) override {
+        queue([=] { inner_->kv_heads_reduce(dinp, dout, N, NH, KVH, HS); });
     }
     void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float theta) override {
         queue([=] { inner_->rope_forward(qkv, B, T, NH, HS, theta); });
@@ -187,12 +194,13 @@ class RecordingBackend final : public trainer::Backend {
     void rope_backward(GemmOperand dqkv, int B, int T, int NH, int HS, float theta) override {
         queue([=] { inner_->rope_backward(dqkv, B, T, NH, HS, theta); });
     }
-    void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS, float theta, int S) override {
-        queue([=] { inner_->rope_forward_at(qkv, positions, N, NH, HS, theta, S); });
+    void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int KVH, int HS, float theta,
+                         int S) override {
+        queue([=] { inner_->rope_forward_at(qkv, positions, N, NH, KVH, HS, theta, S); });
     }
     void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
-                              const int32_t* positions, int N, int NH, int HS, int S) override {
-        queue([=] { inner_->attention_with_cache(out, qkv, kcache, vcache, seqs, positions, N, NH, HS, S); });
+                              const int32_t* positions, int N, int NH, int KVH, int HS, int S) override {
+        queue([=] { inner_->attention_with_cache(out, qkv, kcache, vcache, seqs, positions, N, NH, KVH, HS, S); });
     }
     void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) override {
         queue([=] { inner_->attention_forward(out, lse, qkv, B, T, NH, HS); });

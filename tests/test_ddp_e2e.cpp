@@ -72,6 +72,35 @@ TEST_CASE("ddp: 2 ranks in both grad_sync modes and NO_SHARD match the single pr
     }
 }
 
+// Grouped-query attention: the Llama fixture (4 query heads sharing 2 key/value heads), and OLMo-2's shape with one
+// key/value head (QK-norm's k one head wide), on 2 ranks under DDP and FULL_SHARD.
+TEST_CASE("ddp: shared key/value heads on 2 ranks under DDP and FULL_SHARD match the single process") {
+    TempDir dir;
+    for (const std::string name : {"llama", "olmo2mqa"}) {
+        const std::vector<std::string> base = {"--config",       test_util::fixture(name + "_tiny.json"),
+                                               "--init-from",    test_util::fixture(name + "_tiny_init.safetensors"),
+                                               "--max-duration", "6"};
+        REQUIRE(run_trainer(run_args(base, dir.path(name + "_single"))).exit_code == 0);
+        const auto ref = exported(dir.path(name + "_single/ck/step6"), dir.path(name + "_single.safetensors"));
+        const std::vector<std::vector<std::string>> variants = {
+            {"--strategy", "ddp"},
+            {"--strategy", "fsdp", "--sharding-strategy", "FULL_SHARD", "--set", "fsdp.precision=fp32",
+             "--wrapping-strategy", "by_block"},
+        };
+        for (size_t v = 0; v < variants.size(); ++v) {
+            const std::string out = dir.path(name + "_v" + std::to_string(v));
+            auto args = run_args(base, out);
+            args.insert(args.end(), variants[v].begin(), variants[v].end());
+            const test_util::RunResult r = launch(2, args);
+            INFO(name << " " << v << "\n" << r.out << r.err);
+            REQUIRE(r.exit_code == 0);
+            check_losses(test_util::read_metrics(dir.path(name + "_single/m.jsonl")),
+                         test_util::read_metrics(out + "/m.jsonl"));
+            test_util::check_same_weights(ref, exported(out + "/ck/step6", out + ".safetensors"));
+        }
+    }
+}
+
 TEST_CASE("ddp: 3 ranks match the single process and a DDP checkpoint resumes on one process") {
     TempDir dir;
     const std::vector<std::string> base = {"--config",       "configs/tiny.json",

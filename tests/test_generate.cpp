@@ -35,9 +35,10 @@ struct Loaded {
 }  // namespace
 
 TEST_CASE("generate: the KV cache path gives the forward's logits at every position of every shape") {
-    // OLMo (RoPE, SwiGLU, parameter-free LayerNorm), GPT-2 (learned positions, GELU, biases, affine LayerNorm) and
-    // OLMo-2 (RMSNorm after each sublayer, QK-norm, an untied head).
-    for (const std::string name : {"olmo", "gpt2", "olmo2"}) {
+    // OLMo (RoPE, SwiGLU, parameter-free LayerNorm), GPT-2 (learned positions, GELU, biases, affine LayerNorm),
+    // OLMo-2 (RMSNorm after each sublayer, QK-norm, an untied head), Llama (grouped-query attention: a cache of
+    // 2 heads for 4 query heads) and OLMo-2 with one key/value head.
+    for (const std::string name : {"olmo", "gpt2", "olmo2", "llama", "olmo2mqa"}) {
         CAPTURE(name);
         Loaded m(name);
         const int L = m.config.model.max_sequence_length, T = L - 1, V = m.config.model.embedding_size;

@@ -409,57 +409,95 @@ TEST_CASE("kernels: the norm after a sublayer adds to the residual and its backw
 TEST_CASE("kernels: QK-norm on q and k in place and its in-place backward match finite differences") {
     const int N = 35, C = 9;
     const float eps = 1e-6f;
-    for (const bool rms : {false, true}) {
-        for (const int affine : {0, 1, 2}) {  // none, weight, weight + bias
-            CAPTURE(rms, affine);
-            std::mt19937_64 rng(50 + (rms ? 10 : 0) + affine);
-            Vec qkv = random_vec(rng, static_cast<size_t>(N) * 3 * C, -2.0, 2.0);
-            Vec qw = random_vec(rng, C, 0.5, 1.5), qb = random_vec(rng, C), kw = random_vec(rng, C, 0.5, 1.5),
-                kb = random_vec(rng, C);
-            const double* qwp = affine >= 1 ? qw.data() : nullptr;
-            const double* qbp = affine == 2 ? qb.data() : nullptr;
-            const double* kwp = affine >= 1 ? kw.data() : nullptr;
-            const double* kbp = affine == 2 ? kb.data() : nullptr;
-            const Vec R = random_vec(rng, qkv.size());
-            Vec out(qkv.size()), qk(static_cast<size_t>(N) * 2 * C), mean(2 * N), rstd(2 * N);
-            double* mean_p = rms ? nullptr : mean.data();
-            out = qkv;
-            cpu::qk_norm_forward<double>(out.data(), qk.data(), mean_p, rstd.data(), qwp, qbp, kwp, kbp, N, C, eps,
-                                         rms);
-            Vec ref = qkv;
-            for (int n = 0; n < N; ++n) {
-                double m, rs;
-                const size_t row = static_cast<size_t>(n) * 3 * C;
-                naive_norm_row(&qkv[row], &ref[row], &m, &rs, qwp, qbp, C, eps, rms);
-                naive_norm_row(&qkv[row + C], &ref[row + C], &m, &rs, kwp, kbp, C, eps, rms);
-                for (int c = 0; c < 2 * C; ++c) REQUIRE(qk[static_cast<size_t>(n) * 2 * C + c] == qkv[row + c]);
-            }
-            check_close("normed q, k and untouched v", ref, out, 1e-13, 1e-12);
-
-            auto loss = [&]() {
+    for (const int KV : {C, 3}) {  // k as wide as q, and narrower (grouped-query attention)
+        for (const bool rms : {false, true}) {
+            for (const int affine : {0, 1, 2}) {  // none, weight, weight + bias
+                CAPTURE(KV, rms, affine);
+                const int W = C + 2 * KV, Wqk = C + KV;
+                std::mt19937_64 rng(50 + (rms ? 10 : 0) + affine + KV);
+                Vec qkv = random_vec(rng, static_cast<size_t>(N) * W, -2.0, 2.0);
+                Vec qw = random_vec(rng, C, 0.5, 1.5), qb = random_vec(rng, C), kw = random_vec(rng, KV, 0.5, 1.5),
+                    kb = random_vec(rng, KV);
+                const double* qwp = affine >= 1 ? qw.data() : nullptr;
+                const double* qbp = affine == 2 ? qb.data() : nullptr;
+                const double* kwp = affine >= 1 ? kw.data() : nullptr;
+                const double* kbp = affine == 2 ? kb.data() : nullptr;
+                const Vec R = random_vec(rng, qkv.size());
+                Vec out(qkv.size()), qk(static_cast<size_t>(N) * Wqk), mean(2 * N), rstd(2 * N);
+                double* mean_p = rms ? nullptr : mean.data();
                 out = qkv;
-                cpu::qk_norm_forward<double>(out.data(), qk.data(), mean_p, rstd.data(), qwp, qbp, kwp, kbp, N, C, eps,
-                                             rms);
-                return dot(out, R);
-            };
-            loss();
-            Vec dqkv = R;  // in place: d(out) becomes d(qkv)
-            const Vec g0 = random_vec(rng, C);
-            Vec dqw = g0, dqb = g0, dkw = g0, dkb = g0;
-            cpu::qk_norm_backward<double>(dqkv.data(), qwp ? dqw.data() : nullptr, qbp ? dqb.data() : nullptr,
-                                          kwp ? dkw.data() : nullptr, kbp ? dkb.data() : nullptr, qk.data(), qwp, kwp,
-                                          mean_p, rstd.data(), N, C, rms);
-            check_fd("dqkv", numeric_grad(qkv, loss), dqkv);
-            if (qwp) {
-                check_fd("dq_weight", numeric_grad(qw, loss), minus(dqw, g0));
-                check_fd("dk_weight", numeric_grad(kw, loss), minus(dkw, g0));
-            }
-            if (qbp) {
-                check_fd("dq_bias", numeric_grad(qb, loss), minus(dqb, g0));
-                check_fd("dk_bias", numeric_grad(kb, loss), minus(dkb, g0));
+                cpu::qk_norm_forward<double>(out.data(), qk.data(), mean_p, rstd.data(), qwp, qbp, kwp, kbp, N, C, KV,
+                                             eps, rms);
+                Vec ref = qkv;
+                for (int n = 0; n < N; ++n) {
+                    double m, rs;
+                    const size_t row = static_cast<size_t>(n) * W;
+                    naive_norm_row(&qkv[row], &ref[row], &m, &rs, qwp, qbp, C, eps, rms);
+                    naive_norm_row(&qkv[row + C], &ref[row + C], &m, &rs, kwp, kbp, KV, eps, rms);
+                    for (int c = 0; c < Wqk; ++c) REQUIRE(qk[static_cast<size_t>(n) * Wqk + c] == qkv[row + c]);
+                }
+                check_close("normed q, k and untouched v", ref, out, 1e-13, 1e-12);
+
+                auto loss = [&]() {
+                    out = qkv;
+                    cpu::qk_norm_forward<double>(out.data(), qk.data(), mean_p, rstd.data(), qwp, qbp, kwp, kbp, N, C,
+                                                 KV, eps, rms);
+                    return dot(out, R);
+                };
+                loss();
+                Vec dqkv = R;  // in place: d(out) becomes d(qkv)
+                const Vec gq0 = random_vec(rng, C), gk0 = random_vec(rng, KV);
+                Vec dqw = gq0, dqb = gq0, dkw = gk0, dkb = gk0;
+                cpu::qk_norm_backward<double>(dqkv.data(), qwp ? dqw.data() : nullptr, qbp ? dqb.data() : nullptr,
+                                              kwp ? dkw.data() : nullptr, kbp ? dkb.data() : nullptr, qk.data(), qwp,
+                                              kwp, mean_p, rstd.data(), N, C, KV, rms);
+                check_fd("dqkv", numeric_grad(qkv, loss), dqkv);
+                if (qwp) {
+                    check_fd("dq_weight", numeric_grad(qw, loss), minus(dqw, gq0));
+                    check_fd("dk_weight", numeric_grad(kw, loss), minus(dkw, gk0));
+                }
+                if (qbp) {
+                    check_fd("dq_bias", numeric_grad(qb, loss), minus(dqb, gq0));
+                    check_fd("dk_bias", numeric_grad(kb, loss), minus(dkb, gk0));
+                }
             }
         }
     }
+}
+
+TEST_CASE("kernels: shared key/value heads expand to every query head and their gradients sum back") {
+    const int N = 7, NH = 6, KVH = 2, HS = 4, C = NH * HS, KV = KVH * HS, W = C + 2 * KV;
+    std::mt19937_64 rng(77);
+    Vec inp = random_vec(rng, static_cast<size_t>(N) * W);
+    Vec out(static_cast<size_t>(N) * 3 * C);
+    cpu::kv_heads_expand<double>(out.data(), inp.data(), N, NH, KVH, HS);
+    for (int n = 0; n < N; ++n) {
+        for (int h = 0; h < NH; ++h) {
+            for (int d = 0; d < HS; ++d) {
+                const size_t o = static_cast<size_t>(n) * 3 * C + h * HS + d, i = static_cast<size_t>(n) * W;
+                // HF's repeat_kv order: query heads 0, 1, 2 share key/value head 0; 3, 4, 5 head 1.
+                REQUIRE(out[o] == inp[i + h * HS + d]);
+                REQUIRE(out[o + C] == inp[i + C + (h / 3) * HS + d]);
+                REQUIRE(out[o + 2 * C] == inp[i + C + KV + (h / 3) * HS + d]);
+            }
+        }
+    }
+    // The reduce is the expand's transpose: <expand(x), y> = <x, reduce(y)> for every x and y.
+    const Vec y = random_vec(rng, out.size());
+    Vec dinp(inp.size());
+    cpu::kv_heads_reduce<double>(dinp.data(), y.data(), N, NH, KVH, HS);
+    CHECK(std::abs(dot(out, y) - dot(inp, dinp)) < 1e-12 * std::abs(dot(out, y)) + 1e-12);
+    check_fd("kv_heads_reduce",
+             numeric_grad(inp,
+                          [&] {
+                              cpu::kv_heads_expand<double>(out.data(), inp.data(), N, NH, KVH, HS);
+                              return dot(out, y);
+                          }),
+             dinp);
+    // With one key/value head per query head both are copies.
+    Vec same(static_cast<size_t>(N) * 3 * C);
+    cpu::kv_heads_expand<double>(same.data(), out.data(), N, NH, NH, HS);
+    CHECK(same == out);
 }
 
 TEST_CASE("kernels: rope forward matches the rotate half formula") {

@@ -1,7 +1,7 @@
 // The full model against PyTorch: loss and every parameter gradient of one global batch (with gradient
-// accumulation) for the GPT-2, OLMo and OLMo-2 shapes, against fixtures made by tests/make_fixtures.py in
-// float64 from the same initial weights (loaded through the Hugging Face importer). Also: initialisation
-// statistics and independence from the thread count, and the parameter layout's decay groups.
+// accumulation) for the GPT-2, OLMo, OLMo-2 and Llama (grouped-query attention) shapes, against fixtures made by
+// tests/make_fixtures.py in float64 from the same initial weights (loaded through the Hugging Face importer). Also:
+// initialisation statistics and independence from the thread count, and the parameter layout's decay groups.
 #include <omp.h>
 
 #include <cmath>
@@ -28,6 +28,14 @@ TEST_CASE("model: OLMo shape loss and gradients match the PyTorch fixture") { ch
 
 // RMSNorm after the sublayers, QK-norm, the z-loss.
 TEST_CASE("model: OLMo-2 shape loss and gradients match the PyTorch fixture") { check_against_fixture("olmo2"); }
+
+// Grouped-query attention: 4 query heads sharing 2 key/value heads; RMSNorm with weights before the sublayers.
+TEST_CASE("model: Llama shape loss and gradients match the PyTorch fixture") { check_against_fixture("llama"); }
+
+// Multi-query attention (one key/value head) with QK-norm: k_norm is one head wide.
+TEST_CASE("model: OLMo-2 shape with one key/value head matches the PyTorch fixture") {
+    check_against_fixture("olmo2mqa");
+}
 
 TEST_CASE("model: layout units and OLMo decay groups") {
     const TrainConfig olmo = fixture_config("olmo");

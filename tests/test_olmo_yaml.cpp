@@ -153,8 +153,13 @@ TEST_CASE("olmo yaml: values the trainer cannot honour URLs typos and bad YAML a
     expect_error(with("  alibi: false", "  alibi: true", data), "model.alibi: true; this trainer has no ALiBi");
     expect_error(with("  attention_dropout: 0.0", "  attention_dropout: 0.1", data),
                  "model.attention_dropout: 0.1; this trainer has no dropout");
-    expect_error(with("  multi_query_attention: false", "  multi_query_attention: true", data),
-                 "model.multi_query_attention: true; this trainer has no multi-query attention");
+    // multi_query_attention is one key/value head, as OLMo's effective_n_kv_heads; with n_kv_heads it must agree.
+    const auto mqa = with("  multi_query_attention: false", "  multi_query_attention: true", data);
+    INFO(mqa.err);
+    REQUIRE(mqa.exit_code == 0);
+    CHECK(Json::parse(mqa.out)["model"]["n_kv_heads"] == 1);
+    expect_error(with("  multi_query_attention: false", "  multi_query_attention: true\n  n_kv_heads: 4", data),
+                 "model.multi_query_attention: true and model.n_kv_heads: 4 disagree (it means n_kv_heads 1)");
     // Training data at URLs: refused with the hint to pass --data.
     expect_error(with("run_name: OLMo-1B", "run_name: OLMo-1B"),
                  "data.paths[0]: r2://olmo-data/preprocessed/olmo-mix/v1_5/gpt-neox-20b-pii-special/part-000-00000.npy "

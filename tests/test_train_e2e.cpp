@@ -138,6 +138,9 @@ TEST_CASE("train: 20 steps match the PyTorch losses for the OLMo shape") { check
 // RMSNorm after each sublayer, QK-norm, the z-loss, an untied head, decayed norms and a fractional t_max.
 TEST_CASE("train: 20 steps match the PyTorch losses for the OLMo-2 shape") { check_pytorch_parity("olmo2"); }
 
+// Grouped-query attention (4 query heads sharing 2 key/value heads), RMSNorm with weights before the sublayers.
+TEST_CASE("train: 20 steps match the PyTorch losses for the Llama shape") { check_pytorch_parity("llama"); }
+
 TEST_CASE("train: k micro-batches of B over k give the losses of one micro-batch of B") {
     TempDir dir;
     require_ok(
@@ -257,7 +260,7 @@ TEST_CASE("train: a checkpoint written by an interrupted save is never loaded") 
 
 TEST_CASE("train: exported weights import back exactly") {
     TempDir dir;
-    for (const std::string name : {"gpt2", "olmo", "olmo2"}) {
+    for (const std::string name : {"gpt2", "olmo", "olmo2", "llama"}) {
         const std::string ck = dir.path(name + "_ck");
         require_ok(run_trainer(concat(fixture_args(name), {"--max-duration", "2", "--save-folder", ck})));
         const RunResult ex =
@@ -278,9 +281,11 @@ TEST_CASE("train: exported weights import back exactly") {
 
 TEST_CASE("export: a Hugging Face directory sharded or not imports back bit for bit and is checked on import") {
     TempDir dir;
-    const std::map<std::string, std::string> architecture = {
-        {"gpt2", "GPT2LMHeadModel"}, {"olmo", "OlmoForCausalLM"}, {"olmo2", "Olmo2ForCausalLM"}};
-    for (const std::string name : {"gpt2", "olmo", "olmo2"}) {
+    const std::map<std::string, std::string> architecture = {{"gpt2", "GPT2LMHeadModel"},
+                                                             {"olmo", "OlmoForCausalLM"},
+                                                             {"olmo2", "Olmo2ForCausalLM"},
+                                                             {"llama", "LlamaForCausalLM"}};
+    for (const std::string name : {"gpt2", "olmo", "olmo2", "llama"}) {
         CAPTURE(name);
         const std::string ck = dir.path(name + "_ck");
         require_ok(run_trainer(concat(fixture_args(name), {"--max-duration", "2", "--save-folder", ck})));
@@ -645,7 +650,8 @@ TEST_CASE("bench-kernels: its rows count every compute op call of a step on each
         "copy_host_to_device", "host_wait", "device_wait",  "cast_float_to_bf16",    "cast_bf16_to_float",
         "round_to_bf16",       "sum",       "scale_inplace"};
     for (const char* file : {"configs/tiny.json", "tests/fixtures/gpt2_tiny.json", "tests/fixtures/olmo_tiny.json",
-                             "tests/fixtures/olmo2_tiny.json", "configs/gpt2_124m.json", "configs/olmo2_1b.json"}) {
+                             "tests/fixtures/olmo2_tiny.json", "tests/fixtures/llama_tiny.json",
+                             "configs/gpt2_124m.json", "configs/olmo2_1b.json", "configs/llama_1b.json"}) {
         for (const bool cuda : {false, true}) {
             for (const char* recompute : {"null", "one_in_two", "two_in_three", "fine_grained"}) {
                 CAPTURE(file, cuda, recompute);
@@ -729,7 +735,7 @@ TEST_CASE("logits: trainer logits writes the logits whose cross-entropy is the P
     // The first global batch of each fixture: the mean cross-entropy of the written logits against the next
     // tokens is the float64 reference's first loss (the logits themselves agree with torch_ref's to ~2e-6).
     TempDir dir;
-    for (const std::string name : {"gpt2", "olmo", "olmo2"}) {
+    for (const std::string name : {"gpt2", "olmo", "olmo2", "llama"}) {
         CAPTURE(name);
         const std::string out = dir.path(name + ".npy");
         const auto r = run_trainer({"logits", "--config", fixture(name + "_tiny.json"), "--init-from",

@@ -17,7 +17,8 @@ Semantics follow OLMo (allenai/OLMo, olmo/model.py and olmo/optim.py):
   * QK-norm (attention_layer_norm): LN over each token's whole q and whole k before RoPE
   * z-loss (softmax_auxiliary_loss): + auxiliary_loss_multiplier * logsumexp(logits)^2 per token in the
     objective; the reported loss is the cross-entropy
-  * fused att_proj (C -> 3C) split into q, k, v row blocks
+  * fused att_proj (C -> C + 2 KV) split into q, k, v row blocks; with n_kv_heads < n_heads (grouped-query
+    attention) k and v have n_kv_heads heads, query head h reading key/value head h // (n_heads / n_kv_heads)
   * RoPE non-interleaved ("rotate_half")
   * SwiGLU: x, gate = ff_proj(x).chunk(2); out = silu(gate) * x
   * loss: cross entropy over all embedding_size logits
@@ -27,8 +28,8 @@ Semantics follow OLMo (allenai/OLMo, olmo/model.py and olmo/optim.py):
 
 Parameter names are OLMo's internal names (transformer.wte.weight,
 transformer.blocks.N.att_proj.weight, ...). hf_state_dict() / load_hf_state_dict()
-convert to and from the Hugging Face names (GPT2LMHeadModel, OlmoForCausalLM or
-Olmo2ForCausalLM).
+convert to and from the Hugging Face names (GPT2LMHeadModel, OlmoForCausalLM,
+Olmo2ForCausalLM or LlamaForCausalLM).
 
 Only torch and the Python standard library are used.
 """
@@ -80,6 +81,13 @@ class ModelConfig:
         if self.d_model % self.n_heads != 0:
             raise ValueError("d_model must be divisible by n_heads")
         self.head_size = self.d_model // self.n_heads
+        # Grouped-query attention: n_kv_heads key/value heads, each shared by n_heads / n_kv_heads query heads
+        # (query head h reads key/value head h // group, HF's repeat_kv order).
+        kv = model.get("n_kv_heads")
+        self.n_kv_heads = self.n_heads if kv is None else int(kv)
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError("n_kv_heads must divide n_heads")
+        self.kv_size = self.n_kv_heads * self.head_size
 
         # Width of ff_proj's output (P) and of ff_out's input (P/2 for SwiGLU).
         if self.mlp_hidden_size is not None:
@@ -173,9 +181,9 @@ class RMSNorm(LayerNorm):
         return y
 
 
-def make_norm(mc, with_weight, with_bias):
+def make_norm(mc, with_weight, with_bias, size=None):
     cls = RMSNorm if mc.layer_norm_type == "rms" else LayerNorm
-    return cls(mc.d_model, with_weight, with_bias, mc.layer_norm_eps)
+    return cls(mc.d_model if size is None else size, with_weight, with_bias, mc.layer_norm_eps)
 
 
 def rotate_half(x):
@@ -192,10 +200,10 @@ class Block(nn.Module):
         self.mc = mc
         C = mc.d_model
         self.attn_norm = make_norm(mc, mc.norm_weight, mc.norm_bias)
-        self.att_proj = nn.Linear(C, 3 * C, bias=mc.include_bias)
-        if mc.attention_layer_norm:
+        self.att_proj = nn.Linear(C, C + 2 * mc.kv_size, bias=mc.include_bias)
+        if mc.attention_layer_norm:  # over the whole q (C) and the whole k (kv_size)
             self.q_norm = make_norm(mc, mc.qk_norm_weight, mc.qk_norm_bias)
-            self.k_norm = make_norm(mc, mc.qk_norm_weight, mc.qk_norm_bias)
+            self.k_norm = make_norm(mc, mc.qk_norm_weight, mc.qk_norm_bias, mc.kv_size)
         self.attn_out = nn.Linear(C, C, bias=mc.include_bias)
         self.ff_norm = make_norm(mc, mc.norm_weight, mc.norm_bias)
         self.ff_proj = nn.Linear(C, mc.ff_proj_size, bias=mc.include_bias)
@@ -210,6 +218,10 @@ class Block(nn.Module):
             # cos/sin: (T, HS), broadcast over batch and heads.
             q = q * rope_cos + rotate_half(q) * rope_sin
             k = k * rope_cos + rotate_half(k) * rope_sin
+        group = q.size(1) // k.size(1)
+        if group > 1:  # every query head its group's key and value head
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
         scale = 1.0 / math.sqrt(q.size(-1))
         att = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, NH, T, T)
         att = att.masked_fill(causal_mask, float("-inf"))
@@ -224,13 +236,13 @@ class Block(nn.Module):
         # Attention sub-block.
         h = x if mc.norm_after else self.attn_norm(x)
         qkv = self.att_proj(h)
-        q, k, v = qkv.split(C, dim=-1)
+        q, k, v = qkv.split([C, mc.kv_size, mc.kv_size], dim=-1)
         if mc.attention_layer_norm:  # over each token's whole q and k, before RoPE
             q = self.q_norm(q)
             k = self.k_norm(k)
         q = q.view(B, T, mc.n_heads, mc.head_size)
-        k = k.view(B, T, mc.n_heads, mc.head_size)
-        v = v.view(B, T, mc.n_heads, mc.head_size)
+        k = k.view(B, T, mc.n_kv_heads, mc.head_size)
+        v = v.view(B, T, mc.n_kv_heads, mc.head_size)
         att = self.attn_out(self.attention(q, k, v, rope_cos, rope_sin, causal_mask))
         x = x + (self.attn_norm(att) if mc.norm_after else att)
         # MLP sub-block.
@@ -488,17 +500,21 @@ def train_step(model, optimizer, batch, tc, step):
 # ---------------------------------------------------------------------------
 
 def hf_flavor(mc):
-    """'gpt2' (learned positions, affine norms), 'olmo' (RoPE, SwiGLU, no norm params) or
-    'olmo2' (norm_after, RMSNorm with weights, QK-norm)."""
+    """'gpt2' (learned positions, affine norms), 'olmo' (RoPE, SwiGLU, no norm params),
+    'olmo2' (norm_after, RMSNorm with weights, QK-norm) or 'llama' (RMSNorm with weights before the sublayers)."""
     if not mc.rope:
         return "gpt2"
-    return "olmo2" if mc.norm_after else "olmo"
+    if mc.norm_after:
+        return "olmo2"
+    return "llama" if mc.layer_norm_type == "rms" else "olmo"
 
 
 # Olmo2ForCausalLM's per-layer norm weights and the OLMo names they hold: the QK-norms, and the norms after
 # attention and the MLP (OLMo's attn_norm and ff_norm with norm_after).
 OLMO2_NORMS = (("self_attn.q_norm", "q_norm"), ("self_attn.k_norm", "k_norm"),
                ("post_attention_layernorm", "attn_norm"), ("post_feedforward_layernorm", "ff_norm"))
+# LlamaForCausalLM's: the norms before attention and the MLP (OLMo's attn_norm and ff_norm).
+LLAMA_NORMS = (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ff_norm"))
 
 
 def hf_state_dict(state, mc):
@@ -527,32 +543,35 @@ def hf_state_dict(state, mc):
         out["transformer.ln_f.bias"] = state["transformer.ln_f.bias"]
     else:
         # OlmoForCausalLM: non-parametric LayerNorm, no biases, SwiGLU. Olmo2ForCausalLM: RMSNorm weights
-        # after the sublayers (post_*), QK-norm weights, the final norm's weight.
-        olmo2 = flavor == "olmo2"
+        # after the sublayers (post_*), QK-norm weights, the final norm's weight. LlamaForCausalLM: RMSNorm
+        # weights before the sublayers, the final norm's weight. k and v are kv_size rows each.
+        olmo2, llama = flavor == "olmo2", flavor == "llama"
+        KV = mc.kv_size
         if mc.include_bias or mc.activation_type != "swiglu":
-            raise ValueError("OLMo export needs no biases and SwiGLU")
+            raise ValueError("OLMo and Llama export needs no biases and SwiGLU")
         if olmo2 and not (mc.layer_norm_type == "rms" and mc.norm_weight and not mc.norm_bias
                           and mc.qk_norm_weight and not mc.qk_norm_bias):
             raise ValueError("OLMo-2 export needs RMSNorm weights without biases and QK-norm weights")
-        if not olmo2 and (mc.norm_weight or mc.attention_layer_norm or mc.layer_norm_type == "rms"):
+        if llama and not (mc.norm_weight and not mc.norm_bias and not mc.attention_layer_norm):
+            raise ValueError("Llama export needs RMSNorm weights without biases and no QK-norm")
+        if flavor == "olmo" and (mc.norm_weight or mc.attention_layer_norm):
             raise ValueError("OLMo export needs non-affine LayerNorms and no QK-norm")
         out["model.embed_tokens.weight"] = state["transformer.wte.weight"]
         for i in range(mc.n_layers):
             s, h = f"transformer.blocks.{i}.", f"model.layers.{i}."
             w = state[s + "att_proj.weight"]
             out[h + "self_attn.q_proj.weight"] = w[0:C]
-            out[h + "self_attn.k_proj.weight"] = w[C:2 * C]
-            out[h + "self_attn.v_proj.weight"] = w[2 * C:3 * C]
+            out[h + "self_attn.k_proj.weight"] = w[C:C + KV]
+            out[h + "self_attn.v_proj.weight"] = w[C + KV:C + 2 * KV]
             out[h + "self_attn.o_proj.weight"] = state[s + "attn_out.weight"]
             w = state[s + "ff_proj.weight"]
             half = w.shape[0] // 2
             out[h + "mlp.up_proj.weight"] = w[:half]     # value
             out[h + "mlp.gate_proj.weight"] = w[half:]   # gate
             out[h + "mlp.down_proj.weight"] = state[s + "ff_out.weight"]
-            if olmo2:
-                for theirs, ours in OLMO2_NORMS:
-                    out[h + theirs + ".weight"] = state[s + ours + ".weight"]
-        if olmo2:
+            for theirs, ours in (OLMO2_NORMS if olmo2 else LLAMA_NORMS if llama else ()):
+                out[h + theirs + ".weight"] = state[s + ours + ".weight"]
+        if olmo2 or llama:
             out["model.norm.weight"] = state["transformer.ln_f.weight"]
         if not mc.weight_tying:
             out["lm_head.weight"] = state["transformer.ff_out.weight"]
@@ -578,7 +597,7 @@ def olmo_state_from_hf(hf, mc):
         st["transformer.ln_f.weight"] = hf["transformer.ln_f.weight"]
         st["transformer.ln_f.bias"] = hf["transformer.ln_f.bias"]
     else:
-        olmo2 = hf_flavor(mc) == "olmo2"
+        olmo2, llama = hf_flavor(mc) == "olmo2", hf_flavor(mc) == "llama"
         st["transformer.wte.weight"] = hf["model.embed_tokens.weight"]
         for i in range(mc.n_layers):
             s, h = f"transformer.blocks.{i}.", f"model.layers.{i}."
@@ -588,10 +607,9 @@ def olmo_state_from_hf(hf, mc):
             st[s + "ff_proj.weight"] = torch.cat([hf[h + "mlp.up_proj.weight"],
                                                   hf[h + "mlp.gate_proj.weight"]], dim=0)
             st[s + "ff_out.weight"] = hf[h + "mlp.down_proj.weight"]
-            if olmo2:
-                for theirs, ours in OLMO2_NORMS:
-                    st[s + ours + ".weight"] = hf[h + theirs + ".weight"]
-        if olmo2:
+            for theirs, ours in (OLMO2_NORMS if olmo2 else LLAMA_NORMS if llama else ()):
+                st[s + ours + ".weight"] = hf[h + theirs + ".weight"]
+        if olmo2 or llama:
             st["transformer.ln_f.weight"] = hf["model.norm.weight"]
         if not mc.weight_tying:
             st["transformer.ff_out.weight"] = hf["lm_head.weight"]

@@ -28,6 +28,9 @@ std::string rows_shape(int N, int C, const float* weight, std::initializer_list<
     return fmt::format("N {}, C {}{}{}", N, C, weight != nullptr ? ", weight" : "", storage(operands));
 }
 
+// The k width where grouped-query attention narrows it (the QK-norms).
+std::string kv_width(int C, int KV) { return KV == C ? std::string() : fmt::format(", k {}", KV); }
+
 std::string heads_shape(int B, int T, int NH, int HS, std::initializer_list<GemmOperand> operands) {
     return fmt::format("B {}, T {}, {} heads of {}{}", B, T, NH, HS, storage(operands));
 }
@@ -214,20 +217,30 @@ void OpRecorder::norm_residual_backward(GemmOperand dinp, float* dweight, float*
 }
 
 void OpRecorder::qk_norm_forward(GemmOperand qkv, GemmOperand qk, float* mean, float* rstd, const float* q_weight,
-                                 const float* q_bias, const float* k_weight, const float* k_bias, int N, int C,
+                                 const float* q_bias, const float* k_weight, const float* k_bias, int N, int C, int KV,
                                  float eps, NormKind kind) {
-    record("qk_norm_forward", rows_shape(N, C, q_weight, {qkv, qk}), [=](Backend& b) {
-        b.qk_norm_forward(qkv, qk, mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, eps, kind);
+    record("qk_norm_forward", rows_shape(N, C, q_weight, {qkv, qk}) + kv_width(C, KV), [=](Backend& b) {
+        b.qk_norm_forward(qkv, qk, mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, KV, eps, kind);
     });
 }
 
 void OpRecorder::qk_norm_backward(GemmOperand dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias,
                                   GemmOperand qk, const float* q_weight, const float* k_weight, const float* mean,
-                                  const float* rstd, int N, int C, NormKind kind) {
-    record("qk_norm_backward", rows_shape(N, C, q_weight, {dqkv, qk}), [=](Backend& b) {
-        b.qk_norm_backward(dqkv, dq_weight, dq_bias, dk_weight, dk_bias, qk, q_weight, k_weight, mean, rstd, N, C,
+                                  const float* rstd, int N, int C, int KV, NormKind kind) {
+    record("qk_norm_backward", rows_shape(N, C, q_weight, {dqkv, qk}) + kv_width(C, KV), [=](Backend& b) {
+        b.qk_norm_backward(dqkv, dq_weight, dq_bias, dk_weight, dk_bias, qk, q_weight, k_weight, mean, rstd, N, C, KV,
                            kind);
     });
+}
+
+void OpRecorder::kv_heads_expand(GemmOperand out, GemmOperand inp, int N, int NH, int KVH, int HS) {
+    record("kv_heads_expand", heads_shape(N, 1, NH, HS, {out, inp}) + fmt::format(", {} shared", KVH),
+           [=](Backend& b) { b.kv_heads_expand(out, inp, N, NH, KVH, HS); });
+}
+
+void OpRecorder::kv_heads_reduce(GemmOperand dinp, GemmOperand dout, int N, int NH, int KVH, int HS) {
+    record("kv_heads_reduce", heads_shape(N, 1, NH, HS, {dinp, dout}) + fmt::format(", {} shared", KVH),
+           [=](Backend& b) { b.kv_heads_reduce(dinp, dout, N, NH, KVH, HS); });
 }
 
 void OpRecorder::rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float theta) {

@@ -66,12 +66,13 @@ class OpRecorder final : public Backend {
     }
     void fill_zero(void* ptr, size_t bytes) override { inner_.fill_zero(ptr, bytes); }
     // Generation's ops are no part of a training step: forwarded, not recorded.
-    void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS, float theta, int S) override {
-        inner_.rope_forward_at(qkv, positions, N, NH, HS, theta, S);
+    void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int KVH, int HS, float theta,
+                         int S) override {
+        inner_.rope_forward_at(qkv, positions, N, NH, KVH, HS, theta, S);
     }
     void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
-                              const int32_t* positions, int N, int NH, int HS, int S) override {
-        inner_.attention_with_cache(out, qkv, kcache, vcache, seqs, positions, N, NH, HS, S);
+                              const int32_t* positions, int N, int NH, int KVH, int HS, int S) override {
+        inner_.attention_with_cache(out, qkv, kcache, vcache, seqs, positions, N, NH, KVH, HS, S);
     }
     void copy_any(void* dst, const void* src, size_t bytes) override { inner_.copy_any(dst, src, bytes); }
     void synchronize() override { inner_.synchronize(); }
@@ -142,11 +143,13 @@ class OpRecorder final : public Backend {
                                 const float* weight, const float* mean, const float* rstd, int N, int C,
                                 NormKind kind) override;
     void qk_norm_forward(GemmOperand qkv, GemmOperand qk, float* mean, float* rstd, const float* q_weight,
-                         const float* q_bias, const float* k_weight, const float* k_bias, int N, int C, float eps,
-                         NormKind kind) override;
+                         const float* q_bias, const float* k_weight, const float* k_bias, int N, int C, int KV,
+                         float eps, NormKind kind) override;
     void qk_norm_backward(GemmOperand dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias,
                           GemmOperand qk, const float* q_weight, const float* k_weight, const float* mean,
-                          const float* rstd, int N, int C, NormKind kind) override;
+                          const float* rstd, int N, int C, int KV, NormKind kind) override;
+    void kv_heads_expand(GemmOperand out, GemmOperand inp, int N, int NH, int KVH, int HS) override;
+    void kv_heads_reduce(GemmOperand dinp, GemmOperand dout, int N, int NH, int KVH, int HS) override;
     void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float theta) override;
     void rope_backward(GemmOperand dqkv, int B, int T, int NH, int HS, float theta) override;
     void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) override;

@@ -80,7 +80,7 @@ void read_checkpoint_params(const std::string& path, TrainConfig* config, std::v
 void check_model_matches(const Json& saved_config, const TrainConfig& config, const std::string& path);
 // Writes a checkpoint's full weights with Hugging Face names: to `out` as one safetensors file when it ends
 // in .safetensors (through a temporary file and a rename), else as a Hugging Face model directory
-// (hf_export.h); returns the architecture name (GPT2LMHeadModel or OlmoForCausalLM).
+// (hf_export.h); returns the architecture name (GPT2LMHeadModel, OlmoForCausalLM, ...).
 std::string export_checkpoint(const std::string& path, const std::string& out, const HfExportOptions& options = {});
 // Newest complete checkpoint step in a folder, if any (interrupted saves are ignored).
 std::optional<long> latest_checkpoint_step(const std::string& save_folder);

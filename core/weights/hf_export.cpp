@@ -55,15 +55,18 @@ Json hf_config_json(const TrainConfig& config) {
                     {"tie_word_embeddings", true},
                     {"torch_dtype", "float32"}};
     }
-    const bool olmo2 = hf_family(m, "export") == "olmo2";
-    Json j{{"architectures", {olmo2 ? "Olmo2ForCausalLM" : "OlmoForCausalLM"}},
-           {"model_type", olmo2 ? "olmo2" : "olmo"},
+    const std::string family = hf_family(m, "export");
+    const char* arch = family == "olmo2"   ? "Olmo2ForCausalLM"
+                       : family == "llama" ? "LlamaForCausalLM"
+                                           : "OlmoForCausalLM";
+    Json j{{"architectures", {arch}},
+           {"model_type", family},
            {"vocab_size", m.embedding_size},
            {"hidden_size", m.d_model},
            {"intermediate_size", m.ff_hidden_size()},
            {"num_hidden_layers", m.n_layers},
            {"num_attention_heads", m.n_heads},
-           {"num_key_value_heads", m.n_heads},
+           {"num_key_value_heads", m.n_kv_heads},
            {"hidden_act", "silu"},
            {"max_position_embeddings", m.max_sequence_length},
            {"initializer_range", m.init_std},
@@ -80,10 +83,15 @@ Json hf_config_json(const TrainConfig& config) {
            {"attention_bias", false},
            {"attention_dropout", 0.0},
            {"torch_dtype", "float32"}};
-    if (olmo2) {
-        j["rms_norm_eps"] = m.layer_norm_eps;
-    } else {
+    if (family == "olmo") {
         j["clip_qkv"] = nullptr;
+    } else {
+        j["rms_norm_eps"] = m.layer_norm_eps;
+    }
+    if (family == "llama") {
+        j["head_dim"] = m.head_size();
+        j["mlp_bias"] = false;
+        j["pretraining_tp"] = 1;
     }
     return j;
 }
@@ -183,7 +191,10 @@ void check_hf_config(const TrainConfig& config, const std::string& dir) {
                                        "num_attention_heads", "num_key_value_heads", "rope_theta",
                                        "tie_word_embeddings", "attention_bias"};
     if (want["model_type"] == "olmo") keys.push_back("clip_qkv");
-    if (want["model_type"] == "olmo2") keys.push_back("rms_norm_eps");
+    if (want["model_type"] == "olmo2" || want["model_type"] == "llama") keys.push_back("rms_norm_eps");
+    if (want["model_type"] == "llama") {
+        for (const char* k : {"head_dim", "mlp_bias", "pretraining_tp"}) keys.push_back(k);
+    }
     if (want["model_type"] != "gpt2") {
         // RoPE as transformers 5.x writes it (rope_parameters, with rope_theta inside) or as 4.x does (rope_theta,
         // rope_scaling): the base must be ours, and a scaled RoPE (YaRN, llama3, linear, ...) is not what the

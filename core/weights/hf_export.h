@@ -1,6 +1,7 @@
 // Hugging Face model directories, as `save_pretrained` writes them and `from_pretrained` reads them:
-//   config.json              GPT2LMHeadModel (model_type gpt2) or OlmoForCausalLM (model_type olmo), the
-//                            architecture's keys from the trainer's model config
+//   config.json              GPT2LMHeadModel (model_type gpt2), OlmoForCausalLM (olmo), Olmo2ForCausalLM
+//                            (olmo2) or LlamaForCausalLM (llama), the architecture's keys from the trainer's
+//                            model config
 //   generation_config.json   the EOS (and GPT-2's BOS) ids
 //   model.safetensors        the weights with Hugging Face names (hf_names.h), or, above max_shard_bytes,
 //   model-0000N-of-0000M.safetensors + model.safetensors.index.json {"metadata": {"total_size"},

@@ -22,7 +22,7 @@ struct HfEntry {
 std::vector<HfEntry> hf_entries(const TrainConfig& config) {
     const ModelConfig& m = config.model;
     const std::string family = hf_family(m, "Hugging Face names");
-    const int64_t C = m.d_model, P = m.ff_proj_size();
+    const int64_t C = m.d_model, KV = m.kv_size(), P = m.ff_proj_size();
     std::vector<HfEntry> e;
     if (family == "gpt2") {
         e.push_back({"transformer.wte.weight", "transformer.wte.weight"});
@@ -45,27 +45,31 @@ std::vector<HfEntry> hf_entries(const TrainConfig& config) {
         e.push_back({"transformer.ln_f.weight", "transformer.ln_f.weight"});
         e.push_back({"transformer.ln_f.bias", "transformer.ln_f.bias"});
     } else {
-        // OlmoForCausalLM, and Olmo2ForCausalLM with its QK-norms and its norms after the sublayers (named
-        // post_*: OLMo's attn_norm and ff_norm) and the final norm, each a weight.
-        const bool olmo2 = family == "olmo2";
+        // OlmoForCausalLM; Olmo2ForCausalLM with its QK-norms and its norms after the sublayers (named post_*:
+        // OLMo's attn_norm and ff_norm) and the final norm, each a weight; LlamaForCausalLM with its norms before
+        // the sublayers (input_layernorm and post_attention_layernorm: OLMo's attn_norm and ff_norm) and the final
+        // norm. k_proj and v_proj are n_kv_heads heads each.
+        const bool olmo2 = family == "olmo2", llama = family == "llama";
         e.push_back({"model.embed_tokens.weight", "transformer.wte.weight"});
         for (int l = 0; l < m.n_layers; ++l) {
             const std::string h = fmt::format("model.layers.{}.", l), b = fmt::format("transformer.blocks.{}.", l);
+            if (llama) e.push_back({h + "input_layernorm.weight", b + "attn_norm.weight"});
             e.push_back({h + "self_attn.q_proj.weight", b + "att_proj.weight", 0, C});
-            e.push_back({h + "self_attn.k_proj.weight", b + "att_proj.weight", C, 2 * C});
-            e.push_back({h + "self_attn.v_proj.weight", b + "att_proj.weight", 2 * C, 3 * C});
+            e.push_back({h + "self_attn.k_proj.weight", b + "att_proj.weight", C, C + KV});
+            e.push_back({h + "self_attn.v_proj.weight", b + "att_proj.weight", C + KV, C + 2 * KV});
             e.push_back({h + "self_attn.o_proj.weight", b + "attn_out.weight"});
             if (olmo2) {
                 e.push_back({h + "self_attn.q_norm.weight", b + "q_norm.weight"});
                 e.push_back({h + "self_attn.k_norm.weight", b + "k_norm.weight"});
                 e.push_back({h + "post_attention_layernorm.weight", b + "attn_norm.weight"});
             }
+            if (llama) e.push_back({h + "post_attention_layernorm.weight", b + "ff_norm.weight"});
             e.push_back({h + "mlp.up_proj.weight", b + "ff_proj.weight", 0, P / 2});
             e.push_back({h + "mlp.gate_proj.weight", b + "ff_proj.weight", P / 2, P});
             e.push_back({h + "mlp.down_proj.weight", b + "ff_out.weight"});
             if (olmo2) e.push_back({h + "post_feedforward_layernorm.weight", b + "ff_norm.weight"});
         }
-        if (olmo2) e.push_back({"model.norm.weight", "transformer.ln_f.weight"});
+        if (olmo2 || llama) e.push_back({"model.norm.weight", "transformer.ln_f.weight"});
         if (!m.weight_tying) e.push_back({"lm_head.weight", "transformer.ff_out.weight"});
     }
     return e;
@@ -117,6 +121,8 @@ std::string hf_family(const ModelConfig& m, const std::string& what) {
         }
         if (!m.include_bias) diff.push_back("model.include_bias must be true");
         if (!m.weight_tying) diff.push_back("model.weight_tying must be true");
+        if (m.n_kv_heads != m.n_heads)
+            diff.push_back("model.n_kv_heads must equal n_heads (GPT-2 has no shared heads)");
         if (diff.empty()) return "gpt2";
         std::string msg = diff[0];
         for (size_t i = 1; i < diff.size(); ++i) msg += "; " + diff[i];
@@ -139,12 +145,23 @@ std::string hf_family(const ModelConfig& m, const std::string& what) {
         if (diff.empty()) return "olmo2";
         user_error("{}: a RoPE model with norm_after maps to Olmo2ForCausalLM, but {}", what, fmt::join(diff, "; "));
     }
-    if (m.layer_norm_with_affine) diff.push_back("model.layer_norm_with_affine must be false");
-    if (m.rms_norm()) diff.push_back("model.layer_norm_type must be default (LayerNorm)");
     if (m.attention_layer_norm) diff.push_back("model.attention_layer_norm must be false");
+    // Norms before the sublayers: RMSNorm with a weight is LlamaForCausalLM's, OLMo's non-parametric LayerNorm
+    // OlmoForCausalLM's.
+    if (m.rms_norm()) {
+        if (!m.layer_norm_with_affine || m.bias_for_layer_norm) {
+            diff.push_back("model.layer_norm_with_affine must be true and bias_for_layer_norm false");
+        }
+        if (diff.empty()) return "llama";
+        user_error("{}: a RoPE model with RMSNorm before the sublayers maps to LlamaForCausalLM, but {}", what,
+                   fmt::join(diff, "; "));
+    }
+    if (m.layer_norm_with_affine) diff.push_back("model.layer_norm_with_affine must be false");
     if (diff.empty()) return "olmo";
-    user_error("{}: a RoPE model maps to OlmoForCausalLM (Olmo2ForCausalLM with norm_after), but {}", what,
-               fmt::join(diff, "; "));
+    user_error(
+        "{}: a RoPE model maps to OlmoForCausalLM (LayerNorm without parameters), LlamaForCausalLM (layer_norm_type "
+        "rms) or Olmo2ForCausalLM (norm_after), but {}",
+        what, fmt::join(diff, "; "));
 }
 
 std::vector<std::pair<std::string, Tensor>> to_hf_tensors(const TrainConfig& config, const ParamLayout& layout,

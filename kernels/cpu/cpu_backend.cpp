@@ -212,18 +212,26 @@ class CpuBackend final : public Backend {
                                     kind == NormKind::kRms);
     }
     void qk_norm_forward(GemmOperand qkv, GemmOperand qk, float* mean, float* rstd, const float* q_weight,
-                         const float* q_bias, const float* k_weight, const float* k_bias, int N, int C, float eps,
-                         NormKind kind) override {
+                         const float* q_bias, const float* k_weight, const float* k_bias, int N, int C, int KV,
+                         float eps, NormKind kind) override {
         const Busy busy(*this);
-        cpu::qk_norm_forward(f32(qkv), f32(qk), mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, eps,
+        cpu::qk_norm_forward(f32(qkv), f32(qk), mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, KV, eps,
                              kind == NormKind::kRms);
     }
     void qk_norm_backward(GemmOperand dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias,
                           GemmOperand qk, const float* q_weight, const float* k_weight, const float* mean,
-                          const float* rstd, int N, int C, NormKind kind) override {
+                          const float* rstd, int N, int C, int KV, NormKind kind) override {
         const Busy busy(*this);
         cpu::qk_norm_backward(f32(dqkv), dq_weight, dq_bias, dk_weight, dk_bias, f32(qk), q_weight, k_weight, mean,
-                              rstd, N, C, kind == NormKind::kRms);
+                              rstd, N, C, KV, kind == NormKind::kRms);
+    }
+    void kv_heads_expand(GemmOperand out, GemmOperand inp, int N, int NH, int KVH, int HS) override {
+        const Busy busy(*this);
+        cpu::kv_heads_expand(f32(out), f32(inp), N, NH, KVH, HS);
+    }
+    void kv_heads_reduce(GemmOperand dinp, GemmOperand dout, int N, int NH, int KVH, int HS) override {
+        const Busy busy(*this);
+        cpu::kv_heads_reduce(f32(dinp), f32(dout), N, NH, KVH, HS);
     }
     void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float theta) override {
         const Busy busy(*this);
@@ -233,14 +241,15 @@ class CpuBackend final : public Backend {
         const Busy busy(*this);
         cpu::rope_backward(f32(dqkv), B, T, NH, HS, theta);
     }
-    void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS, float theta, int S) override {
+    void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int KVH, int HS, float theta,
+                         int S) override {
         const Busy busy(*this);
-        cpu::rope_forward_at(qkv, positions, N, NH, HS, theta, S);
+        cpu::rope_forward_at(qkv, positions, N, NH, KVH, HS, theta, S);
     }
     void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
-                              const int32_t* positions, int N, int NH, int HS, int S) override {
+                              const int32_t* positions, int N, int NH, int KVH, int HS, int S) override {
         const Busy busy(*this);
-        cpu::attention_with_cache(out, qkv, kcache, vcache, seqs, positions, N, NH, HS, S);
+        cpu::attention_with_cache(out, qkv, kcache, vcache, seqs, positions, N, NH, KVH, HS, S);
     }
     void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) override {
         const Busy busy(*this);

@@ -12,11 +12,11 @@
 
 namespace trainer::cpu {
 
-void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS, float theta, int S) {
+void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int KVH, int HS, float theta, int S) {
     TRAINER_CHECK(HS % 2 == 0, "rope needs an even head size, got {}", HS);
     for (int n = 0; n < N; ++n)
         TRAINER_CHECK(positions[n] >= 0 && positions[n] < S, "position {} of {}", positions[n], S);
-    const int half = HS / 2, C = NH * HS;
+    const int half = HS / 2, W = (NH + 2 * KVH) * HS;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; ++n) {
         // The angles as rope_table_f32 computes them for row t = positions[n], so the rotation is rope_forward's.
@@ -25,8 +25,8 @@ void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS
             const float angle = static_cast<float>(positions[n]) * rope_inv_freq_f32(i, HS, theta);
             cs[i] = cosf(angle), sn[i] = sinf(angle);
         }
-        float* base = qkv + static_cast<size_t>(n) * 3 * C;
-        for (int head = 0; head < 2 * NH; ++head) {  // the q heads, then the k heads
+        float* base = qkv + static_cast<size_t>(n) * W;
+        for (int head = 0; head < NH + KVH; ++head) {  // the q heads, then the k heads
             float* lo = base + static_cast<size_t>(head) * HS;
             float* hi = lo + half;
             for (int i = 0; i < half; ++i) {
@@ -39,17 +39,18 @@ void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS
 }
 
 void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
-                          const int32_t* positions, int N, int NH, int HS, int S) {
-    const int C = NH * HS;
+                          const int32_t* positions, int N, int NH, int KVH, int HS, int S) {
+    TRAINER_CHECK(KVH >= 1 && NH % KVH == 0, "{} query heads do not share {} key/value heads evenly", NH, KVH);
+    const int C = NH * HS, KV = KVH * HS, W = C + 2 * KV, group = NH / KVH;
     const auto cache_at = [&](float* cache, int seq, int h, int pos) {
-        return cache + ((static_cast<size_t>(seq) * NH + h) * S + pos) * HS;
+        return cache + ((static_cast<size_t>(seq) * KVH + h) * S + pos) * HS;
     };
     for (int n = 0; n < N; ++n) {
         TRAINER_CHECK(positions[n] >= 0 && positions[n] < S, "position {} outside the cache of {}", positions[n], S);
-        const float* row = qkv + static_cast<size_t>(n) * 3 * C;
-        for (int h = 0; h < NH; ++h) {
+        const float* row = qkv + static_cast<size_t>(n) * W;
+        for (int h = 0; h < KVH; ++h) {
             std::copy_n(row + C + h * HS, HS, cache_at(kcache, seqs[n], h, positions[n]));
-            std::copy_n(row + 2 * C + h * HS, HS, cache_at(vcache, seqs[n], h, positions[n]));
+            std::copy_n(row + C + KV + h * HS, HS, cache_at(vcache, seqs[n], h, positions[n]));
         }
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
@@ -57,9 +58,9 @@ void attention_with_cache(float* out, const float* qkv, float* kcache, float* vc
     for (int n = 0; n < N; ++n) {
         for (int h = 0; h < NH; ++h) {
             const int len = positions[n] + 1;
-            const float* q = qkv + static_cast<size_t>(n) * 3 * C + h * HS;
-            const float* keys = cache_at(kcache, seqs[n], h, 0);
-            const float* values = cache_at(vcache, seqs[n], h, 0);
+            const float* q = qkv + static_cast<size_t>(n) * W + h * HS;
+            const float* keys = cache_at(kcache, seqs[n], h / group, 0);
+            const float* values = cache_at(vcache, seqs[n], h / group, 0);
             std::vector<float> p(len);
             float max = -INFINITY;
             for (int j = 0; j < len; ++j) {

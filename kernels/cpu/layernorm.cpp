@@ -230,24 +230,26 @@ void norm_residual_backward(T* dinp, T* dweight, T* dbias, const T* dout, const 
 
 template <typename T>
 void qk_norm_forward(T* qkv, T* qk, T* mean, T* rstd, const T* q_weight, const T* q_bias, const T* k_weight,
-                     const T* k_bias, int N, int C, float eps, bool rms) {
+                     const T* k_bias, int N, int C, int KV, float eps, bool rms) {
+    const int W = C + 2 * KV, Wqk = C + KV;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; ++n) {
-        std::memcpy(qk + static_cast<size_t>(n) * 2 * C, qkv + static_cast<size_t>(n) * 3 * C,
-                    2 * static_cast<size_t>(C) * sizeof(T));
+        std::memcpy(qk + static_cast<size_t>(n) * Wqk, qkv + static_cast<size_t>(n) * W,
+                    static_cast<size_t>(Wqk) * sizeof(T));
     }
     const T* none = nullptr;
-    norm_rows_forward(qkv, 3 * C, none, mean, rstd, qk, 2 * C, q_weight, q_bias, N, C, eps, rms);
-    norm_rows_forward(qkv + C, 3 * C, none, mean != nullptr ? mean + N : nullptr, rstd + N, qk + C, 2 * C, k_weight,
-                      k_bias, N, C, eps, rms);
+    norm_rows_forward(qkv, W, none, mean, rstd, qk, Wqk, q_weight, q_bias, N, C, eps, rms);
+    norm_rows_forward(qkv + C, W, none, mean != nullptr ? mean + N : nullptr, rstd + N, qk + C, Wqk, k_weight, k_bias,
+                      N, KV, eps, rms);
 }
 
 template <typename T>
 void qk_norm_backward(T* dqkv, T* dq_weight, T* dq_bias, T* dk_weight, T* dk_bias, const T* qk, const T* q_weight,
-                      const T* k_weight, const T* mean, const T* rstd, int N, int C, bool rms) {
-    norm_rows_backward(dqkv, 3 * C, false, dq_weight, dq_bias, dqkv, 3 * C, qk, 2 * C, q_weight, mean, rstd, N, C, rms);
-    norm_rows_backward(dqkv + C, 3 * C, false, dk_weight, dk_bias, dqkv + C, 3 * C, qk + C, 2 * C, k_weight,
-                       mean != nullptr ? mean + N : nullptr, rstd + N, N, C, rms);
+                      const T* k_weight, const T* mean, const T* rstd, int N, int C, int KV, bool rms) {
+    const int W = C + 2 * KV, Wqk = C + KV;
+    norm_rows_backward(dqkv, W, false, dq_weight, dq_bias, dqkv, W, qk, Wqk, q_weight, mean, rstd, N, C, rms);
+    norm_rows_backward(dqkv + C, W, false, dk_weight, dk_bias, dqkv + C, W, qk + C, Wqk, k_weight,
+                       mean != nullptr ? mean + N : nullptr, rstd + N, N, KV, rms);
 }
 
 #define TRAINER_NORM_INSTANTIATE(T)                                                                                    \
@@ -257,9 +259,10 @@ void qk_norm_backward(T* dqkv, T* dq_weight, T* dq_bias, T* dk_weight, T* dk_bia
     template void norm_residual_forward<T>(T*, const T*, T*, T*, const T*, const T*, const T*, int, int, float, bool); \
     template void norm_residual_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int,    \
                                             bool);                                                                     \
-    template void qk_norm_forward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, int, int, float, bool);   \
+    template void qk_norm_forward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, int, int, int, float,     \
+                                     bool);                                                                            \
     template void qk_norm_backward<T>(T*, T*, T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int,  \
-                                      bool);
+                                      int, bool);
 TRAINER_NORM_INSTANTIATE(float)
 TRAINER_NORM_INSTANTIATE(double)
 #undef TRAINER_NORM_INSTANTIATE

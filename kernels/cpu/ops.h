@@ -52,10 +52,16 @@ void norm_residual_backward(T* dinp, T* dweight, T* dbias, const T* dout, const 
                             const T* rstd, int N, int C, bool rms);
 template <typename T>
 void qk_norm_forward(T* qkv, T* qk, T* mean, T* rstd, const T* q_weight, const T* q_bias, const T* k_weight,
-                     const T* k_bias, int N, int C, float eps, bool rms);
+                     const T* k_bias, int N, int C, int KV, float eps, bool rms);
 template <typename T>
 void qk_norm_backward(T* dqkv, T* dq_weight, T* dq_bias, T* dk_weight, T* dk_bias, const T* qk, const T* q_weight,
-                      const T* k_weight, const T* mean, const T* rstd, int N, int C, bool rms);
+                      const T* k_weight, const T* mean, const T* rstd, int N, int C, int KV, bool rms);
+
+// ---- kv_heads.cpp: grouped-query attention's shared heads (Backend::kv_heads_expand, kv_heads_reduce). ----
+template <typename T>
+void kv_heads_expand(T* out, const T* inp, int N, int NH, int KVH, int HS);
+template <typename T>
+void kv_heads_reduce(T* dinp, const T* dout, int N, int NH, int KVH, int HS);
 
 // ---- rope.cpp ----
 // For T = float the angles are computed in fp32 as OLMo does.
@@ -77,9 +83,9 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
                         int HS);
 
 // ---- kv_cache.cpp: generation (Backend::rope_forward_at, Backend::attention_with_cache). ----
-void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS, float theta, int S);
+void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int KVH, int HS, float theta, int S);
 void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
-                          const int32_t* positions, int N, int NH, int HS, int S);
+                          const int32_t* positions, int N, int NH, int KVH, int HS, int S);
 
 // ---- activation.cpp ----
 template <typename T>

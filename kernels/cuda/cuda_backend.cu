@@ -609,31 +609,43 @@ class CudaBackend final : public Backend {
                                      mean, rstd, N, C, rms, norm_scratch(N, C), stream_);
     }
     void qk_norm_forward(GemmOperand qkv, GemmOperand qk, float* mean, float* rstd, const float* q_weight,
-                         const float* q_bias, const float* k_weight, const float* k_bias, int N, int C, float eps,
-                         NormKind kind) override {
+                         const float* q_bias, const float* k_weight, const float* k_bias, int N, int C, int KV,
+                         float eps, NormKind kind) override {
         const OpMark mark(*timeline_, "qk_norm_forward");
         TRAINER_CHECK(qkv.bf16 == qk.bf16, "qk_norm_forward: qkv and qk in one storage type");
         const bool rms = kind == NormKind::kRms;
         if (qkv.bf16) {
-            return cuda::qk_norm_forward(qkv.b16(), qk.b16(), mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, eps,
-                                         rms, stream_);
+            return cuda::qk_norm_forward(qkv.b16(), qk.b16(), mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, KV,
+                                         eps, rms, stream_);
         }
-        cuda::qk_norm_forward(qkv.f32(), qk.f32(), mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, eps, rms,
+        cuda::qk_norm_forward(qkv.f32(), qk.f32(), mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, KV, eps, rms,
                               stream_);
     }
     void qk_norm_backward(GemmOperand dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias,
                           GemmOperand qk, const float* q_weight, const float* k_weight, const float* mean,
-                          const float* rstd, int N, int C, NormKind kind) override {
+                          const float* rstd, int N, int C, int KV, NormKind kind) override {
         const OpMark mark(*timeline_, "qk_norm_backward");
         TRAINER_CHECK(dqkv.bf16 == qk.bf16, "qk_norm_backward: dqkv and qk in one storage type");
         const bool rms = kind == NormKind::kRms;
         if (qk.bf16) {
             return cuda::qk_norm_backward(dqkv.b16(), dq_weight, dq_bias, dk_weight, dk_bias,
                                           static_cast<const uint16_t*>(qk.b16()), q_weight, k_weight, mean, rstd, N, C,
-                                          rms, norm_scratch(N, C), stream_);
+                                          KV, rms, norm_scratch(N, C), stream_);
         }
         cuda::qk_norm_backward(dqkv.f32(), dq_weight, dq_bias, dk_weight, dk_bias, static_cast<const float*>(qk.f32()),
-                               q_weight, k_weight, mean, rstd, N, C, rms, norm_scratch(N, C), stream_);
+                               q_weight, k_weight, mean, rstd, N, C, KV, rms, norm_scratch(N, C), stream_);
+    }
+    void kv_heads_expand(GemmOperand out, GemmOperand inp, int N, int NH, int KVH, int HS) override {
+        const OpMark mark(*timeline_, "kv_heads_expand");
+        TRAINER_CHECK(out.bf16 == inp.bf16, "kv_heads_expand: out and inp in one storage type");
+        if (out.bf16) return cuda::kv_heads_expand(out.b16(), inp.b16(), N, NH, KVH, HS, stream_);
+        cuda::kv_heads_expand(out.f32(), inp.f32(), N, NH, KVH, HS, stream_);
+    }
+    void kv_heads_reduce(GemmOperand dinp, GemmOperand dout, int N, int NH, int KVH, int HS) override {
+        const OpMark mark(*timeline_, "kv_heads_reduce");
+        TRAINER_CHECK(dinp.bf16 == dout.bf16, "kv_heads_reduce: dinp and dout in one storage type");
+        if (dinp.bf16) return cuda::kv_heads_reduce(dinp.b16(), dout.b16(), N, NH, KVH, HS, stream_);
+        cuda::kv_heads_reduce(dinp.f32(), dout.f32(), N, NH, KVH, HS, stream_);
     }
     void rope_forward(GemmOperand qkv, int B, int T, int NH, int HS, float theta) override {
         const OpMark mark(*timeline_, "rope_forward");
@@ -647,15 +659,16 @@ class CudaBackend final : public Backend {
         if (dqkv.bf16) return cuda::rope_backward(dqkv.b16(), cos_t, sin_t, B, T, NH, HS, stream_);
         cuda::rope_backward(dqkv.f32(), cos_t, sin_t, B, T, NH, HS, stream_);
     }
-    void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int HS, float theta, int S) override {
+    void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int KVH, int HS, float theta,
+                         int S) override {
         const OpMark mark(*timeline_, "rope_forward_at");
         const auto& [cos_t, sin_t] = rope_table(S, HS, theta);
-        cuda::rope_forward_at(qkv, positions, cos_t, sin_t, N, NH, HS, stream_);
+        cuda::rope_forward_at(qkv, positions, cos_t, sin_t, N, NH, KVH, HS, stream_);
     }
     void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
-                              const int32_t* positions, int N, int NH, int HS, int S) override {
+                              const int32_t* positions, int N, int NH, int KVH, int HS, int S) override {
         const OpMark mark(*timeline_, "attention_with_cache");
-        cuda::attention_with_cache(out, qkv, kcache, vcache, seqs, positions, N, NH, HS, S, stream_);
+        cuda::attention_with_cache(out, qkv, kcache, vcache, seqs, positions, N, NH, KVH, HS, S, stream_);
     }
     void attention_forward(GemmOperand out, float* lse, GemmOperand qkv, int B, int T, int NH, int HS) override {
         const OpMark mark(*timeline_, "attention_forward");

@@ -1,7 +1,7 @@
 // Generation's ops on the GPU, the twin of kernels/cpu/kv_cache.cpp, in fp32: RoPE at each row's own position (the
 // cos/sin table of cpu::rope_table_f32, as the training rope uses, so both rotate by bitwise the same values), and
-// attention with a KV cache: the rows' k and v written into the caches, then one warp per (row, head) streams its
-// sequence's cached keys and values with an online softmax, each lane owning every 32nd channel of the head, the
+// attention with a KV cache: the rows' k and v written into the caches, then one warp per (row, query head) streams
+// its sequence's cached keys and values with an online softmax, each lane owning every 32nd channel of the head, the
 // dot products completed by warp shuffles. Decoding reads each cached key and value once per token; nothing is
 // tiled, since a decode step has one query a sequence. No atomics: each output is summed in a fixed order.
 #include <algorithm>
@@ -19,14 +19,14 @@ constexpr int kWarp = 32;
 constexpr int kMaxPerLane = kCudaNativeAttentionMaxHeadSize / kWarp;
 
 __global__ void rope_at_kernel(float* qkv, const int32_t* positions, const float* cos_t, const float* sin_t, int N,
-                               int NH, int HS) {
-    const int half = HS / 2, C = NH * HS, pairs = 2 * NH * half;
+                               int NH, int KVH, int HS) {
+    const int half = HS / 2, W = (NH + 2 * KVH) * HS, pairs = (NH + KVH) * half;
     for (int n = blockIdx.y; n < N; n += gridDim.y) {
         const float* ct = cos_t + static_cast<size_t>(positions[n]) * half;
         const float* st = sin_t + static_cast<size_t>(positions[n]) * half;
         for (int g = blockIdx.x * blockDim.x + threadIdx.x; g < pairs; g += gridDim.x * blockDim.x) {
             const int head = g / half, i = g % half;
-            float* lo = qkv + static_cast<size_t>(n) * 3 * C + static_cast<size_t>(head) * HS;
+            float* lo = qkv + static_cast<size_t>(n) * W + static_cast<size_t>(head) * HS;
             const float x0 = lo[i], x1 = lo[i + half];
             lo[i] = x0 * ct[i] - x1 * st[i];
             lo[i + half] = x1 * ct[i] + x0 * st[i];
@@ -34,31 +34,32 @@ __global__ void rope_at_kernel(float* qkv, const int32_t* positions, const float
     }
 }
 
-// Row n's k and v (C channels each) into the caches (sequences, NH, S, HS) at its sequence and position.
+// Row n's k and v (KV = KVH * HS channels each) into the caches (sequences, KVH, S, HS) at its sequence and position.
 __global__ void cache_write_kernel(float* kcache, float* vcache, const float* qkv, const int32_t* seqs,
-                                   const int32_t* positions, int N, int NH, int HS, int S) {
-    const int C = NH * HS;
+                                   const int32_t* positions, int N, int NH, int KVH, int HS, int S) {
+    const int C = NH * HS, KV = KVH * HS;
     for (int n = blockIdx.y; n < N; n += gridDim.y) {
-        const float* row = qkv + static_cast<size_t>(n) * 3 * C;
-        for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+        const float* row = qkv + static_cast<size_t>(n) * (C + 2 * KV);
+        for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < KV; c += gridDim.x * blockDim.x) {
             const int h = c / HS, d = c % HS;
-            const size_t at = ((static_cast<size_t>(seqs[n]) * NH + h) * S + positions[n]) * HS + d;
+            const size_t at = ((static_cast<size_t>(seqs[n]) * KVH + h) * S + positions[n]) * HS + d;
             kcache[at] = row[C + c];
-            vcache[at] = row[2 * C + c];
+            vcache[at] = row[C + KV + c];
         }
     }
 }
 
-// One warp per (row, head): blockIdx.x the row, the warp within the block its head.
+// One warp per (row, query head): blockIdx.x the row, the warp within the block its head, which reads the cache of
+// its group's shared head.
 __global__ void cached_attention_kernel(float* out, const float* qkv, const float* kcache, const float* vcache,
-                                        const int32_t* seqs, const int32_t* positions, int NH, int HS, int S,
+                                        const int32_t* seqs, const int32_t* positions, int NH, int KVH, int HS, int S,
                                         float scale) {
     const int n = blockIdx.x, lane = threadIdx.x % kWarp;
     const int h = blockIdx.y * (blockDim.x / kWarp) + threadIdx.x / kWarp;
     if (h >= NH) return;  // whole warps only: the shuffles below never miss a lane
     const int C = NH * HS, len = positions[n] + 1;
-    const float* q = qkv + static_cast<size_t>(n) * 3 * C + static_cast<size_t>(h) * HS;
-    const size_t head0 = (static_cast<size_t>(seqs[n]) * NH + h) * S * HS;
+    const float* q = qkv + static_cast<size_t>(n) * (C + 2 * KVH * HS) + static_cast<size_t>(h) * HS;
+    const size_t head0 = (static_cast<size_t>(seqs[n]) * KVH + h / (NH / KVH)) * S * HS;
     float qr[kMaxPerLane], acc[kMaxPerLane];
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
@@ -99,28 +100,30 @@ __global__ void cached_attention_kernel(float* out, const float* qkv, const floa
 }  // namespace
 
 void rope_forward_at(float* qkv, const int32_t* positions, const float* cos_t, const float* sin_t, int N, int NH,
-                     int HS, cudaStream_t stream) {
-    const int pairs = NH * HS;  // 2 NH heads of HS / 2 pairs
+                     int KVH, int HS, cudaStream_t stream) {
+    const int pairs = (NH + KVH) * (HS / 2);  // the q and k heads, HS / 2 pairs each
     if (N == 0 || pairs == 0) return;
     const dim3 grid(grid_for(static_cast<size_t>(pairs), kPointwiseBlock), static_cast<unsigned>(std::min(N, 65535)));
-    TRAINER_LAUNCH(rope_at_kernel, grid, kPointwiseBlock, 0, stream, qkv, positions, cos_t, sin_t, N, NH, HS);
+    TRAINER_LAUNCH(rope_at_kernel, grid, kPointwiseBlock, 0, stream, qkv, positions, cos_t, sin_t, N, NH, KVH, HS);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
 void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
-                          const int32_t* positions, int N, int NH, int HS, int S, cudaStream_t stream) {
+                          const int32_t* positions, int N, int NH, int KVH, int HS, int S, cudaStream_t stream) {
     TRAINER_CHECK(HS <= kCudaNativeAttentionMaxHeadSize, "cached attention: head size {} above {}", HS,
                   kCudaNativeAttentionMaxHeadSize);
+    TRAINER_CHECK(KVH >= 1 && NH % KVH == 0, "{} query heads do not share {} key/value heads evenly", NH, KVH);
     if (N == 0) return;
-    const int C = NH * HS;
-    const dim3 write_grid(grid_for(static_cast<size_t>(C), kPointwiseBlock), static_cast<unsigned>(std::min(N, 65535)));
+    const int KV = KVH * HS;
+    const dim3 write_grid(grid_for(static_cast<size_t>(KV), kPointwiseBlock),
+                          static_cast<unsigned>(std::min(N, 65535)));
     TRAINER_LAUNCH(cache_write_kernel, write_grid, kPointwiseBlock, 0, stream, kcache, vcache, qkv, seqs, positions, N,
-                   NH, HS, S);
+                   NH, KVH, HS, S);
     TRAINER_CUDA_CHECK(cudaGetLastError());
     constexpr int kWarpsPerBlock = 4;
     const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>((NH + kWarpsPerBlock - 1) / kWarpsPerBlock));
     TRAINER_LAUNCH(cached_attention_kernel, grid, kWarpsPerBlock * kWarp, 0, stream, out, qkv, kcache, vcache, seqs,
-                   positions, NH, HS, S, 1.0f / sqrtf(static_cast<float>(HS)));
+                   positions, NH, KVH, HS, S, 1.0f / sqrtf(static_cast<float>(HS)));
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 

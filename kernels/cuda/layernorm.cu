@@ -418,27 +418,29 @@ void norm_backward_from_output_launch(float* dinp, const float* dout, const Y* o
     held_groups(vec, C, run);
 }
 
-// q and k of qkv copied aside into qk (rows of 2C), then each normalised from there back into qkv.
+// q and k of qkv (rows of C+2KV) copied aside into qk (rows of C+KV), then each normalised from there back into qkv.
 template <typename T>
 void qk_norm_forward_launch(T* qkv, T* qk, float* mean, float* rstd, const float* q_weight, const float* q_bias,
-                            const float* k_weight, const float* k_bias, int N, int C, float eps, bool rms,
+                            const float* k_weight, const float* k_bias, int N, int C, int KV, float eps, bool rms,
                             cudaStream_t stream) {
     if (N == 0) return;
-    TRAINER_CUDA_CHECK(cudaMemcpy2DAsync(qk, 2 * C * sizeof(T), qkv, 3 * C * sizeof(T), 2 * C * sizeof(T),
+    const int W = C + 2 * KV, Wqk = C + KV;
+    TRAINER_CUDA_CHECK(cudaMemcpy2DAsync(qk, Wqk * sizeof(T), qkv, W * sizeof(T), Wqk * sizeof(T),
                                          static_cast<size_t>(N), cudaMemcpyDeviceToDevice, stream));
-    norm_forward_launch(qkv, 3 * C, nullptr, mean, rstd, qk, 2 * C, q_weight, q_bias, N, C, eps, rms, stream);
-    norm_forward_launch(qkv + C, 3 * C, nullptr, mean != nullptr ? mean + N : nullptr, rstd + N, qk + C, 2 * C,
-                        k_weight, k_bias, N, C, eps, rms, stream);
+    norm_forward_launch(qkv, W, nullptr, mean, rstd, qk, Wqk, q_weight, q_bias, N, C, eps, rms, stream);
+    norm_forward_launch(qkv + C, W, nullptr, mean != nullptr ? mean + N : nullptr, rstd + N, qk + C, Wqk, k_weight,
+                        k_bias, N, KV, eps, rms, stream);
 }
 
 template <typename T>
 void qk_norm_backward_launch(T* dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias, const T* qk,
                              const float* q_weight, const float* k_weight, const float* mean, const float* rstd, int N,
-                             int C, bool rms, float* scratch, cudaStream_t stream) {
-    norm_backward_launch(dqkv, 3 * C, false, dq_weight, dq_bias, static_cast<const T*>(dqkv), 3 * C, qk, 2 * C,
-                         q_weight, mean, rstd, N, C, rms, scratch, stream);
-    norm_backward_launch(dqkv + C, 3 * C, false, dk_weight, dk_bias, static_cast<const T*>(dqkv + C), 3 * C, qk + C,
-                         2 * C, k_weight, mean != nullptr ? mean + N : nullptr, rstd + N, N, C, rms, scratch, stream);
+                             int C, int KV, bool rms, float* scratch, cudaStream_t stream) {
+    const int W = C + 2 * KV, Wqk = C + KV;
+    norm_backward_launch(dqkv, W, false, dq_weight, dq_bias, static_cast<const T*>(dqkv), W, qk, Wqk, q_weight, mean,
+                         rstd, N, C, rms, scratch, stream);
+    norm_backward_launch(dqkv + C, W, false, dk_weight, dk_bias, static_cast<const T*>(dqkv + C), W, qk + C, Wqk,
+                         k_weight, mean != nullptr ? mean + N : nullptr, rstd + N, N, KV, rms, scratch, stream);
 }
 
 }  // namespace
@@ -501,29 +503,29 @@ void norm_residual_backward(uint16_t* dinp, float* dweight, float* dbias, const 
 }
 
 void qk_norm_forward(float* qkv, float* qk, float* mean, float* rstd, const float* q_weight, const float* q_bias,
-                     const float* k_weight, const float* k_bias, int N, int C, float eps, bool rms,
+                     const float* k_weight, const float* k_bias, int N, int C, int KV, float eps, bool rms,
                      cudaStream_t stream) {
-    qk_norm_forward_launch(qkv, qk, mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, eps, rms, stream);
+    qk_norm_forward_launch(qkv, qk, mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, KV, eps, rms, stream);
 }
 
 void qk_norm_forward(uint16_t* qkv, uint16_t* qk, float* mean, float* rstd, const float* q_weight, const float* q_bias,
-                     const float* k_weight, const float* k_bias, int N, int C, float eps, bool rms,
+                     const float* k_weight, const float* k_bias, int N, int C, int KV, float eps, bool rms,
                      cudaStream_t stream) {
-    qk_norm_forward_launch(qkv, qk, mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, eps, rms, stream);
+    qk_norm_forward_launch(qkv, qk, mean, rstd, q_weight, q_bias, k_weight, k_bias, N, C, KV, eps, rms, stream);
 }
 
 void qk_norm_backward(float* dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias, const float* qk,
                       const float* q_weight, const float* k_weight, const float* mean, const float* rstd, int N, int C,
-                      bool rms, float* scratch, cudaStream_t stream) {
-    qk_norm_backward_launch(dqkv, dq_weight, dq_bias, dk_weight, dk_bias, qk, q_weight, k_weight, mean, rstd, N, C, rms,
-                            scratch, stream);
+                      int KV, bool rms, float* scratch, cudaStream_t stream) {
+    qk_norm_backward_launch(dqkv, dq_weight, dq_bias, dk_weight, dk_bias, qk, q_weight, k_weight, mean, rstd, N, C, KV,
+                            rms, scratch, stream);
 }
 
 void qk_norm_backward(uint16_t* dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias,
                       const uint16_t* qk, const float* q_weight, const float* k_weight, const float* mean,
-                      const float* rstd, int N, int C, bool rms, float* scratch, cudaStream_t stream) {
-    qk_norm_backward_launch(dqkv, dq_weight, dq_bias, dk_weight, dk_bias, qk, q_weight, k_weight, mean, rstd, N, C, rms,
-                            scratch, stream);
+                      const float* rstd, int N, int C, int KV, bool rms, float* scratch, cudaStream_t stream) {
+    qk_norm_backward_launch(dqkv, dq_weight, dq_bias, dk_weight, dk_bias, qk, q_weight, k_weight, mean, rstd, N, C, KV,
+                            rms, scratch, stream);
 }
 
 }  // namespace trainer::cuda

@@ -157,20 +157,20 @@ void norm_residual_backward(float* dinp, float* dweight, float* dbias, const flo
 void norm_residual_backward(uint16_t* dinp, float* dweight, float* dbias, const float* dout, const uint16_t* inp,
                             const float* weight, const float* mean, const float* rstd, int N, int C, bool rms,
                             float* scratch, cudaStream_t stream);
-// QK-norm on q and k of qkv(N,3C) in place, their inputs saved in qk(N,2C) (a strided copy, then the norm
-// from there); mean/rstd (2N each). The backward runs in place on dqkv. fp32 or bf16 throughout.
+// QK-norm on q (C) and k (KV) of qkv(N, C+2KV) in place, their inputs saved in qk(N, C+KV) (a strided copy, then
+// the norm from there); mean/rstd (2N each). The backward runs in place on dqkv. fp32 or bf16 throughout.
 void qk_norm_forward(float* qkv, float* qk, float* mean, float* rstd, const float* q_weight, const float* q_bias,
-                     const float* k_weight, const float* k_bias, int N, int C, float eps, bool rms,
+                     const float* k_weight, const float* k_bias, int N, int C, int KV, float eps, bool rms,
                      cudaStream_t stream);
 void qk_norm_forward(uint16_t* qkv, uint16_t* qk, float* mean, float* rstd, const float* q_weight, const float* q_bias,
-                     const float* k_weight, const float* k_bias, int N, int C, float eps, bool rms,
+                     const float* k_weight, const float* k_bias, int N, int C, int KV, float eps, bool rms,
                      cudaStream_t stream);
 void qk_norm_backward(float* dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias, const float* qk,
                       const float* q_weight, const float* k_weight, const float* mean, const float* rstd, int N, int C,
-                      bool rms, float* scratch, cudaStream_t stream);
+                      int KV, bool rms, float* scratch, cudaStream_t stream);
 void qk_norm_backward(uint16_t* dqkv, float* dq_weight, float* dq_bias, float* dk_weight, float* dk_bias,
                       const uint16_t* qk, const float* q_weight, const float* k_weight, const float* mean,
-                      const float* rstd, int N, int C, bool rms, float* scratch, cudaStream_t stream);
+                      const float* rstd, int N, int C, int KV, bool rms, float* scratch, cudaStream_t stream);
 
 // RoPE in place on q and k of qkv (B, T, 3C), with the (T, HS/2) cos/sin tables of cpu::rope_table_f32 on
 // the device; the backward rotates back (rope.cu).
@@ -188,9 +188,16 @@ void rope_backward(uint16_t* dqkv, const float* cos_t, const float* sin_t, int B
 // Generation (kv_cache.cu): RoPE of fp32 rows at positions[n] with the (S, HS/2) tables above, and attention
 // with a KV cache (Backend::attention_with_cache's contract; heads up to 256 channels).
 void rope_forward_at(float* qkv, const int32_t* positions, const float* cos_t, const float* sin_t, int N, int NH,
-                     int HS, cudaStream_t stream);
+                     int KVH, int HS, cudaStream_t stream);
 void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
-                          const int32_t* positions, int N, int NH, int HS, int S, cudaStream_t stream);
+                          const int32_t* positions, int N, int NH, int KVH, int HS, int S, cudaStream_t stream);
+
+// Grouped-query attention's shared heads (kv_heads.cu): Backend::kv_heads_expand and kv_heads_reduce, fp32 or bf16
+// (the reduce sums a group in fp32 and rounds once).
+void kv_heads_expand(float* out, const float* inp, int N, int NH, int KVH, int HS, cudaStream_t stream);
+void kv_heads_expand(uint16_t* out, const uint16_t* inp, int N, int NH, int KVH, int HS, cudaStream_t stream);
+void kv_heads_reduce(float* dinp, const float* dout, int N, int NH, int KVH, int HS, cudaStream_t stream);
+void kv_heads_reduce(uint16_t* dinp, const uint16_t* dout, int N, int NH, int KVH, int HS, cudaStream_t stream);
 
 // Residual add (out may alias a or b) and in-place scaling (residual.cu).
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);

@@ -568,13 +568,15 @@ void test_norm_residual() {
 void test_qk_norm() {
     for (const bool rms : {false, true}) {
         for (int N : {1, 33}) {
-            for (int C : {31, 64, 2048}) {
+            // C, KV: k as wide as q, and a quarter of it (grouped-query attention).
+            for (const auto& [C, KV] : std::vector<std::pair<int, int>>{{31, 31}, {64, 64}, {64, 16}, {2048, 2048}}) {
                 for (int affine = 0; affine < 3; ++affine) {
-                    const Where at("rms={} N={} C={} affine={}", rms, N, C, affine);
-                    const size_t N3C = static_cast<size_t>(N) * 3 * C, N2C = static_cast<size_t>(N) * 2 * C;
+                    const Where at("rms={} N={} C={} KV={} affine={}", rms, N, C, KV, affine);
+                    const int W = C + 2 * KV, Wqk = C + KV;
+                    const size_t N3C = static_cast<size_t>(N) * W, N2C = static_cast<size_t>(N) * Wqk;
                     const auto qkv = wave(N3C, 2.0f, 0.4f), g = wave(N3C, 1.0f, 0.7f);
-                    const auto qw = wave(C, 1.0f, 1.0f), qb = wave(C, 0.3f, 1.5f), kw = wave(C, 1.0f, 2.0f),
-                               kb = wave(C, 0.3f, 2.5f);
+                    const auto qw = wave(C, 1.0f, 1.0f), qb = wave(C, 0.3f, 1.5f), kw = wave(KV, 1.0f, 2.0f),
+                               kb = wave(KV, 0.3f, 2.5f);
                     const float* qwp = affine >= 1 ? qw.data() : nullptr;
                     const float* qbp = affine == 2 ? qb.data() : nullptr;
                     const float* kwp = affine >= 1 ? kw.data() : nullptr;
@@ -586,16 +588,16 @@ void test_qk_norm() {
                         auto [q16, qr] = bf16_rounded(qkv);
                         auto [g16, gr] = bf16_rounded(g);
                         std::vector<float> out = bf16 ? qr : qkv, dq = bf16 ? gr : g, qk(N2C), mean(2 * N), rstd(2 * N);
-                        std::vector<float> gq(C, 0.25f), gqb(C, 0.5f), gk(C, -0.25f), gkb(C, 0.125f);
+                        std::vector<float> gq(C, 0.25f), gqb(C, 0.5f), gk(KV, -0.25f), gkb(KV, 0.125f);
                         float* mean_h = rms ? nullptr : mean.data();
                         trainer::cpu::qk_norm_forward(out.data(), qk.data(), mean_h, rstd.data(), qwp, qbp, kwp, kbp, N,
-                                                      C, 1e-6f, rms);
+                                                      C, KV, 1e-6f, rms);
                         trainer::cpu::qk_norm_backward(dq.data(), qwp ? gq.data() : nullptr, qbp ? gqb.data() : nullptr,
                                                        kwp ? gk.data() : nullptr, kbp ? gkb.data() : nullptr, qk.data(),
-                                                       qwp, kwp, mean_h, rstd.data(), N, C, rms);
+                                                       qwp, kwp, mean_h, rstd.data(), N, C, KV, rms);
                         Dev<float> dmean(2 * N), drstd(2 * N), dgq(std::vector<float>(C, 0.25f)),
-                            dgqb(std::vector<float>(C, 0.5f)), dgk(std::vector<float>(C, -0.25f)),
-                            dgkb(std::vector<float>(C, 0.125f));
+                            dgqb(std::vector<float>(C, 0.5f)), dgk(std::vector<float>(KV, -0.25f)),
+                            dgkb(std::vector<float>(KV, 0.125f));
                         float* mean_d = rms ? nullptr : dmean.p;
                         float* gq_d = qwp ? dgq.p : nullptr;
                         float* gqb_d = qbp ? dgqb.p : nullptr;
@@ -605,30 +607,30 @@ void test_qk_norm() {
                             Dev<uint16_t> d_qkv(q16), d_qk(N2C), d_g(g16);
                             trainer::cuda::qk_norm_forward(d_qkv.p, d_qk.p, mean_d, drstd.p, qwp ? dqw.p : nullptr,
                                                            qbp ? dqb.p : nullptr, kwp ? dkw.p : nullptr,
-                                                           kbp ? dkb.p : nullptr, N, C, 1e-6f, rms, nullptr);
+                                                           kbp ? dkb.p : nullptr, N, C, KV, 1e-6f, rms, nullptr);
                             std::vector<uint16_t> saved = d_qk.host(), want(N2C);
                             for (int n = 0; n < N; ++n) {
-                                std::copy_n(q16.begin() + static_cast<size_t>(n) * 3 * C, 2 * C,
-                                            want.begin() + static_cast<size_t>(n) * 2 * C);
+                                std::copy_n(q16.begin() + static_cast<size_t>(n) * W, Wqk,
+                                            want.begin() + static_cast<size_t>(n) * Wqk);
                             }
                             expect(saved == want, "qk_norm_forward saves q and k bitwise (bf16)");
                             expect_close_bf16(out, d_qkv, "qk_norm_forward (bf16) matches the CPU rounded");
                             trainer::cuda::qk_norm_backward(d_g.p, gq_d, gqb_d, gk_d, gkb_d,
                                                             static_cast<const uint16_t*>(d_qk.p), qwp ? dqw.p : nullptr,
-                                                            kwp ? dkw.p : nullptr, mean_d, drstd.p, N, C, rms,
+                                                            kwp ? dkw.p : nullptr, mean_d, drstd.p, N, C, KV, rms,
                                                             scratch.p, nullptr);
                             expect_close_bf16(dq, d_g, "qk_norm_backward (bf16) matches the CPU rounded", 1e-2, 1.6e-2);
                         } else {
                             Dev<float> d_qkv(qkv), d_qk(N2C), d_g(g);
                             trainer::cuda::qk_norm_forward(d_qkv.p, d_qk.p, mean_d, drstd.p, qwp ? dqw.p : nullptr,
                                                            qbp ? dqb.p : nullptr, kwp ? dkw.p : nullptr,
-                                                           kbp ? dkb.p : nullptr, N, C, 1e-6f, rms, nullptr);
+                                                           kbp ? dkb.p : nullptr, N, C, KV, 1e-6f, rms, nullptr);
                             expect(d_qk.host() == qk, "qk_norm_forward saves q and k bitwise");
                             expect_close(out, d_qkv.host(), "qk_norm_forward matches the CPU (v untouched)", 1e-5,
                                          1e-4);
                             trainer::cuda::qk_norm_backward(d_g.p, gq_d, gqb_d, gk_d, gkb_d,
                                                             static_cast<const float*>(d_qk.p), qwp ? dqw.p : nullptr,
-                                                            kwp ? dkw.p : nullptr, mean_d, drstd.p, N, C, rms,
+                                                            kwp ? dkw.p : nullptr, mean_d, drstd.p, N, C, KV, rms,
                                                             scratch.p, nullptr);
                             expect_close(dq, d_g.host(), "qk_norm_backward matches the CPU (dv untouched)", 1e-5, 1e-4);
                         }
@@ -792,44 +794,90 @@ void test_attention() {
 
 // Generation's ops (kv_cache.cu) against the CPU: RoPE at each row's position (the CPU's angles, from the same
 // table), and attention with a KV cache over three sequences, first a prompt of several rows a
-// sequence (causal among themselves), then one decode row each, the caches carried over between the calls.
+// sequence (causal among themselves), then one decode row each, the caches carried over between the calls; with a
+// key/value head for every query head, and shared ones (grouped-query and multi-query attention).
 void test_kv_cache() {
-    for (int HS : {8, 40, 64, 128, 256}) {
-        const Where at("NH=3 HS={}", HS);
-        const int NH = 3, C = NH * HS, S = 40, seqs_n = 3;
+    struct Shape {
+        int NH, KVH, HS;
+    };
+    for (const Shape sh : {Shape{3, 3, 8}, Shape{3, 3, 40}, Shape{3, 3, 64}, Shape{3, 3, 128}, Shape{3, 3, 256},
+                           Shape{4, 2, 64}, Shape{6, 1, 40}}) {
+        const int NH = sh.NH, KVH = sh.KVH, HS = sh.HS;
+        const Where at("NH={} KVH={} HS={}", NH, KVH, HS);
+        const int C = NH * HS, W = (NH + 2 * KVH) * HS, S = 40, seqs_n = 3;
         std::vector<int32_t> seqs, pos;
         const int prompt[seqs_n] = {5, 1, 33};
         for (int b = 0; b < seqs_n; ++b) {
             for (int t = 0; t < prompt[b]; ++t) seqs.push_back(b), pos.push_back(t);
         }
         const int N = static_cast<int>(seqs.size());
-        auto qkv = wave(static_cast<size_t>(N) * 3 * C, 1.0f, 0.3f);
+        auto qkv = wave(static_cast<size_t>(N) * W, 1.0f, 0.3f);
         std::vector<float> cos_t(static_cast<size_t>(S) * HS / 2), sin_t(cos_t.size());
         trainer::cpu::rope_table_f32(cos_t.data(), sin_t.data(), S, HS, 10000.0f);
         Dev<float> dq(qkv), dc(cos_t), ds(sin_t);
         Dev<int32_t> dseqs(seqs), dpos(pos);
-        trainer::cpu::rope_forward_at(qkv.data(), pos.data(), N, NH, HS, 10000.0f, S);
-        trainer::cuda::rope_forward_at(dq.p, dpos.p, dc.p, ds.p, N, NH, HS, nullptr);
+        trainer::cpu::rope_forward_at(qkv.data(), pos.data(), N, NH, KVH, HS, 10000.0f, S);
+        trainer::cuda::rope_forward_at(dq.p, dpos.p, dc.p, ds.p, N, NH, KVH, HS, nullptr);
         expect_close(qkv, dq.host(), "rope_forward_at matches the CPU");
-        const size_t cache = static_cast<size_t>(seqs_n) * NH * S * HS;
+        const size_t cache = static_cast<size_t>(seqs_n) * KVH * S * HS;
         std::vector<float> kc(cache, 0.0f), vc(cache, 0.0f), out(static_cast<size_t>(N) * C);
         Dev<float> dkc(kc), dvc(vc), dout(out.size());
         trainer::cpu::attention_with_cache(out.data(), qkv.data(), kc.data(), vc.data(), seqs.data(), pos.data(), N, NH,
-                                           HS, S);
-        trainer::cuda::attention_with_cache(dout.p, dq.p, dkc.p, dvc.p, dseqs.p, dpos.p, N, NH, HS, S, nullptr);
+                                           KVH, HS, S);
+        trainer::cuda::attention_with_cache(dout.p, dq.p, dkc.p, dvc.p, dseqs.p, dpos.p, N, NH, KVH, HS, S, nullptr);
         expect_close(out, dout.host(), "attention_with_cache over prompts matches the CPU", 1e-5, 1e-5);
         expect_close(kc, dkc.host(), "the prompts' keys in the cache are the CPU's");
         // One decode row a sequence, at the position after its prompt.
         const std::vector<int32_t> step_seqs = {0, 1, 2}, step_pos = {5, 1, 33};
-        const auto step = wave(static_cast<size_t>(seqs_n) * 3 * C, 0.7f, 0.9f);
+        const auto step = wave(static_cast<size_t>(seqs_n) * W, 0.7f, 0.9f);
         std::vector<float> step_out(static_cast<size_t>(seqs_n) * C);
         Dev<float> dstep(step), dstep_out(step_out.size());
         Dev<int32_t> dss(step_seqs), dsp(step_pos);
         trainer::cpu::attention_with_cache(step_out.data(), step.data(), kc.data(), vc.data(), step_seqs.data(),
-                                           step_pos.data(), seqs_n, NH, HS, S);
-        trainer::cuda::attention_with_cache(dstep_out.p, dstep.p, dkc.p, dvc.p, dss.p, dsp.p, seqs_n, NH, HS, S,
+                                           step_pos.data(), seqs_n, NH, KVH, HS, S);
+        trainer::cuda::attention_with_cache(dstep_out.p, dstep.p, dkc.p, dvc.p, dss.p, dsp.p, seqs_n, NH, KVH, HS, S,
                                             nullptr);
         expect_close(step_out, dstep_out.host(), "attention_with_cache of a decode step matches the CPU", 1e-5, 1e-5);
+    }
+}
+
+// kv_heads_expand of `inp` and kv_heads_reduce of `dout` on the device, in T's storage: (out, dinp) on the host.
+template <typename T>
+std::pair<std::vector<T>, std::vector<T>> kv_heads_on_device(const std::vector<T>& inp, const std::vector<T>& dout,
+                                                             int N, int NH, int KVH, int HS) {
+    Dev<T> d_inp(inp), d_out(dout.size()), d_dout(dout), d_dinp(inp.size());
+    trainer::cuda::kv_heads_expand(d_out.p, d_inp.p, N, NH, KVH, HS, nullptr);
+    trainer::cuda::kv_heads_reduce(d_dinp.p, d_dout.p, N, NH, KVH, HS, nullptr);
+    return {d_out.host(), d_dinp.host()};
+}
+
+// Grouped-query attention's shared heads (kv_heads.cu) against the CPU: the expand copies bitwise, the reduce sums
+// each group in the CPU's order (fp32: the same bits; bf16: the CPU's fp32 sums of the widened values, rounded).
+void test_kv_heads() {
+    struct Shape {
+        int N, NH, KVH, HS;
+    };
+    for (const Shape sh : {Shape{5, 4, 2, 8}, Shape{33, 6, 1, 64}, Shape{7, 32, 8, 64}, Shape{3, 3, 3, 40}}) {
+        const int N = sh.N, NH = sh.NH, KVH = sh.KVH, HS = sh.HS;
+        const Where at("N={} NH={} KVH={} HS={}", N, NH, KVH, HS);
+        const size_t narrow = static_cast<size_t>(N) * (NH + 2 * KVH) * HS, wide = static_cast<size_t>(N) * 3 * NH * HS;
+        const auto on_cpu = [&](const std::vector<float>& inp, const std::vector<float>& dout) {
+            std::vector<float> out(wide), dinp(narrow);
+            trainer::cpu::kv_heads_expand(out.data(), inp.data(), N, NH, KVH, HS);
+            trainer::cpu::kv_heads_reduce(dinp.data(), dout.data(), N, NH, KVH, HS);
+            return std::make_pair(out, dinp);
+        };
+        const auto inp = wave(narrow, 1.0f, 0.6f), dout = wave(wide, 1.0f, 1.3f);
+        const auto [out, dinp] = on_cpu(inp, dout);
+        const auto [got_out, got_dinp] = kv_heads_on_device(inp, dout, N, NH, KVH, HS);
+        expect(got_out == out, "kv_heads_expand copies the CPU's values bitwise");
+        expect(got_dinp == dinp, "kv_heads_reduce sums as the CPU sums, bitwise");
+        const auto [inp16, inpr] = bf16_rounded(inp);
+        const auto [dout16, doutr] = bf16_rounded(dout);
+        const auto [outr, dinpr] = on_cpu(inpr, doutr);
+        const auto [got_out16, got_dinp16] = kv_heads_on_device(inp16, dout16, N, NH, KVH, HS);
+        expect(got_out16 == bf16_rounded(outr).first, "kv_heads_expand (bf16) copies bitwise");
+        expect(got_dinp16 == bf16_rounded(dinpr).first, "kv_heads_reduce (bf16) is the CPU's fp32 sums rounded once");
     }
 }
 

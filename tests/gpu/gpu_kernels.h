@@ -22,6 +22,7 @@ void test_rope();
 void test_classifier();
 void test_attention();
 void test_kv_cache();
+void test_kv_heads();
 void test_bias_gradient();
 void test_wgmma_tiles();
 void test_attention_cudnn();

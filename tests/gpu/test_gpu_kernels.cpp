@@ -50,6 +50,7 @@ TEST_CASE("gpu kernel: classifier_forward_backward (fp32 and bf16 logits; z-loss
 }
 TEST_CASE("gpu kernel: native attention forward and backward match the CPU") { check(test_attention); }
 TEST_CASE("gpu kernel: rope at positions and attention with a KV cache match the CPU") { check(test_kv_cache); }
+TEST_CASE("gpu kernel: shared key/value heads expand and reduce as the CPU does") { check(test_kv_heads); }
 TEST_CASE("gpu kernel: cuDNN attention forward and backward match the CPU at bf16 tolerance") {
     check(test_attention_cudnn);
 }
