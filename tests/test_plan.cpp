@@ -77,6 +77,10 @@ TEST_CASE("dry run: predicted peak memory by category is the measured accounting
         {2, with(fsdp, {"model.layer_norm_type=rms", "model.layer_norm_with_affine=true", "model.norm_after=true",
                         "model.attention_layer_norm=true", "softmax_auxiliary_loss=true",
                         "activation_checkpointing=one_in_two"})},
+        // Grouped-query attention (att_proj's narrower output and its gradient in the arena) with the QK-norm's
+        // narrower k, under FULL_SHARD with a recompute.
+        {2, with(fsdp, {"model.n_kv_heads=1", "model.layer_norm_type=rms", "model.attention_layer_norm=true",
+                        "activation_checkpointing=whole_layer"})},
     };
     int k = 0;
     for (const Case& c : cases) {

@@ -35,6 +35,11 @@ std::string heads_shape(int B, int T, int NH, int HS, std::initializer_list<Gemm
     return fmt::format("B {}, T {}, {} heads of {}{}", B, T, NH, HS, storage(operands));
 }
 
+// Grouped-query attention's rows: NH query heads on KVH shared key/value heads.
+std::string shared_heads_shape(int N, int NH, int KVH, int HS, std::initializer_list<GemmOperand> operands) {
+    return fmt::format("N {}, {} heads of {} on {} shared{}", N, NH, HS, KVH, storage(operands));
+}
+
 }  // namespace
 
 std::string RecordedOp::cost_op() const {
@@ -234,12 +239,12 @@ void OpRecorder::qk_norm_backward(GemmOperand dqkv, float* dq_weight, float* dq_
 }
 
 void OpRecorder::kv_heads_expand(GemmOperand out, GemmOperand inp, int N, int NH, int KVH, int HS) {
-    record("kv_heads_expand", heads_shape(N, 1, NH, HS, {out, inp}) + fmt::format(", {} shared", KVH),
+    record("kv_heads_expand", shared_heads_shape(N, NH, KVH, HS, {out, inp}),
            [=](Backend& b) { b.kv_heads_expand(out, inp, N, NH, KVH, HS); });
 }
 
 void OpRecorder::kv_heads_reduce(GemmOperand dinp, GemmOperand dout, int N, int NH, int KVH, int HS) {
-    record("kv_heads_reduce", heads_shape(N, 1, NH, HS, {dinp, dout}) + fmt::format(", {} shared", KVH),
+    record("kv_heads_reduce", shared_heads_shape(N, NH, KVH, HS, {dinp, dout}),
            [=](Backend& b) { b.kv_heads_reduce(dinp, dout, N, NH, KVH, HS); });
 }
 
