@@ -2,8 +2,9 @@
 
 Trains the trainer's model (tests/torch_ref.py: OLMo's parameter layout, RoPE,
 SwiGLU or GELU, tied or untied head; OLMo-2's RMSNorm after the sublayers,
-QK-norm and z-loss) on one GPU the way a PyTorch user would run it fast:
-bf16 autocast, F.scaled_dot_product_attention (causal, flash), F.rms_norm,
+QK-norm and z-loss; grouped-query attention) on one GPU the way a PyTorch user
+would run it fast: bf16 autocast, F.scaled_dot_product_attention (causal, flash;
+enable_gqa for shared key/value heads), F.rms_norm,
 fused AdamW with the config's betas / eps / decay groups, clip_grad_norm_ at max_grad_norm,
 one micro-batch per optimizer step (no accumulation, as bench_gpu.sh runs the
 trainer), eager or torch.compile. Prints one JSON line:
@@ -42,7 +43,10 @@ def sdpa_attention(self, q, k, v, rope_cos, rope_sin, causal_mask):
     if rope_cos is not None:
         q = q * rope_cos + ref.rotate_half(q) * rope_sin
         k = k * rope_cos + ref.rotate_half(k) * rope_sin
-    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if k.size(1) == q.size(1):
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:  # grouped-query attention: SDPA reads the shared heads in place (PyTorch 2.5 and later)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     B, NH, T, HS = y.shape
     return y.transpose(1, 2).reshape(B, T, NH * HS)
 
