@@ -45,7 +45,7 @@ std::vector<Json> train(const std::string& metrics, const std::vector<std::strin
 }  // namespace
 
 TEST_CASE("gpu: full model loss and gradients match the PyTorch fixtures") {
-    for (const char* name : {"gpt2", "olmo", "olmo2"}) {
+    for (const char* name : {"gpt2", "olmo", "olmo2", "llama", "olmo2mqa"}) {
         CAPTURE(name);
         // fp32 (TF32 off): the CPU backend's bound.
         test_util::check_against_fixture(name, Device::kCuda, 1e-5);
