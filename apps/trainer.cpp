@@ -474,8 +474,10 @@ Run add_generate(CLI::App& app, const TrainingFlags& flags) {
     cmd->add_option("--prompt", o->prompts, "a prompt's text (repeat for a batch; \"\" starts after an EOS)");
     cmd->add_option("--prompt-file", o->prompt_files, "a file whose text is one prompt (repeatable)");
     cmd->add_option("--prompt-ids", o->prompt_ids, "a prompt as token ids, \"1, 2, 3\" (repeatable)");
-    cmd->add_option("--tokenizer", o->tokenizer, "the tokenizer the data was made with: bytes | gpt2 | cl100k | dolma2")
-        ->check(CLI::IsMember({"bytes", "gpt2", "cl100k", "dolma2"}));
+    cmd->add_option("--tokenizer", o->tokenizer,
+                    "the tokenizer the data was made with: bytes | gpt2 | cl100k | dolma2; none: ids in (--prompt-ids) "
+                    "and out, for a vocabulary none of them makes")
+        ->check(CLI::IsMember({"bytes", "gpt2", "cl100k", "dolma2", "none"}));
     add_tokenizer_dir(cmd, o->tokenizer_dir);
     cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to add to each prompt at most (default 64)");
     cmd->add_option("--temperature", o->sampling.temperature, "0: greedy (default); above 0: sample at it");

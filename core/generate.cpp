@@ -34,15 +34,24 @@ double uniform01(uint64_t seed, int sequence, long step) {
 
 }  // namespace
 
-TextCodec::TextCodec(const std::string& name, const std::string& dir, int eos) : eos_(eos) {
-    if (name != "bytes") bpe_ = BpeTokenizer::load(name, dir);
+TextCodec::TextCodec(const std::string& name, const std::string& dir, int eos) : name_(name), eos_(eos) {
+    if (name != "bytes" && name != "none") bpe_ = BpeTokenizer::load(name, dir);
 }
 TextCodec::~TextCodec() = default;
-int TextCodec::vocab_size() const { return bpe_ ? bpe_->vocab_size() : kByteVocabSize; }
+int TextCodec::vocab_size() const {
+    if (!has_text()) return 0;
+    return bpe_ ? bpe_->vocab_size() : kByteVocabSize;
+}
 std::vector<int32_t> TextCodec::encode(const std::string& text, const std::string& what) const {
+    if (!has_text()) user_error("{}: --tokenizer none takes its prompts as ids (--prompt-ids)", what);
     return bpe_ ? bpe_->encode(text, what) : byte_encode(text);
 }
 std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
+    if (!has_text()) {
+        std::string out;
+        for (int32_t id : ids) out += std::to_string(id) + " ";
+        return out;
+    }
     return bpe_ ? bpe_->decode(ids) : byte_decode(ids, eos_);
 }
 
@@ -188,16 +197,12 @@ int run_generate(const TrainConfig& config, const GenerateOptions& o) {
         const bool ended = !shown.empty() && shown.back() == m.eos_token_id && o.stop_at_eos;
         if (ended) shown.pop_back();
         if (o.json) {
-            const Json line = {{"prompt", b},
-                               {"prompt_ids", prompts[b]},
-                               {"ids", r.tokens[b]},
-                               {"prompt_text", codec.decode(prompts[b])},
-                               {"text", codec.decode(shown)},
-                               {"stopped_at_eos", ended}};
+            Json line = {{"prompt", b}, {"prompt_ids", prompts[b]}, {"ids", r.tokens[b]}, {"stopped_at_eos", ended}};
+            if (codec.has_text()) line["prompt_text"] = codec.decode(prompts[b]), line["text"] = codec.decode(shown);
             std::printf("%s\n", line.dump(-1, ' ', false, Json::error_handler_t::replace).c_str());
         } else {
-            std::printf("%s%s%s\n", codec.decode(prompts[b]).c_str(), codec.decode(shown).c_str(),
-                        ended ? "<|endoftext|>" : "");
+            std::printf("%s%s%s%s\n", codec.decode(prompts[b]).c_str(), codec.has_text() ? "" : "| ",
+                        codec.decode(shown).c_str(), ended ? "<|endoftext|>" : "");
             if (b + 1 < prompts.size()) std::printf("----\n");
         }
     }

@@ -18,17 +18,21 @@ namespace trainer {
 class Model;
 class BpeTokenizer;
 
-// The tokenizer the data was made with: the byte tokenizer ("bytes", EOS `eos`), or a BPE one (gpt2, cl100k,
-// dolma2) from `dir`.
+// The tokenizer the data was made with: the byte tokenizer ("bytes", EOS `eos`), a BPE one (gpt2, cl100k,
+// dolma2) from `dir`, or none ("none": ids in and out, for a vocabulary no tokenizer here makes).
 class TextCodec {
    public:
     TextCodec(const std::string& name, const std::string& dir, int eos);
     ~TextCodec();
-    int vocab_size() const;
+    bool has_text() const { return name_ != "none"; }
+    int vocab_size() const;  // 0 without text
+    // Refused without text, naming `what`.
     std::vector<int32_t> encode(const std::string& text, const std::string& what) const;
+    // Without text: the ids, each followed by a space.
     std::string decode(const std::vector<int32_t>& ids) const;
 
    private:
+    std::string name_;
     int eos_;
     std::unique_ptr<BpeTokenizer> bpe_;
 };

@@ -86,7 +86,7 @@ def main():
     if a.generate > 0:
         prompts = batch[:, : a.prompt_length]
         cmd = [a.trainer, "generate", "--config", a.config, "--init-from", a.dir, "--device", "cpu", "--precision",
-               "fp32", "--max-new-tokens", str(a.generate), "--no-stop-at-eos", "--json"]
+               "fp32", "--max-new-tokens", str(a.generate), "--no-stop-at-eos", "--json", "--tokenizer", "none"]
         for row in prompts.tolist():
             cmd += ["--prompt-ids", ", ".join(str(t) for t in row)]
         lines = [json.loads(x) for x in subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split("\n")

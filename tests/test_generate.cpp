@@ -188,4 +188,22 @@ TEST_CASE("generate: the command continues prompts from a checkpoint and refuses
     const test_util::RunResult hot = with({"--prompt", "x", "--top-p", "0"});
     CHECK(hot.exit_code != 0);
     CHECK_THAT(hot.err, Contains("--top-p: 0; expected above 0"));
+    // --tokenizer none: ids in and out (the Llama fixture's 90 ids fit no tokenizer), the same ids as with text.
+    const test_util::RunResult ids = with({"--tokenizer", "none", "--prompt-ids", "84, 104, 101", "--max-new-tokens",
+                                           "12", "--json", "--no-stop-at-eos"});
+    INFO(ids.err);
+    REQUIRE(ids.exit_code == 0);
+    const auto first_line = [](const std::string& out) { return Json::parse(out.substr(0, out.find('\n'))); };
+    CHECK_FALSE(first_line(ids.out).contains("text"));
+    CHECK(first_line(ids.out)["ids"] ==
+          first_line(with({"--prompt", "The", "--max-new-tokens", "12", "--json", "--no-stop-at-eos"}).out)["ids"]);
+    const test_util::RunResult llama = test_util::run_trainer(
+        {"generate", "--config", fixture("llama_tiny.json"), "--init-from", fixture("llama_tiny_init.safetensors"),
+         "--tokenizer", "none", "--prompt-ids", "1, 2, 3", "--max-new-tokens", "4", "--no-stop-at-eos"});
+    INFO(llama.err);
+    REQUIRE(llama.exit_code == 0);
+    CHECK_THAT(llama.out, Contains("1 2 3 | "));
+    const test_util::RunResult text = with({"--tokenizer", "none", "--prompt", "The"});
+    CHECK(text.exit_code != 0);
+    CHECK_THAT(text.err, Contains("--tokenizer none takes its prompts as ids (--prompt-ids)"));
 }
