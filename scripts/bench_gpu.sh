@@ -27,8 +27,9 @@
 #
 # Usage: scripts/bench_gpu.sh [--steps N] [--rounds R] [--attention native|cudnn|flash] [--shapes LIST]
 #                             [--no-torch] [--no-fine-grained] [--utilization-cost] [--graphs] [--kernels]
-#   LIST: comma-separated of gpt2_124m, olmo_1b_mb4, olmo_1b_mb8, olmo2_1b_mb4 (default: all four; OLMo-2 1B at
-#         micro-batch 4 of its 4096 tokens: the 16K tokens a step of OLMo-1B at 8)
+#   LIST: comma-separated of gpt2_124m, olmo_1b_mb4, olmo_1b_mb8, olmo2_1b_mb4 (default: these four; OLMo-2 1B at
+#         micro-batch 4 of its 4096 tokens: the 16K tokens a step of OLMo-1B at 8), and llama_1b_mb4 (grouped-query
+#         attention, 4 x 4096)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench_common.sh
@@ -64,6 +65,7 @@ declare -A spec=(
     [olmo_1b_mb4]="configs/olmo_1b.json|4"
     [olmo_1b_mb8]="configs/olmo_1b.json|8"
     [olmo2_1b_mb4]="configs/olmo2_1b.json|4"
+    [llama_1b_mb4]="configs/llama_1b.json|4"
 )
 IFS=',' read -r -a names <<<"$shapes"
 for name in "${names[@]}"; do
