@@ -589,6 +589,12 @@ TEST_CASE("errors: bad weights and checkpoints end with one error line and damag
                                                      "model.n_layers=3"})),
                  "model.n_layers is 2 in the checkpoint but 3");
     CHECK(test_util::read_file(dir.path("ck/step2/rank0.bin")) == before);
+    // n_kv_heads null is n_heads: the same model resumes either way; fewer shared heads are another model.
+    expect_error(run_trainer(concat(tiny_args("3"), {"--save-folder", dir.path("ck"), "--load-path", "latest", "--set",
+                                                     "model.n_kv_heads=1"})),
+                 "model.n_kv_heads is 4 in the checkpoint but 1");
+    require_ok(run_trainer(concat(tiny_args("3"), {"--save-folder", dir.path("ck2"), "--load-path",
+                                                   dir.path("ck/step2"), "--set", "model.n_kv_heads=4"})));
     // A damaged metadata.json is refused at the entry that is wrong (and export reads it the same way).
     Json meta = Json::parse(test_util::read_file(dir.path("ck/step2/metadata.json")));
     meta["files"]["rank0.bin"]["bytes"] = "many";

@@ -241,10 +241,15 @@ void check_model_matches(const Json& saved_config, const TrainConfig& config, co
     for (auto it = b.begin(); it != b.end(); ++it) {
         if (it.key() == "init_fn" || it.key() == "init_std" || it.key() == "init_cutoff_factor") continue;
         // A key the checkpoint's trainer did not have yet meant its default (layer_norm_eps, norm_after, ...).
-        const Json saved = a.contains(it.key()) ? a[it.key()] : config_key_default("model." + it.key());
-        if (saved != it.value()) {
+        Json saved = a.contains(it.key()) ? a[it.key()] : config_key_default("model." + it.key());
+        Json now = it.value();
+        if (it.key() == "n_kv_heads") {  // null means n_heads: the same model either way
+            if (saved.is_null()) saved = a.value("n_heads", Json());
+            if (now.is_null()) now = b["n_heads"];
+        }
+        if (saved != now) {
             user_error("checkpoint {}: model.{} is {} in the checkpoint but {} in this run's config", path, it.key(),
-                       saved.dump(), it.value().dump());
+                       saved.dump(), now.dump());
         }
     }
 }
