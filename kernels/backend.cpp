@@ -99,4 +99,8 @@ void DeviceBuffer::reset() {
     bytes_ = 0;
 }
 
+void check_shared_heads(int NH, int KVH) {
+    TRAINER_CHECK(KVH >= 1 && NH % KVH == 0, "{} query heads do not share {} key/value heads evenly", NH, KVH);
+}
+
 }  // namespace trainer

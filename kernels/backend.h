@@ -405,6 +405,10 @@ inline std::string cudnn_attention_unsupported(int T, int HS) {
     return "";
 }
 
+// The shared-head ops' precondition (kv_heads_*, rope_forward_at, attention_with_cache): NH query heads share KVH
+// key/value heads evenly; an internal error otherwise (the config refuses such a model first).
+void check_shared_heads(int NH, int KVH);
+
 // Empty when our flash attention (kernels.attention=flash) runs heads of HS channels; else why not.
 inline std::string flash_attention_unsupported(int HS) {
     if (HS != 64 && HS != 128) {

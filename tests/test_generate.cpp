@@ -178,7 +178,8 @@ TEST_CASE("generate: the command continues prompts from a checkpoint and refuses
     const test_util::RunResult again =
         with({"--prompt", "The Congress", "--max-new-tokens", "12", "--json", "--no-stop-at-eos", "--no-kv-cache"});
     REQUIRE(again.exit_code == 0);
-    CHECK(Json::parse(again.out.substr(0, again.out.find('\n')))["ids"] == lines[0]["ids"]);
+    const auto first_line = [](const std::string& out) { return Json::parse(out.substr(0, out.find('\n'))); };
+    CHECK(first_line(again.out)["ids"] == lines[0]["ids"]);
     const test_util::RunResult none = with({});
     CHECK(none.exit_code != 0);
     CHECK_THAT(none.err, Contains("no prompt; give --prompt TEXT"));
@@ -193,7 +194,6 @@ TEST_CASE("generate: the command continues prompts from a checkpoint and refuses
                                            "12", "--json", "--no-stop-at-eos"});
     INFO(ids.err);
     REQUIRE(ids.exit_code == 0);
-    const auto first_line = [](const std::string& out) { return Json::parse(out.substr(0, out.find('\n'))); };
     CHECK_FALSE(first_line(ids.out).contains("text"));
     CHECK(first_line(ids.out)["ids"] ==
           first_line(with({"--prompt", "The", "--max-new-tokens", "12", "--json", "--no-stop-at-eos"}).out)["ids"]);

@@ -32,7 +32,8 @@ void write_text(const std::string& path, const std::string& text) {
 
 Json hf_config_json(const TrainConfig& config) {
     const ModelConfig& m = config.model;
-    if (hf_family(m, "export") == "gpt2") {
+    const std::string family = hf_family(m, "export");
+    if (family == "gpt2") {
         return Json{{"architectures", {"GPT2LMHeadModel"}},
                     {"model_type", "gpt2"},
                     {"vocab_size", m.embedding_size},
@@ -55,7 +56,6 @@ Json hf_config_json(const TrainConfig& config) {
                     {"tie_word_embeddings", true},
                     {"torch_dtype", "float32"}};
     }
-    const std::string family = hf_family(m, "export");
     const char* arch = family == "olmo2"   ? "Olmo2ForCausalLM"
                        : family == "llama" ? "LlamaForCausalLM"
                                            : "OlmoForCausalLM";

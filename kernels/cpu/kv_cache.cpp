@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/common.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/ops.h"
 
 namespace trainer::cpu {
@@ -40,7 +41,7 @@ void rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int KV
 
 void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
                           const int32_t* positions, int N, int NH, int KVH, int HS, int S) {
-    TRAINER_CHECK(KVH >= 1 && NH % KVH == 0, "{} query heads do not share {} key/value heads evenly", NH, KVH);
+    check_shared_heads(NH, KVH);
     const int C = NH * HS, KV = KVH * HS, W = C + 2 * KV, group = NH / KVH;
     const auto cache_at = [&](float* cache, int seq, int h, int pos) {
         return cache + ((static_cast<size_t>(seq) * KVH + h) * S + pos) * HS;

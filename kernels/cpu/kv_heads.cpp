@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "base/common.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/ops.h"
 
 namespace trainer::cpu {
@@ -15,7 +16,7 @@ struct Heads {
     int group, C, KV;
 };
 Heads heads_of(int NH, int KVH, int HS) {
-    TRAINER_CHECK(KVH >= 1 && NH % KVH == 0, "{} query heads do not share {} key/value heads evenly", NH, KVH);
+    check_shared_heads(NH, KVH);
     return {NH / KVH, NH * HS, KVH * HS};
 }
 
@@ -27,8 +28,8 @@ void kv_heads_expand(T* out, const T* inp, int N, int NH, int KVH, int HS) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; ++n) {
         const T* in = inp + static_cast<size_t>(n) * (C + 2 * KV);
-        std::copy_n(in, C, out + static_cast<size_t>(n) * 3 * C);
         T* o = out + static_cast<size_t>(n) * 3 * C;
+        std::copy_n(in, C, o);
         for (int h = 0; h < NH; ++h) {
             const int j = h / group;
             std::copy_n(in + C + j * HS, HS, o + C + h * HS);

@@ -112,7 +112,7 @@ void attention_with_cache(float* out, const float* qkv, float* kcache, float* vc
                           const int32_t* positions, int N, int NH, int KVH, int HS, int S, cudaStream_t stream) {
     TRAINER_CHECK(HS <= kCudaNativeAttentionMaxHeadSize, "cached attention: head size {} above {}", HS,
                   kCudaNativeAttentionMaxHeadSize);
-    TRAINER_CHECK(KVH >= 1 && NH % KVH == 0, "{} query heads do not share {} key/value heads evenly", NH, KVH);
+    check_shared_heads(NH, KVH);
     if (N == 0) return;
     const int KV = KVH * HS;
     const dim3 write_grid(grid_for(static_cast<size_t>(KV), kPointwiseBlock),

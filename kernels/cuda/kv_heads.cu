@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "base/common.h"
+#include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -47,13 +48,9 @@ __global__ void kv_heads_reduce_kernel(T* dinp, const T* dout, size_t total, int
     }
 }
 
-void check_groups(int NH, int KVH) {
-    TRAINER_CHECK(KVH >= 1 && NH % KVH == 0, "{} query heads do not share {} key/value heads evenly", NH, KVH);
-}
-
 template <typename T>
 void expand_launch(T* out, const T* inp, int N, int NH, int KVH, int HS, cudaStream_t stream) {
-    check_groups(NH, KVH);
+    check_shared_heads(NH, KVH);
     const size_t total = static_cast<size_t>(N) * 3 * NH * HS;
     if (total == 0) return;
     TRAINER_LAUNCH(kv_heads_expand_kernel<T>, grid_for(total, kPointwiseBlock), kPointwiseBlock, 0, stream, out, inp,
@@ -63,7 +60,7 @@ void expand_launch(T* out, const T* inp, int N, int NH, int KVH, int HS, cudaStr
 
 template <typename T>
 void reduce_launch(T* dinp, const T* dout, int N, int NH, int KVH, int HS, cudaStream_t stream) {
-    check_groups(NH, KVH);
+    check_shared_heads(NH, KVH);
     const size_t total = static_cast<size_t>(N) * (NH + 2 * KVH) * HS;
     if (total == 0) return;
     TRAINER_LAUNCH(kv_heads_reduce_kernel<T>, grid_for(total, kPointwiseBlock), kPointwiseBlock, 0, stream, dinp, dout,
