@@ -15,7 +15,7 @@
 # high-water mark; PyTorch's reserved peak, its allocated peak in brackets).
 #
 # Runs a given binary (TRAINER_BIN, default build/bin/trainer) and builds nothing, so it runs from the GPU
-# bundle (dev/gpu_pack.sh); writes no checkpoint (save_folder=null: an OLMo-1B checkpoint is
+# bundle (dev/gpu_bundle.sh); writes no checkpoint (save_folder=null: an OLMo-1B checkpoint is
 # 14 GB). The tokens are this repository's own text, made once with the trainer (throughput only).
 #
 # --graphs runs each shape once more with kernels.cuda_graphs=true (each micro-batch's forward and backward
