@@ -12,7 +12,8 @@
 # (300 steps beside busy processes), the chaos run (scripts/chaos.sh: the restart tests' paths, many times), the
 # preemption test under mpirun and trainer launch (the restart and save guard tests signal the same paths) and
 # the emulated attention kernels' shape sweeps and the six runs that check each learning-rate schedule's every
-# step against its reference formula (CMakePresets.json): they run the code paths of the other multi-rank, one-rank
+# step against its reference formula: the cases tagged [heavy], a CTest label CMakePresets.json's cpu-asan filter
+# leaves out (`ctest --preset ci -N -L heavy` lists them). They run the code paths of the other multi-rank, one-rank
 # and emulator tests (every run schedules its learning rate), at sizes too slow there.
 # Tests run with OMP_WAIT_POLICY=PASSIVE (CMakePresets.json): ctest runs two at once on two cores, and OpenMP
 # threads spinning at barriers would take the cores from the other test (a 0.2 s test took 13 s).

@@ -143,7 +143,7 @@ TEST_CASE("activation checkpointing: the activation arena shrinks as each policy
     }
 }
 
-TEST_CASE("activation checkpointing: every policy under every strategy on 2 ranks matches null bitwise") {
+TEST_CASE("activation checkpointing: every policy under every strategy on 2 ranks matches null bitwise", "[heavy]") {
     test_util::TempDir dir;
     std::vector<std::vector<std::string>> strategies = {
         {"--strategy", "ddp"},

@@ -133,7 +133,8 @@ TEST_CASE("fsdp: wrap policies group the units as OLMo does") {
                       Contains("\"by_block_group\" needs fsdp.block_group_size > 1"));
 }
 
-TEST_CASE("fsdp: every wrap policy sharding mode and grad_sync mode on 2 3 and 4 ranks matches the single process") {
+TEST_CASE("fsdp: every wrap policy sharding mode and grad_sync mode on 2 3 and 4 ranks matches the single process",
+          "[heavy]") {
     TempDir dir;
     const std::vector<std::string> policies = {
         "null",       "by_block",   "by_block_and_size", "by_block_group", "by_block_group_and_size",
@@ -217,7 +218,7 @@ TEST_CASE("fsdp: HYBRID_SHARD over two launcher nodes shards within each node an
     CHECK_FALSE(std::filesystem::exists(out + "/ck/step6/rank2.bin"));
 }
 
-TEST_CASE("fsdp: mixed and pure precision stay within 1e-2 of fp32 and repeat bitwise") {
+TEST_CASE("fsdp: mixed and pure precision stay within 1e-2 of fp32 and repeat bitwise", "[heavy]") {
     TempDir dir;
     const auto base = matrix_base(Flavour::kGpt2);
     const Reference ref = single_run(base, dir.path("single"));
@@ -249,7 +250,8 @@ TEST_CASE("fsdp: mixed and pure precision stay within 1e-2 of fp32 and repeat bi
     }
 }
 
-TEST_CASE("fsdp: memory: FULL_SHARD on 4 ranks of cpu_bench keeps a quarter of the DDP state plus two units") {
+TEST_CASE("fsdp: memory: FULL_SHARD on 4 ranks of cpu_bench keeps a quarter of the DDP state plus two units",
+          "[heavy]") {
     TempDir dir;
     const std::string tokens = dir.path("tokens.bin");
     REQUIRE(run_trainer({"prepare-data", test_util::source_dir() + "/README.md",

@@ -57,7 +57,7 @@ TEST_CASE("emulated kernel: rope and the classifier (with the z-loss) match the 
     check(test_rope);
     check(test_classifier);
 }
-TEST_CASE("emulated kernel: the native attention matches the CPU") { check(test_attention); }
+TEST_CASE("emulated kernel: the native attention matches the CPU", "[heavy]") { check(test_attention); }
 TEST_CASE("emulated kernel: rope at positions and attention with a KV cache match the CPU") { check(test_kv_cache); }
 TEST_CASE("emulated kernel: shared key/value heads expand and reduce as the CPU does") { check(test_kv_heads); }
 TEST_CASE("emulated kernel: Hopper's wgmma on a flash forward tile matches the CPU") { check(test_wgmma_tiles); }

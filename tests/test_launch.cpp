@@ -284,7 +284,7 @@ void preempt_and_resume(const std::vector<std::string>& launcher_argv, const std
 
 }  // namespace
 
-TEST_CASE("preemption: a stop signal to trainer launch or mpirun saves the last step and resumes bitwise") {
+TEST_CASE("preemption: a stop signal to trainer launch or mpirun saves the last step and resumes bitwise", "[heavy]") {
     const std::vector<std::string> args = {"--config",       test_util::fixture("olmo_tiny.json"),
                                            "--max-duration", "2000",
                                            "--threads",      "1",

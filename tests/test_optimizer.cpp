@@ -136,7 +136,7 @@ void check_lrs(const std::vector<std::pair<long, double>>& lrs, const std::funct
 
 }  // namespace
 
-TEST_CASE("optimizer: every step of a run has the learning rate of the schedule's reference formula") {
+TEST_CASE("optimizer: every step of a run has the learning rate of the schedule's reference formula", "[heavy]") {
     const double lr = 0.003;
     const int steps = 24;
     SECTION("wsd, linear: OLMo-core's WSD") {

@@ -170,7 +170,8 @@ test_util::RunResult run_chaos(const std::vector<std::string>& args) {
 
 }  // namespace
 
-TEST_CASE("chaos: a short run under random kills and a stop and a straggler ends unattended as if uninterrupted") {
+TEST_CASE("chaos: a short run under random kills and a stop and a straggler ends unattended as if uninterrupted",
+          "[heavy]") {
     // scripts/chaos.sh at CI size: 3 ranks, kills of random ranks (one during a checkpoint write), a SIGTERM and a
     // requeue, a rank at half speed; the full run is scripts/chaos.sh's defaults.
     const auto r =
@@ -184,7 +185,7 @@ TEST_CASE("chaos: a short run under random kills and a stop and a straggler ends
     CHECK_THAT(r.out, Contains("goodput"));
 }
 
-TEST_CASE("chaos: ranks on two lab nodes survive kills and a link down for 3 s as if uninterrupted") {
+TEST_CASE("chaos: ranks on two lab nodes survive kills and a link down for 3 s as if uninterrupted", "[heavy]") {
     // scripts/chaos.sh --nodes 2: each rank on its own network stack (scripts/netlab.sh), a kill, a kill during a
     // checkpoint write, and node 1's link down for 3 s, inside distributed_timeout_seconds: TCP holds the
     // connections and training goes on without a restart.

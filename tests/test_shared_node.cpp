@@ -39,7 +39,8 @@ class BusyProcesses {
 
 }  // namespace
 
-TEST_CASE("shared node: threads 0 drops to the cores other processes leave and the losses stay the same bits") {
+TEST_CASE("shared node: threads 0 drops to the cores other processes leave and the losses stay the same bits",
+          "[heavy]") {
     const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 2) {
         WARN("skipped: this machine has one core, so there is no thread count to follow");
