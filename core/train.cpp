@@ -32,6 +32,8 @@
 #include "core/model.h"
 #include "core/optimizer.h"
 #include "core/plan/host_memory.h"
+#include "core/run/exchange.h"
+#include "core/run/step.h"
 #include "core/tensorboard.h"
 #include "core/weights/async_save.h"
 #include "core/weights/checkpoint.h"
@@ -437,63 +439,55 @@ class TrainingRun {
         if (measure) backend_->begin_activity();
         StepOutcome r;
         const long captures_before = model_->graphs().captures();
-        {
-            const trace::Span span("step", trace::active() ? fmt::format("step {}", step) : std::string());
-            strategy.take_comm_wait_seconds();  // what evaluation and checkpoints waited is not the step's
-            order_->global_batch(step - 1, global_batch_);
-            InstanceOrder::rank_slice(global_batch_, strategy.rank(), world, local_);
-            double masked = 0.0;  // instances the instance filter masked, this rank
-            const LossSums loss_sum = accumulate_gradients(
-                strategy, *model_, accumulation, static_cast<int>(micro), dloss_scale, [&](long k) {
-                    const trace::Span data("data", "read micro-batch");
-                    const auto& filter = config_.data.instance_filter;
-                    for (long i = 0; i < micro; ++i) {
-                        int32_t* instance = tokens_.data() + static_cast<size_t>(i) * L;
-                        train_data_->read_instance(local_[k * micro + i], instance);
-                        keep_[i] = filter && repetitive_instance(instance, static_cast<int>(L), *filter) ? 0 : 1;
-                        masked += 1 - keep_[i];
-                    }
-                    return MicroBatchTokens(tokens_.data(), keep_.data());
-                });
-            {
-                // The loss sums, the ranks' votes on a stop request, while a checkpoint is written in the
-                // background their votes on it (core/weights/async_save.h) and, every console_log_interval steps,
-                // each rank's compute time a step since the last such step (each rank fills its own slot), in one
-                // collective.
-                const trace::Span loss("comm", "loss all_reduce");
-                const bool exchange = world > 1 && step % config_.console_log_interval == 0 && interval_steps_ > 0;
-                const bool save_votes = saver_ && saver_->voting();
-                constexpr int kSaveSlot = 3 + stop::kVotes;
-                const int times = kSaveSlot + (save_votes ? AsyncSaver::kVotes : 0);
-                sums_.assign(times + (exchange ? world : 0), 0.0);
-                sums_[0] = loss_sum.ce;
-                sums_[1] = loss_sum.z;
-                sums_[2] = masked;
-                stop::vote(sums_.data() + 3);
-                if (save_votes) saver_->vote(sums_.data() + kSaveSlot);
-                if (exchange) sums_[times + strategy.rank()] = interval_compute_ / interval_steps_;
-                strategy.all_reduce_sum(sums_.data(), static_cast<int>(sums_.size()));
-                r.loss = sums_[0] / global_tokens;
-                r.z_loss = sums_[1] / global_tokens;
-                r.masked_instances = static_cast<long>(sums_[2]);
-                r.stop_signal = stop::agreed(sums_.data() + 3);
-                if (save_votes) saver_->tally(sums_.data() + kSaveSlot);
-                if (exchange) {
-                    r.compute_per_rank.assign(sums_.begin() + times, sums_.end());
-                    r.compute_steps = interval_steps_;
-                    interval_compute_ = 0.0;
-                    interval_steps_ = 0;
-                }
+        strategy.take_comm_wait_seconds();  // what evaluation and checkpoints waited is not the step's
+        order_->global_batch(step - 1, global_batch_);
+        InstanceOrder::rank_slice(global_batch_, strategy.rank(), world, local_);
+        double masked = 0.0;  // instances the instance filter masked, this rank
+        StepPlan plan;
+        plan.step = step, plan.total_steps = total_steps_, plan.accumulation = accumulation;
+        plan.micro = static_cast<int>(micro), plan.dloss_scale = dloss_scale;
+        plan.label = trace::active() ? fmt::format("step {}", step) : std::string();
+        plan.micro_batch = [&](long k) {
+            const trace::Span data("data", "read micro-batch");
+            const auto& filter = config_.data.instance_filter;
+            for (long i = 0; i < micro; ++i) {
+                int32_t* instance = tokens_.data() + static_cast<size_t>(i) * L;
+                train_data_->read_instance(local_[k * micro + i], instance);
+                keep_[i] = filter && repetitive_instance(instance, static_cast<int>(L), *filter) ? 0 : 1;
+                masked += 1 - keep_[i];
             }
+            return MicroBatchTokens(tokens_.data(), keep_.data());
+        };
+        // Beside the loss sums: the masked instances, the ranks' votes on a stop request, while a checkpoint is
+        // written in the background their votes on it (core/weights/async_save.h) and, every console_log_interval
+        // steps, each rank's compute time a step since the last such step (each rank fills its own slot).
+        const bool exchange_compute = world > 1 && step % config_.console_log_interval == 0 && interval_steps_ > 0;
+        const bool save_votes = saver_ && saver_->voting();
+        plan.fill = [&](RankExchange& ex) {
+            ex.value(ex.reserve("masked_instances")) = masked;
+            stop::vote(ex.at(ex.reserve("stop_votes", stop::kVotes)));
+            if (save_votes) saver_->vote(ex.at(ex.reserve("save_votes", AsyncSaver::kVotes)));
+            if (exchange_compute)
+                ex.at(ex.reserve("compute_per_rank", world))[strategy.rank()] = interval_compute_ / interval_steps_;
+        };
+        plan.after_exchange = [&](const RankExchange& ex) {
+            r.loss = ex.at(ex.slot("loss"))[0] / global_tokens;
+            r.z_loss = ex.at(ex.slot("loss"))[1] / global_tokens;
             if (!std::isfinite(r.loss) || !std::isfinite(r.z_loss)) {
                 user_error("step {}: the {} is {} (diverged); {}", step, std::isfinite(r.loss) ? "z-loss" : "loss",
                            std::isfinite(r.loss) ? r.z_loss : r.loss, divergence_advice(config_.optimizer));
             }
-            {
-                const trace::Span opt("optimizer", "optimizer step");
-                r.opt = optimizer_->step(strategy, step, total_steps_);
-                backend_->synchronize();
-            }
+        };
+        r.opt = run_step(strategy, *model_, *optimizer_, *backend_, exchange_, plan);
+        r.masked_instances = static_cast<long>(exchange_.value(exchange_.slot("masked_instances")));
+        r.stop_signal = stop::agreed(exchange_.at(exchange_.slot("stop_votes")));
+        if (save_votes) saver_->tally(exchange_.at(exchange_.slot("save_votes")));
+        if (exchange_compute) {
+            const double* per_rank = exchange_.at(exchange_.slot("compute_per_rank"));
+            r.compute_per_rank.assign(per_rank, per_rank + world);
+            r.compute_steps = interval_steps_;
+            interval_compute_ = 0.0;
+            interval_steps_ = 0;
         }
         r.seconds = seconds_since(t0);
         r.recorded_graph = model_->graphs().captures() != captures_before;
@@ -886,7 +880,7 @@ class TrainingRun {
     // exchanged theirs, and over the run; the loss all-reduce's buffer.
     double interval_compute_ = 0.0, run_compute_ = 0.0;
     long interval_steps_ = 0, run_compute_steps_ = 0;
-    std::vector<double> sums_;
+    RankExchange exchange_;  // the step's values summed over the ranks
     Clock::time_point run_t0_;
     double save_stall_ = 0.0;  // seconds the steps' saves held the run up, over saves_ of them
     long saves_ = 0;

@@ -5,9 +5,11 @@
 
 #include "base/common.h"
 #include "base/layout.h"
+#include "base/stop.h"
 #include "base/trace.h"
 #include "core/model.h"
 #include "core/optimizer.h"
+#include "core/run/step.h"
 #include "core/weights/async_save.h"
 #include "kernels/backend.h"
 #include "parallel/setup.h"
@@ -73,25 +75,27 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
         if (config.async_saves()) snapshot.emplace(backend.get(), strategy);
         live = true;  // the step's work only, not the initialisation's
         const std::vector<int32_t> tokens(static_cast<size_t>(micro) * L, 0);
-        const double global_tokens = static_cast<double>(config.global_train_batch_size) * (L - 1);
         struct Observing {  // the spans of this thread go to `spans` until the step is done (or throws)
             explicit Observing(trace::SpanObserver* o) { trace::observe_spans(o); }
             ~Observing() { trace::observe_spans(nullptr); }
         } observing(&spans);
-        {
-            const trace::Span step("step", "step");  // the spans of a measured step (core/train.cpp)
-            accumulate_gradients(strategy, model, config.accumulation_steps(env.world_size), static_cast<int>(micro),
-                                 static_cast<float>(env.world_size / global_tokens),
-                                 [&](long) { return tokens.data(); });
-            {
-                const trace::Span loss("comm", "loss all_reduce");
-                strategy.all_reduce_sum(0.0);
-            }
+        // The loop's step (core/run/step.h), with the slots every step of the loop exchanges beside the loss.
+        StepPlan plan;
+        plan.accumulation = config.accumulation_steps(env.world_size), plan.micro = static_cast<int>(micro);
+        plan.dloss_scale =
+            static_cast<float>(env.world_size / (static_cast<double>(config.global_train_batch_size) * (L - 1)));
+        plan.dry = true;
+        plan.micro_batch = [&](long) { return MicroBatchTokens(tokens.data()); };
+        plan.fill = [](RankExchange& ex) {
+            ex.reserve("masked_instances");
+            ex.reserve("stop_votes", stop::kVotes);
+        };
+        plan.after_exchange = [&](const RankExchange&) {
             r.optimizer_begin = r.events.size();
             in_optimizer = true;
-            const trace::Span opt("optimizer", "optimizer step");
-            optimizer.step(strategy, 1, 1);
-        }
+        };
+        RankExchange exchange;
+        run_step(strategy, model, optimizer, *backend, exchange, plan);
         const MemorySnapshot after = memory_snapshot();
         for (int c = 0; c < kNumMemCategories; ++c) r.peak[c] = after.peak[c] - before.current[c];
         r.total_peak = after.total_peak - before.total_current;
