@@ -32,7 +32,11 @@
 #include "core/model.h"
 #include "core/optimizer.h"
 #include "core/plan/host_memory.h"
+#include "core/run/evaluate.h"
 #include "core/run/exchange.h"
+#include "core/run/report.h"
+#include "core/run/run_data.h"
+#include "core/run/saves.h"
 #include "core/run/step.h"
 #include "core/tensorboard.h"
 #include "core/weights/async_save.h"
@@ -50,122 +54,6 @@ namespace trainer {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string human_count(double x) {
-    if (x >= 1e9) return fmt::format("{:.2f}B", x / 1e9);
-    if (x >= 1e6) return fmt::format("{:.2f}M", x / 1e6);
-    if (x >= 1e3) return fmt::format("{:.1f}K", x / 1e3);
-    return fmt::format("{:.0f}", x);
-}
-
-// Mean loss of one evaluator over its first batches (all of them, or subset_num_batches of `batch`
-// instances), split across the ranks: rank r of W takes a contiguous 1/W of those instances in batches of
-// up to `batch`, and the loss sums and predicted-token counts are summed over the ranks. Every rank runs
-// the same number of forwards (FSDP gathers inside them): one past its share runs its first instance
-// again and adds nothing. Before each forward the ranks vote on a stop signal (base/stop.h) in one small
-// all-reduce, so a stop does not wait for a whole validation set: on an agreed stop, *stop_signal is set
-// and the result is NaN.
-double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& model, Strategy& strategy, long batch,
-                int* stop_signal) {
-    const long L = data.seq_len();
-    long instances = data.num_instances();
-    if (ev.subset_num_batches > 0) instances = std::min(instances, ev.subset_num_batches * batch);
-    const long world = strategy.world_size(), rank = strategy.rank();
-    const long begin = instances * rank / world, end = instances * (rank + 1) / world;
-    const long most = (instances + world - 1) / world;  // the largest share
-    const long forwards = (most + batch - 1) / batch;
-    std::vector<int32_t> tokens(static_cast<size_t>(batch) * L);
-    double sums[2] = {0.0, 0.0};  // loss, predicted tokens
-    for (long b = 0; b < forwards; ++b) {
-        double votes[stop::kVotes] = {};
-        stop::vote(votes);
-        strategy.all_reduce_sum(votes, stop::kVotes);
-        if (const int sig = stop::agreed(votes)) {
-            *stop_signal = sig;
-            return std::numeric_limits<double>::quiet_NaN();
-        }
-        const long first = begin + b * batch;
-        const int n = static_cast<int>(std::max(0L, std::min(batch, end - first)));
-        if (n == 0) {
-            data.read_instance(std::min(begin, instances - 1), tokens.data());
-            (void)model.forward_loss(tokens.data(), 1);
-            continue;
-        }
-        for (int i = 0; i < n; ++i) data.read_instance(first + i, tokens.data() + static_cast<size_t>(i) * L);
-        sums[0] += model.forward_loss(tokens.data(), n);
-        sums[1] += static_cast<double>(n) * (L - 1);
-    }
-    strategy.all_reduce_sum(sums, 2);
-    return sums[0] / sums[1];
-}
-
-class ProgressBar {
-   public:
-    // Drawn on a terminal only; mpirun hands its ranks a pseudo-terminal whatever its own output is (often a
-    // log file), so never under mpirun.
-    ProgressBar(long total)
-        : total_(total), enabled_(::isatty(fileno(stdout)) != 0 && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) {}
-    void clear() {
-        if (enabled_ && drawn_) std::printf("\r\033[K");
-        drawn_ = false;
-    }
-    void draw(long step, double eta_s) {
-        if (!enabled_) return;
-        const int width = 30;
-        const int filled = static_cast<int>(width * static_cast<double>(step) / static_cast<double>(total_));
-        std::printf("\r[%.*s%*s] %ld/%ld  eta %.0fs", filled, "==============================", width - filled, "",
-                    step, total_, eta_s);
-        std::fflush(stdout);
-        drawn_ = true;
-    }
-
-   private:
-    long total_;
-    bool enabled_;
-    bool drawn_ = false;
-};
-
-// Every rank's peak memory so far by category, plus the accounted device total, the host total (CPU
-// offload), the measured peak resident memory, the backend's pool high-water mark (device memory on GPUs,
-// the host pool on the CPU), and what no category counts: the device pool beyond the device total on GPUs
-// (`on_device`), resident memory beyond both totals on the CPU (where the host categories live in the same
-// memory). Gathered over `comm` (a collective: every rank calls it).
-Json gather_peak_memory(Communicator& comm, const Backend& backend, bool on_device) {
-    const int world = comm.size();
-    const MemorySnapshot mem = memory_snapshot();
-    enum { kTotal = kNumMemCategories, kHost, kResident, kPool, kMemFields };
-    std::vector<double> mine(kMemFields), all(static_cast<size_t>(kMemFields) * world);
-    for (int c = 0; c < kNumMemCategories; ++c) mine[c] = static_cast<double>(mem.peak[c]);
-    mine[kTotal] = static_cast<double>(mem.total_peak);
-    mine[kHost] = static_cast<double>(mem.host_peak);
-    mine[kResident] = static_cast<double>(process_peak_resident_bytes());
-    mine[kPool] = static_cast<double>(backend.device_peak_bytes());
-    comm.all_gather(mine.data(), all.data(), kMemFields, CommDType::kFloat64).wait();
-    Json per_rank = Json::array();
-    for (int r = 0; r < world; ++r) {
-        const double* v = all.data() + static_cast<size_t>(r) * kMemFields;
-        Json m = Json::object();
-        for (int c = 0; c < kNumMemCategories; ++c)
-            m[mem_category_name(static_cast<MemCategory>(c))] = static_cast<int64_t>(v[c]);
-        m["total"] = static_cast<int64_t>(v[kTotal]);
-        m["host_total"] = static_cast<int64_t>(v[kHost]);
-        m["resident"] = static_cast<int64_t>(v[kResident]);
-        m["device_pool"] = static_cast<int64_t>(v[kPool]);
-        m["unaccounted"] = static_cast<int64_t>(on_device ? v[kPool] - v[kTotal] : v[kResident] - v[kTotal] - v[kHost]);
-        per_rank.push_back(m);
-    }
-    return per_rank;
-}
-
-// Where rank `rank` of `world` writes its trace: `path` itself for one rank, else path with ".rank<r>"
-// before its extension (trace.json -> trace.rank1.json), merged by scripts/merge_traces.py.
-std::string trace_path(const std::string& path, int rank, int world) {
-    if (world == 1) return path;
-    const size_t slash = path.find_last_of('/'), dot = path.find_last_of('.');
-    const bool has_ext = dot != std::string::npos && (slash == std::string::npos || dot > slash);
-    const std::string stem = has_ext ? path.substr(0, dot) : path, ext = has_ext ? path.substr(dot) : "";
-    return fmt::format("{}.rank{}{}", stem, rank, ext);
-}
 
 // One optimizer step's results, as the log and the metrics file report them.
 struct StepOutcome {
@@ -230,77 +118,16 @@ class TrainingRun {
         }
         check_host_memory(config_, env_, device);
         check_shared_device_memory(config_, env_, device, device_index_);
-        const std::vector<DataSource>& sources = config_.data.sources;
-        std::vector<std::string> paths = config_.data.paths;
-        for (const DataSource& s : sources) paths.insert(paths.end(), s.paths.begin(), s.paths.end());
-        train_data_ =
-            std::make_unique<TokenDataset>(paths, parse_token_dtype(config_.data.memmap_dtype), m_.max_sequence_length,
-                                           m_.vocab_size, sources.empty() ? "data.paths" : "data.sources[].paths");
-        for (size_t i = 0; i < config_.evaluators.size(); ++i) {
-            const auto& ev = config_.evaluators[i];
-            eval_data_.push_back(std::make_unique<TokenDataset>(
-                ev.paths, parse_token_dtype(ev.memmap_dtype, fmt::format("evaluators[{}].data.memmap_dtype", i)),
-                m_.max_sequence_length, m_.vocab_size, fmt::format("evaluators[{}].data.paths", i)));
-        }
-        total_steps_ = config_.total_steps(train_data_->num_instances());  // epochs: data.paths alone
-        if (sources.empty()) {
-            order_ = std::make_unique<InstanceOrder>(train_data_->num_instances(), config_.global_train_batch_size,
-                                                     config_.data.seed, config_.data.shuffle);
-        } else {
-            auto mixture = std::make_unique<MixtureOrder>(mixture_sources(config_.data, *train_data_),
-                                                          config_.global_train_batch_size, config_.data.seed,
-                                                          config_.data.shuffle);
-            std::vector<double> max_repetition;
-            for (const DataSource& s : sources) max_repetition.push_back(s.max_repetition_ratio);
-            mixture->check_repetition(total_steps_, max_repetition);
-            mixture_ = mixture.get();
-            order_ = std::move(mixture);
-        }
-        const SchedulerConfig& sched = config_.scheduler;
-        if (sched.name != SchedulerName::kConstant && !sched.t_max && sched.t_warmup >= 1 &&
-            sched.t_warmup >= static_cast<double>(total_steps_)) {
-            // Flagged in the run's header, not refused: a short trial of a long recipe is a fair use.
-            warmup_note_ = fmt::format(
-                "note: scheduler.t_warmup is {:g} steps in a run of {}: the learning rate never reaches "
-                "optimizer.learning_rate (shorten the warmup or lengthen max_duration if that is not meant)",
-                sched.t_warmup, total_steps_);
-        }
-        if (config_.try_load_latest_save && latest_checkpoint_step(*config_.save_folder)) {
-            resume_path_ = resolve_checkpoint(config_, "latest");  // OLMo's meaning: over load_path
-            resume_latest_ = true;
-        } else if (config_.load_path) {
-            resume_path_ = resolve_checkpoint(config_, *config_.load_path);
-            resume_latest_ = *config_.load_path == "latest";
-        }
-        // A checkpoint already in save_folder is never replaced unless save_overwrite: a fresh run may not start
-        // there, nor may one resuming an older checkpoint (a rollback after a loss spike would overwrite or
-        // interleave with what it branched from): OLMo refuses both unless told.
-        const std::optional<long> newest = config_.save_folder && !config_.save_overwrite
-                                               ? latest_checkpoint_step(*config_.save_folder)
-                                               : std::nullopt;
-        if (newest && !resume_path_) {
-            user_error(
-                "save_folder {} already holds checkpoints (newest step{}); resume with --load-path latest, "
-                "choose another folder, or set save_overwrite=true",
-                *config_.save_folder, *newest);
-        }
-        if (newest && resume_path_) {
-            const long from = checkpoint_step(*resume_path_);
-            if (*newest > from) {
-                user_error(
-                    "save_folder {} holds checkpoints newer than the one resumed from ({}, step {}): the newest is "
-                    "step{}, which this run would overwrite or interleave with; save the branch to another folder "
-                    "(--save-folder), or set save_overwrite=true to replace them",
-                    *config_.save_folder, *resume_path_, from, *newest);
-            }
-        }
-        use_init_from_ = config_.init_from && !resume_path_;  // a checkpoint's weights supersede init_from
+        data_ = open_run_data(config_);
+        total_steps_ = data_.total_steps;
+        saves_ = std::make_unique<RunSaves>(config_, env_);
+        use_init_from_ = config_.init_from && !saves_->resume_path();  // a checkpoint's weights supersede init_from
         if (use_init_from_) {
             hf_family(m_, "--init-from " + *config_.init_from);
             init_tensors_ = read_hf_weights(config_, *config_.init_from);
         }
         metrics_ = std::make_unique<MetricsWriter>(env_.rank == 0 ? config_.metrics_file : std::nullopt,
-                                                   resume_path_.has_value());
+                                                   saves_->resume_path().has_value());
         if (config_.sample.interval > 0) {  // the prompt checked now, not at the first sample
             sample_codec_ =
                 std::make_unique<TextCodec>(config_.sample.tokenizer, default_tokenizer_dir(), m_.eos_token_id);
@@ -339,19 +166,15 @@ class TrainingRun {
         backend_ = make_backend(device_, backend_options(config_, device_index_));
         layout_ = std::make_unique<ParamLayout>(config_);
         world_ = make_world(config_, env_, device_, backend_.get(), *layout_);
-        if (config_.save_folder) {
-            take_save_folder();
-            // What `latest` named before the lock may have been superseded by the run that held it.
-            if (resume_latest_) resume_path_ = resolve_checkpoint(config_, "latest");
-        }
         Strategy& strategy = *world_.strategy;
+        saves_->take_folder(strategy);
         load_initial_params(config_, *layout_, strategy, use_init_from_ ? &init_tensors_ : nullptr,
                             config_.init_from.value_or(""));
         init_tensors_.clear();
-        if (resume_path_) {
-            const CheckpointInfo info = load_checkpoint(config_, *layout_, backend_.get(), strategy, *resume_path_);
+        if (const std::optional<std::string>& resume = saves_->resume_path()) {
+            const CheckpointInfo info = load_checkpoint(config_, *layout_, backend_.get(), strategy, *resume);
             start_step_ = info.step;
-            std::printf("resumed from %s at step %ld%s\n", resume_path_->c_str(), start_step_,
+            std::printf("resumed from %s at step %ld%s\n", resume->c_str(), start_step_,
                         env_.restart_count > 0
                             ? fmt::format(" (restart {} of trainer launch --max-restarts)", env_.restart_count).c_str()
                             : "");
@@ -367,8 +190,8 @@ class TrainingRun {
             host = device_ == Device::kCpu ? backend_.get() : host_backend_.get();
         }
         optimizer_ = std::make_unique<AdamW>(config_, *layout_, backend_.get(), host);
-        if (config_.async_saves())
-            saver_ = std::make_unique<AsyncSaver>(config_, *layout_, backend_.get(), strategy, run_tag_);
+        bar_ = std::make_unique<ProgressBar>(total_steps_);
+        saves_->attach(*layout_, backend_.get(), strategy, bar_.get());
         tokens_.resize(static_cast<size_t>(micro) * m_.max_sequence_length);
         keep_.resize(static_cast<size_t>(micro));
 
@@ -382,7 +205,6 @@ class TrainingRun {
         } else {
             peak_flops_ = backend_->peak_flops(config_.precision == Precision::kAmpBf16, &peak_how_);
         }
-        bar_ = std::make_unique<ProgressBar>(total_steps_);
     }
 
     void print_header() const {
@@ -401,9 +223,9 @@ class TrainingRun {
             threads_);
         std::printf(
             "data: %ld instances of %ld tokens; %ld steps of %ld instances (micro-batch %ld x %ld accumulation)\n",
-            static_cast<long>(train_data_->num_instances()), L, total_steps_, config_.global_train_batch_size,
+            static_cast<long>(data_.train->num_instances()), L, total_steps_, config_.global_train_batch_size,
             config_.device_train_microbatch_size, config_.accumulation_steps(world_.size()));
-        if (!warmup_note_.empty()) std::printf("%s\n", warmup_note_.c_str());
+        if (!data_.warmup_note.empty()) std::printf("%s\n", data_.warmup_note.c_str());
         std::printf(
             "FLOPs per token = 6N + 12*L*d*T = 6*%zu + 12*%d*%d*%ld = %.4g (N: matmul parameters, T = %ld "
             "predicted positions)\n",
@@ -440,7 +262,7 @@ class TrainingRun {
         StepOutcome r;
         const long captures_before = model_->graphs().captures();
         strategy.take_comm_wait_seconds();  // what evaluation and checkpoints waited is not the step's
-        order_->global_batch(step - 1, global_batch_);
+        data_.order->global_batch(step - 1, global_batch_);
         InstanceOrder::rank_slice(global_batch_, strategy.rank(), world, local_);
         double masked = 0.0;  // instances the instance filter masked, this rank
         StepPlan plan;
@@ -452,7 +274,7 @@ class TrainingRun {
             const auto& filter = config_.data.instance_filter;
             for (long i = 0; i < micro; ++i) {
                 int32_t* instance = tokens_.data() + static_cast<size_t>(i) * L;
-                train_data_->read_instance(local_[k * micro + i], instance);
+                data_.train->read_instance(local_[k * micro + i], instance);
                 keep_[i] = filter && repetitive_instance(instance, static_cast<int>(L), *filter) ? 0 : 1;
                 masked += 1 - keep_[i];
             }
@@ -462,11 +284,12 @@ class TrainingRun {
         // written in the background their votes on it (core/weights/async_save.h) and, every console_log_interval
         // steps, each rank's compute time a step since the last such step (each rank fills its own slot).
         const bool exchange_compute = world > 1 && step % config_.console_log_interval == 0 && interval_steps_ > 0;
-        const bool save_votes = saver_ && saver_->voting();
+        AsyncSaver* saver = saves_->saver();
+        const bool save_votes = saver && saver->voting();
         plan.fill = [&](RankExchange& ex) {
             ex.value(ex.reserve("masked_instances")) = masked;
             stop::vote(ex.at(ex.reserve("stop_votes", stop::kVotes)));
-            if (save_votes) saver_->vote(ex.at(ex.reserve("save_votes", AsyncSaver::kVotes)));
+            if (save_votes) saver->vote(ex.at(ex.reserve("save_votes", AsyncSaver::kVotes)));
             if (exchange_compute)
                 ex.at(ex.reserve("compute_per_rank", world))[strategy.rank()] = interval_compute_ / interval_steps_;
         };
@@ -481,7 +304,7 @@ class TrainingRun {
         r.opt = run_step(strategy, *model_, *optimizer_, *backend_, exchange_, plan);
         r.masked_instances = static_cast<long>(exchange_.value(exchange_.slot("masked_instances")));
         r.stop_signal = stop::agreed(exchange_.at(exchange_.slot("stop_votes")));
-        if (save_votes) saver_->tally(exchange_.at(exchange_.slot("save_votes")));
+        if (save_votes) saver->tally(exchange_.at(exchange_.slot("save_votes")));
         if (exchange_compute) {
             const double* per_rank = exchange_.at(exchange_.slot("compute_per_rank"));
             r.compute_per_rank.assign(per_rank, per_rank + world);
@@ -545,11 +368,11 @@ class TrainingRun {
             }
         }
         if (config_.data.instance_filter) record["masked_instances"] = r.masked_instances;
-        if (mixture_) {  // the tokens each source gave the run so far
+        if (data_.mixture) {  // the tokens each source gave the run so far
             Json by_source = Json::object();
-            for (size_t k = 0; k < mixture_->sources().size(); ++k) {
-                by_source[mixture_->sources()[k].name] =
-                    mixture_->draws(k, step * config_.global_train_batch_size) * m_.max_sequence_length;
+            for (size_t k = 0; k < data_.mixture->sources().size(); ++k) {
+                by_source[data_.mixture->sources()[k].name] =
+                    data_.mixture->draws(k, step * config_.global_train_batch_size) * m_.max_sequence_length;
             }
             record["tokens_by_source"] = by_source;
         }
@@ -573,17 +396,11 @@ class TrainingRun {
         }
         if (config_.save_folder &&
             ((config_.save_interval > 0 && step % config_.save_interval == 0) || step == total_steps_)) {
-            const auto t0 = Clock::now();
-            save(step);
-            record["save_ms"] = seconds_since(t0) * 1e3;  // how long the save held the step up
-            save_stall_ += seconds_since(t0);
-            ++saves_;
+            record["save_ms"] = saves_->save(step, step == total_steps_) * 1e3;  // how long it held the step up
         }
         // A checkpoint written in the background and published since the last step: the step it holds (the
         // steps between are those a failure before its publication would also lose).
-        report_published();
-        if (published_step_) record["checkpoint_published"] = *published_step_;
-        published_step_.reset();
+        if (const std::optional<long> published = saves_->take_published()) record["checkpoint_published"] = *published;
         metrics_->write(record);
         if (tensorboard_) tensorboard_->write(step, scalars_of(record));
         bar_->draw(step, (total_steps_ - step) * (total_time_ / std::max<long>(1, timed_steps_)));
@@ -619,96 +436,19 @@ class TrainingRun {
         threads_ = n;
     }
 
-    // Before step 1, with the ranks connected: rank 0 takes the save folder's lock (one run at a time,
-    // core/weights/save_folder.h) and draws the run's tag; every rank that writes shard files probes the folder, so
-    // a folder that cannot be written stops the run now, not after save_interval steps. The outcomes are
-    // summed over the ranks, so every rank stops when one cannot go on.
-    void take_save_folder() {
-        Strategy& strategy = *world_.strategy;
-        const std::string& folder = *config_.save_folder;
-        auto agree = [&](const std::function<void()>& attempt, double* extra, const std::string& elsewhere) {
-            std::exception_ptr failure;
-            try {
-                attempt();
-            } catch (const UserError&) {
-                failure = std::current_exception();
-            }
-            double v[2] = {failure ? 1.0 : 0.0, extra ? *extra : 0.0};
-            strategy.all_reduce_sum(v, 2);
-            if (failure) std::rethrow_exception(failure);
-            if (v[0] > 0) user_error("save_folder {}: {} (its error says why)", folder, elsewhere);
-            if (extra) *extra = v[1];
-        };
-        double tag = 0.0;  // rank 0's draw, the same on every rank after the sum
-        agree(
-            [&] {
-                if (env_.rank != 0) return;
-                tag = static_cast<double>(std::random_device{}() & 0xFFFFFFu) * 16777216.0 +
-                      static_cast<double>(std::random_device{}() & 0xFFFFFFu);  // 48 bits: exact in a double
-                save_lock_ = SaveFolderLock::acquire(folder, fmt::format("{:012x}", static_cast<uint64_t>(tag)));
-            },
-            &tag, "rank 0 could not take it");
-        run_tag_ = fmt::format("{:012x}", static_cast<uint64_t>(tag));
-        agree(
-            [&] {
-                if (strategy.checkpoint_file() >= 0)
-                    probe_writable_folder(folder, fmt::format(".probe-{}-rank{}", run_tag_, env_.rank), "save_folder");
-            },
-            nullptr, "a rank that writes checkpoint shards cannot write it");
-    }
-
-    // Every rank takes part; the strategy says which ranks write shard files. save_interval checkpoints of a
-    // save_async run are snapshot and written in the background (said once published: report_published); the
-    // run's last checkpoint, and one that must be on disk before the run stops (`now`), is written now, once
-    // the one in flight is.
-    void save(long step, bool now = false) {
-        const trace::Span span("checkpoint", "save checkpoint");
-        if (saver_ && !now && step != total_steps_) {
-            saver_->start(step);
-            report_published();  // the one before it, published while start() waited for it
-            // Every rank counts it saved: a stop waits for it to be published (finish_saves) before it asks.
-            saved_step_ = step;
-            saved_path_ = saver_->last_path();
-            return;
-        }
-        finish_saves();
-        saved_path_ = save_checkpoint(config_, *layout_, backend_.get(), *world_.strategy, step, run_tag_);
-        saved_step_ = step;
-        bar_->clear();
-        std::printf("saved checkpoint %s\n", saved_path_.c_str());
-    }
-
-    // Waits for the checkpoint written in the background, if any (every rank at the same point).
-    void finish_saves() {
-        if (!saver_) return;
-        saver_->wait();
-        report_published();
-    }
-
-    // Rank 0: says the checkpoint the background thread published since the last step, if any (and keeps its
-    // step for the step's record).
-    void report_published() {
-        if (!saver_) return;
-        const std::optional<std::string> path = saver_->take_published();
-        if (!path) return;
-        bar_->clear();
-        std::printf("saved checkpoint %s (written in the background)\n", path->c_str());
-        published_step_ = checkpoint_step(*path);
-    }
-
     // The ranks agreed to stop after `step` (a stop signal, base/stop.h): a checkpoint of it when
     // save_folder is set, a metrics record saying so, the summary of the steps run, and 128 + the signal.
     int stop_after(long step, int sig) {
-        finish_saves();
-        if (config_.save_folder && saved_step_ != step) save(step, /*now=*/true);
+        saves_->finish();
+        if (config_.save_folder && saves_->saved_step() != step) saves_->save(step, false, /*now=*/true);
         bar_->clear();
-        const std::string resume = config_.save_folder
-                                       ? fmt::format("checkpoint {}; resume with --load-path latest", saved_path_)
-                                       : std::string("no checkpoint (save_folder is not set)");
+        const std::string resume =
+            config_.save_folder ? fmt::format("checkpoint {}; resume with --load-path latest", saves_->saved_path())
+                                : std::string("no checkpoint (save_folder is not set)");
         std::printf("stopped by %s after step %ld of %ld: %s\n", stop::signal_name(sig), step, total_steps_,
                     resume.c_str());
         Json record = {{"event", "stopped"}, {"step", step}, {"signal", stop::signal_name(sig)}};
-        if (config_.save_folder) record["checkpoint"] = saved_path_;
+        if (config_.save_folder) record["checkpoint"] = saves_->saved_path();
         metrics_->write(record);
         summary(step);
         return stop::exit_code(sig);
@@ -734,10 +474,10 @@ class TrainingRun {
     int run_evals(long step, Json& record) {
         const auto t0 = Clock::now();
         Json all = Json::object();
-        for (size_t i = 0; i < eval_data_.size(); ++i) {
+        for (size_t i = 0; i < data_.evals.size(); ++i) {
             const trace::Span span("eval", "eval " + config_.evaluators[i].label);
             int sig = 0;
-            const double v = evaluate(*eval_data_[i], config_.evaluators[i], *model_, *world_.strategy,
+            const double v = evaluate(*data_.evals[i], config_.evaluators[i], *model_, *world_.strategy,
                                       config_.device_eval_batch_size, &sig);
             if (sig != 0) {
                 bar_->clear();
@@ -751,7 +491,7 @@ class TrainingRun {
             bar_->clear();
             std::printf("step %ld | eval %s | loss %.4f\n", step, config_.evaluators[i].label.c_str(), v);
         }
-        if (eval_data_.size() > 1) record["val_losses"] = all;
+        if (data_.evals.size() > 1) record["val_losses"] = all;
         record["eval_time_ms"] = seconds_since(t0) * 1e3;
         return 0;
     }
@@ -781,10 +521,10 @@ class TrainingRun {
                         {"peak_memory_bytes", per_rank[world_.rank()]},
                         {"peak_memory_bytes_per_rank", per_rank}};
         if (busy_steps_ > 0) summary["mean_device_busy_fraction"] = total_busy_ / busy_steps_;
-        if (saves_ > 0) {  // the checkpoints' cost to the run: the time the steps waited for them
-            summary["checkpoints"] = saves_;
-            summary["save_stall_s"] = save_stall_;
-            summary["save_async"] = saver_ != nullptr;
+        if (saves_->saves() > 0) {  // the checkpoints' cost to the run: the time the steps waited for them
+            summary["checkpoints"] = saves_->saves();
+            summary["save_stall_s"] = saves_->stall_seconds();
+            summary["save_async"] = saves_->saver() != nullptr;
         }
         {
             // Every rank's mean compute time a step over the run (its step less its waits on collectives).
@@ -838,14 +578,8 @@ class TrainingRun {
     Device device_ = Device::kCpu;
     int device_index_ = 0;         // the GPU this rank computes on (rank_device)
     long nan_gradient_step_ = -1;  // TRAINER_DEBUG_NAN_GRADIENT's step for this rank, or -1
-    std::unique_ptr<TokenDataset> train_data_;
-    std::vector<std::unique_ptr<TokenDataset>> eval_data_;
-    std::unique_ptr<BatchOrder> order_;
-    const MixtureOrder* mixture_ = nullptr;  // order_ when data.sources is a mixture
+    RunData data_;
     long total_steps_ = 0, start_step_ = 0;
-    std::optional<std::string> resume_path_;
-    bool resume_latest_ = false;  // resume_path_ is what "latest" named
-    std::string warmup_note_;     // a warmup no shorter than the run, said in the header
     bool use_init_from_ = false;
     std::map<std::string, Tensor> init_tensors_;
     std::string trace_path_;  // this rank's trace file (trace_file)
@@ -859,12 +593,10 @@ class TrainingRun {
     std::unique_ptr<Backend> backend_;
     std::unique_ptr<ParamLayout> layout_;
     World world_;
-    std::unique_ptr<SaveFolderLock> save_lock_;  // rank 0, while save_folder is set
-    std::string run_tag_;                        // names this run's temporary checkpoint folders
     std::unique_ptr<Model> model_;
     std::unique_ptr<Backend> host_backend_;  // cpu_offload on a GPU: the host optimizer's kernels
     std::unique_ptr<AdamW> optimizer_;
-    std::unique_ptr<AsyncSaver> saver_;  // save_async: save_interval checkpoints written in the background
+    std::unique_ptr<RunSaves> saves_;  // made in preflight (the resume), attached in build (after the state)
     double flops_per_token_ = 0.0, tokens_per_step_ = 0.0, flops_per_step_ = 0.0, peak_flops_ = 0.0;
     std::string peak_how_;
     std::unique_ptr<ProgressBar> bar_;
@@ -882,11 +614,6 @@ class TrainingRun {
     long interval_steps_ = 0, run_compute_steps_ = 0;
     RankExchange exchange_;  // the step's values summed over the ranks
     Clock::time_point run_t0_;
-    double save_stall_ = 0.0;  // seconds the steps' saves held the run up, over saves_ of them
-    long saves_ = 0;
-    std::optional<long> published_step_;  // a background checkpoint published since the last step's record
-    long saved_step_ = -1;                // the newest checkpoint this run wrote, and its path
-    std::string saved_path_;
 };
 
 }  // namespace

@@ -1,0 +1,50 @@
+// Evaluation during training (see evaluate.h).
+#include "core/run/evaluate.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "base/stop.h"
+#include "core/data/data.h"
+#include "core/model.h"
+#include "parallel/strategy.h"
+
+namespace trainer {
+
+double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& model, Strategy& strategy, long batch,
+                int* stop_signal) {
+    const long L = data.seq_len();
+    long instances = data.num_instances();
+    if (ev.subset_num_batches > 0) instances = std::min(instances, ev.subset_num_batches * batch);
+    const long world = strategy.world_size(), rank = strategy.rank();
+    const long begin = instances * rank / world, end = instances * (rank + 1) / world;
+    const long most = (instances + world - 1) / world;  // the largest share
+    const long forwards = (most + batch - 1) / batch;
+    std::vector<int32_t> tokens(static_cast<size_t>(batch) * L);
+    double sums[2] = {0.0, 0.0};  // loss, predicted tokens
+    for (long b = 0; b < forwards; ++b) {
+        double votes[stop::kVotes] = {};
+        stop::vote(votes);
+        strategy.all_reduce_sum(votes, stop::kVotes);
+        if (const int sig = stop::agreed(votes)) {
+            *stop_signal = sig;
+            return std::numeric_limits<double>::quiet_NaN();
+        }
+        const long first = begin + b * batch;
+        const int n = static_cast<int>(std::max(0L, std::min(batch, end - first)));
+        if (n == 0) {
+            data.read_instance(std::min(begin, instances - 1), tokens.data());
+            (void)model.forward_loss(tokens.data(), 1);
+            continue;
+        }
+        for (int i = 0; i < n; ++i) data.read_instance(first + i, tokens.data() + static_cast<size_t>(i) * L);
+        sums[0] += model.forward_loss(tokens.data(), n);
+        sums[1] += static_cast<double>(n) * (L - 1);
+    }
+    strategy.all_reduce_sum(sums, 2);
+    return sums[0] / sums[1];
+}
+
+}  // namespace trainer

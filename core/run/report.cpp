@@ -1,0 +1,78 @@
+// The run's console and memory reports (see report.h).
+#include "core/run/report.h"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "base/common.h"
+#include "base/memory.h"
+#include "kernels/backend.h"
+#include "parallel/communicator.h"
+
+namespace trainer {
+
+std::string human_count(double x) {
+    if (x >= 1e9) return fmt::format("{:.2f}B", x / 1e9);
+    if (x >= 1e6) return fmt::format("{:.2f}M", x / 1e6);
+    if (x >= 1e3) return fmt::format("{:.1f}K", x / 1e3);
+    return fmt::format("{:.0f}", x);
+}
+
+ProgressBar::ProgressBar(long total)
+    : total_(total), enabled_(::isatty(fileno(stdout)) != 0 && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) {}
+
+void ProgressBar::clear() {
+    if (enabled_ && drawn_) std::printf("\r\033[K");
+    drawn_ = false;
+}
+
+void ProgressBar::draw(long step, double eta_s) {
+    if (!enabled_) return;
+    const int width = 30;
+    const int filled = static_cast<int>(width * static_cast<double>(step) / static_cast<double>(total_));
+    std::printf("\r[%.*s%*s] %ld/%ld  eta %.0fs", filled, "==============================", width - filled, "", step,
+                total_, eta_s);
+    std::fflush(stdout);
+    drawn_ = true;
+}
+
+Json gather_peak_memory(Communicator& comm, const Backend& backend, bool on_device) {
+    const int world = comm.size();
+    const MemorySnapshot mem = memory_snapshot();
+    enum { kTotal = kNumMemCategories, kHost, kResident, kPool, kMemFields };
+    std::vector<double> mine(kMemFields), all(static_cast<size_t>(kMemFields) * world);
+    for (int c = 0; c < kNumMemCategories; ++c) mine[c] = static_cast<double>(mem.peak[c]);
+    mine[kTotal] = static_cast<double>(mem.total_peak);
+    mine[kHost] = static_cast<double>(mem.host_peak);
+    mine[kResident] = static_cast<double>(process_peak_resident_bytes());
+    mine[kPool] = static_cast<double>(backend.device_peak_bytes());
+    comm.all_gather(mine.data(), all.data(), kMemFields, CommDType::kFloat64).wait();
+    Json per_rank = Json::array();
+    for (int r = 0; r < world; ++r) {
+        const double* v = all.data() + static_cast<size_t>(r) * kMemFields;
+        Json m = Json::object();
+        for (int c = 0; c < kNumMemCategories; ++c)
+            m[mem_category_name(static_cast<MemCategory>(c))] = static_cast<int64_t>(v[c]);
+        m["total"] = static_cast<int64_t>(v[kTotal]);
+        m["host_total"] = static_cast<int64_t>(v[kHost]);
+        m["resident"] = static_cast<int64_t>(v[kResident]);
+        m["device_pool"] = static_cast<int64_t>(v[kPool]);
+        m["unaccounted"] = static_cast<int64_t>(on_device ? v[kPool] - v[kTotal] : v[kResident] - v[kTotal] - v[kHost]);
+        per_rank.push_back(m);
+    }
+    return per_rank;
+}
+
+std::string trace_path(const std::string& path, int rank, int world) {
+    if (world == 1) return path;
+    const size_t slash = path.find_last_of('/'), dot = path.find_last_of('.');
+    const bool has_ext = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+    const std::string stem = has_ext ? path.substr(0, dot) : path, ext = has_ext ? path.substr(dot) : "";
+    return fmt::format("{}.rank{}{}", stem, rank, ext);
+}
+
+}  // namespace trainer

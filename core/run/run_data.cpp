@@ -1,0 +1,48 @@
+// The run's data (see run_data.h).
+#include "core/run/run_data.h"
+
+#include "base/common.h"
+
+namespace trainer {
+
+RunData open_run_data(const TrainConfig& config) {
+    RunData r;
+    const ModelConfig& m = config.model;
+    const std::vector<DataSource>& sources = config.data.sources;
+    std::vector<std::string> paths = config.data.paths;
+    for (const DataSource& s : sources) paths.insert(paths.end(), s.paths.begin(), s.paths.end());
+    r.train = std::make_unique<TokenDataset>(paths, parse_token_dtype(config.data.memmap_dtype), m.max_sequence_length,
+                                             m.vocab_size, sources.empty() ? "data.paths" : "data.sources[].paths");
+    for (size_t i = 0; i < config.evaluators.size(); ++i) {
+        const auto& ev = config.evaluators[i];
+        r.evals.push_back(std::make_unique<TokenDataset>(
+            ev.paths, parse_token_dtype(ev.memmap_dtype, fmt::format("evaluators[{}].data.memmap_dtype", i)),
+            m.max_sequence_length, m.vocab_size, fmt::format("evaluators[{}].data.paths", i)));
+    }
+    r.total_steps = config.total_steps(r.train->num_instances());  // epochs: data.paths alone
+    if (sources.empty()) {
+        r.order = std::make_unique<InstanceOrder>(r.train->num_instances(), config.global_train_batch_size,
+                                                  config.data.seed, config.data.shuffle);
+    } else {
+        auto mixture =
+            std::make_unique<MixtureOrder>(mixture_sources(config.data, *r.train), config.global_train_batch_size,
+                                           config.data.seed, config.data.shuffle);
+        std::vector<double> max_repetition;
+        for (const DataSource& s : sources) max_repetition.push_back(s.max_repetition_ratio);
+        mixture->check_repetition(r.total_steps, max_repetition);
+        r.mixture = mixture.get();
+        r.order = std::move(mixture);
+    }
+    const SchedulerConfig& sched = config.scheduler;
+    if (sched.name != SchedulerName::kConstant && !sched.t_max && sched.t_warmup >= 1 &&
+        sched.t_warmup >= static_cast<double>(r.total_steps)) {
+        // Flagged in the run's header, not refused: a short trial of a long recipe is a fair use.
+        r.warmup_note = fmt::format(
+            "note: scheduler.t_warmup is {:g} steps in a run of {}: the learning rate never reaches "
+            "optimizer.learning_rate (shorten the warmup or lengthen max_duration if that is not meant)",
+            sched.t_warmup, r.total_steps);
+    }
+    return r;
+}
+
+}  // namespace trainer

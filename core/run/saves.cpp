@@ -1,0 +1,139 @@
+// A training run's checkpoints (see saves.h).
+#include "core/run/saves.h"
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <random>
+
+#include "base/common.h"
+#include "base/trace.h"
+#include "core/run/report.h"
+#include "core/weights/checkpoint.h"
+#include "parallel/strategy.h"
+
+namespace trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+RunSaves::RunSaves(const TrainConfig& config, const RankEnv& env) : config_(config), env_(env) {
+    if (config_.try_load_latest_save && latest_checkpoint_step(*config_.save_folder)) {
+        resume_path_ = resolve_checkpoint(config_, "latest");  // OLMo's meaning: over load_path
+        resume_latest_ = true;
+    } else if (config_.load_path) {
+        resume_path_ = resolve_checkpoint(config_, *config_.load_path);
+        resume_latest_ = *config_.load_path == "latest";
+    }
+    // A checkpoint already in save_folder is never replaced unless save_overwrite: a fresh run may not start
+    // there, nor may one resuming an older checkpoint (a rollback after a loss spike would overwrite or
+    // interleave with what it branched from): OLMo refuses both unless told.
+    const std::optional<long> newest =
+        config_.save_folder && !config_.save_overwrite ? latest_checkpoint_step(*config_.save_folder) : std::nullopt;
+    if (newest && !resume_path_) {
+        user_error(
+            "save_folder {} already holds checkpoints (newest step{}); resume with --load-path latest, "
+            "choose another folder, or set save_overwrite=true",
+            *config_.save_folder, *newest);
+    }
+    if (newest && resume_path_) {
+        const long from = checkpoint_step(*resume_path_);
+        if (*newest > from) {
+            user_error(
+                "save_folder {} holds checkpoints newer than the one resumed from ({}, step {}): the newest is "
+                "step{}, which this run would overwrite or interleave with; save the branch to another folder "
+                "(--save-folder), or set save_overwrite=true to replace them",
+                *config_.save_folder, *resume_path_, from, *newest);
+        }
+    }
+}
+
+void RunSaves::take_folder(Strategy& strategy) {
+    if (!config_.save_folder) return;
+    const std::string& folder = *config_.save_folder;
+    auto agree = [&](const std::function<void()>& attempt, double* extra, const std::string& elsewhere) {
+        std::exception_ptr failure;
+        try {
+            attempt();
+        } catch (const UserError&) {
+            failure = std::current_exception();
+        }
+        double v[2] = {failure ? 1.0 : 0.0, extra ? *extra : 0.0};
+        strategy.all_reduce_sum(v, 2);
+        if (failure) std::rethrow_exception(failure);
+        if (v[0] > 0) user_error("save_folder {}: {} (its error says why)", folder, elsewhere);
+        if (extra) *extra = v[1];
+    };
+    double tag = 0.0;  // rank 0's draw, the same on every rank after the sum
+    agree(
+        [&] {
+            if (env_.rank != 0) return;
+            tag = static_cast<double>(std::random_device{}() & 0xFFFFFFu) * 16777216.0 +
+                  static_cast<double>(std::random_device{}() & 0xFFFFFFu);  // 48 bits: exact in a double
+            lock_ = SaveFolderLock::acquire(folder, fmt::format("{:012x}", static_cast<uint64_t>(tag)));
+        },
+        &tag, "rank 0 could not take it");
+    run_tag_ = fmt::format("{:012x}", static_cast<uint64_t>(tag));
+    agree(
+        [&] {
+            if (strategy.checkpoint_file() >= 0)
+                probe_writable_folder(folder, fmt::format(".probe-{}-rank{}", run_tag_, env_.rank), "save_folder");
+        },
+        nullptr, "a rank that writes checkpoint shards cannot write it");
+    // What `latest` named before the lock may have been superseded by the run that held it.
+    if (resume_latest_) resume_path_ = resolve_checkpoint(config_, "latest");
+}
+
+void RunSaves::attach(const ParamLayout& layout, Backend* backend, Strategy& strategy, ProgressBar* bar) {
+    layout_ = &layout, backend_ = backend, strategy_ = &strategy, bar_ = bar;
+    if (config_.async_saves()) saver_ = std::make_unique<AsyncSaver>(config_, layout, backend, strategy, run_tag_);
+}
+
+double RunSaves::save(long step, bool last, bool now) {
+    const auto t0 = Clock::now();
+    const trace::Span span("checkpoint", "save checkpoint");
+    if (saver_ && !now && !last) {
+        saver_->start(step);
+        poll();  // the one before it, published while start() waited for it
+        // Every rank counts it saved: a stop waits for it to be published (finish) before it asks.
+        saved_step_ = step;
+        saved_path_ = saver_->last_path();
+    } else {
+        finish();
+        saved_path_ = save_checkpoint(config_, *layout_, backend_, *strategy_, step, run_tag_);
+        saved_step_ = step;
+        bar_->clear();
+        std::printf("saved checkpoint %s\n", saved_path_.c_str());
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!now) ++saves_, stall_s_ += seconds;
+    return seconds;
+}
+
+void RunSaves::finish() {
+    if (!saver_) return;
+    saver_->wait();
+    poll();
+}
+
+void RunSaves::poll() {
+    if (!saver_) return;
+    const std::optional<std::string> path = saver_->take_published();
+    if (!path) return;
+    bar_->clear();
+    std::printf("saved checkpoint %s (written in the background)\n", path->c_str());
+    published_ = checkpoint_step(*path);
+}
+
+std::optional<long> RunSaves::take_published() {
+    poll();
+    const std::optional<long> step = published_;
+    published_.reset();
+    return step;
+}
+
+}  // namespace trainer
