@@ -37,6 +37,7 @@
 #include "core/run/report.h"
 #include "core/run/run_data.h"
 #include "core/run/saves.h"
+#include "core/run/stats.h"
 #include "core/run/step.h"
 #include "core/tensorboard.h"
 #include "core/weights/async_save.h"
@@ -54,22 +55,6 @@ namespace trainer {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// One optimizer step's results, as the log and the metrics file report them.
-struct StepOutcome {
-    double loss = 0.0;          // the cross-entropy, mean over the global batch's predicted tokens
-    double z_loss = 0.0;        // the z-loss's mean (softmax_auxiliary_loss), 0 without one
-    long masked_instances = 0;  // the global batch's instances the instance filter masked
-    OptimizerStepResult opt;
-    double seconds = 0.0, comm_wait = 0.0;
-    Backend::Activity activity;  // the device's busy and wait time, when measured
-    int stop_signal = 0;         // the ranks agreed to stop after this step (base/stop.h), 0: go on
-    // Every console_log_interval steps on several ranks: each rank's mean compute time a step (the step less its
-    // waits on collectives) over the `compute_steps` steps before this one, exchanged in the loss all-reduce.
-    std::vector<double> compute_per_rank;
-    long compute_steps = 0;
-    bool recorded_graph = false;  // kernels.cuda_graphs: a micro-batch was recorded (a one-off cost)
-};
 
 // One training run, from preflight to summary. Members are declared in build order, so they are destroyed
 // in reverse: the model and the strategy before the layout and the backend they use.
@@ -197,14 +182,17 @@ class TrainingRun {
 
         const long L = m_.max_sequence_length;
         flops_per_token_ = flops_per_token(m_, *layout_);
-        tokens_per_step_ = static_cast<double>(config_.global_train_batch_size) * L;  // OLMo counts L per instance
-        flops_per_step_ = flops_per_token_ * static_cast<double>(config_.global_train_batch_size) * (L - 1);
+        StepRates rates;
+        rates.tokens_per_step = static_cast<double>(config_.global_train_batch_size) * L;  // OLMo counts L each
+        rates.flops_per_step = flops_per_token_ * static_cast<double>(config_.global_train_batch_size) * (L - 1);
         if (config_.peak_flops_per_device) {
             peak_flops_ = *config_.peak_flops_per_device;
             peak_how_ = fmt::format("configured {:.1f} TFLOP/s per device", peak_flops_ / 1e12);
         } else {
             peak_flops_ = backend_->peak_flops(config_.precision == Precision::kAmpBf16, &peak_how_);
         }
+        rates.peak_flops = peak_flops_, rates.world = world_.size();
+        stats_ = std::make_unique<RunStats>(start_step_, total_steps_, rates);
     }
 
     void print_header() const {
@@ -283,7 +271,8 @@ class TrainingRun {
         // Beside the loss sums: the masked instances, the ranks' votes on a stop request, while a checkpoint is
         // written in the background their votes on it (core/weights/async_save.h) and, every console_log_interval
         // steps, each rank's compute time a step since the last such step (each rank fills its own slot).
-        const bool exchange_compute = world > 1 && step % config_.console_log_interval == 0 && interval_steps_ > 0;
+        const bool exchange_compute =
+            world > 1 && step % config_.console_log_interval == 0 && stats_->interval_steps() > 0;
         AsyncSaver* saver = saves_->saver();
         const bool save_votes = saver && saver->voting();
         plan.fill = [&](RankExchange& ex) {
@@ -291,7 +280,7 @@ class TrainingRun {
             stop::vote(ex.at(ex.reserve("stop_votes", stop::kVotes)));
             if (save_votes) saver->vote(ex.at(ex.reserve("save_votes", AsyncSaver::kVotes)));
             if (exchange_compute)
-                ex.at(ex.reserve("compute_per_rank", world))[strategy.rank()] = interval_compute_ / interval_steps_;
+                ex.at(ex.reserve("compute_per_rank", world))[strategy.rank()] = stats_->interval_compute();
         };
         plan.after_exchange = [&](const RankExchange& ex) {
             r.loss = ex.at(ex.slot("loss"))[0] / global_tokens;
@@ -308,9 +297,8 @@ class TrainingRun {
         if (exchange_compute) {
             const double* per_rank = exchange_.at(exchange_.slot("compute_per_rank"));
             r.compute_per_rank.assign(per_rank, per_rank + world);
-            r.compute_steps = interval_steps_;
-            interval_compute_ = 0.0;
-            interval_steps_ = 0;
+            r.compute_steps = stats_->interval_steps();
+            stats_->reset_interval();
         }
         r.seconds = seconds_since(t0);
         r.recorded_graph = model_->graphs().captures() != captures_before;
@@ -322,50 +310,10 @@ class TrainingRun {
     // Totals, the console line and the metrics record, evaluation and checkpoints after a step.
     // Returns the stop signal agreed during the step's evaluation, or 0.
     int after_step(long step, const StepOutcome& r) {
-        const int world = world_.size();
-        // The first step warms caches, and one that recorded a graph paid for it once: neither is timed
-        // (unless it is the only step).
-        const bool timed = (step > start_step_ + 1 && !r.recorded_graph) || total_steps_ - start_step_ == 1;
-        if (timed) {
-            total_time_ += r.seconds;
-            total_comm_wait_ += r.comm_wait;
-            ++timed_steps_;
-        }
-        const double compute = std::max(0.0, r.seconds - r.comm_wait);
-        interval_compute_ += compute;
-        ++interval_steps_;
-        run_compute_ += compute;
-        ++run_compute_steps_;
-        last_loss_ = r.loss;
-        const double tps = tokens_per_step_ / world / r.seconds;
-        const double mfu = flops_per_step_ / world / r.seconds / peak_flops_;
-        Json record = {{"step", step},
-                       {"loss", r.loss},
-                       {"lr", r.opt.lr},
-                       {"grad_norm", r.opt.grad_norm},
-                       {"tokens_per_second_per_device", tps},
-                       {"mfu", mfu},
-                       {"step_time_ms", r.seconds * 1e3},
-                       {"comm_wait_ms", r.comm_wait * 1e3}};
-        if (config_.z_loss_multiplier > 0.0) record["z_loss"] = r.z_loss;  // OLMo's train/ZLoss
-        std::string busy_text;
-        if (r.activity.measured) {
-            // Shares of the step: the device ran kernels, waited for collectives (the CUDA stream's waits; on
-            // the CPU the host's), or had nothing to run, waiting for the host.
-            const double busy = std::min(1.0, r.activity.busy_s / r.seconds);
-            const double wait =
-                std::min(1.0 - busy, (r.activity.wait_s >= 0.0 ? r.activity.wait_s : r.comm_wait) / r.seconds);
-            record["device_busy_fraction"] = busy;
-            record["device_comm_wait_fraction"] = wait;
-            record["device_host_wait_fraction"] = std::max(0.0, 1.0 - busy - wait);
-            if (metrics_->writes()) {  // the device's counters, read only where the record is written
-                for (const auto& [name, value] : backend_->device_counters()) record[name] = value;
-            }
-            busy_text = fmt::format(" | busy {:.0f}%", 100.0 * busy);
-            if (timed) {
-                total_busy_ += busy;
-                ++busy_steps_;
-            }
+        Json record = stats_->add(step, r, config_.z_loss_multiplier > 0.0);
+        // The device's counters, read only where the record is written.
+        if (r.activity.measured && metrics_->writes()) {
+            for (const auto& [name, value] : backend_->device_counters()) record[name] = value;
         }
         if (config_.data.instance_filter) record["masked_instances"] = r.masked_instances;
         if (data_.mixture) {  // the tokens each source gave the run so far
@@ -387,12 +335,7 @@ class TrainingRun {
             record["peak_memory_bytes_per_rank"] = peak_memory_per_rank();
         if (step % config_.console_log_interval == 0 || step == total_steps_ || step == start_step_ + 1) {
             bar_->clear();
-            const std::string z = config_.z_loss_multiplier > 0.0 ? fmt::format(" | z_loss {:.3e}", r.z_loss) : "";
-            std::printf(
-                "step %ld/%ld | loss %.4f%s | lr %.3e | grad_norm %.4f | tok/s/dev %.0f | mfu %.1f%% | step %.1f "
-                "ms%s\n",
-                step, total_steps_, r.loss, z.c_str(), r.opt.lr, r.opt.grad_norm, tps, 100.0 * mfu, r.seconds * 1e3,
-                busy_text.c_str());
+            std::printf("%s\n", stats_->console_line(step, r, config_.z_loss_multiplier > 0.0).c_str());
         }
         if (config_.save_folder &&
             ((config_.save_interval > 0 && step % config_.save_interval == 0) || step == total_steps_)) {
@@ -403,7 +346,7 @@ class TrainingRun {
         if (const std::optional<long> published = saves_->take_published()) record["checkpoint_published"] = *published;
         metrics_->write(record);
         if (tensorboard_) tensorboard_->write(step, scalars_of(record));
-        bar_->draw(step, (total_steps_ - step) * (total_time_ / std::max<long>(1, timed_steps_)));
+        bar_->draw(step, stats_->eta_seconds(step));
         std::fflush(stdout);
         return eval_stop;
     }
@@ -504,23 +447,12 @@ class TrainingRun {
         const int world = world_.size();
         const MemorySnapshot mem = memory_snapshot();
         const Json per_rank = peak_memory_per_rank();
-        const double mean_step = timed_steps_ > 0 ? total_time_ / timed_steps_ : 0.0;
-        const double tps = mean_step > 0 ? tokens_per_step_ / world / mean_step : 0.0;
-        const double mfu = mean_step > 0 ? flops_per_step_ / world / mean_step / peak_flops_ : 0.0;
-        Json summary = {{"event", "summary"},
-                        {"steps", last_step - start_step_},
-                        {"final_step", last_step},
-                        {"final_loss", last_loss_},
-                        {"tokens_per_second_per_device", tps},
-                        {"mfu", mfu},
-                        {"mean_step_time_ms", mean_step * 1e3},
-                        {"mean_comm_wait_ms", timed_steps_ > 0 ? total_comm_wait_ / timed_steps_ * 1e3 : 0.0},
-                        {"wall_time_s", seconds_since(run_t0_)},
-                        {"flops_per_token", flops_per_token_},
-                        {"peak_flops_per_device", peak_flops_},
-                        {"peak_memory_bytes", per_rank[world_.rank()]},
-                        {"peak_memory_bytes_per_rank", per_rank}};
-        if (busy_steps_ > 0) summary["mean_device_busy_fraction"] = total_busy_ / busy_steps_;
+        Json summary = stats_->summary(last_step);
+        summary["wall_time_s"] = seconds_since(run_t0_);
+        summary["flops_per_token"] = flops_per_token_;
+        summary["peak_flops_per_device"] = peak_flops_;
+        summary["peak_memory_bytes"] = per_rank[world_.rank()];
+        summary["peak_memory_bytes_per_rank"] = per_rank;
         if (saves_->saves() > 0) {  // the checkpoints' cost to the run: the time the steps waited for them
             summary["checkpoints"] = saves_->saves();
             summary["save_stall_s"] = saves_->stall_seconds();
@@ -529,7 +461,7 @@ class TrainingRun {
         {
             // Every rank's mean compute time a step over the run (its step less its waits on collectives).
             std::vector<double> per_rank(world, 0.0);
-            per_rank[world_.rank()] = run_compute_steps_ > 0 ? run_compute_ / run_compute_steps_ : 0.0;
+            per_rank[world_.rank()] = stats_->run_compute();
             if (world > 1) world_.strategy->all_reduce_sum(per_rank.data(), world);
             Json ms = Json::array();
             for (const double c : per_rank) ms.push_back(c * 1e3);
@@ -557,15 +489,12 @@ class TrainingRun {
                           mem.host_peak / mib, peak(MemCategory::kHostParameters), peak(MemCategory::kHostGradients),
                           peak(MemCategory::kHostOptimizerState), peak(MemCategory::kHostCheckpoint))
                     : std::string();
-            const std::string busy =
-                busy_steps_ > 0 ? fmt::format(" (device busy {:.0f}%)", 100.0 * total_busy_ / busy_steps_) : "";
             std::printf(
-                "done: %ld steps | final loss %.4f | %.0f tokens/s/device | MFU %.1f%% | mean step %.1f ms%s | peak "
-                "memory %.1f MiB (params %.1f, grads %.1f, optimizer %.1f, activations %.1f)%s, resident %.1f MiB\n",
-                last_step - start_step_, last_loss_, tps, 100.0 * mfu, mean_step * 1e3, busy.c_str(),
-                mem.total_peak / mib, peak(MemCategory::kParameters), peak(MemCategory::kGradients),
-                peak(MemCategory::kOptimizerState), peak(MemCategory::kActivations), host.c_str(),
-                process_peak_resident_bytes() / mib);
+                "%s | peak memory %.1f MiB (params %.1f, grads %.1f, optimizer %.1f, activations %.1f)%s, resident "
+                "%.1f MiB\n",
+                stats_->done_line(last_step).c_str(), mem.total_peak / mib, peak(MemCategory::kParameters),
+                peak(MemCategory::kGradients), peak(MemCategory::kOptimizerState), peak(MemCategory::kActivations),
+                host.c_str(), process_peak_resident_bytes() / mib);
         } else {
             std::printf("nothing to do: the checkpoint is already at step %ld of %ld\n", start_step_, total_steps_);
         }
@@ -597,22 +526,15 @@ class TrainingRun {
     std::unique_ptr<Backend> host_backend_;  // cpu_offload on a GPU: the host optimizer's kernels
     std::unique_ptr<AdamW> optimizer_;
     std::unique_ptr<RunSaves> saves_;  // made in preflight (the resume), attached in build (after the state)
-    double flops_per_token_ = 0.0, tokens_per_step_ = 0.0, flops_per_step_ = 0.0, peak_flops_ = 0.0;
+    double flops_per_token_ = 0.0, peak_flops_ = 0.0;
     std::string peak_how_;
     std::unique_ptr<ProgressBar> bar_;
+    std::unique_ptr<RunStats> stats_;
     // the step loop
     std::vector<int64_t> global_batch_, local_;
     std::vector<int32_t> tokens_;
     std::vector<uint8_t> keep_;  // per instance of a micro-batch: 0 where the instance filter masks it
-    double total_time_ = 0.0, total_comm_wait_ = 0.0, last_loss_ = 0.0;
-    double total_busy_ = 0.0;  // the measured steps' device_busy_fraction, summed over busy_steps_ of them
-    long busy_steps_ = 0;
-    long timed_steps_ = 0;
-    // Stragglers: this rank's compute time (its steps less their waits on collectives) since the ranks last
-    // exchanged theirs, and over the run; the loss all-reduce's buffer.
-    double interval_compute_ = 0.0, run_compute_ = 0.0;
-    long interval_steps_ = 0, run_compute_steps_ = 0;
-    RankExchange exchange_;  // the step's values summed over the ranks
+    RankExchange exchange_;      // the step's values summed over the ranks
     Clock::time_point run_t0_;
 };
 
