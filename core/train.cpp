@@ -3,49 +3,36 @@
 // clip -> AdamW on the owned shard -> LR schedule (inside AdamW::step).
 #include "core/train.h"
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <exception>
 #include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
-#include <random>
 
 #include "base/common.h"
 #include "base/layout.h"
 #include "base/stop.h"
 #include "base/trace.h"
 #include "base/utf8.h"
-#include "core/data/bpe.h"
-#include "core/data/data.h"
-#include "core/data/mixture.h"
 #include "core/generate.h"
-#include "core/metrics.h"
 #include "core/model.h"
 #include "core/optimizer.h"
 #include "core/plan/host_memory.h"
 #include "core/run/evaluate.h"
 #include "core/run/exchange.h"
+#include "core/run/outputs.h"
 #include "core/run/report.h"
 #include "core/run/run_data.h"
 #include "core/run/saves.h"
 #include "core/run/stats.h"
 #include "core/run/step.h"
-#include "core/tensorboard.h"
 #include "core/weights/async_save.h"
 #include "core/weights/checkpoint.h"
-#include "core/weights/hf_export.h"
 #include "core/weights/hf_names.h"
-#include "core/weights/safetensors.h"
-#include "core/weights/save_folder.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
 #include "parallel/rank_env.h"
@@ -111,39 +98,13 @@ class TrainingRun {
             hf_family(m_, "--init-from " + *config_.init_from);
             init_tensors_ = read_hf_weights(config_, *config_.init_from);
         }
-        metrics_ = std::make_unique<MetricsWriter>(env_.rank == 0 ? config_.metrics_file : std::nullopt,
-                                                   saves_->resume_path().has_value());
-        if (config_.sample.interval > 0) {  // the prompt checked now, not at the first sample
-            sample_codec_ =
-                std::make_unique<TextCodec>(config_.sample.tokenizer, default_tokenizer_dir(), m_.eos_token_id);
-            sample_prompt_ = sample_codec_->encode(config_.sample.prompt, "config sample.prompt");
-            if (sample_prompt_.empty()) sample_prompt_.push_back(static_cast<int32_t>(m_.eos_token_id));
-            const long positions = static_cast<long>(sample_prompt_.size()) + config_.sample.max_new_tokens;
-            if (positions > m_.max_sequence_length) {
-                user_error(
-                    "config sample.max_new_tokens: {} after a prompt of {} tokens is {} positions, above "
-                    "model.max_sequence_length {}",
-                    config_.sample.max_new_tokens, sample_prompt_.size(), positions, m_.max_sequence_length);
-            }
-        }
-        if (env_.rank == 0 && config_.tensorboard_dir)
-            tensorboard_ = std::make_unique<TensorBoardWriter>(*config_.tensorboard_dir);
+        outputs_ = std::make_unique<RunOutputs>(config_, env_, saves_->resume_path().has_value());
+        if (config_.sample.interval > 0) sample_ = open_run_sample(config_);  // the prompt checked now
         threads_ = configure_threads(config_.threads);
         // threads: 0 on the CPU follows the cores other processes leave (kernels/cpu/machine.h), unless a
         // launcher or the user fixed the count with OMP_NUM_THREADS.
         if (config_.threads == 0 && device_ == Device::kCpu && std::getenv("OMP_NUM_THREADS") == nullptr)
             governor_ = std::make_unique<ThreadGovernor>(threads_max_ = threads_);
-        if (config_.trace_file) {
-            // Refuse an unwritable path now, not after the run.
-            trace_path_ = trace_path(*config_.trace_file, env_.rank, env_.world_size);
-            const std::string probe = trace_path_ + ".tmp-" + std::to_string(::getpid());  // as trace::write
-            std::FILE* f = std::fopen(probe.c_str(), "w");
-            if (f == nullptr) user_error("trace_file {}: cannot be written ({})", trace_path_, std::strerror(errno));
-            std::fclose(f);
-            std::remove(probe.c_str());
-            trace::start(env_.rank);
-            trace::name_thread("compute");
-        }
     }
 
     // Backend, layout, the connected ranks and their strategy, the parameters, the model and the optimizer.
@@ -312,7 +273,7 @@ class TrainingRun {
     int after_step(long step, const StepOutcome& r) {
         Json record = stats_->add(step, r, config_.z_loss_multiplier > 0.0);
         // The device's counters, read only where the record is written.
-        if (r.activity.measured && metrics_->writes()) {
+        if (r.activity.measured && outputs_->writes_metrics()) {
             for (const auto& [name, value] : backend_->device_counters()) record[name] = value;
         }
         if (config_.data.instance_filter) record["masked_instances"] = r.masked_instances;
@@ -324,10 +285,15 @@ class TrainingRun {
             }
             record["tokens_by_source"] = by_source;
         }
-        if (!r.compute_per_rank.empty()) report_stragglers(step, r, record);
+        if (!r.compute_per_rank.empty()) {
+            const std::vector<std::string> lines = report_stragglers(
+                step, r, config_.straggler_factor, [&](int k) { return world_.host_of(k); }, record);
+            if (!lines.empty()) bar_->clear();
+            for (const std::string& line : lines) std::printf("%s\n", line.c_str());
+        }
         int eval_stop = 0;
         if (config_.eval_interval > 0 && (step % config_.eval_interval == 0 || step == total_steps_)) {
-            eval_stop = run_evals(step, record);
+            eval_stop = run_evaluators(config_, data_.evals, *model_, *world_.strategy, step, record, *bar_);
         }
         if (config_.sample.interval > 0 && step % config_.sample.interval == 0) run_sample(step, record);
         // The metrics file's step records carry every rank's peak memory so far (one tiny all-gather).
@@ -344,30 +310,10 @@ class TrainingRun {
         // A checkpoint written in the background and published since the last step: the step it holds (the
         // steps between are those a failure before its publication would also lose).
         if (const std::optional<long> published = saves_->take_published()) record["checkpoint_published"] = *published;
-        metrics_->write(record);
-        if (tensorboard_) tensorboard_->write(step, scalars_of(record));
+        outputs_->write_step(step, record);
         bar_->draw(step, stats_->eta_seconds(step));
         std::fflush(stdout);
         return eval_stop;
-    }
-
-    // Names (rank 0, on the console and in the step's record) each rank whose compute time a step over the last
-    // exchange's window exceeds straggler_factor times the median rank's, with its host and both times.
-    void report_stragglers(long step, const StepOutcome& r, Json& record) {
-        const std::vector<int> slow = find_stragglers(r.compute_per_rank, config_.straggler_factor);
-        if (slow.empty()) return;
-        const double median = lower_median(r.compute_per_rank);
-        record["stragglers"] = slow;
-        record["compute_ms_median"] = median * 1e3;
-        bar_->clear();
-        for (const int k : slow) {
-            const std::string host = world_.host_of(k);
-            std::printf(
-                "straggler: rank %d on %s computed %.1f ms a step over steps %ld-%ld, %.2fx the median rank's %.1f "
-                "ms (straggler_factor %g)\n",
-                k, host.c_str(), r.compute_per_rank[k] * 1e3, step - r.compute_steps, step - 1,
-                r.compute_per_rank[k] / median, median * 1e3, config_.straggler_factor);
-        }
     }
 
     void follow_free_cores() {
@@ -392,7 +338,7 @@ class TrainingRun {
                     resume.c_str());
         Json record = {{"event", "stopped"}, {"step", step}, {"signal", stop::signal_name(sig)}};
         if (config_.save_folder) record["checkpoint"] = saves_->saved_path();
-        metrics_->write(record);
+        outputs_->write_event(record);
         summary(step);
         return stop::exit_code(sig);
     }
@@ -406,37 +352,11 @@ class TrainingRun {
         o.temperature = config_.sample.temperature, o.top_k = config_.sample.top_k;
         o.seed = config_.seed + static_cast<uint64_t>(step);
         const GenerationResult g =
-            generate_tokens(*model_, m_, {sample_prompt_}, config_.sample.max_new_tokens, o, -1, true);
-        const std::string text = sample_codec_->decode(g.tokens[0]);
+            generate_tokens(*model_, m_, {sample_.prompt}, config_.sample.max_new_tokens, o, -1, true);
+        const std::string text = sample_.codec->decode(g.tokens[0]);
         record["sample"] = valid_utf8(text);
         bar_->clear();
         std::printf("step %ld | sample: %s%s\n", step, config_.sample.prompt.c_str(), text.c_str());
-    }
-
-    // Returns the stop signal the ranks agreed on between evaluation batches, or 0.
-    int run_evals(long step, Json& record) {
-        const auto t0 = Clock::now();
-        Json all = Json::object();
-        for (size_t i = 0; i < data_.evals.size(); ++i) {
-            const trace::Span span("eval", "eval " + config_.evaluators[i].label);
-            int sig = 0;
-            const double v = evaluate(*data_.evals[i], config_.evaluators[i], *model_, *world_.strategy,
-                                      config_.device_eval_batch_size, &sig);
-            if (sig != 0) {
-                bar_->clear();
-                std::printf("step %ld | eval %s interrupted by %s\n", step, config_.evaluators[i].label.c_str(),
-                            stop::signal_name(sig));
-                record["eval_interrupted_by"] = stop::signal_name(sig);
-                return sig;
-            }
-            all[config_.evaluators[i].label] = v;
-            if (i == 0) record["val_loss"] = v;
-            bar_->clear();
-            std::printf("step %ld | eval %s | loss %.4f\n", step, config_.evaluators[i].label.c_str(), v);
-        }
-        if (data_.evals.size() > 1) record["val_losses"] = all;
-        record["eval_time_ms"] = seconds_since(t0) * 1e3;
-        return 0;
     }
 
     Json peak_memory_per_rank() const { return gather_peak_memory(*world_.comm, *backend_, device_ == Device::kCuda); }
@@ -473,28 +393,10 @@ class TrainingRun {
             summary["cuda_graph_captures"] = model_->graphs().captures();
             summary["cuda_graph_launches"] = model_->graphs().launches();
         }
-        metrics_->write(summary);
-        if (config_.trace_file) {
-            trace::write(trace_path_);
-            if (env_.rank == 0) std::printf("trace written to %s\n", trace_path_.c_str());
-        }
+        outputs_->write_event(summary);
+        outputs_->write_trace();
         if (last_step > start_step_) {
-            const double mib = 1048576.0;
-            auto peak = [&](MemCategory c) { return mem.peak[static_cast<int>(c)] / mib; };
-            const std::string host =
-                mem.host_peak > 0
-                    ? fmt::format(
-                          ", host {:.1f} MiB (params {:.1f}, grads {:.1f}, optimizer {:.1f}, checkpoint snapshot "
-                          "{:.1f})",
-                          mem.host_peak / mib, peak(MemCategory::kHostParameters), peak(MemCategory::kHostGradients),
-                          peak(MemCategory::kHostOptimizerState), peak(MemCategory::kHostCheckpoint))
-                    : std::string();
-            std::printf(
-                "%s | peak memory %.1f MiB (params %.1f, grads %.1f, optimizer %.1f, activations %.1f)%s, resident "
-                "%.1f MiB\n",
-                stats_->done_line(last_step).c_str(), mem.total_peak / mib, peak(MemCategory::kParameters),
-                peak(MemCategory::kGradients), peak(MemCategory::kOptimizerState), peak(MemCategory::kActivations),
-                host.c_str(), process_peak_resident_bytes() / mib);
+            std::printf("%s | %s\n", stats_->done_line(last_step).c_str(), peak_memory_text(mem).c_str());
         } else {
             std::printf("nothing to do: the checkpoint is already at step %ld of %ld\n", start_step_, total_steps_);
         }
@@ -511,11 +413,8 @@ class TrainingRun {
     long total_steps_ = 0, start_step_ = 0;
     bool use_init_from_ = false;
     std::map<std::string, Tensor> init_tensors_;
-    std::string trace_path_;  // this rank's trace file (trace_file)
-    std::unique_ptr<MetricsWriter> metrics_;
-    std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0 with tensorboard_dir
-    std::unique_ptr<TextCodec> sample_codec_;         // sample.interval: the sample's tokenizer and prompt
-    std::vector<int32_t> sample_prompt_;
+    std::unique_ptr<RunOutputs> outputs_;
+    RunSample sample_;  // sample.interval
     int threads_ = 0, threads_max_ = 0;
     std::unique_ptr<ThreadGovernor> governor_;  // threads: 0 on the CPU
     // build

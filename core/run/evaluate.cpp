@@ -2,13 +2,18 @@
 #include "core/run/evaluate.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <vector>
 
+#include "base/common.h"
 #include "base/stop.h"
+#include "base/trace.h"
 #include "core/data/data.h"
 #include "core/model.h"
+#include "core/run/report.h"
 #include "parallel/strategy.h"
 
 namespace trainer {
@@ -45,6 +50,31 @@ double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& mode
     }
     strategy.all_reduce_sum(sums, 2);
     return sums[0] / sums[1];
+}
+
+int run_evaluators(const TrainConfig& config, const std::vector<std::unique_ptr<TokenDataset>>& data, Model& model,
+                   Strategy& strategy, long step, Json& record, ProgressBar& bar) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Json all = Json::object();
+    for (size_t i = 0; i < data.size(); ++i) {
+        const trace::Span span("eval", "eval " + config.evaluators[i].label);
+        int sig = 0;
+        const double v = evaluate(*data[i], config.evaluators[i], model, strategy, config.device_eval_batch_size, &sig);
+        if (sig != 0) {
+            bar.clear();
+            std::printf("step %ld | eval %s interrupted by %s\n", step, config.evaluators[i].label.c_str(),
+                        stop::signal_name(sig));
+            record["eval_interrupted_by"] = stop::signal_name(sig);
+            return sig;
+        }
+        all[config.evaluators[i].label] = v;
+        if (i == 0) record["val_loss"] = v;
+        bar.clear();
+        std::printf("step %ld | eval %s | loss %.4f\n", step, config.evaluators[i].label.c_str(), v);
+    }
+    if (data.size() > 1) record["val_losses"] = all;
+    record["eval_time_ms"] = seconds_since(t0) * 1e3;
+    return 0;
 }
 
 }  // namespace trainer

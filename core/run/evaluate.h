@@ -1,11 +1,16 @@
 // Evaluation during training: each evaluator's mean loss over its first batches, split across the ranks.
 #pragma once
 
+#include <memory>
+#include <vector>
+
 #include "base/config.h"
+#include "base/json.h"
 
 namespace trainer {
 
 class Model;
+class ProgressBar;
 class Strategy;
 class TokenDataset;
 
@@ -18,5 +23,11 @@ class TokenDataset;
 // and the result is NaN.
 double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& model, Strategy& strategy, long batch,
                 int* stop_signal);
+
+// Every evaluator of the run at `step`, in order: its loss on the console and in the step's record (val_loss: the
+// first's; val_losses: each one's where there are several; eval_time_ms). Returns the stop signal the ranks agreed
+// on between evaluation batches, or 0 (the record says which evaluator it interrupted).
+int run_evaluators(const TrainConfig& config, const std::vector<std::unique_ptr<TokenDataset>>& data, Model& model,
+                   Strategy& strategy, long step, Json& record, ProgressBar& bar);
 
 }  // namespace trainer

@@ -67,6 +67,23 @@ Json gather_peak_memory(Communicator& comm, const Backend& backend, bool on_devi
     return per_rank;
 }
 
+std::string peak_memory_text(const MemorySnapshot& mem) {
+    const double mib = 1048576.0;
+    auto peak = [&](MemCategory c) { return mem.peak[static_cast<int>(c)] / mib; };
+    const std::string host =
+        mem.host_peak > 0
+            ? fmt::format(
+                  ", host {:.1f} MiB (params {:.1f}, grads {:.1f}, optimizer {:.1f}, checkpoint snapshot {:.1f})",
+                  mem.host_peak / mib, peak(MemCategory::kHostParameters), peak(MemCategory::kHostGradients),
+                  peak(MemCategory::kHostOptimizerState), peak(MemCategory::kHostCheckpoint))
+            : std::string();
+    return fmt::format(
+        "peak memory {:.1f} MiB (params {:.1f}, grads {:.1f}, optimizer {:.1f}, activations {:.1f}){}, resident {:.1f} "
+        "MiB",
+        mem.total_peak / mib, peak(MemCategory::kParameters), peak(MemCategory::kGradients),
+        peak(MemCategory::kOptimizerState), peak(MemCategory::kActivations), host, process_peak_resident_bytes() / mib);
+}
+
 std::string trace_path(const std::string& path, int rank, int world) {
     if (world == 1) return path;
     const size_t slash = path.find_last_of('/'), dot = path.find_last_of('.');

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "base/json.h"
+#include "base/memory.h"
 
 namespace trainer {
 
@@ -35,6 +36,10 @@ class ProgressBar {
 // (`on_device`), resident memory beyond both totals on the CPU (where the host categories live in the same
 // memory). Gathered over `comm` (a collective: every rank calls it).
 Json gather_peak_memory(Communicator& comm, const Backend& backend, bool on_device);
+
+// "peak memory 5.9 MiB (params 0.6, grads 0.6, optimizer 1.2, activations 3.6)[, host ...], resident 19.6 MiB":
+// this rank's peaks by category, for the run's closing line.
+std::string peak_memory_text(const MemorySnapshot& mem);
 
 // Where rank `rank` of `world` writes its trace: `path` itself for one rank, else path with ".rank<r>" before its
 // extension.

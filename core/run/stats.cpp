@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "base/common.h"
+#include "core/metrics.h"
 
 namespace trainer {
 
@@ -91,6 +92,24 @@ std::string RunStats::done_line(long last_step) const {
     return fmt::format(
         "done: {} steps | final loss {:.4f} | {:.0f} tokens/s/device | MFU {:.1f}% | mean step {:.1f} ms{}",
         last_step - start_step_, last_loss_, tps, 100.0 * mfu, mean * 1e3, busy);
+}
+
+std::vector<std::string> report_stragglers(long step, const StepOutcome& r, double factor,
+                                           const std::function<std::string(int)>& host_of, Json& record) {
+    const std::vector<int> slow = find_stragglers(r.compute_per_rank, factor);
+    if (slow.empty()) return {};
+    const double median = lower_median(r.compute_per_rank);
+    record["stragglers"] = slow;
+    record["compute_ms_median"] = median * 1e3;
+    std::vector<std::string> lines;
+    for (const int k : slow) {
+        lines.push_back(fmt::format(
+            "straggler: rank {} on {} computed {:.1f} ms a step over steps {}-{}, {:.2f}x the median rank's {:.1f} ms "
+            "(straggler_factor {:g})",
+            k, host_of(k), r.compute_per_rank[k] * 1e3, step - r.compute_steps, step - 1,
+            r.compute_per_rank[k] / median, median * 1e3, factor));
+    }
+    return lines;
 }
 
 }  // namespace trainer

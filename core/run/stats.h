@@ -3,6 +3,7 @@
 // share, each rank's compute time).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -76,5 +77,12 @@ class RunStats {
     double interval_compute_ = 0.0, run_compute_ = 0.0;
     long interval_steps_ = 0, run_compute_steps_ = 0;
 };
+
+// The ranks whose compute time a step over the last exchange's window (`r.compute_per_rank`, the window's
+// `r.compute_steps` steps before `step`) exceeds `factor` times the median rank's: named in the step's record
+// (stragglers, compute_ms_median) and, with each one's host (`host_of`) and both times, in the lines returned for
+// the console.
+std::vector<std::string> report_stragglers(long step, const StepOutcome& r, double factor,
+                                           const std::function<std::string(int)>& host_of, Json& record);
 
 }  // namespace trainer
