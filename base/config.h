@@ -50,6 +50,9 @@ struct ModelConfig {
     int eos_token_id = 0;
 
     int head_size() const { return d_model / n_heads; }
+    // T: the positions an instance of max_sequence_length tokens predicts (each token's next), the loss's count and
+    // the attention's sequence length.
+    int predicted_positions() const { return max_sequence_length - 1; }
     // Width of k and of v: n_kv_heads heads (d_model without grouped-query attention).
     int kv_size() const { return n_kv_heads * head_size(); }
     // Output width of att_proj: q | k | v.
@@ -217,6 +220,11 @@ struct TrainConfig {
     // Instances (sequences) per micro-batch and micro-batches per step on `world` ranks.
     long accumulation_steps(int world) const {
         return global_train_batch_size / (device_train_microbatch_size * world);
+    }
+    // The predicted tokens of a global batch: what the loss is the mean over (and what the loss gradient's scale
+    // divides by).
+    double global_predicted_tokens() const {
+        return static_cast<double>(global_train_batch_size) * model.predicted_positions();
     }
     // Total optimizer steps of the run, from max_duration (tokens and epochs need the dataset size).
     long total_steps(long instances_per_epoch) const;

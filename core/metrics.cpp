@@ -14,7 +14,7 @@
 namespace trainer {
 
 double flops_per_token(const ModelConfig& m, const ParamLayout& layout) {
-    const double T = m.max_sequence_length - 1;
+    const double T = m.predicted_positions();
     return 6.0 * static_cast<double>(layout.matmul_numel()) + 12.0 * m.n_layers * m.d_model * T;
 }
 

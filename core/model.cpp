@@ -70,7 +70,7 @@ int Model::head_chunk_rows(const ModelConfig& m, int max_batch, bool bf16_logits
     // back at once. fp32 logits (the CPU): 256 MiB, (64 << 20) / V rows of V floats. bf16 logits (a GPU):
     // 512 MiB, in chunks of equal size: fewer and larger GEMMs, no small last one (OLMo-1B's 2 x 4094 rows
     // at micro-batch 4 fit in the backward scratch they share; GPT-2's 4 x 4092 need 62 MB more).
-    const size_t T = static_cast<size_t>(m.max_sequence_length - 1), N = static_cast<size_t>(max_batch) * T;
+    const size_t T = static_cast<size_t>(m.predicted_positions()), N = static_cast<size_t>(max_batch) * T;
     const size_t NC = N * m.d_model, lse = static_cast<size_t>(max_batch) * m.n_heads * T;
     const size_t block_floats = 8 * NC + 4 * N + lse + N * (m.ff_proj_size() + m.ff_hidden_size());
     const size_t V = static_cast<size_t>(m.embedding_size);
@@ -89,7 +89,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
       max_batch_(max_batch),
       graphs_(backend, config.kernels_cuda_graphs) {
     operands_bf16_ = backend_->gemm_operands_bf16();
-    T_ = m_.max_sequence_length - 1;
+    T_ = m_.predicted_positions();
     C_ = m_.d_model;
     NH_ = m_.n_heads;
     HS_ = m_.head_size();

@@ -145,7 +145,7 @@ class TrainingRun {
         flops_per_token_ = flops_per_token(m_, *layout_);
         StepRates rates;
         rates.tokens_per_step = static_cast<double>(config_.global_train_batch_size) * L;  // OLMo counts L each
-        rates.flops_per_step = flops_per_token_ * static_cast<double>(config_.global_train_batch_size) * (L - 1);
+        rates.flops_per_step = flops_per_token_ * config_.global_predicted_tokens();
         if (config_.peak_flops_per_device) {
             peak_flops_ = *config_.peak_flops_per_device;
             peak_how_ = fmt::format("configured {:.1f} TFLOP/s per device", peak_flops_ / 1e12);
@@ -157,7 +157,7 @@ class TrainingRun {
     }
 
     void print_header() const {
-        const long L = m_.max_sequence_length;
+        const long L = m_.max_sequence_length, T = m_.predicted_positions();
         // The precision, and on GPUs the attention kernels (kernels.attention auto resolved).
         std::string compute = choice_name(config_.precision);
         if (device_ == Device::kCuda)
@@ -178,7 +178,7 @@ class TrainingRun {
         std::printf(
             "FLOPs per token = 6N + 12*L*d*T = 6*%zu + 12*%d*%d*%ld = %.4g (N: matmul parameters, T = %ld "
             "predicted positions)\n",
-            layout_->matmul_numel(), m_.n_layers, m_.d_model, L - 1, flops_per_token_, L - 1);
+            layout_->matmul_numel(), m_.n_layers, m_.d_model, T, flops_per_token_, T);
         std::printf("MFU peak: %.1f GFLOP/s = %s\n", peak_flops_ / 1e9, peak_how_.c_str());
         if (config_.cpu_offload.optimizer_state) {
             std::printf("cpu offload: %s in host memory, %.1f MiB per rank; AdamW on the host\n",
@@ -199,7 +199,7 @@ class TrainingRun {
         const long accumulation = config_.accumulation_steps(world);
         // Each rank's loss gradient is scaled so that the strategies' mean reduction yields the gradient of
         // the global-batch mean loss (world / global tokens).
-        const double global_tokens = static_cast<double>(config_.global_train_batch_size) * (L - 1);
+        const double global_tokens = config_.global_predicted_tokens();
         float dloss_scale = static_cast<float>(world / global_tokens);
         if (step == nan_gradient_step_) dloss_scale = std::numeric_limits<float>::quiet_NaN();
         // The device's busy and wait shares of the step, measured every utilization_interval steps (every

@@ -344,7 +344,7 @@ bool gemm_operands_bf16_for(const TrainConfig& c, Device device) {
 
 AttentionKernel resolve_attention(const TrainConfig& c, Device device) {
     if (c.kernels_attention != AttentionKernel::kAuto) return c.kernels_attention;
-    const int T = static_cast<int>(c.model.max_sequence_length - 1), HS = c.model.head_size();
+    const int T = c.model.predicted_positions(), HS = c.model.head_size();
     const bool fast = resolve_device(device) == Device::kCuda && c.precision == Precision::kAmpBf16 &&
                       cudnn_attention_unsupported(T, HS).empty();
     return fast ? AttentionKernel::kCudnn : AttentionKernel::kNative;
@@ -358,7 +358,7 @@ Device check_device_config(const TrainConfig& c) {
         user_error("precision \"amp_bf16\" needs the CUDA backend (device is {}); on CPU use --precision fp32",
                    choice_name(device));
     }
-    const int T = static_cast<int>(c.model.max_sequence_length - 1), HS = c.model.head_size();
+    const int T = c.model.predicted_positions(), HS = c.model.head_size();
     if (!cuda && c.kernels_cuda_graphs) {
         user_error("kernels.cuda_graphs records CUDA work; the {} backend has none to record (use --device cuda)",
                    choice_name(device));

@@ -58,7 +58,7 @@ class OneStep {
     }
     // `tokens`: micro-batch rows of max_sequence_length.
     void run(const std::vector<int32_t>& tokens) {
-        const float scale = 1.0f / static_cast<float>(micro() * (config_.model.max_sequence_length - 1));
+        const float scale = 1.0f / static_cast<float>(micro() * config_.model.predicted_positions());
         accumulate_gradients(*strategy_, *model_, 1, micro(), scale, [&](long) { return tokens.data(); });
         optimizer_->step(*strategy_, 1, 1);
     }
@@ -298,7 +298,7 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
         "shape: micro-batch {} x T {}, d_model {}, {} heads of {}, ff {} -> {}, vocab {} (head chunk {} rows), {} "
         "blocks; "
         "timed on a step of the first {}\n",
-        B, m.max_sequence_length - 1, m.d_model, m.n_heads, m.head_size(), m.ff_proj_size(), m.ff_hidden_size(),
+        B, m.predicted_positions(), m.d_model, m.n_heads, m.head_size(), m.ff_proj_size(), m.ff_hidden_size(),
         m.embedding_size, Model::head_chunk_rows(m, static_cast<int>(B), be.gemm_operands_bf16()), m.n_layers,
         std::min(m.n_layers, kTimedBlocks));
     // The ops of a real step of the cut model, each timed the first time it comes (on that call's buffers), then

@@ -82,8 +82,7 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
         // The loop's step (core/run/step.h), with the slots every step of the loop exchanges beside the loss.
         StepPlan plan;
         plan.accumulation = config.accumulation_steps(env.world_size), plan.micro = static_cast<int>(micro);
-        plan.dloss_scale =
-            static_cast<float>(env.world_size / (static_cast<double>(config.global_train_batch_size) * (L - 1)));
+        plan.dloss_scale = static_cast<float>(env.world_size / config.global_predicted_tokens());
         plan.dry = true;
         plan.micro_batch = [&](long) { return MicroBatchTokens(tokens.data()); };
         plan.fill = [](RankExchange& ex) {

@@ -253,8 +253,7 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
         if (peak <= 0.0 && cal != nullptr) peak = cal->peak_flops;  // the CPU: the benchmark's peak
         if (peak > 0.0) {
             const ParamLayout layout(c);
-            row.mfu = flops_per_token(c.model, layout) * static_cast<double>(c.global_train_batch_size) * (L - 1) /
-                      world / row.time.total / peak;
+            row.mfu = flops_per_token(c.model, layout) * c.global_predicted_tokens() / world / row.time.total / peak;
         }
         row.fits_device = plan.device_gib <= 0.0 || row.dry.total_peak <= plan.device_gib * kGiB;
         row.host_per_node = row.dry.host_peak * env.local_world_size;
