@@ -11,6 +11,8 @@
 #   checkpoint_meta  a checkpoint's metadata.json structure        seeds: a metadata.json, one deeply nested
 #   bpe              the gpt2, cl100k and dolma2 tokenizers         seeds: tests/fixtures/tokenizer_stress.txt,
 #                                                                      long runs
+#   store            the rendezvous store's wire protocol, from a    seeds: each request, well formed, and
+#                    stranger and from a client past the handshake     lengths past their bounds
 # The targets expand runs (tests/fuzz/fuzz_common.h: 0xF5, a count, a byte) so a mutated count reaches
 # nesting 65,535 deep or a 65 KB run of one letter, and dump every document they accept (a string that is
 # not UTF-8, or nesting deep enough to exhaust the stack, fails there). A crash, a sanitizer report, a
@@ -23,7 +25,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-30}
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(config_json config_yaml safetensors token_file checkpoint_meta bpe)
+((${#targets[@]})) || targets=(config_json config_yaml safetensors token_file checkpoint_meta bpe store)
 bash scripts/install_deps.sh
 bash scripts/fetch_tokenizers.sh
 cmake -S tests/fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ >/dev/null
@@ -78,6 +80,14 @@ put("checkpoint_meta", "deep.json", json.dumps(meta).encode()[:-1] + b', "extra"
 put("config_yaml", "aliases.yaml", b"a0: &a0 [x, x, x]\na1: &a1 [*a0, *a0, *a0]\na2: &a2 [*a1, *a1, *a1]\n"
     b"b0: xx\nb1: ${b0}${b0}\nb2: ${b1}${b1}\n")
 put("bpe", "run.txt", b"The " + run(4, b"a") + b" end " + run(2, b","))
+# the store's requests (tcp_store.cpp's wire format); the first byte: odd, sent after the handshake
+def s(b):
+    return struct.pack("<I", len(b)) + b
+put("store", "set_get.bin", b"\x01S" + s(b"k") + s(b"v") + b"G" + s(b"k") + struct.pack("<Q", 0))
+put("store", "check_wait.bin", b"\x01C" + struct.pack("<I", 2) + s(b"k") + s(b"x") + b"W" + struct.pack("<I", 1) + s(b"k")
+    + struct.pack("<Q", 10))
+put("store", "huge.bin", b"\x01S" + struct.pack("<I", 0xFFFFFFFF))
+put("store", "stranger.bin", b"\x00S" + s(b"k") + s(b"v"))
 PY
 
 failed=()

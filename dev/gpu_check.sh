@@ -124,6 +124,7 @@ sanitize_ranks() {
     local tool=$1 port=$((29500 + RANDOM % 400)) pids=() r rc
     for r in 0 1; do
         RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+            TRAINER_STORE_SECRET=gpu-check-sanitized-ranks \
             timeout 280 compute-sanitizer --tool "$tool" --error-exitcode 99 "$trainer" --config configs/tiny.json \
             --data tests/fixtures/olmo_tiny_tokens.u16 --device cuda --strategy fsdp --wrapping-strategy by_block \
             --set distributed_backend=gloo --set device_train_microbatch_size=2 --max-duration 3 \

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "base/common.h"
+#include "parallel/store_secret.h"
 #include "parallel/tcp_store.h"
 
 namespace trainer {
@@ -159,9 +160,11 @@ void relay_output(std::vector<Child>& children) {
 class Agreement {
    public:
     explicit Agreement(const LaunchOptions& o) : o_(o) {
-        if (o.node_rank == 0) server_ = std::make_unique<TcpStoreServer>(o.master_port);
-        store_ = std::make_unique<TcpStore>(
-            o.master_addr, o.master_port, std::chrono::milliseconds(static_cast<long>(o.join_timeout_seconds * 1000)));
+        const std::string secret = store_secret_from_env([](const char* name) { return std::getenv(name); }).value();
+        if (o.node_rank == 0) server_ = std::make_unique<TcpStoreServer>(o.master_port, secret);
+        store_ = std::make_unique<TcpStore>(o.master_addr, o.master_port,
+                                            std::chrono::milliseconds(static_cast<long>(o.join_timeout_seconds * 1000)),
+                                            secret);
     }
 
     // Waits until every node's launcher joined `round` (or a stop signal came: false).
@@ -381,6 +384,18 @@ int launch(const LaunchOptions& o) {
     if (o.max_restarts < 0) user_error("launch --max-restarts: {}; expected a count >= 0", o.max_restarts);
     if (!(o.join_timeout_seconds > 0)) {
         user_error("launch --join-timeout: {}; expected a positive number of seconds", o.join_timeout_seconds);
+    }
+
+    // The job's rendezvous secret, inherited by every rank (and used by the launchers' own store): given, or on one
+    // node made here. Several nodes must share one, so it must be given.
+    if (!store_secret_from_env([](const char* name) { return std::getenv(name); })) {
+        if (o.nnodes > 1) {
+            user_error(
+                "launch --nnodes {}: {} is not set; every node's launcher and ranks need the job's same rendezvous "
+                "secret: export it (or {}, a file holding it) on each node first",
+                o.nnodes, kStoreSecretEnv, kStoreSecretFileEnv);
+        }
+        ::setenv(kStoreSecretEnv, new_store_secret().c_str(), 1);
     }
 
     struct sigaction sa {};

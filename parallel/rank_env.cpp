@@ -9,6 +9,7 @@
 #include <string>
 
 #include "base/common.h"
+#include "parallel/store_secret.h"
 
 namespace trainer {
 namespace {
@@ -50,6 +51,7 @@ std::string slurm_first_node(const std::string& list) {
 
 RankEnv detect_rank_env(const Getenv& getenv) {
     RankEnv e;
+    e.store_secret = store_secret_from_env(getenv).value_or("");
     if (getenv("RANK") && getenv("WORLD_SIZE")) {
         e.launcher = "trainer launch";
         e.rank = env_int(getenv, "RANK", 0);

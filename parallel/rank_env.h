@@ -27,6 +27,9 @@ struct RankEnv {
     bool agent_store = false;
     std::string store_prefix;
     int restart_count = 0;
+    // The job's rendezvous secret (TRAINER_STORE_SECRET or the file TRAINER_STORE_SECRET_FILE names; see
+    // parallel/store_secret.h), "" where neither is set. Never printed.
+    std::string store_secret;
 
     int node_rank() const { return rank / local_world_size; }
     int num_nodes() const { return world_size / local_world_size; }

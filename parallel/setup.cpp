@@ -14,6 +14,7 @@
 #include "base/common.h"
 #include "parallel/bind_address.h"
 #include "parallel/comm_stream.h"
+#include "parallel/store_secret.h"
 #include "parallel/wrap_policy.h"
 
 namespace trainer {
@@ -262,8 +263,21 @@ World connect_world(const TrainConfig& config, const RankEnv& env, Device device
     }
     if (world.collectives != Collectives::kLocal) {
         // Under `trainer launch --max-restarts` the launcher of node 0 hosts the store for every round.
-        if (env.rank == 0 && !env.agent_store) world.store_server = std::make_unique<TcpStoreServer>(env.master_port);
-        world.store = std::make_unique<TcpStore>(env.master_addr, env.master_port, world.timeout);
+        // A lone process (a one-rank NCCL communicator) keeps a secret of its own; a job's ranks must share one.
+        std::string secret = env.store_secret;
+        if (secret.empty() && env.world_size == 1) secret = new_store_secret();
+        if (secret.empty()) {
+            user_error(
+                "{} is not set: the {} ranks of this job (rank environment: {}) meet at rank 0's rendezvous store, "
+                "which serves only "
+                "processes that know the job's secret; export the same value on every process (for example "
+                "`export {}=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n')` before mpirun -x {} or srun), "
+                "or a file holding it as {}; trainer launch sets it for its ranks on one node",
+                kStoreSecretEnv, env.world_size, env.launcher, kStoreSecretEnv, kStoreSecretEnv, kStoreSecretFileEnv);
+        }
+        if (env.rank == 0 && !env.agent_store)
+            world.store_server = std::make_unique<TcpStoreServer>(env.master_port, secret);
+        world.store = std::make_unique<TcpStore>(env.master_addr, env.master_port, world.timeout, secret);
         world.store->set_key_prefix(env.store_prefix);
         try {
             check_world_agrees(*world.store, env, world.timeout);

@@ -1,11 +1,17 @@
 // TCP key-value store for the rendezvous (see tcp_store.h).
 //
-// Wire format, one request at a time per connection (little-endian):
+// Wire format (little-endian). First the handshake, each side proving the job's secret (HMAC-SHA256 of the two
+// random nonces, so the secret never travels and an answer cannot be replayed):
+//   server: 'H' nonce_s[16]
+//   client: 'A' nonce_c[16] hmac(secret, "client" nonce_s nonce_c)
+//   server: 'O' hmac(secret, "server" nonce_s nonce_c)  | 'R' (refused; the connection closes)
+// then one request at a time:
 //   'S' key value            -> 'O'
 //   'G' key timeout_ms(u64)  -> 'O' value | 'T'        (waits for the key)
 //   'W' n key... timeout_ms  -> 'O' | 'T'              (waits for all keys)
 //   'C' n key...             -> n bytes of 0/1         (which keys exist)
-// where key and value are a u32 length and the bytes.
+// where key and value are a u32 length and the bytes. A length past its bound, an unknown request or a closed
+// socket ends the connection.
 #include "parallel/tcp_store.h"
 
 #include <arpa/inet.h>
@@ -16,10 +22,13 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
+#include <random>
 
 #include "base/common.h"
+#include "parallel/store_secret.h"
 
 namespace trainer {
 namespace {
@@ -48,9 +57,9 @@ bool read_full(int fd, void* data, size_t n) {
     return true;
 }
 
-bool read_bytes(int fd, std::string& out) {
+bool read_bytes(int fd, std::string& out, uint32_t max) {
     uint32_t len = 0;
-    if (!read_full(fd, &len, 4)) return false;
+    if (!read_full(fd, &len, 4) || len > max) return false;
     out.resize(len);
     return len == 0 || read_full(fd, &out[0], len);
 }
@@ -59,9 +68,39 @@ bool write_bytes(int fd, const void* data, uint32_t len) {
     return write_full(fd, &len, 4) && write_full(fd, data, len);
 }
 
+constexpr size_t kNonceBytes = 16;
+using Nonce = std::array<uint8_t, kNonceBytes>;
+
+Nonce random_nonce() {
+    static thread_local std::random_device rd("/dev/urandom");
+    Nonce n;
+    for (size_t i = 0; i < n.size(); i += 4) {
+        const uint32_t r = rd();
+        std::memcpy(n.data() + i, &r, 4);
+    }
+    return n;
+}
+
+// What one side answers: HMAC-SHA256 over its role and both nonces.
+Digest answer(const std::string& secret, const char* role, const Nonce& server, const Nonce& client) {
+    std::string msg(role);
+    msg.append(reinterpret_cast<const char*>(server.data()), server.size());
+    msg.append(reinterpret_cast<const char*>(client.data()), client.size());
+    return hmac_sha256(secret, msg.data(), msg.size());
+}
+
+void set_timeouts(int fd, std::chrono::milliseconds t) {
+    timeval tv{};
+    tv.tv_sec = static_cast<time_t>(t.count() / 1000);
+    tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
 }  // namespace
 
-TcpStoreServer::TcpStoreServer(int port) {
+TcpStoreServer::TcpStoreServer(int port, std::string secret) : secret_(std::move(secret)) {
+    TRAINER_CHECK(!secret_.empty(), "the rendezvous store needs the job's secret");
     listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     if (listen_fd_ < 0) user_error("rendezvous store: cannot create a socket ({})", std::strerror(errno));
     const int one = 1;
@@ -89,11 +128,29 @@ TcpStoreServer::~TcpStoreServer() {
     if (acceptor_.joinable()) acceptor_.join();
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        for (int fd : client_fds_) ::shutdown(fd, SHUT_RDWR);
+        for (const auto& c : clients_) ::shutdown(c->fd, SHUT_RDWR);
     }
     changed_.notify_all();
-    for (auto& t : clients_) t.join();
-    for (int fd : client_fds_) ::close(fd);
+    for (const auto& c : clients_) c->thread.join();
+    for (const auto& c : clients_) ::close(c->fd);
+}
+
+int TcpStoreServer::connections() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    reap();
+    return static_cast<int>(clients_.size());
+}
+
+void TcpStoreServer::reap() {
+    for (auto it = clients_.begin(); it != clients_.end();) {
+        if (!(*it)->done) {
+            ++it;
+            continue;
+        }
+        (*it)->thread.join();
+        ::close((*it)->fd);
+        it = clients_.erase(it);
+    }
 }
 
 void TcpStoreServer::accept_loop() {
@@ -103,12 +160,56 @@ void TcpStoreServer::accept_loop() {
             if (errno == EINTR) continue;
             return;  // the listening socket was closed
         }
+        std::lock_guard<std::mutex> lock(mutex_);
+        reap();
+        if (pending_ >= kMaxPendingConnections) {  // a flood of strangers: refused before a thread is spent
+            ::close(fd);
+            continue;
+        }
         const int one = 1;
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        std::lock_guard<std::mutex> lock(mutex_);
-        client_fds_.push_back(fd);
-        clients_.emplace_back([this, fd] { serve(fd); });
+        ++pending_;
+        auto client = std::make_unique<Client>();
+        Client* c = client.get();
+        c->fd = fd;
+        c->thread = std::thread([this, c] {
+            const bool ok = handshake(c->fd);
+            --pending_;
+            if (ok) {
+                try {
+                    serve(c->fd);
+                } catch (const std::exception&) {
+                    // A request this connection could not be served (memory): it ends, the store goes on.
+                }
+            }
+            ::shutdown(c->fd, SHUT_RDWR);
+            c->done = true;
+        });
+        clients_.push_back(std::move(client));
     }
+}
+
+bool TcpStoreServer::handshake(int fd) {
+    set_timeouts(fd, std::chrono::seconds(kHandshakeSeconds));
+    const Nonce server = random_nonce();
+    char hello[1 + kNonceBytes] = {'H'};
+    std::memcpy(hello + 1, server.data(), kNonceBytes);
+    if (!write_full(fd, hello, sizeof hello)) return false;
+    char op = 0;
+    Nonce client;
+    Digest theirs;
+    if (!read_full(fd, &op, 1) || op != 'A' || !read_full(fd, client.data(), client.size()) ||
+        !read_full(fd, theirs.data(), theirs.size())) {
+        return false;
+    }
+    if (!same_digest(theirs, answer(secret_, "client", server, client))) {
+        (void)write_full(fd, "R", 1);
+        return false;
+    }
+    const Digest ours = answer(secret_, "server", server, client);
+    if (!write_full(fd, "O", 1) || !write_full(fd, ours.data(), ours.size())) return false;
+    set_timeouts(fd, std::chrono::milliseconds(0));  // a served rank may wait long between requests
+    return true;
 }
 
 void TcpStoreServer::serve(int fd) {
@@ -117,7 +218,7 @@ void TcpStoreServer::serve(int fd) {
         if (!read_full(fd, &op, 1)) return;
         if (op == 'S') {
             std::string key, value;
-            if (!read_bytes(fd, key) || !read_bytes(fd, value)) return;
+            if (!read_bytes(fd, key, kMaxKeyBytes) || !read_bytes(fd, value, kMaxValueBytes)) return;
             {
                 std::lock_guard<std::mutex> lock(mutex_);
                 data_[key] = std::vector<char>(value.begin(), value.end());
@@ -127,10 +228,10 @@ void TcpStoreServer::serve(int fd) {
         } else if (op == 'G' || op == 'W' || op == 'C') {
             std::vector<std::string> keys;
             uint32_t n = 1;
-            if (op != 'G' && !read_full(fd, &n, 4)) return;
+            if (op != 'G' && (!read_full(fd, &n, 4) || n > kMaxKeysPerRequest)) return;
             keys.resize(n);
             for (auto& k : keys) {
-                if (!read_bytes(fd, k)) return;
+                if (!read_bytes(fd, k, kMaxKeyBytes)) return;
             }
             uint64_t timeout_ms = 0;
             if (op != 'C' && !read_full(fd, &timeout_ms, 8)) return;
@@ -149,7 +250,20 @@ void TcpStoreServer::serve(int fd) {
                 }
                 return true;
             };
-            const bool ok = changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), all_there) && !stopping_;
+            // Waited in slices of a second, so a client that went away (its socket closed) frees this thread within
+            // one, whatever timeout it asked for.
+            const auto deadline = std::chrono::steady_clock::now() +
+                                  std::chrono::milliseconds(std::min<uint64_t>(timeout_ms, 1ull << 40));
+            bool ok = false;
+            for (;;) {
+                const auto left = deadline - std::chrono::steady_clock::now();
+                ok = changed_.wait_for(
+                    lock, std::min<std::chrono::steady_clock::duration>(left, std::chrono::seconds(1)), all_there);
+                if (ok || std::chrono::steady_clock::now() >= deadline) break;
+                char peek = 0;
+                if (::recv(fd, &peek, 1, MSG_PEEK | MSG_DONTWAIT) == 0) return;  // the client is gone
+            }
+            ok = ok && !stopping_;
             if (!ok) {
                 lock.unlock();
                 if (!write_full(fd, "T", 1)) return;
@@ -171,8 +285,9 @@ void TcpStoreServer::serve(int fd) {
     }
 }
 
-TcpStore::TcpStore(const std::string& host, int port, std::chrono::milliseconds timeout)
-    : host_(host), port_(port), timeout_(timeout), io_timeout_(timeout) {
+TcpStore::TcpStore(const std::string& host, int port, std::chrono::milliseconds timeout, std::string secret)
+    : host_(host), port_(port), secret_(std::move(secret)), timeout_(timeout), io_timeout_(timeout) {
+    TRAINER_CHECK(!secret_.empty(), "the rendezvous store needs the job's secret");
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
         const std::string error = connect_once(std::chrono::milliseconds(0));
@@ -211,6 +326,46 @@ std::string TcpStore::connect_once(std::chrono::milliseconds limit) {
     }
     const int one = 1;
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    const std::string error = handshake();
+    if (!error.empty()) {
+        ::close(fd_);
+        fd_ = -1;
+    }
+    return error;
+}
+
+std::string TcpStore::handshake() {
+    set_timeouts(fd_, io_timeout_);
+    char hello[1 + kNonceBytes];
+    if (!read_full(fd_, hello, sizeof hello) || hello[0] != 'H') {
+        return "no rendezvous store's greeting there (another service on that port, or the store is full)";
+    }
+    Nonce server, client = random_nonce();
+    std::memcpy(server.data(), hello + 1, kNonceBytes);
+    const Digest mine = answer(secret_, "client", server, client);
+    char reply[1 + kNonceBytes + 32] = {'A'};
+    std::memcpy(reply + 1, client.data(), kNonceBytes);
+    std::memcpy(reply + 1 + kNonceBytes, mine.data(), mine.size());
+    char status = 0;
+    if (!write_full(fd_, reply, sizeof reply) || !read_full(fd_, &status, 1)) return "the store closed the handshake";
+    if (status == 'R') {
+        ::close(fd_);
+        fd_ = -1;
+        user_error(
+            "rendezvous store {}: refused this process's secret: every process of the job needs the same {} (or {}); "
+            "trainer launch sets it for its ranks, mpirun and Slurm need it given (scripts/launch_mpirun.sh)",
+            address(), kStoreSecretEnv, kStoreSecretFileEnv);
+    }
+    Digest theirs;
+    if (status != 'O' || !read_full(fd_, theirs.data(), theirs.size())) return "the store closed the handshake";
+    if (!same_digest(theirs, answer(secret_, "server", server, client))) {
+        ::close(fd_);
+        fd_ = -1;
+        user_error(
+            "rendezvous store {}: the process listening there does not know this job's {}: another job's "
+            "store at MASTER_ADDR:MASTER_PORT?",
+            address(), kStoreSecretEnv);
+    }
     return "";
 }
 
@@ -221,7 +376,7 @@ TcpStore::~TcpStore() {
 std::string TcpStore::address() const { return fmt::format("{}:{}", host_, port_); }
 
 std::unique_ptr<TcpStore> TcpStore::another_connection() const {
-    auto other = std::make_unique<TcpStore>(host_, port_, timeout_);
+    auto other = std::make_unique<TcpStore>(host_, port_, timeout_, secret_);
     other->set_key_prefix(key_prefix_);
     return other;
 }
@@ -278,6 +433,9 @@ std::string TcpStore::recv_string() {
 }
 
 void TcpStore::set(const std::string& key, const std::vector<char>& data) {
+    TRAINER_CHECK(key_prefix_.size() + key.size() <= kMaxKeyBytes && data.size() <= kMaxValueBytes,
+                  "rendezvous store: key {} of {} bytes with a value of {} bytes is past the store's bounds", key,
+                  key_prefix_.size() + key.size(), data.size());
     std::lock_guard<std::mutex> lock(mutex_);
     arm(std::chrono::milliseconds(0));
     send_all("S", 1);

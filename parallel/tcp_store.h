@@ -2,6 +2,12 @@
 // (rank 0 included) is a client; Gloo's full-mesh connection (and later the NCCL unique id) is exchanged
 // through it. Every blocking call has a timeout and fails with an error that names the address and, for
 // a rendezvous, the ranks that never arrived.
+//
+// Whatever reaches the port is a stranger until it proves it knows the job's secret (parallel/store_secret.h):
+// a connection is served only after a challenge and response both ways, within kHandshakeSeconds; lengths are
+// bounded (kMaxKeyBytes, kMaxValueBytes, kMaxKeysPerRequest) and a bad request ends its connection, never the
+// process; at most kMaxPendingConnections connections wait to prove themselves at once (the rest are closed at
+// once), and a connection's thread is reaped when it ends.
 #pragma once
 
 #include <gloo/rendezvous/store.h>
@@ -9,6 +15,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,36 +26,57 @@
 
 namespace trainer {
 
-// The server side: a map of keys to bytes, served to any number of clients, one thread each.
+constexpr uint32_t kMaxKeyBytes = 4096;
+constexpr uint32_t kMaxValueBytes = 16u << 20;
+constexpr uint32_t kMaxKeysPerRequest = 1u << 16;
+constexpr int kMaxPendingConnections = 256;
+constexpr int kHandshakeSeconds = 10;
+
+// The server side: a map of keys to bytes, served to the clients that know `secret`, one thread each.
 class TcpStoreServer {
    public:
     // Listens on all interfaces at `port` (0: any free port; see port()). UserError if it cannot bind.
-    explicit TcpStoreServer(int port);
+    TcpStoreServer(int port, std::string secret);
     ~TcpStoreServer();
     TcpStoreServer(const TcpStoreServer&) = delete;
     TcpStoreServer& operator=(const TcpStoreServer&) = delete;
     int port() const { return port_; }
 
-   private:
-    void accept_loop();
-    void serve(int fd);
+    // Connections being served or proving themselves now (for tests and reports).
+    int connections();
 
+   private:
+    struct Client {
+        int fd = -1;
+        std::thread thread;
+        std::atomic<bool> done{false};
+    };
+    void accept_loop();
+    // The challenge and response both ways; false: not the job's (the connection is closed).
+    bool handshake(int fd);
+    void serve(int fd);
+    // Joins the threads of ended connections and closes their sockets (mutex_ held).
+    void reap();
+
+    std::string secret_;
     int listen_fd_ = -1;
     int port_ = 0;
     std::atomic<bool> stopping_{false};
+    std::atomic<int> pending_{0};  // connections that have not yet proved the secret
     std::thread acceptor_;
     std::mutex mutex_;
     std::condition_variable changed_;
     std::map<std::string, std::vector<char>> data_;
-    std::vector<int> client_fds_;
-    std::vector<std::thread> clients_;
+    std::list<std::unique_ptr<Client>> clients_;
 };
 
 // A client connection, usable as Gloo's rendezvous store.
 class TcpStore : public gloo::rendezvous::Store {
    public:
-    // Connects to host:port, retrying until `timeout` (rank 0 may start last).
-    TcpStore(const std::string& host, int port, std::chrono::milliseconds timeout);
+    // Connects to host:port, retrying until `timeout` (rank 0 may start last), and proves `secret` to it (and it to
+    // this: a store that does not know the secret is refused). A store that refuses the secret is a UserError at
+    // once, naming TRAINER_STORE_SECRET.
+    TcpStore(const std::string& host, int port, std::chrono::milliseconds timeout, std::string secret);
     ~TcpStore() override;
 
     void set(const std::string& key, const std::vector<char>& data) override;
@@ -76,8 +105,10 @@ class TcpStore : public gloo::rendezvous::Store {
    private:
     // Bounds the next call's sends by the io timeout and its receives by `wait` (what the server may wait) plus it.
     void arm(std::chrono::milliseconds wait);
-    // One attempt to connect, its connect(2) bounded by `limit` where positive; the error text, "" on success.
+    // One attempt to connect, its connect(2) bounded by `limit` where positive, then the handshake (bounded by the
+    // io timeout); the error text, "" on success. A refused secret is a UserError (retrying cannot help).
     std::string connect_once(std::chrono::milliseconds limit);
+    std::string handshake();
     void fail(const char* what);
     void send_all(const void* data, size_t n);
     void recv_all(void* data, size_t n);
@@ -86,6 +117,7 @@ class TcpStore : public gloo::rendezvous::Store {
 
     std::string host_;
     int port_;
+    std::string secret_;
     std::chrono::milliseconds timeout_, io_timeout_;
     std::string key_prefix_;
     int fd_ = -1;

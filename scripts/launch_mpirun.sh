@@ -4,7 +4,9 @@
 #
 # Usage: scripts/launch_mpirun.sh HOSTFILE NPROC -- TRAINER_ARGS...
 #   HOSTFILE: OpenMPI hostfile ("node1 slots=8" per line); NPROC: total ranks.
-#   MASTER_ADDR defaults to the first host of the hostfile, MASTER_PORT to 29500.
+#   MASTER_ADDR defaults to the first host of the hostfile, MASTER_PORT to 29500. TRAINER_STORE_SECRET (the job's
+#   rendezvous secret: only processes that know it are served by rank 0's store) is made here when unset and
+#   exported to every rank; it never appears on a command line or in a log.
 # Example: scripts/launch_mpirun.sh hosts 16 -- --config configs/olmo_1b.json --strategy fsdp ...
 #
 # Stopping with a checkpoint: send mpirun SIGUSR1 (`kill -USR1 <mpirun pid>`), which it forwards to every
@@ -27,8 +29,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 trainer=${TRAINER:-$here/../build/bin/trainer}
 [[ -x $trainer ]] || trainer=$here/../../../bin/trainer
 [[ -x $trainer ]] || { echo "error: no trainer binary at $here/../build/bin/trainer or $trainer (set TRAINER)" >&2; exit 2; }
-# --allow-run-as-root: containers often run as root; -x exports the rendezvous address to every rank;
+if [[ -z ${TRAINER_STORE_SECRET:-} && -z ${TRAINER_STORE_SECRET_FILE:-} ]]; then
+    TRAINER_STORE_SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    export TRAINER_STORE_SECRET
+fi
+# --allow-run-as-root: containers often run as root; -x exports the rendezvous address and secret to every rank;
 # --bind-to none lets each rank's OpenMP threads use its share of the cores.
 exec mpirun --allow-run-as-root --hostfile "$hostfile" -np "$nproc" --bind-to none \
     -x MASTER_ADDR="$master_addr" -x MASTER_PORT="$master_port" -x OMP_NUM_THREADS \
+    $([[ -n ${TRAINER_STORE_SECRET:-} ]] && echo -x TRAINER_STORE_SECRET || echo -x TRAINER_STORE_SECRET_FILE) \
     "$trainer" "$@"

@@ -20,14 +20,14 @@ namespace test_util {
 // Runs fn(rank, store) on `world` threads, each with its own client of one store; rethrows the first failure.
 inline void run_rank_threads(int world, std::chrono::milliseconds timeout,
                              const std::function<void(int, trainer::TcpStore&)>& fn) {
-    trainer::TcpStoreServer server(0);
+    trainer::TcpStoreServer server(0, kStoreSecret);
     std::vector<std::thread> threads;
     std::vector<std::exception_ptr> errors(world);
     std::atomic<int> completed{0};
     for (int r = 0; r < world; ++r) {
         threads.emplace_back([&, r] {
             try {
-                trainer::TcpStore store("127.0.0.1", server.port(), timeout);
+                trainer::TcpStore store("127.0.0.1", server.port(), timeout, kStoreSecret);
                 fn(r, store);
                 ++completed;
             } catch (...) {

@@ -32,10 +32,9 @@ std::vector<std::string> temporary_folders(const std::string& folder) {
     return out;
 }
 
-// The newest step a metrics file records (0 before the first).
+// The newest step a metrics file records (0 before the first), read while the run writes it.
 long newest_step(const std::string& metrics) {
     long step = 0;
-    if (!fs::exists(metrics)) return 0;
     for (const auto& r : test_util::read_metrics(metrics)) step = std::max(step, r.value("step", 0L));
     return step;
 }

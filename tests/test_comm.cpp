@@ -114,13 +114,13 @@ TEST_CASE("comm: operations queued without waiting run in issue order") {
 }
 
 TEST_CASE("comm: a rank that never joins gives a clear rendezvous timeout") {
-    TcpStoreServer server(0);
+    TcpStoreServer server(0, test_util::kStoreSecret);
     std::vector<std::string> errors(2);
     std::vector<std::thread> threads;
     for (int r = 0; r < 2; ++r) {  // rank 2 of 3 never comes
         threads.emplace_back([&, r] {
             try {
-                TcpStore store("127.0.0.1", server.port(), std::chrono::milliseconds(800));
+                TcpStore store("127.0.0.1", server.port(), std::chrono::milliseconds(800), test_util::kStoreSecret);
                 make_gloo_communicator(store, "lonely", r, 3, std::chrono::milliseconds(800));
             } catch (const UserError& e) {
                 errors[r] = e.what();
@@ -134,10 +134,10 @@ TEST_CASE("comm: a rank that never joins gives a clear rendezvous timeout") {
 TEST_CASE("comm: an unreachable store and a missing collective peer end in clear errors") {
     int unused_port = 0;
     {
-        TcpStoreServer probe(0);
+        TcpStoreServer probe(0, test_util::kStoreSecret);
         unused_port = probe.port();
     }
-    REQUIRE_THROWS_WITH(TcpStore("127.0.0.1", unused_port, std::chrono::milliseconds(300)),
+    REQUIRE_THROWS_WITH(TcpStore("127.0.0.1", unused_port, std::chrono::milliseconds(300), test_util::kStoreSecret),
                         Contains("could not reach 127.0.0.1:" + std::to_string(unused_port)));
     // Rank 0 never issues the all_reduce that rank 1 waits for.
     std::string error;

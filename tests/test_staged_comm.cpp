@@ -139,12 +139,12 @@ TEST_CASE("staged comm: a device error ends the collective naming it and the one
 }
 
 TEST_CASE("staged comm: a peer that never issues the collective ends the wait naming it and the rank") {
-    TcpStoreServer server(0);
+    TcpStoreServer server(0, test_util::kStoreSecret);
     const auto timeout = std::chrono::milliseconds(1500);
     std::atomic<bool> done{false};
     std::string error;
     std::thread silent([&] {
-        TcpStore store("127.0.0.1", server.port(), timeout);
+        TcpStore store("127.0.0.1", server.port(), timeout, test_util::kStoreSecret);
         auto comm = make_gloo_communicator(store, "staged", 1, 2, timeout);
         while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     });
@@ -152,7 +152,7 @@ TEST_CASE("staged comm: a peer that never issues the collective ends the wait na
         EmulatedDevice dev;
         std::vector<float> x(8, 1.0f);
         dev.register_memory(x.data(), x.size() * sizeof(float));
-        TcpStore store("127.0.0.1", server.port(), timeout);
+        TcpStore store("127.0.0.1", server.port(), timeout, test_util::kStoreSecret);
         auto comm = make_staged_communicator(make_gloo_communicator(store, "staged", 0, 2, timeout),
                                              std::make_unique<EmulatedCommStream>(dev), "Gloo", timeout);
         try {

@@ -25,6 +25,9 @@
 
 namespace test_util {
 
+// The rendezvous secret of the tests' in-process stores (parallel/store_secret.h).
+inline const std::string kStoreSecret = "test-job-secret";
+
 // True in the address-sanitizer build, whose instrumented loops run far below the machine's rates: a test that
 // measures a rate (FLOP/s, a link's bandwidth) skips there and runs in the release build. Set by the build
 // (tests/CMakeLists.txt): the test cases themselves are compiled without the sanitizers, the code they measure with.
@@ -142,13 +145,15 @@ inline int trace_track(const trainer::Json& trace, const std::string& name) {
     return -1;
 }
 
+// The step records of a metrics file (not the events: stopped, summary). Read while a run writes it, a last line not
+// yet ended is not a record yet.
 inline std::vector<trainer::Json> read_metrics(const std::string& path) {
     std::vector<trainer::Json> rows;
-    std::ifstream f(path);
-    std::string line;
-    while (std::getline(f, line)) {
-        if (line.empty()) continue;
-        auto j = trainer::Json::parse(line);
+    const std::string text = read_file_if_exists(path);
+    size_t begin = 0;
+    for (size_t end = text.find('\n'); end != std::string::npos; begin = end + 1, end = text.find('\n', begin)) {
+        if (end == begin) continue;
+        auto j = trainer::Json::parse(text.substr(begin, end - begin));
         if (!j.contains("event")) rows.push_back(j);
     }
     return rows;
@@ -197,7 +202,7 @@ inline int wait_exit_code(pid_t pid) {
 
 // A TCP port that was free a moment ago (for --master-port).
 inline std::string free_port() {
-    trainer::TcpStoreServer probe(0);
+    trainer::TcpStoreServer probe(0, kStoreSecret);
     return std::to_string(probe.port());
 }
 

@@ -1,6 +1,7 @@
 // The GPU tests' Catch2 main: CTest's skip code (77) where no GPU is usable, or fewer than `--require-gpus N`
 // (the [multigpu] cases' entry), so a machine without them reports those cases as skipped, not passed (Catch2
-// v2 has no SKIP).
+// v2 has no SKIP). The processes the cases start form jobs whose rendezvous secret is TRAINER_STORE_SECRET, set here
+// unless the caller set one (as tests/catch_main.cpp does).
 #define CATCH_CONFIG_RUNNER
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -26,5 +27,6 @@ int main(int argc, char** argv) {
         std::printf("%d CUDA device(s), %d needed: GPU tests skipped\n", have, need);
         return 77;
     }
+    ::setenv("TRAINER_STORE_SECRET", "gpu-tests-job-secret", 0);
     return Catch::Session().run(static_cast<int>(args.size()), args.data());
 }

@@ -1,0 +1,265 @@
+// The rendezvous store against strangers (parallel/tcp_store.h, parallel/store_secret.h): the secret's hash against
+// the published vectors, a client or a server without the job's secret refused both ways, garbage, oversized
+// lengths and thousands of connections ending only their own connections with the store's memory bounded, and a
+// training run finishing as usual while its store's port is flooded; `trainer launch` makes a secret for its ranks,
+// and ranks started any other way without one are refused by name.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/common.h"
+#include "parallel/store_secret.h"
+#include "parallel/tcp_store.h"
+#include "test_util.h"
+
+using namespace trainer;
+using Catch::Matchers::Contains;
+using test_util::TempDir;
+
+namespace {
+
+std::string hex(const Digest& d) {
+    std::string out;
+    for (const uint8_t b : d) out += fmt::format("{:02x}", b);
+    return out;
+}
+
+// A raw TCP connection to the store on this machine (or -1).
+int raw_connect(int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+void send_raw(int fd, const std::string& bytes) { (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+
+// Whether the peer closed `fd` within `seconds` (reads until end of stream, discarding).
+bool closed_by_peer(int fd, int seconds) {
+    timeval tv{seconds, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char buf[256];
+    for (;;) {
+        const ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+        if (r == 0) return true;
+        if (r < 0) return errno == ECONNRESET;
+    }
+}
+
+long resident_bytes() {
+    std::ifstream statm("/proc/self/statm");
+    long pages = 0, resident = 0;
+    statm >> pages >> resident;
+    return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+std::string u32(uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
+
+}  // namespace
+
+TEST_CASE("store: SHA-256 and HMAC-SHA256 give the published test vectors") {
+    CHECK(hex(sha256("", 0)) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    CHECK(hex(sha256("abc", 3)) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    const std::string two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";  // 56 bytes: 2 blocks
+    CHECK(hex(sha256(two_blocks.data(), two_blocks.size())) ==
+          "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    const std::string million(1000000, 'a');
+    CHECK(hex(sha256(million.data(), million.size())) ==
+          "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+    // RFC 4231 cases 1, 2 and 6 (a key longer than the block, hashed first).
+    const std::string hi = "Hi There", jefe = "what do ya want for nothing?";
+    CHECK(hex(hmac_sha256(std::string(20, '\x0b'), hi.data(), hi.size())) ==
+          "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+    CHECK(hex(hmac_sha256("Jefe", jefe.data(), jefe.size())) ==
+          "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    const std::string big = "Test Using Larger Than Block-Size Key - Hash Key First";
+    CHECK(hex(hmac_sha256(std::string(131, '\xaa'), big.data(), big.size())) ==
+          "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+    CHECK(same_digest(sha256("x", 1), sha256("x", 1)));
+    CHECK_FALSE(same_digest(sha256("x", 1), sha256("y", 1)));
+    CHECK(new_store_secret().size() == 64);
+    CHECK(new_store_secret() != new_store_secret());
+}
+
+TEST_CASE("store: the secret comes from TRAINER_STORE_SECRET or its file and an empty one is refused by name") {
+    TempDir dir;
+    const std::string file = dir.path("secret");
+    std::ofstream(file) << "from-a-file\n";
+    const auto env = [&](std::map<std::string, std::string> vars) {
+        return [vars](const char* name) -> const char* {
+            const auto it = vars.find(name);
+            return it == vars.end() ? nullptr : it->second.c_str();
+        };
+    };
+    CHECK_FALSE(store_secret_from_env(env({})).has_value());
+    CHECK(store_secret_from_env(env({{"TRAINER_STORE_SECRET", "abc"}})) == "abc");
+    CHECK(store_secret_from_env(env({{"TRAINER_STORE_SECRET_FILE", file}})) == "from-a-file");
+    CHECK(store_secret_from_env(env({{"TRAINER_STORE_SECRET", "x"}, {"TRAINER_STORE_SECRET_FILE", file}})) == "x");
+    REQUIRE_THROWS_WITH(store_secret_from_env(env({{"TRAINER_STORE_SECRET", ""}})),
+                        Contains("TRAINER_STORE_SECRET is set but empty"));
+    REQUIRE_THROWS_WITH(store_secret_from_env(env({{"TRAINER_STORE_SECRET_FILE", dir.path("none")}})),
+                        Contains("TRAINER_STORE_SECRET_FILE " + dir.path("none") + ": cannot be read"));
+}
+
+TEST_CASE("store: a client without the job's secret is refused by name and reads or writes nothing") {
+    TcpStoreServer server(0, "the-job");
+    TcpStore ours("127.0.0.1", server.port(), std::chrono::milliseconds(2000), "the-job");
+    ours.set("rendezvous/key", {'o', 'k'});
+    REQUIRE_THROWS_WITH(TcpStore("127.0.0.1", server.port(), std::chrono::milliseconds(2000), "a-stranger"),
+                        Contains("refused this process's secret") && Contains("TRAINER_STORE_SECRET"));
+    // A stranger that skips the handshake: its requests end its connection, and nothing changes.
+    const int fd = raw_connect(server.port());
+    REQUIRE(fd >= 0);
+    send_raw(fd, "S" + u32(14) + "rendezvous/key" + u32(3) + "bad");
+    send_raw(fd, "G" + u32(14) + "rendezvous/key" + std::string(8, '\0'));
+    CHECK(closed_by_peer(fd, 15));
+    ::close(fd);
+    const std::vector<char> v = ours.get("rendezvous/key");
+    CHECK(std::string(v.begin(), v.end()) == "ok");
+}
+
+TEST_CASE("store: a server that cannot prove the job's secret is not trusted") {
+    // A listener that greets as the store does and accepts any answer, but cannot answer for the secret.
+    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(listener, 4) == 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+    std::thread impostor([listener] {
+        const int fd = ::accept(listener, nullptr, nullptr);
+        send_raw(fd, "H" + std::string(16, '\x42'));
+        char reply[1 + 16 + 32];
+        (void)!::recv(fd, reply, sizeof reply, MSG_WAITALL);
+        send_raw(fd, "O" + std::string(32, '\0'));
+        closed_by_peer(fd, 5);
+        ::close(fd);
+    });
+    REQUIRE_THROWS_WITH(TcpStore("127.0.0.1", ntohs(addr.sin_port), std::chrono::milliseconds(3000), "the-job"),
+                        Contains("does not know this job's TRAINER_STORE_SECRET"));
+    impostor.join();
+    ::close(listener);
+}
+
+TEST_CASE("store: garbage oversized lengths and 5000 connections end only their own connections") {
+    TcpStoreServer server(0, "the-job");
+    TcpStore ours("127.0.0.1", server.port(), std::chrono::milliseconds(5000), "the-job");
+    ours.set("k", {'1'});
+    const long before = resident_bytes();
+    // A client that proves the secret, then asks the store to hold 4 GiB, and one that asks for 2^32 keys.
+    for (const std::string& request : {"S" + u32(1) + "k" + u32(0xFFFFFFFFu), "W" + u32(0xFFFFFFFFu)}) {
+        // The handshake by hand (as TcpStore does it), then the request no TcpStore would send.
+        const int fd = raw_connect(server.port());
+        REQUIRE(fd >= 0);
+        char hello[17];
+        REQUIRE(::recv(fd, hello, sizeof hello, MSG_WAITALL) == 17);
+        std::string nonce_s(hello + 1, 16), nonce_c(16, '\x07');
+        const std::string mac_msg = "client" + nonce_s + nonce_c;
+        const Digest mac = hmac_sha256("the-job", mac_msg.data(), mac_msg.size());
+        send_raw(fd, "A" + nonce_c + std::string(reinterpret_cast<const char*>(mac.data()), mac.size()));
+        char ok[33];
+        REQUIRE(::recv(fd, ok, sizeof ok, MSG_WAITALL) == 33);
+        REQUIRE(ok[0] == 'O');
+        send_raw(fd, request);
+        CHECK(closed_by_peer(fd, 15));
+        ::close(fd);
+    }
+    // 5,000 strangers, up to 1,000 open at once, some sending garbage, none proving anything.
+    for (int round = 0; round < 5; ++round) {
+        std::vector<int> fds;
+        for (int i = 0; i < 1000; ++i) {
+            const int fd = raw_connect(server.port());
+            if (fd < 0) continue;
+            if (i % 3 == 0) send_raw(fd, std::string("\xff\xff\xff\xff garbage", 13));
+            fds.push_back(fd);
+        }
+        CHECK(fds.size() > 900);
+        CHECK(server.connections() <= kMaxPendingConnections + 2);  // the flood never holds more threads
+        for (const int fd : fds) ::close(fd);
+    }
+    // The job's own clients are served as before, and the strangers' threads are gone.
+    ours.set("k2", {'2'});
+    const std::vector<char> v = ours.get("k");
+    CHECK(std::string(v.begin(), v.end()) == "1");
+    TcpStore late("127.0.0.1", server.port(), std::chrono::milliseconds(5000), "the-job");
+    CHECK(late.check({"k", "k2", "nope"}) == std::vector<bool>{true, true, false});
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kHandshakeSeconds + 5);
+    while (server.connections() > 2 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK(server.connections() == 2);
+    const long grown = resident_bytes() - before;
+    INFO("resident memory grown by " << grown / 1048576.0 << " MiB");
+    CHECK(grown < 64L << 20);
+}
+
+TEST_CASE("store: a 2-rank run trains to its end while strangers flood its store's port") {
+    TempDir dir;
+    const std::string port = test_util::free_port();
+    std::atomic<bool> done{false};
+    std::atomic<long> attempts{0};
+    std::thread flood([&] {
+        while (!done) {
+            const int fd = raw_connect(std::stoi(port));
+            ++attempts;
+            if (fd < 0) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                continue;
+            }
+            send_raw(fd, "S" + u32(0x7FFFFFFF) + "garbage");
+            ::close(fd);
+            if (attempts > 5000) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+    });
+    const auto r = test_util::run_trainer({"launch", "--nproc-per-node", "2", "--master-port", port, "--", "--config",
+                                           "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"),
+                                           "--strategy", "fsdp", "--max-duration", "6", "--threads", "1"});
+    done = true;
+    flood.join();
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.out, Contains("done: 6 steps"));
+    CHECK(attempts > 100);
+}
+
+TEST_CASE("store: trainer launch makes a secret for its ranks and ranks started otherwise without one are refused") {
+    // One node: the launcher makes one.
+    const auto launched =
+        test_util::run_trainer({"launch", "--nproc-per-node", "2", "--master-port", test_util::free_port(), "--",
+                                "--config", "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"),
+                                "--max-duration", "2", "--strategy", "ddp", "--threads", "1"},
+                               {"-TRAINER_STORE_SECRET"});
+    INFO(launched.out << launched.err);
+    CHECK(launched.exit_code == 0);
+    // Several launcher nodes: it must be given.
+    const auto nodes = test_util::run_trainer(
+        {"launch", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--", "--config", "configs/tiny.json"},
+        {"-TRAINER_STORE_SECRET"});
+    CHECK(nodes.exit_code != 0);
+    CHECK_THAT(nodes.err, Contains("launch --nnodes 2: TRAINER_STORE_SECRET is not set"));
+    // A rank started by hand (or by mpirun, or srun) of a job of two.
+    const auto by_hand = test_util::run_trainer(
+        {"--config", "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"), "--max-duration", "2",
+         "--strategy", "ddp"},
+        {"-TRAINER_STORE_SECRET", "RANK=1", "WORLD_SIZE=2", "MASTER_PORT=" + test_util::free_port()});
+    CHECK(by_hand.exit_code != 0);
+    CHECK_THAT(by_hand.err, Contains("TRAINER_STORE_SECRET is not set: the 2 ranks of this job") &&
+                                Contains("trainer launch sets it for its ranks on one node"));
+}
