@@ -34,8 +34,13 @@ double uniform01(uint64_t seed, int sequence, long step) {
 
 }  // namespace
 
-TextCodec::TextCodec(const std::string& name, const std::string& dir, int eos) : name_(name), eos_(eos) {
+TextCodec::TextCodec(const std::string& name, const std::string& dir, int eos, int model_vocab, const std::string& what)
+    : name_(name), eos_(eos) {
     if (name != "bytes" && name != "none") bpe_ = BpeTokenizer::load(name, dir);
+    if (vocab_size() > model_vocab) {
+        user_error("{} {}: its {} ids do not fit the model's vocab_size {} (the tokenizer the data was made with?)",
+                   what, name, vocab_size(), model_vocab);
+    }
 }
 TextCodec::~TextCodec() = default;
 int TextCodec::vocab_size() const {
@@ -155,11 +160,7 @@ int run_generate(const TrainConfig& config, const GenerateOptions& o) {
     if (o.sampling.top_k < 0) user_error("generate --top-k: {}; expected 0 (all) or more", o.sampling.top_k);
     if (!(o.sampling.top_p > 0.0 && o.sampling.top_p <= 1.0))
         user_error("generate --top-p: {}; expected above 0 and at most 1", o.sampling.top_p);
-    const TextCodec codec(o.tokenizer, o.tokenizer_dir, m.eos_token_id);
-    if (codec.vocab_size() > m.vocab_size) {
-        user_error("generate --tokenizer {}: its {} ids do not fit the model's vocab_size {}", o.tokenizer,
-                   codec.vocab_size(), m.vocab_size);
-    }
+    const TextCodec codec(o.tokenizer, o.tokenizer_dir, m.eos_token_id, m.vocab_size, "generate --tokenizer");
     // The prompts in the order given: texts, files, ids. An empty prompt starts after an EOS, as a document does.
     std::vector<std::vector<int32_t>> prompts;
     for (const std::string& text : o.prompts) prompts.push_back(codec.encode(text, "generate --prompt"));

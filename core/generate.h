@@ -22,7 +22,9 @@ class BpeTokenizer;
 // dolma2) from `dir`, or none ("none": ids in and out, for a vocabulary no tokenizer here makes).
 class TextCodec {
    public:
-    TextCodec(const std::string& name, const std::string& dir, int eos);
+    // For a model of `model_vocab` ids: a tokenizer whose ids do not all fit it is refused, naming `what` (the key or
+    // flag that chose it), since its ids would read past the embedding table.
+    TextCodec(const std::string& name, const std::string& dir, int eos, int model_vocab, const std::string& what);
     ~TextCodec();
     bool has_text() const { return name_ != "none"; }
     int vocab_size() const;  // 0 without text

@@ -236,12 +236,17 @@ class TrainingRun {
             world > 1 && step % config_.console_log_interval == 0 && stats_->interval_steps() > 0;
         AsyncSaver* saver = saves_->saver();
         const bool save_votes = saver && saver->voting();
+        StepSlots slots;
+        RankExchange::Slot save_slot, compute_slot;
         plan.fill = [&](RankExchange& ex) {
-            ex.value(ex.reserve("masked_instances")) = masked;
-            stop::vote(ex.at(ex.reserve("stop_votes", stop::kVotes)));
-            if (save_votes) saver->vote(ex.at(ex.reserve("save_votes", AsyncSaver::kVotes)));
-            if (exchange_compute)
-                ex.at(ex.reserve("compute_per_rank", world))[strategy.rank()] = stats_->interval_compute();
+            slots = reserve_step_slots(ex);
+            ex.value(slots.masked) = masked;
+            stop::vote(ex.at(slots.stop_votes));
+            if (save_votes) saver->vote(ex.at(save_slot = ex.reserve("save_votes", AsyncSaver::kVotes)));
+            if (exchange_compute) {
+                compute_slot = ex.reserve("compute_per_rank", world);
+                ex.at(compute_slot)[strategy.rank()] = stats_->interval_compute();
+            }
         };
         plan.after_exchange = [&](const RankExchange& ex) {
             r.loss = ex.at(ex.slot("loss"))[0] / global_tokens;
@@ -252,11 +257,11 @@ class TrainingRun {
             }
         };
         r.opt = run_step(strategy, *model_, *optimizer_, *backend_, exchange_, plan);
-        r.masked_instances = static_cast<long>(exchange_.value(exchange_.slot("masked_instances")));
-        r.stop_signal = stop::agreed(exchange_.at(exchange_.slot("stop_votes")));
-        if (save_votes) saver->tally(exchange_.at(exchange_.slot("save_votes")));
+        r.masked_instances = static_cast<long>(exchange_.value(slots.masked));
+        r.stop_signal = stop::agreed(exchange_.at(slots.stop_votes));
+        if (save_votes) saver->tally(exchange_.at(save_slot));
         if (exchange_compute) {
-            const double* per_rank = exchange_.at(exchange_.slot("compute_per_rank"));
+            const double* per_rank = exchange_.at(compute_slot);
             r.compute_per_rank.assign(per_rank, per_rank + world);
             r.compute_steps = stats_->interval_steps();
             stats_->reset_interval();

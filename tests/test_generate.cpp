@@ -186,6 +186,16 @@ TEST_CASE("generate: the command continues prompts from a checkpoint and refuses
     const test_util::RunResult bad = with({"--prompt-ids", "1, 999"});
     CHECK(bad.exit_code != 0);
     CHECK_THAT(bad.err, Contains("id 999 is not below the model's vocab_size 257"));
+    // A tokenizer whose ids would read past the embedding table, for generate and for samples while training (the
+    // tokenizers' files come from scripts/fetch_tokenizers.sh, as the tokenizer tests need them).
+    const test_util::RunResult wide = with({"--tokenizer", "gpt2", "--prompt", "x"});
+    CHECK(wide.exit_code != 0);
+    CHECK_THAT(wide.err, Contains("generate --tokenizer gpt2: its 50257 ids do not fit the model's vocab_size 257"));
+    const test_util::RunResult sampling =
+        test_util::run_trainer({"--config", "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"),
+                                "--max-duration", "2", "--set", "sample.interval=1", "--set", "sample.tokenizer=gpt2"});
+    CHECK(sampling.exit_code != 0);
+    CHECK_THAT(sampling.err, Contains("config sample.tokenizer gpt2: its 50257 ids do not fit the model's vocab_size"));
     const test_util::RunResult hot = with({"--prompt", "x", "--top-p", "0"});
     CHECK(hot.exit_code != 0);
     CHECK_THAT(hot.err, Contains("--top-p: 0; expected above 0"));

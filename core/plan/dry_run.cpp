@@ -5,7 +5,6 @@
 
 #include "base/common.h"
 #include "base/layout.h"
-#include "base/stop.h"
 #include "base/trace.h"
 #include "core/model.h"
 #include "core/optimizer.h"
@@ -85,10 +84,7 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
         plan.dloss_scale = static_cast<float>(env.world_size / config.global_predicted_tokens());
         plan.dry = true;
         plan.micro_batch = [&](long) { return MicroBatchTokens(tokens.data()); };
-        plan.fill = [](RankExchange& ex) {
-            ex.reserve("masked_instances");
-            ex.reserve("stop_votes", stop::kVotes);
-        };
+        plan.fill = [](RankExchange& ex) { reserve_step_slots(ex); };
         plan.after_exchange = [&](const RankExchange&) {
             r.optimizer_begin = r.events.size();
             in_optimizer = true;

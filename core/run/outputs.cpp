@@ -45,7 +45,8 @@ void RunOutputs::write_trace() const {
 RunSample open_run_sample(const TrainConfig& config) {
     const ModelConfig& m = config.model;
     RunSample s;
-    s.codec = std::make_unique<TextCodec>(config.sample.tokenizer, default_tokenizer_dir(), m.eos_token_id);
+    s.codec = std::make_unique<TextCodec>(config.sample.tokenizer, default_tokenizer_dir(), m.eos_token_id,
+                                          m.vocab_size, "config sample.tokenizer");
     s.prompt = s.codec->encode(config.sample.prompt, "config sample.prompt");
     if (s.prompt.empty()) s.prompt.push_back(static_cast<int32_t>(m.eos_token_id));
     const long positions = static_cast<long>(s.prompt.size()) + config.sample.max_new_tokens;

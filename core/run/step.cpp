@@ -1,11 +1,19 @@
 // The step skeleton shared by the loop and the dry run (see step.h).
 #include "core/run/step.h"
 
+#include "base/stop.h"
 #include "base/trace.h"
 #include "kernels/backend.h"
 #include "parallel/strategy.h"
 
 namespace trainer {
+
+StepSlots reserve_step_slots(RankExchange& exchange) {
+    StepSlots s;
+    s.masked = exchange.reserve("masked_instances");
+    s.stop_votes = exchange.reserve("stop_votes", stop::kVotes);
+    return s;
+}
 
 OptimizerStepResult run_step(Strategy& strategy, Model& model, AdamW& optimizer, Backend& backend,
                              RankExchange& exchange, const StepPlan& plan) {

@@ -31,6 +31,13 @@ struct StepPlan {
     std::function<void(const RankExchange&)> after_exchange;
 };
 
+// The slots every step of the loop exchanges beside the loss sums, in the loop and in the dry run alike: the
+// instances the instance filter masked, and the ranks' votes on a stop request (base/stop.h).
+struct StepSlots {
+    RankExchange::Slot masked, stop_votes;
+};
+StepSlots reserve_step_slots(RankExchange& exchange);
+
 // Runs the step; the exchange holds every rank's sums afterwards ("loss" first), the result is the optimizer's.
 OptimizerStepResult run_step(Strategy& strategy, Model& model, AdamW& optimizer, Backend& backend,
                              RankExchange& exchange, const StepPlan& plan);
