@@ -199,8 +199,16 @@ void TensorBoardWriter::record(const std::string& bytes) {
     std::memcpy(r.data() + 8, &len_crc, 4);
     r += bytes;
     r.append(reinterpret_cast<const char*>(&crc), 4);
-    if (std::fwrite(r.data(), 1, r.size(), f_) != r.size()) {
-        user_error("tensorboard_dir: writing {} failed ({})", path_, std::strerror(errno));
+    // Written and flushed whole, or not at all: a full disk stops the run (as it stops the metrics file) and leaves
+    // the file ending with the last whole record, which TensorBoard reads to the end.
+    const long before = std::ftell(f_);
+    if (std::fwrite(r.data(), 1, r.size(), f_) != r.size() || std::fflush(f_) != 0) {
+        const int e = errno;
+        std::clearerr(f_);
+        if (before >= 0 && ::ftruncate(::fileno(f_), before) == 0) std::fseek(f_, before, SEEK_SET);
+        user_error("tensorboard_dir: an event could not be written to {} ({}); the run stops here, its checkpoints as "
+                   "they were",
+                   path_, std::strerror(e));
     }
 }
 
@@ -223,7 +231,6 @@ void TensorBoardWriter::write(long step, const std::vector<std::pair<std::string
     std::string e = event(wall, step);
     put_bytes(e, 5, summary);
     record(e);
-    std::fflush(f_);
 }
 
 std::vector<TensorBoardScalar> read_tensorboard_scalars(const std::string& path) {

@@ -76,6 +76,33 @@ TEST_CASE("tensorboard: a folder that cannot be made is refused before the run")
     CHECK_THAT(r.err, Contains("tensorboard_dir " + dir.path("file") + "/tb"));
 }
 
+TEST_CASE("tensorboard: a full disk stops the run with the reason and the file ends with a whole event") {
+    TempDir dir;
+    const std::string tb = dir.path("tb");
+    std::filesystem::create_directories(tb);
+    // A 16 KiB file system of its own (root): the events of a few steps fill it.
+    if (::system(("mount -t tmpfs -o size=16k tmpfs '" + tb + "' 2>/dev/null").c_str()) != 0) {
+        WARN("skipped: a small tmpfs cannot be mounted here (not root, or no mount permission)");
+        return;
+    }
+    struct Unmount {
+        std::string at;
+        ~Unmount() { (void)!::system(("umount '" + at + "'").c_str()); }
+    } unmount{tb};
+    const test_util::RunResult r =
+        test_util::run_trainer({"--config", "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"),
+                                "--max-duration", "200", "--threads", "1", "--tensorboard-dir", tb});
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.err, Contains("tensorboard_dir: an event could not be written to " + tb) &&
+                          Contains("No space left on device"));
+    // What is there reads back to its end: every event whole.
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(tb)) files.push_back(e.path().string());
+    REQUIRE(files.size() == 1);
+    const auto scalars = read_tensorboard_scalars(files[0]);
+    CHECK_FALSE(scalars.empty());
+}
+
 TEST_CASE("tensorboard: a 2-rank run's event file holds every number of every step record") {
     TempDir dir;
     const std::string val =
