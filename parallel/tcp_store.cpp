@@ -290,7 +290,11 @@ TcpStore::TcpStore(const std::string& host, int port, std::chrono::milliseconds 
     TRAINER_CHECK(!secret_.empty(), "the rendezvous store needs the job's secret");
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
-        const std::string error = connect_once(std::chrono::milliseconds(0));
+        // Each attempt (its connect(2) and the handshake) is bounded by what is left of the timeout: a host whose
+        // firewall drops the packets would otherwise hold connect(2) in its SYN retries for minutes.
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        const std::string error = connect_once(std::max(left, std::chrono::milliseconds(1)));
         if (error.empty()) break;
         if (std::chrono::steady_clock::now() >= deadline) {
             user_error(
@@ -322,11 +326,13 @@ std::string TcpStore::connect_once(std::chrono::milliseconds limit) {
     if (rc != 0) {
         ::close(fd_);
         fd_ = -1;
+        // connect(2) past its send timeout: nothing answered (the packets dropped, or the host gone).
+        if (err == EINPROGRESS || err == EAGAIN) return "no answer to the connection";
         return std::strerror(err);
     }
     const int one = 1;
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    const std::string error = handshake();
+    const std::string error = handshake(limit.count() > 0 ? limit : io_timeout_);
     if (!error.empty()) {
         ::close(fd_);
         fd_ = -1;
@@ -334,8 +340,8 @@ std::string TcpStore::connect_once(std::chrono::milliseconds limit) {
     return error;
 }
 
-std::string TcpStore::handshake() {
-    set_timeouts(fd_, io_timeout_);
+std::string TcpStore::handshake(std::chrono::milliseconds limit) {
+    set_timeouts(fd_, limit);
     char hello[1 + kNonceBytes];
     if (!read_full(fd_, hello, sizeof hello) || hello[0] != 'H') {
         return "no rendezvous store's greeting there (another service on that port, or the store is full)";

@@ -105,10 +105,11 @@ class TcpStore : public gloo::rendezvous::Store {
    private:
     // Bounds the next call's sends by the io timeout and its receives by `wait` (what the server may wait) plus it.
     void arm(std::chrono::milliseconds wait);
-    // One attempt to connect, its connect(2) bounded by `limit` where positive, then the handshake (bounded by the
-    // io timeout); the error text, "" on success. A refused secret is a UserError (retrying cannot help).
+    // One attempt to connect, its connect(2) and then the handshake bounded by `limit` where positive (else the
+    // handshake by the io timeout); the error text, "" on success. A refused secret is a UserError (retrying cannot
+    // help).
     std::string connect_once(std::chrono::milliseconds limit);
-    std::string handshake();
+    std::string handshake(std::chrono::milliseconds limit);
     void fail(const char* what);
     void send_all(const void* data, size_t n);
     void recv_all(void* data, size_t n);

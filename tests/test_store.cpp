@@ -159,6 +159,33 @@ TEST_CASE("store: a server that cannot prove the job's secret is not trusted") {
     ::close(listener);
 }
 
+TEST_CASE("store: distributed_timeout_seconds bounds the first connection where the packets are dropped") {
+    // A listener whose queue is full and never accepted: the kernel drops further connection requests, as a firewall
+    // that drops packets does, and connect(2) alone would wait out its retries (minutes).
+    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(listener, 0) == 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+    const int port = ntohs(addr.sin_port);
+    std::vector<int> queued;
+    for (int i = 0; i < 4; ++i) {
+        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        (void)!::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+        queued.push_back(fd);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE_THROWS_WITH(TcpStore("127.0.0.1", port, std::chrono::milliseconds(1500), "the-job"),
+                        Contains("could not reach 127.0.0.1:" + std::to_string(port) + " within 1.5 s"));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(seconds < 3.0);
+    for (const int fd : queued) ::close(fd);
+    ::close(listener);
+}
+
 TEST_CASE("store: garbage oversized lengths and 5000 connections end only their own connections") {
     TcpStoreServer server(0, "the-job");
     TcpStore ours("127.0.0.1", server.port(), std::chrono::milliseconds(5000), "the-job");
