@@ -114,6 +114,13 @@ TEST_CASE("config: the decay keys belong to wsd alone and inverse square roots n
     REQUIRE_THROWS_WITH(validate_config(d), Contains("max_scheduler needs t_warmup >= 1"));
     d["scheduler"] = {{"name", "wsd"}, {"t_warmup", 2}, {"decay_fraction", 0.5}, {"decay_shape", "1-sqrt"}};
     CHECK_NOTHROW(validate_config(d));
+    // With t_max null the decay ends at the run's last step, known once the run's length is: refused before the run.
+    const test_util::RunResult r = test_util::run_trainer(
+        {"--config", "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"), "--max-duration", "20",
+         "--set", "scheduler.name=wsd", "--set", "scheduler.t_warmup=10", "--set", "scheduler.t_decay=15"});
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.err, Contains("config scheduler.t_decay: 15 steps of decay ending at the run's last step 20 "
+                               "(scheduler.t_max null) begin before the warmup of 10 ends"));
 }
 
 TEST_CASE("config: a mixture of sources is refused with data.paths or ratios that do not sum to 1") {

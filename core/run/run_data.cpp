@@ -34,6 +34,15 @@ RunData open_run_data(const TrainConfig& config) {
         r.order = std::move(mixture);
     }
     const SchedulerConfig& sched = config.scheduler;
+    // WSD's decay ends at t_max, the run's last step where t_max is null: known here, checked here (with t_max set,
+    // check_scheduler checked it).
+    if (sched.name == SchedulerName::kWsd && !sched.t_max && sched.t_decay &&
+        sched.t_warmup > static_cast<double>(r.total_steps) - *sched.t_decay) {
+        user_error(
+            "config scheduler.t_decay: {:g} steps of decay ending at the run's last step {} (scheduler.t_max null) "
+            "begin before the warmup of {:g} ends; shorten t_decay or t_warmup, or lengthen max_duration",
+            *sched.t_decay, r.total_steps, sched.t_warmup);
+    }
     if (sched.name != SchedulerName::kConstant && !sched.t_max && sched.t_warmup >= 1 &&
         sched.t_warmup >= static_cast<double>(r.total_steps)) {
         // Flagged in the run's header, not refused: a short trial of a long recipe is a fair use.
