@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <numeric>
 
@@ -108,7 +109,7 @@ GenerationResult generate_tokens(Model& model, const ModelConfig& m, const std::
     for (int b = 0; b < B; ++b) {
         const int n = static_cast<int>(prompts[b].size());
         TRAINER_CHECK(n >= 1, "prompt {} is empty", b);
-        if (n + max_new_tokens > m.max_sequence_length) {
+        if (static_cast<long>(n) + max_new_tokens > m.max_sequence_length) {
             user_error(
                 "generate: prompt {} has {} tokens; with --max-new-tokens {} that is {} positions, above the model's "
                 "max_sequence_length {} (shorten the prompt or generate fewer tokens)",
@@ -155,6 +156,10 @@ GenerationResult generate_tokens(Model& model, const ModelConfig& m, const std::
 int run_generate(const TrainConfig& config, const GenerateOptions& o) {
     const ModelConfig& m = config.model;
     if (o.max_new_tokens < 1) user_error("generate --max-new-tokens: {}; expected at least 1", o.max_new_tokens);
+    if (o.max_new_tokens >= m.max_sequence_length) {
+        user_error("generate --max-new-tokens: {}; a prompt and its new tokens must fit model.max_sequence_length {}",
+                   o.max_new_tokens, m.max_sequence_length);
+    }
     if (o.sampling.temperature < 0.0 || !std::isfinite(o.sampling.temperature))
         user_error("generate --temperature: {}; expected 0 (greedy) or more", o.sampling.temperature);
     if (o.sampling.top_k < 0) user_error("generate --top-k: {}; expected 0 (all) or more", o.sampling.top_k);
@@ -164,8 +169,20 @@ int run_generate(const TrainConfig& config, const GenerateOptions& o) {
     // The prompts in the order given: texts, files, ids. An empty prompt starts after an EOS, as a document does.
     std::vector<std::vector<int32_t>> prompts;
     for (const std::string& text : o.prompts) prompts.push_back(codec.encode(text, "generate --prompt"));
-    for (const std::string& path : o.prompt_files)
+    for (const std::string& path : o.prompt_files) {
+        // A prompt fits the model's context: a file far longer than any that could is refused before it is read
+        // (64 bytes a position, more than any tokenizer here packs into one token).
+        std::error_code ec;
+        const uintmax_t bytes = std::filesystem::file_size(path, ec);
+        const uintmax_t most = std::max<uintmax_t>(1u << 20, 64ull * static_cast<uintmax_t>(m.max_sequence_length));
+        if (!ec && bytes > most) {
+            user_error(
+                "generate --prompt-file {}: {} bytes; a prompt must fit model.max_sequence_length {} tokens "
+                "(at most {} bytes are read)",
+                path, bytes, m.max_sequence_length, most);
+        }
         prompts.push_back(codec.encode(read_file(path, "generate --prompt-file"), "generate --prompt-file " + path));
+    }
     for (const std::string& ids : o.prompt_ids) {
         prompts.push_back(parse_token_ids(ids, "generate --prompt-ids"));
         for (int32_t id : prompts.back()) {
@@ -202,8 +219,10 @@ int run_generate(const TrainConfig& config, const GenerateOptions& o) {
             if (codec.has_text()) line["prompt_text"] = codec.decode(prompts[b]), line["text"] = codec.decode(shown);
             std::printf("%s\n", line.dump(-1, ' ', false, Json::error_handler_t::replace).c_str());
         } else {
-            std::printf("%s%s%s%s\n", codec.decode(prompts[b]).c_str(), codec.has_text() ? "" : "| ",
-                        codec.decode(shown).c_str(), ended ? "<|endoftext|>" : "");
+            // Written by length: a NUL in the text (a byte model may make one) must not end the output.
+            const std::string text = codec.decode(prompts[b]) + (codec.has_text() ? "" : "| ") + codec.decode(shown) +
+                                     (ended ? "<|endoftext|>" : "") + "\n";
+            std::fwrite(text.data(), 1, text.size(), stdout);
             if (b + 1 < prompts.size()) std::printf("----\n");
         }
     }

@@ -3,6 +3,7 @@
 // reproducible draws), the cache and the recomputed prefix continue alike, and `trainer generate` end to end with
 // its refusals.
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -196,6 +197,22 @@ TEST_CASE("generate: the command continues prompts from a checkpoint and refuses
                                 "--max-duration", "2", "--set", "sample.interval=1", "--set", "sample.tokenizer=gpt2"});
     CHECK(sampling.exit_code != 0);
     CHECK_THAT(sampling.err, Contains("config sample.tokenizer gpt2: its 50257 ids do not fit the model's vocab_size"));
+    const test_util::RunResult huge = with({"--prompt", "x", "--max-new-tokens", "2147483647"});
+    CHECK(huge.exit_code != 0);
+    CHECK_THAT(huge.err, Contains("generate --max-new-tokens: 2147483647; a prompt and its new tokens must fit "
+                                  "model.max_sequence_length 65"));
+    {
+        std::ofstream big(dir.path("big.txt"));
+        big << std::string(2 << 20, 'a');
+    }
+    const test_util::RunResult long_file = with({"--prompt-file", dir.path("big.txt")});
+    CHECK(long_file.exit_code != 0);
+    CHECK_THAT(long_file.err, Contains("generate --prompt-file " + dir.path("big.txt") + ": 2097152 bytes"));
+    // A NUL in the text (byte 0 of the byte tokenizer) does not end the printed line.
+    const test_util::RunResult nul = with({"--prompt-ids", "84, 0, 84", "--max-new-tokens", "2"});
+    INFO(nul.err);
+    REQUIRE(nul.exit_code == 0);
+    CHECK(nul.out.find(std::string("T\0T", 3)) != std::string::npos);
     const test_util::RunResult hot = with({"--prompt", "x", "--top-p", "0"});
     CHECK(hot.exit_code != 0);
     CHECK_THAT(hot.err, Contains("--top-p: 0; expected above 0"));
