@@ -1,6 +1,8 @@
 // Whole files read and written (see files.h).
 #include "base/files.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -47,6 +49,15 @@ std::string trainer_data_dir(const std::string& installed, const std::string& in
     const std::filesystem::path share = prefix / "share" / "trainer" / installed;
     if (std::filesystem::is_directory(share, ec)) return share.string();
     return (prefix.parent_path() / in_source).string();
+}
+
+int append_whole(std::FILE* f, const std::string& bytes) {
+    const long before = std::ftell(f);
+    if (std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() && std::fflush(f) == 0) return 0;
+    const int e = errno != 0 ? errno : EIO;
+    std::clearerr(f);
+    if (before >= 0 && ::ftruncate(::fileno(f), before) == 0) std::fseek(f, before, SEEK_SET);
+    return e;
 }
 
 }  // namespace trainer

@@ -1,6 +1,7 @@
 // Whole files read and written, with errors that name the file and what it is.
 #pragma once
 
+#include <cstdio>
 #include <string>
 
 namespace trainer {
@@ -11,6 +12,11 @@ std::string read_file(const std::string& path, const std::string& what, const st
 // Writes `text` to `path` whole or not at all (a temporary file beside it, renamed over it); UserError naming
 // `what` and the path when it cannot.
 void write_text_file(const std::string& path, const std::string& text, const std::string& what);
+
+// Appends `bytes` to the open file `f` and flushes it, whole or not at all: where the write or the flush fails (a
+// full disk), the file is cut back to where it ended and the errno is returned (0: written). For the record files a
+// run appends to (metrics, TensorBoard), so that they end with the last whole record.
+int append_whole(std::FILE* f, const std::string& bytes);
 
 // A folder of the trainer's own data, found from the binary, not the working directory: an installed trainer
 // (<prefix>/bin/trainer) reads <prefix>/share/trainer/<installed>, one in a build tree (<source>/<build>/bin/

@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "base/common.h"
+#include "base/files.h"
 
 namespace trainer {
 
@@ -62,12 +63,8 @@ void MetricsWriter::write(const Json& record) {
         std::fseek(f_, 0, SEEK_END);  // where a record starts, for the truncation below
     }
     const std::string line = record.dump() + "\n";
-    const long before = std::ftell(f_);
-    if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0) {
-        const int e = errno;
-        // No record cut in half: the file ends with the last whole one, as a resumed run appends to it.
-        std::clearerr(f_);
-        if (before >= 0 && ::ftruncate(::fileno(f_), before) == 0) std::fseek(f_, before, SEEK_SET);
+    // No record cut in half: the file ends with the last whole one, as a resumed run appends to it.
+    if (const int e = append_whole(f_, line)) {
         user_error(
             "metrics_file {}: a record could not be written ({}); the run stops here, its checkpoints as "
             "they were",

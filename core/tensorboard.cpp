@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "base/common.h"
+#include "base/files.h"
 #include "parallel/rank_env.h"
 
 namespace trainer {
@@ -201,14 +202,11 @@ void TensorBoardWriter::record(const std::string& bytes) {
     r.append(reinterpret_cast<const char*>(&crc), 4);
     // Written and flushed whole, or not at all: a full disk stops the run (as it stops the metrics file) and leaves
     // the file ending with the last whole record, which TensorBoard reads to the end.
-    const long before = std::ftell(f_);
-    if (std::fwrite(r.data(), 1, r.size(), f_) != r.size() || std::fflush(f_) != 0) {
-        const int e = errno;
-        std::clearerr(f_);
-        if (before >= 0 && ::ftruncate(::fileno(f_), before) == 0) std::fseek(f_, before, SEEK_SET);
-        user_error("tensorboard_dir: an event could not be written to {} ({}); the run stops here, its checkpoints as "
-                   "they were",
-                   path_, std::strerror(e));
+    if (const int e = append_whole(f_, r)) {
+        user_error(
+            "tensorboard_dir: an event could not be written to {} ({}); the run stops here, its checkpoints as "
+            "they were",
+            path_, std::strerror(e));
     }
 }
 

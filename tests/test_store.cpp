@@ -48,6 +48,19 @@ int raw_connect(int port) {
     return fd;
 }
 
+// A socket listening on loopback with `backlog` (its address in *addr), standing in for a store.
+int listen_local(int backlog, sockaddr_in* addr) {
+    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    *addr = sockaddr_in{};
+    addr->sin_family = AF_INET;
+    addr->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(addr), sizeof *addr) == 0);
+    REQUIRE(::listen(listener, backlog) == 0);
+    socklen_t len = sizeof *addr;
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(addr), &len);
+    return listener;
+}
+
 void send_raw(int fd, const std::string& bytes) { (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
 
 // Whether the peer closed `fd` within `seconds` (reads until end of stream, discarding).
@@ -136,14 +149,8 @@ TEST_CASE("store: a client without the job's secret is refused by name and reads
 
 TEST_CASE("store: a server that cannot prove the job's secret is not trusted") {
     // A listener that greets as the store does and accepts any answer, but cannot answer for the secret.
-    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    REQUIRE(::listen(listener, 4) == 0);
-    socklen_t len = sizeof addr;
-    ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+    sockaddr_in addr;
+    const int listener = listen_local(4, &addr);
     std::thread impostor([listener] {
         const int fd = ::accept(listener, nullptr, nullptr);
         send_raw(fd, "H" + std::string(16, '\x42'));
@@ -162,14 +169,8 @@ TEST_CASE("store: a server that cannot prove the job's secret is not trusted") {
 TEST_CASE("store: distributed_timeout_seconds bounds the first connection where the packets are dropped") {
     // A listener whose queue is full and never accepted: the kernel drops further connection requests, as a firewall
     // that drops packets does, and connect(2) alone would wait out its retries (minutes).
-    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    REQUIRE(::listen(listener, 0) == 0);
-    socklen_t len = sizeof addr;
-    ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+    sockaddr_in addr;
+    const int listener = listen_local(0, &addr);
     const int port = ntohs(addr.sin_port);
     std::vector<int> queued;
     for (int i = 0; i < 4; ++i) {
