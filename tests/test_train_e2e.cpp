@@ -341,6 +341,26 @@ TEST_CASE("export: a Hugging Face directory sharded or not imports back bit for 
         expect_error(
             run_trainer({"--config", fixture(name + "_tiny.json"), "--init-from", one, "--max-duration", "1"}),
             std::string(name == "gpt2" ? "n_layer" : "num_hidden_layers") + " is 7, but this model config gives 2");
+        if (name == "llama") {
+            // null where transformers reads its default: head_dim (hidden / heads, ours) imports, num_key_value_heads
+            // (the query heads' count, not this model's 2) is refused, and so is another activation.
+            Json nulls = config;
+            nulls["head_dim"] = nullptr;
+            test_util::write_file(one + "/config.json", nulls.dump());
+            require_ok(run_trainer({"--config", fixture(name + "_tiny.json"), "--init-from", one, "--max-duration", "1",
+                                    "--save-folder", one + "_null_ck"}));
+            nulls["num_key_value_heads"] = nullptr;
+            test_util::write_file(one + "/config.json", nulls.dump());
+            expect_error(
+                run_trainer({"--config", fixture(name + "_tiny.json"), "--init-from", one, "--max-duration", "1"}),
+                "num_key_value_heads is 4, but this model config gives 2");
+            Json gelu = config;
+            gelu["hidden_act"] = "gelu";
+            test_util::write_file(one + "/config.json", gelu.dump());
+            expect_error(
+                run_trainer({"--config", fixture(name + "_tiny.json"), "--init-from", one, "--max-duration", "1"}),
+                "hidden_act is \"gelu\", but this model config gives \"silu\"");
+        }
         if (name != "gpt2") {
             // RoPE in both of transformers' schemas; a config.json of 5.x's alone (rope_parameters) is read too.
             const double theta = config["rope_theta"].get<double>();

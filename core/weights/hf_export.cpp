@@ -191,6 +191,18 @@ void check_hf_config(const TrainConfig& config, const std::string& dir) {
                                        "num_attention_heads", "num_key_value_heads", "rope_theta",
                                        "tie_word_embeddings", "attention_bias"};
     if (want["model_type"] == "olmo") keys.push_back("clip_qkv");
+    // The MLP's activation: the trainer's SwiGLU gates with silu, and a checkpoint that says otherwise is another
+    // model.
+    if (want.contains("hidden_act")) keys.push_back("hidden_act");
+    // null where transformers reads a default: the default, compared as any value.
+    if (have.contains("num_key_value_heads") && have["num_key_value_heads"].is_null() &&
+        have.contains("num_attention_heads")) {
+        have["num_key_value_heads"] = have["num_attention_heads"];
+    }
+    if (have.contains("head_dim") && have["head_dim"].is_null() && have.value("hidden_size", Json()).is_number() &&
+        have.value("num_attention_heads", Json()).is_number() && have["num_attention_heads"].get<long>() > 0) {
+        have["head_dim"] = have["hidden_size"].get<long>() / have["num_attention_heads"].get<long>();
+    }
     if (want["model_type"] == "olmo2" || want["model_type"] == "llama") keys.push_back("rms_norm_eps");
     // Llama's pretraining_tp only slices its GEMMs (the same model), so it is written but not checked.
     if (want["model_type"] == "llama") {
@@ -218,7 +230,7 @@ void check_hf_config(const TrainConfig& config, const std::string& dir) {
         }
     }
     for (const auto& k : keys) {
-        if (!have.contains(k)) continue;  // transformers' default applies; the tensors' shapes are checked
+        if (!have.contains(k) || have[k].is_null()) continue;  // transformers' default; the tensors' shapes are checked
         const Json& a = have[k];
         const Json& b = want[k];
         const bool same = (a.is_number() && b.is_number()) ? a.get<double>() == b.get<double>() : a == b;
