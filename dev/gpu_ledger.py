@@ -440,7 +440,8 @@ def cmd_table(a):
         raise LedgerError(f"{md}: expected one line {TABLE_BEGIN!r} and one {TABLE_END!r} around the table")
     head, rest = text.split(TABLE_BEGIN)
     _, tail = rest.split(TABLE_END)
-    made = head + render_table(read_ledger(a.root)) + tail
+    rows = read_ledger(a.root)
+    made = head + render_table(rows) + tail
     if a.check:
         if made != text:
             print(f"{md}: its table differs from docs/gpu_runs.tsv: run python3 dev/gpu_ledger.py table",
@@ -451,7 +452,7 @@ def cmd_table(a):
     if made != text:
         with open(md, "w", encoding="utf-8") as f:
             f.write(made)
-    print(f"{md}: table made from {len(read_ledger(a.root))} ledger rows")
+    print(f"{md}: table made from {len(rows)} ledger rows")
     return 0
 
 
