@@ -21,6 +21,8 @@
 #include "base/config.h"
 #include "base/files.h"
 #include "base/utf8.h"
+#include "core/data/bpe_merge.h"
+#include "core/data/flat_string_map.h"
 
 namespace trainer {
 
@@ -85,81 +87,6 @@ struct Regex {
     ~Regex() {
         if (code) pcre2_code_free(code);
     }
-};
-
-// A read-only string -> int32 map for the vocabularies, open-addressed in one flat array: a lookup costs
-// one cache miss for the slot (whose key of up to 8 bytes is kept in it) and one more for a longer key,
-// where std::unordered_map's bucket, node and string cost three (it was most of cl100k's time).
-class FlatStringMap {
-   public:
-    static constexpr int32_t kMissing = -1;
-
-    void build(const std::vector<std::pair<std::string_view, int32_t>>& items) {
-        size_t cap = 16;
-        while (cap < 2 * items.size()) cap *= 2;
-        slots_.assign(cap, Slot{});
-        mask_ = cap - 1;
-        pool_.clear();
-        for (const auto& [key, value] : items) {
-            const uint64_t h = hash(key);
-            size_t i = h & mask_;
-            for (; slots_[i].value != kMissing; i = (i + 1) & mask_) {
-                if (slots_[i].hash == h && this->key(slots_[i]) == key) break;  // a repeated key: the last wins
-            }
-            Slot& s = slots_[i];
-            s.hash = h;
-            s.len = static_cast<uint32_t>(key.size());
-            s.value = value;
-            if (key.size() <= 8) {
-                std::memcpy(s.inline_key, key.data(), key.size());
-            } else {
-                s.offset = pool_.size();
-                pool_.append(key);
-            }
-        }
-    }
-    int32_t find(std::string_view key) const {
-        const uint64_t h = hash(key);
-        for (size_t i = h & mask_;; i = (i + 1) & mask_) {
-            const Slot& s = slots_[i];
-            if (s.value == kMissing) return kMissing;
-            if (s.hash == h && s.len == key.size() && this->key(s) == key) return s.value;
-        }
-    }
-    bool empty() const { return slots_.empty(); }
-
-   private:
-    struct Slot {
-        uint64_t hash = 0;
-        union {
-            char inline_key[8];
-            uint64_t offset;
-        };
-        uint32_t len = 0;
-        int32_t value = kMissing;
-        Slot() : offset(0) {}
-    };
-    std::string_view key(const Slot& s) const {
-        return s.len <= 8 ? std::string_view(s.inline_key, s.len) : std::string_view(pool_.data() + s.offset, s.len);
-    }
-    // 64-bit multiply-xorshift over 8-byte words (any good spread will do: the table is not exposed).
-    static uint64_t hash(std::string_view key) {
-        uint64_t h = 0x9E3779B97F4A7C15ULL ^ key.size();
-        size_t i = 0;
-        for (; i + 8 <= key.size(); i += 8) {
-            uint64_t w;
-            std::memcpy(&w, key.data() + i, 8);
-            h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
-            h ^= h >> 32;
-        }
-        uint64_t w = 0;
-        std::memcpy(&w, key.data() + i, key.size() - i);
-        h = (h ^ w) * 0xC4CEB9FE1A85EC53ULL;
-        return h ^ (h >> 29);
-    }
-    std::vector<Slot> slots_;
-    size_t mask_ = 0;
-    std::string pool_;
 };
 
 }  // namespace
@@ -251,91 +178,6 @@ struct ThreadState {
 };
 
 thread_local ThreadState t_state;
-
-// Byte-pair merging of one word in O(n log n). Parts start as single bytes; pair_rank(a, mid, b) ranks
-// joining [a, mid) and [mid, b) (negative: they never join). The candidate pairs wait in a min-heap
-// keyed (rank, start): the lowest rank merges first, the leftmost on ties. A merge links the part to its
-// new right neighbour and adds the two pairs it creates; an entry whose pair has since changed (a part
-// merged elsewhere: the right part's end moved) is dropped when it comes up.
-// With `rounds` (gpt-3-encoder), a rank merges as one round: the rightmost current pair of that rank
-// names the bigram (its split: two pairs can share a key "a,b"), every current occurrence of that bigram
-// merges left to right, and the pairs the round creates, or leaves of the other split, join the heap
-// after it, as its rescan would see them. emit(a, b) gets the final parts, left to right.
-template <class Rank, class Emit>
-void merge_word(std::string_view word, Rank pair_rank, bool rounds, Emit emit) {
-    const size_t n = word.size();
-    std::vector<size_t> end(n), prev(n);  // part starting at byte i: [i, end[i]), dead when end[i] == 0
-    for (size_t i = 0; i < n; ++i) end[i] = i + 1, prev[i] = i == 0 ? SIZE_MAX : i - 1;
-    struct Candidate {
-        int64_t rank;
-        size_t left;       // start of the left part
-        size_t right_end;  // end of the right part when added: the pair is current while it still is
-        bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
-    };
-    std::vector<Candidate> heap, held, round;
-    auto push = [&](const Candidate& c) {
-        heap.push_back(c);
-        std::push_heap(heap.begin(), heap.end(), std::greater<>());
-    };
-    auto pop = [&] {
-        std::pop_heap(heap.begin(), heap.end(), std::greater<>());
-        const Candidate c = heap.back();
-        heap.pop_back();
-        return c;
-    };
-    auto add = [&](size_t left) {  // the pair starting at `left`, if it has a rank
-        const size_t right = end[left];
-        if (right >= n) return;
-        const int64_t r = pair_rank(left, right, end[right]);
-        if (r < 0) return;
-        if (rounds)
-            held.push_back({r, left, end[right]});
-        else
-            push({r, left, end[right]});
-    };
-    auto current = [&](const Candidate& c) {
-        const size_t right = end[c.left];
-        return right != 0 && right < n && end[right] == c.right_end;
-    };
-    auto merge = [&](const Candidate& c) {
-        const size_t right = end[c.left];
-        end[c.left] = c.right_end;
-        end[right] = 0;
-        if (c.right_end < n) prev[c.right_end] = c.left;
-        if (prev[c.left] != SIZE_MAX) add(prev[c.left]);
-        add(c.left);
-    };
-    for (size_t i = 0; i + 1 < n; ++i) {
-        const int64_t r = pair_rank(i, i + 1, i + 2);
-        if (r >= 0) heap.push_back({r, i, i + 2});
-    }
-    std::make_heap(heap.begin(), heap.end(), std::greater<>());
-    while (!heap.empty()) {
-        if (!rounds) {
-            const Candidate c = pop();
-            if (current(c)) merge(c);
-            continue;
-        }
-        round.clear();
-        const int64_t r = heap.front().rank;
-        while (!heap.empty() && heap.front().rank == r) {
-            const Candidate c = pop();
-            if (current(c)) round.push_back(c);  // in order of position
-        }
-        if (round.empty()) continue;
-        const size_t split = end[round.back().left] - round.back().left;  // the bigram's first symbol's length
-        for (const Candidate& c : round) {
-            if (!current(c)) continue;  // overlapped by the merge before it
-            if (end[c.left] - c.left == split)
-                merge(c);
-            else
-                held.push_back(c);
-        }
-        for (const Candidate& c : held) push(c);
-        held.clear();
-    }
-    for (size_t i = 0; i < n; i = end[i]) emit(i, end[i]);
-}
 
 }  // namespace
 

@@ -1,11 +1,11 @@
-// GPU kernel tests: each CUDA kernel against its CPU twin on odd shapes. Each family is one function
-// (gpu_kernels.h) that returns its failures, every one naming the op, the shape it ran and the first
-// mismatching element; tests/gpu/test_gpu_kernels.cpp makes each a Catch2 test case. The CPU suite compiles
-// this file too, onto the emulator of the CUDA execution model (tests/test_kernels_emulated.cpp, with
-// TRAINER_SIMT_EMULATION): every family whose kernels are our own runs there against the same CPU twins. Left
-// out there: the kernels of cuBLASLt, cuDNN and cub (the GEMMs, cuDNN's attention, the embedding's sort), and our
-// flash attention's two cases (over a minute on the emulator; tests/test_flash_emulated.cpp runs its kernels on
-// fewer shapes).
+// GPU kernel tests: each CUDA kernel against its CPU twin on odd shapes. Each family is one function that records
+// its failures, every one naming the op, the shape it ran and the first mismatching element, and one line in the
+// lists below; the end of this file makes each a Catch2 test case "gpu kernel: <what>" of gpu_tests. So a new family
+// is written in this file alone. The CPU suite compiles this file too, onto the emulator of the CUDA execution model
+// (tests/test_kernels_emulated.cpp, with TRAINER_SIMT_EMULATION): every family whose kernels are our own runs there
+// against the same CPU twins. Left out there: the kernels of cuBLASLt, cuDNN and cub (the GEMMs, cuDNN's attention, the
+// embedding's sort), and our flash attention's two cases (over a minute on the emulator; tests/test_flash_emulated.cpp
+// runs its kernels on fewer shapes).
 #ifndef TRAINER_SIMT_EMULATION
 #include <cuda_runtime.h>
 #endif
@@ -19,10 +19,51 @@
 #include <type_traits>
 #include <vector>
 
-#include "gpu_kernels.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
 #include "wgmma_tile.h"
+
+// The families, listed once: X(function, what it checks, the emulated case's tags; [heavy]: too slow for the
+// sanitizer pass). Our own kernels run on a GPU and on the CPU emulator (test_kernels_emulated.cpp makes a case
+// "emulated kernel: <what>" of each).
+#define TRAINER_OWN_KERNEL_FAMILIES(X)                                                                             \
+    X(test_cast, "the bf16 casts and round_to_bf16 are bitwise the CPU's", "")                                     \
+    X(test_residual_and_scale, "residual_forward and scale_inplace match the CPU", "")                             \
+    X(test_gelu, "gelu_forward and gelu_backward (erf and tanh; fp32 and bf16) match the CPU", "")                 \
+    X(test_swiglu, "swiglu_forward and swiglu_backward (fp32 and bf16) match the CPU", "")                         \
+    X(test_adamw, "adamw_update and its bf16 copy-out match the CPU", "")                                          \
+    X(test_norms, "squared_norm and sum match the CPU in double and repeat bitwise", "")                           \
+    X(test_multi_tensor, "multi-tensor AdamW and squared norm over several ranges match the CPU", "")              \
+    X(test_layernorm,                                                                                              \
+      "layernorm_forward and layernorm_backward from the input and from the output (LayerNorm and RMSNorm) match " \
+      "the CPU",                                                                                                   \
+      "")                                                                                                          \
+    X(test_norm_residual,                                                                                          \
+      "norm_residual_forward and norm_residual_backward (norm_after; fp32 and bf16) match the CPU", "")            \
+    X(test_qk_norm, "qk_norm_forward and its in-place backward (QK-norm; fp32 and bf16) match the CPU", "")        \
+    X(test_rope, "rope_forward and rope_backward (fp32 and bf16) match the CPU", "")                               \
+    X(test_classifier, "classifier_forward_backward (fp32 and bf16 logits; z-loss) matches the CPU", "")           \
+    X(test_attention, "native attention forward and backward match the CPU", "[heavy]")                            \
+    X(test_kv_cache, "rope at positions and attention with a KV cache match the CPU", "")                          \
+    X(test_kv_heads, "shared key/value heads expand and reduce as the CPU does", "")                               \
+    X(test_bias_gradient, "the bias gradient (fp32 and bf16 dout) matches the CPU and repeats bitwise", "")        \
+    X(test_wgmma_tiles,                                                                                            \
+      "Hopper's wgmma on a flash forward tile matches the CPU (compute capability 9.0 only on a GPU)", "")
+
+// On a GPU only: the kernels of CUDA's libraries (cuBLASLt, cuDNN, cub), and our flash attention at shapes the
+// emulator would take minutes over (tests/test_flash_emulated.cpp runs it at small ones).
+#define TRAINER_GPU_ONLY_KERNEL_FAMILIES(X)                                                                            \
+    X(test_embedding, "embedding_forward matches and embedding_backward is bitwise the CPU's", "")                     \
+    X(test_attention_cudnn, "cuDNN attention forward and backward match the CPU at bf16 tolerance", "")                \
+    X(test_attention_flash,                                                                                            \
+      "our flash attention forward and backward match the CPU at bf16 tolerance and repeat bitwise", "")               \
+    X(test_attention_flash_large, "our flash attention on 1024 blocks matches the native kernels and repeats bitwise", \
+      "")                                                                                                              \
+    X(test_matmul, "fp32 matmul_forward and matmul_backward match the CPU", "")                                        \
+    X(test_matmul_unaligned_bias_and_empty_k, "matmul_forward with a bias at a 4-byte offset and with K = 0", "")      \
+    X(test_matmul_gelu, "matmul_gelu_forward (GELU epilogue and its fallback) matches the CPU", "")                    \
+    X(test_matmul_gelu_backward, "the bf16 backward through the GELU (DGELU epilogue) matches the CPU", "")            \
+    X(test_matmul_bf16, "bf16 matmul_forward (+ residual) and matmul_backward match the CPU on rounded operands", "")
 
 namespace {
 
@@ -1344,3 +1385,30 @@ std::vector<std::string> run(void (*family)()) {
 }
 
 }  // namespace gpu_kernel_tests
+
+#ifndef TRAINER_SIMT_EMULATION
+// gpu_tests' case of each family, so a failure names the op; each failed check is reported with its shape and
+// first mismatching element.
+#include <catch2/catch.hpp>
+
+namespace {
+
+void check(void (*family)()) {
+    if (family == gpu_kernel_tests::test_wgmma_tiles && !trainer::cuda::flash_attention_sm90_available()) {
+        WARN("skipped: wgmma is sm_90a code, and this device is not compute capability 9.0");
+        return;
+    }
+    const std::vector<std::string> failures = gpu_kernel_tests::run(family);
+    constexpr size_t kShown = 20;  // a kernel broken on every shape would otherwise flood the report
+    for (size_t i = 0; i < failures.size() && i < kShown; ++i) FAIL_CHECK(failures[i]);
+    if (failures.size() > kShown) FAIL_CHECK((failures.size() - kShown) << " more failed checks");
+    CHECK(failures.empty());
+}
+
+}  // namespace
+
+#define TRAINER_GPU_KERNEL_CASE(function, what, tags) \
+    TEST_CASE("gpu kernel: " what) { check(gpu_kernel_tests::function); }
+TRAINER_OWN_KERNEL_FAMILIES(TRAINER_GPU_KERNEL_CASE)
+TRAINER_GPU_ONLY_KERNEL_FAMILIES(TRAINER_GPU_KERNEL_CASE)
+#endif  // TRAINER_SIMT_EMULATION
