@@ -39,7 +39,7 @@
 #include "core/train.h"
 #include "core/weights/checkpoint.h"
 #include "kernels/cpu/machine.h"
-#include "parallel/launcher.h"
+#include "parallel/launch/launcher.h"
 
 namespace {
 

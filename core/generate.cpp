@@ -12,14 +12,14 @@
 #include "base/common.h"
 #include "base/files.h"
 #include "base/layout.h"
-#include "core/data/bpe.h"
+#include "core/data/data.h"
 #include "core/data/tokenizer.h"
-#include "core/logits.h"
-#include "core/model.h"
+#include "core/model/init.h"
+#include "core/model/model.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
 #include "parallel/setup.h"
-#include "parallel/strategy.h"
+#include "parallel/strategy/strategy.h"
 
 namespace trainer {
 
@@ -34,32 +34,6 @@ double uniform01(uint64_t seed, int sequence, long step) {
 }
 
 }  // namespace
-
-TextCodec::TextCodec(const std::string& name, const std::string& dir, int eos, int model_vocab, const std::string& what)
-    : name_(name), eos_(eos) {
-    if (name != "bytes" && name != "none") bpe_ = BpeTokenizer::load(name, dir);
-    if (vocab_size() > model_vocab) {
-        user_error("{} {}: its {} ids do not fit the model's vocab_size {} (the tokenizer the data was made with?)",
-                   what, name, vocab_size(), model_vocab);
-    }
-}
-TextCodec::~TextCodec() = default;
-int TextCodec::vocab_size() const {
-    if (!has_text()) return 0;
-    return bpe_ ? bpe_->vocab_size() : kByteVocabSize;
-}
-std::vector<int32_t> TextCodec::encode(const std::string& text, const std::string& what) const {
-    if (!has_text()) user_error("{}: --tokenizer none takes its prompts as ids (--prompt-ids)", what);
-    return bpe_ ? bpe_->encode(text, what) : byte_encode(text);
-}
-std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
-    if (!has_text()) {
-        std::string out;
-        for (int32_t id : ids) out += std::to_string(id) + " ";
-        return out;
-    }
-    return bpe_ ? bpe_->decode(ids) : byte_decode(ids, eos_);
-}
 
 int32_t sample_token(const float* logits, int vocab, const SamplingOptions& o, int sequence, long step) {
     TRAINER_CHECK(vocab >= 1, "sampling from {} ids", vocab);

@@ -10,47 +10,17 @@
 #include "base/common.h"
 #include "base/layout.h"
 #include "core/data/data.h"
-#include "core/model.h"
+#include "core/model/init.h"
+#include "core/model/model.h"
 #include "core/weights/checkpoint.h"
 #include "core/weights/hf_export.h"
 #include "core/weights/hf_names.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
 #include "parallel/setup.h"
-#include "parallel/strategy.h"
+#include "parallel/strategy/strategy.h"
 
 namespace trainer {
-
-void load_inference_params(const TrainConfig& config, const ParamLayout& layout, Strategy& strategy,
-                           const char* command) {
-    const ModelConfig& m = config.model;
-    if (config.load_path) {
-        TrainConfig saved;
-        std::vector<std::vector<float>> units;
-        const std::string path = resolve_checkpoint(config, *config.load_path);
-        read_checkpoint_params(path, &saved, &units);
-        // The same model, not only the same sizes (rope_theta, the norms' kind and eps change no size).
-        check_model_matches(saved.json, config, path);
-        if (units.size() != static_cast<size_t>(layout.num_units())) {
-            user_error("{}: checkpoint {} holds {} units; this config's model has {}", command, *config.load_path,
-                       units.size(), layout.num_units());
-        }
-        for (int u = 0; u < layout.num_units(); ++u) {
-            if (units[u].size() != layout.units()[u].numel) {
-                user_error("{}: checkpoint {} does not hold this config's model (unit {})", command, *config.load_path,
-                           layout.units()[u].name);
-            }
-            strategy.load_full_unit_params(u, units[u].data());
-        }
-        strategy.params_loaded();
-    } else if (config.init_from) {
-        hf_family(m, "--init-from " + *config.init_from);
-        const std::map<std::string, Tensor> tensors = read_hf_weights(config, *config.init_from);
-        load_initial_params(config, layout, strategy, &tensors, *config.init_from);
-    } else {
-        load_initial_params(config, layout, strategy, nullptr, "");
-    }
-}
 
 int run_logits(const TrainConfig& config, long instances, const std::string& out) {
     if (instances < 1) user_error("logits --instances: {}; expected at least 1", instances);

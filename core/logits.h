@@ -9,15 +9,6 @@
 
 namespace trainer {
 
-class ParamLayout;
-class Strategy;
-
-// Loads the weights into `strategy` (a single process's): load_path's checkpoint (which must hold this config's
-// model), else init_from's Hugging Face weights, else the config's initialisation. `command` names the caller in
-// errors.
-void load_inference_params(const TrainConfig& config, const ParamLayout& layout, Strategy& strategy,
-                           const char* command);
-
 // The weights: load_path's checkpoint, else init_from's Hugging Face weights, else the config's initialisation.
 // Writes `out` as a float32 .npy of shape (instances, max_sequence_length - 1, embedding_size): the logits of
 // each instance's first L-1 tokens, in the config's device and precision (written through a temporary file

@@ -8,7 +8,7 @@
 #include "base/config.h"
 #include "base/layout.h"
 #include "kernels/backend.h"
-#include "parallel/strategy.h"
+#include "parallel/strategy/strategy.h"
 
 namespace trainer {
 

@@ -17,7 +17,7 @@
 
 #include "base/common.h"
 #include "base/files.h"
-#include "parallel/rank_env.h"
+#include "parallel/launch/rank_env.h"
 
 namespace trainer {
 

@@ -19,7 +19,8 @@
 #include "base/trace.h"
 #include "base/utf8.h"
 #include "core/generate.h"
-#include "core/model.h"
+#include "core/model/init.h"
+#include "core/model/model.h"
 #include "core/optimizer.h"
 #include "core/plan/host_memory.h"
 #include "core/run/evaluate.h"
@@ -35,7 +36,7 @@
 #include "core/weights/hf_names.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
-#include "parallel/rank_env.h"
+#include "parallel/launch/rank_env.h"
 #include "parallel/setup.h"
 
 namespace trainer {

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "base/common.h"
-#include "parallel/bind_address.h"
-#include "parallel/comm_stream.h"
-#include "parallel/store_secret.h"
-#include "parallel/wrap_policy.h"
+#include "parallel/comm/comm_stream.h"
+#include "parallel/launch/bind_address.h"
+#include "parallel/launch/store_secret.h"
+#include "parallel/strategy/wrap_policy.h"
 
 namespace trainer {
 namespace {

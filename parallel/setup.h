@@ -12,10 +12,10 @@
 #include "base/config.h"
 #include "base/layout.h"
 #include "kernels/backend.h"
-#include "parallel/communicator.h"
-#include "parallel/rank_env.h"
-#include "parallel/strategy.h"
-#include "parallel/tcp_store.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/launch/rank_env.h"
+#include "parallel/launch/tcp_store.h"
+#include "parallel/strategy/strategy.h"
 
 namespace trainer {
 

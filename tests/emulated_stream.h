@@ -18,7 +18,7 @@
 #include <string>
 #include <thread>
 
-#include "parallel/comm_stream.h"
+#include "parallel/comm/comm_stream.h"
 
 namespace test_util {
 

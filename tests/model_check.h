@@ -8,11 +8,12 @@
 
 #include "base/layout.h"
 #include "core/data/data.h"
-#include "core/model.h"
+#include "core/model/init.h"
+#include "core/model/model.h"
 #include "core/weights/hf_names.h"
 #include "core/weights/safetensors.h"
 #include "kernels/backend.h"
-#include "parallel/strategy.h"
+#include "parallel/strategy/strategy.h"
 #include "test_util.h"
 
 namespace test_util {

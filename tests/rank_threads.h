@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "parallel/communicator.h"
-#include "parallel/tcp_store.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/launch/tcp_store.h"
 #include "test_util.h"
 
 namespace test_util {

@@ -9,9 +9,10 @@
 #include "base/layout.h"
 #include "base/memory.h"
 #include "core/data/data.h"
-#include "core/model.h"
+#include "core/model/init.h"
+#include "core/model/model.h"
 #include "kernels/backend.h"
-#include "parallel/strategy.h"
+#include "parallel/strategy/strategy.h"
 #include "test_util.h"
 
 using namespace trainer;

@@ -12,9 +12,9 @@
 #include "base/common.h"
 #include "kernels/backend.h"
 #include "kernels/element.h"
-#include "parallel/communicator.h"
-#include "parallel/rank_env.h"
-#include "parallel/tcp_store.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/launch/rank_env.h"
+#include "parallel/launch/tcp_store.h"
 #include "rank_threads.h"
 #include "test_util.h"
 

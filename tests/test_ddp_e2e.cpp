@@ -12,7 +12,7 @@
 #include <map>
 
 #include "core/weights/safetensors.h"
-#include "parallel/tcp_store.h"
+#include "parallel/launch/tcp_store.h"
 #include "test_util.h"
 
 using namespace trainer;

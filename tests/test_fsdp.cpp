@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "base/layout.h"
-#include "parallel/wrap_policy.h"
+#include "parallel/strategy/wrap_policy.h"
 #include "test_util.h"
 
 using namespace trainer;

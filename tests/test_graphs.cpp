@@ -11,14 +11,15 @@
 
 #include "base/layout.h"
 #include "core/data/data.h"
-#include "core/model.h"
+#include "core/model/init.h"
+#include "core/model/model.h"
 #include "core/optimizer.h"
 #include "kernels/backend.h"
 #include "kernels/graph.h"
 #include "model_check.h"
-#include "parallel/rank_env.h"
+#include "parallel/launch/rank_env.h"
 #include "parallel/setup.h"
-#include "parallel/strategy.h"
+#include "parallel/strategy/strategy.h"
 #include "recording_backend.h"
 #include "test_util.h"
 

@@ -9,12 +9,13 @@
 
 #include "base/layout.h"
 #include "core/data/data.h"
-#include "core/model.h"
+#include "core/model/init.h"
+#include "core/model/model.h"
 #include "core/weights/hf_names.h"
 #include "core/weights/safetensors.h"
 #include "kernels/backend.h"
 #include "model_check.h"
-#include "parallel/strategy.h"
+#include "parallel/strategy/strategy.h"
 #include "test_util.h"
 
 using namespace trainer;

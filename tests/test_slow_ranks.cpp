@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "core/metrics.h"
-#include "parallel/rank_env.h"
+#include "parallel/launch/rank_env.h"
 #include "test_util.h"
 
 using Catch::Matchers::Contains;

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "base/common.h"
-#include "parallel/store_secret.h"
-#include "parallel/tcp_store.h"
+#include "parallel/launch/store_secret.h"
+#include "parallel/launch/tcp_store.h"
 #include "test_util.h"
 
 using namespace trainer;

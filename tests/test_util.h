@@ -21,7 +21,7 @@
 
 #include "base/config.h"
 #include "core/weights/safetensors.h"
-#include "parallel/tcp_store.h"
+#include "parallel/launch/tcp_store.h"
 
 namespace test_util {
 

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "base/config.h"
-#include "parallel/rank_env.h"
+#include "parallel/launch/rank_env.h"
 
 namespace trainer {
 

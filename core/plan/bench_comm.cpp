@@ -16,8 +16,8 @@
 #include "base/memory.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
-#include "parallel/communicator.h"
-#include "parallel/rank_env.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/launch/rank_env.h"
 #include "parallel/setup.h"
 
 namespace trainer {

@@ -19,14 +19,15 @@
 #include "base/files.h"
 #include "base/layout.h"
 #include "core/metrics.h"
-#include "core/model.h"
+#include "core/model/init.h"
+#include "core/model/model.h"
 #include "core/optimizer.h"
 #include "core/plan/dry_run.h"
 #include "core/plan/op_recorder.h"
 #include "core/plan/step_time.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
-#include "parallel/rank_env.h"
+#include "parallel/launch/rank_env.h"
 #include "parallel/setup.h"
 
 namespace trainer {

@@ -6,7 +6,7 @@
 #include "base/common.h"
 #include "base/layout.h"
 #include "base/trace.h"
-#include "core/model.h"
+#include "core/model/model.h"
 #include "core/optimizer.h"
 #include "core/run/step.h"
 #include "core/weights/async_save.h"

@@ -13,7 +13,7 @@
 
 #include "base/config.h"
 #include "base/memory.h"
-#include "parallel/rank_env.h"
+#include "parallel/launch/rank_env.h"
 
 namespace trainer {
 

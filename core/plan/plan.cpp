@@ -16,7 +16,7 @@
 #include "base/layout.h"
 #include "base/trace.h"
 #include "core/metrics.h"
-#include "core/model.h"
+#include "core/model/model.h"
 #include "core/optimizer.h"
 #include "core/plan/step_time.h"
 #include "kernels/backend.h"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "base/config.h"
-#include "parallel/rank_env.h"
+#include "parallel/launch/rank_env.h"
 
 namespace trainer {
 

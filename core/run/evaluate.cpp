@@ -12,9 +12,9 @@
 #include "base/stop.h"
 #include "base/trace.h"
 #include "core/data/data.h"
-#include "core/model.h"
+#include "core/model/model.h"
 #include "core/run/report.h"
-#include "parallel/strategy.h"
+#include "parallel/strategy/strategy.h"
 
 namespace trainer {
 

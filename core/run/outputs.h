@@ -10,10 +10,10 @@
 
 #include "base/config.h"
 #include "base/json.h"
-#include "core/generate.h"
+#include "core/data/text_codec.h"
 #include "core/metrics.h"
 #include "core/tensorboard.h"
-#include "parallel/rank_env.h"
+#include "parallel/launch/rank_env.h"
 
 namespace trainer {
 

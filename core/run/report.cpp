@@ -11,7 +11,7 @@
 #include "base/common.h"
 #include "base/memory.h"
 #include "kernels/backend.h"
-#include "parallel/communicator.h"
+#include "parallel/comm/communicator.h"
 
 namespace trainer {
 

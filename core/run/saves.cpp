@@ -12,7 +12,7 @@
 #include "base/trace.h"
 #include "core/run/report.h"
 #include "core/weights/checkpoint.h"
-#include "parallel/strategy.h"
+#include "parallel/strategy/strategy.h"
 
 namespace trainer {
 namespace {

@@ -9,7 +9,7 @@
 #include "base/config.h"
 #include "core/weights/async_save.h"
 #include "core/weights/save_folder.h"
-#include "parallel/rank_env.h"
+#include "parallel/launch/rank_env.h"
 
 namespace trainer {
 

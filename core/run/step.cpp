@@ -4,7 +4,7 @@
 #include "base/stop.h"
 #include "base/trace.h"
 #include "kernels/backend.h"
-#include "parallel/strategy.h"
+#include "parallel/strategy/strategy.h"
 
 namespace trainer {
 

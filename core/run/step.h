@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "core/model.h"
+#include "core/model/model.h"
 #include "core/optimizer.h"
 #include "core/run/exchange.h"
 

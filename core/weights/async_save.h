@@ -25,7 +25,7 @@
 #include "base/layout.h"
 #include "core/weights/checkpoint.h"
 #include "kernels/backend.h"
-#include "parallel/strategy.h"
+#include "parallel/strategy/strategy.h"
 
 namespace trainer {
 

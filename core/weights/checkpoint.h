@@ -20,7 +20,7 @@
 #include "base/layout.h"
 #include "core/weights/hf_export.h"
 #include "kernels/backend.h"
-#include "parallel/strategy.h"
+#include "parallel/strategy/strategy.h"
 
 namespace trainer {
 

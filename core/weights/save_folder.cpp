@@ -19,7 +19,7 @@
 
 #include "base/common.h"
 #include "base/config.h"
-#include "parallel/rank_env.h"
+#include "parallel/launch/rank_env.h"
 
 namespace trainer {
 namespace {

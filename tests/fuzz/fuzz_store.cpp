@@ -14,8 +14,8 @@
 #include <string>
 
 #include "fuzz_common.h"
-#include "parallel/store_secret.h"
-#include "parallel/tcp_store.h"
+#include "parallel/launch/store_secret.h"
+#include "parallel/launch/tcp_store.h"
 
 namespace {
 

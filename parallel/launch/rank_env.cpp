@@ -1,5 +1,5 @@
 // Rank discovery from the launcher's environment (see rank_env.h).
-#include "parallel/rank_env.h"
+#include "parallel/launch/rank_env.h"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "base/common.h"
-#include "parallel/store_secret.h"
+#include "parallel/launch/store_secret.h"
 
 namespace trainer {
 namespace {

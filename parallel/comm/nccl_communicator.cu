@@ -32,9 +32,9 @@
 #include "base/common.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
-#include "parallel/communicator.h"
-#include "parallel/cuda_comm_stream.h"
-#include "parallel/tcp_store.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/comm/cuda_comm_stream.h"
+#include "parallel/launch/tcp_store.h"
 
 namespace trainer {
 namespace {

@@ -1,5 +1,5 @@
 // The activation arena's plan (see arena.h).
-#include "core/arena.h"
+#include "core/model/arena.h"
 
 #include <algorithm>
 

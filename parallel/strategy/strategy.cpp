@@ -1,10 +1,10 @@
 // What every strategy does over the world communicator (see strategy.h).
-#include "parallel/strategy.h"
+#include "parallel/strategy/strategy.h"
 
 #include <utility>
 
 #include "base/trace.h"
-#include "parallel/communicator.h"
+#include "parallel/comm/communicator.h"
 
 namespace trainer {
 

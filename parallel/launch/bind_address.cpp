@@ -1,5 +1,5 @@
 // Gloo's listening address (see bind_address.h).
-#include "parallel/bind_address.h"
+#include "parallel/launch/bind_address.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>

@@ -1,5 +1,5 @@
 // FSDP wrap policies (see wrap_policy.h).
-#include "parallel/wrap_policy.h"
+#include "parallel/strategy/wrap_policy.h"
 
 #include "base/common.h"
 

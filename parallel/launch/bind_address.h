@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/rank_env.h"
+#include "parallel/launch/rank_env.h"
 
 namespace trainer {
 

@@ -12,7 +12,7 @@
 //   'C' n key...             -> n bytes of 0/1         (which keys exist)
 // where key and value are a u32 length and the bytes. A length past its bound, an unknown request or a closed
 // socket ends the connection.
-#include "parallel/tcp_store.h"
+#include "parallel/launch/tcp_store.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -28,7 +28,7 @@
 #include <random>
 
 #include "base/common.h"
-#include "parallel/store_secret.h"
+#include "parallel/launch/store_secret.h"
 
 namespace trainer {
 namespace {

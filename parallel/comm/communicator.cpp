@@ -1,6 +1,6 @@
 // Device-neutral parts of the Communicator seam (see communicator.h): element sizes and the communicator
 // of a group of one.
-#include "parallel/communicator.h"
+#include "parallel/comm/communicator.h"
 
 #include <atomic>
 #include <cstring>

@@ -1,5 +1,5 @@
 // Forward and backward of the transformer over Backend ops (see model.h).
-#include "core/model.h"
+#include "core/model/model.h"
 
 #include <algorithm>
 #include <cmath>

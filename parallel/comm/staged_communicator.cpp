@@ -13,7 +13,7 @@
 
 #include "base/common.h"
 #include "base/trace.h"
-#include "parallel/comm_stream.h"
+#include "parallel/comm/comm_stream.h"
 
 namespace trainer {
 namespace {

@@ -28,9 +28,9 @@
 #include "base/trace.h"
 #include "kernels/backend.h"
 #include "kernels/element.h"
-#include "parallel/communicator.h"
-#include "parallel/rank_env.h"
-#include "parallel/tcp_store.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/launch/rank_env.h"
+#include "parallel/launch/tcp_store.h"
 
 namespace trainer {
 namespace {

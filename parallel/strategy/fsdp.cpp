@@ -40,9 +40,9 @@
 #include <utility>
 
 #include "base/common.h"
-#include "parallel/communicator.h"
-#include "parallel/shard_storage.h"
-#include "parallel/strategy.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/strategy/shard_storage.h"
+#include "parallel/strategy/strategy.h"
 
 namespace trainer {
 namespace {

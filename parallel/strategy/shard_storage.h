@@ -20,7 +20,7 @@
 
 #include "base/config.h"
 #include "kernels/backend.h"
-#include "parallel/strategy.h"
+#include "parallel/strategy/strategy.h"
 
 namespace trainer {
 

@@ -1,4 +1,4 @@
-// Parameter initialisation as OLMo's init_weights (see model.h: init_unit_params).
+// Parameter initialisation as OLMo's init_weights (see init.h), and the weights for inference.
 //
 // mitchell: every Linear weight ~ N(0, 1/fan_in) truncated at +-3 sigma; the block output projections
 // (attn_out, ff_out) further divided by sqrt(2 (layer + 1)); embeddings and the untied LM head use
@@ -7,12 +7,17 @@
 //
 // Random numbers come from a counter-based generator: element i of parameter `name` draws from
 // splitmix64(hash(seed, name), i, attempt), so any thread count or unit order gives the same weights.
+#include "core/model/init.h"
+
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "base/common.h"
-#include "core/model.h"
+#include "base/layout.h"
+#include "core/weights/checkpoint.h"
 #include "core/weights/hf_names.h"
+#include "parallel/strategy/strategy.h"
 
 namespace trainer {
 namespace {
@@ -99,6 +104,37 @@ void load_initial_params(const TrainConfig& config, const ParamLayout& layout, S
     from_hf_tensors(config, layout, *hf_tensors, hf_file, host);
     for (int u = 0; u < layout.num_units(); ++u) strategy.load_full_unit_params(u, host[u].data());
     strategy.params_loaded();
+}
+
+void load_inference_params(const TrainConfig& config, const ParamLayout& layout, Strategy& strategy,
+                           const char* command) {
+    const ModelConfig& m = config.model;
+    if (config.load_path) {
+        TrainConfig saved;
+        std::vector<std::vector<float>> units;
+        const std::string path = resolve_checkpoint(config, *config.load_path);
+        read_checkpoint_params(path, &saved, &units);
+        // The same model, not only the same sizes (rope_theta, the norms' kind and eps change no size).
+        check_model_matches(saved.json, config, path);
+        if (units.size() != static_cast<size_t>(layout.num_units())) {
+            user_error("{}: checkpoint {} holds {} units; this config's model has {}", command, *config.load_path,
+                       units.size(), layout.num_units());
+        }
+        for (int u = 0; u < layout.num_units(); ++u) {
+            if (units[u].size() != layout.units()[u].numel) {
+                user_error("{}: checkpoint {} does not hold this config's model (unit {})", command, *config.load_path,
+                           layout.units()[u].name);
+            }
+            strategy.load_full_unit_params(u, units[u].data());
+        }
+        strategy.params_loaded();
+    } else if (config.init_from) {
+        hf_family(m, "--init-from " + *config.init_from);
+        const std::map<std::string, Tensor> tensors = read_hf_weights(config, *config.init_from);
+        load_initial_params(config, layout, strategy, &tensors, *config.init_from);
+    } else {
+        load_initial_params(config, layout, strategy, nullptr, "");
+    }
 }
 
 }  // namespace trainer

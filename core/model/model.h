@@ -25,11 +25,10 @@
 
 #include "base/config.h"
 #include "base/layout.h"
-#include "core/arena.h"
-#include "core/weights/safetensors.h"
+#include "core/model/arena.h"
 #include "kernels/backend.h"
 #include "kernels/graph.h"
-#include "parallel/strategy.h"
+#include "parallel/strategy/strategy.h"
 
 namespace trainer {
 
@@ -191,15 +190,5 @@ struct MicroBatchTokens {
 };
 LossSums accumulate_gradients(Strategy& strategy, Model& model, long accumulation, int batch, float dloss_scale,
                               const std::function<MicroBatchTokens(long)>& tokens_for);
-
-// Initialises every parameter of a unit into `host` (unit.numel floats) as OLMo does (init_fn normal or
-// mitchell), from a counter-based generator keyed by (seed, parameter name, element): the result is
-// independent of thread count and of the order units are initialised in.
-void init_unit_params(const TrainConfig& config, const Unit& unit, float* host);
-
-// The initial parameters of every unit (host): init_unit_params, then, when `hf_tensors` is not null, the
-// Hugging Face tensors read from `hf_file` on top (see from_hf_tensors). Loads them into the strategy.
-void load_initial_params(const TrainConfig& config, const ParamLayout& layout, Strategy& strategy,
-                         const std::map<std::string, Tensor>* hf_tensors, const std::string& hf_file);
 
 }  // namespace trainer

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "parallel/comm_stream.h"
+#include "parallel/comm/comm_stream.h"
 
 namespace trainer {
 namespace cuda {

@@ -1,5 +1,5 @@
 // A strategy's per-unit state and its CPU offload (see shard_storage.h).
-#include "parallel/shard_storage.h"
+#include "parallel/strategy/shard_storage.h"
 
 #include <algorithm>
 

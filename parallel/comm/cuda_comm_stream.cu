@@ -5,7 +5,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/timeline.h"
-#include "parallel/cuda_comm_stream.h"
+#include "parallel/comm/cuda_comm_stream.h"
 
 namespace trainer {
 namespace {

@@ -1,6 +1,6 @@
 // The launcher (see launcher.h): fork/exec of /proc/self/exe per local rank, a poll loop over the ranks'
 // stdout/stderr pipes that prefixes whole lines, and waitpid to notice the first failure.
-#include "parallel/launcher.h"
+#include "parallel/launch/launcher.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "base/common.h"
-#include "parallel/store_secret.h"
-#include "parallel/tcp_store.h"
+#include "parallel/launch/store_secret.h"
+#include "parallel/launch/tcp_store.h"
 
 namespace trainer {
 namespace {

@@ -15,9 +15,9 @@
 #include <memory>
 
 #include "base/common.h"
-#include "parallel/communicator.h"
-#include "parallel/shard_storage.h"
-#include "parallel/strategy.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/strategy/shard_storage.h"
+#include "parallel/strategy/strategy.h"
 
 namespace trainer {
 namespace {

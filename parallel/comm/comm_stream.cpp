@@ -1,6 +1,6 @@
 // The watchdog of a device communicator (see comm_stream.h), and the CUDA stream's refusal in a build
 // without CUDA.
-#include "parallel/comm_stream.h"
+#include "parallel/comm/comm_stream.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -1,5 +1,5 @@
 // The rendezvous store's shared secret and its HMAC-SHA256 (see store_secret.h).
-#include "parallel/store_secret.h"
+#include "parallel/launch/store_secret.h"
 
 #include <cstdio>
 #include <cstring>

@@ -24,7 +24,7 @@
 #include <string>
 #include <thread>
 
-#include "parallel/communicator.h"
+#include "parallel/comm/communicator.h"
 
 namespace trainer {
 

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "base/common.h"
-#include "core/model.h"
+#include "core/model/model.h"
 
 namespace trainer {
 

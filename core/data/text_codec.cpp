@@ -1,0 +1,36 @@
+// Text in and out of token ids (see text_codec.h).
+#include "core/data/text_codec.h"
+
+#include "base/common.h"
+#include "core/data/bpe.h"
+#include "core/data/tokenizer.h"
+
+namespace trainer {
+
+TextCodec::TextCodec(const std::string& name, const std::string& dir, int eos, int model_vocab, const std::string& what)
+    : name_(name), eos_(eos) {
+    if (name != "bytes" && name != "none") bpe_ = BpeTokenizer::load(name, dir);
+    if (vocab_size() > model_vocab) {
+        user_error("{} {}: its {} ids do not fit the model's vocab_size {} (the tokenizer the data was made with?)",
+                   what, name, vocab_size(), model_vocab);
+    }
+}
+TextCodec::~TextCodec() = default;
+int TextCodec::vocab_size() const {
+    if (!has_text()) return 0;
+    return bpe_ ? bpe_->vocab_size() : kByteVocabSize;
+}
+std::vector<int32_t> TextCodec::encode(const std::string& text, const std::string& what) const {
+    if (!has_text()) user_error("{}: --tokenizer none takes its prompts as ids (--prompt-ids)", what);
+    return bpe_ ? bpe_->encode(text, what) : byte_encode(text);
+}
+std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
+    if (!has_text()) {
+        std::string out;
+        for (int32_t id : ids) out += std::to_string(id) + " ";
+        return out;
+    }
+    return bpe_ ? bpe_->decode(ids) : byte_decode(ids, eos_);
+}
+
+}  // namespace trainer

@@ -1,0 +1,34 @@
+// Text in and out of token ids for generation and the training run's sample (text_codec.cpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trainer {
+
+class BpeTokenizer;
+
+// The tokenizer the data was made with: the byte tokenizer ("bytes", EOS `eos`), a BPE one (gpt2, cl100k,
+// dolma2) from `dir`, or none ("none": ids in and out, for a vocabulary no tokenizer here makes).
+class TextCodec {
+   public:
+    // For a model of `model_vocab` ids: a tokenizer whose ids do not all fit it is refused, naming `what` (the key or
+    // flag that chose it), since its ids would read past the embedding table.
+    TextCodec(const std::string& name, const std::string& dir, int eos, int model_vocab, const std::string& what);
+    ~TextCodec();
+    bool has_text() const { return name_ != "none"; }
+    int vocab_size() const;  // 0 without text
+    // Refused without text, naming `what`.
+    std::vector<int32_t> encode(const std::string& text, const std::string& what) const;
+    // Without text: the ids, each followed by a space.
+    std::string decode(const std::vector<int32_t>& ids) const;
+
+   private:
+    std::string name_;
+    int eos_;
+    std::unique_ptr<BpeTokenizer> bpe_;
+};
+
+}  // namespace trainer
