@@ -10,7 +10,7 @@
 # The sanitizer pass leaves out the FSDP wrap-policy matrix, the 4-rank cpu_bench memory check, the
 # activation-checkpointing strategy matrix, the FSDP precision matrix (16 runs), the shared-node thread test
 # (300 steps beside busy processes), the chaos run (scripts/chaos.sh: the restart tests' paths, many times), the
-# preemption test under mpirun and trainer launch (the restart and save guard tests signal the same paths) and
+# preemption test under mpirun and trainer launch (the restart and save folder tests signal the same paths) and
 # the emulated attention kernels' shape sweeps and the six runs that check each learning-rate schedule's every
 # step against its reference formula: the cases tagged [heavy], a CTest label CMakePresets.json's cpu-asan filter
 # leaves out (`ctest --preset ci -N -L heavy` lists them). They run the code paths of the other multi-rank, one-rank

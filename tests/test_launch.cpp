@@ -205,9 +205,7 @@ void kill_rank_during_training(const std::vector<std::string>& launcher_argv, bo
 }  // namespace
 
 TEST_CASE("launch: SIGKILL of a training rank ends trainer launch and mpirun runs within 30 s naming it") {
-    kill_rank_during_training(
-        {test_util::trainer_binary(), "launch", "--nproc-per-node", "2", "--master-port", test_util::free_port(), "--"},
-        false, "rank 1");
+    kill_rank_during_training(test_util::launch_command(2), false, "rank 1");
     kill_rank_during_training({"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
                                "2", "-x", "MASTER_PORT=" + test_util::free_port(), test_util::trainer_binary()},
                               true, "rank 1");
@@ -270,9 +268,7 @@ void preempt_and_resume(const std::vector<std::string>& launcher_argv, const std
                               std::to_string(step)));
     if (!resume_after) return;
     // Resume (on the same command line, through try_load_latest_save) to the end.
-    std::vector<std::string> resume = {"launch",        "--nproc-per-node",     "2",
-                                       "--master-port", test_util::free_port(), "--"};
-    resume.insert(resume.end(), train_args.begin(), train_args.end());
+    std::vector<std::string> resume = test_util::launch_args(2, train_args);
     resume.insert(resume.end(),
                   {"--save-folder", folder, "--metrics-file", metrics, "--set", "try_load_latest_save=true"});
     const auto r = test_util::run_trainer(resume);
@@ -291,9 +287,7 @@ TEST_CASE("preemption: a stop signal to trainer launch or mpirun saves the last 
                                            "--strategy",     "fsdp",
                                            "--set",          "console_log_interval=100"};
     test_util::TempDir dir;
-    std::vector<std::string> ref_args = {"launch",        "--nproc-per-node",     "2",
-                                         "--master-port", test_util::free_port(), "--"};
-    ref_args.insert(ref_args.end(), args.begin(), args.end());
+    std::vector<std::string> ref_args = test_util::launch_args(2, args);
     ref_args.insert(ref_args.end(), {"--metrics-file", dir.path("ref.jsonl")});
     const auto r = test_util::run_trainer(ref_args);
     INFO(r.out << r.err);
@@ -302,9 +296,7 @@ TEST_CASE("preemption: a stop signal to trainer launch or mpirun saves the last 
     REQUIRE(ref.size() == 2000);
     {
         INFO("trainer launch, SIGTERM");
-        preempt_and_resume({test_util::trainer_binary(), "launch", "--nproc-per-node", "2", "--master-port",
-                            test_util::free_port(), "--"},
-                           args, SIGTERM, 128 + SIGTERM, ref, true);
+        preempt_and_resume(test_util::launch_command(2), args, SIGTERM, 128 + SIGTERM, ref, true);
     }
     // mpirun passes SIGTERM on after odls_base_sigkill_timeout seconds and SIGKILLs as long after that, and
     // stops relaying its ranks' output meanwhile (a rank that logs every millisecond blocks on a full

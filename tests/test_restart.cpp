@@ -70,17 +70,8 @@ TEST_CASE("restart: ranks SIGKILLed twice are restarted from the newest checkpoi
     const Reference ref = uninterrupted(dir, steps);
     REQUIRE(ref.losses.size() == static_cast<size_t>(steps));
     const std::string folder = dir.path("ck"), metrics = dir.path("m.jsonl"), log = dir.path("log.txt");
-    std::vector<std::string> argv = {test_util::trainer_binary(),
-                                     "launch",
-                                     "--nproc-per-node",
-                                     "2",
-                                     "--master-port",
-                                     test_util::free_port(),
-                                     "--max-restarts",
-                                     "3",
-                                     "--"};
-    const auto args = training(folder, metrics, steps);
-    argv.insert(argv.end(), args.begin(), args.end());
+    const std::vector<std::string> argv =
+        test_util::launch_command(2, training(folder, metrics, steps), {"--max-restarts", "3"});
     const pid_t launcher = test_util::start_logged(argv, log);
     REQUIRE(launcher > 0);
     kill_rank_once_past(log, metrics, 1, 0, 40);   // rank 1, in the first round
@@ -133,11 +124,7 @@ TEST_CASE("restart: a bad count or no save folder or interval or a subcommand is
     test_util::TempDir dir;
     const std::vector<std::string> train = {"--config", test_util::fixture("olmo_tiny.json"), "--max-duration", "4"};
     auto launch = [&](const std::vector<std::string>& flags, const std::vector<std::string>& args) {
-        std::vector<std::string> a = {"launch", "--nproc-per-node", "2", "--master-port", test_util::free_port()};
-        a.insert(a.end(), flags.begin(), flags.end());
-        a.push_back("--");
-        a.insert(a.end(), args.begin(), args.end());
-        return test_util::run_trainer(a);
+        return test_util::run_trainer(test_util::launch_args(2, args, flags));
     };
     auto refused = [](const test_util::RunResult& r, const std::string& why) {
         INFO(r.out << r.err);

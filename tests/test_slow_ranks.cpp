@@ -20,19 +20,8 @@ namespace {
 // waits until it printed the console line of step `step`; returns the launcher's and rank 1's pids.
 std::pair<pid_t, pid_t> train_two_ranks_until(const std::string& log, const std::vector<std::string>& extra,
                                               long step) {
-    std::vector<std::string> argv = {test_util::trainer_binary(),
-                                     "launch",
-                                     "--nproc-per-node",
-                                     "2",
-                                     "--master-port",
-                                     test_util::free_port(),
-                                     "--",
-                                     "--config",
-                                     test_util::fixture("olmo_tiny.json"),
-                                     "--max-duration",
-                                     "100000",
-                                     "--threads",
-                                     "1"};
+    std::vector<std::string> argv = test_util::launch_command(
+        2, {"--config", test_util::fixture("olmo_tiny.json"), "--max-duration", "100000", "--threads", "1"});
     argv.insert(argv.end(), extra.begin(), extra.end());
     const pid_t launcher = test_util::start_logged(argv, log);
     REQUIRE(launcher > 0);

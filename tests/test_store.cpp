@@ -270,9 +270,9 @@ TEST_CASE("store: a 2-rank run trains to its end while strangers flood its store
 TEST_CASE("store: trainer launch makes a secret for its ranks and ranks started otherwise without one are refused") {
     // One node: the launcher makes one.
     const auto launched =
-        test_util::run_trainer({"launch", "--nproc-per-node", "2", "--master-port", test_util::free_port(), "--",
-                                "--config", "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"),
-                                "--max-duration", "2", "--strategy", "ddp", "--threads", "1"},
+        test_util::run_trainer(test_util::launch_args(2, {"--config", "configs/tiny.json", "--data",
+                                                          test_util::fixture("olmo_tiny_tokens.u16"), "--max-duration",
+                                                          "2", "--strategy", "ddp", "--threads", "1"}),
                                {"-TRAINER_STORE_SECRET"});
     INFO(launched.out << launched.err);
     CHECK(launched.exit_code == 0);

@@ -220,11 +220,22 @@ inline pid_t launched_rank_pid(const std::string& log, int rank, int occurrence 
     return static_cast<pid_t>(std::stol(text.substr(pid_at + 6, end - pid_at - 6)));
 }
 
-// The trainer's arguments for `trainer launch --nproc-per-node nproc -- args` on a fresh port.
-inline std::vector<std::string> launch_args(int nproc, const std::vector<std::string>& args) {
-    std::vector<std::string> a = {"launch",        "--nproc-per-node", std::to_string(nproc),
-                                  "--master-port", free_port(),        "--"};
+// The trainer's arguments for `trainer launch --nproc-per-node nproc [launcher flags] -- args` on a fresh port: the one
+// place the tests spell a launch.
+inline std::vector<std::string> launch_args(int nproc, const std::vector<std::string>& args,
+                                            const std::vector<std::string>& launcher = {}) {
+    std::vector<std::string> a = {"launch", "--nproc-per-node", std::to_string(nproc), "--master-port", free_port()};
+    a.insert(a.end(), launcher.begin(), launcher.end());
+    a.push_back("--");
     a.insert(a.end(), args.begin(), args.end());
+    return a;
+}
+
+// The same as a command line (the trainer's path first), for the tests that start the launcher themselves.
+inline std::vector<std::string> launch_command(int nproc, const std::vector<std::string>& args = {},
+                                               const std::vector<std::string>& launcher = {}) {
+    std::vector<std::string> a = launch_args(nproc, args, launcher);
+    a.insert(a.begin(), trainer_binary());
     return a;
 }
 

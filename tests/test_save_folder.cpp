@@ -46,7 +46,7 @@ bool running(pid_t pid) {
 
 }  // namespace
 
-TEST_CASE("save guard: resuming an older checkpoint into a folder with newer ones is refused unless save_overwrite") {
+TEST_CASE("save folder: resuming an older checkpoint into a folder with newer ones is refused unless save_overwrite") {
     test_util::TempDir dir;
     const std::string folder = dir.path("run");
     const auto first = test_util::run_trainer(tiny(folder, 10, {"--set", "save_interval=5"}));
@@ -71,7 +71,7 @@ TEST_CASE("save guard: resuming an older checkpoint into a folder with newer one
     CHECK(test_util::read_file(folder + "/step10/metadata.json") != newest);
 }
 
-TEST_CASE("save guard: parameters or moments that are not finite are never saved and the last good checkpoint stays") {
+TEST_CASE("save folder: parameters or moments that are not finite are never saved and the last good checkpoint stays") {
     test_util::TempDir dir;
     SECTION("a learning rate that overflows the parameters") {
         const std::string folder = dir.path("lr");
@@ -115,13 +115,11 @@ TEST_CASE("save guard: parameters or moments that are not finite are never saved
     }
 }
 
-TEST_CASE("save guard: ranks do not outlive a launcher killed with SIGKILL") {
+TEST_CASE("save folder: ranks do not outlive a launcher killed with SIGKILL") {
     test_util::TempDir dir;
     const std::string log = dir.path("log.txt"), metrics = dir.path("m.jsonl");
-    Args argv = {test_util::trainer_binary(), "launch", "--nproc-per-node", "2", "--master-port",
-                 test_util::free_port(),      "--"};
-    const Args run = tiny(dir.path("run"), 1000000, {"--strategy", "ddp", "--metrics-file", metrics});
-    argv.insert(argv.end(), run.begin(), run.end());
+    const Args argv =
+        test_util::launch_command(2, tiny(dir.path("run"), 1000000, {"--strategy", "ddp", "--metrics-file", metrics}));
     const pid_t launcher = test_util::start_logged(argv, log);
     REQUIRE(launcher > 0);
     test_util::wait_until(
@@ -162,7 +160,7 @@ std::vector<std::string> temporary_entries(const std::string& folder) {
 
 }  // namespace
 
-TEST_CASE("save guard: a second run on a save folder in use is refused by name and a dead owner's lock is taken over") {
+TEST_CASE("save folder: a second run on a save folder in use is refused by name and a dead owner's lock is taken over") {
     test_util::TempDir dir;
     const std::string folder = dir.path("run"), log = dir.path("first.log");
     Args argv = {test_util::trainer_binary()};
@@ -203,7 +201,7 @@ TEST_CASE("save guard: a second run on a save folder in use is refused by name a
     CHECK_FALSE(fs::exists(folder + "/.lock"));  // released at the end
 }
 
-TEST_CASE("save guard: another host's lock is taken over only once its heartbeat stops moving") {
+TEST_CASE("save folder: another host's lock is taken over only once its heartbeat stops moving") {
     test_util::TempDir dir;
     const std::string folder = dir.path("run");
     fs::create_directories(folder);
@@ -237,7 +235,7 @@ TEST_CASE("save guard: another host's lock is taken over only once its heartbeat
     }
 }
 
-TEST_CASE("save guard: outputs that cannot be written stop the run before step 1 or when they fail") {
+TEST_CASE("save folder: outputs that cannot be written stop the run before step 1 or when they fail") {
     test_util::TempDir dir;
     SECTION("a save_folder that is a file, or a name too long") {
         test_util::write_file(dir.path("file"), "x");
@@ -266,9 +264,7 @@ TEST_CASE("save guard: outputs that cannot be written stop the run before step 1
     SECTION("the ranks of one run write into one temporary folder named for the run") {
         // FSDP on 2 ranks: each writes its shard; both die between the shards and the metadata.
         const std::string folder = dir.path("fsdp");
-        Args a = {"launch", "--nproc-per-node", "2", "--master-port", test_util::free_port(), "--"};
-        const Args run = tiny(folder, 4, {"--strategy", "fsdp", "--set", "save_interval=2"});
-        a.insert(a.end(), run.begin(), run.end());
+        const Args a = test_util::launch_args(2, tiny(folder, 4, {"--strategy", "fsdp", "--set", "save_interval=2"}));
         const auto killed = test_util::run_trainer(a, {"TRAINER_DEBUG_KILL_IN_SAVE=4"});
         INFO(killed.out << killed.err);
         CHECK(killed.exit_code == 1);
@@ -300,7 +296,7 @@ TEST_CASE("save guard: outputs that cannot be written stop the run before step 1
     }
 }
 
-TEST_CASE("save guard: a stop signal during evaluation stops between its batches and saves the step") {
+TEST_CASE("save folder: a stop signal during evaluation stops between its batches and saves the step") {
     test_util::TempDir dir;
     // A validation set that takes many seconds in any build: 40000 instances of the tiny model's 65 tokens.
     std::string tokens(static_cast<size_t>(65) * 40000 * 2, '\0');
@@ -331,7 +327,7 @@ TEST_CASE("save guard: a stop signal during evaluation stops between its batches
     CHECK(seconds < 5.0);  // the evaluation alone takes longer; a stop waits for one batch
 }
 
-TEST_CASE("save guard: a stop signal to trainer launch during the rendezvous exits 128 + the signal") {
+TEST_CASE("save folder: a stop signal to trainer launch during the rendezvous exits 128 + the signal") {
     // A second node that never comes: the rank waits in its rendezvous when the launcher is told to stop.
     test_util::TempDir dir;
     const std::string log = dir.path("log.txt");
@@ -347,7 +343,7 @@ TEST_CASE("save guard: a stop signal to trainer launch during the rendezvous exi
     CHECK(code == 128 + SIGTERM);
 }
 
-TEST_CASE("save guard: continuations that would silently go wrong are refused or said") {
+TEST_CASE("save folder: continuations that would silently go wrong are refused or said") {
     test_util::TempDir dir;
     const std::string folder = dir.path("run");
     const auto first = test_util::run_trainer(tiny(folder, 2, {"--set", "save_interval=1"}));
