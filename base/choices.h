@@ -45,6 +45,8 @@ enum class SchedulerName {
 };
 enum class DecayShape { kLinear, kOneMinusSqrt };
 enum class InitFn { kNormal, kMitchell };
+enum class TokenDtype { kUint16, kUint32 };                // a raw token file's ids (OLMo's data.memmap_dtype)
+enum class Tokenizer { kBytes, kGpt2, kCl100k, kDolma2 };  // the tokenizers the trainer has (core/data)
 enum class ActivationCheckpointing {
     kNull,         // every block keeps all it needs for its backward
     kWholeLayer,   // every block keeps its input only and recomputes its forward in its backward
@@ -126,6 +128,14 @@ struct Choices<ActivationCheckpointing> {
 template <>
 struct Choices<InitFn> {
     static constexpr const char* kNames[] = {"normal", "mitchell"};
+};
+template <>
+struct Choices<TokenDtype> {
+    static constexpr const char* kNames[] = {"uint16", "uint32"};
+};
+template <>
+struct Choices<Tokenizer> {
+    static constexpr const char* kNames[] = {"bytes", "gpt2", "cl100k", "dolma2"};
 };
 
 // The config spelling of a choice ("FULL_SHARD", "amp_bf16"), for logs and error messages.

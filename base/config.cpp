@@ -40,34 +40,40 @@ long get_long(const Json& v) { return v.is_number_integer() ? v.get<long>() : st
 
 }  // namespace
 
-long TrainConfig::total_steps(long instances_per_epoch) const {
-    const std::string& d = max_duration;
-    const long tokens_per_step = global_train_batch_size * model.max_sequence_length;
+Duration Duration::parse(const std::string& text) {
+    Duration d;
+    d.text = text;
+    std::string number = text;
+    if (text.size() > 2 && text.compare(text.size() - 2, 2, "ep") == 0) {
+        d.unit = Unit::kEpochs;
+        number = text.substr(0, text.size() - 2);
+    } else if (!text.empty() && text.back() == 'T') {
+        d.unit = Unit::kTokens;
+        number = text.substr(0, text.size() - 1);
+    }
     char* end = nullptr;
-    auto parse_number = [&](const std::string& num) {
-        const double x = std::strtod(num.c_str(), &end);
-        if (num.empty() || end != num.c_str() + num.size() || !(x > 0) || !std::isfinite(x)) {
-            user_error("config max_duration: \"{}\"; expected steps (1000), tokens (\"2e12T\") or epochs (\"1ep\")", d);
-        }
-        return x;
-    };
-    auto whole_steps = [&](double steps) {  // a count a long holds, with room for the step arithmetic
-        if (!(steps <= 1e15))
-            user_error("config max_duration: \"{}\" is {:.3g} steps; expected at most 1e15", d, steps);
-        return std::max<long>(1, static_cast<long>(std::ceil(steps)));
-    };
-    if (d.size() > 2 && d.compare(d.size() - 2, 2, "ep") == 0) {
-        const double epochs = parse_number(d.substr(0, d.size() - 2));
-        const long batches_per_epoch = instances_per_epoch / global_train_batch_size;
-        return whole_steps(epochs * static_cast<double>(batches_per_epoch));
+    d.value = std::strtod(number.c_str(), &end);
+    if (number.empty() || end != number.c_str() + number.size() || !(d.value > 0) || !std::isfinite(d.value)) {
+        user_error("config max_duration: \"{}\"; expected steps (1000), tokens (\"2e12T\") or epochs (\"1ep\")", text);
     }
-    if (!d.empty() && d.back() == 'T') {
-        const double tokens = parse_number(d.substr(0, d.size() - 1));
-        return whole_steps(tokens / static_cast<double>(tokens_per_step));
+    if (d.unit == Unit::kSteps) {
+        if (std::floor(d.value) != d.value) user_error("config max_duration: \"{}\"; a step count must be whole", text);
+        d.steps(1, 1);  // a step count is checked against the bound now; the others once their data is known
     }
-    const double steps = parse_number(d);
-    if (std::floor(steps) != steps) user_error("config max_duration: \"{}\"; a step count must be whole", d);
-    return whole_steps(steps);
+    return d;
+}
+
+long Duration::steps(long tokens_per_step, long batches_per_epoch) const {
+    double n = value;
+    if (unit == Unit::kTokens) n = value / static_cast<double>(tokens_per_step);
+    if (unit == Unit::kEpochs) n = value * static_cast<double>(batches_per_epoch);
+    if (!(n <= 1e15)) user_error("config max_duration: \"{}\" is {:.3g} steps; expected at most 1e15", text, n);
+    return std::max<long>(1, static_cast<long>(std::ceil(n)));
+}
+
+long TrainConfig::total_steps(long instances_per_epoch) const {
+    return max_duration.steps(global_train_batch_size * model.max_sequence_length,
+                              instances_per_epoch / global_train_batch_size);
 }
 
 namespace {
@@ -203,11 +209,11 @@ void read_training(const Json& doc, TrainConfig& c) {
     c.device_eval_batch_size = doc["device_eval_batch_size"].is_null() ? c.device_train_microbatch_size
                                                                        : get_long(doc["device_eval_batch_size"]);
     const Json& md = doc["max_duration"];
-    c.max_duration = md.is_string() ? md.get<std::string>() : std::to_string(md.get<long long>());
+    c.max_duration = Duration::parse(md.is_string() ? md.get<std::string>() : std::to_string(md.get<long long>()));
     const Json& sample = doc["sample"];
     c.sample.interval = get_long(sample["interval"]);
     c.sample.prompt = sample["prompt"].get<std::string>();
-    c.sample.tokenizer = sample["tokenizer"].get<std::string>();
+    c.sample.tokenizer = choice<Tokenizer>(sample["tokenizer"]);
     c.sample.max_new_tokens = sample["max_new_tokens"].get<int>();
     c.sample.top_k = sample["top_k"].get<int>();
     c.sample.temperature = sample["temperature"].get<double>();
@@ -225,7 +231,8 @@ void check_training(const TrainConfig& c) {
             "(global = micro-batch x accumulation steps x ranks)",
             c.global_train_batch_size, c.device_train_microbatch_size);
     }
-    c.total_steps(1 << 30);  // checks the syntax now; the real count needs the dataset size
+    // Steps and tokens are held to their bound now; epochs once the data's size is known.
+    if (c.max_duration.unit != Duration::Unit::kEpochs) c.total_steps(c.global_train_batch_size);
 }
 
 DataConfig read_data(const Json& d, unsigned long long seed) {
@@ -243,7 +250,7 @@ DataConfig read_data(const Json& d, unsigned long long seed) {
         source.max_repetition_ratio = s["max_repetition_ratio"].get<double>();
         c.sources.push_back(std::move(source));
     }
-    c.memmap_dtype = d["memmap_dtype"].get<std::string>();
+    c.memmap_dtype = choice<TokenDtype>(d["memmap_dtype"]);
     c.shuffle = d["shuffle"].get<bool>();
     c.seed = d["seed"].is_null() ? seed : d["seed"].get<unsigned long long>();
     const Json& f = d["instance_filter"];
@@ -308,7 +315,7 @@ void read_evaluators(const Json& doc, TrainConfig& c) {
         EvaluatorConfig ec;
         ec.label = e["label"].get<std::string>();
         ec.paths = string_list(e["data"]["paths"]);
-        ec.memmap_dtype = e["data"]["memmap_dtype"].get<std::string>();
+        ec.memmap_dtype = choice<TokenDtype>(e["data"]["memmap_dtype"]);
         ec.subset_num_batches = get_long(e["subset_num_batches"]);
         if (ec.subset_num_batches == 0)
             user_error("config evaluators[{}].subset_num_batches: 0; expected -1 or >= 1", i);
@@ -414,12 +421,11 @@ void check_config(const TrainConfig& c) {
     check_scheduler(c.scheduler);
     check_training(c);
     check_data(c.data);
-    const std::string& d = c.max_duration;
-    if (!c.data.sources.empty() && d.size() > 2 && d.compare(d.size() - 2, 2, "ep") == 0) {
+    if (!c.data.sources.empty() && c.max_duration.unit == Duration::Unit::kEpochs) {
         user_error(
             "config max_duration: \"{}\" counts epochs, which a mixture of sources does not have (each source "
             "repeats at its own rate); give steps or tokens",
-            d);
+            c.max_duration.text);
     }
     check_saving(c);
     check_execution(c);

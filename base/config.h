@@ -120,7 +120,7 @@ struct DataConfig {
     std::optional<InstanceFilter> instance_filter;  // null: every instance counts
     std::vector<std::string> paths;                 // one stream of files, or (empty) the sources' files
     std::vector<DataSource> sources;                // a mixture instead of `paths`
-    std::string memmap_dtype;                       // uint16 | uint32
+    TokenDtype memmap_dtype = TokenDtype::kUint16;
     bool shuffle = true;
     unsigned long long seed = 0;  // resolved: defaults to the run's seed
 };
@@ -128,7 +128,7 @@ struct DataConfig {
 struct EvaluatorConfig {
     std::string label;
     std::vector<std::string> paths;
-    std::string memmap_dtype;
+    TokenDtype memmap_dtype = TokenDtype::kUint16;
     long subset_num_batches = -1;  // -1: the whole set
 };
 
@@ -158,6 +158,20 @@ struct CpuOffloadConfig {
     bool parameters = false;       // FSDP: the shards only in host memory, uploaded before each gather
 };
 
+// max_duration, parsed once when the config is read: a count of optimizer steps, of tokens ("2e12T") or of epochs
+// ("2ep") of the training data. Steps are whole; every value is positive and at most 1e15 steps.
+struct Duration {
+    enum class Unit { kSteps, kTokens, kEpochs };
+    Unit unit = Unit::kSteps;
+    double value = 0.0;
+    std::string text;  // as written, for messages
+
+    // A UserError naming config max_duration where `text` is none of the three forms.
+    static Duration parse(const std::string& text);
+    // The run's optimizer steps: tokens need the tokens a step trains on, epochs the instances an epoch holds.
+    long steps(long tokens_per_step, long batches_per_epoch) const;
+};
+
 struct TrainConfig {
     std::string run_name;
     unsigned long long seed = 0;
@@ -169,14 +183,15 @@ struct TrainConfig {
     long global_train_batch_size = 0;
     long device_train_microbatch_size = 0;
     long device_eval_batch_size = 0;  // resolved: defaults to device_train_microbatch_size
-    std::string max_duration;         // as written: steps ("1000"), tokens ("2e12T") or epochs ("2ep")
+    Duration max_duration;
     DataConfig data;
     std::vector<EvaluatorConfig> evaluators;
     long eval_interval = 0;  // 0: no evaluation
     // sample.*: every `interval` steps the model continues `prompt` (core/generate.h) and rank 0 prints it.
     struct Sample {
         long interval = 0;  // 0: never
-        std::string prompt, tokenizer = "bytes";
+        std::string prompt;
+        Tokenizer tokenizer = Tokenizer::kBytes;
         int max_new_tokens = 64, top_k = 0;
         double temperature = 1.0;
     } sample;

@@ -28,7 +28,7 @@ int run_logits(const TrainConfig& config, long instances, const std::string& out
     configure_threads(config.threads);
     const ModelConfig& m = config.model;
     const int L = m.max_sequence_length, T = L - 1, V = m.embedding_size;
-    const TokenDtype dtype = parse_token_dtype(config.data.memmap_dtype);
+    const TokenDtype dtype = config.data.memmap_dtype;
     TokenDataset data(config.data.paths, dtype, L, m.vocab_size);
     if (data.num_instances() < instances) {
         user_error("logits --instances: {}, but the data holds {} instances of {} tokens", instances,

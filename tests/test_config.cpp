@@ -192,6 +192,44 @@ TEST_CASE("config: durations in steps tokens and epochs") {
     CHECK(validate_config(d).total_steps(100) == 10);
     d["max_duration"] = 7;
     CHECK(validate_config(d).total_steps(100) == 7);
+    // Parsed once, into its unit and value; every malformed or unbounded form is refused by name when read.
+    const Duration tokens = Duration::parse("2e12T");
+    CHECK(tokens.unit == Duration::Unit::kTokens);
+    CHECK(tokens.value == 2e12);
+    CHECK(Duration::parse("1.5ep").unit == Duration::Unit::kEpochs);
+    CHECK(Duration::parse("1000").unit == Duration::Unit::kSteps);
+    for (const char* bad : {"", "T", "ep", "-5", "0", "1.5", "abc", "10 steps", "inf", "nanT", "2e16"}) {
+        INFO(bad);
+        REQUIRE_THROWS_WITH(Duration::parse(bad), Contains("config max_duration"));
+    }
+    d["max_duration"] = "1e30T";  // 1e30 tokens of 136 a step: past 1e15 steps, refused before any data is read
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("expected at most 1e15"));
+    d["max_duration"] = "1e30ep";  // epochs: bounded once the data's size is known
+    const TrainConfig epochs = validate_config(d);
+    REQUIRE_THROWS_WITH(epochs.total_steps(100), Contains("expected at most 1e15"));
+}
+
+TEST_CASE(
+    "config: memmap_dtype and the sample's tokenizer are read as their enums and other spellings refused by key") {
+    Json d = minimal();
+    CHECK(validate_config(d).data.memmap_dtype == TokenDtype::kUint16);
+    CHECK(validate_config(d).sample.tokenizer == Tokenizer::kBytes);
+    d["data"]["memmap_dtype"] = "uint32";
+    d["sample"] = {{"tokenizer", "dolma2"}};
+    d["evaluators"] = Json::array({{{"label", "v"}, {"data", {{"paths", {"v.bin"}}, {"memmap_dtype", "uint32"}}}}});
+    const TrainConfig c = validate_config(d);
+    CHECK(c.data.memmap_dtype == TokenDtype::kUint32);
+    CHECK(c.evaluators.at(0).memmap_dtype == TokenDtype::kUint32);
+    CHECK(c.sample.tokenizer == Tokenizer::kDolma2);
+    Json bad = d;
+    bad["data"]["memmap_dtype"] = "int32";
+    REQUIRE_THROWS_WITH(validate_config(bad), Contains("data.memmap_dtype") && Contains("int32") && Contains("uint16"));
+    bad = d;
+    bad["evaluators"][0]["data"]["memmap_dtype"] = "u16";
+    REQUIRE_THROWS_WITH(validate_config(bad), Contains("evaluators[0].data.memmap_dtype") && Contains("u16"));
+    bad = d;
+    bad["sample"]["tokenizer"] = "neox";
+    REQUIRE_THROWS_WITH(validate_config(bad), Contains("sample.tokenizer") && Contains("neox") && Contains("cl100k"));
 }
 
 TEST_CASE("config: configs README lists every key") {

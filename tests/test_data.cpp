@@ -105,16 +105,9 @@ std::vector<int32_t> range32(int32_t begin, int32_t end) {
 
 }  // namespace
 
-TEST_CASE("data: parse token dtype") {
-    CHECK(trainer::parse_token_dtype("uint16") == TokenDtype::kUint16);
-    CHECK(trainer::parse_token_dtype("uint32") == TokenDtype::kUint32);
+TEST_CASE("data: token dtype sizes") {
     CHECK(trainer::token_dtype_size(TokenDtype::kUint16) == 2);
     CHECK(trainer::token_dtype_size(TokenDtype::kUint32) == 4);
-    REQUIRE_THROWS_AS(trainer::parse_token_dtype("int32"), UserError);
-    REQUIRE_THROWS_WITH(trainer::parse_token_dtype("int32"),
-                        Contains("data.memmap_dtype") && Contains("int32") && Contains("uint16 or uint32"));
-    REQUIRE_THROWS_WITH(trainer::parse_token_dtype("u16", "evaluators[0].data.memmap_dtype"),
-                        Contains("evaluators[0].data.memmap_dtype") && Contains("u16"));
 }
 
 TEST_CASE("data: raw uint16 file") {
@@ -652,8 +645,8 @@ TEST_CASE("data: prepare data bytes round trip in every format") {
                           Case{"npy", TokenDtype::kUint16, TokenFileFormat::kNpy},
                           Case{"npy", TokenDtype::kUint32, TokenFileFormat::kNpy},
                           Case{"llmc", TokenDtype::kUint16, TokenFileFormat::kLlmc}}) {
-        INFO("format " << c.format << " dtype " << trainer::token_dtype_name(c.dtype));
-        std::string out = dir.path("out." + c.format + "." + trainer::token_dtype_name(c.dtype));
+        INFO("format " << c.format << " dtype " << trainer::choice_name(c.dtype));
+        std::string out = dir.path("out." + c.format + "." + trainer::choice_name(c.dtype));
         write_file(out, "stale output from an earlier run");
         trainer::PrepareDataSummary s = trainer::prepare_data_bytes(inputs, out, c.dtype, c.format, 256);
         CHECK(s.documents == 3);

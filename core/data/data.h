@@ -31,16 +31,6 @@
 
 namespace trainer {
 
-// The element type of a raw token file (OLMo's data.memmap_dtype).
-enum class TokenDtype { kUint16, kUint32 };
-
-// "uint16" -> kUint16, "uint32" -> kUint32 (OLMo's spellings); anything else is a UserError naming
-// the value and `key` (the config key it came from).
-TokenDtype parse_token_dtype(const std::string& name, const std::string& key = "data.memmap_dtype");
-
-// "uint16" or "uint32".
-const char* token_dtype_name(TokenDtype dtype);
-
 // Bytes per token: 2 or 4.
 int64_t token_dtype_size(TokenDtype dtype);
 

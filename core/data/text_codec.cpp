@@ -7,12 +7,13 @@
 
 namespace trainer {
 
-TextCodec::TextCodec(const std::string& name, const std::string& dir, int eos, int model_vocab, const std::string& what)
-    : name_(name), eos_(eos) {
-    if (name != "bytes" && name != "none") bpe_ = BpeTokenizer::load(name, dir);
+TextCodec::TextCodec(std::optional<Tokenizer> tokenizer, const std::string& dir, int eos, int model_vocab,
+                     const std::string& what)
+    : tokenizer_(tokenizer), eos_(eos) {
+    if (tokenizer && *tokenizer != Tokenizer::kBytes) bpe_ = BpeTokenizer::load(*tokenizer, dir);
     if (vocab_size() > model_vocab) {
         user_error("{} {}: its {} ids do not fit the model's vocab_size {} (the tokenizer the data was made with?)",
-                   what, name, vocab_size(), model_vocab);
+                   what, choice_name(*tokenizer), vocab_size(), model_vocab);
     }
 }
 TextCodec::~TextCodec() = default;

@@ -3,22 +3,26 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "base/choices.h"
 
 namespace trainer {
 
 class BpeTokenizer;
 
-// The tokenizer the data was made with: the byte tokenizer ("bytes", EOS `eos`), a BPE one (gpt2, cl100k,
-// dolma2) from `dir`, or none ("none": ids in and out, for a vocabulary no tokenizer here makes).
+// The tokenizer the data was made with: the byte tokenizer (EOS `eos`), a BPE one (gpt2, cl100k, dolma2) from `dir`,
+// or none (nullopt: ids in and out, for a vocabulary no tokenizer here makes).
 class TextCodec {
    public:
     // For a model of `model_vocab` ids: a tokenizer whose ids do not all fit it is refused, naming `what` (the key or
     // flag that chose it), since its ids would read past the embedding table.
-    TextCodec(const std::string& name, const std::string& dir, int eos, int model_vocab, const std::string& what);
+    TextCodec(std::optional<Tokenizer> tokenizer, const std::string& dir, int eos, int model_vocab,
+              const std::string& what);
     ~TextCodec();
-    bool has_text() const { return name_ != "none"; }
+    bool has_text() const { return tokenizer_.has_value(); }
     int vocab_size() const;  // 0 without text
     // Refused without text, naming `what`.
     std::vector<int32_t> encode(const std::string& text, const std::string& what) const;
@@ -26,7 +30,7 @@ class TextCodec {
     std::string decode(const std::vector<int32_t>& ids) const;
 
    private:
-    std::string name_;
+    std::optional<Tokenizer> tokenizer_;
     int eos_;
     std::unique_ptr<BpeTokenizer> bpe_;
 };

@@ -46,7 +46,7 @@ std::string byte_decode(const std::vector<int32_t>& ids, int eos_token_id) {
 }
 
 std::string PrepareDataSummary::to_string() const {
-    return fmt::format("wrote {} ({}, {}): {} documents, {} tokens, {} bytes", output, format, token_dtype_name(dtype),
+    return fmt::format("wrote {} ({}, {}): {} documents, {} tokens, {} bytes", output, format, choice_name(dtype),
                        documents, tokens, bytes_written);
 }
 
@@ -132,7 +132,7 @@ void check_prepare_args(const std::vector<std::string>& inputs, const std::strin
         user_error("prepare data: format \"{}\"; expected raw, npy or llmc", format);
     }
     if (format == "llmc" && dtype != TokenDtype::kUint16) {
-        user_error("prepare data: format llmc stores uint16 tokens; got dtype {}", token_dtype_name(dtype));
+        user_error("prepare data: format llmc stores uint16 tokens; got dtype {}", choice_name(dtype));
     }
 }
 
@@ -196,7 +196,7 @@ PrepareDataSummary prepare_data_bytes(const std::vector<std::string>& inputs, co
     int64_t max_id = dtype == TokenDtype::kUint16 ? 65535 : std::numeric_limits<uint32_t>::max();
     if (eos_token_id < 256 || eos_token_id > max_id) {
         user_error("prepare data: eos_token_id {}; expected 256 to {} (ids 0..255 are the bytes, and it must fit {})",
-                   eos_token_id, max_id, token_dtype_name(dtype));
+                   eos_token_id, max_id, choice_name(dtype));
     }
 
     // Every input is checked before anything is written.
@@ -259,12 +259,12 @@ PrepareDataSummary prepare_data_bpe(const std::vector<std::string>& inputs, cons
     const int64_t max_id = dtype == TokenDtype::kUint16 ? 65535 : std::numeric_limits<uint32_t>::max();
     if (tokenizer.vocab_size() - 1 > max_id) {
         user_error("prepare data: {} token ids reach {}, which {} cannot hold; use --dtype uint32{}", tokenizer.name(),
-                   tokenizer.vocab_size() - 1, token_dtype_name(dtype),
+                   tokenizer.vocab_size() - 1, choice_name(dtype),
                    format == "llmc" ? " and --format raw or npy (llm.c shards hold uint16)" : "");
     }
     if (eos_token_id < 0 || eos_token_id > max_id) {
         user_error("prepare data: eos_token_id {}; expected 0 to {} (it must fit {})", eos_token_id, max_id,
-                   token_dtype_name(dtype));
+                   choice_name(dtype));
     }
     const std::vector<int64_t> sizes = input_sizes(inputs);
     if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

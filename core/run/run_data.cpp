@@ -11,13 +11,12 @@ RunData open_run_data(const TrainConfig& config) {
     const std::vector<DataSource>& sources = config.data.sources;
     std::vector<std::string> paths = config.data.paths;
     for (const DataSource& s : sources) paths.insert(paths.end(), s.paths.begin(), s.paths.end());
-    r.train = std::make_unique<TokenDataset>(paths, parse_token_dtype(config.data.memmap_dtype), m.max_sequence_length,
-                                             m.vocab_size, sources.empty() ? "data.paths" : "data.sources[].paths");
+    r.train = std::make_unique<TokenDataset>(paths, config.data.memmap_dtype, m.max_sequence_length, m.vocab_size,
+                                             sources.empty() ? "data.paths" : "data.sources[].paths");
     for (size_t i = 0; i < config.evaluators.size(); ++i) {
         const auto& ev = config.evaluators[i];
-        r.evals.push_back(std::make_unique<TokenDataset>(
-            ev.paths, parse_token_dtype(ev.memmap_dtype, fmt::format("evaluators[{}].data.memmap_dtype", i)),
-            m.max_sequence_length, m.vocab_size, fmt::format("evaluators[{}].data.paths", i)));
+        r.evals.push_back(std::make_unique<TokenDataset>(ev.paths, ev.memmap_dtype, m.max_sequence_length, m.vocab_size,
+                                                         fmt::format("evaluators[{}].data.paths", i)));
     }
     r.total_steps = config.total_steps(r.train->num_instances());  // epochs: data.paths alone
     if (sources.empty()) {

@@ -5,9 +5,11 @@
 #include "fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-    static const auto gpt2 = trainer::BpeTokenizer::load("gpt2", trainer::default_tokenizer_dir());
-    static const auto cl100k = trainer::BpeTokenizer::load("cl100k", trainer::default_tokenizer_dir());
-    static const auto dolma2 = trainer::BpeTokenizer::load("dolma2", trainer::default_tokenizer_dir());
+    static const auto gpt2 = trainer::BpeTokenizer::load(trainer::Tokenizer::kGpt2, trainer::default_tokenizer_dir());
+    static const auto cl100k =
+        trainer::BpeTokenizer::load(trainer::Tokenizer::kCl100k, trainer::default_tokenizer_dir());
+    static const auto dolma2 =
+        trainer::BpeTokenizer::load(trainer::Tokenizer::kDolma2, trainer::default_tokenizer_dir());
     const std::string text = fuzz::expand(data, size);  // long runs: a merge that rescans times out
     for (const auto* t : {gpt2.get(), cl100k.get(), dolma2.get()}) {
         fuzz::expect_user_errors_only([&] {
