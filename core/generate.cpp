@@ -170,11 +170,11 @@ int run_generate(const TrainConfig& config, const GenerateOptions& o) {
         if (p.empty()) p.push_back(static_cast<int32_t>(m.eos_token_id));
     }
 
-    const Device device = check_device_config(config);
+    const ComputeTarget target = resolve_compute(config);
     configure_threads(config.threads);
-    BackendOptions options = backend_options(config, 0);
+    BackendOptions options = backend_options(config, target, 0);
     options.bf16_operands = false;  // the decode path's buffers are fp32
-    auto backend = make_backend(device, options);
+    auto backend = make_backend(target.device, options);
     const ParamLayout layout(config);
     auto strategy = make_single_strategy(backend.get(), layout);
     load_inference_params(config, layout, *strategy, "generate");

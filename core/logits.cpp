@@ -24,7 +24,7 @@ namespace trainer {
 
 int run_logits(const TrainConfig& config, long instances, const std::string& out) {
     if (instances < 1) user_error("logits --instances: {}; expected at least 1", instances);
-    const Device device = check_device_config(config);
+    const ComputeTarget target = resolve_compute(config);
     configure_threads(config.threads);
     const ModelConfig& m = config.model;
     const int L = m.max_sequence_length, T = L - 1, V = m.embedding_size;
@@ -34,7 +34,7 @@ int run_logits(const TrainConfig& config, long instances, const std::string& out
         user_error("logits --instances: {}, but the data holds {} instances of {} tokens", instances,
                    data.num_instances(), L);
     }
-    auto backend = make_backend(device, backend_options(config, 0));
+    auto backend = make_backend(target.device, backend_options(config, target, 0));
     const ParamLayout layout(config);
     auto strategy = make_single_strategy(backend.get(), layout);
     load_inference_params(config, layout, *strategy, "logits");

@@ -72,25 +72,25 @@ class TrainingRun {
     // Everything that can refuse the run, checked before any large allocation.
     void preflight() {
         env_ = detect_rank_env();
-        const Device device = check_device_config(config_);
-        device_ = device;
+        target_ = resolve_compute(config_);
+        device_ = target_.device;
         silence_stdout_unless_rank0(env_);
         // distributed_strategy auto is resolved before the run is built (resolve_training_config).
         TRAINER_CHECK(config_.distributed_strategy != DistributedStrategy::kAuto,
                       "distributed_strategy auto reached the training loop unresolved");
-        check_parallel_config(config_, env_, device);
+        check_parallel_config(config_, env_, device_);
         if (config_.save_interval > 0 && !config_.save_folder) {  // a training question: logits and plan never save
             user_error("config save_interval: {} but save_folder is not set; set save_folder (--save-folder)",
                        config_.save_interval);
         }
-        device_index_ = rank_device(config_, env_, device);
+        device_index_ = rank_device(config_, env_, device_);
         if (const char* nan = std::getenv("TRAINER_DEBUG_NAN_GRADIENT")) {
             // Test hook, "RANK:STEP": that rank's gradients at that step are NaN (before their reduction).
             long r = -1, s = -1;
             if (std::sscanf(nan, "%ld:%ld", &r, &s) == 2 && r == env_.rank) nan_gradient_step_ = s;
         }
-        check_host_memory(config_, env_, device);
-        check_shared_device_memory(config_, env_, device, device_index_);
+        check_host_memory(config_, env_, device_);
+        check_shared_device_memory(config_, env_, device_, device_index_);
         data_ = open_run_data(config_);
         total_steps_ = data_.total_steps;
         saves_ = std::make_unique<RunSaves>(config_, env_);
@@ -110,7 +110,7 @@ class TrainingRun {
 
     // Backend, layout, the connected ranks and their strategy, the parameters, the model and the optimizer.
     void build() {
-        backend_ = make_backend(device_, backend_options(config_, device_index_));
+        backend_ = make_backend(device_, backend_options(config_, target_, device_index_));
         layout_ = std::make_unique<ParamLayout>(config_);
         world_ = make_world(config_, env_, device_, backend_.get(), *layout_);
         Strategy& strategy = *world_.strategy;
@@ -161,8 +161,7 @@ class TrainingRun {
         const long L = m_.max_sequence_length, T = m_.predicted_positions();
         // The precision, and on GPUs the attention kernels (kernels.attention auto resolved).
         std::string compute = choice_name(config_.precision);
-        if (device_ == Device::kCuda)
-            compute += fmt::format(", attention {}", choice_name(resolve_attention(config_, device_)));
+        if (device_ == Device::kCuda) compute += fmt::format(", attention {}", choice_name(target_.attention));
         if (config_.kernels_cuda_graphs) compute += ", micro-batches replayed as CUDA graphs";
         std::printf(
             "run %s: %s parameters (%s in matmuls) in %d units, strategy %s, device %s (%s), collectives %s, %d "
@@ -412,9 +411,10 @@ class TrainingRun {
     const ModelConfig& m_;
     // preflight
     RankEnv env_;
-    Device device_ = Device::kCpu;
-    int device_index_ = 0;         // the GPU this rank computes on (rank_device)
-    long nan_gradient_step_ = -1;  // TRAINER_DEBUG_NAN_GRADIENT's step for this rank, or -1
+    ComputeTarget target_;          // the device and attention kernels, resolved once
+    Device device_ = Device::kCpu;  // target_.device
+    int device_index_ = 0;          // the GPU this rank computes on (rank_device)
+    long nan_gradient_step_ = -1;   // TRAINER_DEBUG_NAN_GRADIENT's step for this rank, or -1
     RunData data_;
     long total_steps_ = 0, start_step_ = 0;
     bool use_init_from_ = false;

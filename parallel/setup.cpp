@@ -342,11 +342,11 @@ World make_dry_world(const TrainConfig& config, const RankEnv& env, Device devic
     return world;
 }
 
-BackendOptions backend_options(const TrainConfig& c, int device_index) {
+BackendOptions backend_options(const TrainConfig& c, const ComputeTarget& target, int device_index) {
     BackendOptions o;
     o.bf16_matmuls = c.precision == Precision::kAmpBf16;
     o.bf16_operands = o.bf16_matmuls && c.kernels_bf16_activations;
-    o.attention = resolve_attention(c, resolve_device(c.device));
+    o.attention = target.attention;
     o.device_index = device_index;
     o.classifier_one_read = c.kernels_classifier_one_read;
     return o;
@@ -356,15 +356,20 @@ bool gemm_operands_bf16_for(const TrainConfig& c, Device device) {
     return resolve_device(device) == Device::kCuda && c.precision == Precision::kAmpBf16 && c.kernels_bf16_activations;
 }
 
+namespace {
+
+// kernels.attention on `device` (resolved), auto made the fast path or the native kernels.
 AttentionKernel resolve_attention(const TrainConfig& c, Device device) {
     if (c.kernels_attention != AttentionKernel::kAuto) return c.kernels_attention;
     const int T = c.model.predicted_positions(), HS = c.model.head_size();
-    const bool fast = resolve_device(device) == Device::kCuda && c.precision == Precision::kAmpBf16 &&
-                      cudnn_attention_unsupported(T, HS).empty();
+    const bool fast =
+        device == Device::kCuda && c.precision == Precision::kAmpBf16 && cudnn_attention_unsupported(T, HS).empty();
     return fast ? AttentionKernel::kCudnn : AttentionKernel::kNative;
 }
 
-Device check_device_config(const TrainConfig& c) {
+}  // namespace
+
+ComputeTarget resolve_compute(const TrainConfig& c) {
     const Device device = resolve_device(c.device);
     const bool cuda = device == Device::kCuda;
     const AttentionKernel attention = resolve_attention(c, device);
@@ -408,7 +413,7 @@ Device check_device_config(const TrainConfig& c) {
         const std::string why = flash_attention_unsupported(HS);
         if (!why.empty()) user_error("kernels.attention \"flash\" cannot run a {}; use kernels.attention=cudnn", why);
     }
-    return device;
+    return ComputeTarget{device, attention};
 }
 
 }  // namespace trainer

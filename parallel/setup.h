@@ -84,18 +84,21 @@ World make_dry_world(const TrainConfig& config, const RankEnv& env, Device devic
 
 // ---- the config turned into the values the kernels take (kernels/ never sees the config) ----
 
-// How the config asks the backend to compute (precision, attention kernels), on GPU `device_index`
+// What a config computes on, resolved once: the device (auto made concrete) and its attention kernels
+// (kernels.attention auto made the fast path for that device: cuDNN's in amp_bf16 on CUDA where cuDNN runs the
+// shape, else the native kernels). What makes a backend takes this, not the config's autos.
+struct ComputeTarget {
+    Device device = Device::kCpu;
+    AttentionKernel attention = AttentionKernel::kNative;
+};
+
+// The config's ComputeTarget, after checking that its backend runs what the config asks: amp_bf16 and cuDNN
+// attention need the GPU, the attention kernels' head-size and sequence limits. UserError naming the key otherwise.
+ComputeTarget resolve_compute(const TrainConfig& config);
+
+// How the config asks the backend to compute (precision, the target's attention kernels), on GPU `device_index`
 // (parallel/setup.h's rank_device).
-BackendOptions backend_options(const TrainConfig& config, int device_index);
-
-// The attention kernels a config runs on `device`: kernels.attention, with auto resolved to the fast path
-// (cuDNN's in amp_bf16 on CUDA, where cuDNN runs the shape) or the native kernels.
-AttentionKernel resolve_attention(const TrainConfig& config, Device device);
-
-// The device a config computes on (kAuto resolved), after checking that its backend runs what the config
-// asks: amp_bf16 and cuDNN attention need the GPU, the attention kernels' head-size and sequence limits.
-// UserError naming the key otherwise.
-Device check_device_config(const TrainConfig& config);
+BackendOptions backend_options(const TrainConfig& config, const ComputeTarget& target, int device_index);
 
 // Whether the backend a config computes on with `device` (resolved) keeps GEMM operands in bf16: amp_bf16
 // on CUDA with kernels.bf16_activations.

@@ -182,7 +182,7 @@ TEST_CASE("cuda graphs: a recording that needs the host stops the run with what 
 TEST_CASE("cuda graphs: the config checks refuse graphs where they cannot run") {
     TrainConfig c = fixture_config("olmo");
     c.kernels_cuda_graphs = true;
-    CHECK_THROWS_WITH(check_device_config(c), Catch::Matchers::Contains("kernels.cuda_graphs records CUDA work"));
+    CHECK_THROWS_WITH(resolve_compute(c), Catch::Matchers::Contains("kernels.cuda_graphs records CUDA work"));
     RankEnv two;
     two.world_size = 2;
     two.local_world_size = 2;

@@ -47,7 +47,7 @@ TrainConfig choose_configuration(const TrainConfig& config, const RankEnv& env, 
 TrainConfig resolve_training_config(const TrainConfig& config) {
     if (config.distributed_strategy != DistributedStrategy::kAuto) return config;
     const RankEnv env = detect_rank_env();
-    const Device device = check_device_config(config);
+    const Device device = resolve_compute(config).device;
     silence_stdout_unless_rank0(env);
     return choose_configuration(config, env, device);
 }

@@ -129,7 +129,8 @@ Link fit_link(const std::vector<CommSample>& samples) {
 
 int run_comm_bench(const TrainConfig& config, const CommBenchOptions& o) {
     const RankEnv env = detect_rank_env();
-    const Device device = check_device_config(config);
+    const ComputeTarget target = resolve_compute(config);
+    const Device device = target.device;
     if (env.world_size < 2) {
         user_error(
             "bench-comm measures the links between ranks, and {} started one; start it on the world to measure: "
@@ -158,7 +159,7 @@ int run_comm_bench(const TrainConfig& config, const CommBenchOptions& o) {
     }
     silence_stdout_unless_rank0(env);
     (void)configure_threads(config.threads);
-    auto backend = make_backend(device, backend_options(config, device_index));
+    auto backend = make_backend(device, backend_options(config, target, device_index));
     World world = connect_world(config, env, device, backend.get());
     const char* collectives = world.collectives == Collectives::kNccl ? "nccl" : "gloo";
 

@@ -276,14 +276,15 @@ void write_calibration(const TrainConfig& config, Device device, Backend& be, co
 }  // namespace
 
 int run_kernel_bench(const TrainConfig& config, int reps, const std::string& calibration_out) {
-    const Device device = check_device_config(config);
+    const ComputeTarget target = resolve_compute(config);
+    const Device device = target.device;
     // Under a launcher every rank runs the same benchmark at the same time, each on its own GPU or its share of
     // the cores, so the op times hold what the ranks of a node do to one another (CPU ranks sharing the cores
     // and the memory bus); rank 0 alone prints and writes, with its node's rank count in the calibration.
     const RankEnv env = detect_rank_env();
     silence_stdout_unless_rank0(env);
     const int threads = configure_threads(config.threads);
-    auto backend_ptr = make_backend(device, backend_options(config, env.local_rank));
+    auto backend_ptr = make_backend(device, backend_options(config, target, env.local_rank));
     Backend& be = *backend_ptr;
     // The ranks begin each timed phase together (a barrier over the launch's ranks) and leave together: a rank
     // that started late, or finished early, would leave the others timing ops alone for a while.
