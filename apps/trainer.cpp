@@ -523,7 +523,7 @@ Run add_show_config(CLI::App& app, const TrainingFlags& flags) {
                        "filled in, validated) as JSON with the trainer's key names (takes the training flags)")
         ->fallthrough();
     return [&flags] {
-        std::printf("%s\n", trainer::resolved_config_json(flags.load()).dump(2).c_str());
+        std::printf("%s\n", trainer::config_json(flags.load()).dump(2).c_str());
         return 0;
     };
 }

@@ -48,6 +48,7 @@ struct ModelConfig {
     double init_std = 0.02;
     std::optional<double> init_cutoff_factor;
     int eos_token_id = 0;
+    int pad_token_id = 1;  // OLMo's; read and kept, the trainer pads nothing
 
     int head_size() const { return d_model / n_heads; }
     // T: the positions an instance of max_sequence_length tokens predicts (each token's next), the loss's count and
@@ -230,8 +231,6 @@ struct TrainConfig {
     int threads = 0;                             // 0: one per available core
     double distributed_timeout_seconds = 120.0;  // rendezvous and every collective
 
-    Json json;  // the full validated document (defaults filled in), as saved in checkpoints
-
     // Instances (sequences) per micro-batch and micro-batches per step on `world` ranks.
     long accumulation_steps(int world) const {
         return global_train_batch_size / (device_train_microbatch_size * world);
@@ -269,10 +268,10 @@ TrainConfig with_execution(const TrainConfig& config, const ExecutionChoice& cho
 // The cross-field rules alone (model shapes, scheduler, batch sizes, data, checkpoints, offload), on a
 // configuration built in code (a plan's candidate) as on one read from a file; UserError naming the key.
 void check_config(const TrainConfig& config);
-// The configuration as `trainer show-config` prints it: the validated document with the keys whose null
-// means "derived" (data.seed, device_eval_batch_size, model.embedding_size, model.bias_for_layer_norm)
-// set to the values the run uses.
-Json resolved_config_json(const TrainConfig& config);
+// The config as a complete document, made from its typed fields: every schema key, derived values resolved (the
+// n_kv_heads, embedding_size, bias_for_layer_norm, data.seed and device_eval_batch_size the run uses). What
+// checkpoints store and `trainer show-config` prints; validate_config reads it back as the same config.
+Json config_json(const TrainConfig& config);
 // Markdown table of every key (configs/README.md's key list).
 std::string config_keys_markdown();
 // The schema's default of a key (dotted path; a key the schema lacks is an internal error): what a config

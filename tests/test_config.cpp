@@ -2,9 +2,11 @@
 // out-of-range values and inconsistent batch sizes are refused naming the key, the value and what is
 // allowed; --set overrides are typed by the schema; configs/README.md lists every key.
 #include <filesystem>
+#include <set>
 
 #include "base/common.h"
 #include "base/config.h"
+#include "base/config_schema.h"
 #include "test_util.h"
 
 using namespace trainer;
@@ -230,6 +232,58 @@ TEST_CASE(
     bad = d;
     bad["sample"]["tokenizer"] = "neox";
     REQUIRE_THROWS_WITH(validate_config(bad), Contains("sample.tokenizer") && Contains("neox") && Contains("cl100k"));
+}
+
+namespace {
+
+// The object keys of a document, as dotted paths (list items as "[]").
+void key_paths(const Json& j, const std::string& at, std::set<std::string>& out) {
+    if (j.is_object()) {
+        for (auto it = j.begin(); it != j.end(); ++it) key_paths(it.value(), at + "." + it.key(), out);
+    } else if (j.is_array()) {
+        for (const Json& item : j) key_paths(item, at + "[]", out);
+    }
+    out.insert(at);
+}
+
+}  // namespace
+
+TEST_CASE("config: the JSON made from the typed fields holds every key and reads back as the same config") {
+    std::vector<Json> docs;
+    for (const std::string dir : {"/configs", "/tests/fixtures"}) {
+        for (const auto& e : std::filesystem::directory_iterator(test_util::source_dir() + dir)) {
+            if (e.path().extension() != ".json" || e.path().filename().string().find("expected") != std::string::npos)
+                continue;
+            const Json doc = read_config_file(e.path().string());
+            if (doc.contains("model")) docs.push_back(doc);
+        }
+    }
+    // Every section set: a mixture with a filter, evaluators, wsd, the z-loss, saving and the plan's files.
+    Json full = minimal();
+    full["data"] = Json::parse(R"({"sources": [{"source_name": "a", "paths": ["a.bin"], "target_ratio": 0.25},
+        {"source_name": "b", "paths": ["b.bin"], "target_ratio": 0.75, "max_repetition_ratio": 2}],
+        "instance_filter": {"repetition_max_period": 13, "repetition_max_count": 32}, "seed": 7})");
+    full["evaluators"] = Json::parse(R"([{"label": "v", "data": {"paths": ["v.bin"]}, "subset_num_batches": 3}])");
+    full["eval_interval"] = 5;
+    full["scheduler"] =
+        Json::parse(R"({"name": "wsd", "t_warmup": 2, "decay_fraction": 0.2, "decay_shape": "1-sqrt"})");
+    full["softmax_auxiliary_loss"] = true;
+    full["auxiliary_loss_multiplier"] = 1e-4;
+    full["max_duration"] = "2e5T";
+    full["save_folder"] = "ck";
+    full["plan"] = Json::parse(R"({"hardware": "h200", "device_memory_gib": 80})");
+    docs.push_back(full);
+    REQUIRE(docs.size() > 10);
+    for (const Json& doc : docs) {
+        INFO(doc.dump());
+        const TrainConfig c = validate_config(doc);
+        const Json made = config_json(c);
+        std::set<std::string> want, got;
+        key_paths(trainer::complete_config_document(doc), "", want);
+        key_paths(made, "", got);
+        CHECK(got == want);
+        CHECK(config_json(validate_config(made)) == made);
+    }
 }
 
 TEST_CASE("config: configs README lists every key") {

@@ -115,7 +115,7 @@ void load_inference_params(const TrainConfig& config, const ParamLayout& layout,
         const std::string path = resolve_checkpoint(config, *config.load_path);
         read_checkpoint_params(path, &saved, &units);
         // The same model, not only the same sizes (rope_theta, the norms' kind and eps change no size).
-        check_model_matches(saved.json, config, path);
+        check_model_matches(saved, config, path);
         if (units.size() != static_cast<size_t>(layout.num_units())) {
             user_error("{}: checkpoint {} holds {} units; this config's model has {}", command, *config.load_path,
                        units.size(), layout.num_units());

@@ -372,17 +372,18 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
     if (o.json) {
         for (size_t i = 0; i < plan.rows.size(); ++i) {
             const Row& r = plan.rows[i];
+            const Json doc = config_json(r.config);
             Json keys = Json::object();
             keys["distributed_strategy"] = choice_name(r.config.distributed_strategy);
             if (r.config.distributed_strategy == DistributedStrategy::kFsdp) {
                 keys["fsdp.sharding_strategy"] = choice_name(r.config.fsdp.sharding_strategy);
-                keys["fsdp.wrapping_strategy"] = r.config.json["fsdp"]["wrapping_strategy"];
+                keys["fsdp.wrapping_strategy"] = doc["fsdp"]["wrapping_strategy"];
                 keys["fsdp.precision"] = choice_name(r.config.fsdp.precision);
                 keys["fsdp.grad_sync_mode"] = choice_name(r.config.fsdp.grad_sync_mode);
             } else if (r.config.distributed_strategy == DistributedStrategy::kDdp) {
                 keys["ddp.grad_sync_mode"] = choice_name(r.config.ddp_grad_sync_mode);
             }
-            keys["activation_checkpointing"] = r.config.json["activation_checkpointing"];
+            keys["activation_checkpointing"] = doc["activation_checkpointing"];
             keys["cpu_offload.optimizer_state"] = r.config.cpu_offload.optimizer_state;
             keys["cpu_offload.parameters"] = r.config.cpu_offload.parameters;
             keys["kernels.cuda_graphs"] = r.config.kernels_cuda_graphs;

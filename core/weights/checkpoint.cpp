@@ -161,7 +161,13 @@ void check_units_match(const Json& meta, const ParamLayout& layout, const std::s
     }
 }
 
-Json verified_metadata(const std::string& path) {
+// A checkpoint's metadata, verified against its files, and the config it holds, validated once.
+struct VerifiedCheckpoint {
+    Json meta;
+    TrainConfig config;
+};
+
+VerifiedCheckpoint verified_metadata(const std::string& path) {
     const std::string meta_path = (fs::path(path) / "metadata.json").string();
     std::error_code ec;
     if (!fs::is_directory(path, ec)) user_error("checkpoint {}: no such folder", path);
@@ -176,7 +182,7 @@ Json verified_metadata(const std::string& path) {
         user_error("checkpoint {}: no metadata.json, so it is not a complete checkpoint (an interrupted save?)", path);
     }
     Json meta = read_json_file(meta_path, "checkpoint");
-    check_checkpoint_metadata(meta, path);
+    TrainConfig config = check_checkpoint_metadata(meta, path);
     // A folder step<N> holds step N: loading another step would train from the wrong place (a requeue
     // reporting success having trained nothing, or writing over later steps).
     const std::string folder_name = fs::path(path).lexically_normal().filename().string();
@@ -197,7 +203,7 @@ Json verified_metadata(const std::string& path) {
                 path, name, bytes, sum, info["bytes"].get<uint64_t>(), info["checksum"].get<std::string>());
         }
     }
-    return meta;
+    return VerifiedCheckpoint{std::move(meta), std::move(config)};
 }
 
 // Assembles the first `states` of unit `u`'s states (params, exp_avg, exp_avg_sq) into out[0..states)
@@ -235,21 +241,15 @@ void read_unit_state(const std::string& path, const Json& meta, int u, int state
 
 }  // namespace
 
-void check_model_matches(const Json& saved_config, const TrainConfig& config, const std::string& path) {
-    const Json& a = saved_config["model"];
-    const Json& b = config.json["model"];
+void check_model_matches(const TrainConfig& saved, const TrainConfig& config, const std::string& path) {
+    // Both validated: a key the checkpoint's trainer did not have yet reads as its default, a derived one (n_kv_heads
+    // null) as its value, so the two models compare key by key as the typed configs make them.
+    const Json a = config_json(saved)["model"], b = config_json(config)["model"];
     for (auto it = b.begin(); it != b.end(); ++it) {
         if (it.key() == "init_fn" || it.key() == "init_std" || it.key() == "init_cutoff_factor") continue;
-        // A key the checkpoint's trainer did not have yet meant its default (layer_norm_eps, norm_after, ...).
-        Json saved = a.contains(it.key()) ? a[it.key()] : config_key_default("model." + it.key());
-        Json now = it.value();
-        if (it.key() == "n_kv_heads") {  // null means n_heads: the same model either way
-            if (saved.is_null()) saved = a.value("n_heads", Json());
-            if (now.is_null()) now = b["n_heads"];
-        }
-        if (saved != now) {
+        if (a[it.key()] != it.value()) {
             user_error("checkpoint {}: model.{} is {} in the checkpoint but {} in this run's config", path, it.key(),
-                       saved.dump(), now.dump());
+                       a[it.key()].dump(), it.value().dump());
         }
     }
 }
@@ -489,7 +489,7 @@ std::string publish_save(const TrainConfig& config, const ParamLayout& layout, c
                     {"seed", config.data.seed},
                     {"shuffle", config.data.shuffle}};
     meta["rng"] = {{"seed", config.seed}};
-    meta["config"] = config.json;
+    meta["config"] = config_json(config);
     meta["files"] = file_sums;
     {
         const std::string text = meta.dump(2);
@@ -558,7 +558,7 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
 
 // verified_metadata(path), whose refusal of a corrupt checkpoint also names the newest older one beside it
 // that verifies (what `latest` could resume from instead).
-Json verified_or_named_alternative(const std::string& path) {
+VerifiedCheckpoint verified_or_named_alternative(const std::string& path) {
     try {
         return verified_metadata(path);
     } catch (const UserError& e) {
@@ -586,8 +586,9 @@ Json verified_or_named_alternative(const std::string& path) {
 
 CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& layout, Backend* backend,
                                Strategy& strategy, const std::string& path) {
-    const Json meta = verified_or_named_alternative(path);
-    check_model_matches(meta["config"], config, path);
+    const VerifiedCheckpoint verified = verified_or_named_alternative(path);
+    const Json& meta = verified.meta;
+    check_model_matches(verified.config, config, path);
     const Json& data = meta["data"];
     if (data["global_train_batch_size"].get<long>() != config.global_train_batch_size ||
         data["seed"].get<unsigned long long>() != config.data.seed ||
@@ -599,16 +600,13 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
             data["shuffle"].get<bool>(), config.global_train_batch_size, config.data.seed, config.data.shuffle);
     }
     check_units_match(meta, layout, path);
-    // Checkpoints from before data.sources hold none.
-    const Json& saved_data = meta["config"]["data"];
-    const Json saved_sources = saved_data.value("sources", Json::array());
-    const Json sources = config.json["data"].value("sources", Json::array());
-    if (saved_data["paths"] != config.json["data"]["paths"] || saved_sources != sources) {
+    const Json saved_data = config_json(verified.config)["data"], now_data = config_json(config)["data"];
+    if (saved_data["paths"] != now_data["paths"] || saved_data["sources"] != now_data["sources"]) {
         std::fprintf(stderr,
                      "note: resuming %s with data.paths %s and data.sources %s; it was written with %s and %s: the run "
                      "goes on at instance %ld of this data's order\n",
-                     path.c_str(), json_text(config.json["data"]["paths"]).c_str(), json_text(sources).c_str(),
-                     json_text(saved_data["paths"]).c_str(), json_text(saved_sources).c_str(),
+                     path.c_str(), json_text(now_data["paths"]).c_str(), json_text(now_data["sources"]).c_str(),
+                     json_text(saved_data["paths"]).c_str(), json_text(saved_data["sources"]).c_str(),
                      data["instances_consumed"].get<long>());
     }
     // Each unit this rank owns part of is assembled once per state from the checkpoint's pieces.
@@ -633,8 +631,9 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
 }
 
 void read_checkpoint_params(const std::string& path, TrainConfig* config, std::vector<std::vector<float>>* units) {
-    const Json meta = verified_metadata(path);
-    *config = validate_config(meta["config"]);
+    const VerifiedCheckpoint verified = verified_metadata(path);
+    const Json& meta = verified.meta;
+    *config = verified.config;
     // The model its config describes must be the one in the shards (an edited metadata.json would export
     // mis-shaped weights).
     check_units_match(meta, ParamLayout(*config), path);

@@ -75,9 +75,9 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
                                Strategy& strategy, const std::string& path);
 // Reads the full parameters of every unit (host) and the config a checkpoint was written with (for export).
 void read_checkpoint_params(const std::string& path, TrainConfig* config, std::vector<std::vector<float>>* units);
-// Refuses (user_error naming the key and both values) a checkpoint at `path` whose config (`saved_config`, its
-// metadata's) describes another model than `config`'s: every model key but the initialisation's must agree.
-void check_model_matches(const Json& saved_config, const TrainConfig& config, const std::string& path);
+// Refuses (user_error naming the key and both values) a checkpoint at `path` whose config (`saved`, its metadata's,
+// validated) describes another model than `config`'s: every model key but the initialisation's must agree.
+void check_model_matches(const TrainConfig& saved, const TrainConfig& config, const std::string& path);
 // Writes a checkpoint's full weights with Hugging Face names: to `out` as one safetensors file when it ends
 // in .safetensors (through a temporary file and a rename), else as a Hugging Face model directory
 // (hf_export.h); returns the architecture name (GPT2LMHeadModel, OlmoForCausalLM, ...).

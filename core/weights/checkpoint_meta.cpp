@@ -24,7 +24,7 @@ uint64_t non_negative(const Json& v, const std::string& path, const std::string&
 
 }  // namespace
 
-void check_checkpoint_metadata(const Json& meta, const std::string& path) {
+TrainConfig check_checkpoint_metadata(const Json& meta, const std::string& path) {
     if (!meta.is_object() || !meta.contains("format") || meta["format"] != "trainer-checkpoint" ||
         !meta.contains("version") || meta["version"] != kCheckpointFormatVersion) {
         user_error("checkpoint {}: metadata.json is not a trainer checkpoint of format version {}", path,
@@ -70,7 +70,7 @@ void check_checkpoint_metadata(const Json& meta, const std::string& path) {
         if (!member(it.value(), "checksum", path, at).is_string()) bad(path, at + "checksum", "a string");
     }
     try {
-        (void)validate_config(member(meta, "config", path, ""));
+        return validate_config(member(meta, "config", path, ""));
     } catch (const UserError& e) {
         user_error("checkpoint {}: metadata.json config: {}", path, e.what());
     }

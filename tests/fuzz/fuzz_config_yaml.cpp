@@ -10,7 +10,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz::expect_user_errors_only([&] {
         trainer::Json doc = trainer::read_yaml_config(path);
         trainer::finish_olmo_config(doc, path, false);
-        fuzz::check_dumps(trainer::resolved_config_json(trainer::validate_config(doc)));
+        fuzz::check_dumps(trainer::config_json(trainer::validate_config(doc)));
     });
     return 0;
 }
