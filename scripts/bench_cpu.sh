@@ -23,9 +23,10 @@ while (($#)); do
     esac
 done
 bash scripts/install_deps.sh --with-torch
-bash scripts/build.sh >/dev/null
+# TRAINER_BIN when set (another build to compare), else this tree's build, made current.
+if [[ -z ${TRAINER_BIN:-} ]]; then bash scripts/build.sh >/dev/null; fi
 py=/usr/bin/python3
-trainer=build/bin/trainer
+trainer=$(bench_trainer)
 bench_tokens "$trainer"
 blas_settings=(native)
 if [[ -n "${OPENBLAS_CORETYPE:-}" ]]; then blas_settings+=("OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"); fi

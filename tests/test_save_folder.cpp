@@ -21,6 +21,7 @@
 
 #include "base/common.h"
 #include "core/weights/checkpoint.h"
+#include "core/weights/save_folder.h"
 #include "test_util.h"
 
 using Catch::Matchers::Contains;
@@ -160,7 +161,8 @@ std::vector<std::string> temporary_entries(const std::string& folder) {
 
 }  // namespace
 
-TEST_CASE("save folder: a second run on a save folder in use is refused by name and a dead owner's lock is taken over") {
+TEST_CASE(
+    "save folder: a second run on a save folder in use is refused by name and a dead owner's lock is taken over") {
     test_util::TempDir dir;
     const std::string folder = dir.path("run"), log = dir.path("first.log");
     Args argv = {test_util::trainer_binary()};
@@ -230,8 +232,122 @@ TEST_CASE("save folder: another host's lock is taken over only once its heartbea
         INFO(r.out << r.err);
         CHECK(r.exit_code == 0);
         CHECK_THAT(r.err, Contains("took over the lock of run elsewhere (pid 1 on host another-node"));
-        CHECK_THAT(r.err, Contains("whose heartbeat stopped"));
+        CHECK_THAT(r.err, Contains("whose heartbeat did not move for"));
         CHECK(trainer::checkpoint_steps(folder) == std::vector<long>{1});
+    }
+}
+
+TEST_CASE("save folder: two runs that find one stale lock at once never both take it") {
+    // In one process: each thread's run takes the lock as a process would (its own run id), and a run of this
+    // process holding it is alive to the other. The pause makes both judge the stale lock before either takes it.
+    test_util::ScopedEnv stale("TRAINER_SAVE_LOCK_STALE_SECONDS", "0");
+    test_util::ScopedEnv pause("TRAINER_DEBUG_LOCK_TAKEOVER_PAUSE_MS", "20");
+    test_util::TempDir dir;
+    int both = 0, neither = 0;
+    for (int trial = 0; trial < 50; ++trial) {
+        const std::string folder = dir.path("t" + std::to_string(trial));
+        fs::create_directories(folder);
+        test_util::write_file(folder + "/.lock", R"({"run_id": "dead", "host": "another-node", "pid": 1})");
+        std::unique_ptr<trainer::SaveFolderLock> held[2];
+        std::string refused[2];
+        std::thread runs[2];
+        for (int r = 0; r < 2; ++r) {
+            runs[r] = std::thread([&, r] {
+                try {
+                    held[r] = trainer::SaveFolderLock::acquire(folder, fmt::format("run{}-{}", trial, r));
+                } catch (const trainer::UserError& e) {
+                    refused[r] = e.what();
+                }
+            });
+        }
+        for (auto& t : runs) t.join();
+        const int holders = (held[0] != nullptr) + (held[1] != nullptr);
+        both += holders == 2;
+        neither += holders == 0;
+        for (int r = 0; r < 2; ++r) {
+            if (!held[r]) CHECK_THAT(refused[r], Contains("is in use by run run" + std::to_string(trial)));
+        }
+    }
+    CHECK(both == 0);
+    CHECK(neither == 0);
+}
+
+TEST_CASE("save folder: a lock dated in the future or stamped by a clock that is behind is judged by its heartbeat") {
+    test_util::TempDir dir;
+    const std::string folder = dir.path("run");
+    fs::create_directories(folder);
+    const std::string lock = folder + "/.lock";
+    test_util::write_file(lock, R"({"run_id": "elsewhere", "host": "another-node", "pid": 1, "started": "then"})");
+    SECTION("dated an hour ahead and not moving: stale after TRAINER_SAVE_LOCK_STALE_SECONDS, not after the hour") {
+        const timespec ahead[2] = {{::time(nullptr) + 3600, 0}, {::time(nullptr) + 3600, 0}};
+        REQUIRE(::utimensat(AT_FDCWD, lock.c_str(), ahead, 0) == 0);
+        const auto start = std::chrono::steady_clock::now();
+        const auto r = test_util::run_trainer(tiny(folder, 1, {}), {"TRAINER_SAVE_LOCK_STALE_SECONDS=2"});
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 0);
+        CHECK_THAT(r.err, Contains("took over the lock of run elsewhere"));
+        CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
+    }
+    SECTION("stamped 1,000 s in the past by a live owner whose clock is behind: refused while it moves") {
+        std::atomic<bool> stop{false};
+        std::thread beat([&] {
+            for (long k = 0; !stop; ++k) {
+                const timespec behind[2] = {{::time(nullptr) - 1000, 0}, {::time(nullptr) - 1000, k % 1000000}};
+                ::utimensat(AT_FDCWD, lock.c_str(), behind, 0);
+                std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            }
+        });
+        const auto r = test_util::run_trainer(tiny(folder, 1, {}), {"TRAINER_SAVE_LOCK_STALE_SECONDS=3"});
+        stop = true;
+        beat.join();
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Contains("is in use by run elsewhere"));
+        CHECK(trainer::Json::parse(test_util::read_file(lock))["run_id"] == "elsewhere");
+    }
+}
+
+TEST_CASE("save folder: a live lock from another PID namespace on this host is never taken over", "[heavy]") {
+    if (::geteuid() != 0 || ::system("/usr/bin/unshare --pid --fork --mount-proc true >/dev/null 2>&1") != 0) {
+        WARN("skipped: needs root and unshare(1) to start a run in a PID namespace of its own");
+        return;
+    }
+    test_util::TempDir dir;
+    const std::string folder = dir.path("run"), log = dir.path("owner.log");
+    // The owner, in a PID namespace of its own on this host (a container with the host's network): its pid means
+    // another process here, so only its heartbeat can say it lives.
+    Args argv = {"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", "--kill-child", test_util::trainer_binary()};
+    const Args owner_run = tiny(folder, 1000000, {});
+    argv.insert(argv.end(), owner_run.begin(), owner_run.end());
+    const pid_t owner = test_util::start_logged(argv, log);
+    REQUIRE(owner > 0);
+    REQUIRE(test_util::wait_until([&] { return fs::exists(folder + "/.lock"); }));
+    const trainer::Json lock = trainer::Json::parse(test_util::read_file(folder + "/.lock"));
+    const auto second = test_util::run_trainer(tiny(folder, 2, {}), {"TRAINER_SAVE_LOCK_STALE_SECONDS=15"});
+    ::kill(owner, SIGKILL);
+    test_util::wait_exit_code(owner);
+    INFO(second.out << second.err << test_util::read_file(log));
+    CHECK(second.exit_code == 1);
+    CHECK_THAT(second.err, Contains("is in use by run " + lock["run_id"].get<std::string>()));
+}
+
+TEST_CASE("save folder: a symbolic link or a folder at .lock is refused by name") {
+    test_util::TempDir dir;
+    const std::string folder = dir.path("run");
+    fs::create_directories(folder);
+    SECTION("a dangling symbolic link") {
+        fs::create_symlink(dir.path("nowhere"), folder + "/.lock");
+        const auto r = test_util::run_trainer(tiny(folder, 1, {}));
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Contains("is not a lock file but a symbolic link; remove it if no run uses the folder"));
+    }
+    SECTION("a folder") {
+        fs::create_directories(folder + "/.lock");
+        const auto r = test_util::run_trainer(tiny(folder, 1, {}));
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Contains("is not a lock file but a folder"));
     }
 }
 

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -24,6 +25,28 @@
 #include "parallel/launch/tcp_store.h"
 
 namespace test_util {
+
+// An environment variable of the tests' own process set for a scope, and what was there put back.
+class ScopedEnv {
+   public:
+    ScopedEnv(const char* name, const char* value) : name_(name) {
+        if (const char* old = std::getenv(name)) old_ = old;
+        ::setenv(name, value, 1);
+    }
+    ~ScopedEnv() {
+        if (old_) {
+            ::setenv(name_.c_str(), old_->c_str(), 1);
+        } else {
+            ::unsetenv(name_.c_str());
+        }
+    }
+    ScopedEnv(const ScopedEnv&) = delete;
+    ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+   private:
+    std::string name_;
+    std::optional<std::string> old_;
+};
 
 // The rendezvous secret of the tests' in-process stores (parallel/store_secret.h).
 inline const std::string kStoreSecret = "test-job-secret";

@@ -2,10 +2,14 @@
 // file naming the run (its id, host, pid and start), created whole by link(2), so two runs cannot both hold
 // it. While the run lives, a thread refreshes the lock's modification time every few seconds (the
 // heartbeat). A second run on the folder is refused with the owner's name, unless the owner is gone:
-//   - on this host, its pid no longer runs (or runs another process): taken over at once;
-//   - on another host (a shared filesystem), its heartbeat stops moving: taken over when it is older than
-//     TRAINER_SAVE_LOCK_STALE_SECONDS (default 120); a heartbeat seen moving while waiting means a live
-//     owner, refused.
+//   - in this run's scope (the kernel's boot id and PID namespace), its pid no longer runs (or runs another
+//     process): taken over at once;
+//   - elsewhere (another host on a shared filesystem, a container with its own PID namespace), its heartbeat
+//     stops moving: the lock's age on the file system's clock, then watched on this run's steady clock up to
+//     TRAINER_SAVE_LOCK_STALE_SECONDS (default 120) in all, and at least two heartbeats; a heartbeat seen moving
+//     means a live owner, refused. No two hosts' clocks are compared.
+// Of several runs that judge one lock stale at once, the one whose link(2) creates the breaker named for that lock
+// (its inode and time) takes it over, moving it aside only while it is still that file.
 // A take-over says so. Holding the lock, the run clears what interrupted saves of dead runs left behind
 // (.step<N>.tmp-*, .step<N>.old-*, .latest.tmp-*), so a full disk is not kept full by failed retries.
 // The lock is removed when the run ends, if it is still this run's.
