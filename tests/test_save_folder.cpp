@@ -351,6 +351,34 @@ TEST_CASE("save folder: a symbolic link or a folder at .lock is refused by name"
     }
 }
 
+TEST_CASE("save folder: a checkpoint that appears while a save is written is never replaced without save_overwrite") {
+    test_util::TempDir dir;
+    const std::string folder = dir.path("run"), log = dir.path("log.txt");
+    Args argv = {test_util::trainer_binary()};
+    const Args run = tiny(folder, 4, {"--set", "save_interval=2"});
+    argv.insert(argv.end(), run.begin(), run.end());
+    // Step 2's save is held in flight; meanwhile "another run" publishes a step2/ of its own.
+    const pid_t pid = test_util::start_logged(argv, log, {"TRAINER_DEBUG_SAVE_DELAY=2:3000"});
+    REQUIRE(pid > 0);
+    REQUIRE(test_util::wait_until([&] {
+        std::error_code ec;
+        for (const auto& e : fs::directory_iterator(folder, ec)) {
+            if (e.path().filename().string().rfind(".step2.tmp-", 0) == 0) return true;
+        }
+        return false;
+    }));
+    fs::create_directories(folder + "/step2");
+    test_util::write_file(folder + "/step2/theirs.txt", "another run's checkpoint\n");
+    const int code = test_util::wait_exit_code(pid);
+    const std::string text = test_util::read_file(log);
+    INFO(text);
+    CHECK(code == 1);
+    CHECK_THAT(text, Contains("appeared while this run wrote its step 2 and save_overwrite is false"));
+    CHECK(test_util::read_file(folder + "/step2/theirs.txt") == "another run's checkpoint\n");
+    CHECK_FALSE(fs::exists(folder + "/step2/metadata.json"));
+    CHECK(temporary_entries(folder).empty());
+}
+
 TEST_CASE("save folder: outputs that cannot be written stop the run before step 1 or when they fail") {
     test_util::TempDir dir;
     SECTION("a save_folder that is a file, or a name too long") {

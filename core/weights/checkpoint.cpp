@@ -499,15 +499,36 @@ std::string publish_save(const TrainConfig& config, const ParamLayout& layout, c
     }
     fsync_path(tmp_dir);
 
-    // Publish: an existing step<N>/ (save_overwrite) is moved aside first and removed only afterwards.
+    // Publish. Without save_overwrite nothing is replaced: a step<N>/ that appeared while this save was written
+    // (another run in the folder) is refused, atomically where the filesystem has RENAME_NOREPLACE. With it, an
+    // existing step<N>/ is moved aside first and removed only afterwards.
     std::string trash;
-    if (fs::exists(final_dir, ec)) {
-        trash = (fs::path(folder) / fmt::format(".step{}.old-{}", step, ::getpid())).string();
-        fs::rename(final_dir, trash, ec);
-        if (ec) user_error("checkpoint: cannot replace {} ({})", final_dir, ec.message());
+    const auto appeared = [&] {
+        user_error(
+            "checkpoint {} appeared while this run wrote its step {} and save_overwrite is false: another run writes "
+            "to save_folder {}; it is left as it is and this save is dropped",
+            final_dir, step, folder);
+    };
+    if (!config.save_overwrite) {
+        if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_NOREPLACE) != 0) {
+            const int e = errno;
+            if (e == EEXIST || e == ENOTEMPTY) appeared();
+            if (e != EINVAL && e != ENOSYS) {
+                user_error("checkpoint: cannot rename {} to {} ({})", tmp_dir, final_dir, std::strerror(e));
+            }
+            if (fs::exists(final_dir, ec)) appeared();  // no RENAME_NOREPLACE here: the check just before
+            fs::rename(tmp_dir, final_dir, ec);
+            if (ec) user_error("checkpoint: cannot rename {} to {} ({})", tmp_dir, final_dir, ec.message());
+        }
+    } else {
+        if (fs::exists(final_dir, ec)) {
+            trash = (fs::path(folder) / fmt::format(".step{}.old-{}", step, ::getpid())).string();
+            fs::rename(final_dir, trash, ec);
+            if (ec) user_error("checkpoint: cannot replace {} ({})", final_dir, ec.message());
+        }
+        fs::rename(tmp_dir, final_dir, ec);
+        if (ec) user_error("checkpoint: cannot rename {} to {} ({})", tmp_dir, final_dir, ec.message());
     }
-    fs::rename(tmp_dir, final_dir, ec);
-    if (ec) user_error("checkpoint: cannot rename {} to {} ({})", tmp_dir, final_dir, ec.message());
     cleanup.armed = false;
     fsync_path(folder);
     if (!trash.empty()) fs::remove_all(trash, ec);
