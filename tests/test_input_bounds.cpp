@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/config.h"
+#include "core/weights/checkpoint.h"
 #include "core/weights/safetensors.h"
 #include "test_util.h"
 
@@ -153,12 +154,32 @@ TEST_CASE("input bounds: messages name the mistake and the way out") {
         check_refused(test_util::run_trainer(tiny({"--max-duration", "3", "--load-path", folder})),
                       "a save folder, not a checkpoint (it holds 2 of them, the newest " + folder +
                           "/step2); resume with --load-path latest --save-folder " + folder);
-        // A corrupt newest checkpoint: the refusal names the newest one that verifies.
+        // A corrupt newest checkpoint named by its path: the refusal names the newest one that verifies and the
+        // resume that reaches it; a damaged metadata.json too.
         test_util::write_file(folder + "/step2/rank0.bin", "garbage");
-        check_refused(
-            test_util::run_trainer(tiny({"--max-duration", "3", "--save-folder", folder, "--load-path", "latest"})),
-            "the newest checkpoint before it that verifies is " + folder + "/step1: resume with --load-path " + folder +
-                "/step1");
+        check_refused(test_util::run_trainer(
+                          tiny({"--max-duration", "3", "--save-folder", folder, "--load-path", folder + "/step2"})),
+                      "the newest checkpoint before it that verifies is " + folder +
+                          "/step1: resume with --load-path latest --save-folder " + folder);
+        const std::string meta = test_util::read_file(folder + "/step2/metadata.json");
+        test_util::write_file(folder + "/step2/metadata.json", "{\"format\": ");
+        check_refused(test_util::run_trainer(
+                          tiny({"--max-duration", "3", "--save-folder", folder, "--load-path", folder + "/step2"})),
+                      "the newest checkpoint before it that verifies is " + folder + "/step1");
+        test_util::write_file(folder + "/step2/metadata.json", meta);
+        // Resuming from latest (a requeue, a restart) moves the corrupt one aside, kept, and resumes from step1.
+        const auto r =
+            test_util::run_trainer(tiny({"--max-duration", "3", "--save-folder", folder, "--load-path", "latest"}));
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 0);
+        CHECK_THAT(r.err, Contains("moved aside as " + folder + "/.step2.corrupt-"));
+        CHECK_THAT(r.out, Contains("resumed from " + folder + "/step1"));
+        CHECK(trainer::checkpoint_steps(folder) == std::vector<long>{1, 3});  // step2 aside, step3 new
+        bool kept = false;
+        for (const auto& e : fs::directory_iterator(folder)) {
+            kept = kept || e.path().filename().string().rfind(".step2.corrupt-", 0) == 0;
+        }
+        CHECK(kept);
     }
     SECTION("trainer launch without -- says where the ranks' arguments go") {
         check_refused(test_util::run_trainer({"launch", "--nproc-per-node", "1", "--config", "configs/tiny.json"}),

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <random>
 
@@ -41,7 +42,11 @@ RunSaves::RunSaves(const TrainConfig& config, const RankEnv& env) : config_(conf
             *config_.save_folder, *newest);
     }
     if (newest && resume_path_) {
-        const long from = checkpoint_step(*resume_path_);
+        long from = *newest;  // a checkpoint whose metadata cannot be read: loading refuses it, naming one that can
+        try {
+            from = checkpoint_step(*resume_path_);
+        } catch (const UserError&) {
+        }
         if (*newest > from) {
             user_error(
                 "save_folder {} holds checkpoints newer than the one resumed from ({}, step {}): the newest is "
@@ -84,8 +89,23 @@ void RunSaves::take_folder(Strategy& strategy) {
                 probe_writable_folder(folder, fmt::format(".probe-{}-rank{}", run_tag_, env_.rank), "save_folder");
         },
         nullptr, "a rank that writes checkpoint shards cannot write it");
-    // What `latest` named before the lock may have been superseded by the run that held it.
-    if (resume_latest_) resume_path_ = resolve_checkpoint(config_, "latest");
+    // What `latest` names: the newest checkpoint that verifies, resolved again now (the run that held the lock may
+    // have saved since). Rank 0 checks them and moves the ones that do not verify aside, so a restart after a
+    // corrupt save (or a kill in one) resumes from the newest good one instead of failing on the same one again.
+    if (resume_latest_) {
+        double step = 0.0;  // rank 0's: the step resumed from + 1, or 0 (the same on every rank after the sum)
+        agree(
+            [&] {
+                if (env_.rank != 0) return;
+                const std::optional<std::string> sound = newest_sound_checkpoint(folder, run_tag_);
+                step = sound ? static_cast<double>(checkpoint_step(*sound)) + 1.0 : 0.0;
+            },
+            &step, "rank 0 found no checkpoint of it that verifies");
+        if (step >= 1.0) {
+            resume_path_ =
+                (std::filesystem::path(folder) / fmt::format("step{}", static_cast<long>(step) - 1)).string();
+        }
+    }
 }
 
 void RunSaves::attach(const ParamLayout& layout, Backend* backend, Strategy& strategy, ProgressBar* bar) {

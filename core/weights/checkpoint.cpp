@@ -579,6 +579,15 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
 
 // verified_metadata(path), whose refusal of a corrupt checkpoint also names the newest older one beside it
 // that verifies (what `latest` could resume from instead).
+// The step a folder named step<N> holds by its name, if it is so named.
+std::optional<long> step_of_folder_name(const std::string& path) {
+    const std::string name = fs::path(path).lexically_normal().filename().string();
+    if (name.size() <= 4 || name.size() > 22 || name.compare(0, 4, "step") != 0 ||
+        name.find_first_not_of("0123456789", 4) != std::string::npos)
+        return std::nullopt;
+    return std::stol(name.substr(4));
+}
+
 VerifiedCheckpoint verified_or_named_alternative(const std::string& path) {
     try {
         return verified_metadata(path);
@@ -588,6 +597,7 @@ VerifiedCheckpoint verified_or_named_alternative(const std::string& path) {
         try {
             step = checkpoint_step(path);
         } catch (const UserError&) {
+            step = step_of_folder_name(path);  // a damaged metadata.json: the folder's name says which step
         }
         if (!step || parent.empty()) throw;
         auto siblings = complete_checkpoints(parent.string());
@@ -598,11 +608,44 @@ VerifiedCheckpoint verified_or_named_alternative(const std::string& path) {
             } catch (const UserError&) {
                 continue;
             }
-            user_error("{}; the newest checkpoint before it that verifies is {}: resume with --load-path {}", e.what(),
-                       it->second, it->second);
+            user_error(
+                "{}; the newest checkpoint before it that verifies is {}: resume with --load-path latest "
+                "--save-folder {}, which moves the checkpoints newer than it that do not verify aside "
+                "(.step<N>.corrupt-*) and resumes from it",
+                e.what(), it->second, parent.string());
         }
         throw;
     }
+}
+
+std::optional<std::string> newest_sound_checkpoint(const std::string& save_folder, const std::string& run_tag) {
+    const auto all = complete_checkpoints(save_folder);
+    std::vector<std::pair<long, std::string>> unsound;
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+        try {
+            (void)verified_metadata(it->second);
+        } catch (const UserError& e) {
+            unsound.emplace_back(it->first, e.what());
+            continue;
+        }
+        for (const auto& [step, why] : unsound) {
+            const fs::path from = fs::path(save_folder) / fmt::format("step{}", step);
+            const fs::path to = fs::path(save_folder) / fmt::format(".step{}.corrupt-{}", step, run_tag);
+            std::error_code ec;
+            fs::rename(from, to, ec);
+            if (ec)
+                user_error("checkpoint {}: does not verify and cannot be moved aside ({})", from.string(),
+                           ec.message());
+            std::fprintf(stderr, "warning: %s; moved aside as %s, kept for a look; resuming from %s\n", why.c_str(),
+                         to.string().c_str(), it->second.c_str());
+        }
+        return it->second;
+    }
+    if (!unsound.empty()) {
+        user_error("save_folder {}: none of its {} checkpoints verifies (the newest: {}); nothing was moved",
+                   save_folder, unsound.size(), unsound.front().second);
+    }
+    return std::nullopt;
 }
 
 CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& layout, Backend* backend,

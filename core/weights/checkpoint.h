@@ -84,6 +84,11 @@ void check_model_matches(const TrainConfig& saved, const TrainConfig& config, co
 std::string export_checkpoint(const std::string& path, const std::string& out, const HfExportOptions& options = {});
 // Newest complete checkpoint step in a folder, if any (interrupted saves are ignored).
 std::optional<long> latest_checkpoint_step(const std::string& save_folder);
+// The newest checkpoint of `save_folder` that verifies (metadata and every file's checksum), for a resume from
+// "latest": the ones newer than it that do not verify are moved aside as .step<N>.corrupt-<run_tag> (kept, and no
+// longer in the way of this run's saves), each said on stderr. nullopt when the folder holds none; a UserError, and
+// nothing moved, when it holds some and none verifies. Only the run holding the folder's lock may call it.
+std::optional<std::string> newest_sound_checkpoint(const std::string& save_folder, const std::string& run_tag);
 // The steps of the complete checkpoints in a folder, ascending.
 std::vector<long> checkpoint_steps(const std::string& save_folder);
 // The step a checkpoint's metadata.json records (read as it is; loading verifies it).
