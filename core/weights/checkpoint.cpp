@@ -21,6 +21,7 @@
 #include "base/common.h"
 #include "core/optimizer.h"
 #include "core/weights/checkpoint_meta.h"
+#include "core/weights/checkpoint_verify.h"
 #include "core/weights/hf_export.h"
 #include "core/weights/hf_names.h"
 #include "core/weights/safetensors.h"
@@ -30,66 +31,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kFormatVersion = kCheckpointFormatVersion;
-
-// 64-bit checksum over 8-byte words (4 independent multiply-xor lanes, so it runs at memory speed),
-// plus the tail bytes and the length.
-struct Checksum {
-    uint64_t lanes[4] = {0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull, 0x27d4eb2f165667c5ull};
-    uint64_t length = 0;
-    unsigned char tail[32];
-    size_t tail_len = 0;
-
-    static uint64_t mix(uint64_t h, uint64_t w) {
-        h ^= w * 0x87c37b91114253d5ull;
-        h = (h << 31) | (h >> 33);
-        return h * 0x4cf5ad432745937full;
-    }
-    void block(const unsigned char* p) {
-        for (int i = 0; i < 4; ++i) {
-            uint64_t w;
-            std::memcpy(&w, p + 8 * i, 8);
-            lanes[i] = mix(lanes[i], w);
-        }
-    }
-    void update(const void* data, size_t n) {
-        const unsigned char* p = static_cast<const unsigned char*>(data);
-        length += n;
-        while (n > 0 && tail_len > 0) {
-            tail[tail_len++] = *p++;
-            --n;
-            if (tail_len == 32) {
-                block(tail);
-                tail_len = 0;
-            }
-        }
-        while (n >= 32) {
-            block(p);
-            p += 32;
-            n -= 32;
-        }
-        std::memcpy(tail + tail_len, p, n);
-        tail_len += n;
-    }
-    std::string hex() const {
-        uint64_t h = length * 0x9e3779b97f4a7c15ull;
-        for (uint64_t l : lanes) h = mix(h, l);
-        for (size_t i = 0; i < tail_len; ++i) h = mix(h, tail[i]);
-        h ^= h >> 33;
-        return fmt::format("{:016x}", h);
-    }
-};
-
-std::string checksum_file(const std::string& path, uint64_t* bytes) {
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) user_error("checkpoint file {}: cannot be read ({})", path, std::strerror(errno));
-    Checksum c;
-    std::vector<unsigned char> buf(1 << 22);
-    size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) c.update(buf.data(), n);
-    std::fclose(f);
-    *bytes = c.length;
-    return c.hex();
-}
 
 void fsync_path(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY);
@@ -128,22 +69,6 @@ class Writer {
     std::FILE* f_;
 };
 
-std::vector<std::pair<long, std::string>> complete_checkpoints(const std::string& folder) {
-    std::vector<std::pair<long, std::string>> out;
-    std::error_code ec;
-    if (!fs::is_directory(folder, ec)) return out;
-    for (const auto& entry : fs::directory_iterator(folder, ec)) {
-        // Exactly "step<digits>": skips .step<N>.tmp-* folders of interrupted saves and anything else.
-        const std::string name = entry.path().filename().string();
-        if (name.size() <= 4 || name.compare(0, 4, "step") != 0 || name.size() > 22) continue;
-        if (name.find_first_not_of("0123456789", 4) != std::string::npos) continue;
-        if (!fs::exists(entry.path() / "metadata.json", ec)) continue;
-        out.emplace_back(std::stol(name.substr(4)), entry.path().string());
-    }
-    std::sort(out.begin(), out.end());
-    return out;
-}
-
 // Reads and verifies a checkpoint's metadata and file checksums.
 // The checkpoint's units (their count, names and sizes) are the ones `layout` builds.
 void check_units_match(const Json& meta, const ParamLayout& layout, const std::string& path) {
@@ -159,51 +84,6 @@ void check_units_match(const Json& meta, const ParamLayout& layout, const std::s
                        u, json_text(saved["name"]), saved["numel"].get<size_t>(), unit.name, unit.numel);
         }
     }
-}
-
-// A checkpoint's metadata, verified against its files, and the config it holds, validated once.
-struct VerifiedCheckpoint {
-    Json meta;
-    TrainConfig config;
-};
-
-VerifiedCheckpoint verified_metadata(const std::string& path) {
-    const std::string meta_path = (fs::path(path) / "metadata.json").string();
-    std::error_code ec;
-    if (!fs::is_directory(path, ec)) user_error("checkpoint {}: no such folder", path);
-    if (!fs::exists(meta_path, ec)) {
-        const auto inside = complete_checkpoints(path);
-        if (!inside.empty()) {
-            user_error(
-                "checkpoint {}: a save folder, not a checkpoint (it holds {} of them, the newest {}); resume "
-                "with --load-path latest --save-folder {}, or --load-path {}",
-                path, inside.size(), inside.back().second, path, inside.back().second);
-        }
-        user_error("checkpoint {}: no metadata.json, so it is not a complete checkpoint (an interrupted save?)", path);
-    }
-    Json meta = read_json_file(meta_path, "checkpoint");
-    TrainConfig config = check_checkpoint_metadata(meta, path);
-    // A folder step<N> holds step N: loading another step would train from the wrong place (a requeue
-    // reporting success having trained nothing, or writing over later steps).
-    const std::string folder_name = fs::path(path).lexically_normal().filename().string();
-    if (folder_name.size() > 4 && folder_name.compare(0, 4, "step") == 0 &&
-        folder_name.find_first_not_of("0123456789", 4) == std::string::npos &&
-        folder_name.substr(4) != std::to_string(meta["step"].get<long>())) {
-        user_error("checkpoint {}: its metadata.json records step {}, not the {} its folder is named for", path,
-                   meta["step"].get<long>(), folder_name);
-    }
-    for (auto& [name, info] : meta["files"].items()) {
-        const std::string file = (fs::path(path) / name).string();
-        uint64_t bytes = 0;
-        const std::string sum = checksum_file(file, &bytes);
-        if (bytes != info["bytes"].get<uint64_t>() || sum != info["checksum"].get<std::string>()) {
-            user_error(
-                "checkpoint {}: file {} fails its checksum ({} bytes, checksum {}; metadata says {} bytes, {}); "
-                "the checkpoint is corrupt",
-                path, name, bytes, sum, info["bytes"].get<uint64_t>(), info["checksum"].get<std::string>());
-        }
-    }
-    return VerifiedCheckpoint{std::move(meta), std::move(config)};
 }
 
 // Assembles the first `states` of unit `u`'s states (params, exp_avg, exp_avg_sq) into out[0..states)
@@ -252,34 +132,6 @@ void check_model_matches(const TrainConfig& saved, const TrainConfig& config, co
                        a[it.key()].dump(), it.value().dump());
         }
     }
-}
-
-std::vector<long> checkpoint_steps(const std::string& save_folder) {
-    std::vector<long> steps;
-    for (const auto& c : complete_checkpoints(save_folder)) steps.push_back(c.first);
-    return steps;
-}
-
-long checkpoint_step(const std::string& path) {
-    const Json meta = read_json_file((fs::path(path) / "metadata.json").string(), "checkpoint");
-    if (!meta.is_object() || !meta.contains("step") || !meta["step"].is_number_integer())
-        user_error("checkpoint {}: metadata.json has no integer \"step\"", path);
-    return meta["step"].get<long>();
-}
-
-std::optional<long> latest_checkpoint_step(const std::string& save_folder) {
-    auto all = complete_checkpoints(save_folder);
-    if (all.empty()) return std::nullopt;
-    return all.back().first;
-}
-
-std::string resolve_checkpoint(const TrainConfig& config, const std::string& load_path) {
-    if (load_path != "latest") return load_path;
-    auto all = complete_checkpoints(*config.save_folder);
-    if (all.empty()) {
-        user_error("load_path \"latest\": no complete checkpoint in save_folder {}", *config.save_folder);
-    }
-    return all.back().second;
 }
 
 SavePaths prepare_save(const TrainConfig& config, long step, const std::string& run_tag) {
@@ -575,77 +427,6 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
     if (rank != 0) return save.final_dir;
     cleanup.armed = false;  // publish_save removes it when it fails
     return publish_save(config, layout, save, strategy.checkpoint_files());
-}
-
-// verified_metadata(path), whose refusal of a corrupt checkpoint also names the newest older one beside it
-// that verifies (what `latest` could resume from instead).
-// The step a folder named step<N> holds by its name, if it is so named.
-std::optional<long> step_of_folder_name(const std::string& path) {
-    const std::string name = fs::path(path).lexically_normal().filename().string();
-    if (name.size() <= 4 || name.size() > 22 || name.compare(0, 4, "step") != 0 ||
-        name.find_first_not_of("0123456789", 4) != std::string::npos)
-        return std::nullopt;
-    return std::stol(name.substr(4));
-}
-
-VerifiedCheckpoint verified_or_named_alternative(const std::string& path) {
-    try {
-        return verified_metadata(path);
-    } catch (const UserError& e) {
-        const fs::path parent = fs::path(path).lexically_normal().parent_path();
-        std::optional<long> step;
-        try {
-            step = checkpoint_step(path);
-        } catch (const UserError&) {
-            step = step_of_folder_name(path);  // a damaged metadata.json: the folder's name says which step
-        }
-        if (!step || parent.empty()) throw;
-        auto siblings = complete_checkpoints(parent.string());
-        for (auto it = siblings.rbegin(); it != siblings.rend(); ++it) {
-            if (it->first >= *step) continue;
-            try {
-                (void)verified_metadata(it->second);
-            } catch (const UserError&) {
-                continue;
-            }
-            user_error(
-                "{}; the newest checkpoint before it that verifies is {}: resume with --load-path latest "
-                "--save-folder {}, which moves the checkpoints newer than it that do not verify aside "
-                "(.step<N>.corrupt-*) and resumes from it",
-                e.what(), it->second, parent.string());
-        }
-        throw;
-    }
-}
-
-std::optional<std::string> newest_sound_checkpoint(const std::string& save_folder, const std::string& run_tag) {
-    const auto all = complete_checkpoints(save_folder);
-    std::vector<std::pair<long, std::string>> unsound;
-    for (auto it = all.rbegin(); it != all.rend(); ++it) {
-        try {
-            (void)verified_metadata(it->second);
-        } catch (const UserError& e) {
-            unsound.emplace_back(it->first, e.what());
-            continue;
-        }
-        for (const auto& [step, why] : unsound) {
-            const fs::path from = fs::path(save_folder) / fmt::format("step{}", step);
-            const fs::path to = fs::path(save_folder) / fmt::format(".step{}.corrupt-{}", step, run_tag);
-            std::error_code ec;
-            fs::rename(from, to, ec);
-            if (ec)
-                user_error("checkpoint {}: does not verify and cannot be moved aside ({})", from.string(),
-                           ec.message());
-            std::fprintf(stderr, "warning: %s; moved aside as %s, kept for a look; resuming from %s\n", why.c_str(),
-                         to.string().c_str(), it->second.c_str());
-        }
-        return it->second;
-    }
-    if (!unsound.empty()) {
-        user_error("save_folder {}: none of its {} checkpoints verifies (the newest: {}); nothing was moved",
-                   save_folder, unsound.size(), unsound.front().second);
-    }
-    return std::nullopt;
 }
 
 CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& layout, Backend* backend,
