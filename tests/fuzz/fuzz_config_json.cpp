@@ -27,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         } else {
             doc = trainer::read_config_file(fuzz::as_file(text, ".json"));
         }
-        fuzz::check_dumps(trainer::resolved_config_json(trainer::validate_config(doc)));
+        fuzz::check_dumps(trainer::config_json(trainer::validate_config(doc)));
     });
     return 0;
 }
