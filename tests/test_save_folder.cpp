@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,6 +44,25 @@ bool running(pid_t pid) {
     std::getline(stat, line);
     const size_t paren = line.rfind(')');
     return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
+}
+
+// Runs the trainer with `args` while a thread moves the heartbeat of `lock` (another run's) every 100 ms: to
+// `stamp(k)` at beat k, or to now where it gives none; TRAINER_SAVE_LOCK_STALE_SECONDS is `stale`.
+test_util::RunResult run_beside_heartbeat(const std::string& lock, const Args& args, int stale,
+                                          const std::function<std::optional<timespec>(long)>& stamp) {
+    std::atomic<bool> stop{false};
+    std::thread beat([&] {
+        for (long k = 0; !stop; ++k) {
+            const std::optional<timespec> t = stamp(k);
+            const timespec times[2] = {t.value_or(timespec{}), t.value_or(timespec{})};
+            ::utimensat(AT_FDCWD, lock.c_str(), t ? times : nullptr, 0);
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+    });
+    const auto r = test_util::run_trainer(args, {"TRAINER_SAVE_LOCK_STALE_SECONDS=" + std::to_string(stale)});
+    stop = true;
+    beat.join();
+    return r;
 }
 
 }  // namespace
@@ -210,16 +230,8 @@ TEST_CASE("save folder: another host's lock is taken over only once its heartbea
     const std::string lock = folder + "/.lock";
     test_util::write_file(lock, R"({"run_id": "elsewhere", "host": "another-node", "pid": 1, "started": "then"})");
     SECTION("a heartbeat that moves: a live run, refused") {
-        std::atomic<bool> stop{false};
-        std::thread beat([&] {
-            while (!stop) {
-                ::utimensat(AT_FDCWD, lock.c_str(), nullptr, 0);
-                std::this_thread::sleep_for(std::chrono::milliseconds(100));
-            }
-        });
-        const auto r = test_util::run_trainer(tiny(folder, 1, {}), {"TRAINER_SAVE_LOCK_STALE_SECONDS=5"});
-        stop = true;
-        beat.join();
+        const auto r =
+            run_beside_heartbeat(lock, tiny(folder, 1, {}), 5, [](long) { return std::optional<timespec>(); });
         INFO(r.out << r.err);
         CHECK(r.exit_code == 1);
         CHECK_THAT(r.err, Contains("is in use by run elsewhere (pid 1 on host another-node"));
@@ -289,17 +301,9 @@ TEST_CASE("save folder: a lock dated in the future or stamped by a clock that is
         CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
     }
     SECTION("stamped 1,000 s in the past by a live owner whose clock is behind: refused while it moves") {
-        std::atomic<bool> stop{false};
-        std::thread beat([&] {
-            for (long k = 0; !stop; ++k) {
-                const timespec behind[2] = {{::time(nullptr) - 1000, 0}, {::time(nullptr) - 1000, k % 1000000}};
-                ::utimensat(AT_FDCWD, lock.c_str(), behind, 0);
-                std::this_thread::sleep_for(std::chrono::milliseconds(100));
-            }
+        const auto r = run_beside_heartbeat(lock, tiny(folder, 1, {}), 3, [](long k) {
+            return std::optional<timespec>(timespec{::time(nullptr) - 1000, k % 1000000});
         });
-        const auto r = test_util::run_trainer(tiny(folder, 1, {}), {"TRAINER_SAVE_LOCK_STALE_SECONDS=3"});
-        stop = true;
-        beat.join();
         INFO(r.out << r.err);
         CHECK(r.exit_code == 1);
         CHECK_THAT(r.err, Contains("is in use by run elsewhere"));
