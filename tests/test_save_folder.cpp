@@ -46,6 +46,14 @@ bool running(pid_t pid) {
     return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
 }
 
+// A lock of run "elsewhere" on another host in a new save folder `folder`; returns its path.
+std::string foreign_lock(const std::string& folder) {
+    fs::create_directories(folder);
+    const std::string lock = folder + "/.lock";
+    test_util::write_file(lock, R"({"run_id": "elsewhere", "host": "another-node", "pid": 1, "started": "then"})");
+    return lock;
+}
+
 // Runs the trainer with `args` while a thread moves the heartbeat of `lock` (another run's) every 100 ms: to
 // `stamp(k)` at beat k, or to now where it gives none; TRAINER_SAVE_LOCK_STALE_SECONDS is `stale`.
 test_util::RunResult run_beside_heartbeat(const std::string& lock, const Args& args, int stale,
@@ -225,10 +233,7 @@ TEST_CASE(
 
 TEST_CASE("save folder: another host's lock is taken over only once its heartbeat stops moving") {
     test_util::TempDir dir;
-    const std::string folder = dir.path("run");
-    fs::create_directories(folder);
-    const std::string lock = folder + "/.lock";
-    test_util::write_file(lock, R"({"run_id": "elsewhere", "host": "another-node", "pid": 1, "started": "then"})");
+    const std::string folder = dir.path("run"), lock = foreign_lock(folder);
     SECTION("a heartbeat that moves: a live run, refused") {
         const auto r =
             run_beside_heartbeat(lock, tiny(folder, 1, {}), 5, [](long) { return std::optional<timespec>(); });
@@ -286,10 +291,7 @@ TEST_CASE("save folder: two runs that find one stale lock at once never both tak
 
 TEST_CASE("save folder: a lock dated in the future or stamped by a clock that is behind is judged by its heartbeat") {
     test_util::TempDir dir;
-    const std::string folder = dir.path("run");
-    fs::create_directories(folder);
-    const std::string lock = folder + "/.lock";
-    test_util::write_file(lock, R"({"run_id": "elsewhere", "host": "another-node", "pid": 1, "started": "then"})");
+    const std::string folder = dir.path("run"), lock = foreign_lock(folder);
     SECTION("dated an hour ahead and not moving: stale after TRAINER_SAVE_LOCK_STALE_SECONDS, not after the hour") {
         const timespec ahead[2] = {{::time(nullptr) + 3600, 0}, {::time(nullptr) + 3600, 0}};
         REQUIRE(::utimensat(AT_FDCWD, lock.c_str(), ahead, 0) == 0);
