@@ -5,7 +5,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "core/weights/checkpoint.h"
 #include "test_util.h"
@@ -39,7 +41,149 @@ long newest_step(const std::string& metrics) {
     return step;
 }
 
+// The sizes of a tiny.json checkpoint's files with save_safetensors, measured by saving one.
+struct CheckpointBytes {
+    long shards = 0, safetensors = 0, metadata = 0;
+    long total() const { return shards + safetensors + metadata; }
+};
+CheckpointBytes tiny_checkpoint_bytes() {
+    test_util::TempDir dir;
+    const auto r = test_util::run_trainer(
+        tiny(dir.path("ck"), 2, {"--set", "save_interval=2", "--set", "save_safetensors=true", "--threads", "1"}));
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    const std::string step = dir.path("ck/step2/");
+    CheckpointBytes b;
+    b.shards = static_cast<long>(fs::file_size(step + "rank0.bin"));
+    b.safetensors = static_cast<long>(fs::file_size(step + "model.safetensors"));
+    b.metadata = static_cast<long>(fs::file_size(step + "metadata.json"));
+    return b;
+}
+
+// Every complete checkpoint in `folder` holds its model.safetensors.
+bool every_checkpoint_has_safetensors(const std::string& folder) {
+    for (const long step : trainer::checkpoint_steps(folder)) {
+        if (!fs::exists(folder + "/step" + std::to_string(step) + "/model.safetensors")) return false;
+    }
+    return true;
+}
+
 }  // namespace
+
+TEST_CASE(
+    "async save: a disk that holds keep + 1 checkpoints suffices for every save of a run including its last and a stop "
+    "signal's") {
+    test_util::TempDir dir;
+    const CheckpointBytes bytes = tiny_checkpoint_bytes();
+    // save_num_checkpoints_to_keep 1: room for two checkpoints and half of a third.
+    const long room = 2 * bytes.total() + bytes.total() / 2;
+    const Args keep = {"--set", "save_interval=4",       "--set",     "save_num_checkpoints_to_keep=1",
+                       "--set", "save_safetensors=true", "--threads", "1"};
+    {
+        // The run's end: background saves at steps 4 and 8, then step 10's written at once.
+        const std::string disk_at = dir.path("end");
+        const test_util::SmallDisk disk(disk_at, room);
+        if (!disk.mounted()) {
+            WARN("skipped: a small tmpfs cannot be mounted here (not root, or no mount permission)");
+            return;
+        }
+        const std::string folder = disk_at + "/ck";
+        const auto r = test_util::run_trainer(tiny(folder, 10, keep));
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 0);
+        CHECK_THAT(r.out, Contains("saved checkpoint " + folder + "/step8 (written in the background)") &&
+                              Contains("saved checkpoint " + folder + "/step10\n"));
+        CHECK(trainer::checkpoint_steps(folder) == std::vector<long>{10});
+        CHECK(every_checkpoint_has_safetensors(folder));
+        CHECK(temporary_folders(folder).empty());
+    }
+    {
+        // A stop signal: step 8's write is held 3 s, so step 12's save waits for it and the signal comes then; the
+        // ranks stop after step 13, whose checkpoint is written at once beside step 12's background one.
+        const std::string disk_at = dir.path("stop");
+        const test_util::SmallDisk disk(disk_at, room);
+        REQUIRE(disk.mounted());
+        const std::string folder = disk_at + "/ck", metrics = dir.path("stop.jsonl"), log = dir.path("stop.txt");
+        Args argv = {test_util::trainer_binary()};
+        const Args train = tiny(folder, 100000, keep);
+        argv.insert(argv.end(), train.begin(), train.end());
+        argv.insert(argv.end(), {"--metrics-file", metrics});
+        const pid_t pid = test_util::start_logged(argv, log, {"TRAINER_DEBUG_SAVE_DELAY=8:3000"});
+        REQUIRE(pid > 0);
+        const bool past = test_util::wait_until([&] { return newest_step(metrics) >= 11; }, 60);
+        if (!past) ::kill(pid, SIGKILL);
+        REQUIRE(past);
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));  // step 12 waits for step 8's write
+        REQUIRE(::kill(pid, SIGTERM) == 0);
+        const int code = test_util::wait_exit_code(pid);
+        const std::string text = test_util::read_file(log);
+        INFO(text);
+        CHECK(code == 128 + SIGTERM);
+        const long stopped = newest_step(metrics);
+        CHECK(stopped % 4 != 0);  // its checkpoint was written at once, not in the background
+        CHECK_THAT(text, Contains("stopped by SIGTERM after step " + std::to_string(stopped) +
+                                  " of 100000: checkpoint " + folder + "/step" + std::to_string(stopped)));
+        CHECK(trainer::checkpoint_steps(folder) == std::vector<long>{stopped});
+        CHECK(every_checkpoint_has_safetensors(folder));
+        CHECK(temporary_folders(folder).empty());
+    }
+}
+
+TEST_CASE("async save: an error at a step after a save still publishes the checkpoint being written") {
+    test_util::TempDir dir;
+    // Step 4's write is held 1.5 s; the gradients of step 5 are NaN on rank 0, which stops every rank there, while
+    // step 4's files are still being written. One process, and FULL_SHARD on 2 ranks (two shard files).
+    for (const int nproc : {1, 2}) {
+        CAPTURE(nproc);
+        const std::string folder = dir.path("ck" + std::to_string(nproc));
+        const Args train = tiny(folder, 20, {"--set", "save_interval=2", "--strategy", "fsdp", "--threads", "1"});
+        const auto r = test_util::run_trainer(nproc == 1 ? train : launched(nproc, train),
+                                              {"TRAINER_DEBUG_SAVE_DELAY=4:1500", "TRAINER_DEBUG_NAN_GRADIENT=0:5"});
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Contains("step 5"));
+        CHECK_THAT(r.out, Contains("saved checkpoint " + folder +
+                                   "/step4 (written in the background; the error that ends the run came after its "
+                                   "step)"));
+        CHECK(trainer::checkpoint_steps(folder) == std::vector<long>{2, 4});
+        CHECK(temporary_folders(folder).empty());
+        // It is whole: a resume from it verifies every file and trains on.
+        const auto resumed =
+            test_util::run_trainer(tiny(dir.path("resumed" + std::to_string(nproc)), 6,
+                                        {"--load-path", folder + "/step4", "--strategy", "fsdp", "--threads", "1"}));
+        INFO(resumed.out << resumed.err);
+        CHECK(resumed.exit_code == 0);
+        CHECK_THAT(resumed.out, Contains("resumed from " + folder + "/step4 at step 4"));
+    }
+}
+
+TEST_CASE("async save: save_safetensors' model.safetensors is published with its checkpoint or not at all") {
+    test_util::TempDir dir;
+    const CheckpointBytes bytes = tiny_checkpoint_bytes();
+    // Room for the shard file and the metadata, and half of model.safetensors: the first save fills the disk while
+    // it writes the unsharded copy.
+    const long room = bytes.shards + bytes.metadata + bytes.safetensors / 2;
+    for (const bool async : {true, false}) {
+        CAPTURE(async);
+        const std::string disk_at = dir.path(async ? "async" : "sync");
+        const test_util::SmallDisk disk(disk_at, room);
+        if (!disk.mounted()) {
+            WARN("skipped: a small tmpfs cannot be mounted here (not root, or no mount permission)");
+            return;
+        }
+        const std::string folder = disk_at + "/ck";
+        const auto r = test_util::run_trainer(tiny(folder, 6,
+                                                   {"--set", "save_interval=2", "--set", "save_safetensors=true",
+                                                    "--set", std::string("save_async=") + (async ? "true" : "false")}));
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Contains("No space left on device"));
+        CHECK_THAT(r.err, Contains("checkpoint step 2") && Contains("not published: its model.safetensors"));
+        CHECK(trainer::checkpoint_steps(folder).empty());  // nothing published without its model.safetensors
+        CHECK_THAT(r.out, !Contains("saved checkpoint"));
+        CHECK(temporary_folders(folder).empty());
+    }
+}
 
 TEST_CASE("async save: the background write gives the synchronous path's files byte for byte") {
     test_util::TempDir dir;

@@ -79,16 +79,12 @@ TEST_CASE("tensorboard: a folder that cannot be made is refused before the run")
 TEST_CASE("tensorboard: a full disk stops the run with the reason and the file ends with a whole event") {
     TempDir dir;
     const std::string tb = dir.path("tb");
-    std::filesystem::create_directories(tb);
     // A 16 KiB file system of its own (root): the events of a few steps fill it.
-    if (::system(("mount -t tmpfs -o size=16k tmpfs '" + tb + "' 2>/dev/null").c_str()) != 0) {
+    const test_util::SmallDisk disk(tb, 16 << 10);
+    if (!disk.mounted()) {
         WARN("skipped: a small tmpfs cannot be mounted here (not root, or no mount permission)");
         return;
     }
-    struct Unmount {
-        std::string at;
-        ~Unmount() { (void)!::system(("umount '" + at + "'").c_str()); }
-    } unmount{tb};
     const test_util::RunResult r =
         test_util::run_trainer({"--config", "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"),
                                 "--max-duration", "200", "--threads", "1", "--tensorboard-dir", tb});

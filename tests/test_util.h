@@ -83,6 +83,25 @@ class TempDir {
     std::string path_;
 };
 
+// A file system of `bytes` of its own (a tmpfs, root only) mounted at `at` (created), unmounted at scope exit: a disk
+// that fills. mounted() false where it cannot be made here (the test then reports itself skipped).
+class SmallDisk {
+   public:
+    SmallDisk(const std::string& at, long bytes) : at_(at) {
+        std::filesystem::create_directories(at);
+        const std::string mount = "mount -t tmpfs -o size=" + std::to_string(bytes) + " tmpfs '" + at + "' 2>/dev/null";
+        mounted_ = ::system(mount.c_str()) == 0;
+    }
+    ~SmallDisk() {
+        if (mounted_) (void)!::system(("umount '" + at_ + "'").c_str());
+    }
+    bool mounted() const { return mounted_; }
+
+   private:
+    std::string at_;
+    bool mounted_ = false;
+};
+
 struct RunResult {
     int exit_code = -1;  // -signal when killed
     std::string out, err;

@@ -82,27 +82,84 @@ AsyncSaver::AsyncSaver(const TrainConfig& config, const ParamLayout& layout, Bac
       layout_(layout),
       strategy_(strategy),
       run_tag_(std::move(run_tag)),
+      rank_(strategy.rank()),
+      files_(strategy.checkpoint_files()),
       file_index_(strategy.checkpoint_file()),
       snapshot_(backend, strategy) {}
 
 AsyncSaver::~AsyncSaver() {
     if (!job_) return;
-    cancel_ = true;
+    bool verdict;
     {
+        const std::lock_guard<std::mutex> lock(job_->m);
+        verdict = job_->verdict_given;
+    }
+    // The run ends on an error while the ranks' votes on the save in flight were not all in: the state it snapshot
+    // was good (a step's result, refused if not finite), so it is finished rather than dropped.
+    const bool salvaging = !verdict && salvage();
+    if (!salvaging) {
+        cancel_ = true;
         const std::lock_guard<std::mutex> lock(job_->m);
         job_->cv.notify_all();
     }
     if (job_->thread.joinable()) job_->thread.join();
+    if (salvaging && rank_ == 0) {
+        if (!job_->published.empty()) {
+            std::printf(
+                "saved checkpoint %s (written in the background; the error that ends the run came after "
+                "its step)\n",
+                job_->published.c_str());
+        } else {
+            std::fprintf(stderr, "checkpoint step %ld (written in the background) is not published: %s\n",
+                         job_->save.step, job_->error.c_str());
+        }
+        std::fflush(stdout);
+    }
+}
+
+bool AsyncSaver::salvage() {
+    Job& job = *job_;
+    std::unique_lock<std::mutex> lock(job.m);
+    job.cv.wait(lock, [&] { return job.written; });  // this rank's own file: it runs on its own, unbounded
+    if (!job.error.empty()) return false;
+    if (rank_ != 0) return true;  // its thread has ended
+    // Rank 0 publishes once every writer's file is complete (their lists, renamed into place after the file), as
+    // long as the ranks' collective timeout allows; a rank that died in its write leaves the save unpublished.
+    lock.unlock();
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(static_cast<long>(config_.distributed_timeout_seconds * 1000));
+    bool complete = shard_lists_complete(job.save, files_);
+    while (!complete && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        complete = shard_lists_complete(job.save, files_);
+    }
+    lock.lock();
+    if (!complete) {
+        job.error = fmt::format("not every rank's shard file was complete within {} s (distributed_timeout_seconds)",
+                                config_.distributed_timeout_seconds);
+    }
+    job.verdict_given = true;
+    job.commit = complete;
+    job.cv.notify_all();
+    return true;
 }
 
 void AsyncSaver::run(Job& job) {
-    const bool rank0 = strategy_.rank() == 0;
+    const bool rank0 = rank_ == 0;
     std::string error;
     try {
         // Rank 0 removes the checkpoints beyond save_num_checkpoints_to_keep here, before its shard file, rather
         // than when it published the last one: the next save waits for that, and deleting files is slow on many
-        // file systems (ext4 mounted with discard, Lustre).
-        if (rank0) remove_excess_checkpoints(config_);
+        // file systems (ext4 mounted with discard, Lustre). It then makes the temporary folder, which the other
+        // writers wait for, so no rank writes before the room is made.
+        if (rank0) {
+            remove_excess_checkpoints(config_);
+            std::error_code ec;
+            fs::create_directories(job.save.tmp_dir, ec);
+            if (ec) user_error("checkpoint: cannot create {} ({})", job.save.tmp_dir, ec.message());
+        } else if (file_index_ >= 0) {
+            wait_for_folder(job.save);
+        }
         debug_delay_save(job.save.step, cancel_);
         if (file_index_ >= 0) {
             write_shard_file(config_, layout_, snapshot_.shards(), nullptr, job.save, file_index_, &cancel_,
@@ -127,7 +184,7 @@ void AsyncSaver::run(Job& job) {
     std::string published, publish_error;
     if (commit) {
         try {
-            published = publish_save(config_, layout_, job.save, strategy_.checkpoint_files(), /*rotate=*/false);
+            published = publish_save(config_, layout_, job.save, files_, /*rotate=*/false);
         } catch (const std::exception& e) {
             publish_error = e.what();
         }
@@ -141,14 +198,23 @@ void AsyncSaver::run(Job& job) {
     job.cv.notify_all();
 }
 
+void AsyncSaver::wait_for_folder(const SavePaths& save) const {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(static_cast<long>(config_.distributed_timeout_seconds * 1000));
+    std::error_code ec;
+    while (!fs::is_directory(save.tmp_dir, ec)) {
+        if (cancel_.load()) user_error("checkpoint step {}: cancelled", save.step);
+        if (std::chrono::steady_clock::now() > deadline) {
+            user_error("checkpoint step {}: rank 0 did not make {} within {} s (distributed_timeout_seconds)",
+                       save.step, save.tmp_dir, config_.distributed_timeout_seconds);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+}
+
 void AsyncSaver::start(long step) {
     wait();
     const SavePaths save = prepare_save(config_, step, run_tag_);
-    if (file_index_ >= 0) {
-        std::error_code ec;
-        fs::create_directories(save.tmp_dir, ec);
-        if (ec) user_error("checkpoint: cannot create {} ({})", save.tmp_dir, ec.message());
-    }
     snapshot_.take(strategy_);
     last_path_ = save.final_dir;
     job_ = std::make_unique<Job>();
@@ -193,7 +259,7 @@ void AsyncSaver::tally(const double* sums) {
     }
     if (static_cast<int>(sums[0] + 0.5) < strategy_.world_size()) return;  // not every file is written yet
     give_verdict(true);
-    if (strategy_.rank() != 0) retire();  // its thread ended when its file was written
+    if (rank_ != 0) retire();  // its thread ended when its file was written
 }
 
 void AsyncSaver::wait() {
@@ -233,7 +299,7 @@ std::optional<std::string> AsyncSaver::take_published() {
 std::optional<std::string> AsyncSaver::retire() {
     job_->thread.join();
     const std::unique_ptr<Job> job = std::move(job_);
-    if (strategy_.rank() != 0) return std::nullopt;
+    if (rank_ != 0) return std::nullopt;
     if (!job->error.empty()) {
         user_error("checkpoint step {} (written in the background): publishing it failed: {}", job->save.step,
                    job->error);

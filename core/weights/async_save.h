@@ -6,10 +6,16 @@
 // The ranks agree that every shard file is complete without a collective of their own: while a save waits for
 // agreement, each rank adds two numbers (its file written, its write failed) to the step's loss all-reduce
 // (vote / tally). When every rank's file is written, rank 0's background thread publishes the checkpoint (the
-// metadata, the rename to step<N>/, `latest`, the rotation: checkpoint.h's publish_save); when any failed,
-// every rank stops with an error and rank 0 removes the temporary folder, so the previous checkpoints stay the
-// newest complete ones. At most one save is in flight: the next save, a stop and the run's end wait for it
-// (wait, a collective at a point every rank reaches alike).
+// metadata, the rename to step<N>/, `latest`: checkpoint.h's publish_save); when any failed, every rank stops
+// with an error and rank 0 removes the temporary folder, so the previous checkpoints stay the newest complete
+// ones. A run that ends on another error before the votes are in still publishes the save (see ~AsyncSaver): its
+// state was good. At most one save is in flight: the next save, a stop and the run's end wait for it (wait, a
+// collective at a point every rank reaches alike).
+//
+// Room: rank 0 removes the checkpoints beyond save_num_checkpoints_to_keep before a save's files are written (the
+// other writers wait for the temporary folder it makes afterwards), and a background save publishes without
+// rotating; the synchronous saves (the run's last, a stop's) make room first too. So a save folder never holds
+// more than keep + 1 checkpoints, the one being written included.
 #pragma once
 
 #include <atomic>
@@ -52,8 +58,12 @@ class AsyncSaver {
    public:
     AsyncSaver(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy& strategy,
                std::string run_tag);
-    // A save still in flight (the run is ending on an error): the background thread stops at its next array and
-    // rank 0 removes the temporary folder; never throws.
+    // A save still in flight (the run is ending on an error; never throws). Where the ranks' votes on it were not
+    // all in, the state it holds was still good: each rank finishes its own file, and rank 0 publishes the
+    // checkpoint once every writer's file is complete (their lists in the temporary folder), waiting at most
+    // distributed_timeout_seconds for them (a launcher's grace for the other ranks bounds it too), and says so.
+    // Where the verdict was to drop it (a write failed), the background thread stops at its next array and rank 0
+    // removes the temporary folder.
     ~AsyncSaver();
 
     // Every rank, after step `step`'s optimizer step: waits for the save in flight (wait()), refuses an
@@ -90,6 +100,12 @@ class AsyncSaver {
         std::string published;       // rank 0: step<N>/'s path
     };
     void run(Job& job);
+    // The destructor's half for a save the votes never decided: waits for this rank's file; rank 0 then gives the
+    // verdict itself from the files on disk. False where this rank's own write failed (the save is dropped).
+    bool salvage();
+    // A writer other than rank 0: waits until rank 0 made the temporary folder (after it made room), bounded by
+    // distributed_timeout_seconds and stopped by cancel_.
+    void wait_for_folder(const SavePaths& save) const;
     void give_verdict(bool commit);
     // Joins the finished job's thread and forgets it; rank 0 returns what it published (throws its failure).
     std::optional<std::string> retire();
@@ -98,7 +114,9 @@ class AsyncSaver {
     const ParamLayout& layout_;
     Strategy& strategy_;
     std::string run_tag_;
-    int file_index_;
+    int rank_;        // strategy_.rank(): the destructor may run while the run unwinds
+    int files_;       // shard files in a checkpoint
+    int file_index_;  // the one this rank writes (-1: none)
     CheckpointSnapshot snapshot_;
     std::unique_ptr<Job> job_;
     std::atomic<bool> cancel_{false};

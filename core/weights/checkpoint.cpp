@@ -273,11 +273,25 @@ void write_shard_file(const TrainConfig& config, const ParamLayout& layout, cons
     }
     // The unit ranges in the file and the file's size and checksum, taken from the bytes as they were written
     // (loading checks them against the bytes it reads).
+    // The list appears whole (written aside, then renamed): a rank<k>.json in the folder means rank<k>.bin is
+    // complete and synced, which rank 0 relies on where the ranks' votes never came (salvaged_save).
     const Json list = {{"pieces", pieces}, {"bytes", sum.length}, {"checksum", sum.hex()}};
     const std::string text = list.dump();
-    Writer j((fs::path(save.tmp_dir) / fmt::format("rank{}.json", file_index)).string());
+    const std::string list_path = (fs::path(save.tmp_dir) / fmt::format("rank{}.json", file_index)).string();
+    Writer j(list_path + ".part");
     j.write(text.data(), text.size());
     j.close();
+    std::error_code ec;
+    fs::rename(list_path + ".part", list_path, ec);
+    if (ec) user_error("checkpoint: cannot rename {}.part to {} ({})", list_path, list_path, ec.message());
+}
+
+bool shard_lists_complete(const SavePaths& save, int files) {
+    std::error_code ec;
+    for (int k = 0; k < files; ++k) {
+        if (!fs::exists(fs::path(save.tmp_dir) / fmt::format("rank{}.json", k), ec)) return false;
+    }
+    return true;
 }
 
 void abandon_save(const SavePaths& save) {
@@ -349,6 +363,16 @@ std::string publish_save(const TrainConfig& config, const ParamLayout& layout, c
         w.write(text.data(), text.size());
         w.close();
     }
+    // Rank 0's unsharded copy of the weights, assembled from the checkpoint's pieces (their checksums verified) in
+    // the temporary folder: part of the checkpoint, published with it or not at all.
+    if (config.save_safetensors) {
+        try {
+            export_checkpoint(tmp_dir, (fs::path(tmp_dir) / "model.safetensors").string());
+        } catch (const UserError& e) {
+            user_error("checkpoint step {}: not published: its model.safetensors (save_safetensors) failed: {}", step,
+                       e.what());
+        }
+    }
     fsync_path(tmp_dir);
 
     // Publish. Without save_overwrite nothing is replaced: a step<N>/ that appeared while this save was written
@@ -384,8 +408,6 @@ std::string publish_save(const TrainConfig& config, const ParamLayout& layout, c
     cleanup.armed = false;
     fsync_path(folder);
     if (!trash.empty()) fs::remove_all(trash, ec);
-    // Rank 0's unsharded copy of the weights, assembled from the complete checkpoint's pieces.
-    if (config.save_safetensors) export_checkpoint(final_dir, (fs::path(final_dir) / "model.safetensors").string());
 
     // `latest` symlink for people and scripts (loading does not rely on it), replaced atomically.
     const std::string link_tmp = (fs::path(folder) / fmt::format(".latest.tmp-{}", ::getpid())).string();
@@ -415,6 +437,9 @@ std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout
     // cleared by the next run that takes the folder's lock.
     TemporaryFolderGuard cleanup{save, rank == 0};
     if (rank == 0) {
+        // Room first: the folder holds at most save_num_checkpoints_to_keep checkpoints while this one is written
+        // (a background save before it published without rotating), before any rank writes (the barrier).
+        remove_excess_checkpoints(config);
         abandon_save(save);
         std::error_code ec;
         fs::create_directories(save.tmp_dir, ec);

@@ -48,12 +48,15 @@ SavePaths prepare_save(const TrainConfig& config, long step, const std::string& 
 void write_shard_file(const TrainConfig& config, const ParamLayout& layout, const std::vector<ShardView>& shards,
                       Backend* device, const SavePaths& save, int file_index, const std::atomic<bool>* cancel = nullptr,
                       const void* contiguous = nullptr);
+// Whether every shard file of a save is complete: rank<k>.json (written after rank<k>.bin, renamed into place) is
+// present for each k < files.
+bool shard_lists_complete(const SavePaths& save, int files);
 // Test hook (TRAINER_DEBUG_KILL_IN_SAVE=<step>): the process dies between its shard file and the metadata.
 void debug_kill_in_save(long step);
-// 3. Rank 0, once every writer's files are complete: metadata.json from the `files` lists, the rename to
-//    step<N>/, save_safetensors, `latest` and save_num_checkpoints_to_keep; returns step<N>/'s path. Removes
-//    the temporary folder when it fails. `rotate` false leaves the rotation to the caller
-//    (remove_excess_checkpoints).
+// 3. Rank 0, once every writer's files are complete: metadata.json from the `files` lists and save_safetensors'
+//    model.safetensors in the temporary folder, the rename to step<N>/, `latest` and save_num_checkpoints_to_keep;
+//    returns step<N>/'s path. Removes the temporary folder when it fails (nothing is published then). `rotate` false
+//    leaves the rotation to the caller (remove_excess_checkpoints).
 std::string publish_save(const TrainConfig& config, const ParamLayout& layout, const SavePaths& save, int files,
                          bool rotate = true);
 // Removes the oldest complete checkpoints in save_folder beyond save_num_checkpoints_to_keep.
@@ -64,8 +67,9 @@ void abandon_save(const SavePaths& save);
 // Writes step<step>/ under config.save_folder (whose lock the run holds: core/weights/save_folder.h); returns its
 // path. The ranks write into .step<step>.tmp-<run_tag> (the tag the same on every rank of a run, another in every run),
 // renamed when complete; a save that fails on rank 0 removes it. Old checkpoints beyond save_num_checkpoints_to_keep
-// are removed after the new one is complete. Refuses (UserError, nothing published) to replace an existing
-// step<step>/ unless save_overwrite, and state that is not finite.
+// are removed before the new one is written and after it is complete, so the folder never holds more than keep + 1.
+// Refuses (UserError, nothing published) to replace an existing step<step>/ unless save_overwrite, and state that is
+// not finite.
 std::string save_checkpoint(const TrainConfig& config, const ParamLayout& layout, Backend* backend, Strategy& strategy,
                             long step, const std::string& run_tag);
 // Resolves load_path ("latest" or a folder) to a complete checkpoint folder; UserError when there is none.
