@@ -198,11 +198,9 @@ void check_world_agrees(TcpStore& store, const RankEnv& env, std::chrono::millis
     // Every rank's host as well, for messages that name a rank (World::host_of).
     store.set(fmt::format("trainer/host/{}", env.rank), bytes(host_name().empty() ? "?" : host_name()));
     if (env.rank != 0) {
-        const std::vector<char> got = store.get("trainer/world");
-        const std::string theirs(got.begin(), got.end());
-        if (theirs != mine) {
-            int w = 0, l = 0;
-            std::sscanf(theirs.c_str(), "%d %d", &w, &l);
+        const std::vector<long> theirs = store.get_ints("trainer/world", 2, 1, 1L << 24);
+        if (theirs[0] != env.world_size || theirs[1] != env.local_world_size) {
+            const long w = theirs[0], l = theirs[1];
             const std::string text = fmt::format(
                 "the ranks disagree on the world: rank 0 has WORLD_SIZE {} and LOCAL_WORLD_SIZE {}, rank {} on "
                 "host {} has {} and {}; were the nodes launched with different --nproc-per-node or --nnodes?",
@@ -220,10 +218,7 @@ void check_world_agrees(TcpStore& store, const RankEnv& env, std::chrono::millis
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
         const std::vector<bool> present = store.check(keys);
-        if (present.back()) {
-            const std::vector<char> text = store.get(mismatch_key);
-            user_error("rendezvous: {}", std::string(text.begin(), text.end()));
-        }
+        if (present.back()) user_error("rendezvous: {}", store.get_text(mismatch_key, 1024));
         std::vector<int> missing;
         for (int r = 1; r < env.world_size; ++r)
             if (!present[static_cast<size_t>(r - 1)]) missing.push_back(r);
@@ -244,8 +239,7 @@ void check_world_agrees(TcpStore& store, const RankEnv& env, std::chrono::millis
 std::string World::host_of(int r) const {
     if (!store) return host_name().empty() ? "?" : host_name();
     try {
-        const std::vector<char> h = store->get(fmt::format("trainer/host/{}", r));
-        return std::string(h.begin(), h.end());
+        return store->get_text(fmt::format("trainer/host/{}", r), 255);  // 255 bytes: the longest host name
     } catch (const UserError&) {
         return "?";  // the store is out of reach: the message goes out without the host
     }

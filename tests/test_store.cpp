@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -73,13 +74,6 @@ bool closed_by_peer(int fd, int seconds) {
         if (r == 0) return true;
         if (r < 0) return errno == ECONNRESET;
     }
-}
-
-long resident_bytes() {
-    std::ifstream statm("/proc/self/statm");
-    long pages = 0, resident = 0;
-    statm >> pages >> resident;
-    return resident * ::sysconf(_SC_PAGESIZE);
 }
 
 std::string u32(uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
@@ -191,7 +185,7 @@ TEST_CASE("store: garbage oversized lengths and 5000 connections end only their 
     TcpStoreServer server(0, "the-job");
     TcpStore ours("127.0.0.1", server.port(), std::chrono::milliseconds(5000), "the-job");
     ours.set("k", {'1'});
-    const long before = resident_bytes();
+    const long before = test_util::resident_bytes();
     // A client that proves the secret, then asks the store to hold 4 GiB, and one that asks for 2^32 keys.
     for (const std::string& request : {"S" + u32(1) + "k" + u32(0xFFFFFFFFu), "W" + u32(0xFFFFFFFFu)}) {
         // The handshake by hand (as TcpStore does it), then the request no TcpStore would send.
@@ -233,38 +227,101 @@ TEST_CASE("store: garbage oversized lengths and 5000 connections end only their 
     while (server.connections() > 2 && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
     CHECK(server.connections() == 2);
-    const long grown = resident_bytes() - before;
+    const long grown = test_util::resident_bytes() - before;
     INFO("resident memory grown by " << grown / 1048576.0 << " MiB");
     CHECK(grown < 64L << 20);
 }
 
-TEST_CASE("store: a 2-rank run trains to its end while strangers flood its store's port") {
+TEST_CASE("store: a 2-rank run trains to its end while 5000 strangers flood its store's port", "[heavy]") {
     TempDir dir;
-    const std::string port = test_util::free_port();
-    std::atomic<bool> done{false};
-    std::atomic<long> attempts{0};
-    std::thread flood([&] {
-        while (!done) {
+    const std::string log = dir.path("log.txt"), metrics = dir.path("m.jsonl");
+    const std::vector<std::string> argv = test_util::launch_command(
+        2, {"--config", "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"), "--strategy", "fsdp",
+            "--max-duration", "1000", "--threads", "1", "--metrics-file", metrics});
+    const std::string port = *(std::find(argv.begin(), argv.end(), "--master-port") + 1);
+    const pid_t launcher = test_util::start_logged(argv, log);
+    REQUIRE(launcher > 0);
+    auto newest_step = [&] {
+        long step = 0;
+        for (const auto& r : test_util::read_metrics(metrics)) step = std::max(step, r.value("step", 0L));
+        return step;
+    };
+    const bool training = test_util::wait_until([&] { return newest_step() >= 2; }, 60);
+    const pid_t rank0 = test_util::launched_rank_pid(log, 0);  // it hosts the store
+    if (!training || rank0 <= 0) ::kill(launcher, SIGKILL);
+    INFO(test_util::read_file_if_exists(log));
+    REQUIRE(training);
+    REQUIRE(rank0 > 0);
+    const long before = test_util::resident_bytes(rank0);
+    // 5,000 strangers in batches of 500 held open together: a third send a huge length and garbage, a third send a
+    // few bytes of nothing, a third send nothing; none proves the secret.
+    long peak = before;
+    int connected = 0;
+    for (int batch = 0; batch < 10; ++batch) {
+        std::vector<int> fds;
+        for (int i = 0; i < 500; ++i) {
             const int fd = raw_connect(std::stoi(port));
-            ++attempts;
-            if (fd < 0) {
-                std::this_thread::sleep_for(std::chrono::milliseconds(5));
-                continue;
-            }
-            send_raw(fd, "S" + u32(0x7FFFFFFF) + "garbage");
-            ::close(fd);
-            if (attempts > 5000) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            if (fd < 0) continue;
+            ++connected;
+            if (i % 3 == 0) send_raw(fd, "S" + u32(0x7FFFFFFF) + "garbage");
+            if (i % 3 == 1) send_raw(fd, std::string("\x01\x02", 2));
+            fds.push_back(fd);
         }
-    });
-    const auto r = test_util::run_trainer({"launch", "--nproc-per-node", "2", "--master-port", port, "--", "--config",
-                                           "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"),
-                                           "--strategy", "fsdp", "--max-duration", "6", "--threads", "1"});
-    done = true;
-    flood.join();
+        peak = std::max(peak, test_util::resident_bytes(rank0));
+        for (const int fd : fds) ::close(fd);
+    }
+    peak = std::max(peak, test_util::resident_bytes(rank0));
+    const long during = newest_step();
+    const int code = test_util::wait_exit_code(launcher);
+    const std::string text = test_util::read_file(log);
+    INFO(text);
+    CHECK(connected > 4500);
+    INFO("the flood ended at step " << during);
+    CHECK(during < 1000);  // the flood came while the run trained
+    INFO("rank 0's resident memory grew by " << (peak - before) / 1048576.0 << " MiB");
+    CHECK(peak - before < 64L << 20);
+    CHECK(code == 0);
+    CHECK_THAT(text, Contains("done: 1000 steps"));
+}
+
+TEST_CASE("store: what a rank reads is checked: text is shown safely and sizes are refused by key") {
+    TcpStoreServer server(0, "the-job");
+    TcpStore store("127.0.0.1", server.port(), std::chrono::milliseconds(5000), "the-job");
+    auto set = [&](const std::string& key, const std::string& value) {
+        store.set(key, std::vector<char>(value.begin(), value.end()));
+    };
+    set("text", std::string("h\xc3\xa9te\x1b[2J\0\x80\xc3", 12) + std::string(5000, 'x'));
+    CHECK(store.get_text("text", 12) == "h\xc3\xa9te\\x1b[2J\\x00\\x80\\xc3...");
+    CHECK(store.get_text("text", 20).size() < 40);
+    set("sizes", "16 8");
+    CHECK(store.get_ints("sizes", 2, 1, 1 << 24) == std::vector<long>{16, 8});
+    for (const char* bad : {"16", "16 8 4", "16  8", "-1 8", "16 0", "99999999999999999999 8", "16 8\n", "x 8", ""}) {
+        CAPTURE(bad);
+        set("sizes", bad);
+        try {
+            store.get_ints("sizes", 2, 1, 1 << 24);
+            FAIL("accepted");
+        } catch (const UserError& e) {
+            CHECK_THAT(e.what(), Contains("key sizes holds \"") && Contains("not 2 number(s) from 1 to 16777216"));
+        }
+    }
+}
+
+TEST_CASE("store: a rank that reads a world from the store that is not two sizes is refused by key") {
+    // The store a rank 1 started by hand meets holds a trainer/world that no rank 0 of this trainer writes.
+    TcpStoreServer server(0, test_util::kStoreSecret);
+    TcpStore store("127.0.0.1", server.port(), std::chrono::milliseconds(5000), test_util::kStoreSecret);
+    const std::string world = "2 2\x1b]0;owned\x07";
+    store.set("trainer/world", std::vector<char>(world.begin(), world.end()));
+    const auto r = test_util::run_trainer(
+        {"--config", "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"), "--max-duration", "2",
+         "--strategy", "ddp", "--threads", "1"},
+        {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+         "MASTER_PORT=" + std::to_string(server.port()), "TRAINER_STORE_SECRET=" + test_util::kStoreSecret});
     INFO(r.out << r.err);
-    CHECK(r.exit_code == 0);
-    CHECK_THAT(r.out, Contains("done: 6 steps"));
-    CHECK(attempts > 100);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Contains("key trainer/world holds \"2 2\\x1b]0;owned\\x07\", not 2 number(s)"));
+    CHECK_THAT(r.err, !Contains("\x1b"));
 }
 
 TEST_CASE("store: trainer launch makes a secret for its ranks and ranks started otherwise without one are refused") {

@@ -233,6 +233,14 @@ inline pid_t start_logged(const std::vector<std::string>& argv, const std::strin
     return pid;
 }
 
+// The resident memory of a process (this one by default), in bytes; 0 once it is gone.
+inline long resident_bytes(pid_t pid = 0) {
+    std::ifstream statm(pid == 0 ? std::string("/proc/self/statm") : "/proc/" + std::to_string(pid) + "/statm");
+    long pages = 0, resident = 0;
+    statm >> pages >> resident;
+    return resident * ::sysconf(_SC_PAGESIZE);
+}
+
 // Waits for `pid` and returns its exit code (128 + signal when killed).
 inline int wait_exit_code(pid_t pid) {
     int status = 0;

@@ -248,8 +248,8 @@ class GlooCommunicator final : public Communicator {
         }
         std::vector<std::string> items;
         for (const int peer : order) {
-            const std::vector<char> where = store.get(fmt::format("{}/where/{}", prefix_, peer));
-            items.push_back(fmt::format("rank {} on {}", peer, std::string(where.begin(), where.end())));
+            items.push_back(
+                fmt::format("rank {} on {}", peer, store.get_text(fmt::format("{}/where/{}", prefix_, peer), 300)));
         }
         peers_ = fmt::format("{}: {}", static_cast<int>(order.size()) == size_ - 1 ? "its peers" : "its nearest peers",
                              fmt::join(items, ", "));

@@ -65,7 +65,12 @@ class NcclCommunicator final : public Communicator {
             store.set(key, std::vector<char>(id.internal, id.internal + sizeof id.internal));
         } else {
             const std::vector<char> bytes = store.get(key);  // bounded by the store's timeout
-            TRAINER_CHECK(bytes.size() == sizeof id.internal, "NCCL unique id of {} bytes under {}", bytes.size(), key);
+            if (bytes.size() != sizeof id.internal) {
+                user_error(
+                    "rendezvous store {}: key {} holds {} bytes, not the {} of an NCCL unique id; is another "
+                    "job using this MASTER_ADDR and MASTER_PORT with the same secret?",
+                    store.address(), key, bytes.size(), sizeof id.internal);
+            }
             std::copy(bytes.begin(), bytes.end(), id.internal);
         }
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

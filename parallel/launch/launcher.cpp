@@ -202,8 +202,7 @@ class Agreement {
         std::string out;
         for (int n = 0; n < o_.nnodes; ++n) {
             if (!in[n]) continue;
-            const std::vector<char> v = store_->get(keys[n]);
-            out += (out.empty() ? "" : "; ") + std::string(v.begin(), v.end());
+            out += (out.empty() ? "" : "; ") + store_->get_text(keys[n], 4096);
         }
         return out;
     }

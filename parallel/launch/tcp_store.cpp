@@ -500,6 +500,63 @@ std::vector<bool> TcpStore::check(const std::vector<std::string>& keys) {
     return out;
 }
 
+namespace {
+
+// `bytes` as text safe to print: printable ASCII and well-formed UTF-8 as they are, every other byte as \xNN.
+std::string printable(const std::vector<char>& bytes, size_t max_bytes) {
+    const size_t n = std::min(bytes.size(), max_bytes);
+    const auto at = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
+    std::string out;
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = at(i);
+        if (c >= 0x20 && c < 0x7f) {
+            out += static_cast<char>(c), ++i;
+            continue;
+        }
+        // A UTF-8 sequence: its lead byte says its length; every continuation byte is 10xxxxxx.
+        const size_t len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        bool whole = len > 0 && i + len <= n;
+        for (size_t k = 1; whole && k < len; ++k) whole = (at(i + k) & 0xC0) == 0x80;
+        if (whole) {
+            out.append(bytes.data() + i, len), i += len;
+        } else {
+            out += fmt::format("\\x{:02x}", c), ++i;
+        }
+    }
+    if (bytes.size() > max_bytes) out += "...";
+    return out;
+}
+
+}  // namespace
+
+std::string TcpStore::get_text(const std::string& key, size_t max_bytes) { return printable(get(key), max_bytes); }
+
+std::vector<long> TcpStore::get_ints(const std::string& key, size_t count, long lo, long hi) {
+    const std::vector<char> value = get(key);
+    const std::string text(value.begin(), value.end());
+    std::vector<long> out;
+    size_t i = 0;
+    bool ok = text.size() <= 24 * count;
+    while (ok && out.size() < count) {
+        if (!out.empty()) ok = i < text.size() && text[i++] == ' ';
+        size_t digits = 0;
+        while (ok && i + digits < text.size() && text[i + digits] >= '0' && text[i + digits] <= '9') ++digits;
+        ok = ok && digits > 0 && digits <= 18;
+        if (!ok) break;
+        const long v = std::stol(text.substr(i, digits));
+        ok = v >= lo && v <= hi;
+        out.push_back(v);
+        i += digits;
+    }
+    if (!ok || i != text.size()) {
+        user_error(
+            "rendezvous store {}: key {} holds \"{}\", not {} number(s) from {} to {} separated by spaces; "
+            "is another job using this MASTER_ADDR and MASTER_PORT with the same secret?",
+            address(), key, printable(value, 64), count, lo, hi);
+    }
+    return out;
+}
+
 void rendezvous_barrier(TcpStore& store, const std::string& prefix, int rank, int world) {
     store.set(fmt::format("{}/arrived/{}", prefix, rank), {1});
     std::vector<std::string> keys;

@@ -86,6 +86,13 @@ class TcpStore : public gloo::rendezvous::Store {
     void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
     // Which of `keys` exist now (no waiting).
     std::vector<bool> check(const std::vector<std::string>& keys);
+    // What a rank reads from the store is checked before use, whoever wrote it. get_text: a value shown in a message
+    // (a host name, another rank's or node's reason): at most `max_bytes` (cut, with "..."), and every byte outside
+    // printable ASCII and UTF-8 shown as \xNN, so no terminal escape or NUL passes through.
+    std::string get_text(const std::string& key, size_t max_bytes);
+    // get_ints: `count` decimal integers separated by single spaces, each in [lo, hi]; anything else is a UserError
+    // naming the key, what it holds (as get_text shows it) and what was expected.
+    std::vector<long> get_ints(const std::string& key, size_t count, long lo, long hi);
     std::string address() const;
     std::chrono::milliseconds timeout() const { return timeout_; }
     // Every key this client sets, gets, waits for or checks starts with `prefix` from now on: the ranks of one
