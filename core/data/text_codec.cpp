@@ -15,6 +15,14 @@ TextCodec::TextCodec(std::optional<Tokenizer> tokenizer, const std::string& dir,
         user_error("{} {}: its {} ids do not fit the model's vocab_size {} (the tokenizer the data was made with?)",
                    what, choice_name(*tokenizer), vocab_size(), model_vocab);
     }
+    // A vocabulary less than half the model's is not the one the model was trained with (bytes, the default, on a
+    // 50,000-id model): its text would be another tokenizer's ids read as these, garbage with exit 0.
+    if (has_text() && 2L * vocab_size() < model_vocab) {
+        user_error(
+            "{} {}: its {} ids are fewer than half the model's vocab_size {}, so the model was trained with another "
+            "tokenizer; name that one (bytes, gpt2, cl100k, dolma2), or none to give and take token ids",
+            what, choice_name(*tokenizer), vocab_size(), model_vocab);
+    }
 }
 TextCodec::~TextCodec() = default;
 int TextCodec::vocab_size() const {

@@ -18,7 +18,8 @@ class BpeTokenizer;
 class TextCodec {
    public:
     // For a model of `model_vocab` ids: a tokenizer whose ids do not all fit it is refused, naming `what` (the key or
-    // flag that chose it), since its ids would read past the embedding table.
+    // flag that chose it), since its ids would read past the embedding table; so is one with fewer than half as many
+    // ids (the byte tokenizer on a BPE model), which cannot be the tokenizer the model was trained with.
     TextCodec(std::optional<Tokenizer> tokenizer, const std::string& dir, int eos, int model_vocab,
               const std::string& what);
     ~TextCodec();
