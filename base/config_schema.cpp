@@ -293,7 +293,11 @@ void check_value(const KeySpec& spec, const Json& v, const std::string& shown) {
             return;
         case KeyType::kStringList:
             if (v.is_string()) return;  // a single path is accepted as a one-element list
-            if (!v.is_array() || v.empty()) bad_type();
+            if (!v.is_array()) bad_type();
+            if (v.empty()) {
+                user_error("config {}: [] is empty; expected at least one file (a list of paths, or one path){}", shown,
+                           shown == "data.paths" ? ", or null with data.sources set" : "");
+            }
             for (const auto& e : v) {
                 if (!e.is_string()) bad_type();
             }

@@ -97,6 +97,9 @@ TEST_CASE("config: wrong types and out-of-range values name the key and what is 
     d.erase("max_duration");
     REQUIRE_THROWS_WITH(validate_config(d), Contains("max_duration: required"));
     d = minimal();
+    d["data"]["paths"] = Json::array();
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("config data.paths: [] is empty; expected at least one file"));
+    d = minimal();
     d["max_duration"] = "12 parsecs";
     REQUIRE_THROWS_WITH(validate_config(d), Contains("max_duration") && Contains("\"12 parsecs\""));
 }

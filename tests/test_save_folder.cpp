@@ -512,6 +512,21 @@ TEST_CASE("save folder: continuations that would silently go wrong are refused o
         CHECK(r.exit_code == 1);
         CHECK_THAT(r.err, Contains("its metadata.json records step 2, not the step1 its folder is named for"));
     }
+    SECTION("a copy of a checkpoint under a newer step's name, named by path or by latest") {
+        fs::copy(folder + "/step2", folder + "/step5", fs::copy_options::recursive);
+        const auto named = test_util::run_trainer(tiny(folder, 4, {"--load-path", folder + "/step5"}));
+        INFO(named.out << named.err);
+        CHECK(named.exit_code == 1);
+        CHECK_THAT(named.err, Contains("checkpoint " + folder +
+                                       "/step5: its metadata.json records step 2, not the step5 its folder is named "
+                                       "for; the newest checkpoint before it that verifies is " +
+                                       folder + "/step2"));
+        const auto latest = test_util::run_trainer(tiny(folder, 4, {"--load-path", "latest"}));
+        INFO(latest.out << latest.err);
+        CHECK(latest.exit_code == 0);
+        CHECK_THAT(latest.out, Contains("resumed from " + folder + "/step2 at step 2"));
+        CHECK_THAT(latest.err, Contains("moved aside as " + folder + "/.step5.corrupt-"));
+    }
     SECTION("export of a checkpoint whose config was edited to another model") {
         edit_metadata(folder + "/step2", [](trainer::Json& m) { m["config"]["model"]["d_model"] = 32; });
         const auto r =

@@ -42,11 +42,17 @@ RunSaves::RunSaves(const TrainConfig& config, const RankEnv& env) : config_(conf
             *config_.save_folder, *newest);
     }
     if (newest && resume_path_) {
-        long from = *newest;  // a checkpoint whose metadata cannot be read: loading refuses it, naming one that can
+        // Where the resumed checkpoint stands among the folder's: its folder's name (step<N>), else its metadata's
+        // step. One whose metadata cannot be read, or names another step than its folder, is left to loading, which
+        // refuses it for that, naming one that verifies.
+        const std::optional<long> named = step_of_folder_name(*resume_path_);
+        std::optional<long> recorded;
         try {
-            from = checkpoint_step(*resume_path_);
+            recorded = checkpoint_step(*resume_path_);
         } catch (const UserError&) {
         }
+        long from = *newest;
+        if (recorded && (!named || *named == *recorded)) from = *recorded;
         if (*newest > from) {
             user_error(
                 "save_folder {} holds checkpoints newer than the one resumed from ({}, step {}): the newest is "

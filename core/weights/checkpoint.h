@@ -97,5 +97,7 @@ std::optional<std::string> newest_sound_checkpoint(const std::string& save_folde
 std::vector<long> checkpoint_steps(const std::string& save_folder);
 // The step a checkpoint's metadata.json records (read as it is; loading verifies it).
 long checkpoint_step(const std::string& path);
+// The step a folder named step<N> holds by its name (its place in its save folder), if it is so named.
+std::optional<long> step_of_folder_name(const std::string& path);
 
 }  // namespace trainer

@@ -113,9 +113,6 @@ std::string resolve_checkpoint(const TrainConfig& config, const std::string& loa
     return all.back().second;
 }
 
-namespace {
-
-// The step a folder named step<N> holds by its name, if it is so named.
 std::optional<long> step_of_folder_name(const std::string& path) {
     const std::string name = fs::path(path).lexically_normal().filename().string();
     if (name.size() <= 4 || name.size() > 22 || name.compare(0, 4, "step") != 0 ||
@@ -124,18 +121,18 @@ std::optional<long> step_of_folder_name(const std::string& path) {
     return std::stol(name.substr(4));
 }
 
-}  // namespace
-
 VerifiedCheckpoint verified_or_named_alternative(const std::string& path) {
     try {
         return verified_metadata(path);
     } catch (const UserError& e) {
+        // Its place among its siblings: the folder's name (step<N>), else what its metadata.json says.
         const fs::path parent = fs::path(path).lexically_normal().parent_path();
-        std::optional<long> step;
-        try {
-            step = checkpoint_step(path);
-        } catch (const UserError&) {
-            step = step_of_folder_name(path);  // a damaged metadata.json: the folder's name says which step
+        std::optional<long> step = step_of_folder_name(path);
+        if (!step) {
+            try {
+                step = checkpoint_step(path);
+            } catch (const UserError&) {
+            }
         }
         if (!step || parent.empty()) throw;
         auto siblings = complete_checkpoints(parent.string());
