@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <map>
 
 #include "core/weights/checkpoint.h"
@@ -143,6 +144,27 @@ TEST_CASE("restart: a bad count or no save folder or interval or a subcommand is
             "launch --max-restarts 1: restarts training runs; the ranks run `trainer bench-comm`");
     saving.insert(saving.end(), {"--set", "save_interval=2"});
     refused(launch({"--max-restarts", "1", "--join-timeout", "0"}, saving), "launch --join-timeout: 0");
+}
+
+TEST_CASE("restart: a failure that repeats at once backs off before each further restart") {
+    // Every round's ranks fail as they start (a strategy the launch cannot run): the first restart comes at once, the
+    // next ones after 1 s and 2 s.
+    test_util::TempDir dir;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = test_util::run_trainer(test_util::launch_args(
+        2,
+        {"--config", "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"), "--save-folder",
+         dir.path("ck"), "--set", "save_interval=2", "--max-duration", "4", "--strategy", "single"},
+        {"--max-restarts", "3"}));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Contains("restart 1 of 3") && Contains("restart 3 of 3") && Contains("(3 of 3 restarts used)"));
+    CHECK_THAT(r.err, !Contains("1 rounds in a row"));
+    CHECK_THAT(r.err, Contains("[launch] 2 rounds in a row failed within 60 s of their start: waiting 1 s before the "
+                               "restart") &&
+                          Contains("[launch] 3 rounds in a row failed within 60 s of their start: waiting 2 s"));
+    CHECK(seconds >= 3.0);
 }
 
 namespace {

@@ -10,8 +10,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -369,6 +371,27 @@ RoundEnd run_round(const LaunchOptions& o, int round, Agreement* agreement) {
     return end;
 }
 
+// Restarts after a failure that repeats at once back off: the first round that fails within kSettledSeconds of its
+// start restarts at once (a transient: a rank killed), and each further one in a row waits 1, 2, 4, ... s (at most
+// kMaxBackoffSeconds) first, so a failure that is not transient (a bad node, a file missing, a port in use) does not
+// spin through the restarts. A round that trained for longer resets the count. False when a stop signal came
+// meanwhile.
+constexpr double kSettledSeconds = 60.0, kMaxBackoffSeconds = 30.0;
+bool back_off(int quick_failures) {
+    if (quick_failures < 2) return true;
+    const double seconds = std::min(kMaxBackoffSeconds, std::ldexp(1.0, std::min(quick_failures, 16) - 2));
+    std::fprintf(stderr,
+                 "[launch] %d rounds in a row failed within %.0f s of their start: waiting %.0f s before the "
+                 "restart\n",
+                 quick_failures, kSettledSeconds, seconds);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < until) {
+        if (g_forward_signal.load() != 0) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+}
+
 }  // namespace
 
 int launch(const LaunchOptions& o) {
@@ -404,7 +427,13 @@ int launch(const LaunchOptions& o) {
 
     std::unique_ptr<Agreement> agreement;
     if (o.max_restarts > 0) agreement = std::make_unique<Agreement>(o);
+    int quick_failures = 0;  // consecutive rounds that failed within kSettledSeconds of their start
     for (int round = 0;; ++round) {
+        if (round > 0 && !back_off(quick_failures)) {
+            const int sig = g_forward_signal.load();
+            std::fprintf(stderr, "[launch] %s while waiting to restart; exit status %d\n", strsignal(sig), 128 + sig);
+            return 128 + sig;
+        }
         if (agreement && !agreement->join(round)) {
             const int sig = g_forward_signal.load();
             std::fprintf(stderr, "[launch] %s before the ranks started; exit status %d\n", strsignal(sig), 128 + sig);
@@ -417,7 +446,10 @@ int launch(const LaunchOptions& o) {
                          "checkpoint\n",
                          round, o.max_restarts, agreement->failures(round - 1).c_str());
         }
+        const auto round_start = std::chrono::steady_clock::now();
         const RoundEnd end = run_round(o, round, agreement.get());
+        const double lasted = std::chrono::duration<double>(std::chrono::steady_clock::now() - round_start).count();
+        quick_failures = lasted < kSettledSeconds ? quick_failures + 1 : 0;
         if (end.kind == RoundEnd::kSuccess) {
             if (agreement) agreement->finish(round);
             return 0;
