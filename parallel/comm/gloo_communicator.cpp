@@ -344,27 +344,42 @@ class GlooCommunicator final : public Communicator {
             }
             std::vector<int> reached, missing;
             for (int r = 0; r < size_; ++r) (in[r] ? reached : missing).push_back(r);
+            // This rank completed op #seq - 1 of the group, which every rank of it takes part in (a broadcast's root
+            // aside): so every rank reached it, however long ago its own last report was.
+            uint64_t before = 0;
+            std::string before_name;
+            {
+                std::lock_guard<std::mutex> lock(progress_mutex_);
+                if (completed_ + 1 == seq && completed_name_ != nullptr &&
+                    std::strcmp(completed_name_, "broadcast") != 0) {
+                    before = completed_;
+                    before_name = completed_name_;
+                }
+            }
             std::vector<std::string> absent;
             for (size_t k = 0; k < missing.size() && k < 8; ++k) {
                 const int r = missing[k];
                 const std::string progress_key = key("progress", 0, r);
-                if (!progress_store_->check({progress_key})[0]) {
-                    absent.push_back(fmt::format("rank {} (no completed op reported)", r));
-                    continue;
-                }
-                const std::vector<char> v = progress_store_->get(progress_key);
                 unsigned long long done = 0;
                 char name[64] = {};
                 long long ms = 0;
-                if (std::sscanf(std::string(v.begin(), v.end()).c_str(), "%llu %63s %lld", &done, name, &ms) != 3) {
-                    absent.push_back(fmt::format("rank {}", r));
-                    continue;
-                }
+                const bool reported = progress_store_->check({progress_key})[0] &&
+                                      std::sscanf(progress_store_->get_text(progress_key, 128).c_str(),
+                                                  "%llu %63s %lld", &done, name, &ms) == 3;
                 const double ago = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch() -
                                                                  std::chrono::milliseconds(ms))
                                        .count();
-                absent.push_back(
-                    fmt::format("rank {} (its last completed op: #{} {}, {:.1f} s ago)", r, done, name, ago));
+                // Its own report (once a second) may be older than op #seq - 1, which it reached with this rank.
+                if (before > 0 && (!reported || done < before)) {
+                    absent.push_back(fmt::format("rank {} (it reached #{} {} with this rank{})", r, before, before_name,
+                                                 reported ? fmt::format("; its last report came {:.1f} s ago", ago)
+                                                          : std::string("; it reported no op")));
+                } else if (reported) {
+                    absent.push_back(
+                        fmt::format("rank {} (its last completed op: #{} {}, {:.1f} s ago)", r, done, name, ago));
+                } else {
+                    absent.push_back(fmt::format("rank {} (no completed op reported)", r));
+                }
             }
             if (missing.size() > 8) absent.push_back(fmt::format("{} more", missing.size() - 8));
             if (missing.empty()) return fmt::format("every rank of the group reached {} #{}", what, seq);
