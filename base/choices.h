@@ -12,7 +12,7 @@ namespace trainer {
 
 // ---- choices: each enum's values in the order of its spellings in Choices<E>::kNames ----
 enum class Device { kAuto, kCpu, kCuda };
-enum class Precision { kFp32, kAmpBf16 };
+enum class Precision { kFp32, kAmpBf16, kAmpFp8 };
 enum class AttentionKernel { kAuto, kNative, kCudnn, kFlash };
 enum class DistributedBackend { kAuto, kGloo, kNccl };
 enum class DistributedStrategy { kSingle, kDdp, kFsdp, kAuto };  // kAuto: the plan chooses (core/plan/auto.h)
@@ -69,7 +69,7 @@ struct Choices<Device> {
 };
 template <>
 struct Choices<Precision> {
-    static constexpr const char* kNames[] = {"fp32", "amp_bf16"};
+    static constexpr const char* kNames[] = {"fp32", "amp_bf16", "amp_fp8"};
 };
 template <>
 struct Choices<AttentionKernel> {

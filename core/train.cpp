@@ -175,6 +175,12 @@ class TrainingRun {
             static_cast<long>(data_.train->num_instances()), L, total_steps_, config_.global_train_batch_size,
             config_.device_train_microbatch_size, config_.accumulation_steps(world_.size()));
         if (!data_.warmup_note.empty()) std::printf("%s\n", data_.warmup_note.c_str());
+        if (config_.precision == Precision::kAmpFp8 && device_ == Device::kCpu) {
+            std::printf(
+                "amp_fp8 on the CPU: the emulation of the FP8 recipe, for its numerics and not its speed (slower than "
+                "fp32): the blocks' Linear layers read their operands rounded to e4m3 (e5m2 gradients) with "
+                "per-tensor scales, and accumulate in fp32\n");
+        }
         std::printf(
             "FLOPs per token = 6N + 12*L*d*T = 6*%zu + 12*%d*%d*%ld = %.4g (N: matmul parameters, T = %ld "
             "predicted positions)\n",

@@ -24,6 +24,8 @@
 #   hf              transformers' logits and 8 greedy tokens on the exports of the five PyTorch fixtures (two steps
 #                   trained on the CPU, `trainer export`, scripts/check_hf_export.py --generate 8); TensorBoard's
 #                   reader on the event file of a 2-rank run against its metrics file (scripts/check_tensorboard.py)
+#   fp8_table       PyTorch's float8_e4m3fn and float8_e5m2 codes of every bf16 value (clamped: the saturating
+#                   conversion), to $OUT/fp8_bf16_table.bin: commit it as tests/fixtures/fp8_bf16_table.bin
 #   generate        a demo-shape model trained 300 steps on the GPU: greedy tokens on the GPU (fp32) equal to the
 #                   CPU's; scripts/bench_generate.sh with --device cuda (the KV cache against recomputing); the
 #                   trainer against transformers' generate on its export (scripts/bench_generate_hf.py)
@@ -215,6 +217,16 @@ print(f\"{r.get('architecture')}: max logit difference {r.get('max_abs_logit_dif
                 figure "TensorBoard's reader on a 2-rank run: $(tail -1 "$logs/hf_tensorboard.log")"
             else
                 skip_part "the tensorboard package is not installed (the event file's check)"
+            fi
+            ;;
+        fp8_table)
+            # PyTorch's own float8 conversions of every bf16 value, the reference tests/test_fp8.cpp holds base/fp8.cpp
+            # to: written to the output folder, committed as tests/fixtures/fp8_bf16_table.bin.
+            if have_python torch; then
+                step fp8_table 120 python3 scripts/make_fp8_table.py -o "${OUT:-.}/fp8_bf16_table.bin" --device cuda &&
+                    figure "$(tail -1 "$logs/fp8_table.log")"
+            else
+                skip_part "PyTorch is not installed (the fp8 conversion table)"
             fi
             ;;
         generate)

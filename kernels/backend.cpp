@@ -103,4 +103,8 @@ void check_shared_heads(int NH, int KVH) {
     TRAINER_CHECK(KVH >= 1 && NH % KVH == 0, "{} query heads do not share {} key/value heads evenly", NH, KVH);
 }
 
+void Backend::set_linear_precision(LinearPrecision p) {
+    TRAINER_CHECK(p == LinearPrecision::kDefault, "precision amp_fp8 reached a backend without FP8 GEMMs");
+}
+
 }  // namespace trainer

@@ -54,6 +54,9 @@ struct GemmOperand {
     }
 };
 
+// The GEMM operands of the Linear layers that follow (Backend::set_linear_precision).
+enum class LinearPrecision { kDefault, kFp8 };
+
 // How a norm normalises a row of C channels (OLMo's layer_norm_type): LayerNorm, (x - mean) * rstd with
 // rstd = 1/sqrt(var + eps) and the biased variance (torch.nn.functional.layer_norm); or RMSNorm, x * rstd
 // with rstd = 1/sqrt(mean(x^2) + eps) (OLMo's RMSLayerNorm), which has no mean (mean buffers may be null).
@@ -188,6 +191,12 @@ class Backend {
                                                int N);
     virtual bool linear_bf16_reference_backward(uint16_t* dinp, uint16_t* dweight, const uint16_t* dout,
                                                 const uint16_t* inp, const uint16_t* weight, int M, int K, int N);
+    // Which Linear layers the matmul ops that follow compute: kFp8, a block's (att_proj, attn_out, ff_proj, ff_out)
+    // under precision amp_fp8, whose GEMMs read FP8 operands (e4m3 inputs and weights, e5m2 output gradients, each
+    // with a per-tensor scale from its current amax: base/fp8.h); kDefault, every other GEMM (the LM head's). The
+    // model sets it around its blocks (BlockLinears below). Default: kFp8 is an internal error (the config refuses
+    // amp_fp8 where the backend has no FP8 GEMMs); the CPU backend emulates them.
+    virtual void set_linear_precision(LinearPrecision p);
     // Until the next call, the weight at `w` does not change and may be converted once for all the GEMMs
     // that use it (the CUDA backend keeps its bf16 copy in amp_bf16: the LM head's chunks reuse one cast of
     // the (V, C) weight). nullptr ends the promise. Default: nothing kept.
@@ -360,6 +369,23 @@ class Backend {
     // out = in rounded to bf16 and widened back (the values a bf16 copy holds, in fp32), in one pass; out
     // may alias in.
     virtual void round_to_bf16(float* out, const float* in, size_t n) = 0;
+};
+
+// A model's blocks under precision amp_fp8: their Linear layers' GEMMs read FP8 operands while this lives (nothing
+// changes where `fp8` is false).
+class BlockLinears {
+   public:
+    BlockLinears(Backend* backend, bool fp8) : backend_(fp8 ? backend : nullptr) {
+        if (backend_ != nullptr) backend_->set_linear_precision(LinearPrecision::kFp8);
+    }
+    ~BlockLinears() {
+        if (backend_ != nullptr) backend_->set_linear_precision(LinearPrecision::kDefault);
+    }
+    BlockLinears(const BlockLinears&) = delete;
+    BlockLinears& operator=(const BlockLinears&) = delete;
+
+   private:
+    Backend* backend_;
 };
 
 // How a backend computes (the CPU backend has one way and ignores these).

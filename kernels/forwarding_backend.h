@@ -107,6 +107,7 @@ class ForwardingBackend : public Backend {
     void copy_device_to_device(void* dst, const void* src, size_t bytes) override;
     void fill_zero(void* ptr, size_t bytes) override;
     void hold_weight(const float* w) override;
+    void set_linear_precision(LinearPrecision p) override;
     void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
                         int N) override;
     void matmul_backward(GemmOperand dinp, float* dweight, float* dbias, GemmOperand dout, GemmOperand inp,
@@ -500,6 +501,9 @@ inline void ForwardingBackend::fill_zero(void* ptr, size_t bytes) {
     dispatch(op_shapes::plain("fill_zero").cost(0.0, 1.0 * bytes), [=](Backend& b) { b.fill_zero(ptr, bytes); });
 }
 
+inline void ForwardingBackend::set_linear_precision(LinearPrecision p) {
+    dispatch(op_shapes::plain("set_linear_precision"), [=](Backend& b) { b.set_linear_precision(p); });
+}
 inline void ForwardingBackend::hold_weight(const float* w) {
     dispatch(op_shapes::plain("hold_weight"), [=](Backend& b) { b.hold_weight(w); });
 }

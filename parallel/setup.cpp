@@ -371,6 +371,11 @@ ComputeTarget resolve_compute(const TrainConfig& c) {
         user_error("precision \"amp_bf16\" needs the CUDA backend (device is {}); on CPU use --precision fp32",
                    choice_name(device));
     }
+    if (c.precision == Precision::kAmpFp8 && cuda) {
+        user_error(
+            "precision \"amp_fp8\": the CUDA backend has no FP8 GEMMs yet (cuBLASLt's are not wired in); use "
+            "--precision amp_bf16 on the GPU, or --device cpu to run the FP8 recipe's emulation");
+    }
     const int T = c.model.predicted_positions(), HS = c.model.head_size();
     if (!cuda && c.kernels_cuda_graphs) {
         user_error("kernels.cuda_graphs records CUDA work; the {} backend has none to record (use --device cuda)",

@@ -76,6 +76,7 @@ void Model::decode(DecodeCache& c, const int32_t* tokens, const int32_t* seqs, c
         backend_->norm_residual_forward(x, x, mean, rstd, sub, norm_w, norm_b, N, C_, norm_eps_, norm_kind_);
     };
     for (int l = 0; l < L_; ++l) {
+        const BlockLinears linears(backend_, fp8_linears());
         const int u = layout_.block_unit(l);
         strategy_->before_forward(u);
         const BlockParams w = block_params(strategy_->unit_params(u), l);

@@ -178,6 +178,7 @@ void Model::forward_blocks(int batch, bool backward_follows) {
         strategy_->after_forward(emb);
     }
     for (int l = 0; l < L_; ++l) {
+        const BlockLinears linears(backend_, fp8_linears());
         const int u = layout_.block_unit(l);
         const trace::Span block("forward", trace::active() ? fmt::format("forward block.{}", l) : std::string());
         strategy_->before_forward(u);
@@ -369,6 +370,7 @@ void Model::backward_blocks(int batch) {
     const float theta = static_cast<float>(m_.rope_theta);
     const bool tanh_gelu = m_.activation_type == ActivationType::kGeluTanh;
     for (int l = L_ - 1; l >= 0; --l) {
+        const BlockLinears linears(backend_, fp8_linears());
         const Plan& a = layers_[l];
         const int u = layout_.block_unit(l);
         const trace::Span block("backward", trace::active() ? fmt::format("backward block.{}", l) : std::string());

@@ -143,6 +143,8 @@ class Model {
     }
 
     const TrainConfig& config_;
+    // precision amp_fp8: the blocks' Linear layers compute on FP8 operands (Backend::set_linear_precision).
+    bool fp8_linears() const { return config_.precision == Precision::kAmpFp8; }
     const ModelConfig& m_;
     const ParamLayout& layout_;
     Backend* backend_;

@@ -185,6 +185,12 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
                    hw_name, hardware_names(), hardware_dir());
     }
     plan.hw = *entry;
+    // amp_fp8 runs on the CPU only (its emulation); its FP8 GEMMs are not priced yet: a plan of it would price fp32.
+    if (config.precision == Precision::kAmpFp8) {
+        user_error(
+            "plan: precision amp_fp8 is not priced yet (the CUDA backend has no FP8 GEMMs, and the CPU's emulation is "
+            "not a speed to plan for); plan amp_bf16 on a GPU, or fp32");
+    }
     // The links measured on the machine in place of the entry's, and the entry's attention share for the
     // model's heads.
     if (!o.comm_calibration.empty()) {

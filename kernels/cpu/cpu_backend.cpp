@@ -162,15 +162,25 @@ class CpuBackend final : public Backend {
     }
     std::string library_description() const override { return cpu_blas_description(); }
 
+    void set_linear_precision(LinearPrecision p) override { linear_ = p; }
     void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
                         int N) override {
         const Busy busy(*this);
-        cpu::matmul_forward(f32(out), f32(inp), weight, bias, M, K, N);
+        if (linear_ == LinearPrecision::kFp8) {
+            cpu::fp8_linear_forward(f32(out), f32(inp), weight, bias, M, K, N, fp8_);
+        } else {
+            cpu::matmul_forward(f32(out), f32(inp), weight, bias, M, K, N);
+        }
     }
     void matmul_backward(GemmOperand dinp, float* dweight, float* dbias, GemmOperand dout, GemmOperand inp,
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override {
         const Busy busy(*this);
-        cpu::matmul_backward(f32(dinp), dweight, dbias, f32(dout), f32(inp), weight, M, K, N, accumulate_dinp);
+        if (linear_ == LinearPrecision::kFp8) {
+            cpu::fp8_linear_backward(f32(dinp), dweight, dbias, f32(dout), f32(inp), weight, M, K, N, accumulate_dinp,
+                                     fp8_);
+        } else {
+            cpu::matmul_backward(f32(dinp), dweight, dbias, f32(dout), f32(inp), weight, M, K, N, accumulate_dinp);
+        }
     }
     void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
                            int C) override {
@@ -340,6 +350,8 @@ class CpuBackend final : public Backend {
         CpuBackend* b_;
         std::chrono::steady_clock::time_point t0_;
     };
+    LinearPrecision linear_ = LinearPrecision::kDefault;  // set_linear_precision
+    cpu::Fp8Scratch fp8_;                                 // amp_fp8: the block Linears' rounded operands
     std::atomic<bool> activity_open_{false};
     std::thread::id activity_thread_;
     double busy_s_ = 0.0;

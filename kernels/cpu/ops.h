@@ -3,7 +3,7 @@
 // Every kernel is a template over the element type T (float for training, double for the
 // finite-difference tests) and is explicitly instantiated for both in its .cpp file.
 // One op family per file, same stem as the CUDA twin: embedding, layernorm, matmul, rope, attention,
-// activation, residual, classifier, adamw, norm, cast.
+// activation, residual, classifier, adamw, norm, cast; fp8_linear has no CUDA twin yet.
 //
 // Each kernel implements the Backend op of the same name: its contract (shapes in the legend there, what
 // accumulates, what is overwritten, what may be null) is written once, in kernels/backend.h. Here, only
@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace trainer::cpu {
 
@@ -26,6 +27,19 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int M,
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int M, int K, int N,
                      bool accumulate_dinp);
+
+// ---- fp8_linear.cpp: precision amp_fp8 on the CPU, the emulation of the GPU's FP8 recipe. ----
+// A block Linear's GEMMs read its operands rounded to the OCP formats (base/fp8.h) with per-tensor scales from their
+// current amax, dequantized, and accumulate in fp32: e4m3 inputs and weights, e5m2 output gradients; the bias and its
+// gradient stay fp32 (the bias gradient from the gradient as it came). The contracts are matmul_forward's and
+// matmul_backward's. The rounded copies live in `Fp8Scratch`, reused from call to call.
+struct Fp8Scratch {
+    std::vector<float> inp, weight, dout;
+};
+void fp8_linear_forward(float* out, const float* inp, const float* weight, const float* bias, int M, int K, int N,
+                        Fp8Scratch& s);
+void fp8_linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                         const float* weight, int M, int K, int N, bool accumulate_dinp, Fp8Scratch& s);
 
 // ---- embedding.cpp ----
 template <typename T>
