@@ -220,7 +220,7 @@ print(f\"{r.get('architecture')}: max logit difference {r.get('max_abs_logit_dif
             fi
             ;;
         fp8_table)
-            # PyTorch's own float8 conversions of every bf16 value, the reference tests/test_fp8.cpp holds base/fp8.cpp
+            # PyTorch's own float8 conversions of every bf16 value, the reference tests/test_fp8.cpp holds kernels/element.h
             # to: written to the output folder, committed as tests/fixtures/fp8_bf16_table.bin.
             if have_python torch; then
                 step fp8_table 120 python3 scripts/make_fp8_table.py -o "${OUT:-.}/fp8_bf16_table.bin" --device cuda &&

@@ -193,8 +193,8 @@ class Backend {
                                                 const uint16_t* inp, const uint16_t* weight, int M, int K, int N);
     // Which Linear layers the matmul ops that follow compute: kFp8, a block's (att_proj, attn_out, ff_proj, ff_out)
     // under precision amp_fp8, whose GEMMs read FP8 operands (e4m3 inputs and weights, e5m2 output gradients, each
-    // with a per-tensor scale from its current amax: base/fp8.h); kDefault, every other GEMM (the LM head's). The
-    // model sets it around its blocks (BlockLinears below). Default: kFp8 is an internal error (the config refuses
+    // with a per-tensor scale from its current amax: kernels/element.h); kDefault, every other GEMM (the LM head's).
+    // The model sets it around its blocks (BlockLinears below). Default: kFp8 is an internal error (the config refuses
     // amp_fp8 where the backend has no FP8 GEMMs); the CPU backend emulates them.
     virtual void set_linear_precision(LinearPrecision p);
     // Until the next call, the weight at `w` does not change and may be converted once for all the GEMMs

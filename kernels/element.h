@@ -172,4 +172,78 @@ TRAINER_HD float bf16_to_float(uint16_t h) {
     return f;
 }
 
+// ---- The OCP 8-bit floating point formats (OFP8 v1.0) that FP8 GEMMs read ----
+//   e4m3 (E4M3FN): 1 sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities, NaN is S.1111.111; the largest
+//        finite value 448 (1.75 x 2^8), the smallest normal 2^-6, the smallest subnormal 2^-9. Forward operands.
+//   e5m2: 1 sign, 5 exponent bits (bias 15), 2 mantissa bits, IEEE-like (infinities, NaNs); the largest finite
+//        57344 (1.75 x 2^15), the smallest normal 2^-14, the smallest subnormal 2^-16. Gradients.
+// From fp32: round to nearest, ties to even, saturating (a finite value beyond the largest finite one, and an
+// infinity, becomes the largest finite value of its sign), as the GPUs' cvt.rn.satfinite and cuBLASLt's scaled
+// casts do (PyTorch's plain .to(float8) gives NaN or infinity there instead); NaN stays NaN (0x7F with its sign). A
+// tensor is cast with a per-tensor scale from its current amax (fp8_scale): q = fp8(x * scale), x ~ q / scale.
+enum class Fp8Format { kE4M3, kE5M2 };
+
+struct Fp8Spec {
+    int mantissa_bits, bias;
+    float max_finite;
+    uint8_t max_code;  // the largest finite value's positive code
+};
+TRAINER_HD Fp8Spec fp8_spec(Fp8Format f) {
+    return f == Fp8Format::kE4M3 ? Fp8Spec{3, 7, 448.0f, 0x7E} : Fp8Spec{2, 15, 57344.0f, 0x7B};
+}
+inline const char* fp8_name(Fp8Format f) { return f == Fp8Format::kE4M3 ? "e4m3" : "e5m2"; }
+
+// The code of x: the mantissa rounded on the bits (normals), or x counted in subnormal steps and rounded (rintf:
+// to nearest even).
+TRAINER_HD uint8_t fp8_encode(float x, Fp8Format f) {
+    const Fp8Spec s = fp8_spec(f);
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+    const uint32_t a = bits & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return sign | 0x7F;  // NaN
+    float af;
+    std::memcpy(&af, &a, sizeof af);
+    if (af >= s.max_finite) return sign | s.max_code;  // saturate (infinities too)
+    const int min_exp = 1 - s.bias;                    // the smallest normal's exponent
+    const int e = static_cast<int>(a >> 23) - 127;
+    if (e < min_exp) {  // a subnormal of the format (or zero): steps of 2^(min_exp - M); 2^M steps is the min normal
+        const int steps = static_cast<int>(rintf(ldexpf(af, s.mantissa_bits - min_exp)));
+        return sign | static_cast<uint8_t>(steps);
+    }
+    const int shift = 23 - s.mantissa_bits;
+    uint32_t r = a + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u);  // to nearest, ties to even
+    r &= ~((1u << shift) - 1u);
+    float rf;
+    std::memcpy(&rf, &r, sizeof rf);
+    if (rf > s.max_finite) return sign | s.max_code;  // rounded past the largest finite value
+    const uint32_t exp_field = static_cast<uint32_t>(static_cast<int>(r >> 23) - 127 + s.bias);
+    const uint32_t mantissa = (r >> shift) & ((1u << s.mantissa_bits) - 1u);
+    return sign | static_cast<uint8_t>((exp_field << s.mantissa_bits) | mantissa);
+}
+
+// The value of a code (exact in fp32), e5m2's infinities and both formats' NaNs included.
+TRAINER_HD float fp8_decode(uint8_t code, Fp8Format f) {
+    const Fp8Spec s = fp8_spec(f);
+    const int m_bits = s.mantissa_bits, e_bits = 7 - m_bits;
+    const int field = (code >> m_bits) & ((1 << e_bits) - 1), mantissa = code & ((1 << m_bits) - 1);
+    const float sign = (code & 0x80) != 0 ? -1.0f : 1.0f;
+    const int all_ones = (1 << e_bits) - 1;
+    if (f == Fp8Format::kE4M3 && field == all_ones && mantissa == (1 << m_bits) - 1) return NAN;
+    if (f == Fp8Format::kE5M2 && field == all_ones) return mantissa == 0 ? sign * INFINITY : NAN;
+    if (field == 0) return sign * ldexpf(static_cast<float>(mantissa), 1 - s.bias - m_bits);
+    return sign * ldexpf(static_cast<float>((1 << m_bits) + mantissa), field - s.bias - m_bits);
+}
+
+// x rounded to the nearest value of the format (fp8_decode of fp8_encode; NaN stays NaN).
+TRAINER_HD float fp8_round(float x, Fp8Format f) { return x != x ? x : fp8_decode(fp8_encode(x, f), f); }
+
+// The per-tensor scale that maps `amax` onto the format's largest finite value: 1 where amax is 0 or not finite,
+// the largest float where the quotient overflows (an amax among fp32's subnormals).
+TRAINER_HD float fp8_scale(float amax, Fp8Format f) {
+    if (!(amax > 0.0f) || !(amax <= 3.402823466e38f)) return 1.0f;
+    const float scale = fp8_spec(f).max_finite / amax;
+    return scale <= 3.402823466e38f ? scale : 3.402823466e38f;
+}
+
 }  // namespace trainer

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the fp8 conversion table that tests/test_fp8.cpp holds base/fp8.cpp to: for each of the 65,536 bf16 bit
+"""Writes the fp8 conversion table that tests/test_fp8.cpp holds kernels/element.h to: for each of the 65,536 bf16 bit
 patterns in order, PyTorch's float8_e4m3fn code and then its float8_e5m2 code of that value clamped to the format's
 largest finite value (448, 57344), so that the table is the saturating conversion; PyTorch's plain cast gives NaN
 (e4m3fn) or infinity (e5m2) beyond it. NaN stays NaN. Needs PyTorch 2.1 or newer (the GPU machine has it; Debian's

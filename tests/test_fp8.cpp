@@ -1,7 +1,7 @@
-// The OCP 8-bit floating point formats (base/fp8.h): the boundary values of e4m3 and e5m2 (the largest finite
+// The OCP 8-bit floating point formats (kernels/element.h): the boundary values of e4m3 and e5m2 (the largest finite
 // value, the smallest subnormal and normal, halfway cases, saturation, NaN, signed zero), every bf16 value against
 // a brute-force nearest-value search over the 256 codes decoded from the specification's formula (written here,
-// apart from base/fp8.cpp's rounding), and against PyTorch's own float8 conversions where their table is committed
+// apart from element.h's rounding), and against PyTorch's own float8 conversions where their table is committed
 // (scripts/make_fp8_table.py, made on the GPU machine: Debian's PyTorch has no float8 types).
 #include <chrono>
 #include <cmath>
@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "base/common.h"
-#include "base/fp8.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 
 using namespace trainer;
+namespace cpu = trainer::cpu;
 
 namespace {
 
@@ -182,11 +182,11 @@ TEST_CASE("fp8: per-tensor scales from the amax and the quantized values an FP8 
     CHECK(fp8_scale(1e-45f, Fp8Format::kE4M3) == std::numeric_limits<float>::max());
     CHECK(fp8_scale(2.0f, Fp8Format::kE4M3) == 224.0f);
     const std::vector<float> x = {0.0f, -3.5f, 1e-4f, 2.75f, -0.001f, 3.49f};
-    CHECK(amax(x.data(), x.size()) == 3.5f);
+    CHECK(cpu::fp8_amax(x.data(), x.size()) == 3.5f);
     std::vector<float> q(x.size());
     for (const Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
-        const float scale = fp8_scale(amax(x.data(), x.size()), f);
-        fp8_quantize_dequantize(q.data(), x.data(), x.size(), scale, f);
+        const float scale = fp8_scale(cpu::fp8_amax(x.data(), x.size()), f);
+        cpu::fp8_quantize_dequantize(q.data(), x.data(), x.size(), scale, f);
         // The amax maps onto the largest finite value exactly; every value is within half a step of its grid.
         CHECK(q[1] == -3.5f);
         const double step = f == Fp8Format::kE4M3 ? 1.0 / 8 : 1.0 / 4;
@@ -209,7 +209,7 @@ TEST_CASE("fp8: the CPU's FP8 Linear reads e4m3 inputs and weights and e5m2 grad
     const std::vector<float> inp = draw(M * K), weight = draw(N * K), bias = draw(N), dout = draw(M * N);
     auto rounded = [](const std::vector<float>& x, Fp8Format f) {
         std::vector<float> q(x.size());
-        fp8_quantize_dequantize(q.data(), x.data(), x.size(), fp8_scale(amax(x.data(), x.size()), f), f);
+        cpu::fp8_quantize_dequantize(q.data(), x.data(), x.size(), fp8_scale(cpu::fp8_amax(x.data(), x.size()), f), f);
         return q;
     };
     const std::vector<float> x8 = rounded(inp, Fp8Format::kE4M3), w8 = rounded(weight, Fp8Format::kE4M3);

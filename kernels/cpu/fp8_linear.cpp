@@ -2,10 +2,25 @@
 #include <algorithm>
 #include <cmath>
 
-#include "base/fp8.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/element.h"
 
 namespace trainer::cpu {
+
+float fp8_amax(const float* x, size_t n) {
+    float m = 0.0f;
+    for (size_t i = 0; i < n; ++i) {
+        const float a = std::fabs(x[i]);
+        if (a != a) return a;
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+void fp8_quantize_dequantize(float* out, const float* x, size_t n, float scale, Fp8Format f) {
+    for (size_t i = 0; i < n; ++i) out[i] = fp8_round(x[i] * scale, f) / scale;
+}
+
 namespace {
 
 constexpr size_t kChunk = size_t{1} << 14;
@@ -18,7 +33,7 @@ const float* quantized(std::vector<float>& out, const float* x, size_t n, Fp8For
 #pragma omp parallel for schedule(static) reduction(max : m)
     for (long c = 0; c < chunks; ++c) {
         const size_t b = static_cast<size_t>(c) * kChunk;
-        m = std::max(m, amax(x + b, std::min(kChunk, n - b)));
+        m = std::max(m, fp8_amax(x + b, std::min(kChunk, n - b)));
     }
     const float scale = fp8_scale(m, format);
 #pragma omp parallel for schedule(static)

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/element.h"
+
 namespace trainer::cpu {
 
 // ---- matmul.cpp: GEMMs through OpenBLAS (cblas_sgemm / cblas_dgemm), row-major. ----
@@ -29,13 +31,17 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                      bool accumulate_dinp);
 
 // ---- fp8_linear.cpp: precision amp_fp8 on the CPU, the emulation of the GPU's FP8 recipe. ----
-// A block Linear's GEMMs read its operands rounded to the OCP formats (base/fp8.h) with per-tensor scales from their
-// current amax, dequantized, and accumulate in fp32: e4m3 inputs and weights, e5m2 output gradients; the bias and its
-// gradient stay fp32 (the bias gradient from the gradient as it came). The contracts are matmul_forward's and
+// A block Linear's GEMMs read its operands rounded to the OCP formats (kernels/element.h) with per-tensor scales from
+// their current amax, dequantized, and accumulate in fp32: e4m3 inputs and weights, e5m2 output gradients; the bias and
+// its gradient stay fp32 (the bias gradient from the gradient as it came). The contracts are matmul_forward's and
 // matmul_backward's. The rounded copies live in `Fp8Scratch`, reused from call to call.
 struct Fp8Scratch {
     std::vector<float> inp, weight, dout;
 };
+// The largest |x| over n values (NaN where one is NaN).
+float fp8_amax(const float* x, size_t n);
+// out[i] = fp8_round(x[i] * scale, f) / scale: the values an FP8 GEMM reads, dequantized (out may alias x).
+void fp8_quantize_dequantize(float* out, const float* x, size_t n, float scale, Fp8Format f);
 void fp8_linear_forward(float* out, const float* inp, const float* weight, const float* bias, int M, int K, int N,
                         Fp8Scratch& s);
 void fp8_linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <functional>
 
+#include "kernels/element.h"
+
 namespace trainer::cuda {
 
 // fp32 GEMMs through cuBLASLt (TF32 off): a handle, a preallocated workspace and the heuristic's
@@ -341,5 +343,15 @@ double sum(const float* x, size_t n, double* scratch, cudaStream_t stream);
 void cast_float_to_bf16(uint16_t* out, const float* in, size_t n, cudaStream_t stream);
 void cast_bf16_to_float(float* out, const uint16_t* in, size_t n, cudaStream_t stream);
 void round_to_bf16(float* out, const float* in, size_t n, cudaStream_t stream);
+
+// FP8 operands (fp8.cu; the formats are kernels/element.h's). *amax (device) = max |x| over n, NaN where one is;
+// `scratch`: device memory for kNormBlocks floats. fp8_cast_transpose: out (rows x cols, row-major) = the codes of
+// in * fp8_scale(*amax, f), and out_t (cols x rows; nullable) the same codes transposed, in one pass over `in` (fp32,
+// or bf16 bits); amax in device memory.
+void fp8_amax(float* amax, const float* x, size_t n, float* scratch, cudaStream_t stream);
+void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const float* in, int rows, int cols, const float* amax,
+                        Fp8Format f, cudaStream_t stream);
+void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const uint16_t* in, int rows, int cols, const float* amax,
+                        Fp8Format f, cudaStream_t stream);
 
 }  // namespace trainer::cuda

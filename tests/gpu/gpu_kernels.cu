@@ -47,6 +47,7 @@
     X(test_kv_cache, "rope at positions and attention with a KV cache match the CPU", "")                          \
     X(test_kv_heads, "shared key/value heads expand and reduce as the CPU does", "")                               \
     X(test_bias_gradient, "the bias gradient (fp32 and bf16 dout) matches the CPU and repeats bitwise", "")        \
+    X(test_fp8_cast, "FP8 amax and cast-transpose (e4m3/e5m2 of fp32/bf16) are bitwise the CPU's", "")             \
     X(test_wgmma_tiles,                                                                                            \
       "Hopper's wgmma on a flash forward tile matches the CPU (compute capability 9.0 only on a GPU)", "")
 
@@ -920,6 +921,83 @@ void test_kv_heads() {
         expect(got_out16 == bf16_rounded(outr).first, "kv_heads_expand (bf16) copies bitwise");
         expect(got_dinp16 == bf16_rounded(dinpr).first, "kv_heads_reduce (bf16) is the CPU's fp32 sums rounded once");
     }
+}
+
+// FP8 operands: the amax bitwise the CPU's (NaN kept), and the codes of x * fp8_scale(amax) row-major and
+// transposed equal to element.h's fp8_encode, on shapes across the 32 x 32 tiles and on every bf16 value (with a
+// scale of 1: the amax at the format's largest finite value). On compute capability 8.9 and newer the kernel converts
+// with the hardware's cvt.rn.satfinite, so this holds the hardware to the CPU (and, through tests/test_fp8.cpp, to
+// PyTorch's table); NaN inputs must give a NaN code, whose sign and payload may differ.
+void test_fp8_cast() {
+    using trainer::Fp8Format;
+    Dev<float> scratch(trainer::cuda::kNormBlocks), amax(1);
+    for (const Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+        for (const auto& [rows, cols] :
+             {std::pair{1, 1}, std::pair{3, 5}, std::pair{33, 31}, std::pair{64, 96}, std::pair{100, 257}}) {
+            for (const bool bf16 : {false, true}) {
+                const Where at("{} rows={} cols={} {} input", trainer::fp8_name(f), rows, cols, bf16 ? "bf16" : "fp32");
+                const size_t n = static_cast<size_t>(rows) * cols;
+                std::vector<float> x = wave(n, 3.0f, 0.4f);
+                for (size_t i = 0; i < n; i += 7) x[i] *= 1e-3f;  // small values: the subnormals once scaled
+                const auto [x16, x_rounded] = bf16_rounded(x);
+                const std::vector<float>& in = bf16 ? x_rounded : x;
+                const float ref_amax = trainer::cpu::fp8_amax(in.data(), n);
+                Dev<float> dx(in);
+                trainer::cuda::fp8_amax(amax.p, dx.p, n, scratch.p, nullptr);
+                const float got_amax = amax.host()[0];
+                expect(std::memcmp(&ref_amax, &got_amax, sizeof ref_amax) == 0, "fp8_amax matches the CPU",
+                       fmt::format("{} against {}", got_amax, ref_amax));
+                Dev<uint8_t> out(n), out_t(n);
+                if (bf16) {
+                    Dev<uint16_t> dx16(x16);
+                    trainer::cuda::fp8_cast_transpose(out.p, out_t.p, dx16.p, rows, cols, amax.p, f, nullptr);
+                } else {
+                    trainer::cuda::fp8_cast_transpose(out.p, out_t.p, dx.p, rows, cols, amax.p, f, nullptr);
+                }
+                const std::vector<uint8_t> got = out.host(), got_t = out_t.host();
+                const float scale = trainer::fp8_scale(ref_amax, f);
+                size_t bad = n;
+                for (size_t i = 0; i < n && bad == n; ++i) {
+                    const uint8_t want = trainer::fp8_encode(in[i] * scale, f);
+                    const size_t r = i / cols, c = i % cols;
+                    if (got[i] != want || got_t[c * rows + r] != want) bad = i;
+                }
+                expect(bad == n, "fp8_cast_transpose matches the CPU row-major and transposed",
+                       bad == n ? "" : fmt::format("first mismatch at {}", bad));
+            }
+        }
+#ifndef TRAINER_SIMT_EMULATION
+        // Every bf16 value, at a scale of 1: the hardware's conversions against the CPU's (on the emulator the kernel
+        // converts with the CPU's own function, and tests/test_fp8.cpp covers every value).
+        const Where at("{} every bf16 value", trainer::fp8_name(f));
+        const auto same_code = [](float x, uint8_t want, uint8_t got, Fp8Format f) {
+            if (x != x) return trainer::fp8_decode(got, f) != trainer::fp8_decode(got, f);
+            return want == got;
+        };
+        std::vector<uint16_t> all(65536);
+        for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+        Dev<uint16_t> dall(all);
+        Dev<float> unit(std::vector<float>{trainer::fp8_spec(f).max_finite});
+        Dev<uint8_t> codes(all.size());
+        trainer::cuda::fp8_cast_transpose(codes.p, nullptr, dall.p, 256, 256, unit.p, f, nullptr);
+        const std::vector<uint8_t> got = codes.host();
+        long mismatches = 0;
+        size_t first = all.size();
+        for (size_t i = 0; i < all.size(); ++i) {
+            const float x = trainer::bf16_to_float(all[i]);
+            if (!same_code(x, trainer::fp8_encode(x, f), got[i], f)) {
+                ++mismatches;
+                first = std::min(first, i);
+            }
+        }
+        expect(mismatches == 0, "every bf16 value converts as the CPU does",
+               fmt::format("{} mismatches, the first at bf16 {:#06x}", mismatches, first));
+#endif
+    }
+    // A NaN anywhere: the amax is NaN (and the scale 1).
+    Dev<float> with_nan(std::vector<float>{1.0f, NAN, -2.0f});
+    trainer::cuda::fp8_amax(amax.p, with_nan.p, 3, scratch.p, nullptr);
+    expect(std::isnan(amax.host()[0]), "fp8_amax keeps a NaN");
 }
 
 // A Linear layer's bias gradient (bias.cu): dbias += the column sums of an fp32 or bf16 dout, against the CPU's
