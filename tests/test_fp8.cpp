@@ -243,7 +243,11 @@ TEST_CASE("fp8: amp_fp8 is refused by name where it cannot run yet: the CUDA bac
     const auto plan = test_util::run_trainer(
         {"plan", "--config", "configs/olmo_1b.json", "--precision", "amp_fp8", "--hardware", "h100-sxm"});
     CHECK(plan.exit_code != 0);
-    CHECK_THAT(plan.err, Catch::Matchers::Contains("plan: precision amp_fp8 is not priced yet"));
+    CHECK_THAT(plan.err, Catch::Matchers::Contains("plan: precision amp_fp8 is not priced yet") &&
+                             Catch::Matchers::Contains("h100-sxm has an FP8 peak of 1979 TFLOP/s"));
+    const auto a100 = test_util::run_trainer(
+        {"plan", "--config", "configs/olmo_1b.json", "--precision", "amp_fp8", "--hardware", "a100-80gb"});
+    CHECK_THAT(a100.err, Catch::Matchers::Contains("a100-80gb has no FP8"));
 }
 
 TEST_CASE("fp8: amp_fp8 on the CPU trains 300 steps of real text within 2% of fp32's loss after step 50", "[heavy]") {

@@ -92,6 +92,8 @@ Entry read_entry(const std::string& path) {
     h.description = r.text("description");
     h.bf16_flops = r.number("bf16_tflops", 0, 1e9) * 1e12;
     h.fp32_flops = r.number("fp32_tflops", 0, 1e9) * 1e12;
+    // Optional (entries written before it): 0 where the device has no FP8.
+    if (j.contains("fp8_tflops") && !j["fp8_tflops"].is_null()) h.fp8_flops = r.number("fp8_tflops", 0, 1e9) * 1e12;
     h.bandwidth = r.number("memory_bandwidth_gbs", 0, 1e9) * 1e9;
     h.memory_gib = r.number("memory_gib", 0, 1e9);
     h.gemm_efficiency = r.number("gemm_efficiency", 1e-6, 1);

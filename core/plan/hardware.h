@@ -18,6 +18,7 @@ struct Hardware {
     std::string name, description;
     std::string path;                           // the file it was read from
     double bf16_flops = 0.0, fp32_flops = 0.0;  // dense peak of one device
+    double fp8_flops = 0.0;                     // its dense FP8 peak (0: no FP8, before compute capability 8.9)
     double bandwidth = 0.0;                     // device memory, bytes/s
     double memory_gib = 0.0;                    // device memory
     // Shares of the roofline that ops reach without a calibration: GEMMs, attention, the rest (memory-bound).

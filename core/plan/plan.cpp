@@ -189,7 +189,10 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
     if (config.precision == Precision::kAmpFp8) {
         user_error(
             "plan: precision amp_fp8 is not priced yet (the CUDA backend has no FP8 GEMMs, and the CPU's emulation is "
-            "not a speed to plan for); plan amp_bf16 on a GPU, or fp32");
+            "not a speed to plan for; {} {}); plan amp_bf16 on a GPU, or fp32",
+            entry->name,
+            entry->fp8_flops > 0.0 ? fmt::format("has an FP8 peak of {:.0f} TFLOP/s", entry->fp8_flops / 1e12)
+                                   : std::string("has no FP8"));
     }
     // The links measured on the machine in place of the entry's, and the entry's attention share for the
     // model's heads.
