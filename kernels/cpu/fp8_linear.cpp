@@ -29,13 +29,14 @@ constexpr size_t kChunk = size_t{1} << 14;
 const float* quantized(std::vector<float>& out, const float* x, size_t n, Fp8Format format) {
     out.resize(n);
     const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);
-    float m = 0.0f;
-#pragma omp parallel for schedule(static) reduction(max : m)
+    // Each chunk's amax, then theirs (an OpenMP max reduction would drop a NaN).
+    std::vector<float> part(static_cast<size_t>(chunks));
+#pragma omp parallel for schedule(static)
     for (long c = 0; c < chunks; ++c) {
         const size_t b = static_cast<size_t>(c) * kChunk;
-        m = std::max(m, fp8_amax(x + b, std::min(kChunk, n - b)));
+        part[static_cast<size_t>(c)] = fp8_amax(x + b, std::min(kChunk, n - b));
     }
-    const float scale = fp8_scale(m, format);
+    const float scale = fp8_scale(fp8_amax(part.data(), part.size()), format);
 #pragma omp parallel for schedule(static)
     for (long c = 0; c < chunks; ++c) {
         const size_t b = static_cast<size_t>(c) * kChunk;
