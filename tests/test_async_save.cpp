@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "core/weights/checkpoint.h"
@@ -39,6 +40,22 @@ long newest_step(const std::string& metrics) {
     long step = 0;
     for (const auto& r : test_util::read_metrics(metrics)) step = std::max(step, r.value("step", 0L));
     return step;
+}
+
+// Starts the trainer with `args` (`env` set, its output in `log`), waits until `metrics` records step `step`, runs
+// `before_signal` while it trains on, sends SIGTERM and returns its exit code.
+int stop_after_step(const Args& args, const std::string& metrics, const std::string& log, long step,
+                    const std::vector<std::string>& env, const std::function<void()>& before_signal) {
+    Args argv = {test_util::trainer_binary()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const pid_t pid = test_util::start_logged(argv, log, env);
+    REQUIRE(pid > 0);
+    const bool past = test_util::wait_until([&] { return newest_step(metrics) >= step; }, 60);
+    if (!past) ::kill(pid, SIGKILL);
+    REQUIRE(past);
+    before_signal();
+    REQUIRE(::kill(pid, SIGTERM) == 0);
+    return test_util::wait_exit_code(pid);
 }
 
 // The sizes of a tiny.json checkpoint's files with save_safetensors, measured by saving one.
@@ -104,18 +121,11 @@ TEST_CASE(
         const test_util::SmallDisk disk(disk_at, room);
         REQUIRE(disk.mounted());
         const std::string folder = disk_at + "/ck", metrics = dir.path("stop.jsonl"), log = dir.path("stop.txt");
-        Args argv = {test_util::trainer_binary()};
-        const Args train = tiny(folder, 100000, keep);
-        argv.insert(argv.end(), train.begin(), train.end());
-        argv.insert(argv.end(), {"--metrics-file", metrics});
-        const pid_t pid = test_util::start_logged(argv, log, {"TRAINER_DEBUG_SAVE_DELAY=8:3000"});
-        REQUIRE(pid > 0);
-        const bool past = test_util::wait_until([&] { return newest_step(metrics) >= 11; }, 60);
-        if (!past) ::kill(pid, SIGKILL);
-        REQUIRE(past);
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));  // step 12 waits for step 8's write
-        REQUIRE(::kill(pid, SIGTERM) == 0);
-        const int code = test_util::wait_exit_code(pid);
+        Args train = tiny(folder, 100000, keep);
+        train.insert(train.end(), {"--metrics-file", metrics});
+        const int code = stop_after_step(train, metrics, log, 11, {"TRAINER_DEBUG_SAVE_DELAY=8:3000"}, [] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(500));  // step 12 waits for step 8's write
+        });
         const std::string text = test_util::read_file(log);
         INFO(text);
         CHECK(code == 128 + SIGTERM);
@@ -318,17 +328,9 @@ TEST_CASE("async save: a stop signal waits for the write in flight and then save
     test_util::TempDir dir;
     const std::string folder = dir.path("ck"), metrics = dir.path("m.jsonl"), log = dir.path("log.txt");
     // Step 5's write starts 1.5 s late; SIGTERM arrives while it is in flight.
-    Args argv = {test_util::trainer_binary()};
-    const Args train = tiny(folder, 100000, {"--metrics-file", metrics, "--set", "save_interval=5"});
-    argv.insert(argv.end(), train.begin(), train.end());
-    const pid_t pid = test_util::start_logged(argv, log, {"TRAINER_DEBUG_SAVE_DELAY=5:1500"});
-    REQUIRE(pid > 0);
-    const bool past = test_util::wait_until([&] { return newest_step(metrics) >= 7; }, 60);
-    if (!past) ::kill(pid, SIGKILL);
-    REQUIRE(past);
-    CHECK(trainer::checkpoint_steps(folder).empty());
-    REQUIRE(::kill(pid, SIGTERM) == 0);
-    const int code = test_util::wait_exit_code(pid);
+    const int code =
+        stop_after_step(tiny(folder, 100000, {"--metrics-file", metrics, "--set", "save_interval=5"}), metrics, log, 7,
+                        {"TRAINER_DEBUG_SAVE_DELAY=5:1500"}, [&] { CHECK(trainer::checkpoint_steps(folder).empty()); });
     const std::string text = test_util::read_file(log);
     INFO(text);
     CHECK(code == 128 + SIGTERM);
