@@ -53,11 +53,31 @@ TEST_CASE("bench-comm: the fit recovers a ring's bandwidth and latency") {
             const Link l = fit_link(ring_samples(kind, n, {3e9, 40e-6}));
             CHECK(l.bandwidth == Approx(3e9).epsilon(1e-9));
             CHECK(l.latency == Approx(40e-6).epsilon(1e-9));
-            // Alternating +-5% noise: still within a few percent.
+            // Alternating +-5% noise: the bandwidth within it; the latency, which rests on the two or three
+            // latency-bound calls alone, within 10%.
             const Link noisy = fit_link(ring_samples(kind, n, {3e9, 40e-6}, 0.05));
-            CHECK(noisy.bandwidth == Approx(3e9).epsilon(0.06));
-            CHECK(noisy.latency == Approx(40e-6).epsilon(0.06));
+            CHECK(noisy.bandwidth == Approx(3e9).epsilon(0.05));
+            CHECK(noisy.latency == Approx(40e-6).epsilon(0.1));
         }
+    }
+    // Times measured over Gloo on a 400 Mbit/s lab link (an all-reduce of two ranks, 4 KiB to 16 MiB) whose
+    // latency-bound calls jittered 4x: the bandwidth is the large calls' (0.048-0.0497 GB/s bus bandwidth), not
+    // pulled above every one of them by the small ones (a fit on the relative error alone gave 0.0558).
+    std::vector<CommSample> lab;
+    const double lab_us[] = {1679.3, 1887.3, 1883.4, 5426.0, 21560.2, 84643.5, 349831.6};
+    for (int i = 0; i < 7; ++i) {
+        CommSample x;
+        x.group = "inter", x.kind = "all_reduce", x.group_size = 2;
+        x.bytes = 4096.0 * (1 << (2 * i)), x.seconds = lab_us[i] * 1e-6;
+        lab.push_back(x);
+    }
+    const Link measured = fit_link(lab);
+    CHECK(measured.bandwidth > 0.047e9);
+    CHECK(measured.bandwidth < 0.0505e9);
+    for (const CommSample& x : lab) {
+        if (x.bytes < 1e6) continue;
+        const RingCost c = ring_cost(x.kind, x.bytes, x.group_size);
+        CHECK(c.steps * measured.latency + c.bytes / measured.bandwidth == Approx(x.seconds).epsilon(0.05));
     }
     // A latency that fits below 0 is 0 and the bandwidth alone is fitted: times of bytes / 2 GB/s, 10% less
     // below 1 MB.

@@ -106,17 +106,28 @@ std::vector<CommSample> time_collectives(Communicator& comm, Backend& backend, c
 
 Link fit_link(const std::vector<CommSample>& samples) {
     TRAINER_CHECK(!samples.empty(), "fit_link: no samples");
-    // Weighted least squares of t = a * steps + b * bytes with weights 1/t^2: a the latency, b 1/bandwidth.
-    double ss = 0.0, sx = 0.0, xx = 0.0, st = 0.0, xt = 0.0;
-    for (const CommSample& s : samples) {
-        const RingCost c = ring_cost(s.kind, s.bytes, s.group_size);
-        const double w = 1.0 / (s.seconds * s.seconds);
-        ss += w * c.steps * c.steps, sx += w * c.steps * c.bytes, xx += w * c.bytes * c.bytes;
-        st += w * c.steps * s.seconds, xt += w * c.bytes * s.seconds;
+    // Weighted least squares of t = a * steps + b * bytes (a the latency, b 1/bandwidth), each time weighted by
+    // 1/sigma^2 for a noise sigma of kRelative of the time plus its latency part: a host's scheduling jitter is of
+    // the order of a call's latency (a latency-bound call of 4 KiB may take 4x as long in one run as in another),
+    // while a bandwidth-bound call repeats to a few percent. So the small calls settle the latency and the large
+    // ones the bandwidth; equal relative weights let a jittery 4 KiB call pull the bandwidth 10-15% above what
+    // every large call measured. The first pass weighs every time by its relative error alone (no latency yet),
+    // the next ones by the noise of the latency fitted before.
+    constexpr double kRelative = 0.03;
+    double a = 0.0, b = 0.0;
+    for (int pass = 0; pass < 4; ++pass) {
+        double ss = 0.0, sx = 0.0, xx = 0.0, st = 0.0, xt = 0.0;
+        for (const CommSample& s : samples) {
+            const RingCost c = ring_cost(s.kind, s.bytes, s.group_size);
+            const double sigma = pass == 0 ? s.seconds : kRelative * s.seconds + a * c.steps;
+            const double w = 1.0 / (sigma * sigma);
+            ss += w * c.steps * c.steps, sx += w * c.steps * c.bytes, xx += w * c.bytes * c.bytes;
+            st += w * c.steps * s.seconds, xt += w * c.bytes * s.seconds;
+        }
+        const double det = ss * xx - sx * sx;
+        a = det > 0.0 ? (st * xx - xt * sx) / det : 0.0, b = det > 0.0 ? (ss * xt - sx * st) / det : 0.0;
+        if (a < 0.0 || det <= 0.0) a = 0.0, b = xx > 0.0 ? xt / xx : 0.0;
     }
-    const double det = ss * xx - sx * sx;
-    double a = det > 0.0 ? (st * xx - xt * sx) / det : 0.0, b = det > 0.0 ? (ss * xt - sx * st) / det : 0.0;
-    if (a < 0.0 || det <= 0.0) a = 0.0, b = xx > 0.0 ? xt / xx : 0.0;
     if (b <= 0.0) {
         user_error(
             "bench-comm: the {} times of the {} group do not grow with the bytes ({} sizes, {} to {}): no bandwidth "

@@ -26,9 +26,9 @@ struct CommSample {
 };
 
 // The link that fits the samples of one kind and group: seconds = steps x latency + bytes / bandwidth
-// (ring_cost), least squares on the relative error (a 4 KiB call and a 64 MiB call count alike). A latency
-// that fits below 0 is 0, the bandwidth then refitted alone. UserError where the times do not grow with the
-// bytes (no bandwidth fits).
+// (ring_cost), least squares with each time's noise taken as a few percent of it plus its latency part, so the
+// small calls settle the latency and the large ones the bandwidth. A latency that fits below 0 is 0, the
+// bandwidth then refitted alone. UserError where the times do not grow with the bytes (no bandwidth fits).
 Link fit_link(const std::vector<CommSample>& samples);
 
 struct CommBenchOptions {
