@@ -21,6 +21,7 @@ import glob
 import json
 import os
 import random
+import secrets
 import signal
 import subprocess
 import sys
@@ -117,6 +118,9 @@ def main():
     netlab = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netlab.sh")
     lab = f"tnl{os.getpid()}"
     if a.nodes > 1:
+        # The nodes' launchers are one job: they share a rendezvous secret (made here unless the caller set one).
+        if not os.environ.get("TRAINER_STORE_SECRET") and not os.environ.get("TRAINER_STORE_SECRET_FILE"):
+            os.environ["TRAINER_STORE_SECRET"] = secrets.token_hex(32)
         subprocess.run(["bash", netlab, "up", lab, str(a.nodes)], check=True)
     try:
         run_chaos(a, rng, tmp, netlab, lab)

@@ -18,7 +18,8 @@
 #   scripts/netlab.sh exec LAB NODE COMMAND... run COMMAND in node NODE's namespace
 #   scripts/netlab.sh launch LAB NPROC TRAINER -- ARGS...
 #                                              `TRAINER launch` on every node of LAB (NPROC ranks each, rank 0's store
-#                                              on node 0), every rank running ARGS; output prefixed "[node i] ";
+#                                              on node 0; the job's TRAINER_STORE_SECRET made here unless set),
+#                                              every rank running ARGS; output prefixed "[node i] ";
 #                                              exits with the first failing node's status
 #   scripts/netlab.sh link LAB NODE up|down    set node NODE's link up or down (a cable pulled, and put back)
 #   scripts/netlab.sh addr NODE                node NODE's address (10.77.0.NODE+1)
@@ -166,6 +167,11 @@ launch() {
     check_lab "$lab"
     nodes=$(ip netns list | awk '{print $1}' | grep -cE "^$lab-n[0-9]+$" || true)
     ((nodes > 0)) || die "no lab $lab (scripts/netlab.sh up $lab NODES RATE)"
+    # The nodes are one job: without a secret of the caller's, one made for it (every node's launcher inherits it).
+    if [[ -z ${TRAINER_STORE_SECRET:-} && -z ${TRAINER_STORE_SECRET_FILE:-} ]]; then
+        TRAINER_STORE_SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+        export TRAINER_STORE_SECRET
+    fi
     on_every_node "$lab" "$nodes" "$trainer" launch --nnodes "$nodes" --node-rank "{node}" --nproc-per-node "$nproc" \
         --master-addr "$(addr 0)" --master-port 29500 -- "$@"
 }
