@@ -13,6 +13,8 @@ namespace trainer {
 // ---- choices: each enum's values in the order of its spellings in Choices<E>::kNames ----
 enum class Device { kAuto, kCpu, kCuda };
 enum class Precision { kFp32, kAmpBf16, kAmpFp8 };
+// Mixed precision on bf16: amp_bf16, and amp_fp8 (amp_bf16 with the blocks' Linear layers on FP8 operands).
+inline bool bf16_mixed(Precision p) { return p == Precision::kAmpBf16 || p == Precision::kAmpFp8; }
 enum class AttentionKernel { kAuto, kNative, kCudnn, kFlash };
 enum class DistributedBackend { kAuto, kGloo, kNccl };
 enum class DistributedStrategy { kSingle, kDdp, kFsdp, kAuto };  // kAuto: the plan chooses (core/plan/auto.h)

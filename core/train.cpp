@@ -151,7 +151,7 @@ class TrainingRun {
             peak_flops_ = *config_.peak_flops_per_device;
             peak_how_ = fmt::format("configured {:.1f} TFLOP/s per device", peak_flops_ / 1e12);
         } else {
-            peak_flops_ = backend_->peak_flops(config_.precision == Precision::kAmpBf16, &peak_how_);
+            peak_flops_ = backend_->peak_flops(bf16_mixed(config_.precision), &peak_how_);
         }
         rates.peak_flops = peak_flops_, rates.world = world_.size();
         stats_ = std::make_unique<RunStats>(start_step_, total_steps_, rates);

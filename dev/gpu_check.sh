@@ -32,6 +32,12 @@
 #   bench_SHAPE     scripts/bench_gpu.sh --shapes SHAPE --no-fine-grained: tokens/s, MFU and memory of the trainer
 #                   against PyTorch eager and torch.compile; its note carries ratio=trainer/compile, which the
 #                   queue holds to within 3% of the last pass on the same card
+#   torch_parity    scripts/bench_torch_gpu.py --check-parity: the PyTorch peer's fast model against tests/torch_ref.py
+#                   at step 0 (fp32, no compile) on tiny.json and the OLMo-2 and Llama-shaped fixtures
+#   fp8_speed       scripts/bench_gpu.sh --fp8 on OLMo-1B micro-batch 8 and OLMo-2 1B (4 x 4096): amp_fp8's tokens/s
+#                   against the trainer's amp_bf16 and PyTorch's _scaled_mm FP8 peer (the note carries each
+#                   shape's ratios), then bench-kernels in amp_fp8 on OLMo-1B micro-batch 8 (the FP8 GEMMs' and
+#                   casts' share of a step)
 #   kernels         trainer bench-kernels on OLMo-1B (micro-batch 4) and GPT-2 124M (16): our flash attention,
 #                   cuDNN's (writing the plan's calibration), and the one-read classifier
 #   plan            trainer plan from the hardware file and from that calibration (made here when `kernels` did
@@ -268,6 +274,28 @@ PY
                 fi
             fi
             rm -rf "$ck"
+            ;;
+        torch_parity)
+            if have_python torch; then
+                for config in configs/tiny.json tests/fixtures/olmo2_tiny.json tests/fixtures/llama_tiny.json; do
+                    [[ -f $config ]] || continue
+                    step "torch_parity_$(basename "$config" .json)" 60 python3 scripts/bench_torch_gpu.py \
+                        --config "$config" --micro-batch 2 --check-parity &&
+                        figure "$(basename "$config"): $(tail -1 "$logs/torch_parity_$(basename "$config" .json).log")"
+                done
+            else
+                skip_part "PyTorch is not installed (the peer's parity)"
+            fi
+            ;;
+        fp8_speed)
+            TRAINER_BIN=$trainer step fp8_speed 480 bash scripts/bench_gpu.sh --shapes olmo_1b_mb8,olmo2_1b_mb4 \
+                --no-fine-grained --fp8
+            grep -E "^\|" "$logs/fp8_speed.log"
+            while read -r line; do figure "$(echo "$line" | tr -s ' ')"; done < <(
+                grep -E "^\| (olmo_1b_mb8|olmo2_1b_mb4) \| [0-9,]+ \| " "$logs/fp8_speed.log" | awk -F'|' 'NF == 8')
+            step fp8_kernels 120 "$trainer" bench-kernels --config configs/olmo_1b.json --device cuda \
+                --precision amp_fp8 --set device_train_microbatch_size=8 --set global_train_batch_size=8
+            grep -E "^\| matmul|^\| attention|^\| classifier" "$logs/fp8_kernels.log" | head -20
             ;;
         bench_*)
             shape=${stage#bench_}

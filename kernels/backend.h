@@ -390,7 +390,8 @@ class BlockLinears {
 
 // How a backend computes (the CPU backend has one way and ignores these).
 struct BackendOptions {
-    bool bf16_matmuls = false;   // precision amp_bf16: GEMMs on bf16, fp32 accumulation
+    bool bf16_matmuls = false;   // precision amp_bf16 (and amp_fp8): GEMMs on bf16, fp32 accumulation
+    bool fp8_linears = false;    // precision amp_fp8: the blocks' Linear layers on FP8 (set_linear_precision)
     bool bf16_operands = false;  // with bf16_matmuls: GemmOperand activations stored in bf16 (kernels.bf16_activations)
     AttentionKernel attention = AttentionKernel::kNative;  // kernels.attention, resolved (never kAuto)
     int device_index = 0;                                  // which GPU (the rank's LOCAL_RANK modulo the GPUs present)

@@ -46,6 +46,11 @@ struct OpCall {
         costs.push_back(OpCost{op, flops, bytes});
         return std::move(*this);
     }
+    // A cost of a part the op runs inside itself, priced as an op of its own (amp_fp8's casts in its GEMMs).
+    OpCall cost_of(const char* part, double flops, double bytes) && {
+        costs.push_back(OpCost{part, flops, bytes});
+        return std::move(*this);
+    }
 };
 
 class ForwardingBackend : public Backend {
@@ -177,6 +182,18 @@ class ForwardingBackend : public Backend {
     ForwardingBackend() = default;
 
    private:
+    // amp_fp8: the Linear layers' precision as set_linear_precision last set it. A GEMM called under kFp8 is its FP8
+    // op ("matmul_fp8_forward", "matmul_fp8_backward": the GEMMs at the FP8 peak, their operands' amax and casts
+    // as "fp8_cast"), and its call sets the precision on the backend it runs on (fp8_call), so that a recorded call
+    // run again (bench-kernels' timer, the recorder's cost model) runs as it ran in the step.
+    LinearPrecision linear_ = LinearPrecision::kDefault;
+    std::function<void(Backend&)> fp8_call(std::function<void(Backend&)> run) const {
+        if (linear_ != LinearPrecision::kFp8) return run;
+        return [run = std::move(run)](Backend& b) {
+            const BlockLinears fp8(&b, true);
+            run(b);
+        };
+    }
     Backend* inner_ = nullptr;
 };
 
@@ -226,6 +243,16 @@ inline std::string shared_heads_shape(int N, int NH, int KVH, int HS, std::initi
 
 inline void ForwardingBackend::matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias,
                                               int M, int K, int N) {
+    if (linear_ == LinearPrecision::kFp8) {
+        // e4m3 codes of inp and weight (each an amax pass and a cast pass), one byte an element in the GEMM.
+        const double mk = double(M) * K, nk = double(N) * K;
+        dispatch(op_shapes::row("matmul_fp8_forward", op_shapes::gemm_shape(M, K, N, bias, {out, inp}) + ", fp8",
+                                GemmShape{M, K, N, false})
+                     .cost(2.0 * M * K * N, mk + nk + op_shapes::bytes_of(out) * M * N + 4.0 * (bias ? N : 0))
+                     .cost_of("fp8_cast", 0.0, 2.0 * op_shapes::bytes_of(inp) * mk + mk + 8.0 * nk + nk),
+                 fp8_call([=](Backend& b) { b.matmul_forward(out, inp, weight, bias, M, K, N); }));
+        return;
+    }
     dispatch(
         op_shapes::row("matmul_forward", op_shapes::gemm_shape(M, K, N, bias, {out, inp}), GemmShape{M, K, N, false})
             .cost(2.0 * M * K * N, op_shapes::bytes_of(inp) * M * K + op_shapes::bytes_of(out) * M * N +
@@ -237,6 +264,25 @@ inline void ForwardingBackend::matmul_backward(GemmOperand dinp, float* dweight,
                                                GemmOperand inp, const float* weight, int M, int K, int N,
                                                bool accumulate_dinp) {
     const char* input_grad = dinp.p == nullptr ? ", no input gradient" : accumulate_dinp ? ", input gradient +=" : "";
+    if (linear_ == LinearPrecision::kFp8) {
+        // e5m2 codes of dout (row-major for the input gradient, transposed for the weight's, from one pass), e4m3
+        // of weight transposed (the input gradient) and of inp transposed (the weight gradient).
+        const double mk = double(M) * K, nk = double(N) * K, mn = double(M) * N;
+        const double dinp_bytes = dinp.p ? op_shapes::bytes_of(dinp) * mk * (accumulate_dinp ? 2 : 1) : 0.0;
+        const double gemm_bytes = (dinp.p ? mn + nk + dinp_bytes : 0.0) + (dweight ? mn + mk + 8.0 * nk : 0.0);
+        const double casts = 2.0 * op_shapes::bytes_of(dout) * mn + mn * ((dinp.p ? 1 : 0) + (dweight ? 1 : 0)) +
+                             (dinp.p ? 9.0 * nk : 0.0) + (dweight ? 2.0 * op_shapes::bytes_of(inp) * mk + mk : 0.0);
+        dispatch(op_shapes::row("matmul_fp8_backward",
+                                op_shapes::gemm_shape(M, K, N, dbias, {dinp, dout, inp}) + input_grad + ", fp8",
+                                GemmShape{M, K, N, true})
+                     .cost(2.0 * M * K * N * ((dinp.p ? 1 : 0) + (dweight ? 1 : 0)) + (dbias ? mn : 0),
+                           gemm_bytes + (dbias ? op_shapes::bytes_of(dout) * mn + 8.0 * N : 0.0))
+                     .cost_of("fp8_cast", 0.0, casts),
+                 fp8_call([=](Backend& b) {
+                     b.matmul_backward(dinp, dweight, dbias, dout, inp, weight, M, K, N, accumulate_dinp);
+                 }));
+        return;
+    }
     dispatch(
         op_shapes::row("matmul_backward", op_shapes::gemm_shape(M, K, N, dbias, {dinp, dout, inp}) + input_grad,
                        GemmShape{M, K, N, true})
@@ -249,29 +295,32 @@ inline void ForwardingBackend::matmul_backward(GemmOperand dinp, float* dweight,
 inline void ForwardingBackend::matmul_residual_forward(float* out, const float* resid, GemmOperand inp,
                                                        const float* weight, const float* bias, int M, int K, int N,
                                                        float* scratch) {
-    dispatch(op_shapes::row("matmul_residual_forward", op_shapes::gemm_shape(M, K, N, bias, {inp})),
-             [=](Backend& b) { b.matmul_residual_forward(out, resid, inp, weight, bias, M, K, N, scratch); });
+    const char* fp8 = linear_ == LinearPrecision::kFp8 ? ", fp8" : "";
+    dispatch(op_shapes::row("matmul_residual_forward", op_shapes::gemm_shape(M, K, N, bias, {inp}) + fp8),
+             fp8_call([=](Backend& b) { b.matmul_residual_forward(out, resid, inp, weight, bias, M, K, N, scratch); }));
     fused_parts([&] { Backend::matmul_residual_forward(out, resid, inp, weight, bias, M, K, N, scratch); });
 }
 
 inline void ForwardingBackend::matmul_gelu_forward(GemmOperand pre, GemmOperand out, GemmOperand inp,
                                                    const float* weight, const float* bias, int M, int K, int N,
                                                    bool tanh_approx) {
-    dispatch(op_shapes::row("matmul_gelu_forward",
-                            op_shapes::gemm_shape(M, K, N, bias, {pre, out, inp}) + (tanh_approx ? ", tanh" : ", erf")),
-             [=](Backend& b) { b.matmul_gelu_forward(pre, out, inp, weight, bias, M, K, N, tanh_approx); });
+    const char* fp8 = linear_ == LinearPrecision::kFp8 ? ", fp8" : "";
+    dispatch(op_shapes::row("matmul_gelu_forward", op_shapes::gemm_shape(M, K, N, bias, {pre, out, inp}) +
+                                                       (tanh_approx ? ", tanh" : ", erf") + fp8),
+             fp8_call([=](Backend& b) { b.matmul_gelu_forward(pre, out, inp, weight, bias, M, K, N, tanh_approx); }));
     fused_parts([&] { Backend::matmul_gelu_forward(pre, out, inp, weight, bias, M, K, N, tanh_approx); });
 }
 
 inline void ForwardingBackend::matmul_gelu_backward(GemmOperand dpre, GemmOperand dact, float* dweight, float* dbias,
                                                     GemmOperand dout, GemmOperand act, const float* weight,
                                                     GemmOperand pre, int M, int K, int N, bool tanh_approx) {
+    const char* fp8 = linear_ == LinearPrecision::kFp8 ? ", fp8" : "";
     dispatch(
         op_shapes::row("matmul_gelu_backward", op_shapes::gemm_shape(M, K, N, dbias, {dpre, dact, dout, act, pre}) +
-                                                   (tanh_approx ? ", tanh" : ", erf")),
-        [=](Backend& b) {
+                                                   (tanh_approx ? ", tanh" : ", erf") + fp8),
+        fp8_call([=](Backend& b) {
             b.matmul_gelu_backward(dpre, dact, dweight, dbias, dout, act, weight, pre, M, K, N, tanh_approx);
-        });
+        }));
     fused_parts([&] {
         Backend::matmul_gelu_backward(dpre, dact, dweight, dbias, dout, act, weight, pre, M, K, N, tanh_approx);
     });
@@ -502,6 +551,7 @@ inline void ForwardingBackend::fill_zero(void* ptr, size_t bytes) {
 }
 
 inline void ForwardingBackend::set_linear_precision(LinearPrecision p) {
+    linear_ = p;
     dispatch(op_shapes::plain("set_linear_precision"), [=](Backend& b) { b.set_linear_precision(p); });
 }
 inline void ForwardingBackend::hold_weight(const float* w) {

@@ -338,7 +338,10 @@ World make_dry_world(const TrainConfig& config, const RankEnv& env, Device devic
 
 BackendOptions backend_options(const TrainConfig& c, const ComputeTarget& target, int device_index) {
     BackendOptions o;
-    o.bf16_matmuls = c.precision == Precision::kAmpBf16;
+    // On the CPU amp_fp8 is fp32 with the blocks' Linear layers emulating FP8 (the CPU backend does it unasked).
+    const bool cuda = target.device == Device::kCuda;
+    o.bf16_matmuls = cuda && bf16_mixed(c.precision);
+    o.fp8_linears = cuda && c.precision == Precision::kAmpFp8;
     o.bf16_operands = o.bf16_matmuls && c.kernels_bf16_activations;
     o.attention = target.attention;
     o.device_index = device_index;
@@ -347,7 +350,7 @@ BackendOptions backend_options(const TrainConfig& c, const ComputeTarget& target
 }
 
 bool gemm_operands_bf16_for(const TrainConfig& c, Device device) {
-    return resolve_device(device) == Device::kCuda && c.precision == Precision::kAmpBf16 && c.kernels_bf16_activations;
+    return resolve_device(device) == Device::kCuda && bf16_mixed(c.precision) && c.kernels_bf16_activations;
 }
 
 namespace {
@@ -356,8 +359,7 @@ namespace {
 AttentionKernel resolve_attention(const TrainConfig& c, Device device) {
     if (c.kernels_attention != AttentionKernel::kAuto) return c.kernels_attention;
     const int T = c.model.predicted_positions(), HS = c.model.head_size();
-    const bool fast =
-        device == Device::kCuda && c.precision == Precision::kAmpBf16 && cudnn_attention_unsupported(T, HS).empty();
+    const bool fast = device == Device::kCuda && bf16_mixed(c.precision) && cudnn_attention_unsupported(T, HS).empty();
     return fast ? AttentionKernel::kCudnn : AttentionKernel::kNative;
 }
 
@@ -370,11 +372,6 @@ ComputeTarget resolve_compute(const TrainConfig& c) {
     if (c.precision == Precision::kAmpBf16 && !cuda) {
         user_error("precision \"amp_bf16\" needs the CUDA backend (device is {}); on CPU use --precision fp32",
                    choice_name(device));
-    }
-    if (c.precision == Precision::kAmpFp8 && cuda) {
-        user_error(
-            "precision \"amp_fp8\": the CUDA backend has no FP8 GEMMs yet (cuBLASLt's are not wired in); use "
-            "--precision amp_bf16 on the GPU, or --device cpu to run the FP8 recipe's emulation");
     }
     const int T = c.model.predicted_positions(), HS = c.model.head_size();
     if (!cuda && c.kernels_cuda_graphs) {
@@ -392,10 +389,10 @@ ComputeTarget resolve_compute(const TrainConfig& c) {
             kCudaNativeAttentionMaxHeadSize, HS);
     }
     if (cuda && attention == AttentionKernel::kCudnn) {
-        if (c.precision != Precision::kAmpBf16) {
+        if (!bf16_mixed(c.precision)) {
             user_error(
-                "kernels.attention \"cudnn\" computes attention in bf16; use it with --precision amp_bf16 (fp32 "
-                "runs use the native kernels)");
+                "kernels.attention \"cudnn\" computes attention in bf16; use it with --precision amp_bf16 or amp_fp8 "
+                "(fp32 runs use the native kernels)");
         }
         const std::string why = cudnn_attention_unsupported(T, HS);
         if (!why.empty())
@@ -404,10 +401,10 @@ ComputeTarget resolve_compute(const TrainConfig& c) {
                 why);
     }
     if (cuda && attention == AttentionKernel::kFlash) {
-        if (c.precision != Precision::kAmpBf16) {
+        if (!bf16_mixed(c.precision)) {
             user_error(
-                "kernels.attention \"flash\" computes attention in bf16; use it with --precision amp_bf16 (fp32 "
-                "runs use the native kernels)");
+                "kernels.attention \"flash\" computes attention in bf16; use it with --precision amp_bf16 or amp_fp8 "
+                "(fp32 runs use the native kernels)");
         }
         const std::string why = flash_attention_unsupported(HS);
         if (!why.empty()) user_error("kernels.attention \"flash\" cannot run a {}; use kernels.attention=cudnn", why);

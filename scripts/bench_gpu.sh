@@ -25,8 +25,11 @@
 # stream ran kernels, from a pair of CUDA events around each op). --utilization-cost runs each shape once
 # more with utilization_interval=0 (no events) and prints what measuring costs.
 #
+# --fp8 runs each shape once more with --precision amp_fp8 (the blocks' Linear layers on cuBLASLt's FP8 GEMMs; a
+# GPU of compute capability 8.9 or newer) and prints it as its own row, with its ratio to the trainer's bf16 row.
+#
 # Usage: scripts/bench_gpu.sh [--steps N] [--rounds R] [--attention native|cudnn|flash] [--shapes LIST]
-#                             [--no-torch] [--no-fine-grained] [--utilization-cost] [--graphs] [--kernels]
+#                             [--no-torch] [--no-fine-grained] [--utilization-cost] [--graphs] [--fp8] [--kernels]
 #   LIST: comma-separated of gpt2_124m, olmo_1b_mb4, olmo_1b_mb8, olmo2_1b_mb4 (default: these four; OLMo-2 1B at
 #         micro-batch 4 of its 4096 tokens: the 16K tokens a step of OLMo-1B at 8), and llama_1b_mb4 (grouped-query
 #         attention, 4 x 4096)
@@ -34,7 +37,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench_common.sh
 steps=12 rounds=1 attention=cudnn shapes=gpt2_124m,olmo_1b_mb4,olmo_1b_mb8,olmo2_1b_mb4 torch=1 kernels=0 fine_grained=1
-util_cost=0 graphs=0
+util_cost=0 graphs=0 fp8=0
 while (($#)); do
     case $1 in
         --steps) steps=$2; shift 2 ;;
@@ -46,6 +49,7 @@ while (($#)); do
         --kernels) kernels=1; shift ;;
         --utilization-cost) util_cost=1; shift ;;
         --graphs) graphs=1; shift ;;
+        --fp8) fp8=1; shift ;;
         *) echo "error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -79,22 +83,32 @@ for ((r = 1; r <= rounds; r++)); do
         ((fine_grained)) && variants+=(fine_grained)
         ((util_cost)) && variants+=(noutil)
         ((graphs)) && variants+=(graphs)
+        ((fp8)) && variants+=(fp8)
         for variant in "${variants[@]}"; do
-            run=$name ac=$variant interval=1 replay=false
+            run=$name ac=$variant interval=1 replay=false precision=amp_bf16
             [[ $variant == null ]] || run=${name}_$variant
             [[ $variant == noutil ]] && ac=null interval=0
             [[ $variant == graphs ]] && ac=null replay=true
-            "$trainer" --config "$config" --device cuda --precision amp_bf16 --data data/bench_tokens.bin \
+            [[ $variant == fp8 ]] && ac=null precision=amp_fp8
+            "$trainer" --config "$config" --device cuda --precision "$precision" --data data/bench_tokens.bin \
                 --max-duration "$steps" --set console_log_interval=1000000 --set kernels.attention="$attention" \
                 --set save_folder=null --set save_interval=0 --set device_train_microbatch_size="$micro" \
                 --set global_train_batch_size="$micro" --set activation_checkpointing="$ac" \
                 --set utilization_interval="$interval" --set kernels.cuda_graphs="$replay" \
                 --metrics-file "$tmp/trainer_${run}_$r.jsonl" >"$tmp/trainer_${run}_$r.log" 2>&1 && continue
-            # A failed graphs run (CUDA graphs, not yet run on a GPU when written) costs its own row, not the table.
-            if [[ $variant != graphs ]]; then cat "$tmp/trainer_${run}_$r.log" >&2; exit 1; fi
+            # A failed graphs or fp8 run (not yet run on a GPU when written) costs its own row, not the table.
+            if [[ $variant != graphs && $variant != fp8 ]]; then cat "$tmp/trainer_${run}_$r.log" >&2; exit 1; fi
             echo "warning: the trainer's $run run failed: $(tail -1 "$tmp/trainer_${run}_$r.log")" >&2
             rm -f "$tmp/trainer_${run}_$r.jsonl"
         done
+        if ((torch && fp8)); then
+            # The FP8 peer: torch.compile with the blocks' Linear layers on torch._scaled_mm.
+            "$py" scripts/bench_torch_gpu.py --config "$config" --micro-batch "$micro" --mode compile --fp8 \
+                --steps $((steps - 2)) --warmup 2 >"$tmp/torch_fp8_${name}_$r.json" 2>"$tmp/torch_fp8_${name}_$r.err" || {
+                echo "warning: PyTorch's FP8 peer on $name failed: $(tail -1 "$tmp/torch_fp8_${name}_$r.err")" >&2
+                rm -f "$tmp/torch_fp8_${name}_$r.json"
+            }
+        fi
         if ((torch)); then
             for mode in eager compile; do
                 "$py" scripts/bench_torch_gpu.py --config "$config" --micro-batch "$micro" --mode "$mode" \
@@ -109,18 +123,19 @@ for ((r = 1; r <= rounds; r++)); do
 done
 grep -h "^MFU peak" "$tmp"/trainer_*_1.log | head -1 >&2
 
-"$py" - "$tmp" "$rounds" "$attention" "$fine_grained" "$util_cost" "$graphs" "${names[@]}" <<'PY'
+"$py" - "$tmp" "$rounds" "$attention" "$fine_grained" "$util_cost" "$graphs" "$fp8" "${names[@]}" <<'PY'
 import json, os, statistics, sys
 tmp, rounds, attention = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-fine_grained, util_cost, graphs, names = sys.argv[4] == "1", sys.argv[5] == "1", sys.argv[6] == "1", sys.argv[7:]
+fine_grained, util_cost, graphs, fp8 = sys.argv[4] == "1", sys.argv[5] == "1", sys.argv[6] == "1", sys.argv[7] == "1"
+names = sys.argv[8:]
 gib = 2**30
 def load(path):
     return json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else None
 print(f"| shape | trainer tokens/s | eager tokens/s | compile tokens/s | trainer / compile | trainer MFU | "
       f"compile MFU | trainer GiB | eager GiB | compile GiB | busy |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
-# Each shape's fine_grained and graphs runs beside the same PyTorch figures.
-extra = (["fine_grained"] if fine_grained else []) + (["graphs"] if graphs else [])
+# Each shape's fine_grained, graphs and fp8 runs beside the same PyTorch figures.
+extra = (["fine_grained"] if fine_grained else []) + (["graphs"] if graphs else []) + (["fp8"] if fp8 else [])
 runs = [r for name in names for r in [(name, name)] + [(name, f"{name}_{v}") for v in extra]]
 for name, run in runs:
     ours, ours_mfu, eager, comp, mem, busy = [], [], [], [], [], []
@@ -156,8 +171,25 @@ for name, run in runs:
            f"{tcomp['peak_reserved_bytes'] / gib:.1f} ({tcomp['peak_allocated_bytes'] / gib:.1f})" if tcomp else "-",
            f"{med(busy):.0f}%" if busy else "-"]
     print("| " + " | ".join(row) + " |")
-print(f"\ntrainer: amp_bf16, kernels.attention={attention}; {rounds} round(s), medians; MFU = flops_per_token x "
-      f"predicted tokens/s / the trainer's dense bf16 peak")
+print(f"\ntrainer: amp_bf16 (the _fp8 rows amp_fp8), kernels.attention={attention}; {rounds} round(s), medians; "
+      f"MFU = flops_per_token x predicted tokens/s / the trainer's dense bf16 peak (amp_fp8's too)")
+def median_tps(run):
+    got = [json.loads([l for l in open(p) if l.strip()][-1])["tokens_per_second_per_device"]
+           for p in (f"{tmp}/trainer_{run}_{r}.jsonl" for r in range(1, rounds + 1)) if os.path.exists(p)]
+    return statistics.median(got) if got else None
+if fp8:
+    def peer_tps(name):
+        got = [load(f"{tmp}/torch_fp8_{name}_{r}.json") for r in range(1, rounds + 1)]
+        got = [g["tokens_per_second"] for g in got if g]
+        return statistics.median(got) if got else None
+    print("\n| shape | amp_bf16 tokens/s | amp_fp8 tokens/s | fp8 / bf16 | PyTorch _scaled_mm FP8 (compile) tokens/s | "
+          "amp_fp8 / that |")
+    print("|---|---|---|---|---|---|")
+    for name in names:
+        b, f, t = median_tps(name), median_tps(f"{name}_fp8"), peer_tps(name)
+        cells = [f"{b:,.0f}", f"{f:,.0f}" if f else "failed", f"{f / b:.3f}" if f else "-",
+                 f"{t:,.0f}" if t else "-", f"{f / t:.3f}" if f and t else "-"]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 if util_cost:
     def tps(run):
         return statistics.median(

@@ -275,7 +275,7 @@ TEST_CASE("time model: collectives across nodes that run at once share a node's 
     CHECK(flows({"distributed_strategy=ddp"}) == Kinds{{4, 1}});
 }
 
-TEST_CASE("time model: a GEMM op's fixed cost and attention's share by head size on the Hopper entries") {
+TEST_CASE("time model: a GEMM op's fixed cost (FP8's at its peak) and attention's share by head size on Hopper") {
     // One op of each kind on the h100-sxm entry: the GEMM pays op_overhead and gemm_overhead beside its FLOPs at
     // the GEMM share, attention its FLOPs at the share for the model's heads, a memory-bound op its bytes.
     Hardware hw = *find_hardware("h100-sxm");
@@ -293,6 +293,11 @@ TEST_CASE("time model: a GEMM op's fixed cost and attention's share by head size
     CHECK(one("matmul_forward", 1e11, 0.0) ==
           Approx(1e11 / (hw.bf16_flops * hw.gemm_efficiency) + hw.op_overhead + hw.gemm_overhead));
     CHECK(one("matmul_backward", 1e11, 0.0) == Approx(one("matmul_forward", 1e11, 0.0)));
+    // amp_fp8's GEMMs at the entry's FP8 peak; their casts are memory-bound ops of their own.
+    REQUIRE(hw.fp8_flops == Approx(2.0 * hw.bf16_flops).epsilon(1e-3));
+    CHECK(one("matmul_fp8_forward", 1e11, 0.0) ==
+          Approx(1e11 / (hw.fp8_flops * hw.gemm_efficiency) + hw.op_overhead + hw.gemm_overhead));
+    CHECK(one("fp8_cast", 0.0, 1e9) == Approx(1e9 / (hw.bandwidth * hw.memory_efficiency) + hw.op_overhead));
     CHECK(one("gelu_forward", 0.0, 1e9) == Approx(1e9 / (hw.bandwidth * hw.memory_efficiency) + hw.op_overhead));
     CHECK(one("attention_forward", 1e11, 0.0) ==
           Approx(1e11 / (hw.bf16_flops * hw.attention_efficiency) + hw.op_overhead));

@@ -166,9 +166,10 @@ namespace {
 // copy as well.
 struct Roofs {
     double flops = 0.0, bandwidth = 0.0;
+    double fp8_flops = 0.0;  // amp_fp8's GEMMs: the tensor cores' FP8 rate, twice their bf16 one (8.9 and newer)
 };
 Roofs rooflines(const TrainConfig& config, Backend& be) {
-    const bool bf16 = config.precision == Precision::kAmpBf16;
+    const bool bf16 = bf16_mixed(config.precision);  // amp_fp8's MFU too counts against the bf16 peak
     std::string flops_how, bw_how;
     Roofs roofs;
     roofs.flops = be.peak_flops(bf16, &flops_how);
@@ -179,6 +180,8 @@ Roofs rooflines(const TrainConfig& config, Backend& be) {
         user_error("bench-kernels: the peak FLOP/s of this device is unknown ({}); set peak_flops_per_device",
                    flops_how);
     }
+    // (The CPU's amp_fp8 emulates FP8 in fp32: its GEMMs' roof is the fp32 one.)
+    if (config.precision == Precision::kAmpFp8 && be.name() == "cuda") roofs.fp8_flops = 2.0 * roofs.flops;
     roofs.bandwidth = be.peak_bandwidth(&bw_how);
     const size_t bytes = size_t(256) << 20;
     DeviceBuffer a(&be, bytes, MemCategory::kOther), b(&be, bytes, MemCategory::kOther);
@@ -190,12 +193,19 @@ Roofs rooflines(const TrainConfig& config, Backend& be) {
     std::printf("device %s (%s): FLOP roof %.1f TFLOP/s (%s); bandwidth roof %.0f GB/s (%s); copy measured %.0f GB/s\n",
                 be.name().c_str(), choice_name(config.precision), roofs.flops / 1e12, flops_how.c_str(),
                 roofs.bandwidth / 1e9, bw_how.c_str(), copy_bw / 1e9);
+    if (roofs.fp8_flops > 0.0) {
+        std::printf(
+            "FP8 GEMMs (matmul_fp8_*): FLOP roof %.1f TFLOP/s, twice the bf16 roof (the tensor cores' FP8 rate)\n",
+            roofs.fp8_flops / 1e12);
+    }
     return roofs;
 }
 
 void print_row(const std::string& op, const std::string& shape, const std::string& calls, double seconds, double flops,
                double bytes, const Roofs& roofs) {
-    const double t_flops = flops / roofs.flops, t_bytes = bytes / roofs.bandwidth, roof = std::max(t_flops, t_bytes);
+    const bool fp8 = roofs.fp8_flops > 0.0 && op.rfind("matmul_fp8", 0) == 0;
+    const double t_flops = flops / (fp8 ? roofs.fp8_flops : roofs.flops), t_bytes = bytes / roofs.bandwidth,
+                 roof = std::max(t_flops, t_bytes);
     std::printf("| %s | %s | %s | %.1f | %.2f | %.0f | %s | %.1f | %.0f%% |\n", op.c_str(), shape.c_str(),
                 calls.c_str(), seconds * 1e6, flops / seconds / 1e12, bytes / seconds / 1e9,
                 t_flops > t_bytes ? "compute" : "memory", roof * 1e6, 100.0 * roof / seconds);
@@ -235,7 +245,15 @@ void write_calibration(const TrainConfig& config, Device device, Backend& be, co
     Calibration measured;
     measured.bandwidth = roofs.bandwidth;
     for (const RecordedOp& r : rows) {
-        if (!r.cost_op().empty()) measured.entries.push_back({r.cost_op(), r.flops, r.bytes, r.seconds});
+        if (!r.cost_op().empty()) {
+            measured.entries.push_back({r.cost_op(), r.flops, r.bytes, r.seconds});
+        } else if (r.cost_ops.size() == 2 && r.cost_ops[1] == "fp8_cast") {
+            // An FP8 GEMM runs its operands' casts inside itself; the plan prices them as an op of their own, one
+            // the file has not (at the copy bandwidth): the GEMM's entry is the row's time less theirs at that rate.
+            const double cast_seconds = r.cost_bytes[1] / roofs.bandwidth;
+            measured.entries.push_back({r.cost_ops[0], r.flops, r.bytes - r.cost_bytes[1],
+                                        std::max(r.seconds - cast_seconds, 0.1 * r.seconds)});
+        }
     }
     const TrainConfig timed = timed_step_config(config);
     Hardware none;  // no links (one process), no rooflines: every op has an entry or the copy bandwidth

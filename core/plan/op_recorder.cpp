@@ -37,7 +37,7 @@ void OpRecorder::dispatch(const OpCall& call, const std::function<void(Backend&)
     RecordedOp r;
     r.op = call.op, r.shape = call.shape, r.gemm = call.gemm;
     for (const OpCost& c : costs_) r.flops += c.flops, r.bytes += c.bytes;
-    for (const OpCost& c : costs_) r.cost_ops.emplace_back(c.op);
+    for (const OpCost& c : costs_) r.cost_ops.emplace_back(c.op), r.cost_bytes.push_back(c.bytes);
     const auto [at, added] = by_key_.emplace(r.key(), ops_.size());
     if (added) {
         if (timer_) {

@@ -25,8 +25,10 @@ struct RecordedOp {
     std::string op;     // the Backend member, e.g. "matmul_forward"
     std::string shape;  // its sizes, e.g. "M 8188, K 2048, N 6144"
     double flops = 0.0, bytes = 0.0;
-    // The dry backend's name of each cost the call reports, in order (a fused op reports its parts').
+    // The dry backend's name of each cost the call reports, in order (a fused op reports its parts'), and each one's
+    // bytes.
     std::vector<std::string> cost_ops;
+    std::vector<double> cost_bytes;
     // Their one name where they have one (a fused op has none): what `trainer plan` prices the op by in a
     // calibration file.
     std::string cost_op() const;

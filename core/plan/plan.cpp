@@ -185,14 +185,13 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
                    hw_name, hardware_names(), hardware_dir());
     }
     plan.hw = *entry;
-    // amp_fp8 runs on the CPU only (its emulation); its FP8 GEMMs are not priced yet: a plan of it would price fp32.
-    if (config.precision == Precision::kAmpFp8) {
+    // amp_fp8: the FP8 GEMMs at the entry's FP8 peak. Hardware without one (GPUs before compute capability 8.9,
+    // the CPU, whose amp_fp8 is an emulation and no speed to plan for) is refused.
+    if (config.precision == Precision::kAmpFp8 && entry->fp8_flops <= 0.0) {
         user_error(
-            "plan: precision amp_fp8 is not priced yet (the CUDA backend has no FP8 GEMMs, and the CPU's emulation is "
-            "not a speed to plan for; {} {}); plan amp_bf16 on a GPU, or fp32",
-            entry->name,
-            entry->fp8_flops > 0.0 ? fmt::format("has an FP8 peak of {:.0f} TFLOP/s", entry->fp8_flops / 1e12)
-                                   : std::string("has no FP8"));
+            "plan: precision amp_fp8 runs its Linear layers at an FP8 peak, and {} has none (its hardware file's "
+            "fp8_tflops; FP8 tensor cores come with compute capability 8.9{}); plan amp_bf16 there",
+            entry->name, entry->name == "cpu" ? ", and the CPU's amp_fp8 is an emulation of their numerics" : "");
     }
     // The links measured on the machine in place of the entry's, and the entry's attention share for the
     // model's heads.
@@ -252,7 +251,7 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
         const std::string name = describe(c, world);
         if (!is_config && std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
         seen.push_back(name);
-        const bool bf16 = c.precision == Precision::kAmpBf16;
+        const bool bf16 = bf16_mixed(c.precision);  // amp_fp8's MFU too against the bf16 peak
         StepTimer timer(hw, cal, bf16, plan.slowdown);
         Row row{c, is_config, dry_run_step(c, env, device, &timer), {}};
         row.time = timer.result();
@@ -346,7 +345,7 @@ void write_predicted_trace(const Plan& plan, int world, const std::string& path,
                       {"pid", pid},
                       {"args", {{"name", "predicted rank 0: " + describe(row->config, world)}}}});
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", "compute"}}}});
-    const bool bf16 = row->config.precision == Precision::kAmpBf16;
+    const bool bf16 = bf16_mixed(row->config.precision);
     StepTimer timer(*plan.hw, plan.calibration ? &*plan.calibration : nullptr, bf16, plan.slowdown, &events, pid);
     dry_run_step(row->config, plan.env, plan.device, &timer);
     const std::string text = Json{{"displayTimeUnit", "ms"}, {"traceEvents", events}}.dump();

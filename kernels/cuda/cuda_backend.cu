@@ -5,8 +5,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
+#include <set>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -26,6 +28,19 @@ namespace {
 class CudaBackend final : public CudaRuntime {
    public:
     explicit CudaBackend(const BackendOptions& options) : CudaRuntime(options) {
+        if (options.fp8_linears) {
+            int major = 0, minor = 0;
+            TRAINER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
+            TRAINER_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_));
+            if (major * 10 + minor < 89) {
+                cudaDeviceProp prop{};
+                TRAINER_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+                user_error(
+                    "precision \"amp_fp8\" needs FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper, "
+                    "Blackwell); GPU {} ({}) has compute capability {}.{}: use --precision amp_bf16",
+                    device_, prop.name, major, minor);
+            }
+        }
         gemm_ = std::make_unique<Gemm>();
         if (options.attention == AttentionKernel::kCudnn) cudnn_attention_ = std::make_unique<CudnnAttention>();
         norm_scratch_ = static_cast<double*>(alloc(kNormScratchDoubles * sizeof(double)));
@@ -35,8 +50,10 @@ class CudaBackend final : public CudaRuntime {
         for (Scratch* s :
              {&ln_scratch_, &att_scratch_, &emb_scratch_, &cudnn_ws_, &bias_scratch_, &segments_, &norm_segments_,
               &a16_,        &b16_,         &c16_,         &held16_,   &bias16_,       &att16_[0], &att16_[1],
-              &att16_[2],   &att16_[3],    &wide_[0],     &wide_[1],  &wide_[2],      &wide_[3]})
+              &att16_[2],   &att16_[3],    &wide_[0],     &wide_[1],  &wide_[2],      &wide_[3],  &fp8_scalars_}) {
             release(*s);
+        }
+        for (auto& pair : fp8_codes_) release(pair[0]), release(pair[1]);
         cudnn_attention_.reset();
         free(norm_scratch_);
         gemm_.reset();
@@ -49,6 +66,7 @@ class CudaBackend final : public CudaRuntime {
                         int N) override {
         const OpMark mark(*timeline_, "matmul_forward");
         TRAINER_CHECK(!out.bf16 || options_.bf16_matmuls, "a bf16 GEMM output without amp_bf16");
+        if (linear_ == LinearPrecision::kFp8 && fp8_forward(out, inp, weight, bias, M, K, N, nullptr)) return;
         if (!options_.bf16_matmuls) {
             return cuda::matmul_forward(*gemm_, out.f32(), operand_f32(wide_[0], inp, size_t(M) * K), weight, bias, M,
                                         K, N, stream_);
@@ -69,7 +87,8 @@ class CudaBackend final : public CudaRuntime {
     void matmul_residual_forward(float* out, const float* resid, GemmOperand inp, const float* weight,
                                  const float* bias, int M, int K, int N, float* scratch) override {
         const OpMark mark(*timeline_, "matmul_residual_forward");
-        if (options_.bf16_matmuls) {
+        if (linear_ == LinearPrecision::kFp8 && fp8_forward(out, inp, weight, bias, M, K, N, resid)) return;
+        if (options_.bf16_matmuls && linear_ != LinearPrecision::kFp8) {
             const uint16_t* inp16 = operand_bf16(a16_, inp, size_t(M) * K);
             const uint16_t* w16 = weight_bf16(weight, size_t(N) * K);
             if (cuda::matmul_residual_forward(*gemm_, out, resid, inp16, w16, bias, M, K, N, stream_)) return;
@@ -79,6 +98,9 @@ class CudaBackend final : public CudaRuntime {
     void matmul_gelu_forward(GemmOperand pre, GemmOperand out, GemmOperand inp, const float* weight, const float* bias,
                              int M, int K, int N, bool tanh_approx) override {
         const OpMark mark(*timeline_, "matmul_gelu_forward");
+        // amp_fp8: the FP8 GEMM (matmul_forward) and one pass for the GELU (cuBLASLt's FP8 GEMMs have no GELU_AUX).
+        if (linear_ == LinearPrecision::kFp8)
+            return Backend::matmul_gelu_forward(pre, out, inp, weight, bias, M, K, N, tanh_approx);
         if (tanh_approx && options_.bf16_matmuls && pre.bf16 && out.bf16) {
             // amp_bf16: pre and out in bf16 from cuBLASLt's GELU_AUX(_BIAS) epilogue (the bias rounded to bf16
             // as the bf16-output GEMMs add it); else the bf16-output GEMM and one pass (below).
@@ -103,6 +125,9 @@ class CudaBackend final : public CudaRuntime {
         const OpMark mark(*timeline_, "matmul_backward");
         TRAINER_CHECK(!(dinp.bf16 && accumulate_dinp), "a bf16 GEMM gradient cannot accumulate");
         bias_gradient(dbias, dout, M, N);
+        if (linear_ == LinearPrecision::kFp8 &&
+            fp8_backward(dinp, dweight, dout, inp, weight, M, K, N, accumulate_dinp))
+            return;
         if (!options_.bf16_matmuls) {
             TRAINER_CHECK(!dinp.bf16 && !dout.bf16, "a bf16 GEMM gradient without amp_bf16");
             const float* in = dweight != nullptr ? operand_f32(wide_[0], inp, size_t(M) * K) : nullptr;
@@ -127,7 +152,7 @@ class CudaBackend final : public CudaRuntime {
     void matmul_gelu_backward(GemmOperand dpre, GemmOperand dact, float* dweight, float* dbias, GemmOperand dout,
                               GemmOperand act, const float* weight, GemmOperand pre, int M, int K, int N,
                               bool tanh_approx) override {
-        if (tanh_approx && options_.bf16_matmuls && dpre.bf16 && pre.bf16 &&
+        if (linear_ != LinearPrecision::kFp8 && tanh_approx && options_.bf16_matmuls && dpre.bf16 && pre.bf16 &&
             cuda::Gemm::gelu_fusable(K, dpre.p, pre.p, nullptr)) {
             // amp_bf16: cuBLASLt's DGELU epilogue, the pair to the forward's GELU_AUX (matmul_gelu_forward).
             const OpMark mark(*timeline_, "matmul_gelu_backward");
@@ -472,6 +497,92 @@ class CudaBackend final : public CudaRuntime {
     float* norm_scratch(int N, int C) {
         return static_cast<float*>(grow(ln_scratch_, cuda::layernorm_backward_scratch_floats(N, C) * sizeof(float)));
     }
+    // ---- amp_fp8: the blocks' Linear layers on FP8 operands (the CPU's emulation: kernels/cpu/fp8_linear.cpp) ----
+    void set_linear_precision(LinearPrecision p) override {
+        TRAINER_CHECK(p == LinearPrecision::kDefault || options_.fp8_linears,
+                      "FP8 Linear layers on a backend made without amp_fp8");
+        linear_ = p;
+    }
+    // What an operand is cast for (its scratch and its scale's slot).
+    enum Fp8Slot { kFp8Input, kFp8Weight, kFp8Gradient, kFp8Slots };
+    struct Fp8Cast {
+        Gemm::Fp8Matrix rows{}, cols{};  // the codes as stored (rows x cols) and transposed (cols x rows), or null
+    };
+    // x (rows x cols, fp32 or bf16) as FP8 codes of `f` with the per-tensor scale of its current amax: row-major
+    // and/or transposed (one pass for both; the transposed rows padded with zero codes to a multiple of 16, for a
+    // GEMM that sums over x's rows), the amax and the descale in the slot's two device floats.
+    Fp8Cast to_fp8(Fp8Slot slot, GemmOperand x, int rows, int cols, Fp8Format f, bool row_major, bool transposed) {
+        auto* scalars = static_cast<float*>(grow(fp8_scalars_, (2 * kFp8Slots + kNormBlocks) * sizeof(float)));
+        float *amax = scalars + 2 * slot, *descale = amax + 1, *partials = scalars + 2 * kFp8Slots;
+        const size_t n = static_cast<size_t>(rows) * cols;
+        const int ld_t = fp8_padded(rows);
+        auto* out = row_major ? static_cast<uint8_t*>(grow(fp8_codes_[slot][0], n)) : nullptr;
+        auto* out_t =
+            transposed ? static_cast<uint8_t*>(grow(fp8_codes_[slot][1], static_cast<size_t>(ld_t) * cols)) : nullptr;
+        if (x.bf16) {
+            cuda::fp8_amax(amax, x.b16(), n, partials, stream_);
+            cuda::fp8_cast_transpose(out, out_t, x.b16(), rows, cols, amax, f, descale, stream_, ld_t);
+        } else {
+            cuda::fp8_amax(amax, x.f32(), n, partials, stream_);
+            cuda::fp8_cast_transpose(out, out_t, x.f32(), rows, cols, amax, f, descale, stream_, ld_t);
+        }
+        return Fp8Cast{{out, f, descale}, {out_t, f, descale}};
+    }
+    // A Linear that cuBLASLt has no FP8 kernel for runs in bf16, said once a shape; false.
+    bool fp8_fallback(const char* what, int M, int N, int K, const char* why) {
+        if (fp8_fallbacks_.insert(std::make_tuple(M, N, K)).second) {
+            std::fprintf(stderr, "warning: amp_fp8: the Linear %s of %d x %d x %d runs in bf16: %s\n", what, M, N, K,
+                         why);
+        }
+        return false;
+    }
+    // cuBLASLt's FP8 GEMMs sum over a multiple of 16 and write rows of one: a Linear's K and N must be (its M, the
+    // tokens, is padded where the weight gradient sums over it).
+    bool fp8_runs(const char* what, int M, int N, int K) {
+        return (N % 16 == 0 && K % 16 == 0) ||
+               fp8_fallback(what, M, N, K, "cuBLASLt's FP8 GEMMs take K and N that are multiples of 16");
+    }
+    static int fp8_padded(int rows) { return (rows + 15) / 16 * 16; }
+    // out = inp weight^T + bias (with resid: fp32 out = resid + that) on e4m3 codes of inp and weight, fp32
+    // accumulation, the scales applied by cuBLASLt. False, with no product queued, where it has no FP8 kernel.
+    bool fp8_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K, int N,
+                     const float* resid) {
+        if (!fp8_runs("forward", M, N, K)) return false;
+        const Gemm::Fp8Matrix x = to_fp8(kFp8Input, inp, M, K, Fp8Format::kE4M3, true, false).rows;
+        const Gemm::Fp8Matrix w = to_fp8(kFp8Weight, weight, N, K, Fp8Format::kE4M3, true, false).rows;
+        const void* b = out.bf16 && bias != nullptr ? static_cast<const void*>(to_bf16(bias16_, bias, N)) : bias;
+        return gemm_->run_fp8(M, N, K, x, w, 0.0f, out.p, out.bf16, b, resid, stream_) ||
+               fp8_fallback("forward", M, N, K, "cuBLASLt has no FP8 kernel for it on this GPU");
+    }
+    // dinp (+)= dout weight and dweight += dout^T inp on an e5m2 dout and e4m3 inp and weight: dout's codes
+    // row-major and transposed from one pass, weight's and inp's transposed (cuBLASLt's FP8 layout reads both
+    // operands along the summed dimension).
+    bool fp8_backward(GemmOperand dinp, float* dweight, GemmOperand dout, GemmOperand inp, const float* weight, int M,
+                      int K, int N, bool accumulate_dinp) {
+        if (!fp8_runs("backward", M, N, K)) return false;
+        const Fp8Cast dy = to_fp8(kFp8Gradient, dout, M, N, Fp8Format::kE5M2, dinp.p != nullptr, dweight != nullptr);
+        if (dinp.p != nullptr) {
+            // dinp(M, K) = dy(M, N) @ (weight^T (K, N))^T
+            const Gemm::Fp8Matrix wt = to_fp8(kFp8Weight, weight, N, K, Fp8Format::kE4M3, false, true).cols;
+            if (!gemm_->run_fp8(M, K, N, dy.rows, wt, accumulate_dinp ? 1.0f : 0.0f, dinp.p, dinp.bf16, nullptr,
+                                nullptr, stream_))
+                return fp8_fallback("backward", M, N, K, "cuBLASLt has no FP8 kernel for it on this GPU");
+        }
+        if (dweight != nullptr) {
+            // dweight(N, K) += dy^T (N, M) @ (inp^T (K, M))^T, M padded with zero codes in both
+            const Gemm::Fp8Matrix xt = to_fp8(kFp8Input, inp, M, K, Fp8Format::kE4M3, false, true).cols;
+            const bool ran =
+                gemm_->run_fp8(N, K, fp8_padded(M), dy.cols, xt, 1.0f, dweight, false, nullptr, nullptr, stream_);
+            if (!ran && dinp.p == nullptr)
+                return fp8_fallback("backward", M, N, K, "cuBLASLt has no FP8 kernel for it on this GPU");
+            if (!ran)
+                TRAINER_CUDA_FAIL("cublasLtMatmul", "no FP8 kernel for the weight gradient of a " + std::to_string(M) +
+                                                        " x " + std::to_string(N) + " x " + std::to_string(K) +
+                                                        " Linear whose input gradient had one");
+        }
+        return true;
+    }
+
     void hold_weight(const float* w) override {
         const OpMark mark(*timeline_, "hold_weight");
         held_ = w;
@@ -528,6 +639,12 @@ class CudaBackend final : public CudaRuntime {
     Scratch held16_;                    // the held weight's bf16 copy (hold_weight)
     const float* held_ = nullptr;
     size_t held_numel_ = 0;
+    // amp_fp8 (set_linear_precision): the Linear layers' precision now, each slot's codes (row-major, transposed),
+    // the slots' amaxes and descales with the amax's partials, and the shapes said to run in bf16.
+    LinearPrecision linear_ = LinearPrecision::kDefault;
+    Scratch fp8_codes_[kFp8Slots][2];
+    Scratch fp8_scalars_;
+    std::set<std::tuple<int, int, int>> fp8_fallbacks_;
     Scratch att16_[4];  // the bf16 attentions' qkv, out, dout and dqkv
     Scratch wide_[4];   // bf16 operands widened for fp32 kernels (the native attention), and fp32 products
     std::unique_ptr<CudnnAttention> cudnn_attention_;

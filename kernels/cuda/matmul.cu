@@ -125,18 +125,33 @@ bool Gemm::run_dgelu_bf16(bool trans_a, bool trans_b, int M, int N, int K, const
                      const_cast<uint16_t*>(pre), stream, nullptr, true);
 }
 
+bool Gemm::run_fp8(int M, int N, int K, Fp8Matrix A, Fp8Matrix B, float beta, void* C, bool c_bf16, const void* bias,
+                   const float* c_in, cudaStream_t stream) {
+    // cuBLASLt's FP8 kernels take operands K-contiguous (its "TN" layout: the forward's), N and K (the leading
+    // dimensions) multiples of 16, and not both operands e5m2; M is free.
+    if (N % 16 != 0 || K % 16 != 0 || K == 0) return false;
+    if (A.format == Fp8Format::kE5M2 && B.format == Fp8Format::kE5M2) return false;
+    const auto type = [](Fp8Format f) { return f == Fp8Format::kE4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
+    const Fp8Scales scales{type(B.format), A.descale, B.descale};
+    return run_typed(false, true, M, N, K, 1.0f, A.codes, K, B.codes, K, type(A.format), beta, C,
+                     c_bf16 ? CUDA_R_16BF : CUDA_R_32F, N, bias, nullptr, stream, c_in, false, &scales);
+}
+
 bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
                      const void* B, int ldb, cudaDataType_t ab_type, float beta, void* C, cudaDataType_t c_type,
-                     int ldc, const void* bias, void* gelu_aux, cudaStream_t stream, const float* c_in,
-                     bool gelu_grad) {
+                     int ldc, const void* bias, void* gelu_aux, cudaStream_t stream, const float* c_in, bool gelu_grad,
+                     const Fp8Scales* fp8) {
     if (M == 0 || N == 0) return true;
+    if (fp8 != nullptr && (K == 0 || gelu_aux != nullptr)) return false;  // FP8: a product, no GELU epilogue
+    // B's element type: A's, or under FP8 its own.
+    const cudaDataType_t b_type = fp8 != nullptr ? fp8->b_type : ab_type;
     if (gelu_grad && (gelu_aux == nullptr || bias != nullptr)) return false;  // DGELU: its input, and no bias
     // D = alpha op(A) op(B) + beta c_in (+ bias) into C where c_in is given (fp32 C only; K > 0), else in place.
     if (c_in != nullptr && (c_type != CUDA_R_32F || K == 0)) return false;
     // The bias epilogue reads the bias with vector loads; cuBLASLt has no alignment preference for it,
     // so an fp32 bias at a 4-byte offset of its unit is added by a separate pass instead. The bias has C's
-    // type (cuBLASLt's rule for bf16 outputs).
-    const bool fuse_bias = bias != nullptr && alignment_of(bias) >= 16;
+    // type (cuBLASLt's rule for bf16 outputs); FP8 GEMMs take a bias in the epilogue only for a bf16 C.
+    const bool fuse_bias = bias != nullptr && alignment_of(bias) >= 16 && (fp8 == nullptr || c_type != CUDA_R_32F);
     // A bf16 C: an aligned bias or none, K > 0 (the callers take the fp32 path for the rest); a GELU auxiliary
     // output has C's type too.
     if (c_type != CUDA_R_32F && ((bias != nullptr && !fuse_bias) || K == 0)) return false;
@@ -165,6 +180,13 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
         TRAINER_CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (fuse_bias)
         TRAINER_CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (fp8 != nullptr) {
+        // The descales multiply the product: cuBLASLt's A is our B (the operands are swapped, above).
+        TRAINER_CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &fp8->b_descale,
+                                                          sizeof fp8->b_descale));
+        TRAINER_CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &fp8->a_descale,
+                                                          sizeof fp8->a_descale));
+    }
     if (gelu_aux != nullptr) {
         if (bias != nullptr && !fuse_bias) TRAINER_CUDA_FAIL("cublasLtMatmul", "GELU epilogue with an unaligned bias");
         const int64_t aux_ld = ldc;
@@ -175,7 +197,7 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     }
     // Stored shapes (before op): the first operand is B (m x k, or k x m transposed), the second A.
     TRAINER_CUDA_CHECK(
-        cublasLtMatrixLayoutCreate(&la, ab_type, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, ldb));
+        cublasLtMatrixLayoutCreate(&la, b_type, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, ldb));
     TRAINER_CUDA_CHECK(
         cublasLtMatrixLayoutCreate(&lb, ab_type, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, lda));
     TRAINER_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lc, c_type, m, n, ldc));
@@ -184,10 +206,10 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     // alignments are passed (and are part of the cache key: an algorithm chosen for aligned operands may
     // not run on unaligned ones).
     const uint32_t align_first = alignment_of(B), align_second = alignment_of(A), align_c = alignment_of(C);
-    // Epilogue (< 1024), input and output types (< 64 each) and the five alignments (A, B, C, the bias and
-    // the GELU output, which the heuristic also reads from their pointers) as log2, 4 bits each: no overlap.
-    long long extra =
-        static_cast<long long>(epi) + 1024LL * static_cast<int>(ab_type) + (1LL << 40) * static_cast<int>(c_type);
+    // Epilogue (< 1024), input and output types (< 64 each) and the six alignments (A, B, C, the bias, the GELU
+    // output and c_in, which the heuristic also reads from their pointers) as log2, 4 bits each: no overlap.
+    long long extra = static_cast<long long>(epi) + 1024LL * static_cast<int>(ab_type) +
+                      (1LL << 40) * static_cast<int>(c_type) + (1LL << 48) * static_cast<int>(b_type);
     int shift = 16;
     for (const void* p : {static_cast<const void*>(B), A, static_cast<const void*>(C),
                           static_cast<const void*>(fuse_bias ? bias : nullptr), static_cast<const void*>(gelu_aux),
@@ -222,10 +244,10 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
         const cublasStatus_t status =
             cublasLtMatmulAlgoGetHeuristic(s_->handle, op, la, lb, lc, lc, pref, 1, &result, &found);
         cublasLtMatmulPreferenceDestroy(pref);
-        const bool optional = gelu_aux != nullptr || c_type != CUDA_R_32F || c_in != nullptr;
+        const bool optional = gelu_aux != nullptr || c_type != CUDA_R_32F || c_in != nullptr || fp8 != nullptr;
         if (status != CUBLAS_STATUS_SUCCESS && !optional) TRAINER_CUDA_CHECK(status);
-        // No fused kernel (or no bf16 output) for this GPU or shape, or cuBLASLt refuses the combination: the
-        // caller falls back to the fp32 GEMM.
+        // No fused kernel (or no bf16 output, or no FP8) for this GPU or shape, or cuBLASLt refuses the
+        // combination: the caller falls back to the fp32 (or bf16) GEMM.
         if (optional && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
             s_->no_algo.insert(key);
             cublasLtMatrixLayoutDestroy(lc);

@@ -61,11 +61,31 @@ class Gemm {
     bool run_dgelu_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
                         int ldb, uint16_t* C, int ldc, const uint16_t* pre, cudaStream_t stream);
 
+    // amp_fp8: C(M, N) = (A(M, K) @ B(N, K)^T) x *A.descale x *B.descale, + beta C (or + c_in: beta 1 from c_in
+    // into C, fp32 C only), + bias(N) (nullable), from FP8 codes in cuBLASLt's FP8 layout (both operands
+    // K-contiguous, not both e5m2), fp32 accumulation. C fp32 (c_bf16 false; an fp32 bias, added by a pass of its
+    // own) or bf16 (beta 0; a bf16 bias, 16-byte aligned, from the epilogue). False, nothing queued, where cuBLASLt
+    // has no FP8 kernel for it: a GPU below compute capability 8.9, N or K not a multiple of 16, ...
+    struct Fp8Matrix {
+        const uint8_t* codes;
+        Fp8Format format;
+        const float* descale;  // device
+    };
+    bool run_fp8(int M, int N, int K, Fp8Matrix A, Fp8Matrix B, float beta, void* C, bool c_bf16, const void* bias,
+                 const float* c_in, cudaStream_t stream);
+
    private:
+    // FP8 operands: B's element type (A's is run_typed's ab_type) and both descales (device).
+    struct Fp8Scales {
+        cudaDataType_t b_type;
+        const float* a_descale;
+        const float* b_descale;
+    };
     // gelu_aux: GELU_AUX(_BIAS)'s output (the pre-activation), or with gelu_grad DGELU's input.
     bool run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda, const void* B,
                    int ldb, cudaDataType_t ab_type, float beta, void* C, cudaDataType_t c_type, int ldc,
-                   const void* bias, void* gelu_aux, cudaStream_t stream, const float* c_in, bool gelu_grad = false);
+                   const void* bias, void* gelu_aux, cudaStream_t stream, const float* c_in, bool gelu_grad = false,
+                   const Fp8Scales* fp8 = nullptr);
     struct State;
     State* s_;
 };
@@ -344,14 +364,17 @@ void cast_float_to_bf16(uint16_t* out, const float* in, size_t n, cudaStream_t s
 void cast_bf16_to_float(float* out, const uint16_t* in, size_t n, cudaStream_t stream);
 void round_to_bf16(float* out, const float* in, size_t n, cudaStream_t stream);
 
-// FP8 operands (fp8.cu; the formats are kernels/element.h's). *amax (device) = max |x| over n, NaN where one is;
-// `scratch`: device memory for kNormBlocks floats. fp8_cast_transpose: out (rows x cols, row-major) = the codes of
-// in * fp8_scale(*amax, f), and out_t (cols x rows; nullable) the same codes transposed, in one pass over `in` (fp32,
-// or bf16 bits); amax in device memory.
+// FP8 operands (fp8.cu; the formats are kernels/element.h's). *amax (device) = max |x| over n (fp32, or bf16 bits),
+// NaN where one is; `scratch`: device memory for kNormBlocks floats. fp8_cast_transpose: out (rows x cols,
+// row-major) = the codes of in * fp8_scale(*amax, f), and out_t (cols x rows) the same codes transposed, in one pass
+// over `in` (fp32, or bf16 bits); either may be null (not both); amax in device memory; *descale (device, nullable) =
+// 1 / the scale, what a GEMM multiplies the codes' values by. out_t's rows are ld_t >= rows long (0: rows), the
+// codes past `rows` zero: a GEMM summing over the rows reads them as a multiple of 16 (cuBLASLt's FP8 kernels).
 void fp8_amax(float* amax, const float* x, size_t n, float* scratch, cudaStream_t stream);
+void fp8_amax(float* amax, const uint16_t* x, size_t n, float* scratch, cudaStream_t stream);
 void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const float* in, int rows, int cols, const float* amax,
-                        Fp8Format f, cudaStream_t stream);
+                        Fp8Format f, float* descale, cudaStream_t stream, int ld_t = 0);
 void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const uint16_t* in, int rows, int cols, const float* amax,
-                        Fp8Format f, cudaStream_t stream);
+                        Fp8Format f, float* descale, cudaStream_t stream, int ld_t = 0);
 
 }  // namespace trainer::cuda

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -64,7 +65,8 @@
     X(test_matmul_unaligned_bias_and_empty_k, "matmul_forward with a bias at a 4-byte offset and with K = 0", "")      \
     X(test_matmul_gelu, "matmul_gelu_forward (GELU epilogue and its fallback) matches the CPU", "")                    \
     X(test_matmul_gelu_backward, "the bf16 backward through the GELU (DGELU epilogue) matches the CPU", "")            \
-    X(test_matmul_bf16, "bf16 matmul_forward (+ residual) and matmul_backward match the CPU on rounded operands", "")
+    X(test_matmul_bf16, "bf16 matmul_forward (+ residual) and matmul_backward match the CPU on rounded operands", "")  \
+    X(test_matmul_fp8, "cuBLASLt's FP8 GEMMs (forward, input and weight gradients) match the CPU's FP8 emulation", "")
 
 namespace {
 
@@ -947,23 +949,58 @@ void test_fp8_cast() {
                 const float got_amax = amax.host()[0];
                 expect(std::memcmp(&ref_amax, &got_amax, sizeof ref_amax) == 0, "fp8_amax matches the CPU",
                        fmt::format("{} against {}", got_amax, ref_amax));
-                Dev<uint8_t> out(n), out_t(n);
+                // Both layouts in one pass, with the descale; then the transposed copy alone.
+                Dev<uint8_t> out(n), out_t(n), only_t(n);
+                Dev<float> descale(1);
                 if (bf16) {
                     Dev<uint16_t> dx16(x16);
-                    trainer::cuda::fp8_cast_transpose(out.p, out_t.p, dx16.p, rows, cols, amax.p, f, nullptr);
+                    Dev<float> amax16(1);
+                    trainer::cuda::fp8_amax(amax16.p, dx16.p, n, scratch.p, nullptr);
+                    const float got16 = amax16.host()[0];
+                    expect(std::memcmp(&ref_amax, &got16, sizeof ref_amax) == 0, "fp8_amax of bf16 matches the CPU",
+                           fmt::format("{} against {}", got16, ref_amax));
+                    trainer::cuda::fp8_cast_transpose(out.p, out_t.p, dx16.p, rows, cols, amax.p, f, descale.p,
+                                                      nullptr);
+                    trainer::cuda::fp8_cast_transpose(nullptr, only_t.p, dx16.p, rows, cols, amax.p, f, nullptr,
+                                                      nullptr);
                 } else {
-                    trainer::cuda::fp8_cast_transpose(out.p, out_t.p, dx.p, rows, cols, amax.p, f, nullptr);
+                    trainer::cuda::fp8_cast_transpose(out.p, out_t.p, dx.p, rows, cols, amax.p, f, descale.p, nullptr);
+                    trainer::cuda::fp8_cast_transpose(nullptr, only_t.p, dx.p, rows, cols, amax.p, f, nullptr, nullptr);
                 }
-                const std::vector<uint8_t> got = out.host(), got_t = out_t.host();
+                const std::vector<uint8_t> got = out.host(), got_t = out_t.host(), got_only_t = only_t.host();
                 const float scale = trainer::fp8_scale(ref_amax, f);
                 size_t bad = n;
                 for (size_t i = 0; i < n && bad == n; ++i) {
                     const uint8_t want = trainer::fp8_encode(in[i] * scale, f);
                     const size_t r = i / cols, c = i % cols;
-                    if (got[i] != want || got_t[c * rows + r] != want) bad = i;
+                    if (got[i] != want || got_t[c * rows + r] != want || got_only_t[c * rows + r] != want) bad = i;
                 }
                 expect(bad == n, "fp8_cast_transpose matches the CPU row-major and transposed",
                        bad == n ? "" : fmt::format("first mismatch at {}", bad));
+                // The transposed copy alone with its rows padded to a multiple of 16: zero codes past `rows`.
+                const int padded = (rows + 15) / 16 * 16;
+                Dev<uint8_t> pad_t(std::vector<uint8_t>(static_cast<size_t>(padded) * cols, 0xFF));
+                if (bf16) {
+                    Dev<uint16_t> dx16(x16);
+                    trainer::cuda::fp8_cast_transpose(nullptr, pad_t.p, dx16.p, rows, cols, amax.p, f, nullptr, nullptr,
+                                                      padded);
+                } else {
+                    trainer::cuda::fp8_cast_transpose(nullptr, pad_t.p, dx.p, rows, cols, amax.p, f, nullptr, nullptr,
+                                                      padded);
+                }
+                const std::vector<uint8_t> got_pad = pad_t.host();
+                size_t bad_pad = got_pad.size();
+                for (size_t i = 0; i < got_pad.size() && bad_pad == got_pad.size(); ++i) {
+                    const size_t c = i / padded, r = i % padded;
+                    const uint8_t want = r < static_cast<size_t>(rows) ? got[r * cols + c] : 0;
+                    if (got_pad[i] != want) bad_pad = i;
+                }
+                expect(bad_pad == got_pad.size(), "fp8_cast_transpose pads the transposed rows with zero codes",
+                       bad_pad == got_pad.size() ? "" : fmt::format("first mismatch at {}", bad_pad));
+                const float want_descale = 1.0f / scale, got_descale = descale.host()[0];
+                expect(std::memcmp(&want_descale, &got_descale, sizeof want_descale) == 0,
+                       "fp8_cast_transpose writes 1 / the scale",
+                       fmt::format("{} against {}", got_descale, want_descale));
             }
         }
 #ifndef TRAINER_SIMT_EMULATION
@@ -979,7 +1016,7 @@ void test_fp8_cast() {
         Dev<uint16_t> dall(all);
         Dev<float> unit(std::vector<float>{trainer::fp8_spec(f).max_finite});
         Dev<uint8_t> codes(all.size());
-        trainer::cuda::fp8_cast_transpose(codes.p, nullptr, dall.p, 256, 256, unit.p, f, nullptr);
+        trainer::cuda::fp8_cast_transpose(codes.p, nullptr, dall.p, 256, 256, unit.p, f, nullptr, nullptr);
         const std::vector<uint8_t> got = codes.host();
         long mismatches = 0;
         size_t first = all.size();
@@ -1405,6 +1442,84 @@ void test_matmul_bf16() {
                                                        true, nullptr),
                        "a bf16 dinp refuses to accumulate");
             }
+        }
+    }
+}
+
+// amp_fp8's three GEMMs of a Linear on cuBLASLt's FP8 kernels, from codes cast on the GPU, against the CPU's emulation
+// (kernels/cpu/fp8_linear.cpp: the same codes, dequantized, in an fp32 GEMM): the forward from e4m3 codes of x and w,
+// the input gradient from e5m2 dy and w transposed, the weight gradient from dy and x transposed, accumulated. The
+// codes are the same bits (test_fp8_cast); the products differ by the order of the sums and by the descale's
+// multiplication (the CPU divides by the scale). Compute capability 8.9 and newer; elsewhere run_fp8 must refuse.
+void test_matmul_fp8() {
+    using trainer::Fp8Format;
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+    const bool has_fp8 = major * 10 + minor >= 89;
+    trainer::cuda::Gemm gemm;
+    Dev<float> partials(trainer::cuda::kNormBlocks);
+    // M (the tokens) need not be a multiple of 16: the weight gradient sums over it, padded with zero codes.
+    for (const auto& [M, K, N] :
+         {std::tuple{16, 32, 48}, std::tuple{130, 128, 96}, std::tuple{256, 64, 512}, std::tuple{7, 16, 16}}) {
+        const Where at("M={} K={} N={}", M, K, N);
+        const int Mp = (M + 15) / 16 * 16;
+        const size_t mk = size_t(M) * K, nk = size_t(N) * K, mn = size_t(M) * N;
+        const auto x = wave(mk, 1.0f, 0.1f), w = wave(nk, 0.05f, 0.6f), g = wave(mn, 1e-3f, 2.1f);
+        Dev<float> dx(x), dw(w), dg(g), amax(3), descale(3);
+        Dev<uint8_t> x8(mk), xt8(size_t(Mp) * K), w8(nk), wt8(nk), g8(mn), gt8(size_t(Mp) * N);
+        const auto cast = [&](const Dev<float>& in, int rows, int cols, Fp8Format f, int slot, uint8_t* out,
+                              uint8_t* out_t) {
+            trainer::cuda::fp8_amax(amax.p + slot, in.p, size_t(rows) * cols, partials.p, nullptr);
+            trainer::cuda::fp8_cast_transpose(out, out_t, in.p, rows, cols, amax.p + slot, f, descale.p + slot, nullptr,
+                                              (rows + 15) / 16 * 16);
+        };
+        cast(dx, M, K, Fp8Format::kE4M3, 0, x8.p, xt8.p);
+        cast(dw, N, K, Fp8Format::kE4M3, 1, w8.p, wt8.p);
+        cast(dg, M, N, Fp8Format::kE5M2, 2, g8.p, gt8.p);
+        using Matrix = trainer::cuda::Gemm::Fp8Matrix;
+        const Matrix X{x8.p, Fp8Format::kE4M3, descale.p}, Xt{xt8.p, Fp8Format::kE4M3, descale.p},
+            W{w8.p, Fp8Format::kE4M3, descale.p + 1}, Wt{wt8.p, Fp8Format::kE4M3, descale.p + 1},
+            G{g8.p, Fp8Format::kE5M2, descale.p + 2}, Gt{gt8.p, Fp8Format::kE5M2, descale.p + 2};
+        Dev<float> y(mn), dinp(mk), dweight(std::vector<float>(nk, 0.5f));
+        const bool ran = gemm.run_fp8(M, N, K, X, W, 0.0f, y.p, false, nullptr, nullptr, nullptr);
+        if (!has_fp8) {
+            expect(!ran, "run_fp8 refuses below compute capability 8.9");
+            continue;
+        }
+        expect(ran, "cuBLASLt runs the FP8 forward");
+        expect(gemm.run_fp8(M, K, N, G, Wt, 0.0f, dinp.p, false, nullptr, nullptr, nullptr),
+               "cuBLASLt runs the FP8 input gradient");
+        expect(gemm.run_fp8(N, K, Mp, Gt, Xt, 1.0f, dweight.p, false, nullptr, nullptr, nullptr),
+               "cuBLASLt runs the FP8 weight gradient");
+        trainer::cpu::Fp8Scratch scratch;
+        std::vector<float> ref_y(mn), ref_dinp(mk), ref_dweight(nk, 0.5f);
+        trainer::cpu::fp8_linear_forward(ref_y.data(), x.data(), w.data(), nullptr, M, K, N, scratch);
+        trainer::cpu::fp8_linear_backward(ref_dinp.data(), ref_dweight.data(), nullptr, g.data(), x.data(), w.data(), M,
+                                          K, N, false, scratch);
+        const auto scale_of = [](const std::vector<float>& v) {
+            double m = 0.0;
+            for (float a : v) m = std::max(m, std::fabs(static_cast<double>(a)));
+            return m;
+        };
+        expect_close(ref_y, y.host(), "the FP8 forward matches the CPU's emulation", 1e-5 * scale_of(ref_y), 1e-4);
+        expect_close(ref_dinp, dinp.host(), "the FP8 input gradient matches the CPU's emulation",
+                     1e-5 * scale_of(ref_dinp), 1e-4);
+        expect_close(ref_dweight, dweight.host(), "the FP8 weight gradient matches the CPU's emulation",
+                     1e-5 * scale_of(ref_dweight), 1e-4);
+        // A bf16 output with a bf16 bias from the epilogue; sizes not multiples of 16 are refused.
+        const auto bias = wave(N, 0.3f, 1.2f);
+        const auto [b16, br] = bf16_rounded(bias);
+        std::vector<float> ref_yb(mn);
+        trainer::cpu::fp8_linear_forward(ref_yb.data(), x.data(), w.data(), br.data(), M, K, N, scratch);
+        Dev<uint16_t> db16(b16), y16(mn);
+        expect(gemm.run_fp8(M, N, K, X, W, 0.0f, y16.p, true, db16.p, nullptr, nullptr),
+               "cuBLASLt runs the FP8 forward into bf16 with its bias");
+        expect_close_bf16(ref_yb, y16, "the bf16 FP8 forward with a bias matches the CPU's rounded",
+                          1e-3 * scale_of(ref_yb));
+        if (K > 16) {
+            expect(!gemm.run_fp8(M, N, K - 8, X, W, 0.0f, y.p, false, nullptr, nullptr, nullptr),
+                   "run_fp8 refuses a K that is not a multiple of 16");
         }
     }
 }
