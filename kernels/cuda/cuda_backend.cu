@@ -551,7 +551,7 @@ class CudaBackend final : public CudaRuntime {
         const Gemm::Fp8Matrix x = to_fp8(kFp8Input, inp, M, K, Fp8Format::kE4M3, true, false).rows;
         const Gemm::Fp8Matrix w = to_fp8(kFp8Weight, weight, N, K, Fp8Format::kE4M3, true, false).rows;
         const void* b = out.bf16 && bias != nullptr ? static_cast<const void*>(to_bf16(bias16_, bias, N)) : bias;
-        return gemm_->run_fp8(M, N, K, x, w, 0.0f, out.p, out.bf16, b, resid, stream_) ||
+        return gemm_->run_fp8(M, N, K, x, w, resid != nullptr ? 1.0f : 0.0f, out.p, out.bf16, b, resid, stream_) ||
                fp8_fallback("forward", M, N, K, "cuBLASLt has no FP8 kernel for it on this GPU");
     }
     // dinp (+)= dout weight and dweight += dout^T inp on an e5m2 dout and e4m3 inp and weight: dout's codes

@@ -1507,8 +1507,19 @@ void test_matmul_fp8() {
                      1e-5 * scale_of(ref_dinp), 1e-4);
         expect_close(ref_dweight, dweight.host(), "the FP8 weight gradient matches the CPU's emulation",
                      1e-5 * scale_of(ref_dweight), 1e-4);
-        // A bf16 output with a bf16 bias from the epilogue; sizes not multiples of 16 are refused.
+        // The residual in the epilogue (beta 1 from c_in into another buffer), with an fp32 bias added by a pass of
+        // its own: matmul_residual_forward's FP8 path.
         const auto bias = wave(N, 0.3f, 1.2f);
+        const auto resid = wave(mn, 2.0f, 0.7f);
+        std::vector<float> ref_yr(mn);
+        trainer::cpu::fp8_linear_forward(ref_yr.data(), x.data(), w.data(), bias.data(), M, K, N, scratch);
+        for (size_t i = 0; i < mn; ++i) ref_yr[i] += resid[i];
+        Dev<float> dresid(resid), yr(mn), dbias(bias);
+        expect(gemm.run_fp8(M, N, K, X, W, 1.0f, yr.p, false, dbias.p, dresid.p, nullptr),
+               "cuBLASLt runs the FP8 forward with the residual in its epilogue");
+        expect_close(ref_yr, yr.host(), "the FP8 forward + residual + fp32 bias matches the CPU's emulation",
+                     1e-5 * scale_of(ref_yr), 1e-4);
+        // A bf16 output with a bf16 bias from the epilogue; sizes not multiples of 16 are refused.
         const auto [b16, br] = bf16_rounded(bias);
         std::vector<float> ref_yb(mn);
         trainer::cpu::fp8_linear_forward(ref_yb.data(), x.data(), w.data(), br.data(), M, K, N, scratch);
