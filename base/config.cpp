@@ -239,6 +239,7 @@ void check_training(const TrainConfig& c) {
 DataConfig read_data(const Json& d, unsigned long long seed) {
     DataConfig c;
     if (!d["paths"].is_null()) c.paths = string_list(d["paths"]);
+    if (!d["label_mask_paths"].is_null()) c.label_mask_paths = string_list(d["label_mask_paths"]);
     for (size_t i = 0; i < d["sources"].size(); ++i) {
         const Json& s = d["sources"][i];
         for (const char* key : {"source_name", "target_ratio", "paths"}) {
@@ -247,6 +248,7 @@ DataConfig read_data(const Json& d, unsigned long long seed) {
         DataSource source;
         source.name = s["source_name"].get<std::string>();
         source.paths = string_list(s["paths"]);
+        if (!s["label_mask_paths"].is_null()) source.label_mask_paths = string_list(s["label_mask_paths"]);
         source.target_ratio = s["target_ratio"].get<double>();
         source.max_repetition_ratio = s["max_repetition_ratio"].get<double>();
         c.sources.push_back(std::move(source));
@@ -300,9 +302,27 @@ void check_data(const DataConfig& d) {
             }
         }
     };
+    // A label mask a token file, in the same order.
+    const auto check_masks = [&](const std::vector<std::string>& masks, const std::vector<std::string>& paths,
+                                 const std::string& key, const std::string& paths_key) {
+        if (!masks.empty() && masks.size() != paths.size()) {
+            user_error("config {}: {} files for the {} of {}; expected one label mask a token file, in its order", key,
+                       masks.size(), paths.size(), paths_key);
+        }
+        check_local(masks, key);
+    };
     check_local(d.paths, "data.paths");
-    for (size_t i = 0; i < d.sources.size(); ++i)
+    check_masks(d.label_mask_paths, d.paths, "data.label_mask_paths", "data.paths");
+    if (!d.sources.empty() && !d.label_mask_paths.empty()) {
+        user_error(
+            "config data.label_mask_paths: set with data.sources; a mixture's label masks are each source's "
+            "(data.sources[].label_mask_paths)");
+    }
+    for (size_t i = 0; i < d.sources.size(); ++i) {
         check_local(d.sources[i].paths, fmt::format("data.sources[{}].paths", i));
+        check_masks(d.sources[i].label_mask_paths, d.sources[i].paths,
+                    fmt::format("data.sources[{}].label_mask_paths", i), fmt::format("data.sources[{}].paths", i));
+    }
     if (d.instance_filter && d.instance_filter->min_period > d.instance_filter->max_period) {
         user_error("config data.instance_filter.repetition_min_period: {} exceeds repetition_max_period {}",
                    d.instance_filter->min_period, d.instance_filter->max_period);
@@ -517,11 +537,13 @@ Json data_json(const DataConfig& d) {
     for (const DataSource& s : d.sources) {
         sources.push_back({{"source_name", s.name},
                            {"paths", s.paths},
+                           {"label_mask_paths", s.label_mask_paths.empty() ? Json(nullptr) : Json(s.label_mask_paths)},
                            {"target_ratio", s.target_ratio},
                            {"max_repetition_ratio", s.max_repetition_ratio}});
     }
     const InstanceFilter filter = d.instance_filter.value_or(InstanceFilter{});
     return {{"paths", d.sources.empty() ? Json(d.paths) : Json(nullptr)},
+            {"label_mask_paths", d.label_mask_paths.empty() ? Json(nullptr) : Json(d.label_mask_paths)},
             {"sources", sources},
             {"memmap_dtype", choice_name(d.memmap_dtype)},
             {"shuffle", d.shuffle},

@@ -113,6 +113,7 @@ struct InstanceFilter {
 struct DataSource {
     std::string name;
     std::vector<std::string> paths;
+    std::vector<std::string> label_mask_paths;  // empty, or one a path (OLMo's label masks)
     double target_ratio = 0.0;
     double max_repetition_ratio = 1.0;  // how many times over its instances a run may read
 };
@@ -120,6 +121,7 @@ struct DataSource {
 struct DataConfig {
     std::optional<InstanceFilter> instance_filter;  // null: every instance counts
     std::vector<std::string> paths;                 // one stream of files, or (empty) the sources' files
+    std::vector<std::string> label_mask_paths;      // empty, or one a path: which tokens are targets in the loss
     std::vector<DataSource> sources;                // a mixture instead of `paths`
     TokenDtype memmap_dtype = TokenDtype::kUint16;
     bool shuffle = true;

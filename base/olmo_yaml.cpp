@@ -372,7 +372,6 @@ const std::vector<NoEffect>& no_effect_keys() {
         {"data.persistent_workers", nullptr, ""},
         {"data.timeout", nullptr, ""},
         {"data.generate_attention_mask", is_false_or_null, "attention masks"},
-        {"data.label_mask_paths", is_null, "label masks"},
         {"data.datasets", is_null, "named training datasets (list data.paths)"},
         {"fsdp.use_orig_params", nullptr, ""},
         {"ddp.find_unused_params", nullptr, ""},

@@ -141,6 +141,7 @@ class TrainingRun {
         saves_->attach(*layout_, backend_.get(), strategy, bar_.get());
         tokens_.resize(static_cast<size_t>(micro) * m_.max_sequence_length);
         keep_.resize(static_cast<size_t>(micro));
+        if (data_.train->has_label_masks()) label_mask_.resize(tokens_.size());
 
         const long L = m_.max_sequence_length;
         flops_per_token_ = flops_per_token(m_, *layout_);
@@ -196,6 +197,19 @@ class TrainingRun {
         std::fflush(stdout);
     }
 
+    // The tokens in the loss of the global batch in global_batch_ (its instances' label masks: each position's
+    // target, tokens 1 to L - 1). The same on every rank, with no collective: each reads the whole batch's masks.
+    double tokens_in_loss() {
+        const long L = m_.max_sequence_length;
+        std::vector<uint8_t> mask(static_cast<size_t>(L));
+        double n = 0.0;
+        for (const int64_t index : global_batch_) {
+            data_.train->read_label_mask(index, mask.data());
+            for (long t = 1; t < L; ++t) n += mask[static_cast<size_t>(t)];
+        }
+        return n;
+    }
+
     // Forward and backward of this rank's micro-batches of global batch `step`, the gradient reduction
     // and the optimizer step.
     StepOutcome train_step(long step) {
@@ -204,9 +218,11 @@ class TrainingRun {
         const long L = m_.max_sequence_length, micro = config_.device_train_microbatch_size;
         const long accumulation = config_.accumulation_steps(world);
         // Each rank's loss gradient is scaled so that the strategies' mean reduction yields the gradient of
-        // the global-batch mean loss (world / global tokens).
-        const double global_tokens = config_.global_predicted_tokens();
-        float dloss_scale = static_cast<float>(world / global_tokens);
+        // the global-batch mean loss (world / global tokens): over every predicted token, or with label masks
+        // over the global batch's tokens in the loss, which every rank counts alike from the batch's masks.
+        data_.order->global_batch(step - 1, global_batch_);
+        const double global_tokens = label_mask_.empty() ? config_.global_predicted_tokens() : tokens_in_loss();
+        float dloss_scale = global_tokens > 0.0 ? static_cast<float>(world / global_tokens) : 0.0f;
         if (step == nan_gradient_step_) dloss_scale = std::numeric_limits<float>::quiet_NaN();
         // The device's busy and wait shares of the step, measured every utilization_interval steps (every
         // step while a trace is recorded: its device tracks come from the same window).
@@ -217,7 +233,6 @@ class TrainingRun {
         StepOutcome r;
         const long captures_before = model_->graphs().captures();
         strategy.take_comm_wait_seconds();  // what evaluation and checkpoints waited is not the step's
-        data_.order->global_batch(step - 1, global_batch_);
         InstanceOrder::rank_slice(global_batch_, strategy.rank(), world, local_);
         double masked = 0.0;  // instances the instance filter masked, this rank
         StepPlan plan;
@@ -232,8 +247,12 @@ class TrainingRun {
                 data_.train->read_instance(local_[k * micro + i], instance);
                 keep_[i] = filter && repetitive_instance(instance, static_cast<int>(L), *filter) ? 0 : 1;
                 masked += 1 - keep_[i];
+                if (!label_mask_.empty()) {
+                    data_.train->read_label_mask(local_[k * micro + i],
+                                                 label_mask_.data() + static_cast<size_t>(i) * L);
+                }
             }
-            return MicroBatchTokens(tokens_.data(), keep_.data());
+            return MicroBatchTokens(tokens_.data(), keep_.data(), label_mask_.empty() ? nullptr : label_mask_.data());
         };
         // Beside the loss sums: the masked instances, the ranks' votes on a stop request, while a checkpoint is
         // written in the background their votes on it (core/weights/async_save.h) and, every console_log_interval
@@ -254,9 +273,11 @@ class TrainingRun {
                 ex.at(compute_slot)[strategy.rank()] = stats_->interval_compute();
             }
         };
+        r.tokens_in_loss = global_tokens;
         plan.after_exchange = [&](const RankExchange& ex) {
-            r.loss = ex.at(ex.slot("loss"))[0] / global_tokens;
-            r.z_loss = ex.at(ex.slot("loss"))[1] / global_tokens;
+            // A global batch with no token in the loss (every target masked) has a loss of 0 and no gradient.
+            r.loss = global_tokens > 0.0 ? ex.at(ex.slot("loss"))[0] / global_tokens : 0.0;
+            r.z_loss = global_tokens > 0.0 ? ex.at(ex.slot("loss"))[1] / global_tokens : 0.0;
             if (!std::isfinite(r.loss) || !std::isfinite(r.z_loss)) {
                 user_error("step {}: the {} is {} (diverged); {}", step, std::isfinite(r.loss) ? "z-loss" : "loss",
                            std::isfinite(r.loss) ? r.z_loss : r.loss, divergence_advice(config_.optimizer));
@@ -288,6 +309,7 @@ class TrainingRun {
             for (const auto& [name, value] : backend_->device_counters()) record[name] = value;
         }
         if (config_.data.instance_filter) record["masked_instances"] = r.masked_instances;
+        if (!label_mask_.empty()) record["tokens_in_loss"] = static_cast<long>(r.tokens_in_loss);
         if (data_.mixture) {  // the tokens each source gave the run so far
             Json by_source = Json::object();
             for (size_t k = 0; k < data_.mixture->sources().size(); ++k) {
@@ -444,8 +466,9 @@ class TrainingRun {
     // the step loop
     std::vector<int64_t> global_batch_, local_;
     std::vector<int32_t> tokens_;
-    std::vector<uint8_t> keep_;  // per instance of a micro-batch: 0 where the instance filter masks it
-    RankExchange exchange_;      // the step's values summed over the ranks
+    std::vector<uint8_t> keep_;        // per instance of a micro-batch: 0 where the instance filter masks it
+    std::vector<uint8_t> label_mask_;  // a micro-batch's label masks (data.label_mask_paths), empty without
+    RankExchange exchange_;            // the step's values summed over the ranks
     Clock::time_point run_t0_;
 };
 

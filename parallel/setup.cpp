@@ -116,6 +116,14 @@ void check_parallel_config(const TrainConfig& c, const RankEnv& env, Device devi
             "kernels.cuda_graphs",
             choice_name(c.distributed_strategy));
     }
+    bool label_masks = !c.data.label_mask_paths.empty();
+    for (const DataSource& s : c.data.sources) label_masks = label_masks || !s.label_mask_paths.empty();
+    if (c.kernels_cuda_graphs && label_masks) {
+        // A recording replays one loss scale, and label masks make it each step's own (1 / its tokens in the loss).
+        user_error(
+            "kernels.cuda_graphs with label masks (data.label_mask_paths): a recorded micro-batch replays one loss "
+            "scale, and the masks change it every step; use one or the other");
+    }
     if (c.kernels_cuda_graphs && (c.cpu_offload.optimizer_state || c.cpu_offload.parameters)) {
         user_error(
             "kernels.cuda_graphs with cpu_offload: the offloaded state's copies are ordered by the host around "

@@ -173,36 +173,37 @@ class NpyHeaderParser {
 
 }  // namespace
 
-TokenFile::TokenFile(const std::string& path, TokenDtype memmap_dtype) : path_(path), dtype_(memmap_dtype) {
+TokenFile::TokenFile(const std::string& path, TokenDtype memmap_dtype, bool label_mask)
+    : path_(path), mask_(label_mask), kind_(label_mask ? "label mask file" : "data file"), dtype_(memmap_dtype) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) user_error("data file {}: cannot open: {}", path, std::strerror(errno));
+    if (fd < 0) user_error("{} {}: cannot open: {}", kind_, path, std::strerror(errno));
     struct stat st;
     if (::fstat(fd, &st) != 0) {
         int err = errno;
         ::close(fd);
-        user_error("data file {}: cannot stat: {}", path, std::strerror(err));
+        user_error("{} {}: cannot stat: {}", kind_, path, std::strerror(err));
     }
     if (S_ISDIR(st.st_mode)) {
         ::close(fd);
-        user_error("data file {}: is a directory; data.paths takes plain token files (no directories or globs)", path);
+        user_error("{} {}: is a directory; expected a plain file (no directories or globs)", kind_, path);
     }
     if (!S_ISREG(st.st_mode)) {
         ::close(fd);
-        user_error("data file {}: is not a regular file; expected a token file", path);
+        user_error("{} {}: is not a regular file; expected a plain file", kind_, path);
     }
     if (st.st_size == 0) {
         ::close(fd);
-        user_error("data file {}: is empty (0 bytes); expected tokens", path);
+        user_error("{} {}: is empty (0 bytes); expected tokens", kind_, path);
     }
     void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
     int map_errno = errno;
     ::close(fd);
-    if (p == MAP_FAILED) user_error("data file {}: cannot mmap: {}", path, std::strerror(map_errno));
+    if (p == MAP_FAILED) user_error("{} {}: cannot mmap: {}", kind_, path, std::strerror(map_errno));
     map_ = static_cast<const unsigned char*>(p);
     map_size_ = static_cast<int64_t>(st.st_size);
     try {
         static const char kNpyMagic[] = "\x93NUMPY";
-        if (map_size_ >= 4 && load<int32_t>(map_) == kLlmcMagic) {
+        if (!mask_ && map_size_ >= 4 && load<int32_t>(map_) == kLlmcMagic) {
             read_llmc_header();
         } else if (map_size_ >= 6 && std::memcmp(map_, kNpyMagic, 6) == 0) {
             read_npy_header();
@@ -220,30 +221,30 @@ void TokenFile::read_llmc_header() {
     format_ = TokenFileFormat::kLlmc;
     dtype_ = TokenDtype::kUint16;
     if (map_size_ < kLlmcHeaderBytes) {
-        user_error("data file {}: llm.c shard (magic {}) truncated in its header: {} bytes; the header alone is {}",
+        user_error("{} {}: llm.c shard (magic {}) truncated in its header: {} bytes; the header alone is {}", kind_,
                    path_, kLlmcMagic, map_size_, kLlmcHeaderBytes);
     }
     int32_t version = load<int32_t>(map_ + 4);
     if (version != kLlmcVersion) {
-        user_error("data file {}: llm.c shard header version {} (byte offset 4); expected {}", path_, version,
+        user_error("{} {}: llm.c shard header version {} (byte offset 4); expected {}", kind_, path_, version,
                    kLlmcVersion);
     }
     int32_t count = load<int32_t>(map_ + 8);
     if (count <= 0) {
-        user_error("data file {}: llm.c shard header token count {} (byte offset 8); expected > 0", path_, count);
+        user_error("{} {}: llm.c shard header token count {} (byte offset 8); expected > 0", kind_, path_, count);
     }
     int64_t expected = kLlmcHeaderBytes + 2 * static_cast<int64_t>(count);
     if (map_size_ < expected) {
         user_error(
-            "data file {}: llm.c shard truncated: header says {} tokens ({} bytes with the header) but "
+            "{} {}: llm.c shard truncated: header says {} tokens ({} bytes with the header) but "
             "the file has {} bytes",
-            path_, count, expected, map_size_);
+            kind_, path_, count, expected, map_size_);
     }
     if (map_size_ > expected) {
         user_error(
-            "data file {}: llm.c shard has {} trailing bytes: header says {} tokens ({} bytes with the "
+            "{} {}: llm.c shard has {} trailing bytes: header says {} tokens ({} bytes with the "
             "header) but the file has {} bytes",
-            path_, map_size_ - expected, count, expected, map_size_);
+            kind_, path_, map_size_ - expected, count, expected, map_size_);
     }
     data_offset_ = kLlmcHeaderBytes;
     num_tokens_ = count;
@@ -252,7 +253,7 @@ void TokenFile::read_llmc_header() {
 // A .npy array of uint16 or uint32 ids, one or two dimensions, C order.
 void TokenFile::read_npy_header() {
     format_ = TokenFileFormat::kNpy;
-    if (map_size_ < 10) user_error("data file {}: npy file truncated in its header ({} bytes)", path_, map_size_);
+    if (map_size_ < 10) user_error("{} {}: npy file truncated in its header ({} bytes)", kind_, path_, map_size_);
     int major = map_[6], minor = map_[7];
     int64_t header_len = 0, header_start = 0;
     if (major == 1) {
@@ -260,16 +261,16 @@ void TokenFile::read_npy_header() {
         header_start = 10;
     } else if (major == 2 || major == 3) {
         if (map_size_ < 12) {
-            user_error("data file {}: npy file truncated in its header ({} bytes)", path_, map_size_);
+            user_error("{} {}: npy file truncated in its header ({} bytes)", kind_, path_, map_size_);
         }
         header_len = load<uint32_t>(map_ + 8);
         header_start = 12;
     } else {
-        user_error("data file {}: npy format version {}.{} (byte offset 6); expected 1.0, 2.0 or 3.0", path_, major,
+        user_error("{} {}: npy format version {}.{} (byte offset 6); expected 1.0, 2.0 or 3.0", kind_, path_, major,
                    minor);
     }
     if (header_start + header_len > map_size_) {
-        user_error("data file {}: npy header length {} runs past the end of the file ({} bytes)", path_, header_len,
+        user_error("{} {}: npy header length {} runs past the end of the file ({} bytes)", kind_, path_, header_len,
                    map_size_);
     }
     std::string header(reinterpret_cast<const char*>(map_ + header_start), static_cast<size_t>(header_len));
@@ -286,62 +287,69 @@ void TokenFile::read_npy_header() {
         } else if (key == "shape") {
             shape = &value;
         } else {
-            user_error("data file {}: npy header has an unknown key '{}'; expected descr, fortran_order, shape", path_,
+            user_error("{} {}: npy header has an unknown key '{}'; expected descr, fortran_order, shape", kind_, path_,
                        key);
         }
     }
     for (auto [name, value] :
          {std::pair<const char*, const PyValue*>{"descr", descr}, {"fortran_order", fortran}, {"shape", shape}}) {
-        if (value == nullptr) user_error("data file {}: npy header {:?} has no '{}'", path_, parser.shown(), name);
+        if (value == nullptr) user_error("{} {}: npy header {:?} has no '{}'", kind_, path_, parser.shown(), name);
     }
-    if (descr->kind == PyValue::Kind::kString && descr->str == "<u2") {
+    const bool byte_descr =
+        descr->kind == PyValue::Kind::kString && (descr->str == "|b1" || descr->str == "|u1" || descr->str == "<u1");
+    if (mask_) {
+        if (!byte_descr) {
+            user_error("{} {}: npy descr {}; expected '|b1' (bool) or '|u1' (uint8), one byte a token", kind_, path_,
+                       descr->text);
+        }
+    } else if (descr->kind == PyValue::Kind::kString && descr->str == "<u2") {
         dtype_ = TokenDtype::kUint16;
     } else if (descr->kind == PyValue::Kind::kString && descr->str == "<u4") {
         dtype_ = TokenDtype::kUint32;
     } else {
-        user_error("data file {}: npy descr {}; expected '<u2' (uint16) or '<u4' (uint32) token ids", path_,
+        user_error("{} {}: npy descr {}; expected '<u2' (uint16) or '<u4' (uint32) token ids", kind_, path_,
                    descr->text);
     }
     if (fortran->kind != PyValue::Kind::kBool || fortran->boolean) {
-        user_error("data file {}: npy fortran_order {}; expected False (C order)", path_, fortran->text);
+        user_error("{} {}: npy fortran_order {}; expected False (C order)", kind_, path_, fortran->text);
     }
     bool shape_ok = shape->kind == PyValue::Kind::kSequence && (shape->items.size() == 1 || shape->items.size() == 2) &&
                     std::all_of(shape->items.begin(), shape->items.end(),
                                 [](const PyValue& d) { return d.kind == PyValue::Kind::kInt && d.integer >= 0; });
-    if (!shape_ok) user_error("data file {}: npy shape {}; expected (n,) or (a, b)", path_, shape->text);
+    if (!shape_ok) user_error("{} {}: npy shape {}; expected (n,) or (a, b)", kind_, path_, shape->text);
     int64_t numel = shape->items[0].integer;
     if (shape->items.size() == 2) {
         int64_t b = shape->items[1].integer;
         if (b != 0 && numel > std::numeric_limits<int64_t>::max() / 8 / b) {
-            user_error("data file {}: npy shape {} is too large", path_, shape->text);
+            user_error("{} {}: npy shape {} is too large", kind_, path_, shape->text);
         }
         numel *= b;
     }
     if (numel > std::numeric_limits<int64_t>::max() / 8) {
-        user_error("data file {}: npy shape {} is too large", path_, shape->text);
+        user_error("{} {}: npy shape {} is too large", kind_, path_, shape->text);
     }
     data_offset_ = header_start + header_len;
     int64_t data_bytes = map_size_ - data_offset_;
-    int64_t expected = numel * token_dtype_size(dtype_);
+    int64_t expected = numel * element_size();
     if (data_bytes != expected) {
         user_error(
-            "data file {}: npy shape {} of {} needs {} data bytes but the file has {} after its {}-byte "
+            "{} {}: npy shape {} of {} needs {} data bytes but the file has {} after its {}-byte "
             "header",
-            path_, shape->text, descr->text, expected, data_bytes, data_offset_);
+            kind_, path_, shape->text, descr->text, expected, data_bytes, data_offset_);
     }
-    if (numel == 0) user_error("data file {}: npy shape {} holds no tokens", path_, shape->text);
+    if (numel == 0) user_error("{} {}: npy shape {} holds no tokens", kind_, path_, shape->text);
     num_tokens_ = numel;
 }
 
 // OLMo's raw memmap: ids of data.memmap_dtype, nothing else.
 void TokenFile::read_raw() {
     format_ = TokenFileFormat::kRaw;
-    int64_t size = token_dtype_size(dtype_);
+    int64_t size = element_size();
     if (map_size_ % size != 0) {
         user_error(
-            "data file {}: {} bytes is not a whole number of {} tokens ({} bytes each); set "
+            "{} {}: {} bytes is not a whole number of {} tokens ({} bytes each); set "
             "data.memmap_dtype to the file's token type",
-            path_, map_size_, choice_name(dtype_), size);
+            kind_, path_, map_size_, choice_name(dtype_), size);
     }
     data_offset_ = 0;
     num_tokens_ = map_size_ / size;
@@ -351,6 +359,8 @@ TokenFile::~TokenFile() { close_mapping(); }
 
 TokenFile::TokenFile(TokenFile&& other) noexcept
     : path_(std::move(other.path_)),
+      mask_(other.mask_),
+      kind_(other.kind_),
       format_(other.format_),
       dtype_(other.dtype_),
       map_(std::exchange(other.map_, nullptr)),
@@ -362,6 +372,8 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
     if (this != &other) {
         close_mapping();
         path_ = std::move(other.path_);
+        mask_ = other.mask_;
+        kind_ = other.kind_;
         format_ = other.format_;
         dtype_ = other.dtype_;
         map_ = std::exchange(other.map_, nullptr);
@@ -382,7 +394,15 @@ void TokenFile::close_mapping() {
 uint32_t TokenFile::token(int64_t i) const {
     TRAINER_CHECK(i >= 0 && i < num_tokens_, "token {} of {} in {}", i, num_tokens_, path_);
     const unsigned char* p = map_ + data_offset_;
+    if (mask_) return p[i];
     return dtype_ == TokenDtype::kUint16 ? load<uint16_t>(p + 2 * i) : load<uint32_t>(p + 4 * i);
+}
+
+void TokenFile::read_mask(int64_t begin, int64_t count, uint8_t* out) const {
+    TRAINER_CHECK(mask_, "read_mask of the token file {}", path_);
+    TRAINER_CHECK(begin >= 0 && count >= 0 && begin + count <= num_tokens_, "mask bytes [{}, {}) of {} in {}", begin,
+                  begin + count, num_tokens_, path_);
+    std::memcpy(out, map_ + data_offset_ + begin, static_cast<size_t>(count));
 }
 
 void TokenFile::read_tokens(int64_t begin, int64_t count, uint32_t* out) const {
@@ -397,7 +417,8 @@ void TokenFile::read_tokens(int64_t begin, int64_t count, uint32_t* out) const {
 }
 
 TokenDataset::TokenDataset(std::vector<std::string> paths, TokenDtype memmap_dtype, int64_t seq_len, int64_t vocab_size,
-                           const std::string& paths_key)
+                           const std::string& paths_key, const std::vector<std::string>& label_mask_paths,
+                           const std::string& masks_key)
     : seq_len_(seq_len), vocab_size_(vocab_size) {
     if (paths.empty()) user_error("config {}: empty; expected at least one token file", paths_key);
     if (seq_len < 1) user_error("config model.max_sequence_length: {}; expected >= 1", seq_len);
@@ -405,12 +426,28 @@ TokenDataset::TokenDataset(std::vector<std::string> paths, TokenDtype memmap_dty
     if (vocab_size < 1 || vocab_size > int64_t{1} << 31) {
         user_error("config model.vocab_size: {}; expected 1 to 2147483648", vocab_size);
     }
+    if (!label_mask_paths.empty() && label_mask_paths.size() != paths.size()) {
+        user_error("config {}: {} files for the {} token files of {}; expected one label mask a token file", masks_key,
+                   label_mask_paths.size(), paths.size(), paths_key);
+    }
     files_.reserve(paths.size());
     first_instance_.push_back(0);
-    for (const std::string& path : paths) {
-        files_.emplace_back(path, memmap_dtype);
+    for (size_t i = 0; i < paths.size(); ++i) {
+        files_.emplace_back(paths[i], memmap_dtype);
         num_instances_ += files_.back().num_tokens() / seq_len;
         first_instance_.push_back(num_instances_);
+        masks_.emplace_back();
+        if (i < label_mask_paths.size() && !label_mask_paths[i].empty()) {
+            masks_.back().emplace(label_mask_paths[i], memmap_dtype, true);
+            if (masks_.back()->num_tokens() != files_.back().num_tokens()) {
+                user_error(
+                    "config {}[{}]: the label mask file {} has {} entries and its token file {} has {} tokens; "
+                    "expected one a token",
+                    masks_key, i, label_mask_paths[i], masks_.back()->num_tokens(), paths[i],
+                    files_.back().num_tokens());
+            }
+            has_masks_ = true;
+        }
     }
     if (num_instances_ == 0) {
         const TokenFile* longest = &files_[0];
@@ -424,14 +461,18 @@ TokenDataset::TokenDataset(std::vector<std::string> paths, TokenDtype memmap_dty
     }
 }
 
-void TokenDataset::read_instance(int64_t index, int32_t* out) const {
+std::pair<size_t, int64_t> TokenDataset::locate(int64_t index) const {
     TRAINER_CHECK(index >= 0 && index < num_instances_, "instance {} of {}", index, num_instances_);
     // The file holding `index`: the last one whose first instance is <= index (files with no
     // instance have equal neighbours and are skipped by upper_bound).
     auto it = std::upper_bound(first_instance_.begin(), first_instance_.end(), index);
-    size_t f = static_cast<size_t>(it - first_instance_.begin()) - 1;
+    const size_t f = static_cast<size_t>(it - first_instance_.begin()) - 1;
+    return {f, (index - first_instance_[f]) * seq_len_};
+}
+
+void TokenDataset::read_instance(int64_t index, int32_t* out) const {
+    const auto [f, begin] = locate(index);
     const TokenFile& file = files_[f];
-    int64_t begin = (index - first_instance_[f]) * seq_len_;
     for (int64_t i = 0; i < seq_len_; ++i) {
         uint32_t id = file.token(begin + i);
         if (static_cast<int64_t>(id) >= vocab_size_) {
@@ -439,6 +480,22 @@ void TokenDataset::read_instance(int64_t index, int32_t* out) const {
                        file.path(), id, begin + i, file.byte_offset(begin + i), vocab_size_);
         }
         out[i] = static_cast<int32_t>(id);
+    }
+}
+
+void TokenDataset::read_label_mask(int64_t index, uint8_t* out) const {
+    const auto [f, begin] = locate(index);
+    if (!masks_[f]) {
+        std::fill_n(out, seq_len_, uint8_t{1});
+        return;
+    }
+    const TokenFile& mask = *masks_[f];
+    mask.read_mask(begin, seq_len_, out);
+    for (int64_t i = 0; i < seq_len_; ++i) {
+        if (out[i] > 1) {
+            user_error("label mask file {}: value {} at token offset {} (byte offset {}); expected 0 or 1 (a boolean)",
+                       mask.path(), out[i], begin + i, mask.byte_offset(begin + i));
+        }
     }
 }
 

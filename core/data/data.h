@@ -20,11 +20,15 @@
 //    uses floor(N / G) * G of them so every global batch is whole; global batch `step` is positions
 //    [step * G, (step + 1) * G) of the concatenated epoch orders. It depends on (seed, step) only,
 //    never on the world size: rank r of W takes entries r, r + W, ... of the global batch.
+//  * Label masks (OLMo's data.label_mask_paths): a file per token file, one byte a token (0 or 1), raw or .npy of
+//    bool; a token whose byte is 0 is no target: the loss does not predict it, though the model reads it as input.
 // Token ids are assumed little-endian, as numpy, llm.c and OLMo write them on every common machine.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/config.h"
@@ -49,10 +53,12 @@ constexpr int64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
 // One token file mapped read-only. The layout is detected from the header on open; every problem
 // with the file (missing, unreadable, a directory, empty, malformed header, size not matching) is a
 // UserError naming the path. Move-only: it owns the mapping.
+// With `label_mask`, a label mask file instead (OLMo's data.label_mask_paths): one byte a token, 0 or 1, raw (a
+// boolean memmap as OLMo writes it) or .npy of bool or uint8; its "tokens" are those bytes.
 class TokenFile {
    public:
     // Opens and maps `path`; `memmap_dtype` is the element type used when the file has no header.
-    TokenFile(const std::string& path, TokenDtype memmap_dtype);
+    TokenFile(const std::string& path, TokenDtype memmap_dtype, bool label_mask = false);
     ~TokenFile();
     TokenFile(TokenFile&& other) noexcept;
     TokenFile& operator=(TokenFile&& other) noexcept;
@@ -73,9 +79,12 @@ class TokenFile {
     // The element type of the tokens (from the header for npy and llm.c files).
     TokenDtype dtype() const { return dtype_; }
     // Byte offset of token `i` in the file (for messages).
-    int64_t byte_offset(int64_t i) const { return data_offset_ + i * token_dtype_size(dtype_); }
+    int64_t byte_offset(int64_t i) const { return data_offset_ + i * element_size(); }
+    // A label mask file's: bytes [begin, begin + count) into `out` (range checked as token()).
+    void read_mask(int64_t begin, int64_t count, uint8_t* out) const;
 
    private:
+    int64_t element_size() const { return mask_ ? 1 : token_dtype_size(dtype_); }
     void close_mapping();
     // The header and size of each format, setting format_, dtype_, data_offset_ and num_tokens_.
     void read_llmc_header();
@@ -83,6 +92,8 @@ class TokenFile {
     void read_raw();
 
     std::string path_;
+    bool mask_ = false;
+    const char* kind_ = "data file";  // how messages name it: "data file" or "label mask file"
     TokenFileFormat format_ = TokenFileFormat::kRaw;
     TokenDtype dtype_ = TokenDtype::kUint16;
     const unsigned char* map_ = nullptr;  // the whole file, PROT_READ
@@ -100,8 +111,12 @@ class TokenDataset {
     // instance; `paths_key` is the config key named in those messages (an evaluator's differs).
     // Token ids are checked against vocab_size as instances are read, not here, so opening a
     // multi-GB dataset costs nothing.
+    // label_mask_paths: empty (every target in the loss), or one per path (an empty string: that file's targets
+    // all in the loss), each a label mask file of as many entries as its token file has tokens, else a UserError
+    // naming `masks_key`.
     TokenDataset(std::vector<std::string> paths, TokenDtype memmap_dtype, int64_t seq_len, int64_t vocab_size,
-                 const std::string& paths_key = "data.paths");
+                 const std::string& paths_key = "data.paths", const std::vector<std::string>& label_mask_paths = {},
+                 const std::string& masks_key = "data.label_mask_paths");
 
     // Total instances across all files (> 0).
     int64_t num_instances() const { return num_instances_; }
@@ -115,9 +130,19 @@ class TokenDataset {
     // `out`. A token id >= vocab_size is a UserError naming the file, the token and byte offset, the
     // id and the vocabulary size.
     void read_instance(int64_t index, int32_t* out) const;
+    // Whether any file has a label mask.
+    bool has_label_masks() const { return has_masks_; }
+    // The seq_len mask values of instance `index` into `out`: 1 where the token is a target in the loss (a label
+    // mask's true, or every token of a file without one). A value other than 0 or 1 is a UserError naming the file
+    // and its byte offset.
+    void read_label_mask(int64_t index, uint8_t* out) const;
 
    private:
+    // The file holding instance `index` and the instance's first token in it.
+    std::pair<size_t, int64_t> locate(int64_t index) const;
     std::vector<TokenFile> files_;
+    std::vector<std::optional<TokenFile>> masks_;  // files_[i]'s label mask, where it has one
+    bool has_masks_ = false;
     std::vector<int64_t> first_instance_;  // first global instance index of each file; size files + 1
     int64_t seq_len_ = 0;
     int64_t vocab_size_ = 0;

@@ -147,16 +147,23 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     tokens_host_.resize(2 * N);
 }
 
-void Model::upload_tokens(const int32_t* tokens, int batch, const uint8_t* keep) {
+void Model::upload_tokens(const int32_t* tokens, int batch, const uint8_t* keep, const uint8_t* label_mask) {
     TRAINER_CHECK(batch >= 1 && batch <= max_batch_, "batch {} outside [1, {}]", batch, max_batch_);
     const int L = m_.max_sequence_length;
     const size_t N = static_cast<size_t>(batch) * T_;
     for (int b = 0; b < batch; ++b) {
         std::memcpy(&tokens_host_[b * T_], tokens + static_cast<size_t>(b) * L, T_ * sizeof(int32_t));
+        int32_t* targets = &tokens_host_[N + b * T_];
         if (keep != nullptr && keep[b] == 0) {
-            std::fill_n(&tokens_host_[N + b * T_], T_, -1);  // ignored targets: no loss, no gradient
-        } else {
-            std::memcpy(&tokens_host_[N + b * T_], tokens + static_cast<size_t>(b) * L + 1, T_ * sizeof(int32_t));
+            std::fill_n(targets, T_, -1);  // ignored targets: no loss, no gradient
+            continue;
+        }
+        std::memcpy(targets, tokens + static_cast<size_t>(b) * L + 1, T_ * sizeof(int32_t));
+        if (label_mask == nullptr) continue;
+        // Position t predicts token t + 1: its mask value is that token's.
+        const uint8_t* mask = label_mask + static_cast<size_t>(b) * L + 1;
+        for (int t = 0; t < T_; ++t) {
+            if (mask[t] == 0) targets[t] = -1;
         }
     }
     backend_->copy_host_to_device(tokens_dev_.data(), tokens_host_.data(), 2 * N * sizeof(int32_t));
@@ -447,8 +454,9 @@ void Model::backward_blocks(int batch) {
 // taken at the head it stalled the launches of the backward behind the forward. Between the upload and the
 // sums the pass is device work only, the same for every micro-batch of this size and scale: with
 // kernels.cuda_graphs it is recorded once and replayed (kernels/graph.h).
-LossSums Model::forward_backward(const int32_t* tokens, int batch, float dloss_scale, const uint8_t* keep) {
-    upload_tokens(tokens, batch, keep);
+LossSums Model::forward_backward(const int32_t* tokens, int batch, float dloss_scale, const uint8_t* keep,
+                                 const uint8_t* label_mask) {
+    upload_tokens(tokens, batch, keep, label_mask);
     uint32_t scale_bits = 0;
     std::memcpy(&scale_bits, &dloss_scale, sizeof scale_bits);
     graphs_.run(static_cast<uint64_t>(batch) << 32 | scale_bits, [&] {
@@ -485,7 +493,7 @@ LossSums accumulate_gradients(Strategy& strategy, Model& model, long accumulatio
         const trace::Span span("micro-batch", trace::active() ? fmt::format("micro-batch {}", k) : std::string());
         strategy.begin_micro_batch(static_cast<int>(k));
         const MicroBatchTokens mb = tokens_for(k);
-        loss_sum += model.forward_backward(mb.tokens, batch, dloss_scale, mb.keep);
+        loss_sum += model.forward_backward(mb.tokens, batch, dloss_scale, mb.keep, mb.label_mask);
     }
     const trace::Span span("comm", "finish backward");
     strategy.finish_backward();

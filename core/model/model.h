@@ -50,9 +50,11 @@ class Model {
     // Forward, loss and backward of one micro-batch: `tokens` is (batch, L) on the host. Each predicted
     // token's loss gradient is scaled by dloss_scale (1 / tokens of the global batch, so micro-batch
     // gradients sum to the gradient of the global mean). keep (nullable, one flag an instance): an instance with
-    // keep 0 predicts nothing (its targets are ignored: OLMo's instance filter). Returns the sums of the token
-    // losses.
-    LossSums forward_backward(const int32_t* tokens, int batch, float dloss_scale, const uint8_t* keep = nullptr);
+    // keep 0 predicts nothing (its targets are ignored: OLMo's instance filter). label_mask (nullable, (batch, L)
+    // like tokens): a token whose value is 0 is no target (its position's loss and gradient are 0; OLMo's label
+    // masks), though it is still read as input. Returns the sums of the token losses.
+    LossSums forward_backward(const int32_t* tokens, int batch, float dloss_scale, const uint8_t* keep = nullptr,
+                              const uint8_t* label_mask = nullptr);
     // Forward and loss only (evaluation): the sum of the token losses of (batch, L) tokens.
     double forward_loss(const int32_t* tokens, int batch);
     // Forward only, the logits of (batch, L) tokens: rows r0.. r0+rows-1 of the (batch * T, embedding_size)
@@ -125,7 +127,7 @@ class Model {
     // What block l's backward reads and the block did not keep, recomputed into the shared work plan.
     void recompute_block(int l, int batch, const BlockParams& w);
     HeadParams head_params(const float* base) const;  // all null for a null base
-    void upload_tokens(const int32_t* tokens, int batch, const uint8_t* keep);
+    void upload_tokens(const int32_t* tokens, int batch, const uint8_t* keep, const uint8_t* label_mask = nullptr);
     void forward_blocks(int batch, bool backward_follows);
     // The final norm and the LM head: the loss (and with `backward` the head's backward), or with a sink the
     // logits instead of the loss.
@@ -188,7 +190,9 @@ class Model {
 struct MicroBatchTokens {
     const int32_t* tokens = nullptr;
     const uint8_t* keep = nullptr;
-    MicroBatchTokens(const int32_t* t, const uint8_t* k = nullptr) : tokens(t), keep(k) {}  // NOLINT: implicit
+    const uint8_t* label_mask = nullptr;  // (batch, L), nullable: Model::forward_backward's
+    MicroBatchTokens(const int32_t* t, const uint8_t* k = nullptr, const uint8_t* m = nullptr)  // NOLINT: implicit
+        : tokens(t), keep(k), label_mask(m) {}
 };
 LossSums accumulate_gradients(Strategy& strategy, Model& model, long accumulation, int batch, float dloss_scale,
                               const std::function<MicroBatchTokens(long)>& tokens_for);

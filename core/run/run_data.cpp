@@ -9,10 +9,24 @@ RunData open_run_data(const TrainConfig& config) {
     RunData r;
     const ModelConfig& m = config.model;
     const std::vector<DataSource>& sources = config.data.sources;
-    std::vector<std::string> paths = config.data.paths;
-    for (const DataSource& s : sources) paths.insert(paths.end(), s.paths.begin(), s.paths.end());
-    r.train = std::make_unique<TokenDataset>(paths, config.data.memmap_dtype, m.max_sequence_length, m.vocab_size,
-                                             sources.empty() ? "data.paths" : "data.sources[].paths");
+    std::vector<std::string> paths = config.data.paths, masks = config.data.label_mask_paths;
+    bool any_mask = !masks.empty();
+    for (const DataSource& s : sources) any_mask = any_mask || !s.label_mask_paths.empty();
+    for (const DataSource& s : sources) {
+        paths.insert(paths.end(), s.paths.begin(), s.paths.end());
+        // A source without masks: every token of its files in the loss (an empty entry a file).
+        if (any_mask) {
+            if (s.label_mask_paths.empty()) {
+                masks.insert(masks.end(), s.paths.size(), std::string());
+            } else {
+                masks.insert(masks.end(), s.label_mask_paths.begin(), s.label_mask_paths.end());
+            }
+        }
+    }
+    r.train = std::make_unique<TokenDataset>(
+        paths, config.data.memmap_dtype, m.max_sequence_length, m.vocab_size,
+        sources.empty() ? "data.paths" : "data.sources[].paths", masks,
+        sources.empty() ? "data.label_mask_paths" : "data.sources[].label_mask_paths (all sources' files in order)");
     for (size_t i = 0; i < config.evaluators.size(); ++i) {
         const auto& ev = config.evaluators[i];
         r.evals.push_back(std::make_unique<TokenDataset>(ev.paths, ev.memmap_dtype, m.max_sequence_length, m.vocab_size,

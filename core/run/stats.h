@@ -18,6 +18,7 @@ struct StepOutcome {
     double loss = 0.0;          // the cross-entropy, mean over the global batch's predicted tokens
     double z_loss = 0.0;        // the z-loss's mean (softmax_auxiliary_loss), 0 without one
     long masked_instances = 0;  // the global batch's instances the instance filter masked
+    double tokens_in_loss = 0;  // the global batch's tokens the loss is the mean over
     OptimizerStepResult opt;
     double seconds = 0.0, comm_wait = 0.0;
     Backend::Activity activity;  // the device's busy and wait time, when measured
