@@ -190,6 +190,8 @@ Run add_prepare_data(CLI::App& app) {
         std::vector<std::string> inputs;
         int eos = -1, threads = 0;
         bool overwrite = false;
+        bool instruct = false;
+        trainer::InstructOptions chat;
     };
     auto o = std::make_shared<Options>();
     prep->add_option("--tokenizer", o->tokenizer,
@@ -208,14 +210,53 @@ Run add_prepare_data(CLI::App& app) {
         ->check(CLI::IsMember({"raw", "npy", "llmc"}));
     prep->add_option("--eos", o->eos, "end-of-document token id appended after each input (default: the tokenizer's)");
     prep->add_option("--threads", o->threads, "documents encoded at once (0: one per core)");
+    prep->add_flag("--instruct", o->instruct,
+                   "the inputs are JSONL instruction data (chat records {\"messages\": [{\"role\", \"content\"}]} or "
+                   "Alpaca records {\"instruction\", \"input\", \"output\"}): write the token file and its label "
+                   "mask OUTPUT.mask, the assistant's answers in the loss");
+    prep->add_option("--seq-len", o->chat.seq_len, "--instruct: the model's max_sequence_length (instances' tokens)");
+    prep->add_option("--chat-template", o->chat.chat_template,
+                     "--instruct: tulu (Tulu's and OLMo-2-instruct's, the default) or a JSON file of each role's "
+                     "prefix, suffix, suffix_if_last and eos (docs/data.md)");
+    prep->add_flag("--pack", o->chat.pack,
+                   "--instruct: examples share instances while they fit (never one split); default: one an instance, "
+                   "padded");
+    prep->add_flag("--train-on-prompt", o->chat.train_on_prompt,
+                   "--instruct: every token of an example in the loss, the prompts too");
+    prep->add_option("--pad", o->chat.pad_id, "--instruct: the padding token id (default: the EOS id)");
     return [o] {
         trainer::check_prepare_output(o->inputs, o->out_path, o->overwrite);
         const trainer::Tokenizer tokenizer = flag_choice<trainer::Tokenizer>(o->tokenizer);
-        const std::optional<trainer::TokenDtype> dtype =
-            o->dtype.empty() ? std::nullopt : std::optional(flag_choice<trainer::TokenDtype>(o->dtype));
+        // --dtype where given, else each tokenizer's default.
+        const bool dtype_given = !o->dtype.empty();
+        const trainer::TokenDtype given =
+            dtype_given ? flag_choice<trainer::TokenDtype>(o->dtype) : trainer::TokenDtype::kUint16;
+        const auto dtype_or = [&](trainer::TokenDtype fallback) { return dtype_given ? given : fallback; };
+        if (!o->instruct && (o->chat.seq_len != 0 || o->chat.pack || o->chat.train_on_prompt || o->chat.pad_id >= 0 ||
+                             o->chat.chat_template != "tulu")) {
+            trainer::user_error(
+                "prepare-data: --seq-len, --chat-template, --pack, --train-on-prompt and --pad go with --instruct "
+                "(JSONL instruction data)");
+        }
+        if (o->instruct) {
+            trainer::check_prepare_output(o->inputs, o->out_path + ".mask", o->overwrite);
+            std::unique_ptr<trainer::BpeTokenizer> bpe;
+            if (tokenizer != trainer::Tokenizer::kBytes) bpe = trainer::BpeTokenizer::load(tokenizer, o->tokenizer_dir);
+            const int vocab = bpe ? bpe->vocab_size() : trainer::kByteVocabSize;
+            const int eos = o->eos >= 0 ? o->eos : bpe ? bpe->eos_token_id() : trainer::kByteEosTokenId;
+            const auto encode = [&](const std::string& text) {
+                return bpe ? bpe->encode(text, "prepare-data --instruct") : trainer::byte_encode(text);
+            };
+            const std::string line = trainer::prepare_instruct_data(
+                o->inputs, o->out_path,
+                dtype_or(vocab <= 65536 ? trainer::TokenDtype::kUint16 : trainer::TokenDtype::kUint32), o->format,
+                eos, encode, o->chat);
+            std::printf("%s; %s tokenizer, EOS %d\n", line.c_str(), o->tokenizer.c_str(), eos);
+            return 0;
+        }
         if (tokenizer == trainer::Tokenizer::kBytes) {
             const auto summary =
-                trainer::prepare_data_bytes(o->inputs, o->out_path, dtype.value_or(trainer::TokenDtype::kUint16),
+                trainer::prepare_data_bytes(o->inputs, o->out_path, dtype_or(trainer::TokenDtype::kUint16),
                                             o->format, o->eos < 0 ? trainer::kByteEosTokenId : o->eos);
             std::printf("%s\n", summary.to_string().c_str());
             return 0;
@@ -224,7 +265,7 @@ Run add_prepare_data(CLI::App& app) {
         const int eos = o->eos < 0 ? bpe->eos_token_id() : o->eos;
         const auto summary = trainer::prepare_data_bpe(
             o->inputs, o->out_path,
-            dtype.value_or(bpe->vocab_size() <= 65536 ? trainer::TokenDtype::kUint16 : trainer::TokenDtype::kUint32),
+            dtype_or(bpe->vocab_size() <= 65536 ? trainer::TokenDtype::kUint16 : trainer::TokenDtype::kUint32),
             o->format, eos, *bpe, o->threads);
         std::printf("%s; %s tokenizer, vocabulary %d, EOS %d\n", summary.to_string().c_str(), o->tokenizer.c_str(),
                     bpe->vocab_size(), eos);

@@ -1,6 +1,8 @@
 // Label masks (OLMo's data.label_mask_paths): the mask files as OLMo writes them and their refusals, the loss as
 // cross_entropy(ignore_index) over the same masks, no gradient from a masked target, and the same loss and
 // tokens_in_loss on any world size and strategy.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -9,6 +11,8 @@
 #include "base/common.h"
 #include "base/config.h"
 #include "core/data/data.h"
+#include "core/data/instruct.h"
+#include "core/data/tokenizer.h"
 #include "parallel/launch/rank_env.h"
 #include "parallel/setup.h"
 #include "test_util.h"
@@ -141,8 +145,8 @@ TEST_CASE("label masks: mask files are read as OLMo writes them and refused by n
     REQUIRE(at != std::string::npos);
     yaml.insert(at, "  label_mask_paths:\n    - " + dir.path("raw.mask") + "\n");
     test_util::write_file(dir.path("olmo.yaml"), yaml);
-    const auto shown = test_util::run_trainer({"show-config", "--config", dir.path("olmo.yaml"), "--data", tokens,
-                                               "--save-folder", dir.path("ck")});
+    const auto shown = test_util::run_trainer(
+        {"show-config", "--config", dir.path("olmo.yaml"), "--data", tokens, "--save-folder", dir.path("ck")});
     INFO(shown.err);
     REQUIRE(shown.exit_code == 0);
     CHECK(Json::parse(shown.out)["data"]["label_mask_paths"] == Json::array({dir.path("raw.mask")}));
@@ -266,4 +270,152 @@ TEST_CASE("label masks: a masked target changes no gradient and the loss is the 
         test_util::check_losses(a, w, 0, 1e-5);
         for (size_t s = 0; s < a.size(); ++s) CHECK(w[s]["tokens_in_loss"] == a[s]["tokens_in_loss"]);
     }
+}
+
+TEST_CASE("label masks: prepare-data --instruct renders chat and Alpaca records with only the answers in the loss") {
+    // The byte tokenizer: a token is a byte, so the rendered text and its mask read back directly.
+    const ChatTemplate tulu = tulu_chat_template();
+    const TextEncoder bytes = [](const std::string& text) { return byte_encode(text); };
+    const auto shown = [](const InstructExample& ex) {  // the text, and the text with what is out of the loss as '_'
+        std::string text, loss;
+        for (size_t i = 0; i < ex.ids.size(); ++i) {
+            const std::string piece =
+                ex.ids[i] == kByteEosTokenId ? "<E>" : std::string(1, static_cast<char>(ex.ids[i]));
+            text += piece;
+            loss += ex.in_loss[i] ? piece : std::string(piece.size(), '_');
+        }
+        return std::make_pair(text, loss);
+    };
+    const InstructExample chat = render_instruct_record(
+        R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"}, {"role": "user", "content": "3+3?"},
+            {"role": "assistant", "content": "6"}]})",
+        tulu, bytes, kByteEosTokenId, false, "t line 1");
+    const auto [text, loss] = shown(chat);
+    CHECK(text == "<|system|>\nBe brief.\n<|user|>\n2+2?\n<|assistant|>\n4<E>\n<|user|>\n3+3?\n<|assistant|>\n6<E>");
+    CHECK(loss == std::string(49, '_') + "4<E>\n" + std::string(28, '_') + "6<E>");
+    const auto [all_text, all_loss] = shown(render_instruct_record(
+        R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})", tulu, bytes,
+        kByteEosTokenId, true, "t line 2"));
+    CHECK(all_loss == all_text);  // --train-on-prompt
+    const auto [alpaca, alpaca_loss] =
+        shown(render_instruct_record(R"({"instruction": "Reverse the word.", "input": "abc", "output": "cba"})", tulu,
+                                     bytes, kByteEosTokenId, false, "t line 3"));
+    CHECK(alpaca ==
+          "Below is an instruction that describes a task, paired with an input that provides further context. Write a "
+          "response that appropriately completes the request.\n\n### Instruction:\nReverse the word.\n\n### "
+          "Input:\nabc\n\n### Response:\ncba<E>");
+    CHECK(alpaca_loss == std::string(alpaca.size() - 6, '_') + "cba<E>");
+    const auto [plain, plain_loss] = shown(render_instruct_record(R"({"instruction": "Say hi.", "output": "hi"})", tulu,
+                                                                  bytes, kByteEosTokenId, false, "t line 4"));
+    CHECK(plain.rfind("Below is an instruction that describes a task. Write a response", 0) == 0);
+    CHECK(plain_loss.substr(plain_loss.size() - 5) == "hi<E>");
+
+    // A template from a file: each role's prefix, suffix, suffix_if_last and EOS; a role or key it lacks or does not
+    // know is refused by name.
+    TempDir dir;
+    test_util::write_file(dir.path("t.json"), R"({"system": {"prefix": "S:"}, "user": {"prefix": "U:", "suffix": "|"},
+        "assistant": {"prefix": "A:", "suffix": "|", "suffix_if_last": ".", "eos": true}})");
+    const auto [mine, mine_loss] = shown(render_instruct_record(
+        R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})",
+        chat_template_named(dir.path("t.json")), bytes, kByteEosTokenId, false, "t line 5"));
+    CHECK(mine == "U:q|A:a<E>.");
+    CHECK(mine_loss == "______a<E>.");
+    for (const auto& [text, expected] : std::vector<std::pair<std::string, std::string>>{
+             {R"({"user": {}, "assistant": {}})", "no \"system\" entry"},
+             {R"({"user": {}, "assistant": {}, "system": {}, "tool": {}})", "role \"tool\"; expected system"},
+             {R"({"user": {"prefx": "U"}, "assistant": {}, "system": {}})", "user.prefx: unknown"}}) {
+        test_util::write_file(dir.path("bad.json"), text);
+        try {
+            (void)chat_template_named(dir.path("bad.json"));
+            FAIL("accepted " << text);
+        } catch (const UserError& e) {
+            CHECK_THAT(std::string(e.what()), Contains("chat template " + dir.path("bad.json") + ": " + expected));
+        }
+    }
+
+    // Records that cannot be rendered are refused with their file and line.
+    for (const auto& [line, expected] : std::vector<std::pair<std::string, std::string>>{
+             {R"({"foo": 1})", "f line 9: neither \"messages\" (a chat record) nor \"instruction\" and \"output\""},
+             {R"({"messages": [{"role": "robot", "content": "x"}]})",
+              "f line 9: messages[0]: role \"robot\"; expected system, user or assistant"},
+             {R"({"messages": [{"role": "user", "content": "x"}]})", "f line 9: no assistant message"},
+             {R"({"instruction": "x"})", "f line 9: no \"output\""},
+             {R"({"messages": [{"role": "user", "content": 3}]})", "f line 9: messages[0]: \"content\" is 3"},
+             {"{not json", "f line 9"}}) {
+        CAPTURE(line);
+        try {
+            (void)render_instruct_record(line, tulu, bytes, kByteEosTokenId, false, "f line 9");
+            FAIL("rendered");
+        } catch (const UserError& e) {
+            CHECK_THAT(std::string(e.what()), Contains(expected));
+        }
+    }
+
+    // One example an instance, padded with out-of-loss pad tokens; packed, several an instance and never one split.
+    std::vector<InstructExample> examples(3);
+    for (size_t i = 0; i < examples.size(); ++i) {
+        examples[i].ids.assign(4 + i, static_cast<int32_t>(10 + i));
+        examples[i].in_loss.assign(4 + i, 1);
+    }
+    const InstructLayout padded = lay_out_examples(examples, 8, false, 99);
+    CHECK(padded.instances == 3);
+    CHECK(padded.tokens == std::vector<int32_t>{10, 10, 10, 10, 99, 99, 99, 99, 11, 11, 11, 11,
+                                                11, 99, 99, 99, 12, 12, 12, 12, 12, 12, 99, 99});
+    CHECK(padded.mask == std::vector<uint8_t>{1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0});
+    const InstructLayout packed = lay_out_examples(examples, 10, true, 99);
+    CHECK(packed.instances == 2);  // 4 + 5 in the first, 6 alone
+    CHECK(packed.tokens ==
+          std::vector<int32_t>{10, 10, 10, 10, 11, 11, 11, 11, 11, 99, 12, 12, 12, 12, 12, 12, 99, 99, 99, 99});
+    CHECK(packed.efficiency() == Approx(15.0 / 20.0));
+    const InstructLayout cut = lay_out_examples(examples, 5, false, 99);
+    CHECK(cut.truncated == 1);
+}
+
+TEST_CASE("label masks: prepare-data --instruct writes a token file and mask that train with the answers in the loss") {
+    TempDir dir;
+    std::string jsonl;
+    for (int i = 0; i < 24; ++i) {
+        jsonl +=
+            fmt::format(
+                R"({{"messages": [{{"role": "user", "content": "Count to {}."}}, {{"role": "assistant", "content": "{}"}}]}})",
+                i % 7, std::string(static_cast<size_t>(i % 7 + 1), static_cast<char>('1' + i % 7))) +
+            "\n";
+        jsonl += fmt::format(R"({{"instruction": "Echo {}", "output": "{}"}})", i, i) + "\n";
+    }
+    test_util::write_file(dir.path("sft.jsonl"), jsonl);
+    const auto prep = test_util::run_trainer(
+        {"prepare-data", "--instruct", "--seq-len", "65", "--pack", dir.path("sft.jsonl"), "-o", dir.path("sft.bin")});
+    INFO(prep.out << prep.err);
+    REQUIRE(prep.exit_code == 0);
+    CHECK_THAT(prep.out, Contains("48 examples in") && Contains("(packed)") &&
+                             Contains("label mask " + dir.path("sft.bin.mask")));
+    // Without --overwrite an existing output (or its mask) is refused; the flags of --instruct need it.
+    const auto again = test_util::run_trainer(
+        {"prepare-data", "--instruct", "--seq-len", "65", dir.path("sft.jsonl"), "-o", dir.path("sft.bin")});
+    CHECK(again.exit_code != 0);
+    CHECK_THAT(again.err, Contains("already exists"));
+    const auto stray =
+        test_util::run_trainer({"prepare-data", "--pack", dir.path("sft.jsonl"), "-o", dir.path("x.bin")});
+    CHECK_THAT(stray.err, Contains("go with --instruct"));
+    // tiny.json (bytes, 65 tokens an instance) trains on it: tokens_in_loss is the batch's mask count.
+    const std::string metrics = dir.path("m.jsonl");
+    const auto rows =
+        run_ok({"--config", "configs/tiny.json", "--data", dir.path("sft.bin"), "--max-duration", "2", "--metrics-file",
+                metrics, "--set", "data.label_mask_paths=[\"" + dir.path("sft.bin.mask") + "\"]", "--set",
+                "data.shuffle=false", "--set", "global_train_batch_size=4", "--set", "device_train_microbatch_size=4",
+                "--set", "console_log_interval=1"},
+               metrics);
+    REQUIRE(rows.size() == 2);
+    const TokenDataset data({dir.path("sft.bin")}, TokenDtype::kUint16, 65, 257, "data.paths",
+                            {dir.path("sft.bin.mask")});
+    std::vector<uint8_t> m(65);
+    long want = 0;
+    for (int i = 0; i < 4; ++i) {
+        data.read_label_mask(i, m.data());
+        for (int t = 1; t < 65; ++t) want += m[t];
+    }
+    CHECK(want > 0);
+    CHECK(rows[0]["tokens_in_loss"] == want);
+    CHECK(std::isfinite(rows[1]["loss"].get<double>()));
 }

@@ -21,6 +21,7 @@
 
 #include "base/common.h"
 #include "base/files.h"
+#include "core/data/instruct.h"
 
 namespace trainer {
 
@@ -351,6 +352,70 @@ PrepareDataSummary prepare_data_bpe(const std::vector<std::string>& inputs, cons
     out.commit();
 
     return PrepareDataSummary{static_cast<int64_t>(inputs.size()), tokens, out.written(), output, format, dtype};
+}
+
+std::string prepare_instruct_data(const std::vector<std::string>& inputs, const std::string& output, TokenDtype dtype,
+                                  const std::string& format, int eos_token_id,
+                                  const std::function<std::vector<int32_t>(const std::string&)>& encode,
+                                  const InstructOptions& options) {
+    check_prepare_args(inputs, output, dtype, format);
+    if (options.seq_len < 2) {
+        user_error("prepare-data --instruct --seq-len {}: expected the model's max_sequence_length (>= 2)",
+                   options.seq_len);
+    }
+    const int64_t max_id = dtype == TokenDtype::kUint16 ? 65535 : std::numeric_limits<uint32_t>::max();
+    const int pad = options.pad_id < 0 ? eos_token_id : options.pad_id;
+    if (pad > max_id || eos_token_id > max_id) {
+        user_error("prepare data: the EOS id {} or pad id {} does not fit {}", eos_token_id, pad, choice_name(dtype));
+    }
+    const ChatTemplate chat = chat_template_named(options.chat_template);
+    const std::vector<int64_t> sizes = input_sizes(inputs);
+    std::vector<InstructExample> examples;
+    for (size_t f = 0; f < inputs.size(); ++f) {
+        const std::string text = read_document(inputs[f], sizes[f]);
+        size_t begin = 0;
+        for (long line = 1; begin < text.size(); ++line) {
+            size_t end = text.find('\n', begin);
+            if (end == std::string::npos) end = text.size();
+            const std::string record = text.substr(begin, end - begin);
+            begin = end + 1;
+            if (record.find_first_not_of(" \t\r") == std::string::npos) continue;
+            examples.push_back(render_instruct_record(record, chat, encode, eos_token_id, options.train_on_prompt,
+                                                      fmt::format("prepare data: {} line {}", inputs[f], line)));
+            for (const int32_t id : examples.back().ids) {
+                if (id < 0 || id > max_id) {
+                    user_error("prepare data: {} line {}: token id {} does not fit {}", inputs[f], line, id,
+                               choice_name(dtype));
+                }
+            }
+        }
+    }
+    if (examples.empty()) user_error("prepare data: the inputs hold no record (JSONL: one JSON object a line)");
+    const InstructLayout laid = lay_out_examples(examples, options.seq_len, options.pack, pad);
+    const std::string mask_path = output + ".mask";
+    TempOutput tokens_out(output), mask_out(mask_path);
+    const int64_t n = static_cast<int64_t>(laid.tokens.size());
+    if (format == "llmc" && n > std::numeric_limits<int32_t>::max()) {
+        user_error("prepare data: {} tokens; an llm.c shard holds at most {}", n, std::numeric_limits<int32_t>::max());
+    }
+    const std::string header = format_header(format, dtype, n);
+    tokens_out.write(header.data(), header.size());
+    std::vector<unsigned char> bytes;
+    std::vector<uint32_t> ids(laid.tokens.begin(), laid.tokens.end());
+    append_tokens(ids.data(), ids.size(), dtype, bytes);
+    tokens_out.write(bytes.data(), bytes.size());
+    mask_out.write(laid.mask.data(), laid.mask.size());
+    mask_out.commit();
+    tokens_out.commit();
+    return fmt::format(
+        "wrote {} ({}, {}) and its label mask {}: {} examples in {} instances of {} tokens ({}), {:.1f}% of the "
+        "instances' tokens examples', {} tokens marked for the loss{}",
+        output, format, choice_name(dtype), mask_path, laid.examples, laid.instances, options.seq_len,
+        options.pack ? "packed" : "one an instance, padded", 100.0 * laid.efficiency(), laid.tokens_in_loss,
+        laid.truncated > 0 ? fmt::format("; {} examples longer than an instance were cut to it ({} of them left with "
+                                         "nothing in the loss: a longer --seq-len keeps their answers)",
+                                         laid.truncated, laid.emptied)
+                           : std::string());
 }
 
 std::vector<int32_t> parse_token_ids(const std::string& text, const std::string& what) {

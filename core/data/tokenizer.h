@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -67,5 +68,21 @@ PrepareDataSummary prepare_data_bytes(const std::vector<std::string>& inputs, co
 PrepareDataSummary prepare_data_bpe(const std::vector<std::string>& inputs, const std::string& output, TokenDtype dtype,
                                     const std::string& format, int eos_token_id, const BpeTokenizer& tokenizer,
                                     int threads);
+
+// prepare-data --instruct (core/data/instruct.h): JSONL instruction records rendered through `chat_template` ("tulu"
+// or a file), each text piece encoded by `encode`, laid out as instances of seq_len tokens (each example padded to
+// one with pad_id, or packed), written to `output` (`format`, `dtype`) and their label mask to `output`.mask (one
+// byte a token, OLMo's raw boolean memmap). Both files are written beside their names and renamed into place at
+// the end. UserError naming the file and line of a bad record. Returns the summary line.
+struct InstructOptions {
+    int64_t seq_len = 0;
+    std::string chat_template = "tulu";
+    bool pack = false, train_on_prompt = false;
+    int pad_id = -1;  // -1: the EOS id
+};
+std::string prepare_instruct_data(const std::vector<std::string>& inputs, const std::string& output, TokenDtype dtype,
+                                  const std::string& format, int eos_token_id,
+                                  const std::function<std::vector<int32_t>(const std::string&)>& encode,
+                                  const InstructOptions& options);
 
 }  // namespace trainer
