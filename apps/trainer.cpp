@@ -249,15 +249,15 @@ Run add_prepare_data(CLI::App& app) {
             };
             const std::string line = trainer::prepare_instruct_data(
                 o->inputs, o->out_path,
-                dtype_or(vocab <= 65536 ? trainer::TokenDtype::kUint16 : trainer::TokenDtype::kUint32), o->format,
-                eos, encode, o->chat);
+                dtype_or(vocab <= 65536 ? trainer::TokenDtype::kUint16 : trainer::TokenDtype::kUint32), o->format, eos,
+                encode, o->chat);
             std::printf("%s; %s tokenizer, EOS %d\n", line.c_str(), o->tokenizer.c_str(), eos);
             return 0;
         }
         if (tokenizer == trainer::Tokenizer::kBytes) {
             const auto summary =
-                trainer::prepare_data_bytes(o->inputs, o->out_path, dtype_or(trainer::TokenDtype::kUint16),
-                                            o->format, o->eos < 0 ? trainer::kByteEosTokenId : o->eos);
+                trainer::prepare_data_bytes(o->inputs, o->out_path, dtype_or(trainer::TokenDtype::kUint16), o->format,
+                                            o->eos < 0 ? trainer::kByteEosTokenId : o->eos);
             std::printf("%s\n", summary.to_string().c_str());
             return 0;
         }

@@ -336,6 +336,15 @@ void read_evaluators(const Json& doc, TrainConfig& c) {
         EvaluatorConfig ec;
         ec.label = e["label"].get<std::string>();
         ec.paths = string_list(e["data"]["paths"]);
+        if (!e["data"]["label_mask_paths"].is_null()) {
+            ec.label_mask_paths = string_list(e["data"]["label_mask_paths"]);
+            if (ec.label_mask_paths.size() != ec.paths.size()) {
+                user_error(
+                    "config evaluators[{}].data.label_mask_paths: {} files for the {} of evaluators[{}].data.paths; "
+                    "expected one label mask a token file, in its order",
+                    i, ec.label_mask_paths.size(), ec.paths.size(), i);
+            }
+        }
         ec.memmap_dtype = choice<TokenDtype>(e["data"]["memmap_dtype"]);
         ec.subset_num_batches = get_long(e["subset_num_batches"]);
         if (ec.subset_num_batches == 0)
@@ -560,9 +569,13 @@ Json config_json(const TrainConfig& c) {
     const SchedulerConfig& s = c.scheduler;
     Json evaluators = Json::array();
     for (const EvaluatorConfig& e : c.evaluators) {
-        evaluators.push_back({{"label", e.label},
-                              {"data", {{"paths", e.paths}, {"memmap_dtype", choice_name(e.memmap_dtype)}}},
-                              {"subset_num_batches", e.subset_num_batches}});
+        evaluators.push_back(
+            {{"label", e.label},
+             {"data",
+              {{"paths", e.paths},
+               {"label_mask_paths", e.label_mask_paths.empty() ? Json(nullptr) : Json(e.label_mask_paths)},
+               {"memmap_dtype", choice_name(e.memmap_dtype)}}},
+             {"subset_num_batches", e.subset_num_batches}});
     }
     const Json z_loss_default = config_key_default("auxiliary_loss_multiplier");
     Json doc = {

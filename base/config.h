@@ -131,6 +131,7 @@ struct DataConfig {
 struct EvaluatorConfig {
     std::string label;
     std::vector<std::string> paths;
+    std::vector<std::string> label_mask_paths;  // empty, or one a path: which tokens the loss is over
     TokenDtype memmap_dtype = TokenDtype::kUint16;
     long subset_num_batches = -1;  // -1: the whole set
 };

@@ -117,6 +117,7 @@ const std::vector<KeySpec>& schema() {
         {"evaluators", KeyType::kObjectList, Json::array(), false, {}, -kInf, kInf, "validation sets, each {label, data: {paths, memmap_dtype}, subset_num_batches}"},
         {"evaluators[].label", KeyType::kString, "val", false, {}, -kInf, kInf, "name of the validation set in logs"},
         {"evaluators[].data.paths", KeyType::kStringList, nullptr, false, {}, -kInf, kInf, "validation token files (required in each evaluator)"},
+        {"evaluators[].data.label_mask_paths", KeyType::kStringList, nullptr, true, {}, -kInf, kInf, "the validation files' label masks, one a file (as data.label_mask_paths): the loss is the mean over the tokens in the loss; null: every token"},
         {"evaluators[].data.memmap_dtype", KeyType::kString, "uint16", false, choice_names<TokenDtype>(), -kInf, kInf, "token type of raw validation files"},
         {"evaluators[].subset_num_batches", KeyType::kInt, -1, false, {}, -1, 1e12, "evaluate this many batches; -1: all"},
         {"eval_interval", KeyType::kInt, 0, false, {}, 0, 9e18, "evaluate every N steps (and after the last); 0: never"},

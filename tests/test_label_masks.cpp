@@ -222,7 +222,8 @@ TEST_CASE("label masks: the loss is cross_entropy(ignore_index) over the masks a
     CHECK_FALSE(none[0].contains("tokens_in_loss"));
 }
 
-TEST_CASE("label masks: a masked target changes no gradient and the loss is the same on any world size") {
+TEST_CASE(
+    "label masks: a masked target changes no gradient nor validation loss and both are the same on any world size") {
     TempDir dir;
     const std::string tokens = fixture("olmo_tiny_tokens.u16");
     const int64_t n = tokens_in(tokens);
@@ -239,13 +240,31 @@ TEST_CASE("label masks: a masked target changes no gradient and the loss is the 
     test_util::write_file(dir.path("m.mask"), bytes_of(mask));
     test_util::write_file(dir.path("changed.u16"), changed);
     const std::string masks = "data.label_mask_paths=[\"" + dir.path("m.mask") + "\"]";
-    const auto a = run_ok(with(olmo_tiny("3", dir.path("a.jsonl")), {"--set", masks}), dir.path("a.jsonl"));
+    // An evaluator over the same tokens with the same mask, after every step.
+    const auto evaluator = [&](const std::string& file) {
+        return std::vector<std::string>{"--set", "eval_interval=1", "--set",
+                                        R"(evaluators=[{"label": "sft", "data": {"paths": [")" + file +
+                                            R"("], "label_mask_paths": [")" + dir.path("m.mask") + R"("]}}])"};
+    };
+    const auto a = run_ok(with(olmo_tiny("3", dir.path("a.jsonl")), with({"--set", masks}, evaluator(tokens))),
+                          dir.path("a.jsonl"));
     const auto b =
-        run_ok(with(olmo_tiny("3", dir.path("b.jsonl")), {"--data", dir.path("changed.u16"), "--set", masks}),
+        run_ok(with(olmo_tiny("3", dir.path("b.jsonl")),
+                    with({"--data", dir.path("changed.u16"), "--set", masks}, evaluator(dir.path("changed.u16")))),
                dir.path("b.jsonl"));
     REQUIRE(a.size() == 3);
     test_util::check_losses(a, b, 0, 0.0);
-    for (size_t s = 0; s < a.size(); ++s) CHECK(a[s]["grad_norm"] == b[s]["grad_norm"]);
+    for (size_t s = 0; s < a.size(); ++s) {
+        CHECK(a[s]["grad_norm"] == b[s]["grad_norm"]);
+        REQUIRE(a[s].contains("val_loss"));
+        CHECK(a[s]["val_loss"] == b[s]["val_loss"]);
+    }
+    // The evaluator's mask is its loss's: without it the validation loss differs.
+    const auto plain_eval = run_ok(with(olmo_tiny("1", dir.path("e.jsonl")),
+                                        {"--set", masks, "--set", "eval_interval=1", "--set",
+                                         R"(evaluators=[{"label": "sft", "data": {"paths": [")" + tokens + R"("]}}])"}),
+                                   dir.path("e.jsonl"));
+    CHECK(plain_eval[0]["val_loss"] != a[0]["val_loss"]);
     // Unmasked, the changed targets change the loss (the check above could not pass by reading nothing).
     const auto c = run_ok(olmo_tiny("1", dir.path("c.jsonl")), dir.path("c.jsonl"));
     const auto d =
@@ -262,13 +281,18 @@ TEST_CASE("label masks: a masked target changes no gradient and the loss is the 
                "fsdp.sharding_strategy=SHARD_GRAD_OP"}}}) {
         CAPTURE(ranks, strategy);
         const std::string metrics = dir.path("w" + std::to_string(ranks) + strategy.back() + ".jsonl");
-        const auto w =
-            run_ok(test_util::launch_args(
-                       ranks, with(with(olmo_tiny("3", metrics), {"--set", masks, "--threads", "1"}), strategy)),
-                   metrics);
+        const auto w = run_ok(
+            test_util::launch_args(
+                ranks, with(with(olmo_tiny("3", metrics), with({"--set", masks, "--threads", "1"}, evaluator(tokens))),
+                            strategy)),
+            metrics);
         REQUIRE(w.size() == a.size());
         test_util::check_losses(a, w, 0, 1e-5);
-        for (size_t s = 0; s < a.size(); ++s) CHECK(w[s]["tokens_in_loss"] == a[s]["tokens_in_loss"]);
+        for (size_t s = 0; s < a.size(); ++s) {
+            CHECK(w[s]["tokens_in_loss"] == a[s]["tokens_in_loss"]);
+            CHECK(std::fabs(w[s]["val_loss"].get<double>() - a[s]["val_loss"].get<double>()) <=
+                  1e-5 * a[s]["val_loss"].get<double>());
+        }
     }
 }
 

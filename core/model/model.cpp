@@ -477,8 +477,8 @@ void Model::forward_logits(const int32_t* tokens, int batch, const LogitsSink& s
     head(batch, 0.0f, false, &sink);
 }
 
-double Model::forward_loss(const int32_t* tokens, int batch) {
-    upload_tokens(tokens, batch, nullptr);
+double Model::forward_loss(const int32_t* tokens, int batch, const uint8_t* label_mask) {
+    upload_tokens(tokens, batch, nullptr, label_mask);
     forward_blocks(batch, false);
     head(batch, 0.0f, false);
     return backend_->sum(act(losses_), static_cast<size_t>(batch) * T_);

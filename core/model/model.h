@@ -55,8 +55,9 @@ class Model {
     // masks), though it is still read as input. Returns the sums of the token losses.
     LossSums forward_backward(const int32_t* tokens, int batch, float dloss_scale, const uint8_t* keep = nullptr,
                               const uint8_t* label_mask = nullptr);
-    // Forward and loss only (evaluation): the sum of the token losses of (batch, L) tokens.
-    double forward_loss(const int32_t* tokens, int batch);
+    // Forward and loss only (evaluation): the sum of the token losses of (batch, L) tokens (label_mask as
+    // forward_backward's).
+    double forward_loss(const int32_t* tokens, int batch, const uint8_t* label_mask = nullptr);
     // Forward only, the logits of (batch, L) tokens: rows r0.. r0+rows-1 of the (batch * T, embedding_size)
     // logits handed to `sink` in fp32 on the host, chunk by chunk (`trainer logits`).
     using LogitsSink = std::function<void(int r0, int rows, const float* logits)>;

@@ -28,7 +28,8 @@ double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& mode
     const long most = (instances + world - 1) / world;  // the largest share
     const long forwards = (most + batch - 1) / batch;
     std::vector<int32_t> tokens(static_cast<size_t>(batch) * L);
-    double sums[2] = {0.0, 0.0};  // loss, predicted tokens
+    std::vector<uint8_t> mask(data.has_label_masks() ? tokens.size() : 0);
+    double sums[2] = {0.0, 0.0};  // loss, predicted tokens (with label masks: those in the loss)
     for (long b = 0; b < forwards; ++b) {
         double votes[stop::kVotes] = {};
         stop::vote(votes);
@@ -45,11 +46,20 @@ double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& mode
             continue;
         }
         for (int i = 0; i < n; ++i) data.read_instance(first + i, tokens.data() + static_cast<size_t>(i) * L);
-        sums[0] += model.forward_loss(tokens.data(), n);
-        sums[1] += static_cast<double>(n) * (L - 1);
+        if (mask.empty()) {
+            sums[0] += model.forward_loss(tokens.data(), n);
+            sums[1] += static_cast<double>(n) * (L - 1);
+            continue;
+        }
+        for (int i = 0; i < n; ++i) {
+            uint8_t* m = mask.data() + static_cast<size_t>(i) * L;
+            data.read_label_mask(first + i, m);
+            for (long t = 1; t < L; ++t) sums[1] += m[t];  // each position's target: tokens 1 to L - 1
+        }
+        sums[0] += model.forward_loss(tokens.data(), n, mask.data());
     }
     strategy.all_reduce_sum(sums, 2);
-    return sums[0] / sums[1];
+    return sums[1] > 0.0 ? sums[0] / sums[1] : 0.0;  // a set whose masks leave nothing in the loss: 0
 }
 
 int run_evaluators(const TrainConfig& config, const std::vector<std::unique_ptr<TokenDataset>>& data, Model& model,

@@ -29,8 +29,9 @@ RunData open_run_data(const TrainConfig& config) {
         sources.empty() ? "data.label_mask_paths" : "data.sources[].label_mask_paths (all sources' files in order)");
     for (size_t i = 0; i < config.evaluators.size(); ++i) {
         const auto& ev = config.evaluators[i];
-        r.evals.push_back(std::make_unique<TokenDataset>(ev.paths, ev.memmap_dtype, m.max_sequence_length, m.vocab_size,
-                                                         fmt::format("evaluators[{}].data.paths", i)));
+        r.evals.push_back(std::make_unique<TokenDataset>(
+            ev.paths, ev.memmap_dtype, m.max_sequence_length, m.vocab_size, fmt::format("evaluators[{}].data.paths", i),
+            ev.label_mask_paths, fmt::format("evaluators[{}].data.label_mask_paths", i)));
     }
     r.total_steps = config.total_steps(r.train->num_instances());  // epochs: data.paths alone
     if (sources.empty()) {
