@@ -246,4 +246,49 @@ TRAINER_HD float fp8_scale(float amax, Fp8Format f) {
     return scale <= 3.402823466e38f ? scale : 3.402823466e38f;
 }
 
+// ---- NF4: QLoRA's 4-bit NormalFloat (Dettmers et al. 2023), in bitsandbytes' layout (PEFT's QLoRA stores a frozen
+// weight so). 16 values: N(0, 1)'s quantiles scaled to [-1, 1], 8 above 0 and 7 below with an exact 0 between. A
+// tensor is cut in blocks of kNf4Block values, each with its absmax (fp32); a value's code is that of x times the
+// reciprocal of the block's absmax (fp32, as bitsandbytes computes it): the highest code whose midpoint with the one
+// below it x exceeds (bitsandbytes' comparison tree: a value on a midpoint takes the lower code, NaN code 0); two
+// codes a byte, the first value's in the high nibble. Dequantized: nf4_value(code) x absmax.
+constexpr int kNf4Block = 64;
+
+TRAINER_HD float nf4_value(int code) {
+    const float v[16] = {-1.0f,
+                         -0.6961928009986877f,
+                         -0.5250730514526367f,
+                         -0.39491748809814453f,
+                         -0.28444138169288635f,
+                         -0.18477343022823334f,
+                         -0.09105003625154495f,
+                         0.0f,
+                         0.07958029955625534f,
+                         0.16093020141124725f,
+                         0.24611230194568634f,
+                         0.33791524171829224f,
+                         0.44070982933044434f,
+                         0.5626170039176941f,
+                         0.7229568362236023f,
+                         1.0f};
+    return v[code & 15];
+}
+
+// The midpoint between values k and k + 1 (k in 0..14): bitsandbytes' thresholds (its dQuantizeNF4), each the
+// exact mean of the two values, which falls halfway between two floats, rounded to one of them.
+TRAINER_HD float nf4_midpoint(int k) {
+    const float mid[15] = {-0.8480964004993439f,  -0.6106329262256622f,  -0.4599952697753906f,   -0.33967943489551544f,
+                           -0.23460740596055984f, -0.13791173323988914f, -0.045525018125772476f, 0.03979014977812767f,
+                           0.1202552504837513f,   0.2035212516784668f,   0.2920137718319893f,    0.3893125355243683f,
+                           0.5016634166240692f,   0.6427869200706482f,   0.8614784181118011f};
+    return mid[k < 0 ? 0 : k > 14 ? 14 : k];
+}
+
+// The code of a value already divided by its block's absmax (in [-1, 1]; outside, the end codes).
+TRAINER_HD uint8_t nf4_encode(float x) {
+    uint8_t code = 0;
+    for (int k = 0; k < 15; ++k) code += x > nf4_midpoint(k) ? 1 : 0;
+    return code;
+}
+
 }  // namespace trainer

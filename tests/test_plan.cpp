@@ -508,7 +508,7 @@ TEST_CASE("plan: every candidate row is a dry run and --device-memory marks what
 TEST_CASE("plan: unknown hardware and a CPU plan without op times are refused") {
     const auto unknown = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "tpu-v9"});
     CHECK(unknown.exit_code != 0);
-    CHECK(unknown.err.find("plan --hardware tpu-v9: unknown; expected one of a100-40gb, a100-40gb-pcie") !=
+    CHECK(unknown.err.find("plan --hardware tpu-v9: unknown; expected one of a10, a100-40gb, a100-40gb-pcie") !=
           std::string::npos);
     const auto cpu = test_util::run_trainer({"plan", "--config", "configs/tiny.json"});
     CHECK(cpu.exit_code != 0);
@@ -527,11 +527,11 @@ TEST_CASE("plan: unknown hardware and a CPU plan without op times are refused") 
 
 TEST_CASE("plan: a GPU's driver name picks its hardware entry and a GPU without one gets none") {
     // The names nvidia-smi and cudaGetDeviceProperties report.
-    const std::vector<std::pair<const char*, const char*>> known = {{"NVIDIA H100 80GB HBM3", "h100-sxm"},
-                                                                    {"NVIDIA H200", "h200"},
-                                                                    {"NVIDIA A100-SXM4-40GB", "a100-40gb"},
-                                                                    {"NVIDIA A100-SXM4-80GB", "a100-80gb"},
-                                                                    {"NVIDIA A100-PCIE-40GB", "a100-40gb-pcie"}};
+    const std::vector<std::pair<const char*, const char*>> known = {
+        {"NVIDIA H100 80GB HBM3", "h100-sxm"},       {"NVIDIA H200", "h200"},
+        {"NVIDIA A100-SXM4-40GB", "a100-40gb"},      {"NVIDIA A100-SXM4-80GB", "a100-80gb"},
+        {"NVIDIA A100-PCIE-40GB", "a100-40gb-pcie"}, {"NVIDIA A10", "a10"},
+        {"NVIDIA GeForce RTX 4090", "rtx-4090"}};
     for (const auto& [name, entry] : known) {
         CAPTURE(name);
         const Hardware* hw = hardware_for_gpu(name);
@@ -540,7 +540,7 @@ TEST_CASE("plan: a GPU's driver name picks its hardware entry and a GPU without 
     }
     // Other rooflines, clocks or links than any entry's: none, rather than a wrong one.
     for (const char* name : {"NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA A100 80GB PCIe",
-                             "NVIDIA L40S", "NVIDIA GeForce RTX 4090"}) {
+                             "NVIDIA L40S", "NVIDIA A10G", "NVIDIA GeForce RTX 4080"}) {
         CAPTURE(name);
         CHECK(hardware_for_gpu(name) == nullptr);
     }
@@ -587,8 +587,8 @@ TEST_CASE("plan: a hardware file copied and edited moves what its fields should"
           std::string::npos);
     const auto unknown = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "h300"});
     CHECK(unknown.exit_code == 1);
-    CHECK(unknown.err.find("plan --hardware h300: unknown; expected one of a100-40gb, a100-40gb-pcie, a100-80gb, cpu, "
-                           "h100-sxm, h200") != std::string::npos);
+    CHECK(unknown.err.find("plan --hardware h300: unknown; expected one of a10, a100-40gb, a100-40gb-pcie, a100-80gb, "
+                           "cpu, h100-sxm, h200, rtx-4090") != std::string::npos);
     const auto wrong_format = test_util::run_trainer(
         {"plan", "--config", "configs/tiny.json", "--hardware", a100("format", {{"format", 5}})});
     CHECK(wrong_format.exit_code == 1);

@@ -3,7 +3,8 @@
 // Every kernel is a template over the element type T (float for training, double for the
 // finite-difference tests) and is explicitly instantiated for both in its .cpp file.
 // One op family per file, same stem as the CUDA twin: embedding, layernorm, matmul, rope, attention,
-// activation, residual, classifier, adamw, norm, cast; fp8_linear has no CUDA twin yet.
+// activation, residual, classifier, adamw, norm, cast; fp8_linear's twin is the CUDA backend's FP8 GEMMs (cuBLASLt,
+// with fp8.cu's casts); nf4 has none yet.
 //
 // Each kernel implements the Backend op of the same name: its contract (shapes in the legend there, what
 // accumulates, what is overwritten, what may be null) is written once, in kernels/backend.h. Here, only
@@ -29,6 +30,13 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int M,
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int M, int K, int N,
                      bool accumulate_dinp);
+
+// ---- nf4.cpp: QLoRA's NF4 storage (element.h's format) of a frozen weight. ----
+// x (n values) as NF4: codes ((n + 1) / 2 bytes, the first value of a pair in the high nibble) and one absmax a
+// block of kNf4Block values (the last block may be partial); and back. A block whose absmax is 0 dequantizes to 0.
+void nf4_quantize(uint8_t* codes, float* absmax, const float* x, size_t n);
+void nf4_dequantize(float* out, const uint8_t* codes, const float* absmax, size_t n);
+inline size_t nf4_blocks(size_t n) { return (n + kNf4Block - 1) / kNf4Block; }
 
 // ---- fp8_linear.cpp: precision amp_fp8 on the CPU, the emulation of the GPU's FP8 recipe. ----
 // A block Linear's GEMMs read its operands rounded to the OCP formats (kernels/element.h) with per-tensor scales from
