@@ -3,8 +3,8 @@
 // Every kernel is a template over the element type T (float for training, double for the
 // finite-difference tests) and is explicitly instantiated for both in its .cpp file.
 // One op family per file, same stem as the CUDA twin: embedding, layernorm, matmul, rope, attention,
-// activation, residual, classifier, adamw, norm, cast; fp8_linear's twin is the CUDA backend's FP8 GEMMs (cuBLASLt,
-// with fp8.cu's casts); nf4 has none yet.
+// activation, residual, classifier, adamw, norm, cast, nf4; fp8_linear's twin is the CUDA backend's FP8 GEMMs
+// (cuBLASLt, with fp8.cu's casts).
 //
 // Each kernel implements the Backend op of the same name: its contract (shapes in the legend there, what
 // accumulates, what is overwritten, what may be null) is written once, in kernels/backend.h. Here, only

@@ -370,6 +370,12 @@ void round_to_bf16(float* out, const float* in, size_t n, cudaStream_t stream);
 // over `in` (fp32, or bf16 bits); either may be null (not both); amax in device memory; *descale (device, nullable) =
 // 1 / the scale, what a GEMM multiplies the codes' values by. out_t's rows are ld_t >= rows long (0: rows), the
 // codes past `rows` zero: a GEMM summing over the rows reads them as a multiple of 16 (cuBLASLt's FP8 kernels).
+// NF4 storage (nf4.cu; kernels/cpu/ops.h's nf4_quantize and nf4_dequantize, bitwise): codes (n + 1) / 2 bytes,
+// one absmax a block of kNf4Block; dequantized into fp32 or bf16 (the fp32 value rounded once).
+void nf4_quantize(uint8_t* codes, float* absmax, const float* x, size_t n, cudaStream_t stream);
+void nf4_dequantize(float* out, const uint8_t* codes, const float* absmax, size_t n, cudaStream_t stream);
+void nf4_dequantize(uint16_t* out, const uint8_t* codes, const float* absmax, size_t n, cudaStream_t stream);
+
 void fp8_amax(float* amax, const float* x, size_t n, float* scratch, cudaStream_t stream);
 void fp8_amax(float* amax, const uint16_t* x, size_t n, float* scratch, cudaStream_t stream);
 void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const float* in, int rows, int cols, const float* amax,

@@ -49,6 +49,7 @@
     X(test_kv_heads, "shared key/value heads expand and reduce as the CPU does", "")                               \
     X(test_bias_gradient, "the bias gradient (fp32 and bf16 dout) matches the CPU and repeats bitwise", "")        \
     X(test_fp8_cast, "FP8 amax and cast-transpose (e4m3/e5m2 of fp32/bf16) are bitwise the CPU's", "")             \
+    X(test_nf4, "NF4 quantize and dequantize (fp32 and bf16) are bitwise the CPU's", "")                           \
     X(test_wgmma_tiles,                                                                                            \
       "Hopper's wgmma on a flash forward tile matches the CPU (compute capability 9.0 only on a GPU)", "")
 
@@ -930,6 +931,43 @@ void test_kv_heads() {
 // scale of 1: the amax at the format's largest finite value). On compute capability 8.9 and newer the kernel converts
 // with the hardware's cvt.rn.satfinite, so this holds the hardware to the CPU (and, through tests/test_fp8.cpp, to
 // PyTorch's table); NaN inputs must give a NaN code, whose sign and payload may differ.
+// NF4 storage: the codes and absmaxes bitwise the CPU's (partial last blocks, a block of zeros, a NaN), and the
+// dequantized values bitwise the CPU's in fp32 and rounded once in bf16.
+void test_nf4() {
+    for (const size_t n : {size_t{1}, size_t{63}, size_t{64}, size_t{130}, size_t{1000}}) {
+        const Where at("n={}", n);
+        std::vector<float> x = wave(n, 0.05f, 0.3f);
+        if (n >= 192) {
+            for (size_t i = 128; i < 192; ++i) x[i] = 0.0f;
+            x[300] = NAN;
+        }
+        const size_t bytes = (n + 1) / 2, blocks = trainer::cpu::nf4_blocks(n);
+        std::vector<uint8_t> ref_codes(bytes);
+        std::vector<float> ref_absmax(blocks), ref_back(n);
+        trainer::cpu::nf4_quantize(ref_codes.data(), ref_absmax.data(), x.data(), n);
+        trainer::cpu::nf4_dequantize(ref_back.data(), ref_codes.data(), ref_absmax.data(), n);
+        Dev<float> dx(x), absmax(blocks), back(n);
+        Dev<uint8_t> codes(bytes);
+        Dev<uint16_t> back16(n);
+        trainer::cuda::nf4_quantize(codes.p, absmax.p, dx.p, n, nullptr);
+        expect(codes.host() == ref_codes, "nf4_quantize's codes are the CPU's");
+        const std::vector<float> got_absmax = absmax.host();
+        expect(std::memcmp(got_absmax.data(), ref_absmax.data(), blocks * sizeof(float)) == 0,
+               "nf4_quantize's absmaxes are the CPU's");
+        trainer::cuda::nf4_dequantize(back.p, codes.p, absmax.p, n, nullptr);
+        trainer::cuda::nf4_dequantize(back16.p, codes.p, absmax.p, n, nullptr);
+        const std::vector<float> got = back.host();
+        expect(std::memcmp(got.data(), ref_back.data(), n * sizeof(float)) == 0, "nf4_dequantize is the CPU's");
+        const std::vector<uint16_t> got16 = back16.host();
+        size_t bad = n;
+        for (size_t i = 0; i < n && bad == n; ++i) {
+            if (got16[i] != trainer::float_to_bf16(ref_back[i])) bad = i;
+        }
+        expect(bad == n, "nf4_dequantize into bf16 is the CPU's rounded once",
+               bad == n ? "" : fmt::format("first mismatch at {}", bad));
+    }
+}
+
 void test_fp8_cast() {
     using trainer::Fp8Format;
     Dev<float> scratch(trainer::cuda::kNormBlocks), amax(1);
