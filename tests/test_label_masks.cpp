@@ -26,16 +26,9 @@ namespace {
 
 std::string bytes_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
-// A .npy file of `mask` as numpy writes a bool array (descr '|b1', version 1.0, the header padded to 64 bytes).
+// A .npy file of `mask` as numpy writes a bool array (descr '|b1').
 std::string npy_bool(const std::vector<uint8_t>& mask, const std::string& descr = "|b1") {
-    std::string header =
-        "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" + std::to_string(mask.size()) + ",), }";
-    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-    header += '\n';
-    std::string out = std::string("\x93NUMPY\x01\x00", 8);
-    out += static_cast<char>(header.size() & 0xFF);
-    out += static_cast<char>(header.size() >> 8);
-    return out + header + bytes_of(mask);
+    return npy_header(descr.c_str(), {static_cast<int64_t>(mask.size())}) + bytes_of(mask);
 }
 
 // A pseudo-random mask of n tokens with about a third of them out of the loss.
