@@ -242,15 +242,16 @@ TEST_CASE("fp8: the CPU's FP8 Linear reads e4m3 inputs and weights and e5m2 grad
 TEST_CASE("fp8: the plan prices amp_fp8's block GEMMs at the FP8 peak with their casts as ops of their own") {
     // tiny.json on one GPU rank, one micro-batch: each block's Linear layers are FP8 ops, forward and backward, each
     // with its casts; the head stays a bf16 GEMM; the FLOPs are amp_bf16's.
-    const auto tiny = [](const std::string& precision) {
-        Json doc = Json::parse(test_util::read_file(test_util::source_dir() + "/configs/tiny.json"));
+    // configs/<name>.json on the fixture tokens at `precision`, one micro-batch of `micro` a step.
+    const auto config = [](const std::string& name, const std::string& precision, int micro) {
+        Json doc = Json::parse(test_util::read_file(test_util::source_dir() + "/configs/" + name + ".json"));
         doc["data"]["paths"] = Json::array({test_util::fixture("olmo_tiny_tokens.u16")});
         apply_override(doc, "precision=" + precision);
-        apply_override(doc, "device_train_microbatch_size=8");
-        apply_override(doc, "global_train_batch_size=8");
+        apply_override(doc, "device_train_microbatch_size=" + std::to_string(micro));
+        apply_override(doc, "global_train_batch_size=" + std::to_string(micro));
         return validate_config(doc);
     };
-    const TrainConfig fp8 = tiny("amp_fp8"), bf16 = tiny("amp_bf16");
+    const TrainConfig fp8 = config("tiny", "amp_fp8", 8), bf16 = config("tiny", "amp_bf16", 8);
     const DryRunStep f = dry_run_step(fp8, RankEnv{}, Device::kCuda), b = dry_run_step(bf16, RankEnv{}, Device::kCuda);
     std::map<std::string, int> ops;
     std::map<std::string, double> flops;
@@ -273,17 +274,13 @@ TEST_CASE("fp8: the plan prices amp_fp8's block GEMMs at the FP8 peak with their
 
     // (The time model's price of each: test_plan.cpp's "time model: a GEMM op's fixed cost ...".)
     // OLMo-1B at micro-batch 4 x 2048: FP8 takes the GEMMs' time down by up to half, less the casts.
-    const auto olmo = [](const std::string& precision) {
-        Json doc = Json::parse(test_util::read_file(test_util::source_dir() + "/configs/olmo_1b.json"));
-        apply_override(doc, "precision=" + precision);
-        apply_override(doc, "device_train_microbatch_size=4");
-        apply_override(doc, "global_train_batch_size=4");
-        return validate_config(doc);
-    };
     const Hardware hw = *find_hardware("h100-sxm");
-    const double
-        t8 = predict_step_time(dry_run_step(olmo("amp_fp8"), RankEnv{}, Device::kCuda), hw, nullptr, true).compute,
-        t16 = predict_step_time(dry_run_step(olmo("amp_bf16"), RankEnv{}, Device::kCuda), hw, nullptr, true).compute;
+    const double t8 = predict_step_time(dry_run_step(config("olmo_1b", "amp_fp8", 4), RankEnv{}, Device::kCuda), hw,
+                                        nullptr, true)
+                          .compute,
+                 t16 = predict_step_time(dry_run_step(config("olmo_1b", "amp_bf16", 4), RankEnv{}, Device::kCuda), hw,
+                                         nullptr, true)
+                           .compute;
     CAPTURE(t8, t16);
     CHECK(t8 < 0.9 * t16);
     CHECK(t8 > 0.5 * t16);
