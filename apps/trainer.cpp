@@ -334,6 +334,11 @@ Run add_export(CLI::App& app) {
     exp->add_option("--max-shard-size", o->max_shard, "largest weight file of a directory: bytes, or with KB MB GB");
     exp->add_option("--tokenizer", o->hf.tokenizer, "also write this tokenizer's Hugging Face files (gpt2)");
     exp->add_option("--tokenizer-dir", o->hf.tokenizer_dir, "folder of the tokenizer files");
+    exp->add_flag("--adapter", o->hf.lora_adapter,
+                  "a LoRA fine-tune's checkpoint: write its adapters as a PEFT adapter directory (adapter_config.json, "
+                  "adapter_model.safetensors)");
+    exp->add_flag("--merge-lora", o->hf.merge_lora,
+                  "a LoRA fine-tune's checkpoint: write the model with its adapters merged into the base's weights");
     return [o] {
         o->hf.max_shard_bytes = parse_size(o->max_shard, "export --max-shard-size");
         const std::string arch = trainer::export_checkpoint(o->checkpoint, o->output, o->hf);

@@ -12,6 +12,7 @@
 
 #include "base/common.h"
 #include "base/config_schema.h"
+#include "base/lora.h"
 #include "base/utf8.h"
 
 namespace trainer {
@@ -414,6 +415,14 @@ void read_execution(const Json& doc, TrainConfig& c) {
     c.ddp_grad_sync_mode = choice<GradSyncMode>(doc["ddp"]["grad_sync_mode"]);
     c.cpu_offload.optimizer_state = doc["cpu_offload"]["optimizer_state"].get<bool>();
     c.cpu_offload.parameters = doc["cpu_offload"]["parameters"].get<bool>();
+    const Json& lora = doc["lora"];
+    c.lora.enabled = lora["enabled"].get<bool>();
+    c.lora.r = lora["r"].get<int>();
+    c.lora.alpha = lora["alpha"].get<double>();
+    c.lora.dropout = lora["dropout"].get<double>();
+    c.lora.use_rslora = lora["use_rslora"].get<bool>();
+    if (!lora["targets"].is_null()) c.lora.targets = string_list(lora["targets"]);
+    c.lora.init_from = opt<std::string>(lora["init_from"]);
     const Json& ac = doc["activation_checkpointing"];
     c.activation_checkpointing = ac.is_null() ? ActivationCheckpointing::kNull : choice<ActivationCheckpointing>(ac);
     c.peak_flops_per_device = opt<double>(doc["peak_flops_per_device"]);
@@ -441,6 +450,23 @@ void check_execution(const TrainConfig& c) {
             "FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD (it uploads each unit's shard before its gather; {} keeps "
             "full replicas on the device); cpu_offload.optimizer_state alone works with every strategy",
             c.distributed_strategy == DistributedStrategy::kFsdp ? "NO_SHARD" : choice_name(c.distributed_strategy));
+    }
+}
+
+void check_lora(TrainConfig& c) {
+    if (!c.lora.enabled && c.lora.init_from) {
+        user_error(
+            "config lora.init_from: \"{}\" but lora.enabled is false; set lora.enabled: true to train or use the "
+            "adapter",
+            *c.lora.init_from);
+    }
+    if (!c.lora.enabled) return;
+    if (c.lora.targets.empty()) c.lora.targets = lora_default_targets(c.model);
+    lora_modules(c.model, c.lora.targets);  // refuses an unknown or repeated target by name
+    if (c.device == Device::kCuda) {
+        user_error(
+            "config lora.enabled: true with device cuda; LoRA's CUDA kernels are not built yet: run it with device "
+            "cpu");
     }
 }
 
@@ -496,6 +522,7 @@ TrainConfig validate_config(const Json& user_doc) {
     read_evaluators(doc, c);
     read_saving(doc, c);
     read_execution(doc, c);
+    check_lora(c);
     check_config(c);
     return c;
 }
@@ -657,6 +684,14 @@ Json config_json(const TrainConfig& c) {
           {"limit_all_gathers", c.fsdp.limit_all_gathers}}},
         {"ddp", {{"grad_sync_mode", choice_name(c.ddp_grad_sync_mode)}}},
         {"cpu_offload", {{"optimizer_state", c.cpu_offload.optimizer_state}, {"parameters", c.cpu_offload.parameters}}},
+        {"lora",
+         {{"enabled", c.lora.enabled},
+          {"r", c.lora.r},
+          {"alpha", c.lora.alpha},
+          {"dropout", c.lora.dropout},
+          {"use_rslora", c.lora.use_rslora},
+          {"targets", c.lora.targets.empty() ? Json(nullptr) : Json(c.lora.targets)},
+          {"init_from", or_null(c.lora.init_from)}}},
         {"activation_checkpointing", choice_or_null(c.activation_checkpointing, ActivationCheckpointing::kNull)},
         {"peak_flops_per_device", or_null(c.peak_flops_per_device)},
         {"threads", c.threads},

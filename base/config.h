@@ -162,6 +162,19 @@ struct CpuOffloadConfig {
     bool parameters = false;       // FSDP: the shards only in host memory, uploaded before each gather
 };
 
+// LoRA fine-tuning (lora.*): the base weights frozen, a low-rank adapter trained beside each targeted Linear
+// (base/lora.h names the targets and what they map to).
+struct LoraConfig {
+    bool enabled = false;
+    int r = 8;              // the adapters' rank
+    double alpha = 16.0;    // their scale is alpha / r (alpha / sqrt(r) with use_rslora)
+    double dropout = 0.05;  // of the adapters' input, in training only
+    bool use_rslora = false;
+    std::vector<std::string> targets;      // Hugging Face module names; resolved: never empty when enabled
+    std::optional<std::string> init_from;  // an existing PEFT adapter to start from
+    double scaling() const;
+};
+
 // max_duration, parsed once when the config is read: a count of optimizer steps, of tokens ("2e12T") or of epochs
 // ("2ep") of the training data. Steps are whole; every value is positive and at most 1e15 steps.
 struct Duration {
@@ -229,6 +242,7 @@ struct TrainConfig {
     std::optional<double> peak_flops_per_device;  // FLOP/s of one device (a GPU, or one rank's CPU cores)
     ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNull;
     CpuOffloadConfig cpu_offload;
+    LoraConfig lora;
     std::optional<std::string> trace_file;  // Chrome trace of every step (one file per rank)
     PlanConfig plan;
     int threads = 0;                             // 0: one per available core

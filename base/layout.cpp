@@ -2,6 +2,7 @@
 #include "base/layout.h"
 
 #include "base/common.h"
+#include "base/lora.h"
 
 namespace trainer {
 namespace {
@@ -17,6 +18,8 @@ void add(Unit& u, std::string name, std::vector<int64_t> shape, ParamKind kind, 
     p.layer = layer;
     switch (kind) {
         case ParamKind::kLinearWeight:
+        case ParamKind::kLoraA:  // PEFT's adapters are Linear weights; AdamW decays them as it does every weight
+        case ParamKind::kLoraB:
             p.decay = true;
             break;
         case ParamKind::kEmbedding:
@@ -84,6 +87,27 @@ ParamLayout::ParamLayout(const TrainConfig& config) {
     add_norm(head, "transformer.ln_f", m, -1, opt);
     if (!m.weight_tying) add_linear(head, "transformer.ff_out", m.embedding_size, C, m, -1, opt);
     units_.push_back(std::move(head));
+    num_layers_ = m.n_layers;
+
+    if (!config.lora.enabled) return;
+    for (Unit& u : units_) u.frozen = true;
+    const std::vector<LoraModule> modules = lora_modules(m, config.lora.targets);
+    const int64_t r = config.lora.r;
+    for (int l = 0; l < m.n_layers; ++l) {
+        Unit a{fmt::format("lora.{}", l), {}, 0};
+        const std::string p = fmt::format("transformer.blocks.{}.", l);
+        for (const LoraModule& mod : modules) {
+            add(a, p + mod.name + ".lora_A.weight", {r, mod.in}, ParamKind::kLoraA, l, opt);
+            add(a, p + mod.name + ".lora_B.weight", {mod.rows(), r}, ParamKind::kLoraB, l, opt);
+        }
+        units_.push_back(std::move(a));
+    }
+}
+
+size_t ParamLayout::trainable_numel() const {
+    size_t n = 0;
+    for (const auto& u : units_) n += u.frozen ? 0 : u.numel;
+    return n;
 }
 
 std::vector<DecaySegment> ParamLayout::decay_segments(int unit) const {

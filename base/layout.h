@@ -2,9 +2,12 @@
 //
 // Units are the granularity at which a data-parallel strategy moves parameters: "embedding" (wte, and
 // wpe without RoPE), "block.<i>" for each transformer block, and "head" (final norm, and the LM head
-// when it is not tied to wte). Each unit's parameters are packed into one flat buffer in the order
-// listed here; a strategy may pad a unit's buffer so it splits evenly across ranks (padding follows
-// the last parameter and is never read by the model). Names are OLMo's (transformer.blocks.N.att_proj
+// when it is not tied to wte). With LoRA (lora.enabled) those units are frozen (no gradient, no optimizer
+// state, never reduced) and one more unit a block follows the head, "lora.<i>": the block's adapters, each
+// target module's A (r, in) then B (rows, r) in base/lora.h's order, the only parameters trained. Each unit's
+// parameters are packed into one flat buffer in the order listed here; a strategy may pad a unit's buffer so it splits
+// evenly across ranks (padding follows the last parameter and is never read by the model). Names are OLMo's
+// (transformer.blocks.N.att_proj
 // ...); Hugging Face names are mapped in hf_names.cpp for import and export.
 #pragma once
 
@@ -18,7 +21,7 @@
 
 namespace trainer {
 
-enum class ParamKind { kEmbedding, kNormWeight, kNormBias, kLinearWeight, kLinearBias };
+enum class ParamKind { kEmbedding, kNormWeight, kNormBias, kLinearWeight, kLinearBias, kLoraA, kLoraB };
 
 struct ParamSpec {
     std::string name;            // OLMo name, e.g. transformer.blocks.3.att_proj.weight
@@ -33,7 +36,8 @@ struct ParamSpec {
 struct Unit {
     std::string name;
     std::vector<ParamSpec> params;
-    size_t numel = 0;  // sum of the parameters' numel (no padding)
+    size_t numel = 0;     // sum of the parameters' numel (no padding)
+    bool frozen = false;  // LoRA's base: never trained (no gradient, no optimizer state)
 };
 
 // A half-open range [begin, end) of elements of a flat buffer.
@@ -59,7 +63,17 @@ class ParamLayout {
     int num_units() const { return static_cast<int>(units_.size()); }
     int embedding_unit() const { return 0; }
     int block_unit(int layer) const { return 1 + layer; }
-    int head_unit() const { return num_units() - 1; }
+    int head_unit() const { return num_layers_ + 1; }
+    int num_layers() const { return num_layers_; }
+    // Block `layer`'s LoRA adapters' unit; -1 without LoRA.
+    int adapter_unit(int layer) const { return has_adapters() ? num_layers_ + 2 + layer : -1; }
+    bool has_adapters() const { return num_units() > num_layers_ + 2; }
+    // The elements of the units that are trained (all but the frozen ones).
+    size_t trainable_numel() const;
+    // LoRA: what the frozen units hold, once loaded (the checksum of init_from's tensors, or the seed's
+    // initialisation): a fine-tune's checkpoint records it and resuming from one checks it. Empty: unknown.
+    const std::string& frozen_base() const { return frozen_base_; }
+    void set_frozen_base(std::string what) { frozen_base_ = std::move(what); }
     // Maximal runs of a unit's buffer with the same decay flag, in order.
     std::vector<DecaySegment> decay_segments(int unit) const;
     // Finds a parameter by OLMo name; returns false when absent.
@@ -71,6 +85,8 @@ class ParamLayout {
 
    private:
     std::vector<Unit> units_;
+    int num_layers_ = 0;
+    std::string frozen_base_;
     size_t wte_numel_ = 0, wpe_numel_ = 0;
     bool tied_ = true;
 };

@@ -29,6 +29,8 @@ const char* mem_category_name(MemCategory c) {
             return "communication";
         case MemCategory::kOther:
             return "other";
+        case MemCategory::kFrozenParameters:
+            return "frozen_parameters";
         case MemCategory::kHostParameters:
             return "host_parameters";
         case MemCategory::kHostGradients:

@@ -21,6 +21,7 @@ enum class MemCategory : int {
     kActivations,
     kCommunication,
     kOther,
+    kFrozenParameters,    // LoRA's base weights: never trained, so no gradient and no optimizer state beside them
     kHostParameters,      // cpu_offload: the fp32 master parameters (and their bf16 copy for the upload)
     kHostGradients,       // cpu_offload: two chunks of the gradients, streamed down to the host optimizer
     kHostOptimizerState,  // cpu_offload: the AdamW moments

@@ -16,7 +16,11 @@ namespace trainer {
 
 double flops_per_token(const ModelConfig& m, const ParamLayout& layout) {
     const double T = m.predicted_positions();
-    return 6.0 * static_cast<double>(layout.matmul_numel()) + 12.0 * m.n_layers * m.d_model * T;
+    const double attention = 12.0 * m.n_layers * m.d_model * T;
+    if (!layout.has_adapters()) return 6.0 * static_cast<double>(layout.matmul_numel()) + attention;
+    // LoRA: the frozen base's backward computes input gradients only (2 of its 6 FLOPs a parameter are skipped).
+    const double adapters = static_cast<double>(layout.trainable_numel());
+    return 4.0 * (static_cast<double>(layout.matmul_numel()) - adapters) + 6.0 * adapters + attention;
 }
 
 double lower_median(std::vector<double> values) {

@@ -13,7 +13,8 @@
 namespace trainer {
 
 // Training FLOPs per predicted token: 6N + 12 * n_layers * d_model * T (PaLM / llm.c accounting; N is
-// layout.matmul_numel(): the LM head counts, embedding lookups do not).
+// layout.matmul_numel(): the LM head counts, embedding lookups do not). With LoRA, 4 a frozen parameter (forward and
+// input gradient: no weight gradient) and 6 an adapter's.
 double flops_per_token(const ModelConfig& m, const ParamLayout& layout);
 
 // Stragglers: the ranks whose compute time a step (the step less its waits on collectives, the same window on every

@@ -34,8 +34,10 @@
 #include "core/weights/async_save.h"
 #include "core/weights/checkpoint.h"
 #include "core/weights/hf_names.h"
+#include "core/weights/peft.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/machine.h"
+#include "kernels/element.h"
 #include "parallel/launch/rank_env.h"
 #include "parallel/setup.h"
 
@@ -94,7 +96,9 @@ class TrainingRun {
         data_ = open_run_data(config_);
         total_steps_ = data_.total_steps;
         saves_ = std::make_unique<RunSaves>(config_, env_);
-        use_init_from_ = config_.init_from && !saves_->resume_path();  // a checkpoint's weights supersede init_from
+        // A checkpoint's weights supersede init_from, but for LoRA's, which holds the adapters only: its frozen base
+        // comes from init_from (or the seed) again.
+        use_init_from_ = config_.init_from && (!saves_->resume_path() || config_.lora.enabled);
         if (use_init_from_) {
             hf_family(m_, "--init-from " + *config_.init_from);
             init_tensors_ = read_hf_weights(config_, *config_.init_from);
@@ -117,6 +121,10 @@ class TrainingRun {
         saves_->take_folder(strategy);
         load_initial_params(config_, *layout_, strategy, use_init_from_ ? &init_tensors_ : nullptr,
                             config_.init_from.value_or(""));
+        if (config_.lora.enabled) {
+            layout_->set_frozen_base(use_init_from_ ? "tensors of checksum " + tensors_checksum(init_tensors_)
+                                                    : fmt::format("the initialisation of seed {}", config_.seed));
+        }
         init_tensors_.clear();
         if (const std::optional<std::string>& resume = saves_->resume_path()) {
             const CheckpointInfo info = load_checkpoint(config_, *layout_, backend_.get(), strategy, *resume);
@@ -182,10 +190,18 @@ class TrainingRun {
                 "fp32): the blocks' Linear layers read their operands rounded to e4m3 (e5m2 gradients) with "
                 "per-tensor scales, and accumulate in fp32\n");
         }
-        std::printf(
-            "FLOPs per token = 6N + 12*L*d*T = 6*%zu + 12*%d*%d*%ld = %.4g (N: matmul parameters, T = %ld "
-            "predicted positions)\n",
-            layout_->matmul_numel(), m_.n_layers, m_.d_model, T, flops_per_token_, T);
+        if (layout_->has_adapters()) {
+            const size_t adapters = layout_->trainable_numel();
+            std::printf(
+                "FLOPs per token = 4F + 6A + 12*L*d*T = 4*%zu + 6*%zu + 12*%d*%d*%ld = %.4g (LoRA: F frozen matmul "
+                "parameters, no weight gradient; A adapter parameters; T = %ld predicted positions)\n",
+                layout_->matmul_numel() - adapters, adapters, m_.n_layers, m_.d_model, T, flops_per_token_, T);
+        } else {
+            std::printf(
+                "FLOPs per token = 6N + 12*L*d*T = 6*%zu + 12*%d*%d*%ld = %.4g (N: matmul parameters, T = %ld "
+                "predicted positions)\n",
+                layout_->matmul_numel(), m_.n_layers, m_.d_model, T, flops_per_token_, T);
+        }
         std::printf("MFU peak: %.1f GFLOP/s = %s\n", peak_flops_ / 1e9, peak_how_.c_str());
         if (config_.cpu_offload.optimizer_state) {
             std::printf("cpu offload: %s in host memory, %.1f MiB per rank; AdamW on the host\n",
@@ -252,7 +268,10 @@ class TrainingRun {
                                                  label_mask_.data() + static_cast<size_t>(i) * L);
                 }
             }
-            return MicroBatchTokens(tokens_.data(), keep_.data(), label_mask_.empty() ? nullptr : label_mask_.data());
+            MicroBatchTokens mb(tokens_.data(), keep_.data(), label_mask_.empty() ? nullptr : label_mask_.data());
+            mb.step_key = lora_step_key(config_.seed, static_cast<uint64_t>(step));
+            mb.instances = local_.data() + k * micro;
+            return mb;
         };
         // Beside the loss sums: the masked instances, the ranks' votes on a stop request, while a checkpoint is
         // written in the background their votes on it (core/weights/async_save.h) and, every console_log_interval

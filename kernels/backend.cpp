@@ -103,6 +103,15 @@ void check_shared_heads(int NH, int KVH) {
     TRAINER_CHECK(KVH >= 1 && NH % KVH == 0, "{} query heads do not share {} key/value heads evenly", NH, KVH);
 }
 
+void Backend::lora_forward(GemmOperand, int, GemmOperand, const float*, const float*, int, int, int, int, float,
+                           const LoraDropout&, float*) {
+    throw InternalError(fmt::format("the {} backend has no LoRA ops (the config refuses LoRA there first)", name()));
+}
+void Backend::lora_backward(GemmOperand, float*, float*, GemmOperand, int, GemmOperand, const float*, const float*, int,
+                            int, int, int, float, const LoraDropout&, float*) {
+    throw InternalError(fmt::format("the {} backend has no LoRA ops (the config refuses LoRA there first)", name()));
+}
+
 void Backend::set_linear_precision(LinearPrecision p) {
     TRAINER_CHECK(p == LinearPrecision::kDefault, "precision amp_fp8 reached a backend without FP8 GEMMs");
 }

@@ -57,6 +57,16 @@ struct GemmOperand {
 // The GEMM operands of the Linear layers that follow (Backend::set_linear_precision).
 enum class LinearPrecision { kDefault, kFp8 };
 
+// LoRA's dropout of an adapter's input (training only): element (m, k) is kept, and scaled by 1 / (1 - p), where
+// lora_dropout_keep(row_keys[m], adapter, k, threshold) (kernels/element.h): masks keyed by each row's (seed, step,
+// instance, position), the adapter and the channel, so the same on every backend, thread count and world size.
+// p 0: none (row_keys unused, may be null).
+struct LoraDropout {
+    float p = 0.0f;
+    const uint64_t* row_keys = nullptr;  // M keys, device memory
+    uint32_t adapter = 0;
+};
+
 // How a norm normalises a row of C channels (OLMo's layer_norm_type): LayerNorm, (x - mean) * rstd with
 // rstd = 1/sqrt(var + eps) and the biased variance (torch.nn.functional.layer_norm); or RMSNorm, x * rstd
 // with rstd = 1/sqrt(mean(x^2) + eps) (OLMo's RMSLayerNorm), which has no mean (mean buffers may be null).
@@ -168,8 +178,9 @@ class Backend {
     virtual void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
                                 int N) = 0;
     // dinp(M,K) = dout(M,N) @ weight(N,K) (+= when accumulate_dinp, fp32 only; dinp nullable: skipped);
-    // dweight(N,K) += dout^T @ inp; dbias(N) += the column sums of dout (nullable). dout and dinp may be bf16
-    // GemmOperands (gradients only a GEMM or a bf16 kernel reads next, as PyTorch's autocast keeps them).
+    // dweight(N,K) += dout^T @ inp (nullable: a frozen weight, skipped); dbias(N) += the column sums of dout
+    // (nullable). dout and dinp may be bf16 GemmOperands (gradients only a GEMM or a bf16 kernel reads next, as
+    // PyTorch's autocast keeps them).
     virtual void matmul_backward(GemmOperand dinp, float* dweight, float* dbias, GemmOperand dout, GemmOperand inp,
                                  const float* weight, int M, int K, int N, bool accumulate_dinp) = 0;
     // out(M,N) = resid(M,N) + the Linear forward of inp: a block's sublayer output added to the residual
@@ -180,6 +191,19 @@ class Backend {
         matmul_forward(scratch, inp, weight, bias, M, K, N);
         residual_forward(out, resid, scratch, static_cast<size_t>(M) * N);
     }
+    // LoRA (PEFT's update beside a frozen Linear): out(M, n) += scale * (drop(inp) @ A^T) @ B^T, inp (M, K), A (r, K),
+    // B (n, r); `out` is the adapted columns of the Linear's output, rows ld_out elements apart (out may be fp32 only
+    // where inp is). work: M * (K + 2r) floats of scratch. has_lora(): the backend has these ops (default false:
+    // they are internal errors, and a LoRA config is refused by name first).
+    virtual bool has_lora() const { return false; }
+    virtual void lora_forward(GemmOperand out, int ld_out, GemmOperand inp, const float* A, const float* B, int M,
+                              int K, int r, int n, float scale, const LoraDropout& drop, float* work);
+    // Its backward, given dout(M, n) (rows ld_dout apart): dA(r, K) += (scale * dout @ B)^T @ drop(inp), dB(n, r) +=
+    // scale * dout^T @ (drop(inp) @ A^T), and dinp(M, K) += drop'((scale * dout @ B) @ A) (nullable: skipped), the
+    // dropout's backward being the same mask and scale. Recomputes drop(inp) @ A^T (nothing kept from the forward).
+    virtual void lora_backward(GemmOperand dinp, float* dA, float* dB, GemmOperand dout, int ld_dout, GemmOperand inp,
+                               const float* A, const float* B, int M, int K, int r, int n, float scale,
+                               const LoraDropout& drop, float* work);
     // bench-kernels' ceiling for the Linear GEMMs: the peers' bf16 Linear (PyTorch's under autocast) at the same
     // shape, bf16 operands and results with fp32 accumulation, no bias and no epilogue. Forward: out(M,N) =
     // inp(M,K) @ weight(N,K)^T; backward: dinp(M,K) = dout(M,N) @ weight and dweight(N,K) = dout^T @ inp. Buffers

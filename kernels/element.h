@@ -291,4 +291,31 @@ TRAINER_HD uint8_t nf4_encode(float x) {
     return code;
 }
 
+// ---- LoRA's dropout masks (Backend::lora_forward): counter-based, so a mask depends on its key only. ----
+// splitmix64's finaliser: a 64-bit mix in which every input bit reaches every output bit.
+TRAINER_HD uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+// A row's key: the run's seed and step (step_key = mix64(seed) ^ mix64(step), lora_step_key), the instance's index
+// in its dataset and the position in it.
+TRAINER_HD uint64_t lora_step_key(uint64_t seed, uint64_t step) {
+    return mix64(mix64(seed) ^ mix64(step + 0x51ed2701ull));
+}
+TRAINER_HD uint64_t lora_row_key(uint64_t step_key, uint64_t instance, uint32_t position) {
+    return mix64(mix64(step_key ^ mix64(instance)) ^ position);
+}
+// The threshold of a drop probability p: a channel is dropped when its 32-bit draw is below it.
+inline uint32_t lora_dropout_threshold(float p) {
+    const double t = static_cast<double>(p) * 4294967296.0;
+    return t >= 4294967295.0 ? 4294967295u : static_cast<uint32_t>(t);
+}
+// Whether channel k of a row's input to `adapter` is kept.
+TRAINER_HD bool lora_dropout_keep(uint64_t row_key, uint32_t adapter, uint32_t k, uint32_t threshold) {
+    const uint64_t h = mix64(row_key ^ ((static_cast<uint64_t>(adapter) << 32 | k) * 0xd1b54a32d192ed03ull));
+    return static_cast<uint32_t>(h >> 32) >= threshold;
+}
+
 }  // namespace trainer

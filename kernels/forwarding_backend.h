@@ -99,6 +99,7 @@ class ForwardingBackend : public Backend {
     // No CUDA graphs by default: a graph recorded on the inner backend would replay its ops without passing here.
     bool can_capture() const override { return false; }
     bool has_linear_bf16_reference() const override { return inner().has_linear_bf16_reference(); }
+    bool has_lora() const override { return inner().has_lora(); }
     bool linear_bf16_reference_forward(uint16_t* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
                                        int N) override {
         return inner().linear_bf16_reference_forward(out, inp, weight, M, K, N);
@@ -119,6 +120,11 @@ class ForwardingBackend : public Backend {
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override;
     void matmul_residual_forward(float* out, const float* resid, GemmOperand inp, const float* weight,
                                  const float* bias, int M, int K, int N, float* scratch) override;
+    void lora_forward(GemmOperand out, int ld_out, GemmOperand inp, const float* A, const float* B, int M, int K, int r,
+                      int n, float scale, const LoraDropout& drop, float* work) override;
+    void lora_backward(GemmOperand dinp, float* dA, float* dB, GemmOperand dout, int ld_dout, GemmOperand inp,
+                       const float* A, const float* B, int M, int K, int r, int n, float scale, const LoraDropout& drop,
+                       float* work) override;
     void matmul_gelu_forward(GemmOperand pre, GemmOperand out, GemmOperand inp, const float* weight, const float* bias,
                              int M, int K, int N, bool tanh_approx) override;
     void matmul_gelu_backward(GemmOperand dpre, GemmOperand dact, float* dweight, float* dbias, GemmOperand dout,
@@ -263,7 +269,10 @@ inline void ForwardingBackend::matmul_forward(GemmOperand out, GemmOperand inp, 
 inline void ForwardingBackend::matmul_backward(GemmOperand dinp, float* dweight, float* dbias, GemmOperand dout,
                                                GemmOperand inp, const float* weight, int M, int K, int N,
                                                bool accumulate_dinp) {
-    const char* input_grad = dinp.p == nullptr ? ", no input gradient" : accumulate_dinp ? ", input gradient +=" : "";
+    const std::string input_grad = std::string(dinp.p == nullptr ? ", no input gradient"
+                                               : accumulate_dinp ? ", input gradient +="
+                                                                 : "") +
+                                   (dweight == nullptr ? ", frozen weight" : "");
     if (linear_ == LinearPrecision::kFp8) {
         // e5m2 codes of dout (row-major for the input gradient, transposed for the weight's, from one pass), e4m3
         // of weight transposed (the input gradient) and of inp transposed (the weight gradient).
@@ -283,13 +292,43 @@ inline void ForwardingBackend::matmul_backward(GemmOperand dinp, float* dweight,
                  }));
         return;
     }
+    dispatch(op_shapes::row("matmul_backward", op_shapes::gemm_shape(M, K, N, dbias, {dinp, dout, inp}) + input_grad,
+                            GemmShape{M, K, N, true})
+                 .cost(2.0 * M * K * N * ((dinp.p ? 1 : 0) + (dweight ? 1 : 0)) + (dbias ? double(M) * N : 0),
+                       (dweight ? op_shapes::bytes_of(inp) * M * K : 0) + op_shapes::bytes_of(dout) * M * N +
+                           (dinp.p ? op_shapes::bytes_of(dinp) * M * K : 0) +
+                           4.0 * ((dweight ? 3.0 : 1.0) * N * K + (dbias ? 2 * N : 0))),
+             [=](Backend& b) { b.matmul_backward(dinp, dweight, dbias, dout, inp, weight, M, K, N, accumulate_dinp); });
+}
+
+// LoRA: two rank-r GEMMs forward; backward recomputes the first and runs four (three without the input gradient),
+// the dropout a pass over the input each time it is applied.
+inline void ForwardingBackend::lora_forward(GemmOperand out, int ld_out, GemmOperand inp, const float* A,
+                                            const float* B, int M, int K, int r, int n, float scale,
+                                            const LoraDropout& drop, float* work) {
+    const double mk = double(M) * K, drop_bytes = drop.p > 0.0f ? op_shapes::bytes_of(inp) * mk + 4.0 * mk : 0.0;
+    dispatch(op_shapes::row("lora_forward", fmt::format("M {}, K {}, r {}, N {}{}{}", M, K, r, n,
+                                                        drop.p > 0.0f ? ", dropout" : "", op_shapes::storage({inp})))
+                 .cost(2.0 * M * r * (double(K) + n), op_shapes::bytes_of(inp) * mk + drop_bytes +
+                                                          2.0 * op_shapes::bytes_of(out) * M * n +
+                                                          4.0 * r * (double(K) + n)),
+             [=](Backend& b) { b.lora_forward(out, ld_out, inp, A, B, M, K, r, n, scale, drop, work); });
+}
+
+inline void ForwardingBackend::lora_backward(GemmOperand dinp, float* dA, float* dB, GemmOperand dout, int ld_dout,
+                                             GemmOperand inp, const float* A, const float* B, int M, int K, int r,
+                                             int n, float scale, const LoraDropout& drop, float* work) {
+    const double mk = double(M) * K, mn = double(M) * n;
+    const double passes = drop.p > 0.0f ? (dinp.p ? 2.0 : 1.0) : 0.0;
     dispatch(
-        op_shapes::row("matmul_backward", op_shapes::gemm_shape(M, K, N, dbias, {dinp, dout, inp}) + input_grad,
-                       GemmShape{M, K, N, true})
-            .cost(2.0 * M * K * N * (dinp.p ? 2 : 1) + (dbias ? double(M) * N : 0),
-                  op_shapes::bytes_of(inp) * M * K + op_shapes::bytes_of(dout) * M * N +
-                      (dinp.p ? op_shapes::bytes_of(dinp) * M * K : 0) + 4.0 * (3.0 * N * K + (dbias ? 2 * N : 0))),
-        [=](Backend& b) { b.matmul_backward(dinp, dweight, dbias, dout, inp, weight, M, K, N, accumulate_dinp); });
+        op_shapes::row("lora_backward",
+                       fmt::format("M {}, K {}, r {}, N {}{}{}{}", M, K, r, n, drop.p > 0.0f ? ", dropout" : "",
+                                   dinp.p ? "" : ", no input gradient", op_shapes::storage({inp, dout})))
+            .cost(2.0 * M * r * (2.0 * K + 2.0 * n + (dinp.p ? K : 0)),
+                  op_shapes::bytes_of(inp) * mk * 2.0 + 2.0 * op_shapes::bytes_of(dout) * mn +
+                      (dinp.p ? 2.0 * op_shapes::bytes_of(dinp) * mk : 0.0) + passes * 8.0 * mk +
+                      12.0 * r * (double(K) + n)),
+        [=](Backend& b) { b.lora_backward(dinp, dA, dB, dout, ld_dout, inp, A, B, M, K, r, n, scale, drop, work); });
 }
 
 inline void ForwardingBackend::matmul_residual_forward(float* out, const float* resid, GemmOperand inp,

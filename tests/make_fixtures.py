@@ -16,6 +16,15 @@ For each config tests/fixtures/{gpt2_tiny,olmo_tiny,olmo2_tiny,llama_tiny,olmo2m
 
 and checks that a float32 run agrees with the float64 one on the first steps
 and that the loss falls.
+
+`make_fixtures.py lora` writes the LoRA fixtures of gpt2_tiny, olmo2_tiny and llama_tiny from their init and
+tokens (which it leaves as they are): an adapter on every module of the shape (rank 4, alpha 6, A and B drawn
+at random so that B A is not 0), in PEFT's names (base_model.model.<module>.lora_A/B.weight):
+  <name>_lora_adapter.safetensors  the adapters
+  <name>_lora_grads.safetensors    their step-1 gradients (the whole global batch, float64, stored as float32)
+  <name>_lora_expected.json        the step-1 loss, r, alpha and the targets
+computed by hf_forward with each adapted module's output plus scaling * (x A^T) B^T (PEFT's and LitGPT's LoRA,
+no dropout), the base frozen; the gradients are of the loss plus the config's z-loss, as in training.
 """
 
 import json
@@ -55,14 +64,29 @@ def write_u16(tokens, path):
         f.write(struct.pack(f"<{len(tokens)}H", *tokens))
 
 
-def hf_forward(hf, mc, tokens):
+def hf_forward(hf, mc, tokens, lora=None, scaling=1.0):
     """Logits from the Hugging Face-named tensors, written independently of
     torch_ref the way HF's GPT2LMHeadModel / OlmoForCausalLM / Olmo2ForCausalLM /
     LlamaForCausalLM compute them (hand-written layer and RMS norms, GELU-tanh, SiLU,
     softmax, and repeat_kv for grouped-query attention). Checks the name mapping
     (Conv1D transposes, q/k/v blocks, up = value / gate halves, Olmo2's q/k norms and
-    post-sublayer norms, Llama's norms before the sublayers)."""
+    post-sublayer norms, Llama's norms before the sublayers). `lora`: {HF module name:
+    (A, B)}, each adapted module's output plus scaling * (x A^T) B^T."""
     B, T = tokens.shape
+
+    def lin(x, module):  # nn.Linear's x W^T, plus the module's adapter
+        y = x @ hf[module + ".weight"].t()
+        if lora is not None and module in lora:
+            a, b = lora[module]
+            y = y + scaling * ((x @ a.t()) @ b.t())
+        return y
+
+    def conv(x, module):  # GPT-2's Conv1D, x W + b (W stored (in, out)), plus the module's adapter
+        y = x @ hf[module + ".weight"] + hf[module + ".bias"]
+        if lora is not None and module in lora:
+            a, b = lora[module]
+            y = y + scaling * ((x @ a.t()) @ b.t())
+        return y
     C, NH, HS = mc.d_model, mc.n_heads, mc.head_size
     KVH = mc.n_kv_heads
 
@@ -96,17 +120,17 @@ def hf_forward(hf, mc, tokens):
         for i in range(mc.n_layers):
             h = f"transformer.h.{i}."
             a = layer_norm(x, hf[h + "ln_1.weight"], hf[h + "ln_1.bias"])
-            qkv = a @ hf[h + "attn.c_attn.weight"] + hf[h + "attn.c_attn.bias"]
+            qkv = conv(a, h + "attn.c_attn")
             q, k, v = split_heads(qkv[..., :C], qkv[..., C:2 * C], qkv[..., 2 * C:])
             y = softmax_attention(q, k, v)
-            x = x + y @ hf[h + "attn.c_proj.weight"] + hf[h + "attn.c_proj.bias"]
+            x = x + conv(y, h + "attn.c_proj")
             m = layer_norm(x, hf[h + "ln_2.weight"], hf[h + "ln_2.bias"])
-            u = m @ hf[h + "mlp.c_fc.weight"] + hf[h + "mlp.c_fc.bias"]
+            u = conv(m, h + "mlp.c_fc")
             if mc.activation_type == "gelu_tanh":  # HF "gelu_new"
                 g = 0.5 * u * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (u + 0.044715 * u ** 3)))
             else:
                 g = 0.5 * u * (1 + torch.erf(u / 2 ** 0.5))
-            x = x + g @ hf[h + "mlp.c_proj.weight"] + hf[h + "mlp.c_proj.bias"]
+            x = x + conv(g, h + "mlp.c_proj")
         x = layer_norm(x, hf["transformer.ln_f.weight"], hf["transformer.ln_f.bias"])
         return x @ hf["transformer.wte.weight"].t()
     # OlmoForCausalLM: non-parametric norms, RoPE (rotate_half), SwiGLU.
@@ -125,14 +149,14 @@ def hf_forward(hf, mc, tokens):
         # Olmo2ForCausalLM: q/k RMSNorms over the whole projections, RMSNorms after each sublayer.
         for i in range(mc.n_layers):
             h = f"model.layers.{i}."
-            q = rms_norm(x @ hf[h + "self_attn.q_proj.weight"].t(), hf[h + "self_attn.q_norm.weight"])
-            k = rms_norm(x @ hf[h + "self_attn.k_proj.weight"].t(), hf[h + "self_attn.k_norm.weight"])
-            q, k, v = split_heads(q, k, x @ hf[h + "self_attn.v_proj.weight"].t())
-            y = softmax_attention(rope(q), rope(k), v) @ hf[h + "self_attn.o_proj.weight"].t()
+            q = rms_norm(lin(x, h + "self_attn.q_proj"), hf[h + "self_attn.q_norm.weight"])
+            k = rms_norm(lin(x, h + "self_attn.k_proj"), hf[h + "self_attn.k_norm.weight"])
+            q, k, v = split_heads(q, k, lin(x, h + "self_attn.v_proj"))
+            y = lin(softmax_attention(rope(q), rope(k), v), h + "self_attn.o_proj")
             x = x + rms_norm(y, hf[h + "post_attention_layernorm.weight"])
-            gate = x @ hf[h + "mlp.gate_proj.weight"].t()
-            up = x @ hf[h + "mlp.up_proj.weight"].t()
-            y = (gate * torch.sigmoid(gate) * up) @ hf[h + "mlp.down_proj.weight"].t()
+            gate = lin(x, h + "mlp.gate_proj")
+            up = lin(x, h + "mlp.up_proj")
+            y = lin(gate * torch.sigmoid(gate) * up, h + "mlp.down_proj")
             x = x + rms_norm(y, hf[h + "post_feedforward_layernorm.weight"])
         return rms_norm(x, hf["model.norm.weight"]) @ hf["lm_head.weight"].t()
     if ref.hf_flavor(mc) == "llama":
@@ -140,14 +164,13 @@ def hf_forward(hf, mc, tokens):
         for i in range(mc.n_layers):
             h = f"model.layers.{i}."
             a = rms_norm(x, hf[h + "input_layernorm.weight"])
-            q, k, v = split_heads(a @ hf[h + "self_attn.q_proj.weight"].t(),
-                                  a @ hf[h + "self_attn.k_proj.weight"].t(),
-                                  a @ hf[h + "self_attn.v_proj.weight"].t())
-            x = x + softmax_attention(rope(q), rope(k), v) @ hf[h + "self_attn.o_proj.weight"].t()
+            q, k, v = split_heads(lin(a, h + "self_attn.q_proj"), lin(a, h + "self_attn.k_proj"),
+                                  lin(a, h + "self_attn.v_proj"))
+            x = x + lin(softmax_attention(rope(q), rope(k), v), h + "self_attn.o_proj")
             m = rms_norm(x, hf[h + "post_attention_layernorm.weight"])
-            gate = m @ hf[h + "mlp.gate_proj.weight"].t()
-            up = m @ hf[h + "mlp.up_proj.weight"].t()
-            x = x + (gate * torch.sigmoid(gate) * up) @ hf[h + "mlp.down_proj.weight"].t()
+            gate = lin(m, h + "mlp.gate_proj")
+            up = lin(m, h + "mlp.up_proj")
+            x = x + lin(gate * torch.sigmoid(gate) * up, h + "mlp.down_proj")
         head = hf["lm_head.weight"] if "lm_head.weight" in hf else hf["model.embed_tokens.weight"]
         return rms_norm(x, hf["model.norm.weight"]) @ head.t()
     for i in range(mc.n_layers):
@@ -287,8 +310,78 @@ def make(name):
         print(f"  wrote {os.path.relpath(p, os.path.dirname(HERE))}: {os.path.getsize(p)} bytes")
 
 
+LORA_CONFIGS = ["gpt2_tiny", "olmo2_tiny", "llama_tiny"]
+LORA_R, LORA_ALPHA = 4, 6.0
+
+
+def lora_modules(mc):
+    """Every adaptable module of the shape, HF names, with its (in, out) sizes, as the trainer's base/lora.h."""
+    C, KV, P, H = mc.d_model, mc.kv_size, mc.ff_proj_size, mc.ff_hidden_size
+    out = []
+    for i in range(mc.n_layers):
+        if ref.hf_flavor(mc) == "gpt2":
+            h = f"transformer.h.{i}."
+            out += [(h + "attn.c_attn", C, C + 2 * KV), (h + "attn.c_proj", C, C),
+                    (h + "mlp.c_fc", C, P), (h + "mlp.c_proj", H, C)]
+        else:
+            h = f"model.layers.{i}."
+            out += [(h + "self_attn.q_proj", C, C), (h + "self_attn.k_proj", C, KV),
+                    (h + "self_attn.v_proj", C, KV), (h + "self_attn.o_proj", C, C),
+                    (h + "mlp.gate_proj", C, P // 2), (h + "mlp.up_proj", C, P // 2),
+                    (h + "mlp.down_proj", H, C)]
+    return out
+
+
+def make_lora(name):
+    cfg = ref.load_config(os.path.join(FIXTURES, name + ".json"))
+    mc = ref.ModelConfig(cfg["model"])
+    tc = ref.TrainConfig(cfg)
+    L = mc.max_sequence_length
+    all_instances = ref.instances(ref.load_tokens(os.path.join(FIXTURES, name + "_tokens.u16")), L)
+    init_hf = {k: v.double() for k, v in ref.load_safetensors(os.path.join(FIXTURES, name + "_init.safetensors")).items()}
+    gen = torch.Generator().manual_seed(int(cfg.get("seed", 0)) + 77)
+    adapters = {}
+    for module, fan_in, fan_out in lora_modules(mc):
+        a = (torch.rand(LORA_R, fan_in, generator=gen, dtype=torch.float64) * 2 - 1) / fan_in ** 0.5
+        b = (torch.rand(fan_out, LORA_R, generator=gen, dtype=torch.float64) * 2 - 1) * 0.2
+        adapters[module] = (a.float().double().requires_grad_(), b.float().double().requires_grad_())
+    batch = ref.batch_for_step(all_instances, tc, 1)
+    logits = hf_forward(init_hf, mc, batch[:, :-1], adapters, LORA_ALPHA / LORA_R)
+    flat = logits.reshape(-1, logits.shape[-1])
+    loss = torch.nn.functional.cross_entropy(flat, batch[:, 1:].reshape(-1))
+    objective = loss  # what is differentiated: with the z-loss where the config has one (OLMo's)
+    if tc.z_loss > 0.0:
+        objective = objective + tc.z_loss * flat.logsumexp(-1).pow(2).mean()
+    objective.backward()
+    peft = "base_model.model."
+    init = {}
+    grads = {}
+    for module, (a, b) in adapters.items():
+        init[peft + module + ".lora_A.weight"] = a.detach()
+        init[peft + module + ".lora_B.weight"] = b.detach()
+        grads[peft + module + ".lora_A.weight"] = a.grad
+        grads[peft + module + ".lora_B.weight"] = b.grad
+    targets = sorted({m.rsplit(".", 1)[1] if not m.endswith("mlp.c_proj") else "mlp.c_proj"
+                      for m, _, _ in lora_modules(mc)})
+    paths = [os.path.join(FIXTURES, name + s) for s in
+             ("_lora_adapter.safetensors", "_lora_grads.safetensors", "_lora_expected.json")]
+    ref.save_safetensors(init, paths[0])
+    ref.save_safetensors(grads, paths[1])
+    with open(paths[2], "w") as f:
+        json.dump({"loss_step1": loss.item(), "r": LORA_R, "alpha": LORA_ALPHA, "targets": targets,
+                   "dtype": "float64"}, f, indent=1)
+        f.write("\n")
+    print(f"== {name} LoRA: {len(adapters)} adapters, loss {loss.item():.7f}")
+    for p in paths:
+        print(f"  wrote {os.path.relpath(p, os.path.dirname(HERE))}: {os.path.getsize(p)} bytes")
+
+
 def main():
     torch.set_num_threads(1)  # deterministic and cheap; the models are tiny
+    if sys.argv[1:] == ["lora"]:
+        for name in LORA_CONFIGS:
+            make_lora(name)
+        return
     names = sys.argv[1:] or CONFIGS
     for name in names:
         if name not in CONFIGS:

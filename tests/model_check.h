@@ -25,6 +25,25 @@ inline trainer::TrainConfig fixture_config(const std::string& name) {
     return validate_config(doc);
 }
 
+// The mean loss of the fixture's global batch 0, its gradients accumulated into the strategy's (zeroed first), with
+// the fixture's micro-batching.
+inline double global_batch0_loss(const trainer::TrainConfig& config, const trainer::ParamLayout& layout,
+                                 trainer::Backend& backend, trainer::Strategy& strategy) {
+    const long micro = config.device_train_microbatch_size, G = config.global_train_batch_size;
+    const long L = config.model.max_sequence_length;
+    Model model(config, layout, &backend, &strategy, static_cast<int>(micro));
+    TokenDataset data(config.data.paths, TokenDtype::kUint16, L, config.model.vocab_size);
+    std::vector<int32_t> tokens(micro * L);
+    strategy.zero_grads();
+    double loss = 0.0;
+    const float scale = static_cast<float>(1.0 / (G * (L - 1)));
+    for (long k = 0; k < G / micro; ++k) {
+        for (long i = 0; i < micro; ++i) data.read_instance(k * micro + i, tokens.data() + i * L);
+        loss += model.forward_backward(tokens.data(), static_cast<int>(micro), scale).ce;
+    }
+    return loss / static_cast<double>(G * (L - 1));
+}
+
 // Loss and gradients of global batch 0 with the fixture's micro-batching, in float32 on `device` (the
 // CPU backend by default): the loss within `rel` of the float64 fixture, gradients within `grad_rel`
 // (default: `rel`); `options` choose the backend's precision.
@@ -41,19 +60,7 @@ inline void check_against_fixture(const std::string& name, trainer::Device devic
     const auto init_tensors = read_safetensors(init);
     load_initial_params(config, layout, *strategy, &init_tensors, init);
 
-    const long micro = config.device_train_microbatch_size, G = config.global_train_batch_size;
-    const long L = config.model.max_sequence_length;
-    Model model(config, layout, backend.get(), strategy.get(), static_cast<int>(micro));
-    TokenDataset data(config.data.paths, TokenDtype::kUint16, L, config.model.vocab_size);
-    std::vector<int32_t> tokens(micro * L);
-    strategy->zero_grads();
-    double loss = 0.0;
-    const float scale = static_cast<float>(1.0 / (G * (L - 1)));
-    for (long k = 0; k < G / micro; ++k) {
-        for (long i = 0; i < micro; ++i) data.read_instance(k * micro + i, tokens.data() + i * L);
-        loss += model.forward_backward(tokens.data(), static_cast<int>(micro), scale).ce;
-    }
-    loss /= static_cast<double>(G * (L - 1));
+    const double loss = global_batch0_loss(config, layout, *backend, *strategy);
     const double ref_loss = expected["loss_step1"].get<double>();
     CAPTURE(loss, ref_loss);
     CHECK(std::fabs(loss - ref_loss) <= rel * std::fabs(ref_loss));

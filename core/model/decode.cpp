@@ -22,6 +22,7 @@ Model::DecodeCache Model::make_decode_cache(int sequences, int length, int rows)
     c.att = floats(R * C_), c.sub = floats(R * C_), c.fch = floats(R * P_), c.fch_act = floats(R * H_);
     c.stats = floats(4 * R), c.logits = floats(R * V_), c.scratch = floats(R * C_);
     c.ids = DeviceBuffer(backend_, 3 * R * sizeof(int32_t), MemCategory::kOther);
+    if (!lora_modules_.empty()) c.lora_work = floats(R * 2 * lora_r_);  // no dropout: the rank-r product only
     return c;
 }
 
@@ -51,6 +52,8 @@ void Model::decode(DecodeCache& c, const int32_t* tokens, const int32_t* seqs, c
     const size_t per_layer = static_cast<size_t>(c.sequences) * KVH_ * c.length * HS_;
 
     strategy_->begin_forward(false);
+    dropout_on_ = false;
+    float* const lora_work = c.lora_work.f32();
     const int emb = layout_.embedding_unit();
     strategy_->before_forward(emb);
     const float* wte = strategy_->unit_params(emb);
@@ -69,22 +72,27 @@ void Model::decode(DecodeCache& c, const int32_t* tokens, const int32_t* seqs, c
     };
     // A sublayer's output Linear (K inputs) added to the stream: x += Linear(in), or with norm_after x +=
     // norm(Linear(in)).
-    const auto add_sublayer = [&](const float* in, const float* weight, const float* bias, int K, const float* norm_w,
-                                  const float* norm_b) {
-        if (!norm_after_) return backend_->matmul_residual_forward(x, x, in, weight, bias, N, K, C_, scratch);
+    const auto add_sublayer = [&](int l, LoraLinear linear, const float* in, const float* weight, const float* bias,
+                                  int K, const float* norm_w, const float* norm_b) {
+        if (!norm_after_) {
+            backend_->matmul_residual_forward(x, x, in, weight, bias, N, K, C_, scratch);
+            return lora_add(l, linear, x, C_, in, N, lora_work);
+        }
         backend_->matmul_forward(sub, in, weight, bias, N, K, C_);
+        lora_add(l, linear, sub, C_, in, N, lora_work);
         backend_->norm_residual_forward(x, x, mean, rstd, sub, norm_w, norm_b, N, C_, norm_eps_, norm_kind_);
     };
     for (int l = 0; l < L_; ++l) {
         const BlockLinears linears(backend_, fp8_linears());
         const int u = layout_.block_unit(l);
-        strategy_->before_forward(u);
+        open_block(l, false);
         const BlockParams w = block_params(strategy_->unit_params(u), l);
         // Attention: x += attn_out(attn(rope(qk_norm(att_proj(LN1(x)))))), or with norm_after x + LN1(attn_out(...)).
         // Grouped-query attention's shared heads stay shared here: the cache holds KVH heads, and each query head
         // reads its group's.
-        backend_->matmul_forward(qkv, sublayer_input(w.attn_norm_w, w.attn_norm_b), w.att_proj_w, w.att_proj_b, N, C_,
-                                 W_);
+        const float* in1 = sublayer_input(w.attn_norm_w, w.attn_norm_b);
+        backend_->matmul_forward(qkv, in1, w.att_proj_w, w.att_proj_b, N, C_, W_);
+        lora_add(l, LoraLinear::kAttProj, qkv, W_, in1, N, lora_work);
         if (qk_norm_) {
             backend_->qk_norm_forward(qkv, c.qk.f32(), mean, qk_rstd, w.q_norm_w, w.q_norm_b, w.k_norm_w, w.k_norm_b, N,
                                       C_, KV_, norm_eps_, norm_kind_);
@@ -92,17 +100,22 @@ void Model::decode(DecodeCache& c, const int32_t* tokens, const int32_t* seqs, c
         if (m_.rope) backend_->rope_forward_at(qkv, pos_d, N, NH_, KVH_, HS_, theta, c.length);
         backend_->attention_with_cache(att, qkv, c.keys.f32() + l * per_layer, c.values.f32() + l * per_layer, seq_d,
                                        pos_d, N, NH_, KVH_, HS_, c.length);
-        add_sublayer(att, w.attn_out_w, w.attn_out_b, C_, w.attn_norm_w, w.attn_norm_b);
+        add_sublayer(l, LoraLinear::kAttnOut, att, w.attn_out_w, w.attn_out_b, C_, w.attn_norm_w, w.attn_norm_b);
         // MLP: x += ff_out(act(ff_proj(LN2(x)))), or with norm_after x + LN2(ff_out(act(ff_proj(x)))).
         const float* in2 = sublayer_input(w.ff_norm_w, w.ff_norm_b);
         if (m_.activation_type == ActivationType::kSwiglu) {
             backend_->matmul_forward(fch, in2, w.ff_proj_w, w.ff_proj_b, N, C_, P_);
+            lora_add(l, LoraLinear::kFfProj, fch, P_, in2, N, lora_work);
             backend_->swiglu_forward(fch_act, fch, N, H_);
+        } else if (has_lora(LoraLinear::kFfProj)) {
+            backend_->matmul_forward(fch, in2, w.ff_proj_w, w.ff_proj_b, N, C_, P_);
+            lora_add(l, LoraLinear::kFfProj, fch, P_, in2, N, lora_work);
+            backend_->gelu_forward(fch_act, fch, static_cast<size_t>(N) * H_, tanh_gelu);
         } else {
             backend_->matmul_gelu_forward(fch, fch_act, in2, w.ff_proj_w, w.ff_proj_b, N, C_, P_, tanh_gelu);
         }
-        add_sublayer(fch_act, w.ff_out_w, w.ff_out_b, H_, w.ff_norm_w, w.ff_norm_b);
-        strategy_->after_forward(u);
+        add_sublayer(l, LoraLinear::kFfOut, fch_act, w.ff_out_w, w.ff_out_b, H_, w.ff_norm_w, w.ff_norm_b);
+        close_block(l, false);
     }
 
     // The final norm and the LM head on the wanted rows only (a decode step wants every row; a prompt its last).

@@ -3,7 +3,8 @@
 // mitchell: every Linear weight ~ N(0, 1/fan_in) truncated at +-3 sigma; the block output projections
 // (attn_out, ff_out) further divided by sqrt(2 (layer + 1)); embeddings and the untied LM head use
 // 1/sqrt(d_model). normal: N(0, init_std), truncated at +-init_cutoff_factor * std when set.
-// Biases are zero, LayerNorm weights one.
+// Biases are zero, LayerNorm weights one. LoRA's adapters as PEFT's: B zero (the adapted model starts as its
+// base), A uniform in +-1/sqrt(in) (kaiming_uniform with a = sqrt(5)).
 //
 // Random numbers come from a counter-based generator: element i of parameter `name` draws from
 // splitmix64(hash(seed, name), i, attempt), so any thread count or unit order gives the same weights.
@@ -17,6 +18,7 @@
 #include "base/layout.h"
 #include "core/weights/checkpoint.h"
 #include "core/weights/hf_names.h"
+#include "core/weights/peft.h"
 #include "parallel/strategy/strategy.h"
 
 namespace trainer {
@@ -50,12 +52,21 @@ void init_unit_params(const TrainConfig& config, const Unit& unit, float* host) 
     const ModelConfig& m = config.model;
     for (const ParamSpec& p : unit.params) {
         float* out = host + p.offset;
-        if (p.kind == ParamKind::kLinearBias || p.kind == ParamKind::kNormBias) {
+        if (p.kind == ParamKind::kLinearBias || p.kind == ParamKind::kNormBias || p.kind == ParamKind::kLoraB) {
             for (size_t i = 0; i < p.numel; ++i) out[i] = 0.0f;
             continue;
         }
         if (p.kind == ParamKind::kNormWeight) {
             for (size_t i = 0; i < p.numel; ++i) out[i] = 1.0f;
+            continue;
+        }
+        if (p.kind == ParamKind::kLoraA) {
+            const double bound = 1.0 / std::sqrt(static_cast<double>(p.shape[1]));
+            const uint64_t key = splitmix64(config.seed) ^ hash_name(p.name);
+            for (size_t i = 0; i < p.numel; ++i) {
+                const double u = static_cast<double>(splitmix64(key ^ splitmix64(i)) >> 11) * 0x1.0p-53;  // [0, 1)
+                out[i] = static_cast<float>((2.0 * u - 1.0) * bound);
+            }
             continue;
         }
         double std = m.init_std;
@@ -82,6 +93,24 @@ void init_unit_params(const TrainConfig& config, const Unit& unit, float* host) 
 
 void load_initial_params(const TrainConfig& config, const ParamLayout& layout, Strategy& strategy,
                          const std::map<std::string, Tensor>* hf_tensors, const std::string& hf_file) {
+    if (config.lora.enabled && config.lora.init_from) {
+        // The adapters of an existing PEFT adapter over the initialised ones (the base as below).
+        std::vector<std::vector<float>> adapters(layout.num_units());
+        for (int u = 0; u < layout.num_units(); ++u) {
+            if (layout.units()[u].frozen) continue;
+            adapters[u].resize(layout.units()[u].numel);
+            init_unit_params(config, layout.units()[u], adapters[u].data());
+        }
+        read_peft_adapter(config, layout, *config.lora.init_from, adapters);
+        TrainConfig base = config;
+        base.lora.init_from.reset();
+        load_initial_params(base, layout, strategy, hf_tensors, hf_file);
+        for (int u = 0; u < layout.num_units(); ++u) {
+            if (!layout.units()[u].frozen) strategy.load_full_unit_params(u, adapters[u].data());
+        }
+        strategy.params_loaded();
+        return;
+    }
     if (hf_tensors == nullptr) {
         // One unit at a time: the host holds the largest unit's parameters, not the model's (every rank of a
         // node would otherwise hold the whole model in fp32 at once: 27 GB each for OLMo-7B, beside a CPU
@@ -106,6 +135,19 @@ void load_initial_params(const TrainConfig& config, const ParamLayout& layout, S
     strategy.params_loaded();
 }
 
+void fill_lora_base(const TrainConfig& config, const ParamLayout& layout, std::vector<std::vector<float>>& units) {
+    units.resize(layout.num_units());
+    for (int u = 0; u < layout.num_units(); ++u) {
+        if (!layout.units()[u].frozen) continue;
+        units[u].assign(layout.units()[u].numel, 0.0f);
+        init_unit_params(config, layout.units()[u], units[u].data());
+    }
+    if (config.init_from) {
+        hf_family(config.model, "--init-from " + *config.init_from);
+        from_hf_tensors(config, layout, read_hf_weights(config, *config.init_from), *config.init_from, units);
+    }
+}
+
 void load_inference_params(const TrainConfig& config, const ParamLayout& layout, Strategy& strategy,
                            const char* command) {
     const ModelConfig& m = config.model;
@@ -116,10 +158,16 @@ void load_inference_params(const TrainConfig& config, const ParamLayout& layout,
         read_checkpoint_params(path, &saved, &units);
         // The same model, not only the same sizes (rope_theta, the norms' kind and eps change no size).
         check_model_matches(saved, config, path);
+        if (saved.lora.enabled != config.lora.enabled) {
+            user_error(
+                "{}: checkpoint {} is {}a LoRA fine-tune's; set lora.enabled {} and its lora keys as it was trained",
+                command, *config.load_path, saved.lora.enabled ? "" : "not ", saved.lora.enabled);
+        }
         if (units.size() != static_cast<size_t>(layout.num_units())) {
             user_error("{}: checkpoint {} holds {} units; this config's model has {}", command, *config.load_path,
                        units.size(), layout.num_units());
         }
+        if (saved.lora.enabled) fill_lora_base(saved, layout, units);  // a LoRA checkpoint holds the adapters
         for (int u = 0; u < layout.num_units(); ++u) {
             if (units[u].size() != layout.units()[u].numel) {
                 user_error("{}: checkpoint {} does not hold this config's model (unit {})", command, *config.load_path,

@@ -53,6 +53,7 @@ Model::HeadParams Model::head_params(const float* base) const {
 // Pointers into a block unit's flat buffer from the offsets found once in the constructor.
 Model::BlockParams Model::block_params(const float* base, int layer) const {
     BlockParams p;
+    if (base == nullptr) return p;  // a frozen unit's gradients
     float* b = const_cast<float*>(base);
     const auto& offsets = block_offsets_[layer];
     for (size_t f = 0; f < kNumBlockFields; ++f) {
@@ -127,6 +128,26 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     qk_norm_ = m_.attention_layer_norm;
     norm_from_output_ = m_.norm_backward_from_output();
     z_loss_ = static_cast<float>(config.z_loss_multiplier);
+    if (config.lora.enabled) {
+        if (!backend_->has_lora()) {
+            user_error("config lora.enabled: the {} backend has no LoRA kernels yet; run LoRA with device cpu",
+                       backend_->name());
+        }
+        lora_modules_ = lora_modules(m_, config.lora.targets);
+        lora_r_ = config.lora.r;
+        lora_scale_ = static_cast<float>(config.lora.scaling());
+        lora_p_ = static_cast<float>(config.lora.dropout);
+        const Unit& adapters = layout_.units()[layout_.adapter_unit(0)];
+        for (const LoraModule& mod : lora_modules_) {
+            int unit = -1;
+            const ParamSpec *a = nullptr, *b = nullptr;
+            const std::string p = "transformer.blocks.0." + mod.name;
+            TRAINER_CHECK(
+                layout_.find(p + ".lora_A.weight", &unit, &a) && layout_.find(p + ".lora_B.weight", &unit, &b),
+                "no adapter {} in unit {}", mod.name, adapters.name);
+            lora_a_.push_back(a->offset), lora_b_.push_back(b->offset);
+        }
+    }
     if (max_batch_ == 0) return;  // generation only (decode): no training or evaluation passes, no arena
     ArenaShape shape;
     shape.max_batch = max_batch_, shape.T = T_, shape.C = C_, shape.NH = NH_, shape.P = P_, shape.H = H_;
@@ -145,6 +166,70 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     arena_ = DeviceBuffer(backend_, plan.floats * sizeof(float), MemCategory::kActivations);
     tokens_dev_ = DeviceBuffer(backend_, 2 * N * sizeof(int32_t), MemCategory::kActivations);
     tokens_host_.resize(2 * N);
+    if (!lora_modules_.empty()) {
+        const size_t K = static_cast<size_t>(std::max(C_, H_));
+        lora_work_ = DeviceBuffer(backend_, N * (K + 2 * lora_r_) * sizeof(float), MemCategory::kActivations);
+        if (lora_p_ > 0.0f) {
+            row_keys_ = DeviceBuffer(backend_, N * sizeof(uint64_t), MemCategory::kActivations);
+            row_keys_host_.resize(N);
+        }
+    }
+}
+
+void Model::open_block(int l, bool backward) {
+    const int u = layout_.block_unit(l), a = layout_.adapter_unit(l);
+    backward ? strategy_->before_backward(u) : strategy_->before_forward(u);
+    if (a < 0) return;
+    backward ? strategy_->before_backward(a) : strategy_->before_forward(a);
+    adapter_w_ = strategy_->unit_params(a);
+    adapter_g_ = backward ? strategy_->unit_grads(a) : nullptr;
+}
+
+void Model::close_block(int l, bool backward) {
+    const int u = layout_.block_unit(l), a = layout_.adapter_unit(l);
+    if (a >= 0) {
+        backward ? strategy_->after_backward(a) : strategy_->after_forward(a);
+        adapter_w_ = nullptr, adapter_g_ = nullptr;
+    }
+    backward ? strategy_->after_backward(u) : strategy_->after_forward(u);
+}
+
+bool Model::has_lora(LoraLinear linear) const {
+    for (const LoraModule& mod : lora_modules_) {
+        if (mod.linear == linear) return true;
+    }
+    return false;
+}
+
+void Model::lora_add(int l, LoraLinear linear, GemmOperand out, int ld, GemmOperand x, int N, float* work) const {
+    for (size_t j = 0; j < lora_modules_.size(); ++j) {
+        const LoraModule& mod = lora_modules_[j];
+        if (mod.linear != linear) continue;
+        LoraDropout drop;
+        if (dropout_on_ && lora_p_ > 0.0f) {
+            drop.p = lora_p_, drop.row_keys = reinterpret_cast<const uint64_t*>(row_keys_.data());
+            drop.adapter = static_cast<uint32_t>(l * 16 + mod.id);
+        }
+        backend_->lora_forward(out.at(static_cast<size_t>(mod.row_begin)), ld, x, adapter_w_ + lora_a_[j],
+                               adapter_w_ + lora_b_[j], N, static_cast<int>(mod.in), lora_r_,
+                               static_cast<int>(mod.rows()), lora_scale_, drop, work);
+    }
+}
+
+void Model::lora_grad(int l, LoraLinear linear, GemmOperand dinp, GemmOperand dout, int ld, GemmOperand x, int N) {
+    for (size_t j = 0; j < lora_modules_.size(); ++j) {
+        const LoraModule& mod = lora_modules_[j];
+        if (mod.linear != linear) continue;
+        LoraDropout drop;
+        if (lora_p_ > 0.0f) {  // backward follows a training forward only
+            drop.p = lora_p_, drop.row_keys = reinterpret_cast<const uint64_t*>(row_keys_.data());
+            drop.adapter = static_cast<uint32_t>(l * 16 + mod.id);
+        }
+        backend_->lora_backward(dinp, adapter_g_ + lora_a_[j], adapter_g_ + lora_b_[j],
+                                dout.at(static_cast<size_t>(mod.row_begin)), ld, x, adapter_w_ + lora_a_[j],
+                                adapter_w_ + lora_b_[j], N, static_cast<int>(mod.in), lora_r_,
+                                static_cast<int>(mod.rows()), lora_scale_, drop, lora_work_.f32());
+    }
 }
 
 void Model::upload_tokens(const int32_t* tokens, int batch, const uint8_t* keep, const uint8_t* label_mask) {
@@ -167,10 +252,21 @@ void Model::upload_tokens(const int32_t* tokens, int batch, const uint8_t* keep,
         }
     }
     backend_->copy_host_to_device(tokens_dev_.data(), tokens_host_.data(), 2 * N * sizeof(int32_t));
+    if (!row_keys_host_.empty()) {
+        for (int b = 0; b < batch; ++b) {
+            const uint64_t instance = dropout_instances_ != nullptr ? static_cast<uint64_t>(dropout_instances_[b]) : b;
+            for (int t = 0; t < T_; ++t) {
+                row_keys_host_[static_cast<size_t>(b) * T_ + t] =
+                    lora_row_key(dropout_step_key_, instance, static_cast<uint32_t>(t));
+            }
+        }
+        backend_->copy_host_to_device(row_keys_.data(), row_keys_host_.data(), N * sizeof(uint64_t));
+    }
 }
 
 void Model::forward_blocks(int batch, bool backward_follows) {
     strategy_->begin_forward(backward_follows);
+    dropout_on_ = backward_follows;
     const int N = batch * T_;
 
     // Embedding.
@@ -186,11 +282,10 @@ void Model::forward_blocks(int batch, bool backward_follows) {
     }
     for (int l = 0; l < L_; ++l) {
         const BlockLinears linears(backend_, fp8_linears());
-        const int u = layout_.block_unit(l);
         const trace::Span block("forward", trace::active() ? fmt::format("forward block.{}", l) : std::string());
-        strategy_->before_forward(u);
-        block_forward(l, batch, block_params(strategy_->unit_params(u), l), true);
-        strategy_->after_forward(u);
+        open_block(l, false);
+        block_forward(l, batch, block_params(strategy_->unit_params(layout_.block_unit(l)), l), true);
+        close_block(l, false);
     }
 }
 
@@ -245,6 +340,7 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
     // attention then run as with a head of k and v for every query head (torchtitan's and HF's repeat_kv).
     const GemmOperand proj = KVH_ < NH_ ? op(proj_) : op(a.qkv);
     backend_->matmul_forward(proj, sublayer_input(l, 1), w.att_proj_w, w.att_proj_b, N, C_, W_);
+    lora_add(l, LoraLinear::kAttProj, proj, W_, sublayer_input(l, 1), N, lora_work_.f32());
     if (qk_norm_) {
         backend_->qk_norm_forward(proj, op(a.qk), mean_at(a.qk_mean), act(a.qk_rstd), w.q_norm_w, w.q_norm_b,
                                   w.k_norm_w, w.k_norm_b, N, C_, KV_, norm_eps_, norm_kind_);
@@ -254,24 +350,29 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
     backend_->attention_forward(op(a.att), act(a.lse), op(a.qkv), batch, T_, NH_, HS_);
     if (norm_after_) {
         backend_->matmul_forward(op(a.att_o), op(a.att), w.attn_out_w, w.attn_out_b, N, C_, C_);
+        lora_add(l, LoraLinear::kAttnOut, op(a.att_o), C_, op(a.att), N, lora_work_.f32());
         backend_->norm_residual_forward(act(a.resid_mid), act(a.resid), mean_at(a.ln1_mean), act(a.ln1_rstd),
                                         op(a.att_o), w.attn_norm_w, w.attn_norm_b, N, C_, norm_eps_, norm_kind_);
     } else {
         backend_->matmul_residual_forward(act(a.resid_mid), act(a.resid), op(a.att), w.attn_out_w, w.attn_out_b, N, C_,
                                           C_, act(scratch_));
+        lora_add(l, LoraLinear::kAttnOut, act(a.resid_mid), C_, op(a.att), N, lora_work_.f32());
     }
     block_sublayer_input(l, 2, N, w);
     const GemmOperand mlp_in = sublayer_input(l, 2);
     if (m_.activation_type == ActivationType::kSwiglu) {
         backend_->matmul_forward(op(a.fch), mlp_in, w.ff_proj_w, w.ff_proj_b, N, C_, P_);
+        lora_add(l, LoraLinear::kFfProj, op(a.fch), P_, mlp_in, N, lora_work_.f32());
         backend_->swiglu_forward(op(a.fch_act), op(a.fch), N, H_);
-    } else if (keep_[l] != Keep::kGemmOutputs) {  // P == H: the GELU keeps the width (a GEMM epilogue on CUDA)
+    } else if (keep_[l] != Keep::kGemmOutputs &&
+               !has_lora(LoraLinear::kFfProj)) {  // P == H: the GELU keeps the width (a GEMM epilogue on CUDA)
         backend_->matmul_gelu_forward(op(a.fch), op(a.fch_act), mlp_in, w.ff_proj_w, w.ff_proj_b, N, C_, P_, tanh_gelu);
     } else {
         // A block whose backward recomputes the GELU from the kept ff_proj output runs the kernel that recompute
         // runs, so the recomputed activation is the forward's bit for bit (cuBLASLt's epilogue computes the GELU
-        // its own way). The CPU's matmul_gelu_forward is these two ops.
+        // its own way). The CPU's matmul_gelu_forward is these two ops. An adapter on ff_proj adds between them.
         backend_->matmul_forward(op(a.fch), mlp_in, w.ff_proj_w, w.ff_proj_b, N, C_, P_);
+        lora_add(l, LoraLinear::kFfProj, op(a.fch), P_, mlp_in, N, lora_work_.f32());
         backend_->gelu_forward(op(a.fch_act), op(a.fch), static_cast<size_t>(N) * H_, tanh_gelu);
     }
     if (!out_resid && !norm_after_) return;
@@ -280,6 +381,7 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
         // not over the next block's kept input.
         const size_t next_resid = !out_resid ? scratch_ : (l + 1 < L_) ? layers_[l + 1].resid : resid_final_;
         backend_->matmul_forward(op(a.ff_o), op(a.fch_act), w.ff_out_w, w.ff_out_b, N, H_, C_);
+        lora_add(l, LoraLinear::kFfOut, op(a.ff_o), C_, op(a.fch_act), N, lora_work_.f32());
         backend_->norm_residual_forward(act(next_resid), act(a.resid_mid), mean_at(a.ln2_mean), act(a.ln2_rstd),
                                         op(a.ff_o), w.ff_norm_w, w.ff_norm_b, N, C_, norm_eps_, norm_kind_);
         return;
@@ -287,6 +389,7 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
     const size_t next_resid = (l + 1 < L_) ? layers_[l + 1].resid : resid_final_;
     backend_->matmul_residual_forward(act(next_resid), act(a.resid_mid), op(a.fch_act), w.ff_out_w, w.ff_out_b, N, H_,
                                       C_, act(scratch_));
+    lora_add(l, LoraLinear::kFfOut, act(next_resid), C_, op(a.fch_act), N, lora_work_.f32());
 }
 
 void Model::recompute_block(int l, int batch, const BlockParams& w) {
@@ -381,7 +484,7 @@ void Model::backward_blocks(int batch) {
         const Plan& a = layers_[l];
         const int u = layout_.block_unit(l);
         const trace::Span block("backward", trace::active() ? fmt::format("backward block.{}", l) : std::string());
-        strategy_->before_backward(u);  // FULL_SHARD gathers the unit again: the recompute has its parameters
+        open_block(l, true);  // FULL_SHARD gathers the unit again: the recompute has its parameters
         const BlockParams w = block_params(strategy_->unit_params(u), l);
         const BlockParams g = block_params(strategy_->unit_grads(u), l);
         if (keep_[l] != Keep::kAll) {
@@ -400,7 +503,13 @@ void Model::backward_blocks(int batch) {
         if (m_.activation_type == ActivationType::kSwiglu) {
             backend_->matmul_backward(op(dfch_act_), g.ff_out_w, g.ff_out_b, dff_out, op(a.fch_act), w.ff_out_w, N, H_,
                                       C_, false);
+            lora_grad(l, LoraLinear::kFfOut, op(dfch_act_), dff_out, C_, op(a.fch_act), N);
             backend_->swiglu_backward(op(dfch_), op(a.fch), op(dfch_act_), N, H_);
+        } else if (has_lora(LoraLinear::kFfOut)) {  // the adapter's input gradient adds before the GELU's backward
+            backend_->matmul_backward(op(dfch_act_), g.ff_out_w, g.ff_out_b, dff_out, op(a.fch_act), w.ff_out_w, N, H_,
+                                      C_, false);
+            lora_grad(l, LoraLinear::kFfOut, op(dfch_act_), dff_out, C_, op(a.fch_act), N);
+            backend_->gelu_backward(op(dfch_), op(a.fch), op(dfch_act_), static_cast<size_t>(N) * H_, tanh_gelu);
         } else {  // ff_out's and the GELU's backward as one op (on CUDA one GEMM: the slope in its epilogue)
             backend_->matmul_gelu_backward(op(dfch_), op(dfch_act_), g.ff_out_w, g.ff_out_b, dff_out, op(a.fch_act),
                                            w.ff_out_w, op(a.fch), N, H_, C_, tanh_gelu);
@@ -408,9 +517,11 @@ void Model::backward_blocks(int batch) {
         if (norm_after_) {  // ff_proj read resid_mid itself: its input gradient adds to the stream's
             backend_->matmul_backward(act(dresid_), g.ff_proj_w, g.ff_proj_b, op(dfch_), sublayer_input(l, 2),
                                       w.ff_proj_w, N, C_, P_, true);
+            lora_grad(l, LoraLinear::kFfProj, act(dresid_), op(dfch_), P_, sublayer_input(l, 2), N);
         } else {
             backend_->matmul_backward(act(dln_), g.ff_proj_w, g.ff_proj_b, op(dfch_), op(a.ln2), w.ff_proj_w, N, C_, P_,
                                       false);
+            lora_grad(l, LoraLinear::kFfProj, act(dln_), op(dfch_), P_, op(a.ln2), N);
             pre_norm_backward(l, 2, w, g, N);
         }
         // Attention: resid_mid = resid + attn_out(attn(rope(qk_norm(att_proj(LN1(resid)))))), or with norm_after
@@ -423,6 +534,7 @@ void Model::backward_blocks(int batch) {
         }
         backend_->matmul_backward(op(datt_), g.attn_out_w, g.attn_out_b, datt_out, op(a.att), w.attn_out_w, N, C_, C_,
                                   false);
+        lora_grad(l, LoraLinear::kAttnOut, op(datt_), datt_out, C_, op(a.att), N);
         backend_->attention_backward(op(dqkv_), op(datt_), op(a.qkv), op(a.att), act(a.lse), batch, T_, NH_, HS_);
         if (m_.rope) backend_->rope_backward(op(dqkv_), batch, T_, NH_, HS_, theta);
         const GemmOperand dproj = KVH_ < NH_ ? op(proj_) : op(dqkv_);
@@ -434,19 +546,21 @@ void Model::backward_blocks(int batch) {
         if (norm_after_) {
             backend_->matmul_backward(act(dresid_), g.att_proj_w, g.att_proj_b, dproj, sublayer_input(l, 1),
                                       w.att_proj_w, N, C_, W_, true);
+            lora_grad(l, LoraLinear::kAttProj, act(dresid_), dproj, W_, sublayer_input(l, 1), N);
         } else {
             backend_->matmul_backward(act(dln_), g.att_proj_w, g.att_proj_b, dproj, op(a.ln1), w.att_proj_w, N, C_, W_,
                                       false);
+            lora_grad(l, LoraLinear::kAttProj, act(dln_), dproj, W_, op(a.ln1), N);
             pre_norm_backward(l, 1, w, g, N);
         }
-        strategy_->after_backward(u);
+        close_block(l, true);
     }
     const int emb = layout_.embedding_unit();
     const trace::Span span("backward", "backward embedding");
     if (!m_.weight_tying) strategy_->before_backward(emb);  // a tied head already opened it
     float* dwte = strategy_->unit_grads(emb);
-    float* dwpe = m_.rope ? nullptr : dwte + static_cast<size_t>(V_) * C_;
-    backend_->embedding_backward(dwte, dwpe, act(dresid_), tokens_dev_.i32(), N, T_, C_);
+    float* dwpe = m_.rope || dwte == nullptr ? nullptr : dwte + static_cast<size_t>(V_) * C_;
+    if (dwte != nullptr) backend_->embedding_backward(dwte, dwpe, act(dresid_), tokens_dev_.i32(), N, T_, C_);
     strategy_->after_backward(emb);
 }
 
@@ -493,6 +607,7 @@ LossSums accumulate_gradients(Strategy& strategy, Model& model, long accumulatio
         const trace::Span span("micro-batch", trace::active() ? fmt::format("micro-batch {}", k) : std::string());
         strategy.begin_micro_batch(static_cast<int>(k));
         const MicroBatchTokens mb = tokens_for(k);
+        model.set_dropout_rows(mb.step_key, mb.instances);
         loss_sum += model.forward_backward(mb.tokens, batch, dloss_scale, mb.keep, mb.label_mask);
     }
     const trace::Span span("comm", "finish backward");

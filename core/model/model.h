@@ -25,6 +25,7 @@
 
 #include "base/config.h"
 #include "base/layout.h"
+#include "base/lora.h"
 #include "core/model/arena.h"
 #include "kernels/backend.h"
 #include "kernels/graph.h"
@@ -63,6 +64,14 @@ class Model {
     using LogitsSink = std::function<void(int r0, int rows, const float* logits)>;
     void forward_logits(const int32_t* tokens, int batch, const LogitsSink& sink);
 
+    // LoRA's dropout keys for the next forward_backward: its rows are instances[b] of their dataset (null: b, their
+    // place in the micro-batch) at optimizer step `step_key` (lora_step_key of the seed and the step), so the masks
+    // do not depend on which rank or micro-batch runs an instance.
+    void set_dropout_rows(uint64_t step_key, const int64_t* instances) {
+        dropout_step_key_ = step_key;
+        dropout_instances_ = instances;
+    }
+
     int max_batch() const { return max_batch_; }
     // Rows of the LM head's logits chunk for micro-batches of up to `max_batch` (model.cpp says why).
     static int head_chunk_rows(const ModelConfig& m, int max_batch, bool bf16_logits);
@@ -94,7 +103,8 @@ class Model {
         int sequences = 0, length = 0, rows = 0;
         DeviceBuffer keys, values;  // (layers, sequences, KVH, length, HS) each
         DeviceBuffer x, ln, qkv, qk, att, sub, fch, fch_act, stats, logits, scratch;
-        DeviceBuffer ids;  // tokens, sequences and positions of the rows, int32
+        DeviceBuffer ids;        // tokens, sequences and positions of the rows, int32
+        DeviceBuffer lora_work;  // LoRA: the adapters' scratch (rows x 2r)
     };
     DecodeCache make_decode_cache(int sequences, int length, int rows) const;
     // Runs `rows` tokens through the model, row r being token tokens[r] of sequence seqs[r] at position
@@ -128,6 +138,16 @@ class Model {
     // What block l's backward reads and the block did not keep, recomputed into the shared work plan.
     void recompute_block(int l, int batch, const BlockParams& w);
     HeadParams head_params(const float* base) const;  // all null for a null base
+    // Block l's strategy hooks for its forward (backward false) or backward, its LoRA adapters' unit's inside its
+    // own; open_block also points adapter_w_ / adapter_g_ at the adapters.
+    void open_block(int l, bool backward);
+    void close_block(int l, bool backward);
+    // LoRA: whether block Linear `linear` has an adapter; adds its adapters' update to its output `out` (rows ld
+    // apart, the Linear's first output column) from its input x; and their backward, given the output's gradient
+    // dout (rows ld apart), into the adapters' gradients and (+=) dinp.
+    bool has_lora(LoraLinear linear) const;
+    void lora_add(int l, LoraLinear linear, GemmOperand out, int ld, GemmOperand x, int N, float* work) const;
+    void lora_grad(int l, LoraLinear linear, GemmOperand dinp, GemmOperand dout, int ld, GemmOperand x, int N);
     void upload_tokens(const int32_t* tokens, int batch, const uint8_t* keep, const uint8_t* label_mask = nullptr);
     void forward_blocks(int batch, bool backward_follows);
     // The final norm and the LM head: the loss (and with `backward` the head's backward), or with a sink the
@@ -167,6 +187,19 @@ class Model {
     bool norm_from_output_ = false;
     float z_loss_ = 0.0f;  // z-loss multiplier; 0: none
 
+    // LoRA (lora.enabled): the target modules, each one's A and B offsets in a block's adapter unit.
+    std::vector<LoraModule> lora_modules_;
+    std::vector<size_t> lora_a_, lora_b_;
+    int lora_r_ = 0;
+    float lora_scale_ = 0.0f, lora_p_ = 0.0f;
+    const float* adapter_w_ = nullptr;  // the open block's adapters, and (backward) their gradients
+    float* adapter_g_ = nullptr;
+    bool dropout_on_ = false;  // a training pass: the adapters' inputs are dropped out
+    uint64_t dropout_step_key_ = 0;
+    const int64_t* dropout_instances_ = nullptr;
+    DeviceBuffer lora_work_, row_keys_;  // the adapters' scratch; each row's dropout key (uint64)
+    std::vector<uint64_t> row_keys_host_;
+
     // Arena offsets (in floats) of each block's activations (core/arena.h).
     static constexpr size_t kAbsent = ArenaSlots::kAbsent;
     using Plan = ArenaSlots;
@@ -192,6 +225,9 @@ struct MicroBatchTokens {
     const int32_t* tokens = nullptr;
     const uint8_t* keep = nullptr;
     const uint8_t* label_mask = nullptr;  // (batch, L), nullable: Model::forward_backward's
+    // LoRA's dropout keys (Model::set_dropout_rows): the step's key and each instance's index in its dataset.
+    uint64_t step_key = 0;
+    const int64_t* instances = nullptr;
     MicroBatchTokens(const int32_t* t, const uint8_t* k = nullptr, const uint8_t* m = nullptr)  // NOLINT: implicit
         : tokens(t), keep(k), label_mask(m) {}
 };

@@ -78,10 +78,14 @@ std::string peak_memory_text(const MemorySnapshot& mem) {
                   peak(MemCategory::kHostOptimizerState), peak(MemCategory::kHostCheckpoint))
             : std::string();
     return fmt::format(
-        "peak memory {:.1f} MiB (params {:.1f}, grads {:.1f}, optimizer {:.1f}, activations {:.1f}){}, resident {:.1f} "
-        "MiB",
-        mem.total_peak / mib, peak(MemCategory::kParameters), peak(MemCategory::kGradients),
-        peak(MemCategory::kOptimizerState), peak(MemCategory::kActivations), host, process_peak_resident_bytes() / mib);
+        "peak memory {:.1f} MiB (params {:.1f}{}, grads {:.1f}, optimizer {:.1f}, activations {:.1f}){}, resident "
+        "{:.1f} MiB",
+        mem.total_peak / mib, peak(MemCategory::kParameters),
+        mem.peak[static_cast<int>(MemCategory::kFrozenParameters)] > 0
+            ? fmt::format(", frozen {:.1f}", peak(MemCategory::kFrozenParameters))
+            : std::string(),
+        peak(MemCategory::kGradients), peak(MemCategory::kOptimizerState), peak(MemCategory::kActivations), host,
+        process_peak_resident_bytes() / mib);
 }
 
 std::string trace_path(const std::string& path, int rank, int world) {

@@ -19,11 +19,13 @@
 #include <sstream>
 
 #include "base/common.h"
+#include "core/model/init.h"
 #include "core/optimizer.h"
 #include "core/weights/checkpoint_meta.h"
 #include "core/weights/checkpoint_verify.h"
 #include "core/weights/hf_export.h"
 #include "core/weights/hf_names.h"
+#include "core/weights/peft.h"
 #include "core/weights/safetensors.h"
 
 namespace trainer {
@@ -356,6 +358,7 @@ std::string publish_save(const TrainConfig& config, const ParamLayout& layout, c
                     {"shuffle", config.data.shuffle}};
     meta["rng"] = {{"seed", config.seed}};
     meta["config"] = config_json(config);
+    if (layout.has_adapters() && !layout.frozen_base().empty()) meta["lora_base"] = layout.frozen_base();
     meta["files"] = file_sums;
     {
         const std::string text = meta.dump(2);
@@ -470,6 +473,13 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
             data["shuffle"].get<bool>(), config.global_train_batch_size, config.data.seed, config.data.shuffle);
     }
     check_units_match(meta, layout, path);
+    if (meta.contains("lora_base") && meta["lora_base"].is_string() && !layout.frozen_base().empty() &&
+        meta["lora_base"] != layout.frozen_base()) {
+        user_error(
+            "checkpoint {}: a LoRA fine-tune of a base that is {}, but this run's base (init_from {}) is {}: "
+            "its adapters were trained on another model; resume with the base it was trained from",
+            path, meta["lora_base"].get<std::string>(), config.init_from.value_or("none"), layout.frozen_base());
+    }
     const Json saved_data = config_json(verified.config)["data"], now_data = config_json(config)["data"];
     if (saved_data["paths"] != now_data["paths"] || saved_data["sources"] != now_data["sources"]) {
         std::fprintf(stderr,
@@ -506,15 +516,39 @@ void read_checkpoint_params(const std::string& path, TrainConfig* config, std::v
     *config = verified.config;
     // The model its config describes must be the one in the shards (an edited metadata.json would export
     // mis-shaped weights).
-    check_units_match(meta, ParamLayout(*config), path);
+    const ParamLayout layout(*config);
+    check_units_match(meta, layout, path);
     units->resize(meta["units"].size());
-    for (size_t u = 0; u < units->size(); ++u) read_unit_state(path, meta, static_cast<int>(u), 1, &(*units)[u]);
+    for (size_t u = 0; u < units->size(); ++u) {
+        if (!layout.units()[u].frozen) read_unit_state(path, meta, static_cast<int>(u), 1, &(*units)[u]);
+    }
 }
 
 std::string export_checkpoint(const std::string& path, const std::string& out, const HfExportOptions& options) {
     TrainConfig config;
     std::vector<std::vector<float>> units;
     read_checkpoint_params(path, &config, &units);
+    if (!config.lora.enabled && (options.lora_adapter || options.merge_lora)) {
+        user_error("export {}: checkpoint {} is no LoRA fine-tune's (its lora.enabled is false)",
+                   options.lora_adapter ? "--adapter" : "--merge-lora", path);
+    }
+    if (config.lora.enabled) {
+        if (options.lora_adapter == options.merge_lora) {
+            user_error(
+                "export: checkpoint {} is a LoRA fine-tune's, which holds its adapters; give --adapter (a PEFT "
+                "adapter directory) or --merge-lora (the model with them merged into its base)",
+                path);
+        }
+        const ParamLayout lora_layout(config);
+        if (options.lora_adapter) {
+            write_peft_adapter(config, lora_layout, units, out);
+            return "PEFT LoRA adapter";
+        }
+        fill_lora_base(config, lora_layout, units);
+        merge_lora(config, lora_layout, units);
+        config.lora = LoraConfig{};
+        units.resize(ParamLayout(config).units().size());  // the adapter units follow the base's
+    }
     const ParamLayout layout(config);
     const bool file = out.size() > 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0;
     if (!file) return export_hf_directory(config, layout, units, out, options);

@@ -77,7 +77,9 @@ std::string resolve_checkpoint(const TrainConfig& config, const std::string& loa
 // Loads parameters and optimizer state into the strategy's owned shards; returns the step and data position.
 CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& layout, Backend* backend,
                                Strategy& strategy, const std::string& path);
-// Reads the full parameters of every unit (host) and the config a checkpoint was written with (for export).
+// Reads the full parameters of every unit (host) and the config a checkpoint was written with (for export). A LoRA
+// fine-tune's checkpoint holds its adapters only: its frozen units are left empty (their base is the run's init_from,
+// or its initialisation).
 void read_checkpoint_params(const std::string& path, TrainConfig* config, std::vector<std::vector<float>>* units);
 // Refuses (user_error naming the key and both values) a checkpoint at `path` whose config (`saved`, its metadata's,
 // validated) describes another model than `config`'s: every model key but the initialisation's must agree.

@@ -28,6 +28,9 @@ struct HfExportOptions {
     int64_t max_shard_bytes = 5000000000;  // transformers' default max_shard_size, "5GB"
     std::string tokenizer;                 // "" (none written) or "gpt2"
     std::string tokenizer_dir;             // where scripts/fetch_tokenizers.sh put the gpt2 files
+    // A LoRA fine-tune's checkpoint: its adapters as a PEFT adapter directory (lora_adapter), or the model with
+    // them merged into the base's weights (merge_lora); one of them is required there, and refused elsewhere.
+    bool lora_adapter = false, merge_lora = false;
 };
 
 // The config.json of the model (its architecture name in "architectures").

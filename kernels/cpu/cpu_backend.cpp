@@ -182,6 +182,20 @@ class CpuBackend final : public Backend {
             cpu::matmul_backward(f32(dinp), dweight, dbias, f32(dout), f32(inp), weight, M, K, N, accumulate_dinp);
         }
     }
+    bool has_lora() const override { return true; }
+    void lora_forward(GemmOperand out, int ld_out, GemmOperand inp, const float* A, const float* B, int M, int K, int r,
+                      int n, float scale, const LoraDropout& drop, float* work) override {
+        const Busy busy(*this);
+        cpu::lora_forward(f32(out), ld_out, f32(inp), A, B, M, K, r, n, scale, drop.p, drop.row_keys, drop.adapter,
+                          work);
+    }
+    void lora_backward(GemmOperand dinp, float* dA, float* dB, GemmOperand dout, int ld_dout, GemmOperand inp,
+                       const float* A, const float* B, int M, int K, int r, int n, float scale, const LoraDropout& drop,
+                       float* work) override {
+        const Busy busy(*this);
+        cpu::lora_backward(f32(dinp), dA, dB, f32(dout), ld_dout, f32(inp), A, B, M, K, r, n, scale, drop.p,
+                           drop.row_keys, drop.adapter, work);
+    }
     void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
                            int C) override {
         const Busy busy(*this);

@@ -3,7 +3,7 @@
 // Every kernel is a template over the element type T (float for training, double for the
 // finite-difference tests) and is explicitly instantiated for both in its .cpp file.
 // One op family per file, same stem as the CUDA twin: embedding, layernorm, matmul, rope, attention,
-// activation, residual, classifier, adamw, norm, cast, nf4; fp8_linear's twin is the CUDA backend's FP8 GEMMs
+// activation, residual, classifier, adamw, norm, cast, nf4, lora; fp8_linear's twin is the CUDA backend's FP8 GEMMs
 // (cuBLASLt, with fp8.cu's casts).
 //
 // Each kernel implements the Backend op of the same name: its contract (shapes in the legend there, what
@@ -30,6 +30,15 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int M,
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int M, int K, int N,
                      bool accumulate_dinp);
+
+// ---- lora.cpp: Backend::lora_forward / lora_backward, dropout p with its row keys (nullable where p is 0) and
+// adapter id; work: M * (K + 2r) elements. ----
+template <typename T>
+void lora_forward(T* out, int ld_out, const T* inp, const T* A, const T* B, int M, int K, int r, int n, T scale,
+                  float p, const uint64_t* row_keys, uint32_t adapter, T* work);
+template <typename T>
+void lora_backward(T* dinp, T* dA, T* dB, const T* dout, int ld_dout, const T* inp, const T* A, const T* B, int M,
+                   int K, int r, int n, T scale, float p, const uint64_t* row_keys, uint32_t adapter, T* work);
 
 // ---- nf4.cpp: QLoRA's NF4 storage (element.h's format) of a frozen weight. ----
 // x (n values) as NF4: codes ((n + 1) / 2 bytes, the first value of a pair in the high nibble) and one absmax a

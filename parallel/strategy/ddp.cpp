@@ -9,6 +9,8 @@
 // sum. Used for fsdp NO_SHARD too, which must cost what DDP costs, and for the single-process strategy
 // (a group of one, where every collective is a no-op).
 //
+// LoRA: a frozen unit (the base) holds parameters only; it has no gradient to reduce and no part for the optimizer.
+//
 // CPU offload (cpu_offload.optimizer_state; shard_storage.h): the gradients stay on the device, where the
 // optimizer streams them down as it updates. The replica's parameters stay on the device (offloading them
 // is FSDP's).
@@ -38,7 +40,7 @@ class DdpStrategy final : public Strategy {
         }
         for (const auto& u : layout.units()) {
             Unit s;
-            s.state = ShardStorage(backend, u.numel, offload, false);
+            s.state = ShardStorage(backend, u.numel, offload, false, u.frozen);
             if (precision_.bf16_params && u.numel > 0) {
                 s.compute = DeviceBuffer(backend, u.numel * sizeof(float), MemCategory::kGatheredUnits);
             }
@@ -71,7 +73,7 @@ class DdpStrategy final : public Strategy {
         const bool last_micro = micro_ == num_micro_ - 1;
         Unit& s = units_[u];
         const size_t n = s.state.numel();
-        if (world_->size() == 1 || (!every_micro_ && !last_micro) || n == 0) return;  // nothing to reduce
+        if (world_->size() == 1 || (!every_micro_ && !last_micro) || n == 0 || s.state.frozen()) return;
         if (precision_.bf16_reduce) {
             s.wire = DeviceBuffer(backend_, n * 2, MemCategory::kCommunication);
             backend_->cast_float_to_bf16(s.wire.bf16(), s.state.grads(), n);
@@ -90,7 +92,9 @@ class DdpStrategy final : public Strategy {
     }
     std::vector<ShardView> owned_shards() override {
         std::vector<ShardView> views;
-        for (size_t u = 0; u < units_.size(); ++u) views.push_back(units_[u].state.view(static_cast<int>(u), 0));
+        for (size_t u = 0; u < units_.size(); ++u) {
+            if (!units_[u].state.frozen()) views.push_back(units_[u].state.view(static_cast<int>(u), 0));
+        }
         return views;
     }
     void after_optimizer_step() override {

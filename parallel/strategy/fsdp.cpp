@@ -32,6 +32,9 @@
 // the shard and accumulates into its gradients, as the single strategy does (mixed precision widens the
 // bf16 shard into the unit's compute copy instead of gathering it, once a step: the copies stay for the
 // step in every sharding mode unless the parameters are offloaded; pure still reduces to round in bf16).
+// LoRA: the wrap policy gives every block's adapters an FSDP unit of their own, so an FSDP unit is all frozen (the
+// base: gathered as any unit, but with no gradient, no reduction and no part for the optimizer) or all trained.
+// The small adapter units are gathered when used, never prefetched, and not counted by limit_all_gathers.
 // CPU offload (shard_storage.h): the shards' gradients stay on the device, where the optimizer streams
 // them down as it updates. With cpu_offload.parameters every gather first uploads the shard (bf16 in mixed
 // and pure precision) into a communication buffer that lives until the gather has landed.
@@ -73,8 +76,11 @@ class FsdpStrategy final : public Strategy {
         for (size_t g = 0; g < opt_.groups.size(); ++g) {
             Group G;
             G.units = opt_.groups[g];
+            G.frozen = !G.units.empty() && layout.units().at(G.units.front()).frozen;
+            G.adapters = !G.units.empty() && G.units.front() > head_;
             for (int u : G.units) {
                 TRAINER_CHECK(group_of_.at(u) < 0, "layout unit {} is in two FSDP units", u);
+                TRAINER_CHECK(layout.units()[u].frozen == G.frozen, "FSDP unit {} mixes frozen and trained units", g);
                 group_of_[u] = static_cast<int>(g);
                 offset_in_group_[u] = G.numel;
                 G.numel += layout.units()[u].numel;
@@ -84,7 +90,7 @@ class FsdpStrategy final : public Strategy {
             G.padded = G.shard * size;
             // Mixed / pure: the bf16 shard the gathers send, kept current by AdamW's copy-out (and refreshed
             // after loads) instead of a cast before every gather; 2 bytes per shard element, parameters.
-            G.mine = ShardStorage(backend, G.shard, opt_.offload, opt_.precision.bf16_params);
+            G.mine = ShardStorage(backend, G.shard, opt_.offload, opt_.precision.bf16_params, G.frozen);
             groups_.push_back(std::move(G));
         }
         for (int u = 0; u < layout.num_units(); ++u) {
@@ -105,6 +111,7 @@ class FsdpStrategy final : public Strategy {
     }
     float* unit_grads(int u) override {
         Group& G = groups_.at(group_of_.at(u));
+        if (G.frozen) return nullptr;
         TRAINER_CHECK(G.has_grads, "unit {} gradients used outside its backward hooks", u);
         if (G.padded == 0) return nullptr;
         return (grads_in_place_ ? G.mine.grads() : G.full_grads.f32()) + offset_in_group_[u];
@@ -128,11 +135,11 @@ class FsdpStrategy final : public Strategy {
     void before_backward(int u) override {
         acquire(u);
         Group& G = groups_[group_of_[u]];
-        if (!G.has_grads && G.padded > 0 && !grads_in_place_) {
+        if (!G.has_grads && G.padded > 0 && !grads_in_place_ && !G.frozen) {
             G.full_grads = DeviceBuffer(backend_, G.padded * sizeof(float), MemCategory::kGradients);
             backend_->fill_zero(G.full_grads.data(), G.padded * sizeof(float));
         }
-        G.has_grads = true;
+        G.has_grads = !G.frozen;
         if (u == bwd_cursor_) {
             bwd_cursor_ = u - 1;
             if (opt_.backward_prefetch) prefetch_after(u, -1);
@@ -144,7 +151,7 @@ class FsdpStrategy final : public Strategy {
         if (hybrid_replicas()) {
             // HYBRID_SHARD: the replicas of a shard hold partial sums (already divided by the world size).
             for (Group& G : groups_) {
-                if (G.shard == 0) continue;
+                if (G.shard == 0 || G.frozen) continue;
                 if (opt_.precision.bf16_reduce) {
                     DeviceBuffer wire(backend_, G.shard * 2, MemCategory::kCommunication);
                     backend_->cast_float_to_bf16(wire.bf16(), G.mine.grads(), G.shard);
@@ -173,6 +180,7 @@ class FsdpStrategy final : public Strategy {
     std::vector<ShardView> owned_shards() override {
         std::vector<ShardView> views;
         for (Group& G : groups_) {
+            if (G.frozen) continue;
             const size_t lo = my_range(G).begin;
             for (int u : G.units) {
                 const Range r = owned_part(G, u);
@@ -203,7 +211,9 @@ class FsdpStrategy final : public Strategy {
    private:
     struct Group {
         std::vector<int> units;
-        int first_unit = -1;  // the member whose after_backward ends the FSDP unit's backward
+        int first_unit = -1;    // the member whose after_backward ends the FSDP unit's backward
+        bool frozen = false;    // LoRA's base: no gradients
+        bool adapters = false;  // LoRA's adapters (after the head in layout order)
         size_t numel = 0, shard = 0, padded = 0;
         ShardStorage mine;                     // this rank's shard (and, mixed / pure, its bf16 rounding)
         DeviceBuffer full_params, full_grads;  // while gathered / accumulating
@@ -286,7 +296,7 @@ class FsdpStrategy final : public Strategy {
         if (n < 0 || n > head_ || groups_[group_of_[n]].gathered) return;
         if (opt_.limit_all_gathers && !opt_.keep_params_for_step) {
             int gathered = 0;
-            for (size_t k = 1; k < groups_.size(); ++k) gathered += groups_[k].gathered ? 1 : 0;
+            for (size_t k = 1; k < groups_.size(); ++k) gathered += groups_[k].gathered && !groups_[k].adapters ? 1 : 0;
             if (gathered >= 2) return;
         }
         start_gather(group_of_[n]);

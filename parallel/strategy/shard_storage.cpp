@@ -8,8 +8,8 @@
 
 namespace trainer {
 
-ShardStorage::ShardStorage(Backend* backend, size_t numel, const CpuOffloadConfig& offload, bool bf16_copy)
-    : backend_(backend), numel_(numel), offload_(offload.optimizer_state) {
+ShardStorage::ShardStorage(Backend* backend, size_t numel, const CpuOffloadConfig& offload, bool bf16_copy, bool frozen)
+    : backend_(backend), numel_(numel), offload_(offload.optimizer_state), frozen_(frozen) {
     TRAINER_CHECK(!offload.parameters || offload.optimizer_state, "parameter offload without optimizer offload");
     if (numel == 0) return;  // an empty unit (a parameter-free final norm): null pointers, nothing counted
     const size_t bytes = numel * sizeof(float), half = numel * sizeof(uint16_t);
@@ -18,6 +18,19 @@ ShardStorage::ShardStorage(Backend* backend, size_t numel, const CpuOffloadConfi
         if (!mem_category_is_host(c)) backend->fill_zero(b.data(), n);  // host memory comes zeroed
         return b;
     };
+    if (frozen) {
+        // Parameters only, never updated: on the device (frozen_parameters), or with cpu_offload.parameters in
+        // host memory, uploaded for each gather.
+        if (offload.parameters) {
+            host_params_ = zeroed(bytes, MemCategory::kHostParameters);
+            if (bf16_copy) host_bf16_ = zeroed(half, MemCategory::kHostParameters);
+            return;
+        }
+        offload_ = false;
+        params_ = zeroed(bytes, MemCategory::kFrozenParameters);
+        if (bf16_copy) bf16_ = zeroed(half, MemCategory::kFrozenParameters);
+        return;
+    }
     // The device's fp32 parameters: the master without offload; with optimizer offload, the copy compute
     // reads, unless the bf16 copy serves instead or the parameters are offloaded too.
     if (!offload_ || (!offload.parameters && !bf16_copy)) params_ = zeroed(bytes, MemCategory::kParameters);
@@ -35,6 +48,7 @@ ShardStorage::ShardStorage(Backend* backend, size_t numel, const CpuOffloadConfi
 }
 
 ShardView ShardStorage::view(int unit, size_t begin, size_t offset, size_t n) {
+    TRAINER_CHECK(!frozen_, "view: unit {} is frozen; the optimizer never sees it", unit);
     TRAINER_CHECK(offset <= numel_, "view: offset {} outside the shard's {} elements", offset, numel_);
     n = std::min(n, numel_ - offset);
     if (offload_) backend_->host_wait(upload_ticket_);
@@ -102,7 +116,7 @@ void ShardStorage::params_loaded() {
 }
 
 void ShardStorage::zero_grads() {
-    if (numel_ > 0) backend_->fill_zero(grads_.data(), numel_ * sizeof(float));
+    if (numel_ > 0 && !frozen_) backend_->fill_zero(grads_.data(), numel_ * sizeof(float));
 }
 
 void ShardStorage::upload(size_t a, size_t b) {

@@ -27,16 +27,19 @@ namespace trainer {
 class ShardStorage {
    public:
     ShardStorage() = default;
-    // `bf16_copy`: keep the parameters rounded to bf16 too (what mixed-precision FSDP gathers).
-    ShardStorage(Backend* backend, size_t numel, const CpuOffloadConfig& offload, bool bf16_copy);
+    // `bf16_copy`: keep the parameters rounded to bf16 too (what mixed-precision FSDP gathers). `frozen` (LoRA's
+    // base): parameters only (frozen_parameters; in host memory with cpu_offload.parameters), no gradient, no
+    // moments, no view for the optimizer.
+    ShardStorage(Backend* backend, size_t numel, const CpuOffloadConfig& offload, bool bf16_copy, bool frozen = false);
 
     size_t numel() const { return numel_; }
+    bool frozen() const { return frozen_; }
     // The optimizer's view of `n` elements of this storage from element `offset` (the rest of it where `n` is
     // npos), which are elements [begin, begin + n) of unit `unit`: device memory, or host memory (on_host)
     // under CPU offload but for the gradients, which no upload still reads when this returns (the optimizer
     // and a checkpoint load may write it); under offload, `upload` starts a range up to the device.
     ShardView view(int unit, size_t begin, size_t offset = 0, size_t n = static_cast<size_t>(-1));
-    // The device gradients the strategy accumulates and reduces into.
+    // The device gradients the strategy accumulates and reduces into (null when frozen).
     float* grads() const { return grads_.f32(); }
     // The fp32 parameters on the device (null where only the bf16 copy or nothing is kept there), once the
     // last upload has landed (for the work queued from now on).
@@ -61,6 +64,7 @@ class ShardStorage {
     Backend* backend_ = nullptr;
     size_t numel_ = 0;
     bool offload_ = false;
+    bool frozen_ = false;
     // Device: the fp32 parameters (the master without offload, else a copy), the bf16 copy, the gradients
     // and (without offload) the moments.
     DeviceBuffer params_, bf16_, grads_, exp_avg_, exp_avg_sq_;

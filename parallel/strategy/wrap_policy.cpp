@@ -7,7 +7,7 @@ namespace trainer {
 
 std::vector<std::vector<int>> fsdp_unit_groups(const ParamLayout& layout, const FsdpConfig& fsdp) {
     const int emb = layout.embedding_unit(), head = layout.head_unit();
-    const int n_layers = head - 1;
+    const int n_layers = layout.num_layers();
     using W = WrappingStrategy;
     const W policy = fsdp.wrapping_strategy;
     // The head unit holds ln_f and, untied, the LM head: OLMo wraps ff_out by size, ln_f stays in the root.
@@ -80,6 +80,9 @@ std::vector<std::vector<int>> fsdp_unit_groups(const ParamLayout& layout, const 
         }
     }
     if (and_size && head_is_lm_head) wrap({head});
+    // LoRA: each block's adapters are an FSDP unit of their own, whatever the policy (as PEFT's FSDP policy wraps
+    // every adapter): a flat buffer is all frozen or all trained, so only the adapters hold and reduce gradients.
+    for (int l = 0; l < n_layers && layout.has_adapters(); ++l) wrap({layout.adapter_unit(l)});
     for (int u = 0; u < layout.num_units(); ++u) {
         if (!wrapped[u]) groups[0].push_back(u);
     }

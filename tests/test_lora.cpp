@@ -1,0 +1,557 @@
+// LoRA (lora.*): the adapters' kernels against finite differences, the adapted model against its base with the
+// adapters merged into the weights (the update PEFT and LitGPT define: W + (alpha / r) B A), a frozen base that
+// holds no gradient and no optimizer state and never changes, and every strategy training as the single process
+// with dropout on, a checkpoint of the adapters resumed on another world size.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/lora.h"
+#include "core/optimizer.h"
+#include "core/weights/peft.h"
+#include "kernels/cpu/ops.h"
+#include "model_check.h"
+#include "test_util.h"
+
+using namespace trainer;
+using Catch::Matchers::Contains;
+using test_util::fixture;
+using test_util::TempDir;
+
+namespace {
+
+// Deterministic values in [-1, 1).
+std::vector<double> pseudo(size_t n, uint64_t seed) {
+    std::vector<double> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<double>(mix64(seed * 7919 + i) >> 11) * 0x1.0p-52 - 1.0;
+    return v;
+}
+
+// The fixture's config with LoRA (rank 4) on `targets` (empty: every module of its shape), `dropout`.
+TrainConfig lora_config(const std::string& name, double dropout, std::vector<std::string> targets = {}) {
+    Json doc = read_config_file(fixture(name + "_tiny.json"));
+    doc["data"]["paths"] = Json::array({fixture(name + "_tiny_tokens.u16")});
+    doc["lora"]["enabled"] = true;
+    doc["lora"]["r"] = 4;
+    doc["lora"]["alpha"] = 6.0;
+    doc["lora"]["dropout"] = dropout;
+    if (targets.empty()) targets = lora_module_names(validate_config(doc).model);
+    doc["lora"]["targets"] = targets;
+    return validate_config(doc);
+}
+
+std::vector<float> download(Backend& backend, const float* p, size_t n) {
+    std::vector<float> v(n);
+    backend.copy_device_to_host(v.data(), p, n * sizeof(float));
+    return v;
+}
+
+}  // namespace
+
+TEST_CASE("lora: the kernels' gradients match finite differences in float64 with dropout and strided outputs") {
+    const int M = 6, K = 7, r = 3, n = 4, ld = 9;  // the adapted columns are 4 of a row of 9
+    const double scale = 1.7;
+    for (const float p : {0.0f, 0.3f}) {
+        CAPTURE(p);
+        std::vector<uint64_t> keys(M);
+        for (int m = 0; m < M; ++m) keys[m] = lora_row_key(lora_step_key(11, 3), 40 + m / 3, m % 3);
+        std::vector<double> x = pseudo(M * K, 1), A = pseudo(r * K, 2), B = pseudo(n * r, 3), R = pseudo(M * ld, 4);
+        std::vector<double> work(M * (K + 2 * r));
+        // The loss: sum of R times the output (the base's part is a constant, left 0).
+        auto loss = [&](const std::vector<double>& xx, const std::vector<double>& AA, const std::vector<double>& BB) {
+            std::vector<double> out(M * ld, 0.0);
+            cpu::lora_forward<double>(out.data(), ld, xx.data(), AA.data(), BB.data(), M, K, r, n, scale, p,
+                                      keys.data(), 5, work.data());
+            double s = 0.0;
+            for (size_t i = 0; i < out.size(); ++i) s += R[i] * out[i];
+            return s;
+        };
+        std::vector<double> dx(M * K, 0.25), dA(r * K, 0.5), dB(n * r, -0.5);  // gradients accumulate: offsets
+        const std::vector<double> dx0 = dx, dA0 = dA, dB0 = dB;
+        cpu::lora_backward<double>(dx.data(), dA.data(), dB.data(), R.data(), ld, x.data(), A.data(), B.data(), M, K, r,
+                                   n, scale, p, keys.data(), 5, work.data());
+        const double h = 1e-6;
+        auto check = [&](std::vector<double>& v, const std::vector<double>& got, const std::vector<double>& base,
+                         const char* what) {
+            for (size_t i = 0; i < v.size(); ++i) {
+                const double keep = v[i];
+                v[i] = keep + h;
+                const double up = loss(x, A, B);
+                v[i] = keep - h;
+                const double down = loss(x, A, B);
+                v[i] = keep;
+                const double fd = (up - down) / (2 * h);
+                CAPTURE(what, i, fd, got[i] - base[i]);
+                CHECK(std::fabs(got[i] - base[i] - fd) <= 1e-7 * std::max(1.0, std::fabs(fd)));
+            }
+        };
+        check(x, dx, dx0, "dinp");
+        check(A, dA, dA0, "dA");
+        check(B, dB, dB0, "dB");
+        // The columns outside the adapted ones are left alone.
+        std::vector<double> out(M * ld, 2.0);
+        cpu::lora_forward<double>(out.data(), ld, x.data(), A.data(), B.data(), M, K, r, n, scale, p, keys.data(), 5,
+                                  work.data());
+        for (int m = 0; m < M; ++m) {
+            for (int j = n; j < ld; ++j) CHECK(out[m * ld + j] == 2.0);
+        }
+    }
+}
+
+TEST_CASE("lora: dropout masks drop p of the channels and depend on their key only") {
+    const float p = 0.25f;
+    const uint32_t t = lora_dropout_threshold(p);
+    long dropped = 0, same = 0, total = 0;
+    for (uint32_t row = 0; row < 200; ++row) {
+        const uint64_t key = lora_row_key(lora_step_key(6198, 7), row / 17, row % 17);
+        for (uint32_t k = 0; k < 500; ++k) {
+            const bool keep = lora_dropout_keep(key, 3, k, t);
+            dropped += keep ? 0 : 1;
+            same += keep == lora_dropout_keep(key, 4, k, t) ? 1 : 0;  // another adapter: another mask
+            ++total;
+        }
+    }
+    const double rate = static_cast<double>(dropped) / total;
+    CAPTURE(rate, same, total);
+    CHECK(std::fabs(rate - p) < 0.01);
+    // Two independent masks agree where both keep or both drop: p^2 + (1-p)^2 = 0.625 of the channels.
+    CHECK(std::fabs(static_cast<double>(same) / total - 0.625) < 0.01);
+    CHECK(lora_row_key(lora_step_key(1, 2), 3, 4) != lora_row_key(lora_step_key(1, 3), 3, 4));
+    CHECK(lora_dropout_threshold(0.0f) == 0u);
+}
+
+TEST_CASE("lora: targets are Hugging Face module names and refused by name where the model has none") {
+    Json doc = read_config_file(fixture("olmo_tiny.json"));
+    doc["data"]["paths"] = Json::array({fixture("olmo_tiny_tokens.u16")});
+    doc["lora"]["enabled"] = true;
+    CHECK(validate_config(doc).lora.targets == std::vector<std::string>{"q_proj", "v_proj"});  // LitGPT's default
+    doc["lora"]["targets"] = {"q_proj", "c_attn"};
+    REQUIRE_THROWS_WITH(validate_config(doc), Contains("lora.targets[1]: \"c_attn\"") && Contains("q_proj, k_proj"));
+    doc["lora"]["targets"] = {"v_proj", "v_proj"};
+    REQUIRE_THROWS_WITH(validate_config(doc), Contains("lora.targets[1]: \"v_proj\" is lora.targets[0] too"));
+    doc["lora"]["targets"] = {"lm_head"};
+    REQUIRE_THROWS_WITH(validate_config(doc), Contains("LM head is not built yet"));
+    doc["lora"]["targets"] = nullptr;
+    doc["device"] = "cuda";
+    REQUIRE_THROWS_WITH(validate_config(doc), Contains("LoRA's CUDA kernels are not built yet"));
+    const TrainConfig gpt2 = test_util::fixture_config("gpt2");
+    CHECK(lora_default_targets(gpt2.model) == std::vector<std::string>{"c_attn"});
+    CHECK(lora_module_names(gpt2.model) == std::vector<std::string>{"c_attn", "c_proj", "c_fc", "mlp.c_proj"});
+}
+
+// tests/make_fixtures.py's LoRA fixtures (PyTorch, float64): every module of the GPT-2, OLMo-2 and Llama shapes
+// adapted, the adapters read in PEFT's names through lora.init_from; the loss and every adapter's gradient of the first
+// global batch within 1e-5, and the gradients back in PEFT's names.
+TEST_CASE("lora: loss and every adapter gradient match PyTorch's fixtures in PEFT's names") {
+    for (const std::string name : {"gpt2", "olmo2", "llama"}) {
+        CAPTURE(name);
+        const Json expected = Json::parse(test_util::read_file(fixture(name + "_tiny_lora_expected.json")));
+        Json doc = read_config_file(fixture(name + "_tiny.json"));
+        doc["data"]["paths"] = Json::array({fixture(name + "_tiny_tokens.u16")});
+        doc["lora"] = {{"enabled", true},
+                       {"r", expected["r"]},
+                       {"alpha", expected["alpha"]},
+                       {"dropout", 0.0},
+                       {"targets", expected["targets"]},
+                       {"init_from", fixture(name + "_tiny_lora_adapter.safetensors")}};
+        const TrainConfig config = validate_config(doc);
+        auto backend = make_backend(Device::kCpu);
+        const ParamLayout layout(config);
+        auto strategy = make_single_strategy(backend.get(), layout);
+        const std::string init = fixture(name + "_tiny_init.safetensors");
+        const auto init_tensors = read_safetensors(init);
+        load_initial_params(config, layout, *strategy, &init_tensors, init);
+
+        const double loss = test_util::global_batch0_loss(config, layout, *backend, *strategy);
+        const double ref = expected["loss_step1"].get<double>();
+        CAPTURE(loss, ref);
+        CHECK(std::fabs(loss - ref) <= 1e-5 * ref);
+
+        std::vector<std::vector<float>> grads(layout.num_units());
+        for (int l = 0; l < layout.num_layers(); ++l) {
+            const int u = layout.adapter_unit(l);
+            grads[u] = download(*backend, strategy->unit_grads(u), layout.units()[u].numel);
+        }
+        const auto ours = to_peft_tensors(config, layout, grads);
+        const auto theirs = read_safetensors(fixture(name + "_tiny_lora_grads.safetensors"));
+        REQUIRE(ours.size() == theirs.size());
+        for (const auto& [tname, t] : ours) {
+            CAPTURE(tname);
+            REQUIRE(theirs.count(tname) == 1);
+            const Tensor& r = theirs.at(tname);
+            REQUIRE(r.shape == t.shape);
+            double scale = 0.0, err = 0.0;
+            for (size_t i = 0; i < r.data.size(); ++i) {
+                scale = std::max(scale, static_cast<double>(std::fabs(r.data[i])));
+                err = std::max(err, static_cast<double>(std::fabs(t.data[i] - r.data[i])));
+            }
+            CAPTURE(err, scale);
+            CHECK(scale > 0.0);
+            CHECK(err <= 1e-5 * scale);
+        }
+    }
+}
+
+// The adapted model, every module adapted with B != 0, against the base model whose weights are W + scaling B A: the
+// same loss, and each adapter's gradients are the merged weight's gradient dW (its rows) projected: dB = scaling dW
+// A^T, dA = scaling B^T dW. Covers where each module's update enters (the fused att_proj's rows, the residual
+// stream, before SwiGLU or GELU, norm_after's sublayer outputs) forward and backward.
+TEST_CASE("lora: the adapted model's loss and gradients equal its base's with the adapters merged") {
+    for (const std::string name : {"olmo", "olmo2", "llama", "gpt2"}) {
+        CAPTURE(name);
+        const TrainConfig config = lora_config(name, 0.0);
+        TrainConfig merged_config = config;
+        merged_config.lora = LoraConfig{};
+        auto backend = make_backend(Device::kCpu);
+        const ParamLayout layout(config), merged_layout(merged_config);
+        const std::vector<LoraModule> modules = lora_modules(config.model, config.lora.targets);
+        const double scaling = config.lora.scaling();
+
+        // Base from the fixture; adapters random, B included (PEFT starts B at 0: the merge would be trivial).
+        const auto init = read_safetensors(fixture(name + "_tiny_init.safetensors"));
+        std::vector<std::vector<float>> units(layout.num_units());
+        for (int u = 0; u < layout.num_units(); ++u) {
+            units[u].resize(layout.units()[u].numel);
+            init_unit_params(config, layout.units()[u], units[u].data());
+        }
+        from_hf_tensors(config, layout, init, "init", units);
+        for (int l = 0; l < layout.num_layers(); ++l) {
+            const std::vector<double> v = pseudo(units[layout.adapter_unit(l)].size(), 100 + l);
+            for (size_t i = 0; i < v.size(); ++i) units[layout.adapter_unit(l)][i] = static_cast<float>(0.2 * v[i]);
+        }
+        // Merged: W[rows] += scaling B A, in double.
+        std::vector<std::vector<float>> merged(units.begin(), units.begin() + merged_layout.num_units());
+        auto param = [&](const ParamLayout& lay, std::vector<std::vector<float>>& us, const std::string& pname) {
+            int u = -1;
+            const ParamSpec* spec = nullptr;
+            REQUIRE(lay.find(pname, &u, &spec));
+            return std::make_pair(us[u].data() + spec->offset, spec);
+        };
+        const char* linear_names[] = {"att_proj", "attn_out", "ff_proj", "ff_out"};
+        const int r = config.lora.r;
+        for (int l = 0; l < layout.num_layers(); ++l) {
+            for (const LoraModule& mod : modules) {
+                const std::string p = fmt::format("transformer.blocks.{}.", l);
+                float* W = param(merged_layout, merged, p + linear_names[int(mod.linear)] + ".weight").first;
+                const float* A = param(layout, units, p + mod.name + ".lora_A.weight").first;
+                const float* B = param(layout, units, p + mod.name + ".lora_B.weight").first;
+                for (int64_t i = 0; i < mod.rows(); ++i) {
+                    for (int64_t k = 0; k < mod.in; ++k) {
+                        double s = 0.0;
+                        for (int j = 0; j < r; ++j) s += double(B[i * r + j]) * A[j * mod.in + k];
+                        W[(mod.row_begin + i) * mod.in + k] += static_cast<float>(scaling * s);
+                    }
+                }
+            }
+        }
+
+        // One micro-batch through each.
+        const long L = config.model.max_sequence_length, micro = config.device_train_microbatch_size;
+        TokenDataset data(config.data.paths, TokenDtype::kUint16, L, config.model.vocab_size);
+        std::vector<int32_t> tokens(micro * L);
+        for (long i = 0; i < micro; ++i) data.read_instance(i, tokens.data() + i * L);
+        const float dscale = static_cast<float>(1.0 / (micro * (L - 1)));
+        auto run = [&](const TrainConfig& c, const ParamLayout& lay, const std::vector<std::vector<float>>& us,
+                       std::unique_ptr<Strategy>& strategy) {
+            strategy = make_single_strategy(backend.get(), lay);
+            for (int u = 0; u < lay.num_units(); ++u) strategy->load_full_unit_params(u, us[u].data());
+            strategy->params_loaded();
+            Model model(c, lay, backend.get(), strategy.get(), static_cast<int>(micro));
+            strategy->zero_grads();
+            return model.forward_backward(tokens.data(), static_cast<int>(micro), dscale).ce;
+        };
+        std::unique_ptr<Strategy> s_lora, s_merged;
+        const double loss = run(config, layout, units, s_lora),
+                     ref = run(merged_config, merged_layout, merged, s_merged);
+        CAPTURE(loss, ref);
+        CHECK(std::fabs(loss - ref) <= 1e-5 * std::fabs(ref));
+
+        for (int u = 0; u < merged_layout.num_units(); ++u) CHECK(s_lora->unit_grads(u) == nullptr);  // frozen
+        for (int l = 0; l < layout.num_layers(); ++l) {
+            const int au = layout.adapter_unit(l);
+            std::vector<std::vector<float>> g(layout.num_units()), dw(merged_layout.num_units());
+            g[au] = download(*backend, s_lora->unit_grads(au), layout.units()[au].numel);
+            const int bu = merged_layout.block_unit(l);
+            dw[bu] = download(*backend, s_merged->unit_grads(bu), merged_layout.units()[bu].numel);
+            for (const LoraModule& mod : modules) {
+                CAPTURE(l, mod.name);
+                const std::string p = fmt::format("transformer.blocks.{}.", l);
+                const float* dW = param(merged_layout, dw, p + linear_names[int(mod.linear)] + ".weight").first +
+                                  mod.row_begin * mod.in;
+                const float* A = param(layout, units, p + mod.name + ".lora_A.weight").first;
+                const float* B = param(layout, units, p + mod.name + ".lora_B.weight").first;
+                const float* dA = param(layout, g, p + mod.name + ".lora_A.weight").first;
+                const float* dB = param(layout, g, p + mod.name + ".lora_B.weight").first;
+                double err = 0.0, scale = 0.0;
+                for (int64_t i = 0; i < mod.rows(); ++i) {
+                    for (int j = 0; j < r; ++j) {
+                        double s = 0.0;
+                        for (int64_t k = 0; k < mod.in; ++k) s += double(dW[i * mod.in + k]) * A[j * mod.in + k];
+                        err = std::max(err, std::fabs(dB[i * r + j] - scaling * s));
+                        scale = std::max(scale, std::fabs(scaling * s));
+                    }
+                }
+                for (int j = 0; j < r; ++j) {
+                    for (int64_t k = 0; k < mod.in; ++k) {
+                        double s = 0.0;
+                        for (int64_t i = 0; i < mod.rows(); ++i) s += double(B[i * r + j]) * dW[i * mod.in + k];
+                        err = std::max(err, std::fabs(dA[j * mod.in + k] - scaling * s));
+                        scale = std::max(scale, std::fabs(scaling * s));
+                    }
+                }
+                CAPTURE(err, scale);
+                CHECK(scale > 0.0);
+                CHECK(err <= 1e-4 * scale);
+            }
+        }
+    }
+}
+
+TEST_CASE("lora: training moves only the adapters; the base stays bitwise with no gradient or optimizer state") {
+    const TrainConfig config = lora_config("olmo", 0.1);
+    auto backend = make_backend(Device::kCpu);
+    const ParamLayout layout(config);
+    auto strategy = make_single_strategy(backend.get(), layout);
+    load_initial_params(config, layout, *strategy, nullptr, "");
+    std::vector<std::vector<float>> before(layout.num_units());
+    for (int u = 0; u < layout.num_units(); ++u)
+        before[u] = download(*backend, strategy->unit_params(u), layout.units()[u].numel);
+    size_t owned = 0;
+    for (const ShardView& v : strategy->owned_shards()) {
+        CHECK_FALSE(layout.units()[v.unit].frozen);
+        owned += v.end - v.begin;
+    }
+    CHECK(owned == layout.trainable_numel());
+    size_t adapters = 0;  // r (in + rows) a module and block
+    for (const LoraModule& mod : lora_modules(config.model, config.lora.targets))
+        adapters += static_cast<size_t>(config.lora.r * (mod.in + mod.rows()) * config.model.n_layers);
+    CHECK(layout.trainable_numel() == adapters);
+
+    const long L = config.model.max_sequence_length, micro = config.device_train_microbatch_size;
+    Model model(config, layout, backend.get(), strategy.get(), static_cast<int>(micro));
+    AdamW optimizer(config, layout, backend.get());
+    TokenDataset data(config.data.paths, TokenDtype::kUint16, L, config.model.vocab_size);
+    std::vector<int32_t> tokens(micro * L);
+    std::vector<int64_t> instances(micro);
+    for (long step = 1; step <= 3; ++step) {
+        accumulate_gradients(*strategy, model, 2, static_cast<int>(micro), 0.01f, [&](long k) {
+            for (long i = 0; i < micro; ++i) {
+                instances[i] = (step * 2 + k) * micro + i;
+                data.read_instance(instances[i], tokens.data() + i * L);
+            }
+            MicroBatchTokens mb(tokens.data());
+            mb.step_key = lora_step_key(config.seed, step), mb.instances = instances.data();
+            return mb;
+        });
+        optimizer.step(*strategy, step, 3);
+    }
+    for (int u = 0; u < layout.num_units(); ++u) {
+        const std::vector<float> after = download(*backend, strategy->unit_params(u), layout.units()[u].numel);
+        CAPTURE(layout.units()[u].name);
+        if (layout.units()[u].frozen) {
+            CHECK(std::memcmp(after.data(), before[u].data(), after.size() * sizeof(float)) == 0);
+        } else {
+            CHECK(after != before[u]);
+        }
+    }
+}
+
+// A strategy's LoRA run against the single process: the loss of every step within 1e-5, dropout on.
+TEST_CASE("lora: every strategy trains as the single process with dropout on; a checkpoint resumes on another world") {
+    TempDir dir;
+    const std::vector<std::string> targets = {"q_proj", "k_proj", "o_proj", "gate_proj", "down_proj"};
+    const std::vector<std::string> base = {"--config",    fixture("olmo_tiny.json"),
+                                           "--init-from", fixture("olmo_tiny_init.safetensors"),
+                                           "--set",       "lora.enabled=true",
+                                           "--set",       "lora.dropout=0.2",
+                                           "--set",       "lora.r=4",
+                                           "--set",       "lora.alpha=6",
+                                           "--set",       "lora.targets=" + Json(targets).dump(),
+                                           "--set",       "optimizer.learning_rate=0.02",
+                                           "--set",       "fsdp.precision=fp32"};
+    auto with = [&](const std::string& metrics, const std::vector<std::string>& more) {
+        std::vector<std::string> a = base;
+        a.insert(a.end(), {"--metrics-file", metrics});
+        a.insert(a.end(), more.begin(), more.end());
+        return a;
+    };
+    auto ok = [](const test_util::RunResult& r) {
+        INFO(r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+    };
+    const std::string ref_metrics = dir.path("single.jsonl");
+    ok(test_util::run_trainer(with(ref_metrics, {"--max-duration", "4"})));
+    const std::vector<Json> ref = test_util::read_metrics(ref_metrics);
+    REQUIRE(ref.size() == 4);
+    CHECK(ref.back()["loss"].get<double>() < ref.front()["loss"].get<double>());
+    const Json summary = test_util::read_summary(ref_metrics);
+    const auto& peak = summary["peak_memory_bytes"];
+    CAPTURE(peak.dump());
+    // The memory report: the base as frozen parameters, and gradients and moments for the adapters alone.
+    const ParamLayout layout(lora_config("olmo", 0.2, targets));
+    const auto trained = static_cast<int64_t>(4 * layout.trainable_numel());
+    CHECK(peak["frozen_parameters"].get<int64_t>() == static_cast<int64_t>(4 * layout.total_numel()) - trained);
+    CHECK(peak["parameters"].get<int64_t>() == trained);
+    CHECK(peak["gradients"].get<int64_t>() == trained);
+    CHECK(peak["optimizer_state"].get<int64_t>() == 2 * trained);
+
+    struct Case {
+        int nproc;
+        std::vector<std::string> flags;
+    };
+    // One wrap policy a mode, every policy on FULL_SHARD.
+    std::vector<Case> cases = {
+        {2, {"--strategy", "ddp", "--set", "ddp.grad_sync_mode=micro_batch"}},
+        {4, {"--strategy", "ddp"}},
+        {2,
+         {"--strategy", "fsdp", "--set", "fsdp.sharding_strategy=SHARD_GRAD_OP", "--set",
+          "fsdp.wrapping_strategy=by_block"}},
+        {2,
+         {"--strategy", "fsdp", "--set", "fsdp.sharding_strategy=NO_SHARD", "--set",
+          "fsdp.wrapping_strategy=one_in_two"}},
+        {4,
+         {"--strategy", "fsdp", "--set", "fsdp.sharding_strategy=HYBRID_SHARD", "--set",
+          "fsdp.hybrid_sharding_num_model_replicas=2", "--set", "activation_checkpointing=whole_layer"}},
+        {4,
+         {"--strategy", "fsdp", "--set", "fsdp.wrapping_strategy=by_block", "--set",
+          "activation_checkpointing=fine_grained", "--set", "cpu_offload.optimizer_state=true", "--set",
+          "cpu_offload.parameters=true"}},
+    };
+    for (const char* wrap : {"null", "by_block", "by_block_and_size", "by_block_group", "by_block_group_and_size",
+                             "size_based", "one_in_two", "one_in_three", "one_in_four", "one_in_five"}) {
+        cases.push_back({2,
+                         {"--strategy", "fsdp", "--set", fmt::format("fsdp.wrapping_strategy={}", wrap), "--set",
+                          "fsdp.block_group_size=2", "--set", "fsdp.min_num_params=5000"}});
+    }
+    for (size_t i = 0; i < cases.size(); ++i) {
+        const std::string metrics = dir.path(fmt::format("case{}.jsonl", i));
+        CAPTURE(i, fmt::format("{}", fmt::join(cases[i].flags, " ")));
+        std::vector<std::string> flags = cases[i].flags;
+        flags.insert(flags.end(), {"--max-duration", "4"});
+        ok(test_util::launch(cases[i].nproc, with(metrics, flags)));
+        test_util::check_losses(ref, test_util::read_metrics(metrics));
+    }
+
+    // Saved at step 2 by FSDP on 2 ranks (the adapters only: no base weights in the checkpoint), resumed alone.
+    const std::string saves = dir.path("saves"), part = dir.path("part.jsonl"), resumed = dir.path("resumed.jsonl");
+    ok(test_util::launch(2, with(part, {"--strategy", "fsdp", "--set", "save_folder=" + saves, "--set",
+                                        "save_interval=2", "--max-duration", "2"})));
+    size_t bytes = 0;
+    for (const auto& e : std::filesystem::directory_iterator(saves + "/step2")) bytes += e.file_size();
+    CAPTURE(bytes);
+    CHECK(bytes < 200 * 1024);  // adapters and moments: 3 x 4 bytes x their 2,560; the base is 41,600 parameters
+    ok(test_util::run_trainer(with(resumed, {"--max-duration", "4", "--set", "load_path=" + saves + "/step2"})));
+    test_util::check_losses(ref, test_util::read_metrics(resumed), 2);
+}
+
+namespace {
+
+// The float32 values of a .npy file trainer logits wrote.
+std::vector<float> npy_floats(const std::string& path) {
+    const std::string bytes = test_util::read_file(path);
+    const size_t header = 10 + static_cast<unsigned char>(bytes[8]) + 256 * static_cast<unsigned char>(bytes[9]);
+    std::vector<float> v((bytes.size() - header) / 4);
+    std::memcpy(v.data(), bytes.data() + header, v.size() * 4);
+    return v;
+}
+
+}  // namespace
+
+TEST_CASE("lora: export writes PEFT's adapter and the merged model whose logits equal the adapted model's") {
+    TempDir dir;
+    const std::vector<std::string> lora = {
+        "--config",    fixture("olmo_tiny.json"),
+        "--init-from", fixture("olmo_tiny_init.safetensors"),
+        "--set",       "lora.enabled=true",
+        "--set",       "lora.r=4",
+        "--set",       "lora.targets=[\"q_proj\",\"v_proj\",\"o_proj\",\"up_proj\",\"down_proj\"]",
+        "--set",       "optimizer.learning_rate=0.05"};
+    auto run = [&](std::vector<std::string> args, const std::vector<std::string>& more) {
+        args.insert(args.end(), more.begin(), more.end());
+        const auto r = test_util::run_trainer(args);
+        INFO(r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+        return r;
+    };
+    const std::string saves = dir.path("saves"), ckpt = saves + "/step3";
+    run(lora, {"--max-duration", "3", "--set", "save_folder=" + saves});
+    run(lora, {"logits", "--load-path", ckpt, "--instances", "2", "-o", dir.path("adapted.npy")});
+    const std::vector<float> adapted = npy_floats(dir.path("adapted.npy"));
+    run({"logits", "--config", fixture("olmo_tiny.json"), "--init-from", fixture("olmo_tiny_init.safetensors")},
+        {"--instances", "2", "-o", dir.path("base.npy")});
+    CHECK(npy_floats(dir.path("base.npy")) != adapted);  // the adapters moved the model
+
+    // Merged: W + scaling B A as plain Hugging Face weights, read by a run without LoRA.
+    run({"export", "--checkpoint", ckpt, "--merge-lora", "-o", dir.path("merged.safetensors")}, {});
+    run({"logits", "--config", fixture("olmo_tiny.json"), "--init-from", dir.path("merged.safetensors")},
+        {"--instances", "2", "-o", dir.path("merged.npy")});
+    const std::vector<float> merged = npy_floats(dir.path("merged.npy"));
+    REQUIRE(merged.size() == adapted.size());
+    test_util::check_close(merged, adapted, 1e-5);
+
+    // The PEFT adapter: PEFT's names and config keys, and read back by lora.init_from to the same logits.
+    const std::string adapter = dir.path("adapter");
+    const auto r = run({"export", "--checkpoint", ckpt, "--adapter", "-o", adapter}, {});
+    CHECK_THAT(r.out, Contains("PEFT LoRA adapter"));
+    const auto tensors = read_safetensors(adapter + "/adapter_model.safetensors");
+    CHECK(tensors.size() == 2 * 5 * 2);
+    CHECK(tensors.count("base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight") == 1);
+    CHECK(tensors.at("base_model.model.model.layers.0.mlp.down_proj.lora_B.weight").shape ==
+          std::vector<int64_t>{32, 4});
+    CHECK(tensors.at("base_model.model.model.layers.0.mlp.up_proj.lora_A.weight").shape == std::vector<int64_t>{4, 32});
+    const Json cfg = Json::parse(test_util::read_file(adapter + "/adapter_config.json"));
+    CHECK(cfg["peft_type"] == "LORA");
+    CHECK(cfg["task_type"] == "CAUSAL_LM");
+    CHECK(cfg["r"] == 4);
+    CHECK(cfg["lora_alpha"] == 16.0);
+    CHECK(cfg["target_modules"] == Json({"q_proj", "v_proj", "o_proj", "up_proj", "down_proj"}));
+    CHECK(cfg["fan_in_fan_out"] == false);
+    CHECK(cfg["bias"] == "none");
+    run(lora, {"logits", "--set", "lora.init_from=" + adapter, "--instances", "2", "-o", dir.path("reread.npy")});
+    CHECK(npy_floats(dir.path("reread.npy")) == adapted);
+
+    // Refusals: a LoRA checkpoint needs a mode; a mode needs a LoRA checkpoint; an adapter of another rank.
+    const auto none = test_util::run_trainer({"export", "--checkpoint", ckpt, "-o", dir.path("x.safetensors")});
+    CHECK(none.exit_code != 0);
+    CHECK_THAT(none.err, Contains("give --adapter") && Contains("--merge-lora"));
+    const auto other = test_util::run_trainer(
+        {"--config", fixture("olmo_tiny.json"), "--max-duration", "1", "--set", "lora.enabled=true", "--set",
+         "lora.r=8", "--set", "lora.targets=[\"q_proj\",\"v_proj\",\"o_proj\",\"up_proj\",\"down_proj\"]", "--set",
+         "lora.init_from=" + adapter});
+    CHECK(other.exit_code != 0);
+    CHECK_THAT(other.err, Contains("its r is 4, this run's lora.r is 8"));
+    run({"--config", fixture("olmo_tiny.json"), "--max-duration", "1", "--set", "save_folder=" + dir.path("plain")},
+        {});
+    const auto plain = test_util::run_trainer(
+        {"export", "--checkpoint", dir.path("plain") + "/step1", "--adapter", "-o", dir.path("y")});
+    CHECK(plain.exit_code != 0);
+    CHECK_THAT(plain.err, Contains("is no LoRA fine-tune's"));
+}
+
+TEST_CASE("lora: a fine-tune's checkpoint records its base and resuming on another base is refused") {
+    TempDir dir;
+    const std::vector<std::string> run = {"--config", fixture("olmo_tiny.json"),         "--set", "lora.enabled=true",
+                                          "--set",    "save_folder=" + dir.path("saves")};
+    auto with = [&](std::vector<std::string> more) {
+        more.insert(more.begin(), run.begin(), run.end());
+        return test_util::run_trainer(more);
+    };
+    const auto first = with({"--init-from", fixture("olmo_tiny_init.safetensors"), "--max-duration", "2"});
+    INFO(first.out << first.err);
+    REQUIRE(first.exit_code == 0);
+    const Json meta = Json::parse(test_util::read_file(dir.path("saves") + "/step2/metadata.json"));
+    CHECK_THAT(meta["lora_base"].get<std::string>(), Contains("tensors of checksum "));
+    // The same base resumes; the seed's initialisation instead of it, or another file, does not.
+    const auto same = with(
+        {"--init-from", fixture("olmo_tiny_init.safetensors"), "--max-duration", "3", "--set", "load_path=latest"});
+    INFO(same.out << same.err);
+    CHECK(same.exit_code == 0);
+    const auto other = with({"--max-duration", "4", "--set", "load_path=latest"});
+    CHECK(other.exit_code != 0);
+    CHECK_THAT(other.err, Contains("a LoRA fine-tune of a base that is tensors of checksum") &&
+                              Contains("is the initialisation of seed 4321"));
+}
