@@ -136,8 +136,9 @@ TEST_CASE("lora: targets are Hugging Face module names and refused by name where
     doc["lora"]["targets"] = {"lm_head"};
     REQUIRE_THROWS_WITH(validate_config(doc), Contains("LM head is not built yet"));
     doc["lora"]["targets"] = nullptr;
-    doc["device"] = "cuda";
-    REQUIRE_THROWS_WITH(validate_config(doc), Contains("LoRA's CUDA kernels are not built yet"));
+    doc["lora"]["enabled"] = false;
+    doc["lora"]["init_from"] = "adapter";
+    REQUIRE_THROWS_WITH(validate_config(doc), Contains("lora.init_from: \"adapter\" but lora.enabled is false"));
     const TrainConfig gpt2 = test_util::fixture_config("gpt2");
     CHECK(lora_default_targets(gpt2.model) == std::vector<std::string>{"c_attn"});
     CHECK(lora_module_names(gpt2.model) == std::vector<std::string>{"c_attn", "c_proj", "c_fc", "mlp.c_proj"});
@@ -435,6 +436,14 @@ TEST_CASE("lora: every strategy trains as the single process with dropout on; a 
         ok(test_util::launch(cases[i].nproc, with(metrics, flags)));
         test_util::check_losses(ref, test_util::read_metrics(metrics));
     }
+
+    // Mixed-precision FSDP keeps a frozen shard as its bf16 rounding alone: 2 bytes a parameter, no fp32 master.
+    const std::string mixed = dir.path("mixed.jsonl");
+    ok(test_util::launch(2,
+                         with(mixed, {"--strategy", "fsdp", "--max-duration", "2", "--set", "fsdp.precision=mixed"})));
+    const size_t base_numel = layout.total_numel() - layout.trainable_numel();
+    CHECK(test_util::read_summary(mixed)["peak_memory_bytes"]["frozen_parameters"].get<int64_t>() ==
+          static_cast<int64_t>(2 * ((base_numel + 1) / 2)));
 
     // Saved at step 2 by FSDP on 2 ranks (the adapters only: no base weights in the checkpoint), resumed alone.
     const std::string saves = dir.path("saves"), part = dir.path("part.jsonl"), resumed = dir.path("resumed.jsonl");

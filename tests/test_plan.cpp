@@ -81,6 +81,11 @@ TEST_CASE("dry run: predicted peak memory by category is the measured accounting
         // narrower k, under FULL_SHARD with a recompute.
         {2, with(fsdp, {"model.n_kv_heads=1", "model.layer_norm_type=rms", "model.attention_layer_norm=true",
                         "activation_checkpointing=whole_layer"})},
+        // LoRA: the frozen base (fp32 replicas, bf16-only FSDP shards, offloaded shards), the adapters' state and
+        // scratch, dropout's row keys.
+        {2, {"distributed_strategy=ddp", "lora.enabled=true", "lora.targets=[\"q_proj\",\"down_proj\"]"}},
+        {2, with(fsdp, {"lora.enabled=true", "activation_checkpointing=whole_layer"})},
+        {2, with(fsdp, {"lora.enabled=true", "cpu_offload.optimizer_state=true", "cpu_offload.parameters=true"})},
     };
     int k = 0;
     for (const Case& c : cases) {

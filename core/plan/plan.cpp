@@ -375,8 +375,11 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
     const Hardware& hw = *plan.hw;
     if (config.trace_file) write_predicted_trace(plan, world, *config.trace_file, !o.json);
     const bool know_memory = plan.device_gib > 0.0 || plan.host_gib > 0.0;
-    const MemCategory shown[] = {MemCategory::kParameters,    MemCategory::kGradients,   MemCategory::kOptimizerState,
-                                 MemCategory::kGatheredUnits, MemCategory::kActivations, MemCategory::kCommunication};
+    // LoRA's frozen base is a column of its own beside the trained parameters.
+    std::vector<MemCategory> shown = {MemCategory::kParameters,     MemCategory::kGradients,
+                                      MemCategory::kOptimizerState, MemCategory::kGatheredUnits,
+                                      MemCategory::kActivations,    MemCategory::kCommunication};
+    if (config.lora.enabled) shown.insert(shown.begin() + 1, MemCategory::kFrozenParameters);
     if (o.json) {
         for (size_t i = 0; i < plan.rows.size(); ++i) {
             const Row& r = plan.rows[i];
@@ -447,11 +450,13 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
         config.run_name.c_str(), o.nnodes, o.nproc_per_node, choice_name(device), hw.name.c_str(),
         hw.description.c_str(), link(hw.intra, hw.intra_by_kind).c_str(), link(hw.inter, hw.inter_by_kind).c_str(),
         host_side.c_str(), plan.calibration ? fmt::format(", op times from {}", plan.calibration->path).c_str() : "");
+    const char* frozen = config.lora.enabled ? " frozen |" : "";
     std::printf(
-        "| configuration | step ms | compute | exposed comm | optimizer | tokens/s/device | MFU | parameters | "
+        "| configuration | step ms | compute | exposed comm | optimizer | tokens/s/device | MFU | parameters |%s "
         "gradients | optimizer state | gathered | activations | communication | device peak | host |%s\n",
-        know_memory ? " fits |" : "");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", know_memory ? "---|" : "");
+        frozen, know_memory ? " fits |" : "");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|%s%s\n",
+                config.lora.enabled ? "---|" : "", know_memory ? "---|" : "");
     for (size_t i = 0; i < plan.rows.size(); ++i) {
         const Row& r = plan.rows[i];
         const char* mark = static_cast<int>(i) == plan.recommended ? "-> " : r.is_config ? "* " : "";

@@ -167,6 +167,20 @@ class CudaBackend final : public CudaRuntime {
         }
         Backend::matmul_gelu_backward(dpre, dact, dweight, dbias, dout, act, weight, pre, M, K, N, tanh_approx);
     }
+    bool has_lora() const override { return true; }
+    void lora_forward(GemmOperand out, int ld_out, GemmOperand inp, const float* A, const float* B, int M, int K, int r,
+                      int n, float scale, const LoraDropout& drop, float* work) override {
+        const OpMark mark(*timeline_, "lora_forward");
+        cuda::lora_forward(out.p, out.bf16, ld_out, inp.p, inp.bf16, A, B, M, K, r, n, scale,
+                           {drop.p, drop.row_keys, drop.adapter}, work, stream_);
+    }
+    void lora_backward(GemmOperand dinp, float* dA, float* dB, GemmOperand dout, int ld_dout, GemmOperand inp,
+                       const float* A, const float* B, int M, int K, int r, int n, float scale, const LoraDropout& drop,
+                       float* work) override {
+        const OpMark mark(*timeline_, "lora_backward");
+        cuda::lora_backward(dinp.p, dinp.bf16, dA, dB, dout.p, dout.bf16, ld_dout, inp.p, inp.bf16, A, B, M, K, r, n,
+                            scale, {drop.p, drop.row_keys, drop.adapter}, work, stream_);
+    }
     bool has_linear_bf16_reference() const override { return true; }
     bool linear_bf16_reference_forward(uint16_t* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
                                        int N) override {

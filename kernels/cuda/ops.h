@@ -370,6 +370,21 @@ void round_to_bf16(float* out, const float* in, size_t n, cudaStream_t stream);
 // over `in` (fp32, or bf16 bits); either may be null (not both); amax in device memory; *descale (device, nullable) =
 // 1 / the scale, what a GEMM multiplies the codes' values by. out_t's rows are ld_t >= rows long (0: rows), the
 // codes past `rows` zero: a GEMM summing over the rows reads them as a multiple of 16 (cuBLASLt's FP8 kernels).
+// LoRA (lora.cu; Backend::lora_forward / lora_backward, their contracts): each operand fp32 or bf16 as flagged, the
+// adapters and their gradients fp32; dropout p (0: none) with its M row keys (device) and adapter id; work: M * 2r
+// floats of device scratch.
+struct LoraDropoutArgs {
+    float p = 0.0f;
+    const uint64_t* row_keys = nullptr;
+    uint32_t adapter = 0;
+};
+void lora_forward(void* out, bool out_bf16, int ld_out, const void* inp, bool inp_bf16, const float* A, const float* B,
+                  int M, int K, int r, int n, float scale, const LoraDropoutArgs& drop, float* work,
+                  cudaStream_t stream);
+void lora_backward(void* dinp, bool dinp_bf16, float* dA, float* dB, const void* dout, bool dout_bf16, int ld_dout,
+                   const void* inp, bool inp_bf16, const float* A, const float* B, int M, int K, int r, int n,
+                   float scale, const LoraDropoutArgs& drop, float* work, cudaStream_t stream);
+
 // NF4 storage (nf4.cu; kernels/cpu/ops.h's nf4_quantize and nf4_dequantize, bitwise): codes (n + 1) / 2 bytes,
 // one absmax a block of kNf4Block; dequantized into fp32 or bf16 (the fp32 value rounded once).
 void nf4_quantize(uint8_t* codes, float* absmax, const float* x, size_t n, cudaStream_t stream);

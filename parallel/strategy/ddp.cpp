@@ -10,6 +10,8 @@
 // (a group of one, where every collective is a no-op).
 //
 // LoRA: a frozen unit (the base) holds parameters only; it has no gradient to reduce and no part for the optimizer.
+// With bf16 parameters (NO_SHARD mixed / pure) it is rounded to bf16 in place once loaded, and compute reads it there:
+// no compute copy beside it (its values are the copy's).
 //
 // CPU offload (cpu_offload.optimizer_state; shard_storage.h): the gradients stay on the device, where the
 // optimizer streams them down as it updates. The replica's parameters stay on the device (offloading them
@@ -41,7 +43,7 @@ class DdpStrategy final : public Strategy {
         for (const auto& u : layout.units()) {
             Unit s;
             s.state = ShardStorage(backend, u.numel, offload, false, u.frozen);
-            if (precision_.bf16_params && u.numel > 0) {
+            if (precision_.bf16_params && u.numel > 0 && !u.frozen) {
                 s.compute = DeviceBuffer(backend, u.numel * sizeof(float), MemCategory::kGatheredUnits);
             }
             units_.push_back(std::move(s));
@@ -51,7 +53,7 @@ class DdpStrategy final : public Strategy {
     std::string name() const override { return name_; }
     float* unit_params(int u) override {
         Unit& s = units_.at(u);
-        if (!precision_.bf16_params) return s.state.device_params();
+        if (!precision_.bf16_params || s.state.frozen()) return s.state.device_params();
         const size_t n = s.state.numel();
         if (s.compute_stale && n > 0) {
             // The bf16-rounded compute copy of the fp32 parameters, in one pass.
@@ -110,6 +112,9 @@ class DdpStrategy final : public Strategy {
         for (auto& s : units_) {
             s.state.params_loaded();
             s.compute_stale = true;
+            const size_t n = s.state.numel();
+            if (s.state.frozen() && precision_.bf16_params && n > 0)
+                backend_->round_to_bf16(s.state.device_params(), s.state.device_params(), n);
         }
     }
 

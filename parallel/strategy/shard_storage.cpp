@@ -2,6 +2,7 @@
 #include "parallel/strategy/shard_storage.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "base/common.h"
 #include "kernels/cpu/ops.h"
@@ -19,16 +20,23 @@ ShardStorage::ShardStorage(Backend* backend, size_t numel, const CpuOffloadConfi
         return b;
     };
     if (frozen) {
-        // Parameters only, never updated: on the device (frozen_parameters), or with cpu_offload.parameters in
-        // host memory, uploaded for each gather.
+        // Parameters only, never updated, in the type compute reads (bf16 alone where that is what is gathered: no
+        // fp32 master beside it): on the device (frozen_parameters), or with cpu_offload.parameters in host memory,
+        // uploaded for each gather.
         if (offload.parameters) {
-            host_params_ = zeroed(bytes, MemCategory::kHostParameters);
-            if (bf16_copy) host_bf16_ = zeroed(half, MemCategory::kHostParameters);
+            if (bf16_copy) {
+                host_bf16_ = zeroed(half, MemCategory::kHostParameters);
+            } else {
+                host_params_ = zeroed(bytes, MemCategory::kHostParameters);
+            }
             return;
         }
         offload_ = false;
-        params_ = zeroed(bytes, MemCategory::kFrozenParameters);
-        if (bf16_copy) bf16_ = zeroed(half, MemCategory::kFrozenParameters);
+        if (bf16_copy) {
+            bf16_ = zeroed(half, MemCategory::kFrozenParameters);
+        } else {
+            params_ = zeroed(bytes, MemCategory::kFrozenParameters);
+        }
         return;
     }
     // The device's fp32 parameters: the master without offload; with optimizer offload, the copy compute
@@ -97,6 +105,17 @@ void ShardStorage::write_params(size_t offset, const float* host, size_t n) {
     TRAINER_CHECK(offset + n <= numel_, "write_params: [{}, {}) outside the shard's {} elements", offset, offset + n,
                   numel_);
     if (n == 0) return;
+    if (frozen_ && params_.data() == nullptr && host_params_.data() == nullptr) {
+        // A frozen bf16-only shard: rounded once here.
+        std::vector<uint16_t> half(n);
+        cpu::cast_float_to_bf16(half.data(), host, n);
+        if (offload_) {
+            std::copy_n(half.data(), n, host_bf16_.bf16() + offset);
+        } else {
+            backend_->copy_host_to_device(bf16_.bf16() + offset, half.data(), n * sizeof(uint16_t));
+        }
+        return;
+    }
     if (offload_) {
         std::copy_n(host, n, host_params_.f32() + offset);
     } else {
@@ -106,6 +125,7 @@ void ShardStorage::write_params(size_t offset, const float* host, size_t n) {
 
 void ShardStorage::params_loaded() {
     if (numel_ == 0) return;
+    if (frozen_ && params_.data() == nullptr && host_params_.data() == nullptr) return;  // written as bf16
     if (!offload_) {
         if (bf16_.data() != nullptr) backend_->cast_float_to_bf16(bf16_.bf16(), params_.f32(), numel_);
         return;

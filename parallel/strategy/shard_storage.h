@@ -28,8 +28,8 @@ class ShardStorage {
    public:
     ShardStorage() = default;
     // `bf16_copy`: keep the parameters rounded to bf16 too (what mixed-precision FSDP gathers). `frozen` (LoRA's
-    // base): parameters only (frozen_parameters; in host memory with cpu_offload.parameters), no gradient, no
-    // moments, no view for the optimizer.
+    // base): parameters only, in the type compute reads (the bf16 rounding alone with bf16_copy: no fp32 master;
+    // frozen_parameters, or host memory with cpu_offload.parameters), no gradient, no moments, no optimizer view.
     ShardStorage(Backend* backend, size_t numel, const CpuOffloadConfig& offload, bool bf16_copy, bool frozen = false);
 
     size_t numel() const { return numel_; }

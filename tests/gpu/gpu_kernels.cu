@@ -50,6 +50,10 @@
     X(test_bias_gradient, "the bias gradient (fp32 and bf16 dout) matches the CPU and repeats bitwise", "")        \
     X(test_fp8_cast, "FP8 amax and cast-transpose (e4m3/e5m2 of fp32/bf16) are bitwise the CPU's", "")             \
     X(test_nf4, "NF4 quantize and dequantize (fp32 and bf16) are bitwise the CPU's", "")                           \
+    X(test_lora,                                                                                                   \
+      "LoRA's forward and backward (fp32 and bf16 operands with dropout and strided outputs) match the CPU and "   \
+      "repeat bitwise",                                                                                            \
+      "")                                                                                                          \
     X(test_wgmma_tiles,                                                                                            \
       "Hopper's wgmma on a flash forward tile matches the CPU (compute capability 9.0 only on a GPU)", "")
 
@@ -965,6 +969,86 @@ void test_nf4() {
         }
         expect(bad == n, "nf4_dequantize into bf16 is the CPU's rounded once",
                bad == n ? "" : fmt::format("first mismatch at {}", bad));
+    }
+}
+
+// LoRA: the adapters' update and gradients against the CPU's (its BLAS products of the same operands, bf16 ones
+// widened): fp32 results within expect_close's tolerance (the adapters' gradients with 1e-5 of their largest element
+// added: sums over the rows), bf16 ones within one bf16 rounding of the CPU's fp32 value
+// plus that tolerance; on odd sizes (rows not a multiple of the 32-column tiles, a rank not a multiple of the 8-sum
+// chunks), the adapted columns a strided part of wider rows, with and without dropout; a second run bitwise the first.
+void test_lora() {
+    const int M = 37, K = 45, r = 11, n = 29, ld = 41;  // out's rows hold n adapted columns of 41
+    const float scale = 1.3f;
+    std::vector<uint64_t> keys(M);
+    for (int m = 0; m < M; ++m) keys[m] = trainer::lora_row_key(trainer::lora_step_key(5, 2), m / 7, m % 7);
+    const std::vector<float> x = wave(size_t(M) * K, 0.8f, 0.1f), A = wave(size_t(r) * K, 0.3f, 0.7f);
+    const std::vector<float> B = wave(size_t(n) * r, 0.4f, 1.9f), y0 = wave(size_t(M) * ld, 0.5f, 2.3f);
+    const std::vector<float> dy = wave(size_t(M) * ld, 0.6f, 0.4f), dx0 = wave(size_t(M) * K, 0.2f, 1.1f);
+    const std::vector<float> dA0 = wave(size_t(r) * K, 0.1f, 0.3f), dB0 = wave(size_t(n) * r, 0.1f, 0.9f);
+    Dev<uint64_t> dkeys(keys);
+    Dev<float> dAw(A), dBw(B), work(size_t(M) * 2 * r);
+    const auto bf16_close = [](const std::vector<float>& ref, const std::vector<uint16_t>& got, const char* what) {
+        for (size_t i = 0; i < ref.size(); ++i) {
+            const float g = trainer::bf16_to_float(got[i]);
+            if (!(std::fabs(g - ref[i]) <= 1e-5 + 1e-5 * std::fabs(ref[i]) + std::fabs(ref[i]) / 256.0)) {
+                expect(false, what, fmt::format("first mismatch at {}: ref {:.9g} got {:.9g}", i, ref[i], g));
+                return;
+            }
+        }
+    };
+    for (const float p : {0.0f, 0.25f}) {
+        for (const bool bf16 : {false, true}) {
+            const Where at("p={} bf16={}", p, bf16);
+            const trainer::cuda::LoraDropoutArgs drop{p, dkeys.p, 7};
+            // The operands as stored: bf16 ones rounded, and the CPU reads their values.
+            const auto [x16, xr] = bf16_rounded(x);
+            const auto [y16, yr] = bf16_rounded(y0);
+            const auto [dy16, dyr] = bf16_rounded(dy);
+            const auto [dx16, dxr] = bf16_rounded(dx0);
+            const std::vector<float>& xin = bf16 ? xr : x;
+            std::vector<float> cpu_work(size_t(M) * (K + 2 * r));
+            std::vector<float> ref_y = bf16 ? yr : y0, ref_dx = bf16 ? dxr : dx0, ref_dA = dA0, ref_dB = dB0;
+            trainer::cpu::lora_forward(ref_y.data(), ld, xin.data(), A.data(), B.data(), M, K, r, n, scale, p,
+                                       keys.data(), 7, cpu_work.data());
+            trainer::cpu::lora_backward(ref_dx.data(), ref_dA.data(), ref_dB.data(), (bf16 ? dyr : dy).data(), ld,
+                                        xin.data(), A.data(), B.data(), M, K, r, n, scale, p, keys.data(), 7,
+                                        cpu_work.data());
+            std::vector<std::vector<float>> runs_f;
+            std::vector<std::vector<uint16_t>> runs_h;
+            for (int run = 0; run < 2; ++run) {
+                Dev<float> xf(x), yf(y0), dyf(dy), dxf(dx0), dA(dA0), dB(dB0);
+                Dev<uint16_t> xh(x16), yh(y16), dyh(dy16), dxh(dx16);
+                const void* xp = bf16 ? static_cast<const void*>(xh.p) : xf.p;
+                void* yp = bf16 ? static_cast<void*>(yh.p) : yf.p;
+                trainer::cuda::lora_forward(yp, bf16, ld, xp, bf16, dAw.p, dBw.p, M, K, r, n, scale, drop, work.p,
+                                            nullptr);
+                trainer::cuda::lora_backward(bf16 ? static_cast<void*>(dxh.p) : dxf.p, bf16, dA.p, dB.p,
+                                             bf16 ? static_cast<const void*>(dyh.p) : dyf.p, bf16, ld, xp, bf16, dAw.p,
+                                             dBw.p, M, K, r, n, scale, drop, work.p, nullptr);
+                // Sums over the rows whose terms cancel: judged against the tensor's scale as well.
+                const auto scaled = [](const std::vector<float>& v) {
+                    double m = 0.0;
+                    for (float e : v) m = std::max(m, static_cast<double>(std::fabs(e)));
+                    return 1e-5 * m;
+                };
+                expect_close(ref_dA, dA.host(), "lora_backward's dA matches the CPU", scaled(ref_dA));
+                expect_close(ref_dB, dB.host(), "lora_backward's dB matches the CPU", scaled(ref_dB));
+                if (bf16) {
+                    bf16_close(ref_y, yh.host(), "lora_forward into bf16 matches the CPU's rounded once");
+                    bf16_close(ref_dx, dxh.host(), "lora_backward's bf16 input gradient matches the CPU's");
+                    runs_h.push_back(yh.host()), runs_h.push_back(dxh.host());
+                } else {
+                    expect_close(ref_y, yf.host(), "lora_forward matches the CPU");
+                    expect_close(ref_dx, dxf.host(), "lora_backward's input gradient matches the CPU");
+                    runs_f.push_back(yf.host()), runs_f.push_back(dxf.host());
+                }
+                runs_f.push_back(dA.host()), runs_f.push_back(dB.host());
+            }
+            const size_t half_f = runs_f.size() / 2, half_h = runs_h.size() / 2;
+            for (size_t i = 0; i < half_f; ++i) expect(runs_f[i] == runs_f[half_f + i], "LoRA repeats bitwise");
+            for (size_t i = 0; i < half_h; ++i) expect(runs_h[i] == runs_h[half_h + i], "LoRA repeats bitwise (bf16)");
+        }
     }
 }
 

@@ -154,6 +154,52 @@ TEST_CASE("gpu: 20 OLMo-2 training steps match the CPU backend in fp32 and amp_b
     test_util::check_losses(recomputed, run("whole2", whole), 0, 0.0);  // native attention: bitwise repeatable
 }
 
+TEST_CASE("gpu: LoRA on every module trains as on the CPU in fp32 and amp_bf16 with dropout and repeats bitwise") {
+    // OLMo-2's fixture (adapters on q/k/v before the QK-norm, on outputs normed after their sublayer) and Llama's
+    // (pre-norms, grouped-query attention): the frozen base's input-gradient-only GEMMs, lora.cu's kernels on bf16
+    // operands, the dropout masks from the same hash as the CPU's, CUDA graphs replaying them.
+    test_util::TempDir dir;
+    for (const std::string name : {"olmo2", "llama"}) {
+        CAPTURE(name);
+        auto run = [&](const std::string& tag, const std::vector<std::string>& extra) {
+            std::vector<std::string> a = {"--config",
+                                          fixture(name + "_tiny.json"),
+                                          "--init-from",
+                                          fixture(name + "_tiny_init.safetensors"),
+                                          "--metrics-file",
+                                          dir.path(name + tag + ".jsonl"),
+                                          "--set",
+                                          "console_log_interval=10",
+                                          "--set",
+                                          "lora.enabled=true",
+                                          "--set",
+                                          "lora.dropout=0.1",
+                                          "--set",
+                                          "optimizer.learning_rate=0.02",
+                                          "--set",
+                                          "lora.targets=[\"q_proj\",\"k_proj\",\"v_proj\",\"o_proj\",\"gate_proj\","
+                                          "\"up_proj\",\"down_proj\"]"};
+            a.insert(a.end(), extra.begin(), extra.end());
+            const auto r = test_util::run_trainer(a);
+            INFO(r.out << r.err);
+            REQUIRE(r.exit_code == 0);
+            return test_util::read_metrics(dir.path(name + tag + ".jsonl"));
+        };
+        const auto cpu = run("cpu", {"--device", "cpu"});
+        REQUIRE(cpu.size() == 20);
+        CHECK(cpu.back()["loss"].get<double>() < cpu.front()["loss"].get<double>());
+        test_util::check_losses(cpu, run("fp32", {"--device", "cuda"}), 0, 1e-4);
+        const std::vector<std::string> amp = {"--device", "cuda",  "--precision",
+                                              "amp_bf16", "--set", "kernels.attention=native"};
+        const auto bf16 = run("amp", amp);
+        test_util::check_losses(cpu, bf16, 0, 2e-2);
+        test_util::check_losses(bf16, run("amp2", amp), 0, 0.0);
+        std::vector<std::string> graphs = amp;
+        graphs.insert(graphs.end(), {"--set", "kernels.cuda_graphs=true"});
+        test_util::check_losses(bf16, run("graphs", graphs), 0, 0.0);
+    }
+}
+
 TEST_CASE("gpu: 20 training steps with our flash attention match the CPU backend and repeat bitwise") {
     // One head of 64 channels (the tiny config's heads of 16 are below what the flash kernels take).
     test_util::TempDir dir;
