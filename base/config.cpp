@@ -423,6 +423,12 @@ void read_execution(const Json& doc, TrainConfig& c) {
     c.lora.use_rslora = lora["use_rslora"].get<bool>();
     if (!lora["targets"].is_null()) c.lora.targets = string_list(lora["targets"]);
     c.lora.init_from = opt<std::string>(lora["init_from"]);
+    c.lora.nf4 = lora["quantize"].get<std::string>() == "nf4";
+    if (lora["double_quant"].get<bool>()) {
+        user_error(
+            "config lora.double_quant: true; QLoRA's double quantization of the absmaxes is not built yet "
+            "(NF4 with one fp32 absmax a block of 64 is: 0.5625 bytes a parameter); set it false");
+    }
     const Json& ac = doc["activation_checkpointing"];
     c.activation_checkpointing = ac.is_null() ? ActivationCheckpointing::kNull : choice<ActivationCheckpointing>(ac);
     c.peak_flops_per_device = opt<double>(doc["peak_flops_per_device"]);
@@ -459,6 +465,9 @@ void check_lora(TrainConfig& c) {
             "config lora.init_from: \"{}\" but lora.enabled is false; set lora.enabled: true to train or use the "
             "adapter",
             *c.lora.init_from);
+    }
+    if (!c.lora.enabled && c.lora.nf4) {
+        user_error("config lora.quantize: nf4 stores a LoRA run's frozen base; set lora.enabled: true (QLoRA)");
     }
     if (!c.lora.enabled) return;
     if (c.lora.targets.empty()) c.lora.targets = lora_default_targets(c.model);
@@ -686,7 +695,9 @@ Json config_json(const TrainConfig& c) {
           {"dropout", c.lora.dropout},
           {"use_rslora", c.lora.use_rslora},
           {"targets", c.lora.targets.empty() ? Json(nullptr) : Json(c.lora.targets)},
-          {"init_from", or_null(c.lora.init_from)}}},
+          {"init_from", or_null(c.lora.init_from)},
+          {"quantize", c.lora.nf4 ? "nf4" : "none"},
+          {"double_quant", false}}},
         {"activation_checkpointing", choice_or_null(c.activation_checkpointing, ActivationCheckpointing::kNull)},
         {"peak_flops_per_device", or_null(c.peak_flops_per_device)},
         {"threads", c.threads},

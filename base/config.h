@@ -172,6 +172,7 @@ struct LoraConfig {
     bool use_rslora = false;
     std::vector<std::string> targets;      // Hugging Face module names; resolved: never empty when enabled
     std::optional<std::string> init_from;  // an existing PEFT adapter to start from
+    bool nf4 = false;                      // lora.quantize nf4 (QLoRA): the frozen block Linear weights in NF4
     double scaling() const;
 };
 

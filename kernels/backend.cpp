@@ -112,6 +112,10 @@ void Backend::lora_backward(GemmOperand, float*, float*, GemmOperand, int, GemmO
     throw InternalError(fmt::format("the {} backend has no LoRA ops (the config refuses LoRA there first)", name()));
 }
 
+void Backend::nf4_dequantize(float*, const uint8_t*, const float*, size_t) {
+    throw InternalError(fmt::format("the {} backend has no NF4 kernels", name()));
+}
+
 void Backend::set_linear_precision(LinearPrecision p) {
     TRAINER_CHECK(p == LinearPrecision::kDefault, "precision amp_fp8 reached a backend without FP8 GEMMs");
 }

@@ -63,6 +63,7 @@ class DryBackend final : public ForwardingBackend {
     std::vector<std::pair<std::string, double>> device_counters() override { return {}; }
     bool has_linear_bf16_reference() const override { return false; }
     bool has_lora() const override { return true; }  // the plan prices LoRA for the device it stands for
+    bool has_nf4() const override { return true; }
     bool linear_bf16_reference_forward(uint16_t*, const uint16_t*, const uint16_t*, int M, int K, int N) override {
         const double m = M, k = K, n = N;
         note("linear_bf16_reference_forward", 2 * m * k * n, 2 * (m * k + n * k + m * n));

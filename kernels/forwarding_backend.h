@@ -19,6 +19,7 @@
 
 #include "base/common.h"
 #include "kernels/backend.h"
+#include "kernels/element.h"
 
 namespace trainer {
 
@@ -100,6 +101,8 @@ class ForwardingBackend : public Backend {
     bool can_capture() const override { return false; }
     bool has_linear_bf16_reference() const override { return inner().has_linear_bf16_reference(); }
     bool has_lora() const override { return inner().has_lora(); }
+    bool has_nf4() const override { return inner().has_nf4(); }
+    void nf4_dequantize(float* out, const uint8_t* codes, const float* absmax, size_t n) override;
     bool linear_bf16_reference_forward(uint16_t* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
                                        int N) override {
         return inner().linear_bf16_reference_forward(out, inp, weight, M, K, N);
@@ -299,6 +302,13 @@ inline void ForwardingBackend::matmul_backward(GemmOperand dinp, float* dweight,
                            (dinp.p ? op_shapes::bytes_of(dinp) * M * K : 0) +
                            4.0 * ((dweight ? 3.0 : 1.0) * N * K + (dbias ? 2 * N : 0))),
              [=](Backend& b) { b.matmul_backward(dinp, dweight, dbias, dout, inp, weight, M, K, N, accumulate_dinp); });
+}
+
+// QLoRA's unpacking: codes, absmaxes and fp32 values, a pass over each. Not a row of bench-kernels' (storage, not a
+// step's compute).
+inline void ForwardingBackend::nf4_dequantize(float* out, const uint8_t* codes, const float* absmax, size_t n) {
+    dispatch(op_shapes::plain("nf4_dequantize").cost(2.0 * double(n), double(n) * 4.5 + 4.0 * double(n) / kNf4Block),
+             [=](Backend& b) { b.nf4_dequantize(out, codes, absmax, n); });
 }
 
 // LoRA: two rank-r GEMMs forward; backward recomputes the first and runs four (three without the input gradient),

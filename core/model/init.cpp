@@ -19,6 +19,7 @@
 #include "core/weights/checkpoint.h"
 #include "core/weights/hf_names.h"
 #include "core/weights/peft.h"
+#include "parallel/strategy/packed_unit.h"
 #include "parallel/strategy/strategy.h"
 
 namespace trainer {
@@ -145,6 +146,9 @@ void fill_lora_base(const TrainConfig& config, const ParamLayout& layout, std::v
     if (config.init_from) {
         hf_family(config.model, "--init-from " + *config.init_from);
         from_hf_tensors(config, layout, read_hf_weights(config, *config.init_from), *config.init_from, units);
+    }
+    for (int u = 0; u < layout.num_units(); ++u) {  // QLoRA: the values its NF4 storage gives compute
+        if (layout.units()[u].nf4) PackedUnit(layout.units()[u], true).round_trip(units[u].data());
     }
 }
 

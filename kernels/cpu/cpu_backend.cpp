@@ -183,6 +183,11 @@ class CpuBackend final : public Backend {
         }
     }
     bool has_lora() const override { return true; }
+    bool has_nf4() const override { return true; }
+    void nf4_dequantize(float* out, const uint8_t* codes, const float* absmax, size_t n) override {
+        const Busy busy(*this);
+        cpu::nf4_dequantize(out, codes, absmax, n);
+    }
     void lora_forward(GemmOperand out, int ld_out, GemmOperand inp, const float* A, const float* B, int M, int K, int r,
                       int n, float scale, const LoraDropout& drop, float* work) override {
         const Busy busy(*this);

@@ -168,6 +168,11 @@ class CudaBackend final : public CudaRuntime {
         Backend::matmul_gelu_backward(dpre, dact, dweight, dbias, dout, act, weight, pre, M, K, N, tanh_approx);
     }
     bool has_lora() const override { return true; }
+    bool has_nf4() const override { return true; }
+    void nf4_dequantize(float* out, const uint8_t* codes, const float* absmax, size_t n) override {
+        const OpMark mark(*timeline_, "nf4_dequantize");
+        cuda::nf4_dequantize(out, codes, absmax, n, stream_);
+    }
     void lora_forward(GemmOperand out, int ld_out, GemmOperand inp, const float* A, const float* B, int M, int K, int r,
                       int n, float scale, const LoraDropout& drop, float* work) override {
         const OpMark mark(*timeline_, "lora_forward");

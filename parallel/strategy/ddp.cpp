@@ -11,15 +11,18 @@
 //
 // LoRA: a frozen unit (the base) holds parameters only; it has no gradient to reduce and no part for the optimizer.
 // With bf16 parameters (NO_SHARD mixed / pure) it is rounded to bf16 in place once loaded, and compute reads it there:
-// no compute copy beside it (its values are the copy's).
+// no compute copy beside it (its values are the copy's). QLoRA's frozen units (lora.quantize nf4) are kept packed
+// (packed_unit.h) and unpacked into an fp32 copy for as long as a hook holds them (gathered_units): one unit at a time.
 //
 // CPU offload (cpu_offload.optimizer_state; shard_storage.h): the gradients stay on the device, where the
 // optimizer streams them down as it updates. The replica's parameters stay on the device (offloading them
 // is FSDP's).
 #include <memory>
+#include <vector>
 
 #include "base/common.h"
 #include "parallel/comm/communicator.h"
+#include "parallel/strategy/packed_unit.h"
 #include "parallel/strategy/shard_storage.h"
 #include "parallel/strategy/strategy.h"
 
@@ -42,7 +45,9 @@ class DdpStrategy final : public Strategy {
         }
         for (const auto& u : layout.units()) {
             Unit s;
-            s.state = ShardStorage(backend, u.numel, offload, false, u.frozen);
+            s.packed = u.frozen && u.nf4;
+            if (s.packed) s.pack = PackedUnit(u, true);
+            s.state = ShardStorage(backend, s.packed ? s.pack.floats() : u.numel, offload, false, u.frozen);
             if (precision_.bf16_params && u.numel > 0 && !u.frozen) {
                 s.compute = DeviceBuffer(backend, u.numel * sizeof(float), MemCategory::kGatheredUnits);
             }
@@ -53,6 +58,14 @@ class DdpStrategy final : public Strategy {
     std::string name() const override { return name_; }
     float* unit_params(int u) override {
         Unit& s = units_.at(u);
+        if (s.packed) {
+            TRAINER_CHECK(s.refs > 0, "unit {} parameters used outside its hooks", u);
+            if (s.widened.data() == nullptr) {
+                s.widened = DeviceBuffer(backend_, s.pack.numel() * sizeof(float), MemCategory::kGatheredUnits);
+                s.pack.unpack(*backend_, s.widened.f32(), reinterpret_cast<const uint8_t*>(s.state.device_params()));
+            }
+            return s.widened.f32();
+        }
         if (!precision_.bf16_params || s.state.frozen()) return s.state.device_params();
         const size_t n = s.state.numel();
         if (s.compute_stale && n > 0) {
@@ -66,12 +79,16 @@ class DdpStrategy final : public Strategy {
 
     void begin_step(int num_micro_batches) override { num_micro_ = num_micro_batches; }
     void begin_micro_batch(int index) override { micro_ = index; }
+    void before_forward(int u) override { hold(u); }
+    void after_forward(int u) override { release(u); }
     void before_backward(int u) override {
+        hold(u);
         // micro_batch mode: the previous micro-batch's reduction of this unit must land (and be averaged)
         // before this backward accumulates into the same buffer.
         settle(u);
     }
     void after_backward(int u) override {
+        release(u);
         const bool last_micro = micro_ == num_micro_ - 1;
         Unit& s = units_[u];
         const size_t n = s.state.numel();
@@ -105,6 +122,12 @@ class DdpStrategy final : public Strategy {
 
     void load_full_unit_params(int u, const float* host) override {
         Unit& s = units_.at(u);
+        if (s.packed) {
+            std::vector<float> packed(s.pack.floats());
+            s.pack.pack(host, reinterpret_cast<uint8_t*>(packed.data()));
+            s.state.write_params(0, packed.data(), packed.size());
+            return;
+        }
         s.state.write_params(0, host, s.state.numel());
         s.compute_stale = true;
     }
@@ -113,12 +136,19 @@ class DdpStrategy final : public Strategy {
             s.state.params_loaded();
             s.compute_stale = true;
             const size_t n = s.state.numel();
-            if (s.state.frozen() && precision_.bf16_params && n > 0)
+            if (s.state.frozen() && precision_.bf16_params && n > 0 && !s.packed)
                 backend_->round_to_bf16(s.state.device_params(), s.state.device_params(), n);
         }
     }
 
    private:
+    // A packed unit's fp32 copy lives while a hook holds the unit.
+    void hold(int u) { ++units_.at(u).refs; }
+    void release(int u) {
+        Unit& s = units_.at(u);
+        TRAINER_CHECK(s.refs > 0, "unit {} released more often than held", u);
+        if (--s.refs == 0) s.widened.reset();
+    }
     void settle(int u) {
         Unit& s = units_[u];
         if (!s.has_pending) return;
@@ -138,6 +168,10 @@ class DdpStrategy final : public Strategy {
         DeviceBuffer wire;     // pure: the bf16 gradients while their all-reduce is in flight
         CommHandle pending;    // its gradient all-reduce, when in flight
         bool has_pending = false, compute_stale = true;
+        bool packed = false;  // QLoRA: the state holds pack's packed form
+        PackedUnit pack;
+        DeviceBuffer widened;  // packed: the fp32 unit while a hook holds it
+        int refs = 0;
     };
     Backend* backend_;
     std::unique_ptr<Communicator> owned_comm_;  // the group of one of the single-process strategy

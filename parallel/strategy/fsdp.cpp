@@ -35,7 +35,9 @@
 // LoRA: the wrap policy gives every block's adapters an FSDP unit of their own, so an FSDP unit is all frozen (the
 // base: gathered as any unit, but with no gradient, no reduction and no part for the optimizer) or all trained.
 // The small adapter units are gathered when used, never prefetched, and not counted by limit_all_gathers.
-// CPU offload (shard_storage.h): the shards' gradients stay on the device, where the optimizer streams
+// QLoRA (lora.quantize nf4): a frozen FSDP unit's flat buffer is its members' packed forms (packed_unit.h) back to
+// back, sharded and all-gathered as they are (NF4 codes and absmaxes on the wire), then unpacked into the fp32 unit
+// compute reads. CPU offload (shard_storage.h): the shards' gradients stay on the device, where the optimizer streams
 // them down as it updates. With cpu_offload.parameters every gather first uploads the shard (bf16 in mixed
 // and pure precision) into a communication buffer that lives until the gather has landed.
 #include <deque>
@@ -44,6 +46,7 @@
 
 #include "base/common.h"
 #include "parallel/comm/communicator.h"
+#include "parallel/strategy/packed_unit.h"
 #include "parallel/strategy/shard_storage.h"
 #include "parallel/strategy/strategy.h"
 
@@ -73,29 +76,39 @@ class FsdpStrategy final : public Strategy {
         const size_t size = static_cast<size_t>(group_->size());
         group_of_.assign(layout.num_units(), -1);
         offset_in_group_.assign(layout.num_units(), 0);
+        store_offset_.assign(layout.num_units(), 0);
+        store_numel_.assign(layout.num_units(), 0);
         for (size_t g = 0; g < opt_.groups.size(); ++g) {
             Group G;
             G.units = opt_.groups[g];
             G.frozen = !G.units.empty() && layout.units().at(G.units.front()).frozen;
             G.adapters = !G.units.empty() && G.units.front() > head_;
+            G.packed = G.frozen && layout.units().at(G.units.front()).nf4;
             for (int u : G.units) {
                 TRAINER_CHECK(group_of_.at(u) < 0, "layout unit {} is in two FSDP units", u);
                 TRAINER_CHECK(layout.units()[u].frozen == G.frozen, "FSDP unit {} mixes frozen and trained units", g);
                 group_of_[u] = static_cast<int>(g);
-                offset_in_group_[u] = G.numel;
-                G.numel += layout.units()[u].numel;
+                offset_in_group_[u] = G.full_numel;
+                G.full_numel += layout.units()[u].numel;
+                store_offset_[u] = G.numel;
+                if (G.packed) {
+                    G.packs.emplace_back(layout.units()[u], true);
+                    store_numel_[u] = G.packs.back().floats();
+                } else {
+                    store_numel_[u] = layout.units()[u].numel;
+                }
+                G.numel += store_numel_[u];
             }
             G.first_unit = G.units.empty() ? -1 : G.units.front();
             G.shard = (G.numel + size - 1) / size;
             G.padded = G.shard * size;
             // Mixed / pure: the bf16 shard the gathers send, kept current by AdamW's copy-out (and refreshed
             // after loads) instead of a cast before every gather; 2 bytes per shard element, parameters.
-            G.mine = ShardStorage(backend, G.shard, opt_.offload, opt_.precision.bf16_params, G.frozen);
+            G.mine = ShardStorage(backend, G.shard, opt_.offload, opt_.precision.bf16_params && !G.packed, G.frozen);
             groups_.push_back(std::move(G));
         }
         for (int u = 0; u < layout.num_units(); ++u) {
             TRAINER_CHECK(group_of_[u] >= 0, "layout unit {} is in no FSDP unit", u);
-            unit_numel_.push_back(layout.units()[u].numel);
         }
     }
 
@@ -107,7 +120,7 @@ class FsdpStrategy final : public Strategy {
         Group& G = groups_.at(group_of_.at(u));
         TRAINER_CHECK(G.gathered && !G.gather_pending, "unit {} parameters used outside its hooks", u);
         if (G.padded == 0) return nullptr;
-        return (params_in_place_ ? G.mine.device_params() : G.full_params.f32()) + offset_in_group_[u];
+        return (in_place(G) ? G.mine.device_params() : G.full_params.f32()) + offset_in_group_[u];
     }
     float* unit_grads(int u) override {
         Group& G = groups_.at(group_of_.at(u));
@@ -201,7 +214,14 @@ class FsdpStrategy final : public Strategy {
         Group& G = groups_.at(group_of_.at(u));
         const Range r = owned_part(G, u);
         if (r.empty()) return;
-        const size_t lo = my_range(G).begin, ub = offset_in_group_[u];
+        const size_t lo = my_range(G).begin, ub = store_offset_[u];
+        std::vector<float> packed;
+        if (G.packed) {  // this rank's part of the unit's packed form
+            const PackedUnit& pack = G.packs.at(member_index(G, u));
+            packed.resize(pack.floats());
+            pack.pack(host, reinterpret_cast<uint8_t*>(packed.data()));
+            host = packed.data();
+        }
         G.mine.write_params(r.begin - lo, host + (r.begin - ub), r.size());
     }
     void params_loaded() override {
@@ -211,6 +231,9 @@ class FsdpStrategy final : public Strategy {
    private:
     struct Group {
         std::vector<int> units;
+        bool packed = false;  // QLoRA: the members' packed forms (packs, in units' order) are the storage
+        std::vector<PackedUnit> packs;
+        size_t full_numel = 0;  // the members' fp32 elements (compute's layout; numel: the storage's)
         int first_unit = -1;    // the member whose after_backward ends the FSDP unit's backward
         bool frozen = false;    // LoRA's base: no gradients
         bool adapters = false;  // LoRA's adapters (after the head in layout order)
@@ -232,8 +255,25 @@ class FsdpStrategy final : public Strategy {
     }
     // The part of layout unit u (a member of G) that this rank owns, in G's flat buffer.
     Range owned_part(const Group& G, int u) const {
-        const size_t ub = offset_in_group_[u];
-        return intersect(my_range(G), {ub, ub + unit_numel_[u]});
+        const size_t ub = store_offset_[u];
+        return intersect(my_range(G), {ub, ub + store_numel_[u]});
+    }
+    // Compute reads the shard in place: alone in fp32, not packed.
+    bool in_place(const Group& G) const { return params_in_place_ && !G.packed; }
+    static size_t member_index(const Group& G, int u) {
+        for (size_t i = 0; i < G.units.size(); ++i) {
+            if (G.units[i] == u) return i;
+        }
+        TRAINER_CHECK(false, "unit {} is no member", u);
+        return 0;
+    }
+    // QLoRA: the gathered packed forms at `packed` into the fp32 unit compute reads.
+    void unpack(Group& G, const float* packed) {
+        for (size_t i = 0; i < G.units.size(); ++i) {
+            const int u = G.units[i];
+            G.packs[i].unpack(*backend_, G.full_params.f32() + offset_in_group_[u],
+                              reinterpret_cast<const uint8_t*>(packed + store_offset_[u]));
+        }
     }
     struct PendingReduce {
         int group = 0;
@@ -246,16 +286,19 @@ class FsdpStrategy final : public Strategy {
         Group& G = groups_[g];
         if (G.gathered) return;
         G.gathered = true;
-        if (G.padded == 0 || params_in_place_) return;  // nothing to gather: no parameters, or the shard is it
-        G.full_params = DeviceBuffer(backend_, G.padded * sizeof(float), MemCategory::kGatheredUnits);
-        const bool bf16 = opt_.precision.bf16_params;
+        if (G.padded == 0 || in_place(G)) return;  // nothing to gather: no parameters, or the shard is it
+        G.full_params =
+            DeviceBuffer(backend_, (G.packed ? G.full_numel : G.padded) * sizeof(float), MemCategory::kGatheredUnits);
+        const bool bf16 = opt_.precision.bf16_params && !G.packed;
         // What the gather sends: the device's shard (bf16 in mixed / pure), or its upload from the host.
         if (opt_.offload.parameters) G.upload = G.mine.upload_params(MemCategory::kCommunication);
         void* shard = opt_.offload.parameters
                           ? G.upload.data()
                           : (bf16 ? static_cast<void*>(G.mine.device_bf16()) : G.mine.device_params());
-        if (alone_) {  // alone: the compute copy is the shard (widened from bf16), no collective
-            if (bf16) {
+        if (alone_) {  // alone: the compute copy is the shard (widened from bf16, or unpacked), no collective
+            if (G.packed) {
+                unpack(G, static_cast<const float*>(shard));
+            } else if (bf16) {
                 backend_->cast_bf16_to_float(G.full_params.f32(), static_cast<const uint16_t*>(shard), G.padded);
             } else {
                 backend_->copy_device_to_device(G.full_params.data(), shard, G.padded * sizeof(float));
@@ -266,6 +309,9 @@ class FsdpStrategy final : public Strategy {
         if (bf16) {
             G.wire = DeviceBuffer(backend_, G.padded * 2, MemCategory::kCommunication);
             G.gather = group_->all_gather(shard, G.wire.data(), G.shard, CommDType::kBFloat16);
+        } else if (G.packed) {  // the packed forms as 4-byte words: moved, never added
+            G.wire = DeviceBuffer(backend_, G.padded * sizeof(float), MemCategory::kCommunication);
+            G.gather = group_->all_gather(shard, G.wire.data(), G.shard, CommDType::kFloat32);
         } else {
             G.gather = group_->all_gather(shard, G.full_params.data(), G.shard, CommDType::kFloat32);
         }
@@ -277,7 +323,10 @@ class FsdpStrategy final : public Strategy {
         wait(G.gather);
         G.gather_pending = false;
         G.upload.reset();
-        if (opt_.precision.bf16_params) {
+        if (G.packed) {
+            unpack(G, G.wire.f32());
+            G.wire.reset();
+        } else if (opt_.precision.bf16_params) {
             backend_->cast_bf16_to_float(G.full_params.f32(), G.wire.bf16(), G.padded);
             G.wire.reset();
         }
@@ -382,7 +431,9 @@ class FsdpStrategy final : public Strategy {
     int fwd_cursor_ = 0, bwd_cursor_ = 0;
     std::vector<Group> groups_;
     std::vector<int> group_of_;
-    std::vector<size_t> offset_in_group_, unit_numel_;
+    // Each layout unit's offset in its FSDP unit's compute layout (fp32), and its offset and size in the FSDP unit's
+    // storage (the same but for QLoRA's packed units).
+    std::vector<size_t> offset_in_group_, store_offset_, store_numel_;
     std::deque<PendingReduce> pending_;
 };
 
