@@ -49,6 +49,10 @@ TEST_CASE("dry run: predicted peak memory by category is the measured accounting
     struct Case {
         int ranks;
         std::vector<std::string> sets;
+        // Gloo's worker thread grows its reduce-scatter scratch when it runs the collective, which in a real run may
+        // fall while a gather's buffer is alive (QLoRA's packed wires): the communication peak is then the dry
+        // run's plus up to that scratch (4 KiB here), not equal.
+        bool gloo_overlap = false;
     };
     const std::vector<Case> cases = {
         {1, {}},
@@ -86,6 +90,9 @@ TEST_CASE("dry run: predicted peak memory by category is the measured accounting
         {2, {"distributed_strategy=ddp", "lora.enabled=true", "lora.targets=[\"q_proj\",\"down_proj\"]"}},
         {2, with(fsdp, {"lora.enabled=true", "activation_checkpointing=whole_layer"})},
         {2, with(fsdp, {"lora.enabled=true", "cpu_offload.optimizer_state=true", "cpu_offload.parameters=true"})},
+        // QLoRA: NF4-packed frozen units (a replica unpacked a unit at a time; packed shards on the wire).
+        {2, {"distributed_strategy=ddp", "lora.enabled=true", "lora.quantize=nf4"}},
+        {2, with(fsdp, {"lora.enabled=true", "lora.quantize=nf4"}), true},
     };
     int k = 0;
     for (const Case& c : cases) {
@@ -109,6 +116,11 @@ TEST_CASE("dry run: predicted peak memory by category is the measured accounting
         for (int m = 0; m < kNumMemCategories; ++m) {
             const char* name = mem_category_name(static_cast<MemCategory>(m));
             CAPTURE(name);
+            if (c.gloo_overlap && static_cast<MemCategory>(m) == MemCategory::kCommunication) {
+                CHECK(measured[name].get<int64_t>() >= dry.peak[m]);
+                CHECK(measured[name].get<int64_t>() <= dry.peak[m] + 8192);
+                continue;
+            }
             CHECK(dry.peak[m] == measured[name].get<int64_t>());
         }
         // The totals' high-water marks: the Gloo communicator grows its reduce-scatter buffer when its worker
