@@ -424,11 +424,7 @@ void read_execution(const Json& doc, TrainConfig& c) {
     if (!lora["targets"].is_null()) c.lora.targets = string_list(lora["targets"]);
     c.lora.init_from = opt<std::string>(lora["init_from"]);
     c.lora.nf4 = lora["quantize"].get<std::string>() == "nf4";
-    if (lora["double_quant"].get<bool>()) {
-        user_error(
-            "config lora.double_quant: true; QLoRA's double quantization of the absmaxes is not built yet "
-            "(NF4 with one fp32 absmax a block of 64 is: 0.5625 bytes a parameter); set it false");
-    }
+    c.lora.double_quant = lora["double_quant"].get<bool>();
     const Json& ac = doc["activation_checkpointing"];
     c.activation_checkpointing = ac.is_null() ? ActivationCheckpointing::kNull : choice<ActivationCheckpointing>(ac);
     c.peak_flops_per_device = opt<double>(doc["peak_flops_per_device"]);
@@ -465,6 +461,9 @@ void check_lora(TrainConfig& c) {
             "config lora.init_from: \"{}\" but lora.enabled is false; set lora.enabled: true to train or use the "
             "adapter",
             *c.lora.init_from);
+    }
+    if (c.lora.double_quant && !c.lora.nf4) {
+        user_error("config lora.double_quant: true quantizes NF4's absmaxes; it needs lora.quantize: nf4");
     }
     if (!c.lora.enabled && c.lora.nf4) {
         user_error("config lora.quantize: nf4 stores a LoRA run's frozen base; set lora.enabled: true (QLoRA)");
@@ -697,7 +696,7 @@ Json config_json(const TrainConfig& c) {
           {"targets", c.lora.targets.empty() ? Json(nullptr) : Json(c.lora.targets)},
           {"init_from", or_null(c.lora.init_from)},
           {"quantize", c.lora.nf4 ? "nf4" : "none"},
-          {"double_quant", false}}},
+          {"double_quant", c.lora.double_quant}}},
         {"activation_checkpointing", choice_or_null(c.activation_checkpointing, ActivationCheckpointing::kNull)},
         {"peak_flops_per_device", or_null(c.peak_flops_per_device)},
         {"threads", c.threads},

@@ -173,6 +173,7 @@ struct LoraConfig {
     std::vector<std::string> targets;      // Hugging Face module names; resolved: never empty when enabled
     std::optional<std::string> init_from;  // an existing PEFT adapter to start from
     bool nf4 = false;                      // lora.quantize nf4 (QLoRA): the frozen block Linear weights in NF4
+    bool double_quant = false;             // lora.double_quant: their absmaxes in 8 bits
     double scaling() const;
 };
 

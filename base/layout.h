@@ -39,6 +39,7 @@ struct Unit {
     size_t numel = 0;     // sum of the parameters' numel (no padding)
     bool frozen = false;  // LoRA's base: never trained (no gradient, no optimizer state)
     bool nf4 = false;     // QLoRA: frozen, its block Linear weights stored as NF4 (parallel/strategy/packed_unit.h)
+    bool double_quant = false;  // their absmaxes double-quantized
 };
 
 // A half-open range [begin, end) of elements of a flat buffer.

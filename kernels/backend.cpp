@@ -116,6 +116,10 @@ void Backend::nf4_dequantize(float*, const uint8_t*, const float*, size_t) {
     throw InternalError(fmt::format("the {} backend has no NF4 kernels", name()));
 }
 
+void Backend::nf4_dequantize_dq(float*, const uint8_t*, const uint8_t*, const float*, const float*, size_t) {
+    throw InternalError(fmt::format("the {} backend has no NF4 kernels", name()));
+}
+
 void Backend::set_linear_precision(LinearPrecision p) {
     TRAINER_CHECK(p == LinearPrecision::kDefault, "precision amp_fp8 reached a backend without FP8 GEMMs");
 }

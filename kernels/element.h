@@ -291,6 +291,114 @@ TRAINER_HD uint8_t nf4_encode(float x) {
     return code;
 }
 
+// ---- QLoRA's double quantization: each NF4 block's absmax stored in 8 bits (bitsandbytes' compress_statistics). ----
+// The absmaxes of a tensor less their mean (the offset, fp32), in blocks of kDoubleQuantBlock, each block scaled by the
+// reciprocal of its own absmax (fp32) and coded in bitsandbytes' dynamic 8-bit map (create_dynamic_map(signed=True):
+// for each exponent 10^-6 .. 10^0 the midpoints of a linspace(0.1, 1) of 2^i + 1 points, both signs, then 0 and 1,
+// sorted). Dequantized: value(code) x the block's absmax + the offset. The map is tests/fixtures/double_quant.bin's,
+// written by PyTorch (tests/make_fixtures.py), and the test holds this table to it bit for bit.
+constexpr int kDoubleQuantBlock = 256;
+
+TRAINER_HD float dynamic_map_value(int code) {
+    const float v[256] = {
+        -0x1.fc6666p-1f,  -0x1.f53332p-1f,  -0x1.eep-1f,      -0x1.e6ccccp-1f,
+        -0x1.df9998p-1f,  -0x1.d86666p-1f,  -0x1.d13334p-1f,  -0x1.cap-1f,
+        -0x1.c2ccccp-1f,  -0x1.bb9998p-1f,  -0x1.b46666p-1f,  -0x1.ad3332p-1f,
+        -0x1.a6p-1f,      -0x1.9eccccp-1f,  -0x1.979998p-1f,  -0x1.906666p-1f,
+        -0x1.893334p-1f,  -0x1.82p-1f,      -0x1.7acccep-1f,  -0x1.73999ap-1f,
+        -0x1.6c6668p-1f,  -0x1.653334p-1f,  -0x1.5ep-1f,      -0x1.56cccep-1f,
+        -0x1.4f999ap-1f,  -0x1.486666p-1f,  -0x1.413334p-1f,  -0x1.3ap-1f,
+        -0x1.32ccccp-1f,  -0x1.2b999ap-1f,  -0x1.246668p-1f,  -0x1.1d3334p-1f,
+        -0x1.16p-1f,      -0x1.0eccccp-1f,  -0x1.07999ap-1f,  -0x1.006666p-1f,
+        -0x1.f26668p-2f,  -0x1.e4p-2f,      -0x1.d59998p-2f,  -0x1.c73334p-2f,
+        -0x1.b8ccccp-2f,  -0x1.aa6664p-2f,  -0x1.9cp-2f,      -0x1.8d9998p-2f,
+        -0x1.7f3334p-2f,  -0x1.70ccccp-2f,  -0x1.626664p-2f,  -0x1.54p-2f,
+        -0x1.459998p-2f,  -0x1.373334p-2f,  -0x1.28ccccp-2f,  -0x1.1a6668p-2f,
+        -0x1.0cp-2f,      -0x1.fb3334p-3f,  -0x1.de6668p-3f,  -0x1.c1999ap-3f,
+        -0x1.a4ccccp-3f,  -0x1.88p-3f,      -0x1.6b3332p-3f,  -0x1.4e6666p-3f,
+        -0x1.31999ap-3f,  -0x1.14ccccp-3f,  -0x1.fp-4f,       -0x1.b66668p-4f,
+        -0x1.93d70ap-4f,  -0x1.8851eap-4f,  -0x1.7ccccep-4f,  -0x1.7147aep-4f,
+        -0x1.65c29p-4f,   -0x1.5a3d7p-4f,   -0x1.4eb85p-4f,   -0x1.433334p-4f,
+        -0x1.37ae14p-4f,  -0x1.2c28f6p-4f,  -0x1.20a3d6p-4f,  -0x1.151ebap-4f,
+        -0x1.09999ap-4f,  -0x1.fc28f4p-5f,  -0x1.e51ebap-5f,  -0x1.ce147ap-5f,
+        -0x1.b70a3ep-5f,  -0x1.ap-5f,       -0x1.88f5c2p-5f,  -0x1.71eb86p-5f,
+        -0x1.5ae146p-5f,  -0x1.43d70ap-5f,  -0x1.2ccccep-5f,  -0x1.15c28ep-5f,
+        -0x1.fd70a4p-6f,  -0x1.cf5c26p-6f,  -0x1.a147aep-6f,  -0x1.733334p-6f,
+        -0x1.451eb8p-6f,  -0x1.170a3ep-6f,  -0x1.d1eb86p-7f,  -0x1.75c29p-7f,
+        -0x1.3e76c8p-7f,  -0x1.2c083p-7f,   -0x1.19999ap-7f,  -0x1.072b02p-7f,
+        -0x1.e978d4p-8f,  -0x1.c49ba6p-8f,  -0x1.9fbe76p-8f,  -0x1.7ae148p-8f,
+        -0x1.56041ap-8f,  -0x1.3126e8p-8f,  -0x1.0c49bap-8f,  -0x1.ced914p-9f,
+        -0x1.851eb8p-9f,  -0x1.3b645ap-9f,  -0x1.e353f8p-10f, -0x1.4fdf3ap-10f,
+        -0x1.eecbfep-11f, -0x1.b3d07cp-11f, -0x1.78d5p-11f,   -0x1.3dd982p-11f,
+        -0x1.02de02p-11f, -0x1.8fc506p-12f, -0x1.19ce0ap-12f, -0x1.47ae16p-13f,
+        -0x1.743e96p-14f, -0x1.15df66p-14f, -0x1.6f0068p-15f, -0x1.64840cp-16f,
+        -0x1.040bfep-17f, -0x1.b43528p-19f, -0x1.27476ep-21f, 0.0f,
+        0x1.27476ep-21f,  0x1.b43528p-19f,  0x1.040bfep-17f,  0x1.64840cp-16f,
+        0x1.6f0068p-15f,  0x1.15df66p-14f,  0x1.743e96p-14f,  0x1.47ae16p-13f,
+        0x1.19ce0ap-12f,  0x1.8fc506p-12f,  0x1.02de02p-11f,  0x1.3dd982p-11f,
+        0x1.78d5p-11f,    0x1.b3d07cp-11f,  0x1.eecbfep-11f,  0x1.4fdf3ap-10f,
+        0x1.e353f8p-10f,  0x1.3b645ap-9f,   0x1.851eb8p-9f,   0x1.ced914p-9f,
+        0x1.0c49bap-8f,   0x1.3126e8p-8f,   0x1.56041ap-8f,   0x1.7ae148p-8f,
+        0x1.9fbe76p-8f,   0x1.c49ba6p-8f,   0x1.e978d4p-8f,   0x1.072b02p-7f,
+        0x1.19999ap-7f,   0x1.2c083p-7f,    0x1.3e76c8p-7f,   0x1.75c29p-7f,
+        0x1.d1eb86p-7f,   0x1.170a3ep-6f,   0x1.451eb8p-6f,   0x1.733334p-6f,
+        0x1.a147aep-6f,   0x1.cf5c26p-6f,   0x1.fd70a4p-6f,   0x1.15c28ep-5f,
+        0x1.2ccccep-5f,   0x1.43d70ap-5f,   0x1.5ae146p-5f,   0x1.71eb86p-5f,
+        0x1.88f5c2p-5f,   0x1.ap-5f,        0x1.b70a3ep-5f,   0x1.ce147ap-5f,
+        0x1.e51ebap-5f,   0x1.fc28f4p-5f,   0x1.09999ap-4f,   0x1.151ebap-4f,
+        0x1.20a3d6p-4f,   0x1.2c28f6p-4f,   0x1.37ae14p-4f,   0x1.433334p-4f,
+        0x1.4eb85p-4f,    0x1.5a3d7p-4f,    0x1.65c29p-4f,    0x1.7147aep-4f,
+        0x1.7ccccep-4f,   0x1.8851eap-4f,   0x1.93d70ap-4f,   0x1.b66668p-4f,
+        0x1.fp-4f,        0x1.14ccccp-3f,   0x1.31999ap-3f,   0x1.4e6666p-3f,
+        0x1.6b3332p-3f,   0x1.88p-3f,       0x1.a4ccccp-3f,   0x1.c1999ap-3f,
+        0x1.de6668p-3f,   0x1.fb3334p-3f,   0x1.0cp-2f,       0x1.1a6668p-2f,
+        0x1.28ccccp-2f,   0x1.373334p-2f,   0x1.459998p-2f,   0x1.54p-2f,
+        0x1.626664p-2f,   0x1.70ccccp-2f,   0x1.7f3334p-2f,   0x1.8d9998p-2f,
+        0x1.9cp-2f,       0x1.aa6664p-2f,   0x1.b8ccccp-2f,   0x1.c73334p-2f,
+        0x1.d59998p-2f,   0x1.e4p-2f,       0x1.f26668p-2f,   0x1.006666p-1f,
+        0x1.07999ap-1f,   0x1.0eccccp-1f,   0x1.16p-1f,       0x1.1d3334p-1f,
+        0x1.246668p-1f,   0x1.2b999ap-1f,   0x1.32ccccp-1f,   0x1.3ap-1f,
+        0x1.413334p-1f,   0x1.486666p-1f,   0x1.4f999ap-1f,   0x1.56cccep-1f,
+        0x1.5ep-1f,       0x1.653334p-1f,   0x1.6c6668p-1f,   0x1.73999ap-1f,
+        0x1.7acccep-1f,   0x1.82p-1f,       0x1.893334p-1f,   0x1.906666p-1f,
+        0x1.979998p-1f,   0x1.9eccccp-1f,   0x1.a6p-1f,       0x1.ad3332p-1f,
+        0x1.b46666p-1f,   0x1.bb9998p-1f,   0x1.c2ccccp-1f,   0x1.cap-1f,
+        0x1.d13334p-1f,   0x1.d86666p-1f,   0x1.df9998p-1f,   0x1.e6ccccp-1f,
+        0x1.eep-1f,       0x1.f53332p-1f,   0x1.fc6666p-1f,   0x1.0p+0f,
+    };
+    return v[code & 255];
+}
+
+// A double-quantized absmax: value(code) x its block's absmax, rounded, + the offset, rounded (each on its own, as
+// bitsandbytes computes it: never fused into one FMA, which the compilers would do in some contexts and not others).
+TRAINER_HD float double_quant_absmax(uint8_t code, float block_absmax, float offset) {
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(__fmul_rn(dynamic_map_value(code), block_absmax), offset);
+#else
+    volatile float scaled = dynamic_map_value(code) * block_absmax;  // volatile: stored, so not fused with the sum
+    return scaled + offset;
+#endif
+}
+
+// The code of x (already scaled into [-1, 1]): bitsandbytes' dQuantize, a binary search over the sorted map from 127
+// in steps of 64 .. 1, then the nearer of the last value and its neighbour by their fp32 midpoint.
+TRAINER_HD uint8_t dynamic_map_encode(float x) {
+    int pivot = 127, upper_pivot = 255, lower_pivot = 0;
+    float lower = -1.0f, upper = 1.0f, val = dynamic_map_value(pivot);
+    for (int i = 64; i > 0; i >>= 1) {
+        if (x > val) {
+            lower_pivot = pivot, lower = val, pivot += i;
+        } else {
+            upper_pivot = pivot, upper = val, pivot -= i;
+        }
+        val = dynamic_map_value(pivot);
+    }
+    if (upper_pivot == 255) upper = dynamic_map_value(upper_pivot);
+    if (lower_pivot == 0) lower = dynamic_map_value(lower_pivot);
+    if (x > val) return static_cast<uint8_t>(x > (upper + val) * 0.5f ? upper_pivot : pivot);
+    return static_cast<uint8_t>(x < (lower + val) * 0.5f ? lower_pivot : pivot);
+}
+
 // ---- LoRA's dropout masks (Backend::lora_forward): counter-based, so a mask depends on its key only. ----
 // splitmix64's finaliser: a 64-bit mix in which every input bit reaches every output bit.
 TRAINER_HD uint64_t mix64(uint64_t x) {

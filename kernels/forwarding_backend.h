@@ -103,6 +103,8 @@ class ForwardingBackend : public Backend {
     bool has_lora() const override { return inner().has_lora(); }
     bool has_nf4() const override { return inner().has_nf4(); }
     void nf4_dequantize(float* out, const uint8_t* codes, const float* absmax, size_t n) override;
+    void nf4_dequantize_dq(float* out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
+                           const float* offset, size_t n) override;
     bool linear_bf16_reference_forward(uint16_t* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
                                        int N) override {
         return inner().linear_bf16_reference_forward(out, inp, weight, M, K, N);
@@ -309,6 +311,12 @@ inline void ForwardingBackend::matmul_backward(GemmOperand dinp, float* dweight,
 inline void ForwardingBackend::nf4_dequantize(float* out, const uint8_t* codes, const float* absmax, size_t n) {
     dispatch(op_shapes::plain("nf4_dequantize").cost(2.0 * double(n), double(n) * 4.5 + 4.0 * double(n) / kNf4Block),
              [=](Backend& b) { b.nf4_dequantize(out, codes, absmax, n); });
+}
+
+inline void ForwardingBackend::nf4_dequantize_dq(float* out, const uint8_t* codes, const uint8_t* absmax_codes,
+                                                 const float* absmax2, const float* offset, size_t n) {
+    dispatch(op_shapes::plain("nf4_dequantize_dq").cost(2.0 * double(n), double(n) * 4.5 + double(n) / kNf4Block),
+             [=](Backend& b) { b.nf4_dequantize_dq(out, codes, absmax_codes, absmax2, offset, n); });
 }
 
 // LoRA: two rank-r GEMMs forward; backward recomputes the first and runs four (three without the input gradient),

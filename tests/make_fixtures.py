@@ -24,7 +24,8 @@ at random so that B A is not 0), in PEFT's names (base_model.model.<module>.lora
   <name>_lora_grads.safetensors    their step-1 gradients (the whole global batch, float64, stored as float32)
   <name>_lora_expected.json        the step-1 loss, r, alpha and the targets
 computed by hf_forward with each adapted module's output plus scaling * (x A^T) B^T (PEFT's and LitGPT's LoRA,
-no dropout), the base frozen; the gradients are of the loss plus the config's z-loss, as in training.
+no dropout), the base frozen; the gradients are of the loss plus the config's z-loss, as in training; and
+tests/fixtures/double_quant.bin, QLoRA's double quantization of absmaxes (make_double_quant says its layout).
 """
 
 import json
@@ -376,11 +377,97 @@ def make_lora(name):
         print(f"  wrote {os.path.relpath(p, os.path.dirname(HERE))}: {os.path.getsize(p)} bytes")
 
 
+def create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8):
+    """bitsandbytes' dynamic 8-bit map (functional.create_dynamic_map), the code QLoRA's double quantization stores
+    each block's absmax in: for each exponent 10^-6 .. 10^0 the midpoints of a linspace(0.1, 1) of 2^i + 1 points,
+    both signs, then 0 and 1, sorted; computed in float32 as torch computes it."""
+    data = []
+    non_sign_bits = total_bits - 1
+    for i in range(max_exponent_bits):
+        fraction_items = int(2 ** (i + non_sign_bits - max_exponent_bits) + 1 if signed
+                             else 2 ** (i + non_sign_bits - max_exponent_bits + 1) + 1)
+        boundaries = torch.linspace(0.1, 1, fraction_items)
+        means = (boundaries[:-1] + boundaries[1:]) / 2.0
+        data += (10 ** (-(max_exponent_bits - 1) + i) * means).tolist()
+        if signed:
+            data += (-10 ** (-(max_exponent_bits - 1) + i) * means).tolist()
+    data.append(0)
+    data.append(1.0)
+    assert len(data) == 2 ** total_bits
+    data.sort()
+    return torch.tensor(data, dtype=torch.float32)
+
+
+def dquantize(code, x):
+    """bitsandbytes' dQuantize (its blockwise kernels' nearest code, non-stochastic): a binary search over the sorted
+    256-value code from index 127 in steps of 64, 32, .. 1, then the nearer of the last value and its neighbour by
+    their float32 midpoint."""
+    f32 = lambda v: float(torch.tensor(v, dtype=torch.float32))
+    pivot, upper_pivot, lower_pivot = 127, 255, 0
+    lower, upper = -1.0, 1.0
+    val = code[pivot]
+    i = 64
+    while i > 0:
+        if x > val:
+            lower_pivot, lower, pivot = pivot, val, pivot + i
+        else:
+            upper_pivot, upper, pivot = pivot, val, pivot - i
+        val = code[pivot]
+        i >>= 1
+    if upper_pivot == 255:
+        upper = code[upper_pivot]
+    if lower_pivot == 0:
+        lower = code[lower_pivot]
+    if x > val:
+        return upper_pivot if x > f32((upper + val) * 0.5) else pivot
+    return lower_pivot if x < f32((lower + val) * 0.5) else pivot
+
+
+def make_double_quant():
+    """QLoRA's double quantization of a tensor's absmaxes, as bitsandbytes' quantize_4bit(compress_statistics=True)
+    does it: the mean taken off (float64 mean rounded to float32 here, where torch's float32 mean sums its own way),
+    then blocks of 256 each scaled by the reciprocal of its absmax and coded in the dynamic map. Writes the map and
+    one case: tests/fixtures/double_quant.bin, little-endian: the 256-value map (f32), n (u32), the n absmaxes (f32),
+    the offset (f32), the n codes (u8), the blocks' absmaxes (f32 each), the n dequantized absmaxes (f32)."""
+    import struct
+    code = create_dynamic_map()
+    values = [float(v) for v in code]
+    gen = torch.Generator().manual_seed(2023)
+    n = 700  # two full blocks of 256 and a partial one
+    absmax = (torch.rand(n, generator=gen, dtype=torch.float64) * 0.2 + 0.01).float()
+    absmax[5] = 0.5  # an outlier
+    absmax[300] = absmax.double().mean().float()  # exactly the offset: code 0 -> 127's neighbourhood
+    offset = float(absmax.double().mean().float())
+    centred = [float(torch.tensor(float(a) - offset, dtype=torch.float32)) for a in absmax]
+    codes, scales, back = [], [], []
+    for b0 in range(0, n, 256):
+        block = centred[b0:b0 + 256]
+        m = max(abs(v) for v in block)
+        scales.append(m)
+        inv = float(torch.tensor(1.0 / m, dtype=torch.float32)) if m > 0 else 0.0
+        for v in block:
+            q = dquantize(values, float(torch.tensor(v * inv, dtype=torch.float32)))
+            codes.append(q)
+            back.append(float(torch.tensor(float(torch.tensor(values[q] * m, dtype=torch.float32)) + offset,
+                                           dtype=torch.float32)))
+    path = os.path.join(FIXTURES, "double_quant.bin")
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256f", *values))
+        f.write(struct.pack("<I", n))
+        f.write(struct.pack(f"<{n}f", *[float(a) for a in absmax]))
+        f.write(struct.pack("<f", offset))
+        f.write(bytes(codes))
+        f.write(struct.pack(f"<{len(scales)}f", *scales))
+        f.write(struct.pack(f"<{n}f", *back))
+    print(f"  wrote {os.path.relpath(path, os.path.dirname(HERE))}: {os.path.getsize(path)} bytes")
+
+
 def main():
     torch.set_num_threads(1)  # deterministic and cheap; the models are tiny
     if sys.argv[1:] == ["lora"]:
         for name in LORA_CONFIGS:
             make_lora(name)
+        make_double_quant()
         return
     names = sys.argv[1:] or CONFIGS
     for name in names:

@@ -2,7 +2,9 @@
 // quantiles as QLoRA builds them, the codes against the nearest value on a dense sweep, and the blockwise storage in
 // bitsandbytes' layout.
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -111,4 +113,57 @@ TEST_CASE("nf4: blocks of 64 with their absmax and two codes a byte the first in
     for (size_t i = 128; i < 192; ++i) CHECK(back[i] == 0.0f);
     // 4 bits a value and an fp32 absmax a block of 64: 0.5625 bytes a parameter.
     CHECK(static_cast<double>(codes.size() + 4 * absmax.size()) / n <= 0.5625 + 4.0 / n);
+}
+
+// QLoRA's double quantization against tests/fixtures/double_quant.bin (tests/make_fixtures.py, PyTorch: bitsandbytes'
+// create_dynamic_map and its dQuantize, blocks of 256 of a tensor's absmaxes less their mean): the map, the offset,
+// every code, every block's absmax and the dequantized absmaxes bit for bit; and NF4 dequantized with such absmaxes
+// in one pass equal to the two passes.
+TEST_CASE("nf4: double quantization of the absmaxes is bitwise PyTorch's reference of bitsandbytes' algorithm") {
+    const std::string bytes = test_util::read_file(test_util::fixture("double_quant.bin"));
+    size_t at = 0;
+    const auto take = [&](void* out, size_t n) {
+        REQUIRE(at + n <= bytes.size());
+        std::memcpy(out, bytes.data() + at, n);
+        at += n;
+    };
+    std::vector<float> map(256);
+    take(map.data(), 1024);
+    for (int i = 0; i < 256; ++i) {
+        CAPTURE(i);
+        CHECK(std::memcmp(&map[i], &static_cast<const float&>(dynamic_map_value(i)), 4) == 0);
+        if (i > 0) CHECK(map[i] > map[i - 1]);
+    }
+    uint32_t n = 0;
+    take(&n, 4);
+    REQUIRE(n == 700);
+    std::vector<float> absmax(n), absmax2(cpu::double_quant_blocks(n)), back(n);
+    std::vector<uint8_t> codes(n);
+    float offset = 0.0f;
+    take(absmax.data(), 4 * n);
+    take(&offset, 4);
+    take(codes.data(), n);
+    take(absmax2.data(), 4 * absmax2.size());
+    take(back.data(), 4 * n);
+    REQUIRE(at == bytes.size());
+
+    std::vector<uint8_t> our_codes(n);
+    std::vector<float> our_absmax2(absmax2.size()), our_back(n);
+    float our_offset = 0.0f;
+    cpu::double_quantize(our_codes.data(), our_absmax2.data(), &our_offset, absmax.data(), n);
+    CHECK(our_offset == offset);
+    CHECK(our_codes == codes);
+    CHECK(std::memcmp(our_absmax2.data(), absmax2.data(), 4 * absmax2.size()) == 0);
+    cpu::double_dequantize(our_back.data(), our_codes.data(), our_absmax2.data(), our_offset, n);
+    CHECK(std::memcmp(our_back.data(), back.data(), 4 * n) == 0);
+    for (size_t i = 0; i < n; ++i) CHECK(std::fabs(our_back[i] - absmax[i]) <= 0.01f * absmax2[i / 256] + 1e-7f);
+
+    // NF4 of 700 blocks of values with those absmaxes: one pass with the codes equals dequantizing them first.
+    const size_t values = static_cast<size_t>(n) * kNf4Block - 17;
+    std::vector<uint8_t> nf4(values / 2 + 1);
+    for (size_t i = 0; i < nf4.size(); ++i) nf4[i] = static_cast<uint8_t>(i * 37 + 11);
+    std::vector<float> once(values), twice(values);
+    cpu::nf4_dequantize_dq(once.data(), nf4.data(), our_codes.data(), our_absmax2.data(), &our_offset, values);
+    cpu::nf4_dequantize(twice.data(), nf4.data(), our_back.data(), values);
+    CHECK(std::memcmp(once.data(), twice.data(), 4 * values) == 0);
 }

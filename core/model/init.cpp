@@ -147,8 +147,12 @@ void fill_lora_base(const TrainConfig& config, const ParamLayout& layout, std::v
         hf_family(config.model, "--init-from " + *config.init_from);
         from_hf_tensors(config, layout, read_hf_weights(config, *config.init_from), *config.init_from, units);
     }
-    for (int u = 0; u < layout.num_units(); ++u) {  // QLoRA: the values its NF4 storage gives compute
-        if (layout.units()[u].nf4) PackedUnit(layout.units()[u], true).round_trip(units[u].data());
+}
+
+void round_trip_frozen(const ParamLayout& layout, std::vector<std::vector<float>>& units) {
+    for (int u = 0; u < layout.num_units(); ++u) {
+        const Unit& unit = layout.units()[u];
+        if (unit.nf4) PackedUnit(unit, true, unit.double_quant).round_trip(units.at(u).data());
     }
 }
 

@@ -25,9 +25,11 @@ void load_initial_params(const TrainConfig& config, const ParamLayout& layout, S
                          const std::map<std::string, Tensor>* hf_tensors, const std::string& hf_file);
 
 // A LoRA fine-tune's frozen base (host, the frozen units sized and filled; the adapter units untouched): its
-// initialisation, then its init_from's Hugging Face tensors where it has one; with QLoRA, as its NF4 storage gives
-// them back. What a LoRA checkpoint does not hold.
+// initialisation, then its init_from's Hugging Face tensors where it has one. What a LoRA checkpoint does not hold.
 void fill_lora_base(const TrainConfig& config, const ParamLayout& layout, std::vector<std::vector<float>>& units);
+// QLoRA: the frozen units (host) as their NF4 storage gives them back to compute (packed once, as a strategy packs
+// them when they are loaded: NF4 with double quantization is no fixed point, so never twice).
+void round_trip_frozen(const ParamLayout& layout, std::vector<std::vector<float>>& units);
 
 // Loads the weights into `strategy` (a single process's): load_path's checkpoint (which must hold this config's
 // model), else init_from's Hugging Face weights, else the config's initialisation. `command` names the caller in

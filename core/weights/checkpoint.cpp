@@ -545,6 +545,7 @@ std::string export_checkpoint(const std::string& path, const std::string& out, c
             return "PEFT LoRA adapter";
         }
         fill_lora_base(config, lora_layout, units);
+        round_trip_frozen(lora_layout, units);  // QLoRA: the base the adapters were trained on
         merge_lora(config, lora_layout, units);
         config.lora = LoraConfig{};
         units.resize(ParamLayout(config).units().size());  // the adapter units follow the base's

@@ -188,6 +188,11 @@ class CpuBackend final : public Backend {
         const Busy busy(*this);
         cpu::nf4_dequantize(out, codes, absmax, n);
     }
+    void nf4_dequantize_dq(float* out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
+                           const float* offset, size_t n) override {
+        const Busy busy(*this);
+        cpu::nf4_dequantize_dq(out, codes, absmax_codes, absmax2, offset, n);
+    }
     void lora_forward(GemmOperand out, int ld_out, GemmOperand inp, const float* A, const float* B, int M, int K, int r,
                       int n, float scale, const LoraDropout& drop, float* work) override {
         const Busy busy(*this);

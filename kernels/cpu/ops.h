@@ -46,6 +46,15 @@ void lora_backward(T* dinp, T* dA, T* dB, const T* dout, int ld_dout, const T* i
 void nf4_quantize(uint8_t* codes, float* absmax, const float* x, size_t n);
 void nf4_dequantize(float* out, const uint8_t* codes, const float* absmax, size_t n);
 inline size_t nf4_blocks(size_t n) { return (n + kNf4Block - 1) / kNf4Block; }
+// QLoRA's double quantization (element.h) of n absmaxes: *offset their mean (in double, rounded), codes one byte
+// each, absmax2 one fp32 a block of kDoubleQuantBlock; and back.
+void double_quantize(uint8_t* codes, float* absmax2, float* offset, const float* absmax, size_t n);
+void double_dequantize(float* absmax, const uint8_t* codes, const float* absmax2, float offset, size_t n);
+inline size_t double_quant_blocks(size_t n) { return (n + kDoubleQuantBlock - 1) / kDoubleQuantBlock; }
+// NF4 with double-quantized absmaxes, dequantized at once: each block's absmax from its code (double_dequantize's
+// value), times its values (nf4_dequantize's). offset: one fp32.
+void nf4_dequantize_dq(float* out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
+                       const float* offset, size_t n);
 
 // ---- fp8_linear.cpp: precision amp_fp8 on the CPU, the emulation of the GPU's FP8 recipe. ----
 // A block Linear's GEMMs read its operands rounded to the OCP formats (kernels/element.h) with per-tensor scales from

@@ -173,6 +173,11 @@ class CudaBackend final : public CudaRuntime {
         const OpMark mark(*timeline_, "nf4_dequantize");
         cuda::nf4_dequantize(out, codes, absmax, n, stream_);
     }
+    void nf4_dequantize_dq(float* out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
+                           const float* offset, size_t n) override {
+        const OpMark mark(*timeline_, "nf4_dequantize_dq");
+        cuda::nf4_dequantize_dq(out, codes, absmax_codes, absmax2, offset, n, stream_);
+    }
     void lora_forward(GemmOperand out, int ld_out, GemmOperand inp, const float* A, const float* B, int M, int K, int r,
                       int n, float scale, const LoraDropout& drop, float* work) override {
         const OpMark mark(*timeline_, "lora_forward");

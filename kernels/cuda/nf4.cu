@@ -41,7 +41,29 @@ __global__ void nf4_dequantize_kernel(Out* out, const uint8_t* codes, const floa
     }
 }
 
+// Double-quantized absmaxes: one block of kNf4Block threads a NF4 block; its first thread decodes the block's absmax
+// (a lookup in the dynamic map) into shared memory for the others.
+__global__ void nf4_dequantize_dq_kernel(float* out, const uint8_t* codes, const uint8_t* absmax_codes,
+                                         const float* absmax2, const float* offset, size_t n) {
+    __shared__ float m;
+    const size_t b = blockIdx.x, i = b * kNf4Block + threadIdx.x;
+    if (threadIdx.x == 0) m = double_quant_absmax(absmax_codes[b], absmax2[b / kDoubleQuantBlock], *offset);
+    __syncthreads();
+    if (i >= n) return;
+    const uint8_t byte = codes[i / 2];
+    out[i] = nf4_value(i % 2 == 0 ? byte >> 4 : byte & 15) * m;
+}
+
 }  // namespace
+
+void nf4_dequantize_dq(float* out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
+                       const float* offset, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    const auto blocks = static_cast<unsigned>((n + kNf4Block - 1) / kNf4Block);
+    TRAINER_LAUNCH(nf4_dequantize_dq_kernel, blocks, kNf4Block, 0, stream, out, codes, absmax_codes, absmax2, offset,
+                   n);
+    TRAINER_CUDA_CHECK(cudaGetLastError());
+}
 
 void nf4_quantize(uint8_t* codes, float* absmax, const float* x, size_t n, cudaStream_t stream) {
     if (n == 0) return;

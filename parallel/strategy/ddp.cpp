@@ -46,7 +46,7 @@ class DdpStrategy final : public Strategy {
         for (const auto& u : layout.units()) {
             Unit s;
             s.packed = u.frozen && u.nf4;
-            if (s.packed) s.pack = PackedUnit(u, true);
+            if (s.packed) s.pack = PackedUnit(u, true, u.double_quant);
             s.state = ShardStorage(backend, s.packed ? s.pack.floats() : u.numel, offload, false, u.frozen);
             if (precision_.bf16_params && u.numel > 0 && !u.frozen) {
                 s.compute = DeviceBuffer(backend, u.numel * sizeof(float), MemCategory::kGatheredUnits);

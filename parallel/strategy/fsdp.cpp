@@ -92,7 +92,7 @@ class FsdpStrategy final : public Strategy {
                 G.full_numel += layout.units()[u].numel;
                 store_offset_[u] = G.numel;
                 if (G.packed) {
-                    G.packs.emplace_back(layout.units()[u], true);
+                    G.packs.emplace_back(layout.units()[u], true, layout.units()[u].double_quant);
                     store_numel_[u] = G.packs.back().floats();
                 } else {
                     store_numel_[u] = layout.units()[u].numel;

@@ -1,5 +1,6 @@
 // QLoRA's storage of a frozen unit (lora.quantize nf4): each of its block Linear weights as NF4 (kernels/element.h:
-// the codes, two a byte, then one fp32 absmax a block of 64 values, as bitsandbytes stores a Linear4bit weight),
+// the codes, two a byte, then one fp32 absmax a block of 64 values, as bitsandbytes stores a Linear4bit weight; with
+// double quantization the absmaxes one byte each instead, then one fp32 a block of 256 of them and their offset),
 // every other parameter (norms, and the embedding and head units whole) as fp32, packed back to back in the unit's
 // order, each part 4-byte aligned. This packed form is what a strategy keeps (the memory report's frozen_parameters),
 // what FSDP shards and all-gathers, and what is unpacked into the unit's fp32 layout for compute. Packing happens once,
@@ -19,7 +20,8 @@ class PackedUnit {
    public:
     PackedUnit() = default;
     // `quantize`: the unit's block Linear weights in NF4; false: every parameter fp32 (the packed form is the unit).
-    PackedUnit(const Unit& unit, bool quantize);
+    // `double_quant`: their absmaxes double-quantized (kernels/element.h).
+    PackedUnit(const Unit& unit, bool quantize, bool double_quant = false);
 
     size_t numel() const { return numel_; }  // the unit's fp32 elements
     size_t bytes() const { return bytes_; }  // the packed form's size, a multiple of 4
@@ -42,6 +44,7 @@ class PackedUnit {
         bool nf4 = false;
     };
     std::vector<Part> parts_;
+    bool double_quant_ = false;
     size_t numel_ = 0, bytes_ = 0, nf4_numel_ = 0, nf4_bytes_ = 0;
 };
 

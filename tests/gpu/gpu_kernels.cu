@@ -49,7 +49,7 @@
     X(test_kv_heads, "shared key/value heads expand and reduce as the CPU does", "")                               \
     X(test_bias_gradient, "the bias gradient (fp32 and bf16 dout) matches the CPU and repeats bitwise", "")        \
     X(test_fp8_cast, "FP8 amax and cast-transpose (e4m3/e5m2 of fp32/bf16) are bitwise the CPU's", "")             \
-    X(test_nf4, "NF4 quantize and dequantize (fp32 and bf16) are bitwise the CPU's", "")                           \
+    X(test_nf4, "NF4 quantize and dequantize (fp32 and bf16; double quantized) are bitwise the CPU's", "")         \
     X(test_lora,                                                                                                   \
       "LoRA's forward and backward (fp32 and bf16 operands with dropout and strided outputs) match the CPU and "   \
       "repeat bitwise",                                                                                            \
@@ -969,6 +969,18 @@ void test_nf4() {
         }
         expect(bad == n, "nf4_dequantize into bf16 is the CPU's rounded once",
                bad == n ? "" : fmt::format("first mismatch at {}", bad));
+        // Double-quantized absmaxes (QLoRA's): decoded and applied in one pass, bitwise the CPU's.
+        std::vector<uint8_t> dq_codes(blocks);
+        std::vector<float> absmax2(trainer::cpu::double_quant_blocks(blocks)), ref_dq(n);
+        float offset = 0.0f;
+        trainer::cpu::double_quantize(dq_codes.data(), absmax2.data(), &offset, ref_absmax.data(), blocks);
+        trainer::cpu::nf4_dequantize_dq(ref_dq.data(), ref_codes.data(), dq_codes.data(), absmax2.data(), &offset, n);
+        Dev<uint8_t> ddq(dq_codes), dcodes(ref_codes);
+        Dev<float> dabs2(absmax2), doff(std::vector<float>{offset}), dq_out(n);
+        trainer::cuda::nf4_dequantize_dq(dq_out.p, dcodes.p, ddq.p, dabs2.p, doff.p, n, nullptr);
+        const std::vector<float> got_dq = dq_out.host();
+        expect(std::memcmp(got_dq.data(), ref_dq.data(), n * sizeof(float)) == 0,
+               "nf4_dequantize_dq (double-quantized absmaxes) is the CPU's");
     }
 }
 
