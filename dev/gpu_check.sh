@@ -38,6 +38,10 @@
 #                   against the trainer's amp_bf16 and PyTorch's _scaled_mm FP8 peer (the note carries each
 #                   shape's ratios), then bench-kernels in amp_fp8 on OLMo-1B micro-batch 8 (the FP8 GEMMs' and
 #                   casts' share of a step)
+#   lora_peft       LoRA (r 16 on every Linear of the blocks) on the Llama-1B shape, micro-batch 4: the trainer in
+#                   amp_bf16 against transformers + PEFT (scripts/bench_peft_gpu.py: bf16 base, SDPA, autocast,
+#                   fused AdamW), tokens/s and peak memory of each; then QLoRA (NF4, double-quantized) against our
+#                   LoRA on the same shape (bitsandbytes is not on the GPU machine)
 #   kernels         trainer bench-kernels on OLMo-1B (micro-batch 4) and GPT-2 124M (16): our flash attention,
 #                   cuDNN's (writing the plan's calibration), and the one-read classifier
 #   plan            trainer plan from the hardware file and from that calibration (made here when `kernels` did
@@ -308,6 +312,20 @@ PY
                 ratio=$(echo "$ratio" | tr -d ' ')
                 [[ $ratio =~ ^[0-9.]+$ ]] && figures+=("ratio=$ratio (trainer / torch.compile)")
             fi
+            ;;
+        lora_peft)
+            lora=(--precision amp_bf16 --set lora.enabled=true --set lora.r=16 --set lora.alpha=32 --set
+                'lora.targets=["q_proj","k_proj","v_proj","o_proj","gate_proj","up_proj","down_proj"]')
+            train lora_llama_1b configs/llama_1b.json 4 20 "${lora[@]}"
+            if have_python peft && have_python transformers; then
+                step peft_llama_1b 300 python3 scripts/bench_peft_gpu.py --config configs/llama_1b.json \
+                    --micro-batch 4 --steps 10 --warmup 3 --r 16 --alpha 32 &&
+                    figure "peft: $(tail -1 "$logs/peft_llama_1b.log")"
+            else
+                skip_part "peft or transformers is not installed"
+            fi
+            train qlora_llama_1b configs/llama_1b.json 4 20 "${lora[@]}" --set lora.quantize=nf4 \
+                --set lora.double_quant=true
             ;;
         kernels)
             for shape in "${model_shapes[@]}"; do
