@@ -27,6 +27,7 @@
 #include "base/config.h"
 #include "base/files.h"
 #include "base/olmo_yaml.h"
+#include "build_commit.h"  // generated at build time: TRAINER_COMMIT
 #include "core/data/bpe.h"
 #include "core/data/data.h"
 #include "core/data/tokenizer.h"
@@ -39,6 +40,7 @@
 #include "core/train.h"
 #include "core/weights/checkpoint.h"
 #include "kernels/cpu/machine.h"
+#include "parallel/comm/communicator.h"
 #include "parallel/launch/launcher.h"
 
 namespace {
@@ -607,6 +609,10 @@ int run_main(int argc, char** argv) {
         "trainer: decoder-only language model trainer (OLMo / GPT-2 shapes) with pluggable data-parallel "
         "strategies. Training is the default action."};
     app.set_help_all_flag("--help-all", "help for every subcommand");
+    bool version = false;
+    app.add_flag("--version", version,
+                 "print the version, the commit and build type, and the libraries' versions (built with, found), then "
+                 "exit");
     TrainingFlags flags;
     flags.add_to(app);
     auto launch_opts = std::make_shared<trainer::LaunchOptions>();
@@ -635,6 +641,24 @@ int run_main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
         std::fprintf(stderr, "error: %s (see trainer --help)\n", e.what());
         return 2;
+    }
+    if (version) {
+        std::printf("trainer %s\ncommit: %s\nbuild: %s (C++17, %s), CUDA parts %s\n", TRAINER_VERSION, TRAINER_COMMIT,
+                    TRAINER_BUILD_TYPE[0] != '\0' ? TRAINER_BUILD_TYPE : "no build type",
+#if defined(__clang__)
+                    "clang " __clang_version__,
+#else
+                    "g++ " __VERSION__,
+#endif
+#ifdef TRAINER_HAVE_CUDA
+                    "built"
+#else
+                    "not built"
+#endif
+        );
+        for (const std::string& line : trainer::library_versions()) std::printf("%s\n", line.c_str());
+        std::printf("%s\n", trainer::nccl_library_version().c_str());
+        return 0;
     }
     for (const auto& [name, run] : commands) {
         if (app.got_subcommand(name)) return run();

@@ -2,6 +2,8 @@
 // DeviceBuffer, the counted owner of one allocation.
 #include "kernels/backend.h"
 
+#include <cblas.h>
+
 #include "base/common.h"
 
 namespace trainer {
@@ -25,6 +27,22 @@ std::unique_ptr<Backend> make_backend(Device device, const BackendOptions& optio
 Device resolve_device(Device device) {
     if (device != Device::kAuto) return device;
     return cuda_device_count() > 0 ? Device::kCuda : Device::kCpu;
+}
+
+#ifdef TRAINER_HAVE_CUDA
+std::vector<std::string> cuda_library_versions();  // kernels/cuda/cuda_runtime.cu
+#endif
+
+std::vector<std::string> library_versions() {
+    std::string blas = openblas_get_config();  // "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Cooperlake MAX_THREADS=64"
+    if (blas.rfind("OpenBLAS ", 0) == 0) blas = blas.substr(9);
+    std::vector<std::string> v = {"OpenBLAS: " + blas};
+#ifdef TRAINER_HAVE_CUDA
+    for (std::string& line : cuda_library_versions()) v.push_back(std::move(line));
+#else
+    v.push_back("CUDA: none (built without CUDA, so without cuDNN)");
+#endif
+    return v;
 }
 
 #ifndef TRAINER_HAVE_CUDA

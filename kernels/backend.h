@@ -434,6 +434,11 @@ struct BackendOptions {
 // device this build or machine does not have, naming it and what is available.
 std::unique_ptr<Backend> make_backend(Device device, const BackendOptions& options = {});
 
+// The libraries the kernels compute with, a line each ("OpenBLAS: ...", "CUDA: ...", "cuDNN: ..."): the versions
+// this build was built with and those found at run time (a build without CUDA says so). NCCL's is
+// parallel/comm/communicator.h's.
+std::vector<std::string> library_versions();
+
 // GPUs this process can use: 0 in a build without CUDA, without a driver or without a device.
 int cuda_device_count();
 // GPU `index` as the driver names it, and its memory in bytes; nullopt where there is no such GPU (or no CUDA).

@@ -1,10 +1,13 @@
 // The CUDA backend's runtime half (cuda_runtime.cuh): its streams, memory, copies, graphs and peak figures, and the
 // device queries and accessors of kernels/cuda/cuda_backend.h.
 #include <cuda_runtime.h>
+#include <cudnn.h>
 #include <nvtx3/nvToolsExt.h>
 
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "base/common.h"
 #include "base/trace.h"
@@ -13,6 +16,23 @@
 #include "kernels/cuda/cuda_runtime.cuh"
 
 namespace trainer {
+
+std::vector<std::string> cuda_library_versions() {
+    const auto dotted = [](int v, int major_div) {  // 13000 -> 13.0, 90800 -> 9.8.0 (cuDNN 9's)
+        return major_div == 1000 ? fmt::format("{}.{}", v / 1000, v % 1000 / 10)
+                                 : fmt::format("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100);
+    };
+    int runtime = 0, driver = 0;
+    const bool have_runtime = cudaRuntimeGetVersion(&runtime) == cudaSuccess;
+    const bool have_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0;
+    std::vector<std::string> v;
+    v.push_back(fmt::format("CUDA: built with {}; runtime {}; driver {}", dotted(CUDART_VERSION, 1000),
+                            have_runtime ? dotted(runtime, 1000) : "not found",
+                            have_driver ? "supports " + dotted(driver, 1000) : std::string("none (no GPU driver)")));
+    v.push_back(fmt::format("cuDNN: built with {}.{}.{}; loaded {}", CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL,
+                            dotted(static_cast<int>(cudnnGetVersion()), 10000)));
+    return v;
+}
 
 int cuda_device_count() {
     int n = 0;

@@ -115,6 +115,8 @@ size_t comm_dtype_size(CommDType t) {
 }
 
 #ifndef TRAINER_HAVE_CUDA
+std::string nccl_library_version() { return "NCCL: none (built without CUDA)"; }
+
 std::unique_ptr<Communicator> make_nccl_communicator(TcpStore&, const std::string&, int, int, std::chrono::milliseconds,
                                                      Backend*) {
     user_error(

@@ -121,5 +121,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(TcpStore& store, const std:
 // a dead rank never hangs the others. Refuses in a build without CUDA.
 std::unique_ptr<Communicator> make_nccl_communicator(TcpStore& store, const std::string& prefix, int rank, int size,
                                                      std::chrono::milliseconds timeout, Backend* backend);
+// "NCCL: built with X; loaded Y", or that this build has none (trainer --version).
+std::string nccl_library_version();
 
 }  // namespace trainer

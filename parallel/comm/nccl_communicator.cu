@@ -246,6 +246,14 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
+std::string nccl_library_version() {
+    int v = 0;
+    const std::string loaded = ncclGetVersion(&v) == ncclSuccess
+                                   ? fmt::format("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100)
+                                   : std::string("not found");
+    return fmt::format("NCCL: built with {}.{}.{}; loaded {}", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, loaded);
+}
+
 std::unique_ptr<Communicator> make_nccl_communicator(TcpStore& store, const std::string& prefix, int rank, int size,
                                                      std::chrono::milliseconds timeout, Backend* backend) {
     if (backend == nullptr || backend->name() != "cuda") {

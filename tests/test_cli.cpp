@@ -1,0 +1,38 @@
+// The command line's own flags: trainer --version.
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
+
+TEST_CASE("cli: trainer --version names the version and commit and build and each library built with and found") {
+    const auto r = test_util::run_trainer({"--version"});
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    std::vector<std::string> lines;
+    std::istringstream in(r.out);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+#ifdef TRAINER_HAVE_CUDA
+    REQUIRE(lines.size() == 7);
+#else
+    REQUIRE(lines.size() == 6);
+#endif
+    CHECK_THAT(lines[0], StartsWith("trainer 0."));
+    CHECK_THAT(lines[1], StartsWith("commit: "));
+    CHECK(lines[1].size() > 20);  // a hash of 40 digits, or why there is none
+    CHECK_THAT(lines[2], StartsWith("build: ") && Contains("C++17"));
+    CHECK_THAT(lines[3], StartsWith("OpenBLAS: 0."));
+#ifdef TRAINER_HAVE_CUDA
+    CHECK_THAT(lines[2], Contains("CUDA parts built"));
+    CHECK_THAT(lines[4], StartsWith("CUDA: built with ") && Contains("runtime") && Contains("driver"));
+    CHECK_THAT(lines[5], StartsWith("cuDNN: built with ") && Contains("loaded"));
+    CHECK_THAT(lines[6], StartsWith("NCCL: built with ") && Contains("loaded"));
+#else
+    CHECK_THAT(lines[2], Contains("CUDA parts not built"));
+    CHECK_THAT(lines[4], StartsWith("CUDA: none"));
+    CHECK_THAT(lines[5], StartsWith("NCCL: none"));
+#endif
+}
