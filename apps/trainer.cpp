@@ -593,6 +593,9 @@ Run add_plan(CLI::App& app, const TrainingFlags& flags) {
                      "GiB of host memory per node: marks the CPU offload rows whose host state does not fit")
         ->check(kPositive);
     plan->add_flag("--json", o->json, "one JSON object per configuration instead of the table");
+    plan->add_flag("--all", o->all,
+                   "every configuration planned, with its memory by category (default: one screen with the "
+                   "recommendation, the config as given and the two fastest of each strategy)");
     plan->add_option("--hardware", o->hardware,
                      "the device and links the step times are for: a name of configs/hardware (h100-sxm, h200, "
                      "a100-40gb, a100-80gb, a100-40gb-pcie, cpu) or the path of a hardware file (default: cpu on the "

@@ -149,8 +149,8 @@ TEST_CASE("bench-comm: a comm calibration file is read key by key and refused wi
             CHECK(std::string(e.what()).find(b.error) != std::string::npos);
         }
     }
-    const auto missing = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb",
-                                                 "--comm-calibration", dir.path("none.json")});
+    const auto missing = test_util::run_trainer({"plan", "--all", "--config", "configs/tiny.json", "--hardware",
+                                                 "a100-40gb", "--comm-calibration", dir.path("none.json")});
     CHECK(missing.exit_code == 1);
     CHECK(missing.err.find("comm calibration " + dir.path("none.json") + ": cannot be read") != std::string::npos);
 }
@@ -188,20 +188,20 @@ TEST_CASE("plan: measured links time each collective on its own link") {
     const double fsdp_slow = row(fsdp, {"--set", "plan.comm_calibration=" + slow_rs});
     CHECK(fsdp_slow > row_on_link2(fsdp) * 1.2);
     // The table says where its links come from, and a world other than the measured one is noted.
-    const auto table = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb",
-                                               "--nproc-per-node", "2", "--comm-calibration", slow_rs});
+    const auto table = test_util::run_trainer({"plan", "--all", "--config", "configs/tiny.json", "--hardware",
+                                               "a100-40gb", "--nproc-per-node", "2", "--comm-calibration", slow_rs});
     INFO(table.out << table.err);
     CHECK(table.out.find("links within a node 2 GB/s, 30 us, all_gather 2 GB/s, reduce_scatter 0.5 GB/s (measured: " +
                          slow_rs + ")") != std::string::npos);
     CHECK(table.err.find("measured on") == std::string::npos);
-    const auto other = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb",
-                                               "--nnodes", "2", "--nproc-per-node", "2", "--set",
+    const auto other = test_util::run_trainer({"plan", "--all", "--config", "configs/tiny.json", "--hardware",
+                                               "a100-40gb", "--nnodes", "2", "--nproc-per-node", "2", "--set",
                                                "device_train_microbatch_size=2", "--comm-calibration", slow_rs});
     CHECK(other.exit_code == 0);
     CHECK(other.err.find("were measured on 1 node(s) x 2 rank(s); this plan is for 2 x 2") != std::string::npos);
     CHECK(other.err.find("has no link between nodes: the hardware entry's is used") != std::string::npos);
     CHECK(other.err.find("were measured over gloo; a cpu run") == std::string::npos);
-    const auto gpu = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--device", "cuda",
+    const auto gpu = test_util::run_trainer({"plan", "--all", "--config", "configs/tiny.json", "--device", "cuda",
                                              "--nproc-per-node", "2", "--comm-calibration", slow_rs});
     CHECK(gpu.exit_code == 0);
     CHECK(gpu.err.find("were measured over gloo; a cuda run's collectives are nccl's") != std::string::npos);
@@ -258,8 +258,8 @@ TEST_CASE("bench-comm: on two launcher nodes it measures each node's group and t
     CHECK(c.intra.size() == 3);
     CHECK(c.inter.size() == 3);
     // The plan of the same world takes both groups' links and has nothing to say of the file.
-    const auto plan = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb",
-                                              "--nnodes", "2", "--nproc-per-node", "2", "--set",
+    const auto plan = test_util::run_trainer({"plan", "--all", "--config", "configs/tiny.json", "--hardware",
+                                              "a100-40gb", "--nnodes", "2", "--nproc-per-node", "2", "--set",
                                               "device_train_microbatch_size=2", "--comm-calibration", out});
     INFO(plan.out << plan.err);
     CHECK(plan.exit_code == 0);

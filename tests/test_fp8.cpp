@@ -290,14 +290,14 @@ TEST_CASE("fp8: amp_fp8 is refused by name where there is no FP8: the plan of a 
     for (const std::string hw : {"a100-80gb", "cpu"}) {
         CAPTURE(hw);
         const auto plan = test_util::run_trainer(
-            {"plan", "--config", "configs/olmo_1b.json", "--precision", "amp_fp8", "--hardware", hw});
+            {"plan", "--all", "--config", "configs/olmo_1b.json", "--precision", "amp_fp8", "--hardware", hw});
         CHECK(plan.exit_code != 0);
         CHECK_THAT(plan.err, Catch::Matchers::Contains("plan: precision amp_fp8 runs its Linear layers at an FP8 "
                                                        "peak, and " +
                                                        hw + " has none"));
     }
     const auto h100 = test_util::run_trainer(
-        {"plan", "--config", "configs/olmo_1b.json", "--precision", "amp_fp8", "--hardware", "h100-sxm"});
+        {"plan", "--all", "--config", "configs/olmo_1b.json", "--precision", "amp_fp8", "--hardware", "h100-sxm"});
     INFO(h100.out << h100.err);
     CHECK(h100.exit_code == 0);
 }

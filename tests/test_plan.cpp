@@ -340,6 +340,7 @@ TEST_CASE("time model: a GEMM op's fixed cost (FP8's at its peak) and attention'
                           {{"name", "flat64"}, {"attention_efficiency", e64}, {"attention_efficiency_64", e64}});
     auto compute_ms = [&](const std::string& hardware) {
         const std::vector<std::string> gpt2 = {"plan",
+                                               "--all",
                                                "--config",
                                                "configs/gpt2_124m.json",
                                                "--device",
@@ -464,6 +465,7 @@ TEST_CASE("plan: every candidate row is a dry run and --device-memory marks what
     INFO(bench.out << bench.err);
     REQUIRE(bench.exit_code == 0);
     const std::vector<std::string> base = {"plan",
+                                           "--all",
                                            "--config",
                                            "configs/tiny.json",
                                            "--nproc-per-node",
@@ -523,20 +525,23 @@ TEST_CASE("plan: every candidate row is a dry run and --device-memory marks what
 }
 
 TEST_CASE("plan: unknown hardware and a CPU plan without op times are refused") {
-    const auto unknown = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "tpu-v9"});
+    const auto unknown =
+        test_util::run_trainer({"plan", "--all", "--config", "configs/tiny.json", "--hardware", "tpu-v9"});
     CHECK(unknown.exit_code != 0);
     CHECK(unknown.err.find("plan --hardware tpu-v9: unknown; expected one of a10, a100-40gb, a100-40gb-pcie") !=
           std::string::npos);
-    const auto cpu = test_util::run_trainer({"plan", "--config", "configs/tiny.json"});
+    const auto cpu = test_util::run_trainer({"plan", "--all", "--config", "configs/tiny.json"});
     CHECK(cpu.exit_code != 0);
     CHECK(cpu.err.find("needs --calibration FILE") != std::string::npos);
     // A GPU entry needs none: the rooflines of its spec sheet.
-    const auto gpu = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb"});
+    const auto gpu =
+        test_util::run_trainer({"plan", "--all", "--config", "configs/tiny.json", "--hardware", "a100-40gb"});
     INFO(gpu.out << gpu.err);
     CHECK(gpu.exit_code == 0);
     CHECK(gpu.out.find("hardware a100-40gb") != std::string::npos);
     // The same GPU without NVLink: its GPUs talk over PCIe at a tenth of the bus bandwidth.
-    const auto pcie = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "a100-40gb-pcie"});
+    const auto pcie =
+        test_util::run_trainer({"plan", "--all", "--config", "configs/tiny.json", "--hardware", "a100-40gb-pcie"});
     INFO(pcie.out << pcie.err);
     CHECK(pcie.exit_code == 0);
     CHECK(pcie.out.find("links within a node 20 GB/s, 15 us") != std::string::npos);
@@ -591,28 +596,29 @@ TEST_CASE("plan: a hardware file copied and edited moves what its fields should"
     CHECK(slow_gemm["predicted_compute_ms"].get<double>() > 3 * entry["predicted_compute_ms"].get<double>());
     // The table's header says which links it used; plan.hardware takes a file as --hardware does.
     const std::string slow_inter = a100("slow_inter", {{"inter_node", {{"bandwidth_gbs", 3}, {"latency_us", 20}}}});
-    const auto table =
-        test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--set", "plan.hardware=" + slow_inter});
+    const auto table = test_util::run_trainer(
+        {"plan", "--all", "--config", "configs/tiny.json", "--set", "plan.hardware=" + slow_inter});
     INFO(table.out << table.err);
     CHECK(table.out.find("hardware slow_inter (") != std::string::npos);
     CHECK(table.out.find("links within a node 230 GB/s, 10 us, between nodes 3 GB/s, 20 us") != std::string::npos);
     // A bad field is refused naming the file and the field; an unknown name lists the entries.
     const auto bad = test_util::run_trainer(
-        {"plan", "--config", "configs/tiny.json", "--hardware", a100("bad", {{"gemm_efficiency", 1.5}})});
+        {"plan", "--all", "--config", "configs/tiny.json", "--hardware", a100("bad", {{"gemm_efficiency", 1.5}})});
     CHECK(bad.exit_code == 1);
     CHECK(bad.err.find("hardware file " + dir.path("bad.json") + ": gemm_efficiency: 1.5; expected a number in") !=
           std::string::npos);
-    const auto unknown = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware", "h300"});
+    const auto unknown =
+        test_util::run_trainer({"plan", "--all", "--config", "configs/tiny.json", "--hardware", "h300"});
     CHECK(unknown.exit_code == 1);
     CHECK(unknown.err.find("plan --hardware h300: unknown; expected one of a10, a100-40gb, a100-40gb-pcie, a100-80gb, "
                            "cpu, h100-sxm, h200, rtx-4090") != std::string::npos);
     const auto wrong_format = test_util::run_trainer(
-        {"plan", "--config", "configs/tiny.json", "--hardware", a100("format", {{"format", 5}})});
+        {"plan", "--all", "--config", "configs/tiny.json", "--hardware", a100("format", {{"format", 5}})});
     CHECK(wrong_format.exit_code == 1);
     CHECK(wrong_format.err.find("format.json: expected an object with \"format\": \"trainer-hardware\"") !=
           std::string::npos);
     const auto missing_field = test_util::run_trainer(
-        {"plan", "--config", "configs/tiny.json", "--hardware", a100("missing", {{"memory_gib", nullptr}})});
+        {"plan", "--all", "--config", "configs/tiny.json", "--hardware", a100("missing", {{"memory_gib", nullptr}})});
     CHECK(missing_field.err.find("missing.json: memory_gib: required, not set") != std::string::npos);
     // CPU offload's side: the host link and the host's memory move the offloaded optimizer, nothing else.
     const std::vector<std::string> offload = {"--set", "cpu_offload.optimizer_state=true", "--set",
@@ -625,7 +631,7 @@ TEST_CASE("plan: a hardware file copied and edited moves what its fields should"
           Approx(host["predicted_compute_ms"].get<double>()).epsilon(1e-9));
     CHECK(slow_host["predicted_optimizer_ms"].get<double>() > 20 * host["predicted_optimizer_ms"].get<double>());
     const auto host_table =
-        test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--hardware",
+        test_util::run_trainer({"plan", "--all", "--config", "configs/tiny.json", "--hardware",
                                 a100("host12", {{"host_link", {{"bandwidth_gbs", 12}, {"latency_us", 10}}}}), "--set",
                                 "cpu_offload.optimizer_state=true"});
     INFO(host_table.out << host_table.err);
@@ -635,7 +641,7 @@ TEST_CASE("plan: a hardware file copied and edited moves what its fields should"
 TEST_CASE("plan: a world the config cannot split is refused with the reason") {
     // tiny.json's global batch of 8 does not split over 3 ranks of micro-batch 4, in any configuration.
     const auto r = test_util::run_trainer(
-        {"plan", "--config", "configs/tiny.json", "--nproc-per-node", "3", "--hardware", "h100-sxm"});
+        {"plan", "--all", "--config", "configs/tiny.json", "--nproc-per-node", "3", "--hardware", "h100-sxm"});
     CHECK(r.exit_code != 0);
     CHECK(r.err.find("no configuration runs on 3 rank(s)") != std::string::npos);
     CHECK(r.err.find("global_train_batch_size 8 is not a multiple") != std::string::npos);
@@ -652,7 +658,7 @@ TEST_CASE("plan: distributed_strategy auto trains with the recommendation and sh
                                              "--set",    "model.n_layers=8",  "--set", "plan.calibration=" + cal};
     // The plan's rows on 2 ranks: the smallest peak of the replicas (DDP, NO_SHARD, with every lever) and of the
     // sharded configurations; a device memory between them leaves only sharded ones.
-    std::vector<std::string> plan_args = {"plan", "--nproc-per-node", "2", "--json"};
+    std::vector<std::string> plan_args = {"plan", "--all", "--nproc-per-node", "2", "--json"};
     plan_args.insert(plan_args.end(), common.begin(), common.end());
     const auto plan = test_util::run_trainer(plan_args);
     INFO(plan.out << plan.err);
@@ -699,15 +705,11 @@ TEST_CASE("plan: kernels.cuda_graphs stays on the rows that can replay their mic
     // The single strategy without offload replays; FSDP and offload rows run without graphs (the config checks
     // refuse them), so the plan turns the key off there rather than refusing the rows. On 2 ranks the config as
     // given (single) cannot run and the others carry no graphs.
-    const std::vector<std::string> graphs = {"plan",
-                                             "--config",
-                                             "configs/tiny.json",
-                                             "--set",
-                                             "device_train_microbatch_size=2",
-                                             "--set",
-                                             "plan.hardware=h100-sxm",
-                                             "--set",
-                                             "kernels.cuda_graphs=true",
+    const std::vector<std::string> graphs = {"plan",     "--all",
+                                             "--config", "configs/tiny.json",
+                                             "--set",    "device_train_microbatch_size=2",
+                                             "--set",    "plan.hardware=h100-sxm",
+                                             "--set",    "kernels.cuda_graphs=true",
                                              "--json"};
     const auto rows = [&](const std::vector<std::string>& extra) { return test_util::plan_rows(graphs, extra); };
     int replaying = 0;
@@ -732,7 +734,7 @@ TEST_CASE("plan: --host-memory marks the offload rows whose host state does not 
     const std::vector<std::string> common = {
         "--config", "configs/tiny.json", "--set", "device_train_microbatch_size=2", "--set", "plan.hardware=h100-sxm"};
     const auto plan = [&](const std::vector<std::string>& extra) {
-        std::vector<std::string> args = {"plan"};
+        std::vector<std::string> args = {"plan", "--all"};
         args.insert(args.end(), common.begin(), common.end());
         args.insert(args.end(), extra.begin(), extra.end());
         const auto r = test_util::run_trainer(args);
@@ -839,7 +841,44 @@ TEST_CASE("plan: op times measured by several ranks at once carry their sharing 
     CHECK(on_two == Approx(on_one).epsilon(1e-9));
     const std::string bad = dir.path("bad.json");
     write_text_file(bad, R"({"format": "trainer-calibration", "ranks_per_node": 0, "ops": []})", "test calibration");
-    const auto r = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--calibration", bad});
+    const auto r = test_util::run_trainer({"plan", "--all", "--config", "configs/tiny.json", "--calibration", bad});
     CHECK(r.exit_code == 1);
     CHECK(r.err.find("calibration " + bad + ": ranks_per_node: expected at least 1") != std::string::npos);
+}
+
+using Catch::Matchers::Contains;
+
+TEST_CASE(
+    "plan: the default output is one screen of the recommendation and each strategy's fastest and --all every row") {
+    const std::vector<std::string> args = {
+        "plan", "--config", "configs/olmo_1b.json", "--device", "cuda", "--nproc-per-node", "8"};
+    const auto r = test_util::run_trainer(args);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    std::vector<std::string> lines;
+    std::istringstream in(r.out);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    CHECK(lines.size() <= 25);
+    size_t widest = 0, rows = 0;
+    for (const std::string& line : lines) {
+        widest = std::max(widest, line.size());
+        rows += line.rfind("| ddp", 0) == 0 || line.rfind("| fsdp", 0) == 0 || line.rfind("| -> ", 0) == 0 ? 1 : 0;
+    }
+    CHECK(widest <= 160);
+    CHECK_THAT(lines[0], Contains("52 configurations dry-run") && Contains("do not fit in"));
+    CHECK_THAT(r.out, Contains("| -> ") && Contains("recommended: ") && Contains("--all"));
+    for (const char* strategy : {"| ddp", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"})
+        CHECK_THAT(r.out, Contains(strategy));
+    CHECK(rows >= 4);
+    CHECK(rows <= 12);
+    std::vector<std::string> all = args;
+    all.push_back("--all");
+    const auto full = test_util::run_trainer(all);
+    REQUIRE(full.exit_code == 0);
+    size_t full_rows = 0;
+    std::istringstream fin(full.out);
+    for (std::string line; std::getline(fin, line);)
+        full_rows += line.rfind("| ddp", 0) == 0 || line.rfind("| fsdp", 0) == 0 || line.rfind("| -> ", 0) == 0 ? 1 : 0;
+    CHECK(full_rows == 52);
+    CHECK_THAT(full.out, Contains("| gradients | optimizer state |"));
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -355,6 +356,95 @@ void write_predicted_trace(const Plan& plan, int world, const std::string& path,
     }
 }
 
+namespace {
+
+// `text` cut into lines of at most `width` columns at spaces, the ones after the first indented by `indent`.
+std::string wrapped(const std::string& text, size_t width, const std::string& indent) {
+    std::string out, line;
+    size_t at = 0;
+    while (at < text.size()) {
+        size_t end = text.find(' ', at);
+        if (end == std::string::npos) end = text.size();
+        const std::string word = text.substr(at, end - at);
+        if (!line.empty() && line.size() + 1 + word.size() > width) {
+            out += line + "\n";
+            line = indent;
+        }
+        line += (line.empty() || line == indent ? "" : " ") + word;
+        at = end + 1;
+    }
+    return out + line + "\n";
+}
+
+// The plan in one screen (at most 25 lines of 160 columns): the recommended row, the config as given and the two
+// fastest rows that fit of each strategy (the smallest where none of it fits), with each one's device peak; how many
+// rows were planned and how many do not fit. --all prints every row with its memory by category.
+int print_plan_summary(const TrainConfig& config, const Plan& plan, const PlanOptions& o, int world, Device device,
+                       bool know_memory) {
+    const std::vector<Row>& rows = plan.rows;
+    const auto family = [](const TrainConfig& c) {
+        return c.distributed_strategy == DistributedStrategy::kFsdp
+                   ? std::string("fsdp ") + choice_name(c.fsdp.sharding_strategy)
+                   : std::string(choice_name(c.distributed_strategy));
+    };
+    std::vector<size_t> order(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return rows[a].tokens_per_s > rows[b].tokens_per_s; });
+    std::vector<bool> shown(rows.size(), false);
+    std::map<std::string, int> per_family;
+    for (size_t i : order) {  // the two fastest that fit of each strategy
+        if (!rows[i].fits()) continue;
+        if (per_family[family(rows[i].config)]++ < 2) shown[i] = true;
+    }
+    for (size_t i = 0; i < rows.size(); ++i) {  // a strategy none of whose rows fits: its smallest
+        if (per_family.count(family(rows[i].config)) > 0) continue;
+        size_t s = i;
+        for (size_t j = 0; j < rows.size(); ++j) {
+            if (family(rows[j].config) == family(rows[i].config) && rows[j].dry.total_peak < rows[s].dry.total_peak)
+                s = j;
+        }
+        shown[s] = true;
+        per_family[family(rows[i].config)] = 0;
+    }
+    for (size_t i = 0; i < rows.size(); ++i) {
+        if (rows[i].is_config || static_cast<int>(i) == plan.recommended) shown[i] = true;
+    }
+    size_t misfits = 0;
+    for (const Row& r : rows) misfits += r.fits() ? 0 : 1;
+    std::printf("plan for %s on %d node(s) x %d rank(s), device %s, hardware %s: %zu configurations dry-run%s\n",
+                config.run_name.c_str(), o.nnodes, o.nproc_per_node, choice_name(device), plan.hw->name.c_str(),
+                rows.size(),
+                know_memory ? fmt::format(", {} do not fit in {:.1f} GiB", misfits, plan.device_gib).c_str() : "");
+    std::printf("\n| configuration | step ms | exposed comm ms | tokens/s/device | MFU | device GiB |%s\n",
+                know_memory ? " fits |" : "");
+    std::printf("|---|---|---|---|---|---|%s\n", know_memory ? "---|" : "");
+    for (size_t i : order) {
+        if (!shown[i]) continue;
+        const Row& r = rows[i];
+        const char* mark = static_cast<int>(i) == plan.recommended ? "-> " : r.is_config ? "* " : "";
+        std::printf("| %s%s | %.1f | %.1f | %.0f | %.1f%% | %.2f |%s\n", mark, describe(r.config, world).c_str(),
+                    r.time.total * 1e3, r.time.exposed_comm * 1e3, r.tokens_per_s, 100.0 * r.mfu,
+                    r.dry.total_peak / kGiB,
+                    know_memory ? (r.fits()        ? " yes |"
+                                   : r.fits_device ? " no (host) |"
+                                                   : " no |")
+                                : "");
+    }
+    std::printf("\n");
+    if (!plan.config_refused.empty())
+        std::printf("%s", wrapped("the config as given does not run here: " + plan.config_refused, 160, "  ").c_str());
+    const std::string verdict =
+        plan.recommended >= 0 ? "recommended: " + describe(rows[plan.recommended].config, world) + ": " + plan.reasons
+                              : "no recommendation: " + plan.reasons;
+    std::printf("%s", wrapped(verdict, 160, "  ").c_str());
+    std::printf(
+        "-> the recommendation, * the config as given; --all: every row, its memory by category and the links\n");
+    return 0;
+}
+
+}  // namespace
+
 int run_plan(const TrainConfig& config, const PlanOptions& options) {
     PlanOptions o = options;  // the flags, else the config's plan.* keys
     if (o.hardware.empty()) o.hardware = config.plan.hardware.value_or("");
@@ -421,6 +511,7 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
         }
         return 0;
     }
+    if (!o.all) return print_plan_summary(config, plan, o, world, device, know_memory);
     // A link as the header shows it: the all-reduce's (the entry's one link), each other measured kind's
     // bandwidth, and where it comes from.
     const auto link = [&](const Link& l, const std::map<std::string, Link>& by_kind) {

@@ -29,6 +29,7 @@ struct PlanOptions {
     std::string calibration;       // bench-kernels --calibration-out file (empty: the hardware's rooflines)
     std::string comm_calibration;  // bench-comm --calibration-out file (empty: the hardware's links)
     bool json = false;
+    bool all = false;  // every row with its memory by category (default: one screen, core/plan/plan.cpp)
 };
 int run_plan(const TrainConfig& config, const PlanOptions& options);
 
