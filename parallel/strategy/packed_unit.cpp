@@ -42,6 +42,7 @@ PackedUnit::PackedUnit(const Unit& unit, bool quantize, bool double_quant)
 }
 
 void PackedUnit::pack(const float* unit, uint8_t* packed) const {
+    if (bytes_ == 0) return;  // a unit without parameters (a parameter-free final norm): nothing, maybe no buffer
     std::memset(packed, 0, bytes_);
     for (const Part& p : parts_) {
         if (!p.nf4) {
