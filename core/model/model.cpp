@@ -194,6 +194,14 @@ void Model::close_block(int l, bool backward) {
     backward ? strategy_->after_backward(u) : strategy_->after_forward(u);
 }
 
+LoraDropout Model::adapter_dropout(int l, const LoraModule& mod) const {
+    LoraDropout drop;
+    if (!dropout_on_ || lora_p_ <= 0.0f) return drop;
+    drop.p = lora_p_, drop.row_keys = reinterpret_cast<const uint64_t*>(row_keys_.data());
+    drop.adapter = static_cast<uint32_t>(l * 16 + mod.id);
+    return drop;
+}
+
 bool Model::has_lora(LoraLinear linear) const {
     for (const LoraModule& mod : lora_modules_) {
         if (mod.linear == linear) return true;
@@ -205,11 +213,7 @@ void Model::lora_add(int l, LoraLinear linear, GemmOperand out, int ld, GemmOper
     for (size_t j = 0; j < lora_modules_.size(); ++j) {
         const LoraModule& mod = lora_modules_[j];
         if (mod.linear != linear) continue;
-        LoraDropout drop;
-        if (dropout_on_ && lora_p_ > 0.0f) {
-            drop.p = lora_p_, drop.row_keys = reinterpret_cast<const uint64_t*>(row_keys_.data());
-            drop.adapter = static_cast<uint32_t>(l * 16 + mod.id);
-        }
+        const LoraDropout drop = adapter_dropout(l, mod);
         backend_->lora_forward(out.at(static_cast<size_t>(mod.row_begin)), ld, x, adapter_w_ + lora_a_[j],
                                adapter_w_ + lora_b_[j], N, static_cast<int>(mod.in), lora_r_,
                                static_cast<int>(mod.rows()), lora_scale_, drop, work);
@@ -220,11 +224,7 @@ void Model::lora_grad(int l, LoraLinear linear, GemmOperand dinp, GemmOperand do
     for (size_t j = 0; j < lora_modules_.size(); ++j) {
         const LoraModule& mod = lora_modules_[j];
         if (mod.linear != linear) continue;
-        LoraDropout drop;
-        if (lora_p_ > 0.0f) {  // backward follows a training forward only
-            drop.p = lora_p_, drop.row_keys = reinterpret_cast<const uint64_t*>(row_keys_.data());
-            drop.adapter = static_cast<uint32_t>(l * 16 + mod.id);
-        }
+        const LoraDropout drop = adapter_dropout(l, mod);  // the training forward's masks
         backend_->lora_backward(dinp, adapter_g_ + lora_a_[j], adapter_g_ + lora_b_[j],
                                 dout.at(static_cast<size_t>(mod.row_begin)), ld, x, adapter_w_ + lora_a_[j],
                                 adapter_w_ + lora_b_[j], N, static_cast<int>(mod.in), lora_r_,
@@ -252,16 +252,19 @@ void Model::upload_tokens(const int32_t* tokens, int batch, const uint8_t* keep,
         }
     }
     backend_->copy_host_to_device(tokens_dev_.data(), tokens_host_.data(), 2 * N * sizeof(int32_t));
-    if (!row_keys_host_.empty()) {
-        for (int b = 0; b < batch; ++b) {
-            const uint64_t instance = dropout_instances_ != nullptr ? static_cast<uint64_t>(dropout_instances_[b]) : b;
-            for (int t = 0; t < T_; ++t) {
-                row_keys_host_[static_cast<size_t>(b) * T_ + t] =
-                    lora_row_key(dropout_step_key_, instance, static_cast<uint32_t>(t));
-            }
+}
+
+void Model::upload_dropout_keys(int batch) {
+    if (row_keys_host_.empty()) return;  // no dropout
+    const size_t N = static_cast<size_t>(batch) * T_;
+    for (int b = 0; b < batch; ++b) {
+        const uint64_t instance = dropout_instances_ != nullptr ? static_cast<uint64_t>(dropout_instances_[b]) : b;
+        for (int t = 0; t < T_; ++t) {
+            row_keys_host_[static_cast<size_t>(b) * T_ + t] =
+                lora_row_key(dropout_step_key_, instance, static_cast<uint32_t>(t));
         }
-        backend_->copy_host_to_device(row_keys_.data(), row_keys_host_.data(), N * sizeof(uint64_t));
     }
+    backend_->copy_host_to_device(row_keys_.data(), row_keys_host_.data(), N * sizeof(uint64_t));
 }
 
 void Model::forward_blocks(int batch, bool backward_follows) {
@@ -571,6 +574,7 @@ void Model::backward_blocks(int batch) {
 LossSums Model::forward_backward(const int32_t* tokens, int batch, float dloss_scale, const uint8_t* keep,
                                  const uint8_t* label_mask) {
     upload_tokens(tokens, batch, keep, label_mask);
+    upload_dropout_keys(batch);  // a training pass: its adapters' dropout
     uint32_t scale_bits = 0;
     std::memcpy(&scale_bits, &dloss_scale, sizeof scale_bits);
     graphs_.run(static_cast<uint64_t>(batch) << 32 | scale_bits, [&] {

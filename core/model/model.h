@@ -146,6 +146,10 @@ class Model {
     // apart, the Linear's first output column) from its input x; and their backward, given the output's gradient
     // dout (rows ld apart), into the adapters' gradients and (+=) dinp.
     bool has_lora(LoraLinear linear) const;
+    // Block l's adapter `mod`'s dropout in this pass (none outside training), and the rows' keys it reads, uploaded
+    // for each training micro-batch (set_dropout_rows' instances).
+    LoraDropout adapter_dropout(int l, const LoraModule& mod) const;
+    void upload_dropout_keys(int batch);
     void lora_add(int l, LoraLinear linear, GemmOperand out, int ld, GemmOperand x, int N, float* work) const;
     void lora_grad(int l, LoraLinear linear, GemmOperand dinp, GemmOperand dout, int ld, GemmOperand x, int N);
     void upload_tokens(const int32_t* tokens, int batch, const uint8_t* keep, const uint8_t* label_mask = nullptr);
