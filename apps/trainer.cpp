@@ -548,8 +548,10 @@ Run add_generate(CLI::App& app, const TrainingFlags& flags) {
            "--tokenizer",
            [o](const std::string& name) {
                o->tokenizer = name == "none" ? std::nullopt : std::optional(flag_choice<trainer::Tokenizer>(name));
+               o->tokenizer_given = true;
            },
-           "the tokenizer the data was made with: bytes (default) | gpt2 | cl100k | dolma2; none: ids in "
+           "the tokenizer the data was made with: bytes | gpt2 | cl100k | dolma2 (default: the config's "
+           "tokenizer.identifier); none: ids in "
            "(--prompt-ids) and out, for a vocabulary none of them makes")
         ->check(CLI::IsMember(tokenizer_names_or_none()));
     add_tokenizer_dir(cmd, o->tokenizer_dir);

@@ -49,6 +49,9 @@ enum class DecayShape { kLinear, kOneMinusSqrt };
 enum class InitFn { kNormal, kMitchell };
 enum class TokenDtype { kUint16, kUint32 };                // a raw token file's ids (OLMo's data.memmap_dtype)
 enum class Tokenizer { kBytes, kGpt2, kCl100k, kDolma2 };  // the tokenizers the trainer has (core/data)
+// An evaluator: a validation set's loss (lm), or a multiple-choice task scored by its continuations' log-likelihoods
+// (downstream, core/run/downstream.h).
+enum class EvaluatorType { kLm, kDownstream };
 enum class ActivationCheckpointing {
     kNull,         // every block keeps all it needs for its backward
     kWholeLayer,   // every block keeps its input only and recomputes its forward in its backward
@@ -134,6 +137,10 @@ struct Choices<InitFn> {
 template <>
 struct Choices<TokenDtype> {
     static constexpr const char* kNames[] = {"uint16", "uint32"};
+};
+template <>
+struct Choices<EvaluatorType> {
+    static constexpr const char* kNames[] = {"lm", "downstream"};
 };
 template <>
 struct Choices<Tokenizer> {

@@ -41,6 +41,29 @@ long get_long(const Json& v) { return v.is_number_integer() ? v.get<long>() : st
 
 }  // namespace
 
+std::optional<Tokenizer> tokenizer_from_identifier(const std::string& identifier) {
+    if (const auto ours = parse_choice<Tokenizer>(identifier)) return ours;
+    static const std::pair<const char*, Tokenizer> known[] = {
+        {"openai-community/gpt2", Tokenizer::kGpt2},
+        {"cl100k_base", Tokenizer::kCl100k},
+        {"allenai/dolma2-tokenizer", Tokenizer::kDolma2},
+        {"tokenizers/allenai_dolma2.json", Tokenizer::kDolma2},
+    };
+    for (const auto& [name, tokenizer] : known) {
+        if (identifier == name) return tokenizer;
+    }
+    return std::nullopt;
+}
+
+Tokenizer TokenizerConfig::require(std::optional<Tokenizer> chosen, const std::string& what) const {
+    if (chosen) return *chosen;
+    if (known) return *known;
+    user_error(
+        "{} needs text tokenized, and config tokenizer.identifier \"{}\" is a tokenizer the trainer does not have "
+        "(it has bytes, gpt2, cl100k and dolma2); give token ids instead of text, or name one of those",
+        what, identifier);
+}
+
 Duration Duration::parse(const std::string& text) {
     Duration d;
     d.text = text;
@@ -215,7 +238,11 @@ void read_training(const Json& doc, TrainConfig& c) {
     const Json& sample = doc["sample"];
     c.sample.interval = get_long(sample["interval"]);
     c.sample.prompt = sample["prompt"].get<std::string>();
-    c.sample.tokenizer = choice<Tokenizer>(sample["tokenizer"]);
+    if (!sample["tokenizer"].is_null()) c.sample.tokenizer = choice<Tokenizer>(sample["tokenizer"]);
+    // A tokenizer the trainer has is kept by its short name, whichever identifier named it.
+    c.tokenizer.identifier = doc["tokenizer"]["identifier"].get<std::string>();
+    c.tokenizer.known = tokenizer_from_identifier(c.tokenizer.identifier);
+    if (c.tokenizer.known) c.tokenizer.identifier = choice_name(*c.tokenizer.known);
     c.sample.max_new_tokens = sample["max_new_tokens"].get<int>();
     c.sample.top_k = sample["top_k"].get<int>();
     c.sample.temperature = sample["temperature"].get<double>();
@@ -336,7 +363,14 @@ void read_evaluators(const Json& doc, TrainConfig& c) {
         if (e["data"]["paths"].is_null()) user_error("config evaluators[{}].data.paths: required, not set", i);
         EvaluatorConfig ec;
         ec.label = e["label"].get<std::string>();
+        ec.type = choice<EvaluatorType>(e["type"]);
         ec.paths = string_list(e["data"]["paths"]);
+        if (ec.type == EvaluatorType::kDownstream && !e["data"]["label_mask_paths"].is_null()) {
+            user_error(
+                "config evaluators[{}].data.label_mask_paths: a downstream evaluator scores its files' continuations "
+                "(its JSONL says which tokens are scored); label masks are for type lm",
+                i);
+        }
         if (!e["data"]["label_mask_paths"].is_null()) {
             ec.label_mask_paths = string_list(e["data"]["label_mask_paths"]);
             if (ec.label_mask_paths.size() != ec.paths.size()) {
@@ -353,6 +387,20 @@ void read_evaluators(const Json& doc, TrainConfig& c) {
         c.evaluators.push_back(ec);
     }
     c.eval_interval = get_long(doc["eval_interval"]);
+    c.eval_on_startup = doc["eval_on_startup"].get<bool>();
+    if (c.eval_on_startup && c.evaluators.empty()) {
+        user_error("config eval_on_startup: true but no evaluators are configured; add evaluators[].data.paths");
+    }
+    std::vector<std::string> labels;
+    for (size_t i = 0; i < c.evaluators.size(); ++i) {
+        if (std::find(labels.begin(), labels.end(), c.evaluators[i].label) != labels.end()) {
+            user_error(
+                "config evaluators[{}].label: \"{}\" names an earlier evaluator too; the metrics keep one "
+                "result a label",
+                i, c.evaluators[i].label);
+        }
+        labels.push_back(c.evaluators[i].label);
+    }
     if (c.eval_interval > 0 && c.evaluators.empty()) {
         user_error("config eval_interval: {} but no evaluators are configured; add evaluators[].data.paths",
                    c.eval_interval);
@@ -601,6 +649,7 @@ Json config_json(const TrainConfig& c) {
     for (const EvaluatorConfig& e : c.evaluators) {
         evaluators.push_back(
             {{"label", e.label},
+             {"type", choice_name(e.type)},
              {"data",
               {{"paths", e.paths},
                {"label_mask_paths", e.label_mask_paths.empty() ? Json(nullptr) : Json(e.label_mask_paths)},
@@ -643,10 +692,12 @@ Json config_json(const TrainConfig& c) {
         {"data", data_json(c.data)},
         {"evaluators", evaluators},
         {"eval_interval", c.eval_interval},
+        {"eval_on_startup", c.eval_on_startup},
+        {"tokenizer", {{"identifier", c.tokenizer.identifier}}},
         {"sample",
          {{"interval", c.sample.interval},
           {"prompt", c.sample.prompt},
-          {"tokenizer", choice_name(c.sample.tokenizer)},
+          {"tokenizer", c.sample.tokenizer ? Json(choice_name(*c.sample.tokenizer)) : Json(nullptr)},
           {"max_new_tokens", c.sample.max_new_tokens},
           {"top_k", c.sample.top_k},
           {"temperature", c.sample.temperature}}},

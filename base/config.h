@@ -128,9 +128,24 @@ struct DataConfig {
     unsigned long long seed = 0;  // resolved: defaults to the run's seed
 };
 
+// The run's tokenizer (tokenizer.identifier, OLMo's key): one the trainer has (bytes, gpt2, cl100k, dolma2, or a
+// Hugging Face or OLMo identifier of one of them), or an identifier it does not know, which is kept and refused by
+// name wherever text must be tokenized (token ids still work everywhere).
+struct TokenizerConfig {
+    std::string identifier = "bytes";
+    std::optional<Tokenizer> known;  // null: a tokenizer the trainer does not have
+    // The tokenizer for `chosen` (a key or flag that names one for its own use) or else the run's; a UserError naming
+    // `what` (what needs text) and the identifier where the run's is one the trainer lacks.
+    Tokenizer require(std::optional<Tokenizer> chosen, const std::string& what) const;
+};
+// The tokenizer an identifier names: ours by name, or its Hugging Face or OLMo identifier ("openai-community/gpt2",
+// "cl100k_base", "allenai/dolma2-tokenizer", "tokenizers/allenai_dolma2.json"); nullopt for any other.
+std::optional<Tokenizer> tokenizer_from_identifier(const std::string& identifier);
+
 struct EvaluatorConfig {
     std::string label;
-    std::vector<std::string> paths;
+    EvaluatorType type = EvaluatorType::kLm;
+    std::vector<std::string> paths;             // token files (lm) or JSONL task files (downstream)
     std::vector<std::string> label_mask_paths;  // empty, or one a path: which tokens the loss is over
     TokenDtype memmap_dtype = TokenDtype::kUint16;
     long subset_num_batches = -1;  // -1: the whole set
@@ -205,12 +220,14 @@ struct TrainConfig {
     Duration max_duration;
     DataConfig data;
     std::vector<EvaluatorConfig> evaluators;
-    long eval_interval = 0;  // 0: no evaluation
+    long eval_interval = 0;        // 0: no evaluation
+    bool eval_on_startup = false;  // evaluate before the first step too (OLMo-core's eval_on_startup)
+    TokenizerConfig tokenizer;     // the run's (tokenizer.identifier)
     // sample.*: every `interval` steps the model continues `prompt` (core/generate.h) and rank 0 prints it.
     struct Sample {
         long interval = 0;  // 0: never
         std::string prompt;
-        Tokenizer tokenizer = Tokenizer::kBytes;
+        std::optional<Tokenizer> tokenizer;  // null: the run's
         int max_new_tokens = 64, top_k = 0;
         double temperature = 1.0;
     } sample;

@@ -114,19 +114,22 @@ const std::vector<KeySpec>& schema() {
         {"data.instance_filter.repetition_max_period", KeyType::kInt, nullptr, true, {}, 1, 1e6, "OLMo's instance filter: mask out of the loss every training instance that repeats a sequence of repetition_min_period..repetition_max_period tokens repetition_max_count times or more (OLMo-2's recipe: 13, 1, 32); null (with repetition_max_count): no filter"},
         {"data.instance_filter.repetition_min_period", KeyType::kInt, 1, false, {}, 1, 1e6, "the instance filter's shortest repeated sequence"},
         {"data.instance_filter.repetition_max_count", KeyType::kInt, nullptr, true, {}, 3, 1e9, "the instance filter's repeats that mask an instance; null (with repetition_max_period): no filter"},
-        {"evaluators", KeyType::kObjectList, Json::array(), false, {}, -kInf, kInf, "validation sets, each {label, data: {paths, memmap_dtype}, subset_num_batches}"},
+        {"evaluators", KeyType::kObjectList, Json::array(), false, {}, -kInf, kInf, "validation sets and downstream tasks, each {label, type, data: {paths, memmap_dtype}, subset_num_batches}"},
         {"evaluators[].label", KeyType::kString, "val", false, {}, -kInf, kInf, "name of the validation set in logs"},
-        {"evaluators[].data.paths", KeyType::kStringList, nullptr, false, {}, -kInf, kInf, "validation token files (required in each evaluator)"},
+        {"evaluators[].type", KeyType::kString, "lm", false, choice_names<EvaluatorType>(), -kInf, kInf, "lm: the mean loss over token files; downstream: a multiple-choice task in JSONL files (docs/downstream.md), scored by its continuations' log-likelihoods (acc, len_norm, pmi_dc, bpb), as OLMo's downstream evaluators"},
+        {"evaluators[].data.paths", KeyType::kStringList, nullptr, false, {}, -kInf, kInf, "the evaluator's files (required): token files (lm), or JSONL task files read in order (downstream)"},
         {"evaluators[].data.label_mask_paths", KeyType::kStringList, nullptr, true, {}, -kInf, kInf, "the validation files' label masks, one a file (as data.label_mask_paths): the loss is the mean over the tokens in the loss; null: every token"},
         {"evaluators[].data.memmap_dtype", KeyType::kString, "uint16", false, choice_names<TokenDtype>(), -kInf, kInf, "token type of raw validation files"},
-        {"evaluators[].subset_num_batches", KeyType::kInt, -1, false, {}, -1, 1e12, "evaluate this many batches; -1: all"},
+        {"evaluators[].subset_num_batches", KeyType::kInt, -1, false, {}, -1, 1e12, "evaluate this many batches (downstream: the first subset_num_batches x device_eval_batch_size examples); -1: all"},
         {"eval_interval", KeyType::kInt, 0, false, {}, 0, 9e18, "evaluate every N steps (and after the last); 0: never"},
+        {"eval_on_startup", KeyType::kBool, false, false, {}, -kInf, kInf, "evaluate before the first step too (at step 0, or the step a resumed run starts from), as OLMo-core's eval_on_startup"},
         {"sample.interval", KeyType::kInt, 0, false, {}, 0, 9e18, "every N steps the model continues sample.prompt (as trainer generate, with a KV cache; every rank takes part, so FSDP gathers its units) and rank 0 prints it (metrics: sample); 0: never. Its buffers count as other memory, which trainer plan does not predict"},
         {"sample.prompt", KeyType::kString, "", false, {}, -kInf, kInf, "the sample's prompt; \"\": it starts after an EOS, as a document does"},
         {"sample.max_new_tokens", KeyType::kInt, 64, false, {}, 1, 1e6, "tokens a sample adds (the prompt and these within max_sequence_length)"},
         {"sample.temperature", KeyType::kFloat, 1.0, false, {}, 0, 1e6, "the sample's temperature; 0: greedy (draws seeded by the seed and the step)"},
         {"sample.top_k", KeyType::kInt, 0, false, {}, 0, 1e9, "the sample draws among the k most likely tokens; 0: all"},
-        {"sample.tokenizer", KeyType::kString, "bytes", false, choice_names<Tokenizer>(), -kInf, kInf, "the tokenizer of the training data, for the sample's prompt and text"},
+        {"sample.tokenizer", KeyType::kString, nullptr, true, choice_names<Tokenizer>(), -kInf, kInf, "the tokenizer of the sample's prompt and text; null: the run's (tokenizer.identifier)"},
+        {"tokenizer.identifier", KeyType::kString, "bytes", false, {}, -kInf, kInf, "the run's tokenizer (OLMo's key; \"tokenizer\": \"NAME\" is short for it): bytes, gpt2, cl100k or dolma2, or the Hugging Face or OLMo identifier of one (openai-community/gpt2, cl100k_base, allenai/dolma2-tokenizer, tokenizers/allenai_dolma2.json); the sample, trainer generate and downstream evaluators tokenize text with it. Another identifier (OLMo-1B's GPT-NeoX one) is kept and refused by name wherever text must be tokenized: token ids still work"},
         {"save_folder", KeyType::kString, nullptr, true, {}, -kInf, kInf, "folder of checkpoints step<N>/ (created)"},
         {"save_interval", KeyType::kInt, 0, false, {}, 0, 9e18, "checkpoint every N steps; 0: only at the end (when save_folder is set)"},
         {"save_overwrite", KeyType::kBool, false, false, {}, -kInf, kInf, "allow a fresh run to write into a save_folder that already holds checkpoints"},
@@ -462,8 +465,12 @@ Json parse_typed(const KeySpec& spec, const std::string& path, const std::string
 }  // namespace
 
 Json complete_config_document(const Json& user_doc) {
-    check_object(user_doc, "", "");
     Json doc = user_doc;
+    // "tokenizer": "gpt2" is short for "tokenizer": {"identifier": "gpt2"}.
+    if (doc.is_object() && doc.contains("tokenizer") && doc["tokenizer"].is_string()) {
+        doc["tokenizer"] = Json{{"identifier", doc["tokenizer"]}};
+    }
+    check_object(doc, "", "");
     fill_defaults(doc, "");
     for (auto& ev : doc["evaluators"]) fill_defaults(ev, "evaluators[]");
     for (auto& source : doc["data"]["sources"]) fill_defaults(source, "data.sources[]");

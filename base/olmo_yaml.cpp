@@ -330,7 +330,6 @@ const std::vector<NoEffect>& no_effect_keys() {
         {"wandb", nullptr, ""},
         {"compile", nullptr, ""},
         {"speed_monitor", nullptr, ""},
-        {"tokenizer", nullptr, ""},
         {"remote_save_folder", is_null, "remote checkpoint storage"},
         {"sharded_checkpointer", nullptr, ""},
         {"new_style_checkpoints", nullptr, ""},
@@ -423,8 +422,35 @@ Json read_yaml_config(const std::string& path) {
 
 namespace {
 
-// Evaluators: downstream ones and datasets that are URLs are not run here; each local dataset becomes
-// an evaluator of its own, labelled with its name.
+// The folder where an OLMo downstream evaluator's examples are looked for, as <label>.jsonl: $TRAINER_DOWNSTREAM_DIR,
+// else data/downstream (relative paths from the working directory, as every data path).
+std::string downstream_dir() {
+    const char* env = std::getenv("TRAINER_DOWNSTREAM_DIR");
+    return env != nullptr && *env != '\0' ? std::string(env) : std::string("data/downstream");
+}
+
+// OLMo's tokenizer {identifier, truncate_direction}: the identifier is the run's tokenizer (kept as the trainer's
+// tokenizer.identifier); truncate_direction has no effect (instances are cut from token files). An identifier the
+// trainer has no tokenizer for is said by name now, since text is refused where it must be tokenized.
+void finish_tokenizer(Json& doc, const std::string& path, std::vector<std::string>& ignored) {
+    if (!doc.contains("tokenizer") || !doc["tokenizer"].is_object()) return;  // validate_config names it
+    Json& t = doc["tokenizer"];
+    if (t.contains("truncate_direction")) {
+        t.erase("truncate_direction");
+        ignored.push_back("tokenizer.truncate_direction");
+    }
+    if (t.contains("identifier") && t["identifier"].is_string() &&
+        !tokenizer_from_identifier(t["identifier"].get<std::string>())) {
+        std::fprintf(stderr,
+                     "warning: %s: tokenizer.identifier %s is a tokenizer the trainer does not have (it has bytes, "
+                     "gpt2, cl100k and dolma2): text is refused where it must be tokenized (samples, trainer "
+                     "generate's prompts, downstream examples written as text); token ids work\n",
+                     path.c_str(), json_text(t["identifier"]).c_str());
+    }
+}
+
+// Evaluators: each local dataset becomes an evaluator of its own, labelled with its name; datasets that are URLs
+// are not run here. A downstream evaluator runs where its examples are found (downstream_dir).
 void finish_evaluators(Json& doc, std::vector<std::string>& ignored) {
     const long subset = doc.contains("eval_subset_num_batches") && doc["eval_subset_num_batches"].is_number_integer()
                             ? doc["eval_subset_num_batches"].get<long>()
@@ -446,7 +472,33 @@ void finish_evaluators(Json& doc, std::vector<std::string>& ignored) {
                                           ? ev["label"].get<std::string>()
                                           : fmt::format("evaluators[{}]", i);
             if (ev.contains("type") && ev["type"] == "downstream") {
-                downstream.push_back(label);
+                // Its examples: the entry's data.paths, else <label>.jsonl in the downstream folder.
+                const bool given = ev.contains("data") && ev["data"].is_object() && ev["data"].contains("paths") &&
+                                   ev["data"]["paths"].is_array();
+                std::vector<std::string> missing;
+                Json paths = Json::array();
+                if (given) {
+                    for (const auto& p : ev["data"]["paths"]) {
+                        if (!p.is_string()) continue;  // validate_config names it
+                        if (!std::filesystem::is_regular_file(p.get<std::string>())) missing.push_back(p);
+                        paths.push_back(p);
+                    }
+                } else {
+                    const std::string file = downstream_dir() + "/" + label + ".jsonl";
+                    if (!std::filesystem::is_regular_file(file)) missing.push_back(file);
+                    paths.push_back(file);
+                }
+                if (!missing.empty()) {
+                    downstream.push_back(fmt::format("{} ({} not found)", label, fmt::join(missing, ", ")));
+                    continue;
+                }
+                Json one = {{"label", label}, {"type", "downstream"}, {"data", {{"paths", paths}}}};
+                if (ev.contains("subset_num_batches")) {
+                    one["subset_num_batches"] = ev["subset_num_batches"];
+                } else if (subset >= 0) {
+                    one["subset_num_batches"] = subset;
+                }
+                kept.push_back(one);
                 continue;
             }
             if (ev.contains("type") && (ev["type"].is_null() || ev["type"] == "lm"))
@@ -493,7 +545,10 @@ void finish_evaluators(Json& doc, std::vector<std::string>& ignored) {
                                           fmt::join(url_labels, ", "), url_sets, url_sets == 1 ? "" : "s"));
         }
         if (!downstream.empty()) {
-            ignored.push_back(fmt::format("downstream evaluators {}", fmt::join(downstream, ", ")));
+            ignored.push_back(
+                fmt::format("downstream evaluators without their examples: {} (docs/downstream.md: "
+                            "scripts/make_downstream_jsonl.py writes them)",
+                            fmt::join(downstream, ", ")));
         }
         if (kept.empty() && doc.contains("eval_interval")) {
             doc.erase("eval_interval");
@@ -666,6 +721,7 @@ void finish_olmo_config(Json& doc, const std::string& path, bool strict) {
     Resolver(doc, path).resolve_all();
     std::vector<std::string> ignored;
     finish_evaluators(doc, ignored);
+    finish_tokenizer(doc, path, ignored);
     finish_checkpoints(doc, path, ignored);
     finish_model(doc, path, ignored);
     finish_instance_filter(doc);

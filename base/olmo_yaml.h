@@ -11,9 +11,13 @@
 //        paths) becomes one evaluator per dataset, eval_subset_num_batches fills each evaluator's
 //        subset_num_batches, scheduler.units: tokens turns token counts into steps (refused unless they
 //        divide exactly);
-//      - removes the OLMo keys that have no effect here (wandb, compile, speed_monitor, tokenizer,
-//        model.flash_attention, data loader settings, downstream evaluators, evaluators whose data are
-//        URLs, ...), listing them once in one warning line on stderr; with `strict` they are an error. A
+//      - keeps tokenizer.identifier as the run's tokenizer, saying on stderr when it is one the trainer
+//        lacks; runs a downstream evaluator where its examples exist (its data.paths, else <label>.jsonl in
+//        $TRAINER_DOWNSTREAM_DIR, default data/downstream);
+//      - removes the OLMo keys that have no effect here (wandb, compile, speed_monitor,
+//        tokenizer.truncate_direction, model.flash_attention, data loader settings, downstream evaluators
+//        without their files (named with the paths looked for), evaluators whose data are URLs, ...),
+//        listing them once in one warning line on stderr; with `strict` they are an error. A
 //        key whose value would change what trains (model.alibi: true, a dropout above 0, clip_qkv, ...) is
 //        refused by name: the trainer does not do it.
 //   Keys OLMo does not have are still refused by validate_config, with the closest key.

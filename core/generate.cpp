@@ -139,7 +139,15 @@ int run_generate(const TrainConfig& config, const GenerateOptions& o) {
     if (o.sampling.top_k < 0) user_error("generate --top-k: {}; expected 0 (all) or more", o.sampling.top_k);
     if (!(o.sampling.top_p > 0.0 && o.sampling.top_p <= 1.0))
         user_error("generate --top-p: {}; expected above 0 and at most 1", o.sampling.top_p);
-    const TextCodec codec(o.tokenizer, o.tokenizer_dir, m.eos_token_id, m.vocab_size, "generate --tokenizer");
+    const TokenizerConfig& run = config.tokenizer;
+    const std::optional<Tokenizer> tokenizer = o.tokenizer_given ? o.tokenizer : run.known;
+    const TextCodec codec(
+        tokenizer, o.tokenizer_dir, m.eos_token_id, m.vocab_size,
+        o.tokenizer_given ? "generate --tokenizer" : "config tokenizer.identifier",
+        o.tokenizer_given ? "--tokenizer none takes its prompts as ids (--prompt-ids)"
+                          : fmt::format("config tokenizer.identifier \"{}\" is a tokenizer the trainer does not "
+                                        "have; give the prompts as ids (--prompt-ids), or name one with --tokenizer",
+                                        run.identifier));
     // The prompts in the order given: texts, files, ids. An empty prompt starts after an EOS, as a document does.
     std::vector<std::vector<int32_t>> prompts;
     for (const std::string& text : o.prompts) prompts.push_back(codec.encode(text, "generate --prompt"));

@@ -42,10 +42,11 @@ GenerationResult generate_tokens(Model& model, const ModelConfig& m, const std::
                                  int max_new_tokens, const SamplingOptions& sampling, int eos, bool kv_cache);
 
 struct GenerateOptions {
-    std::vector<std::string> prompts;                        // --prompt TEXT (each one prompt)
-    std::vector<std::string> prompt_files;                   // --prompt-file FILE (each file one prompt)
-    std::vector<std::string> prompt_ids;                     // --prompt-ids "1,2,3" (token ids)
-    std::optional<Tokenizer> tokenizer = Tokenizer::kBytes;  // nullopt: none (ids in and out)
+    std::vector<std::string> prompts;       // --prompt TEXT (each one prompt)
+    std::vector<std::string> prompt_files;  // --prompt-file FILE (each file one prompt)
+    std::vector<std::string> prompt_ids;    // --prompt-ids "1,2,3" (token ids)
+    bool tokenizer_given = false;           // --tokenizer; else the config's tokenizer.identifier
+    std::optional<Tokenizer> tokenizer;     // nullopt: none (ids in and out)
     std::string tokenizer_dir;
     int max_new_tokens = 64;
     SamplingOptions sampling;  // its seed: the config's

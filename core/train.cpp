@@ -58,6 +58,9 @@ class TrainingRun {
         print_header();
         stop::install();
         run_t0_ = Clock::now();
+        if (config_.eval_on_startup) {
+            if (const int sig = eval_on_startup()) return sig;
+        }
         for (long step = start_step_ + 1; step <= total_steps_; ++step) {
             const StepOutcome r = train_step(step);
             const int eval_stop = after_step(step, r);
@@ -345,7 +348,8 @@ class TrainingRun {
         }
         int eval_stop = 0;
         if (config_.eval_interval > 0 && (step % config_.eval_interval == 0 || step == total_steps_)) {
-            eval_stop = run_evaluators(config_, data_.evals, *model_, *world_.strategy, step, record, *bar_);
+            eval_stop =
+                run_evaluators(config_, data_.evals, data_.tasks, *model_, *world_.strategy, step, record, *bar_);
         }
         if (config_.sample.interval > 0 && step % config_.sample.interval == 0) run_sample(step, record);
         // The metrics file's step records carry every rank's peak memory so far (one tiny all-gather).
@@ -366,6 +370,20 @@ class TrainingRun {
         bar_->draw(step, stats_->eta_seconds(step));
         std::fflush(stdout);
         return eval_stop;
+    }
+
+    // eval_on_startup: the evaluators on the weights the run starts from, recorded at the step it starts from (an
+    // "eval" event in the metrics file, scalars in TensorBoard). Returns 0, or the exit code of a stop agreed during it
+    // (nothing was trained since the start, so there is nothing to save).
+    int eval_on_startup() {
+        Json record = {{"event", "eval"}, {"step", start_step_}};
+        const int sig =
+            run_evaluators(config_, data_.evals, data_.tasks, *model_, *world_.strategy, start_step_, record, *bar_);
+        outputs_->write_step(start_step_, record);
+        if (sig == 0) return 0;
+        std::printf("stopped by %s before step %ld: nothing trained since the start\n", stop::signal_name(sig),
+                    start_step_ + 1);
+        return stop::exit_code(sig);
     }
 
     void follow_free_cores() {

@@ -243,7 +243,7 @@ print(f\"{r.get('architecture')}: max logit difference {r.get('max_abs_logit_dif
             # A model of the demo's shape trained on the GPU (the demo's text is not on the GPU machine: the bench
             # tokens are bytes of this repository, the demo's tokenizer is bytes too).
             ck=$logs/generate_ck
-            demo=(--config configs/sotu_demo.json --set evaluators=[] --set eval_interval=0 --set save_interval=0 --save-folder "$ck")
+            demo=(--config configs/sotu_demo.json --set evaluators=[] --set eval_interval=0 --set eval_on_startup=false --set save_interval=0 --save-folder "$ck")
             if step generate_train 240 "$trainer" "${demo[@]}" --device cuda --data data/bench_tokens.bin \
                 --max-duration 300 --set metrics_file=null --set console_log_interval=100; then
                 figure "demo shape, 300 steps on the GPU:$(grep -E "^done:" "$logs/generate_train.log" | cut -d'|' -f2)"

@@ -26,6 +26,9 @@ at random so that B A is not 0), in PEFT's names (base_model.model.<module>.lora
 computed by hf_forward with each adapted module's output plus scaling * (x A^T) B^T (PEFT's and LitGPT's LoRA,
 no dropout), the base frozen; the gradients are of the loss plus the config's z-loss, as in training; and
 tests/fixtures/double_quant.bin, QLoRA's double quantization of absmaxes (make_double_quant says its layout).
+
+`make_fixtures.py downstream` writes tests/fixtures/downstream_tiny.jsonl and downstream_tiny_expected.json: a
+multiple-choice task on olmo_tiny's initial weights, each row's log-likelihood and OLMo's metrics (make_downstream).
 """
 
 import json
@@ -462,8 +465,100 @@ def make_double_quant():
     print(f"  wrote {os.path.relpath(path, os.path.dirname(HERE))}: {os.path.getsize(path)} bytes")
 
 
+DOWNSTREAM_TEXT = "abcdefghijklmnopqrstuvwxyz\u00e9\u00df\u20ac\U0001d11e"  # 1-, 2-, 3- and 4-byte characters
+
+
+def downstream_text(rng):
+    """A continuation's text for its lengths: a leading space or none, then 1-6 characters of 1 to 4 UTF-8 bytes."""
+    return (" " if rng.random() < 0.7 else "") + "".join(rng.choice(DOWNSTREAM_TEXT) for _ in range(rng.randint(1, 6)))
+
+
+def make_downstream():
+    """tests/fixtures/downstream_tiny.jsonl: multiple-choice examples as token ids of olmo_tiny (vocab 90,
+    max_sequence_length 17), each continuation with a text for its lengths, every example with an unconditioned
+    context; both forms (a context with candidate continuations, candidate contexts with one continuation), contexts
+    long enough to be cut from the left. tests/fixtures/downstream_tiny_expected.json: every row's log-likelihood under
+    olmo_tiny's initial weights in float64, and OLMo's metrics (acc, len_norm, pmi_dc, bpb) computed from them here.
+    Examples whose best candidates are within 1e-3 under any metric are drawn again, so float32 decides alike."""
+    import math
+    import random
+    cfg = ref.load_config(os.path.join(FIXTURES, "olmo_tiny.json"))
+    mc = ref.ModelConfig(cfg["model"])
+    model = ref.RefModel(mc).double()
+    ref.load_hf_state_dict(model, ref.load_safetensors(os.path.join(FIXTURES, "olmo_tiny_init.safetensors")))
+    L, V = mc.max_sequence_length, mc.vocab_size
+    rng = random.Random(5150)
+
+    def loglik(context, continuation):
+        keep = min(len(context), L - len(continuation))  # the context cut from the left to fit
+        seq = context[len(context) - keep:] + continuation
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([seq[:-1]])).double(), dim=-1)[0]
+        return sum(logp[keep - 1 + i, t].item() for i, t in enumerate(continuation))
+
+    def ids(n):
+        return [rng.randrange(V) for _ in range(n)]
+
+    def best_gap(scores):
+        top = sorted(scores, reverse=True)
+        return top[0] - top[1]
+
+    examples, rows = [], []
+    acc = len_norm = pmi = bits = 0.0
+    while len(examples) < 18:
+        contexts_form = len(examples) % 3 == 2
+        k = rng.choice([2, 3, 4]) if not contexts_form else 2
+        texts = [downstream_text(rng) for _ in range(1 if contexts_form else k)]
+        conts = [ids(rng.randint(1, 8)) for _ in texts]
+        ctxs = [ids(rng.randint(1, 30)) for _ in range(k if contexts_form else 1)]
+        uncond = ids(rng.randint(1, 3))
+        ctx_of = (lambda c: ctxs[c]) if contexts_form else (lambda c: ctxs[0])
+        cont_of = (lambda c: conts[0]) if contexts_form else (lambda c: conts[c])
+        text_of = (lambda c: texts[0]) if contexts_form else (lambda c: texts[c])
+        ll = [loglik(ctx_of(c), cont_of(c)) for c in range(k)]
+        ll_u = [loglik(uncond, cont_of(c)) for c in range(k)]
+        scored = [text_of(c)[1:] if text_of(c).startswith(" ") else text_of(c) for c in range(k)]
+        per_char = [ll[c] / len(scored[c]) for c in range(k)]
+        ratio = [ll[c] / ll_u[c] for c in range(k)]
+        if min(best_gap(ll), best_gap(per_char), best_gap(ratio)) < 1e-3:
+            continue
+        label = rng.randrange(k)
+        piece = lambda i, t: {"ids": i, "text": t}  # noqa: E731
+        if contexts_form:
+            ex = {"contexts": ctxs, "continuation": piece(conts[0], texts[0]), "label": label}
+        else:
+            ex = {"context": ctxs[0], "continuations": [piece(c, t) for c, t in zip(conts, texts)], "label": label}
+        ex["unconditioned_context"] = uncond
+        examples.append(ex)
+        e = len(examples) - 1
+        rows += [{"example": e, "candidate": c, "unconditioned": False, "loglik": ll[c]} for c in range(k)]
+        rows += [{"example": e, "candidate": c, "unconditioned": True, "loglik": ll_u[c]} for c in range(k)]
+        argmax = lambda s: max(range(k), key=lambda c: (s[c], -c))  # noqa: E731  (the first highest)
+        acc += argmax(ll) == label
+        len_norm += argmax(per_char) == label
+        pmi += argmax(ratio) == label
+        bits += -ll[label] / len(scored[label].encode("utf-8")) / math.log(2)
+    n = len(examples)
+    jsonl = os.path.join(FIXTURES, "downstream_tiny.jsonl")
+    with open(jsonl, "w", encoding="utf-8") as f:
+        for ex in examples:
+            f.write(json.dumps(ex, ensure_ascii=False) + "\n")
+    expected = {"rows": rows, "metrics": {"acc": acc / n, "len_norm": len_norm / n, "pmi_dc": pmi / n,
+                                          "bpb": bits / n, "examples": n}, "dtype": "float64"}
+    out = os.path.join(FIXTURES, "downstream_tiny_expected.json")
+    with open(out, "w") as f:
+        json.dump(expected, f, indent=1)
+        f.write("\n")
+    print(f"== downstream: {n} examples, {len(rows)} rows; metrics {expected['metrics']}")
+    for p in (jsonl, out):
+        print(f"  wrote {os.path.relpath(p, os.path.dirname(HERE))}: {os.path.getsize(p)} bytes")
+
+
 def main():
     torch.set_num_threads(1)  # deterministic and cheap; the models are tiny
+    if sys.argv[1:] == ["downstream"]:
+        make_downstream()
+        return
     if sys.argv[1:] == ["lora"]:
         for name in LORA_CONFIGS:
             make_lora(name)

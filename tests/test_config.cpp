@@ -218,7 +218,7 @@ TEST_CASE(
     "config: memmap_dtype and the sample's tokenizer are read as their enums and other spellings refused by key") {
     Json d = minimal();
     CHECK(validate_config(d).data.memmap_dtype == TokenDtype::kUint16);
-    CHECK(validate_config(d).sample.tokenizer == Tokenizer::kBytes);
+    CHECK_FALSE(validate_config(d).sample.tokenizer);  // null: the run's
     d["data"]["memmap_dtype"] = "uint32";
     d["sample"] = {{"tokenizer", "dolma2"}};
     d["evaluators"] = Json::array({{{"label", "v"}, {"data", {{"paths", {"v.bin"}}, {"memmap_dtype", "uint32"}}}}});
@@ -235,6 +235,45 @@ TEST_CASE(
     bad = d;
     bad["sample"]["tokenizer"] = "neox";
     REQUIRE_THROWS_WITH(validate_config(bad), Contains("sample.tokenizer") && Contains("neox") && Contains("cl100k"));
+}
+
+TEST_CASE("config: tokenizer.identifier names the run's tokenizer by ours or by a Hugging Face or OLMo name") {
+    Json d = minimal();
+    const TrainConfig plain = validate_config(d);
+    CHECK(plain.tokenizer.identifier == "bytes");
+    CHECK(plain.tokenizer.known == Tokenizer::kBytes);
+    for (const auto& [identifier, tokenizer] :
+         std::vector<std::pair<std::string, Tokenizer>>{{"gpt2", Tokenizer::kGpt2},
+                                                        {"openai-community/gpt2", Tokenizer::kGpt2},
+                                                        {"cl100k_base", Tokenizer::kCl100k},
+                                                        {"allenai/dolma2-tokenizer", Tokenizer::kDolma2},
+                                                        {"tokenizers/allenai_dolma2.json", Tokenizer::kDolma2}}) {
+        CAPTURE(identifier);
+        d["tokenizer"] = {{"identifier", identifier}};
+        const TrainConfig c = validate_config(d);
+        CHECK(c.tokenizer.known == tokenizer);
+        CHECK(c.tokenizer.identifier == choice_name(tokenizer));  // kept by its short name
+        CHECK(c.tokenizer.require(std::nullopt, "x") == tokenizer);
+        CHECK(c.tokenizer.require(Tokenizer::kBytes, "x") == Tokenizer::kBytes);  // a key of its own wins
+    }
+    // The short form, and the config written back in the long one.
+    d["tokenizer"] = "cl100k";
+    const TrainConfig c = validate_config(d);
+    CHECK(c.tokenizer.known == Tokenizer::kCl100k);
+    CHECK(config_json(c)["tokenizer"] == Json{{"identifier", "cl100k"}});
+    // One the trainer does not have is kept, and refused by name where text is needed.
+    d["tokenizer"] = "EleutherAI/gpt-neox-20b";
+    const TrainConfig neox = validate_config(d);
+    CHECK_FALSE(neox.tokenizer.known);
+    CHECK(neox.tokenizer.identifier == "EleutherAI/gpt-neox-20b");
+    REQUIRE_THROWS_WITH(neox.tokenizer.require(std::nullopt, "config sample.prompt"),
+                        Contains("config sample.prompt needs text tokenized, and config tokenizer.identifier "
+                                 "\"EleutherAI/gpt-neox-20b\" is a tokenizer the trainer does not have"));
+    CHECK(neox.tokenizer.require(Tokenizer::kGpt2, "x") == Tokenizer::kGpt2);
+    d["tokenizer"] = {{"identifier", 7}};
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("tokenizer.identifier"));
+    d["tokenizer"] = {{"identifer", "gpt2"}};
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("tokenizer.identifer") && Contains("tokenizer.identifier"));
 }
 
 namespace {

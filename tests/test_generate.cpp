@@ -197,14 +197,14 @@ TEST_CASE("generate: the command continues prompts from a checkpoint and refuses
                                 "--max-duration", "2", "--set", "sample.interval=1", "--set", "sample.tokenizer=gpt2"});
     CHECK(sampling.exit_code != 0);
     CHECK_THAT(sampling.err, Contains("config sample.tokenizer gpt2: its 50257 ids do not fit the model's vocab_size"));
-    // The byte tokenizer (generate's default) on a model of a BPE vocabulary: its text would be garbage.
+    // The byte tokenizer (the run's, by default) on a model of a BPE vocabulary: its text would be garbage.
     const std::vector<std::string> bpe_sized = {"--set", "model.vocab_size=50304", "--set",
                                                 "model.embedding_size=50304"};
     std::vector<std::string> generate_bpe_sized = {"generate", "--config", "configs/tiny.json", "--prompt", "x"};
     generate_bpe_sized.insert(generate_bpe_sized.end(), bpe_sized.begin(), bpe_sized.end());
     const test_util::RunResult narrow = test_util::run_trainer(generate_bpe_sized);
     CHECK(narrow.exit_code != 0);
-    CHECK_THAT(narrow.err, Contains("generate --tokenizer bytes: its 257 ids are fewer than half the model's "
+    CHECK_THAT(narrow.err, Contains("config tokenizer.identifier bytes: its 257 ids are fewer than half the model's "
                                     "vocab_size 50304"));
     std::vector<std::string> sample_bpe_sized = {"--config",       "configs/tiny.json",
                                                  "--data",         test_util::fixture("olmo_tiny_tokens.u16"),
@@ -215,6 +215,22 @@ TEST_CASE("generate: the command continues prompts from a checkpoint and refuses
     const test_util::RunResult narrow_sample = test_util::run_trainer(sample_bpe_sized);
     CHECK(narrow_sample.exit_code != 0);
     CHECK_THAT(narrow_sample.err, Contains("config sample.tokenizer bytes: its 257 ids are fewer than half"));
+    // The run's tokenizer one the trainer does not have (OLMo-1B's): text is refused by name, ids are taken.
+    const test_util::RunResult neox = with({"--set", "tokenizer.identifier=EleutherAI/gpt-neox-20b", "--prompt", "x"});
+    CHECK(neox.exit_code != 0);
+    CHECK_THAT(neox.err, Contains("generate --prompt: config tokenizer.identifier \"EleutherAI/gpt-neox-20b\" is a "
+                                  "tokenizer the trainer does not have; give the prompts as ids (--prompt-ids)"));
+    const test_util::RunResult neox_ids = with(
+        {"--set", "tokenizer.identifier=EleutherAI/gpt-neox-20b", "--prompt-ids", "84, 104", "--max-new-tokens", "2"});
+    INFO(neox_ids.err);
+    CHECK(neox_ids.exit_code == 0);
+    std::vector<std::string> sample_neox = {
+        "--config", "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"),    "--max-duration", "2",
+        "--set",    "sample.interval=1", "--set",  "tokenizer.identifier=EleutherAI/gpt-neox-20b"};
+    const test_util::RunResult neox_sample = test_util::run_trainer(sample_neox);
+    CHECK(neox_sample.exit_code != 0);
+    CHECK_THAT(neox_sample.err, Contains("config sample.prompt needs text tokenized, and config tokenizer.identifier "
+                                         "\"EleutherAI/gpt-neox-20b\" is a tokenizer the trainer does not have"));
     const test_util::RunResult huge = with({"--prompt", "x", "--max-new-tokens", "2147483647"});
     CHECK(huge.exit_code != 0);
     CHECK_THAT(huge.err, Contains("generate --max-new-tokens: 2147483647; a prompt and its new tokens must fit "

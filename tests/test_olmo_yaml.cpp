@@ -77,14 +77,37 @@ TEST_CASE("olmo yaml: an OLMo-1B-style config resolves to configs/olmo_1b.json a
     CHECK(got["evaluators"][0]["label"] == "local-a-validation");
     CHECK(got["evaluators"][0]["data"]["paths"][0] == fixture("gpt2_tiny_tokens.u16"));
     CHECK(got["evaluators"][0]["subset_num_batches"] == 3);
-    // One warning line naming what has no effect.
-    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    // The run's tokenizer is OLMo's, which the trainer does not have: said by name on a line of its own.
+    CHECK(got["tokenizer"]["identifier"] == "tokenizers/allenai_eleuther-ai-gpt-neox-20b-pii-special.json");
+    CHECK_THAT(r.err, Contains("tokenizer.identifier \"tokenizers/allenai_eleuther-ai-gpt-neox-20b-pii-special.json\" "
+                               "is a tokenizer the trainer does not have"));
+    // Then one warning line naming what has no effect, the downstream evaluators with the files they looked for.
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 2);
     for (const char* k :
-         {"warning: ", "wandb", "compile", "speed_monitor", "tokenizer", "model.flash_attention", "model.init_device",
-          "data.num_workers", "save_interval_unsharded", "downstream evaluators piqa, hellaswag",
+         {"warning: ", "wandb", "compile", "speed_monitor", "tokenizer.truncate_direction", "model.flash_attention",
+          "model.init_device", "data.num_workers", "save_interval_unsharded",
+          "downstream evaluators without their examples: piqa (data/downstream/piqa.jsonl not found), hellaswag "
+          "(data/downstream/hellaswag.jsonl not found)",
           "evaluators small-ppl-validation (1 dataset at URLs"}) {
         CHECK_THAT(r.err, Contains(k));
     }
+    // With their files in the downstream folder, they run: evaluators of type downstream on those files, with
+    // eval_subset_num_batches.
+    test_util::write_file(dir.path("piqa.jsonl"), R"({"context": [1], "continuations": [[2], [3]], "label": 0})");
+    test_util::write_file(dir.path("hellaswag.jsonl"), R"({"context": [1], "continuations": [[2], [3]], "label": 1})");
+    const RunResult found =
+        show({"--save-folder", dir.path("ck")},
+             {"TRAINER_TEST_DATA=" + fixture("gpt2_tiny_tokens.u16"), "TRAINER_DOWNSTREAM_DIR=" + dir.path("")});
+    INFO(found.err);
+    REQUIRE(found.exit_code == 0);
+    const Json with_files = Json::parse(found.out);
+    REQUIRE(with_files["evaluators"].size() == 3);
+    CHECK(with_files["evaluators"][1]["label"] == "piqa");
+    CHECK(with_files["evaluators"][1]["type"] == "downstream");
+    CHECK(with_files["evaluators"][1]["data"]["paths"][0] == dir.path("") + "/piqa.jsonl");
+    CHECK(with_files["evaluators"][1]["subset_num_batches"] == 3);
+    CHECK(with_files["evaluators"][2]["label"] == "hellaswag");
+    CHECK_THAT(found.err, !Contains("downstream evaluators"));
     // --strict makes them an error.
     expect_error(show({"--save-folder", dir.path("ck"), "--strict"}), "OLMo keys with no effect here (--strict): ");
 }
@@ -110,8 +133,9 @@ TEST_CASE("olmo yaml: an OLMo2-1B-stage1-style config resolves to configs/olmo2_
     CHECK(got["save_interval"] == 1000);
     CHECK(got["save_num_checkpoints_to_keep"] == -1);
     CHECK(got["data"]["instance_filter"]["repetition_max_count"] == 32);
-    for (const char* k : {"save_num_checkpoints_to_keep: 0 (sharded checkpoints off", "save_interval_ephemeral",
-                          "sharded_checkpointer", "fused_loss", "downstream evaluators piqa"}) {
+    for (const char* k :
+         {"save_num_checkpoints_to_keep: 0 (sharded checkpoints off", "save_interval_ephemeral", "sharded_checkpointer",
+          "fused_loss", "downstream evaluators without their examples: piqa (data/downstream/piqa.jsonl"}) {
         CHECK_THAT(r.err, Contains(k));
     }
     // An ephemeral interval that is not a multiple of the checkpoints' is refused: it would save more often.

@@ -8,8 +8,8 @@
 namespace trainer {
 
 TextCodec::TextCodec(std::optional<Tokenizer> tokenizer, const std::string& dir, int eos, int model_vocab,
-                     const std::string& what)
-    : tokenizer_(tokenizer), eos_(eos) {
+                     const std::string& what, const std::string& no_text)
+    : tokenizer_(tokenizer), eos_(eos), no_text_(no_text) {
     if (tokenizer && *tokenizer != Tokenizer::kBytes) bpe_ = BpeTokenizer::load(*tokenizer, dir);
     if (vocab_size() > model_vocab) {
         user_error("{} {}: its {} ids do not fit the model's vocab_size {} (the tokenizer the data was made with?)",
@@ -30,7 +30,7 @@ int TextCodec::vocab_size() const {
     return bpe_ ? bpe_->vocab_size() : kByteVocabSize;
 }
 std::vector<int32_t> TextCodec::encode(const std::string& text, const std::string& what) const {
-    if (!has_text()) user_error("{}: --tokenizer none takes its prompts as ids (--prompt-ids)", what);
+    if (!has_text()) user_error("{}: {}", what, no_text_);
     return bpe_ ? bpe_->encode(text, what) : byte_encode(text);
 }
 std::string TextCodec::decode(const std::vector<int32_t>& ids) const {

@@ -20,8 +20,10 @@ class TextCodec {
     // For a model of `model_vocab` ids: a tokenizer whose ids do not all fit it is refused, naming `what` (the key or
     // flag that chose it), since its ids would read past the embedding table; so is one with fewer than half as many
     // ids (the byte tokenizer on a BPE model), which cannot be the tokenizer the model was trained with.
+    // Without a tokenizer, encode refuses text saying `no_text` (why there is none).
     TextCodec(std::optional<Tokenizer> tokenizer, const std::string& dir, int eos, int model_vocab,
-              const std::string& what);
+              const std::string& what,
+              const std::string& no_text = "--tokenizer none takes its prompts as ids (--prompt-ids)");
     ~TextCodec();
     bool has_text() const { return tokenizer_.has_value(); }
     int vocab_size() const;  // 0 without text
@@ -33,6 +35,7 @@ class TextCodec {
    private:
     std::optional<Tokenizer> tokenizer_;
     int eos_;
+    std::string no_text_;
     std::unique_ptr<BpeTokenizer> bpe_;
 };
 

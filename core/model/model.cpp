@@ -602,6 +602,13 @@ double Model::forward_loss(const int32_t* tokens, int batch, const uint8_t* labe
     return backend_->sum(act(losses_), static_cast<size_t>(batch) * T_);
 }
 
+void Model::forward_token_losses(const int32_t* tokens, int batch, float* losses) {
+    upload_tokens(tokens, batch, nullptr);
+    forward_blocks(batch, false);
+    head(batch, 0.0f, false);
+    backend_->copy_device_to_host(losses, act(losses_), static_cast<size_t>(batch) * T_ * sizeof(float));
+}
+
 LossSums accumulate_gradients(Strategy& strategy, Model& model, long accumulation, int batch, float dloss_scale,
                               const std::function<MicroBatchTokens(long)>& tokens_for) {
     strategy.zero_grads();

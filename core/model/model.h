@@ -59,6 +59,9 @@ class Model {
     // Forward and loss only (evaluation): the sum of the token losses of (batch, L) tokens (label_mask as
     // forward_backward's).
     double forward_loss(const int32_t* tokens, int batch, const uint8_t* label_mask = nullptr);
+    // Forward only: each position's loss, -log p(next token), of (batch, L) tokens into `losses` on the host,
+    // (batch, T) floats (downstream evaluation sums a continuation's).
+    void forward_token_losses(const int32_t* tokens, int batch, float* losses);
     // Forward only, the logits of (batch, L) tokens: rows r0.. r0+rows-1 of the (batch * T, embedding_size)
     // logits handed to `sink` in fp32 on the host, chunk by chunk (`trainer logits`).
     using LogitsSink = std::function<void(int r0, int rows, const float* logits)>;

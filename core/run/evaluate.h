@@ -6,6 +6,7 @@
 
 #include "base/config.h"
 #include "base/json.h"
+#include "core/data/downstream.h"
 
 namespace trainer {
 
@@ -25,10 +26,25 @@ class TokenDataset;
 double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& model, Strategy& strategy, long batch,
                 int* stop_signal);
 
-// Every evaluator of the run at `step`, in order: its loss on the console and in the step's record (val_loss: the
-// first's; val_losses: each one's where there are several; eval_time_ms). Returns the stop signal the ranks agreed
-// on between evaluation batches, or 0 (the record says which evaluator it interrupted).
-int run_evaluators(const TrainConfig& config, const std::vector<std::unique_ptr<TokenDataset>>& data, Model& model,
-                   Strategy& strategy, long step, Json& record, ProgressBar& bar);
+// Each row's log-likelihood (the sum of its continuation's token log-probabilities, in double, in position order),
+// the same on every rank and every world size: the rows go in global batches of up to `batch` (rows b*batch ..), batch
+// k on rank k % W, each padded with `pad`, so a batch holds the same rows whatever the world size; every rank runs as
+// many forwards (one past its share runs a row of batch 0 and keeps nothing), and the results are summed over the
+// ranks, where exactly one rank has each row. A stop agreed between forwards sets *stop_signal and returns {}.
+std::vector<double> score_downstream_rows(const DownstreamTask& task, const std::vector<DownstreamRow>& rows,
+                                          Model& model, Strategy& strategy, long batch, int32_t pad, int* stop_signal);
+
+// A downstream evaluator's metrics over its first examples (all, or subset_num_batches x `batch`).
+DownstreamMetrics evaluate_downstream(const DownstreamTask& task, const EvaluatorConfig& ev, Model& model,
+                                      Strategy& strategy, long batch, int32_t pad, int* stop_signal);
+
+// Every evaluator of the run at `step`, in order (sets[i] for an lm evaluator, tasks[i] for a downstream one): on the
+// console and in the step's record, an lm evaluator's loss (val_loss: the first's; val_losses: each one's where there
+// are several) and a downstream one's metrics (downstream: {label: {acc, len_norm, pmi_dc, bpb, examples}}, those the
+// task can give); eval_time_ms. Returns the stop signal the ranks agreed on between evaluation batches, or 0 (the
+// record says which evaluator it interrupted).
+int run_evaluators(const TrainConfig& config, const std::vector<std::unique_ptr<TokenDataset>>& sets,
+                   const std::vector<std::unique_ptr<DownstreamTask>>& tasks, Model& model, Strategy& strategy,
+                   long step, Json& record, ProgressBar& bar);
 
 }  // namespace trainer

@@ -45,8 +45,10 @@ void RunOutputs::write_trace() const {
 RunSample open_run_sample(const TrainConfig& config) {
     const ModelConfig& m = config.model;
     RunSample s;
-    s.codec = std::make_unique<TextCodec>(config.sample.tokenizer, default_tokenizer_dir(), m.eos_token_id,
-                                          m.vocab_size, "config sample.tokenizer");
+    const Tokenizer tokenizer = config.tokenizer.require(config.sample.tokenizer, "config sample.prompt");
+    s.codec = std::make_unique<TextCodec>(
+        tokenizer, default_tokenizer_dir(), m.eos_token_id, m.vocab_size,
+        config.sample.tokenizer ? "config sample.tokenizer" : "config tokenizer.identifier");
     s.prompt = s.codec->encode(config.sample.prompt, "config sample.prompt");
     if (s.prompt.empty()) s.prompt.push_back(static_cast<int32_t>(m.eos_token_id));
     const long positions = static_cast<long>(s.prompt.size()) + config.sample.max_new_tokens;

@@ -2,6 +2,8 @@
 #include "core/run/run_data.h"
 
 #include "base/common.h"
+#include "core/data/bpe.h"
+#include "core/data/text_codec.h"
 
 namespace trainer {
 
@@ -27,8 +29,33 @@ RunData open_run_data(const TrainConfig& config) {
         paths, config.data.memmap_dtype, m.max_sequence_length, m.vocab_size,
         sources.empty() ? "data.paths" : "data.sources[].paths", masks,
         sources.empty() ? "data.label_mask_paths" : "data.sources[].label_mask_paths (all sources' files in order)");
+    // Downstream examples written as text are tokenized with the run's tokenizer, loaded when the first text comes.
+    std::unique_ptr<TextCodec> codec;
+    const TokenizerConfig& tok = config.tokenizer;
+    DownstreamEncoder encode;
+    if (tok.known) {
+        encode = [&](const std::string& text) {
+            if (!codec) {
+                codec = std::make_unique<TextCodec>(*tok.known, default_tokenizer_dir(), m.eos_token_id, m.vocab_size,
+                                                    "config tokenizer.identifier");
+            }
+            return codec->encode(text, "a downstream example");
+        };
+    }
+    const std::string no_text = fmt::format(
+        "config tokenizer.identifier \"{}\" is a tokenizer the trainer does not have (it has bytes, gpt2, cl100k and "
+        "dolma2): give token ids instead (scripts/make_downstream_jsonl.py --tokenizer-json writes them)",
+        tok.identifier);
     for (size_t i = 0; i < config.evaluators.size(); ++i) {
         const auto& ev = config.evaluators[i];
+        if (ev.type == EvaluatorType::kDownstream) {
+            r.evals.push_back(nullptr);
+            r.tasks.push_back(std::make_unique<DownstreamTask>(read_downstream_task(
+                ev.paths, fmt::format("evaluators[{}] ({})", i, ev.label), static_cast<int>(m.max_sequence_length),
+                static_cast<int>(m.vocab_size), encode, no_text)));
+            continue;
+        }
+        r.tasks.push_back(nullptr);
         r.evals.push_back(std::make_unique<TokenDataset>(
             ev.paths, ev.memmap_dtype, m.max_sequence_length, m.vocab_size, fmt::format("evaluators[{}].data.paths", i),
             ev.label_mask_paths, fmt::format("evaluators[{}].data.label_mask_paths", i)));

@@ -9,13 +9,15 @@
 
 #include "base/config.h"
 #include "core/data/data.h"
+#include "core/data/downstream.h"
 #include "core/data/mixture.h"
 
 namespace trainer {
 
 struct RunData {
     std::unique_ptr<TokenDataset> train;
-    std::vector<std::unique_ptr<TokenDataset>> evals;  // evaluators[i]'s
+    std::vector<std::unique_ptr<TokenDataset>> evals;    // evaluators[i]'s where type lm (else null)
+    std::vector<std::unique_ptr<DownstreamTask>> tasks;  // evaluators[i]'s where type downstream (else null)
     std::unique_ptr<BatchOrder> order;
     const MixtureOrder* mixture = nullptr;  // `order`, where data.sources is a mixture
     long total_steps = 0;
