@@ -8,8 +8,10 @@
 
 #include "base/layout.h"
 #include "core/data/data.h"
+#include "core/data/downstream.h"
 #include "core/model/init.h"
 #include "core/model/model.h"
+#include "core/run/evaluate.h"
 #include "core/weights/hf_names.h"
 #include "core/weights/safetensors.h"
 #include "kernels/backend.h"
@@ -93,6 +95,51 @@ inline void check_against_fixture(const std::string& name, trainer::Device devic
         CAPTURE(tname);
         CHECK(std::sqrt(err2 / std::max(ref2, 1e-300)) <= grad_rel);
     }
+}
+
+// A multiple-choice task on olmo_tiny's initial weights against PyTorch (tests/make_fixtures.py downstream: 18
+// examples of ids, both forms, contexts cut from the left, unconditioned contexts, texts of 1- to 4-byte characters):
+// each row's log-likelihood within `rel` of the float64 one (relative, at least 1 absolute), on `device`; with
+// `same_argmax`, OLMo's metrics equal the fixture's exactly (the same argmax on every example) and bpb within `rel`.
+inline void check_downstream_against_fixture(trainer::Device device, double rel, const trainer::BackendOptions& options,
+                                             bool same_argmax) {
+    const TrainConfig config = fixture_config("olmo");
+    const Json expected = Json::parse(test_util::read_file(fixture("downstream_tiny_expected.json")));
+    auto backend = make_backend(device, options);
+    const ParamLayout layout(config);
+    auto strategy = make_single_strategy(backend.get(), layout);
+    const std::string init = fixture("olmo_tiny_init.safetensors");
+    const auto init_tensors = read_safetensors(init);
+    load_initial_params(config, layout, *strategy, &init_tensors, init);
+    const int batch = 5;  // rows split across batches, the last one short
+    Model model(config, layout, backend.get(), strategy.get(), batch);
+    const DownstreamTask task =
+        read_downstream_task({fixture("downstream_tiny.jsonl")}, "fixture", 17, 90, nullptr, "ids only");
+    REQUIRE(task.examples.size() == expected["metrics"]["examples"].get<size_t>());
+    REQUIRE(task.pmi);
+    REQUIRE(task.lengths);
+    const std::vector<DownstreamRow> rows = downstream_rows(task, static_cast<int64_t>(task.examples.size()));
+    REQUIRE(rows.size() == expected["rows"].size());
+    int sig = 0;
+    const std::vector<double> ll = score_downstream_rows(task, rows, model, *strategy, batch, 89, &sig);
+    REQUIRE(sig == 0);
+    REQUIRE(ll.size() == rows.size());
+    for (size_t r = 0; r < rows.size(); ++r) {
+        const Json& want = expected["rows"][r];
+        CAPTURE(r, want.dump());
+        REQUIRE(rows[r].example == want["example"].get<int64_t>());
+        REQUIRE(rows[r].candidate == want["candidate"].get<int>());
+        REQUIRE(rows[r].unconditioned == want["unconditioned"].get<bool>());
+        const double ref = want["loglik"].get<double>();
+        CHECK(std::fabs(ll[r] - ref) <= rel * std::max(1.0, std::fabs(ref)));
+    }
+    if (!same_argmax) return;
+    const DownstreamMetrics m = downstream_metrics(task, rows, ll);
+    const Json& em = expected["metrics"];
+    CHECK(m.acc == em["acc"].get<double>());
+    CHECK(m.len_norm == em["len_norm"].get<double>());
+    CHECK(m.pmi_dc == em["pmi_dc"].get<double>());
+    CHECK(std::fabs(m.bpb - em["bpb"].get<double>()) <= rel * em["bpb"].get<double>());
 }
 
 }  // namespace test_util

@@ -2,6 +2,7 @@
 // (tests/make_fixtures.py downstream), the same scores on every world size and strategy and after a resume, bad files
 // refused before step 1, and OLMo's YAML entries.
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <string>
@@ -9,7 +10,7 @@
 
 #include "core/data/downstream.h"
 #include "core/data/tokenizer.h"
-#include "core/run/evaluate.h"
+#include "core/tensorboard.h"
 #include "model_check.h"
 #include "test_util.h"
 
@@ -161,53 +162,17 @@ TEST_CASE("downstream: acc len_norm pmi_dc and bpb follow OLMo's definitions wit
 }
 
 TEST_CASE("downstream: a tiny OLMo's log-likelihoods and metrics match PyTorch's over the same examples") {
-    // tests/make_fixtures.py downstream: 18 examples of olmo_tiny's ids (both forms, contexts cut from the left,
-    // unconditioned contexts, texts of 1- to 4-byte characters for the lengths), scored in float64 by PyTorch.
-    const TrainConfig config = test_util::fixture_config("olmo");
-    const Json expected = Json::parse(test_util::read_file(fixture("downstream_tiny_expected.json")));
-    auto backend = make_backend(Device::kCpu, {});
-    const ParamLayout layout(config);
-    auto strategy = make_single_strategy(backend.get(), layout);
-    const std::string init = fixture("olmo_tiny_init.safetensors");
-    const auto init_tensors = read_safetensors(init);
-    load_initial_params(config, layout, *strategy, &init_tensors, init);
-    const int batch = 5;  // rows split across batches, the last one short
-    Model model(config, layout, backend.get(), strategy.get(), batch);
-    const DownstreamTask task =
-        read_downstream_task({fixture("downstream_tiny.jsonl")}, "fixture", 17, 90, nullptr, "ids only");
-    REQUIRE(task.examples.size() == expected["metrics"]["examples"].get<size_t>());
-    REQUIRE(task.pmi);
-    REQUIRE(task.lengths);
-    const std::vector<DownstreamRow> rows = downstream_rows(task, static_cast<int64_t>(task.examples.size()));
-    REQUIRE(rows.size() == expected["rows"].size());
-    int sig = 0;
-    const std::vector<double> ll = score_downstream_rows(task, rows, model, *strategy, batch, 89, &sig);
-    REQUIRE(sig == 0);
-    REQUIRE(ll.size() == rows.size());
-    for (size_t r = 0; r < rows.size(); ++r) {
-        const Json& want = expected["rows"][r];
-        CAPTURE(r, want.dump());
-        REQUIRE(rows[r].example == want["example"].get<int64_t>());
-        REQUIRE(rows[r].candidate == want["candidate"].get<int>());
-        REQUIRE(rows[r].unconditioned == want["unconditioned"].get<bool>());
-        const double ref = want["loglik"].get<double>();
-        CHECK(std::fabs(ll[r] - ref) <= 1e-5 * std::max(1.0, std::fabs(ref)));
-    }
-    const DownstreamMetrics m = downstream_metrics(task, rows, ll);
-    const Json& em = expected["metrics"];
-    // The same argmax everywhere: the shares are equal exactly.
-    CHECK(m.acc == em["acc"].get<double>());
-    CHECK(m.len_norm == em["len_norm"].get<double>());
-    CHECK(m.pmi_dc == em["pmi_dc"].get<double>());
-    CHECK(std::fabs(m.bpb - em["bpb"].get<double>()) <= 1e-5 * em["bpb"].get<double>());
+    // fp32 on the CPU backend: every row within 1e-5 and the same argmax everywhere (tests/model_check.h).
+    test_util::check_downstream_against_fixture(Device::kCpu, 1e-5, {}, true);
 }
 
 TEST_CASE("downstream: the scores are identical on 1 2 and 3 ranks under DDP and FSDP and after a resume") {
     TempDir dir;
     const std::string task = fixture("downstream_tiny.jsonl");
     // One process, 4 steps, scored at steps 0 (eval_on_startup), 2 and 4, saving at step 2.
-    const auto one = test_util::run_trainer(with(tiny_with_task(task, "4", dir.path("one.jsonl")),
-                                                 {"--save-folder", dir.path("ck"), "--set", "save_interval=2"}));
+    const auto one = test_util::run_trainer(
+        with(tiny_with_task(task, "4", dir.path("one.jsonl")),
+             {"--save-folder", dir.path("ck"), "--set", "save_interval=2", "--tensorboard-dir", dir.path("tb")}));
     INFO(one.out << one.err);
     REQUIRE(one.exit_code == 0);
     CHECK_THAT(one.out, Contains("step 0 | eval mc | acc ") && Contains("(18 examples)"));
@@ -218,6 +183,20 @@ TEST_CASE("downstream: the scores are identical on 1 2 and 3 ranks under DDP and
     CHECK(start["examples"] == 18);
     for (const char* metric : {"acc", "len_norm", "pmi_dc", "bpb"}) CHECK(start.contains(metric));
     CHECK(ref.at(4) != ref.at(0));  // training changed the scores: the comparisons below could fail
+    // TensorBoard has them under downstream/<label>/<metric>, at step 0 too.
+    std::map<std::pair<long, std::string>, float> tb;
+    for (const auto& entry : std::filesystem::directory_iterator(dir.path("tb"))) {
+        for (const TensorBoardScalar& v : read_tensorboard_scalars(entry.path().string()))
+            tb[{v.step, v.tag}] = v.value;
+    }
+    for (const long step : {0L, 2L, 4L}) {
+        for (const char* metric : {"acc", "len_norm", "pmi_dc", "bpb"}) {
+            CAPTURE(step, metric);
+            REQUIRE(tb.count({step, std::string("downstream/mc/") + metric}) == 1);
+            CHECK(tb.at({step, std::string("downstream/mc/") + metric}) ==
+                  static_cast<float>(ref.at(step).at("mc").at(metric).get<double>()));
+        }
+    }
     // 2 and 3 ranks, DDP and FSDP (fp32 parameters, FULL_SHARD and SHARD_GRAD_OP): the same weights at step 0 score
     // the same to the last digit.
     for (const auto& [ranks, strategy] : std::vector<std::pair<int, std::vector<std::string>>>{
@@ -308,4 +287,57 @@ TEST_CASE("downstream: bad files end the run before step 1 with the file and lin
          R"(evaluators=[{"label": "mc", "type": "downstream", "data": {"paths": ["x"], "label_mask_paths": ["y"]}}])"}));
     CHECK(masks.exit_code != 0);
     CHECK_THAT(masks.err, Contains("config evaluators[0].data.label_mask_paths: a downstream evaluator scores"));
+}
+
+TEST_CASE("downstream: an OLMo YAML runs the downstream evaluators whose files exist and names the others") {
+    TempDir dir;
+    // OLMo's layout: downstream entries by label only, and a tokenizer the trainer does not have (ids still run).
+    test_util::write_file(dir.path("tiny.yaml"), R"(run_name: tiny-olmo
+seed: 6198
+model:
+  d_model: 32
+  n_heads: 4
+  n_layers: 2
+  mlp_ratio: 4
+  vocab_size: 90
+  embedding_size: 96
+  max_sequence_length: 17
+optimizer:
+  name: adamw
+  learning_rate: 4.0e-3
+scheduler:
+  name: constant
+tokenizer:
+  identifier: tokenizers/allenai_eleuther-ai-gpt-neox-20b-pii-special.json
+  truncate_direction: right
+global_train_batch_size: 8
+device_train_microbatch_size: 2
+max_duration: 2
+eval_interval: 2
+evaluators:
+  - label: piqa
+    type: downstream
+  - label: hellaswag
+    type: downstream
+data:
+  paths:
+    - )" + fixture("olmo_tiny_tokens.u16") + "\n");
+    std::filesystem::create_directories(dir.path("downstream"));
+    test_util::write_file(dir.path("downstream/piqa.jsonl"),
+                          R"({"context": [1, 2, 3], "continuations": [[4, 5], [6]], "label": 1})"
+                          "\n");
+    const auto r = test_util::run_trainer(
+        {"--config", dir.path("tiny.yaml"), "--metrics-file", dir.path("m.jsonl"), "--threads", "1"},
+        {"TRAINER_DOWNSTREAM_DIR=" + dir.path("downstream")});
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Contains("step 2 | eval piqa | acc "));
+    CHECK_THAT(r.out, !Contains("eval hellaswag"));
+    CHECK_THAT(r.err, Contains("downstream evaluators without their examples: hellaswag (" + dir.path("downstream") +
+                               "/hellaswag.jsonl not found)"));
+    CHECK_THAT(r.err, Contains("tokenizer.identifier \"tokenizers/allenai_eleuther-ai-gpt-neox-20b-pii-special.json\" "
+                               "is a tokenizer the trainer does not have"));
+    const auto scored = downstream_by_step(dir.path("m.jsonl"));
+    REQUIRE(scored.count(2) == 1);
+    CHECK(scored.at(2).at("piqa").at("examples") == 1);
 }

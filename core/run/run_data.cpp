@@ -44,7 +44,7 @@ RunData open_run_data(const TrainConfig& config) {
     }
     const std::string no_text = fmt::format(
         "config tokenizer.identifier \"{}\" is a tokenizer the trainer does not have (it has bytes, gpt2, cl100k and "
-        "dolma2): give token ids instead (scripts/make_downstream_jsonl.py --tokenizer-json writes them)",
+        "dolma2): give token ids instead (scripts/make_downstream_jsonl.py --hf-tokenizer writes them)",
         tok.identifier);
     for (size_t i = 0; i < config.evaluators.size(); ++i) {
         const auto& ev = config.evaluators[i];

@@ -1,8 +1,8 @@
 // GPU tests above the kernels (each kernel against the CPU is in test_gpu_kernels.cpp): the full model
-// against the PyTorch fixtures, 20 training steps against the CPU backend, every strategy over a one-rank NCCL
-// communicator, two ranks on two GPUs ([multigpu]; ranks sharing one GPU are test_gpu_ranks.cpp's), CPU offload
-// against the resident run, bench-kernels' bf16 Linear ceiling, and the utilisation metrics and device tracks of a
-// trace.
+// against the PyTorch fixtures (losses, gradients and a downstream task's log-likelihoods), 20 training steps against
+// the CPU backend, every strategy over a one-rank NCCL communicator, two ranks on two GPUs ([multigpu]; ranks sharing
+// one GPU are test_gpu_ranks.cpp's), CPU offload against the resident run, bench-kernels' bf16 Linear ceiling, and the
+// utilisation metrics and device tracks of a trace.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -58,6 +58,15 @@ TEST_CASE("gpu: full model loss and gradients match the PyTorch fixtures") {
         amp.bf16_operands = true;
         test_util::check_against_fixture(name, Device::kCuda, 2e-2, amp, 5e-2);
     }
+}
+
+TEST_CASE("gpu: downstream log-likelihoods match the PyTorch fixture in fp32 and amp_bf16") {
+    // fp32: as the CPU backend, each row within 1e-5 and the same argmax on every example.
+    test_util::check_downstream_against_fixture(Device::kCuda, 1e-5, {}, true);
+    // amp_bf16 (bf16 operands): each row's sum of up to 8 log-probabilities within 2e-2.
+    BackendOptions amp;
+    amp.bf16_matmuls = amp.bf16_operands = true;
+    test_util::check_downstream_against_fixture(Device::kCuda, 2e-2, amp, false);
 }
 
 TEST_CASE("gpu: 20 training steps match the CPU backend in fp32 and amp_bf16 (native cuDNN and auto attention)") {
