@@ -217,6 +217,30 @@ r = json.loads(open(sys.argv[1]).read().strip().split('\n')[-1])
 print(f\"{r.get('architecture')}: max logit difference {r.get('max_abs_logit_difference', float('nan')):.2e}, \"
       f\"greedy tokens equal {r.get('greedy_tokens_equal')}\")" "$logs/hf_${name}_check.log" 2>/dev/null || echo 'no result')"
                     rm -rf "$logs/hf_${name}_ck"
+                    # LoRA's adapter as PEFT loads it: 2 steps of LoRA on every module of the fixture's LoRA targets
+                    # from that export, exported with --adapter; peft's model on the export and the trainer's
+                    # (lora.init_from the same adapter) give the same logits.
+                    if [[ ($name == llama || $name == gpt2) && -d "$logs/hf_$name" ]] && have_python peft; then
+                        targets=$(python3 -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))['targets']))" \
+                            "${fixture}_lora_expected.json")
+                        step "peft_${name}_train" 60 "$trainer" --config "$fixture.json" --init-from "$logs/hf_$name" \
+                            --device cpu --max-duration 2 --set lora.enabled=true --set lora.r=4 --set lora.alpha=6 \
+                            --set "lora.targets=$targets" --set optimizer.learning_rate=0.05 \
+                            --save-folder "$logs/peft_${name}_ck" &&
+                            step "peft_${name}_export" 60 "$trainer" export --checkpoint "$logs/peft_${name}_ck/step2" \
+                                --adapter -o "$logs/peft_${name}_adapter" &&
+                            step "peft_${name}_check" 120 python3 scripts/check_hf_export.py --config "$fixture.json" \
+                                --dir "$logs/hf_$name" --adapter "$logs/peft_${name}_adapter" \
+                                --data "${fixture}_tokens.u16" --trainer "$trainer"
+                        figure "$name + PEFT adapter: $(python3 -c "
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().split('\n')[-1])
+print(f\"{r.get('architecture')} with peft's adapter: max logit difference {r.get('max_abs_logit_difference', float('nan')):.2e}, \"
+      f\"out of tolerance {r.get('logits_out_of_tolerance')}\")" "$logs/peft_${name}_check.log" 2>/dev/null || echo 'no result')"
+                        rm -rf "$logs/peft_${name}_ck"
+                    elif [[ $name == llama ]] && ! have_python peft; then
+                        skip_part "peft is not installed (loading the exported LoRA adapters)"
+                    fi
                 done
             else
                 skip_part "transformers is not installed (the exports' logits and greedy tokens)"
