@@ -341,3 +341,48 @@ data:
     REQUIRE(scored.count(2) == 1);
     CHECK(scored.at(2).at("piqa").at("examples") == 1);
 }
+
+TEST_CASE("downstream: a model built for the rows' own length scores them as the full-length model does") {
+    // olmo_tiny (RoPE: no parameter depends on the length) at 256 tokens, and the same parameters built for 64.
+    TrainConfig config = test_util::fixture_config("olmo");
+    config.model.max_sequence_length = 256;
+    auto backend = make_backend(Device::kCpu, {});
+    const ParamLayout layout(config);
+    auto strategy = make_single_strategy(backend.get(), layout);
+    const std::string init = fixture("olmo_tiny_init.safetensors");
+    const auto init_tensors = read_safetensors(init);
+    load_initial_params(config, layout, *strategy, &init_tensors, init);
+    const DownstreamTask task =
+        read_downstream_task({fixture("downstream_tiny.jsonl")}, "fixture", 256, 90, nullptr, "ids only");
+    std::vector<std::unique_ptr<DownstreamTask>> tasks;
+    tasks.push_back(nullptr);  // an lm evaluator's place
+    tasks.push_back(std::make_unique<DownstreamTask>(task));
+    CHECK(task.longest == 37);  // contexts of up to 30 ids and continuations of up to 8, none cut at 256
+    CHECK(downstream_length(config, tasks) == 64);
+    TrainConfig short_config = config;
+    short_config.model.max_sequence_length = 64;
+    Model full(config, layout, backend.get(), strategy.get(), 4);
+    Model own(short_config, layout, backend.get(), strategy.get(), 4);
+    const std::vector<DownstreamRow> rows = downstream_rows(task, static_cast<int64_t>(task.examples.size()));
+    int sig = 0;
+    const std::vector<double> a = score_downstream_rows(task, rows, full, *strategy, 4, 89, &sig);
+    const std::vector<double> b = score_downstream_rows(task, rows, own, *strategy, 4, 89, &sig);
+    REQUIRE(a.size() == rows.size());
+    REQUIRE(b.size() == rows.size());
+    for (size_t r = 0; r < rows.size(); ++r) {
+        CAPTURE(r);
+        CHECK(std::fabs(a[r] - b[r]) <= 1e-6 * std::fabs(a[r]));
+    }
+    // A run says which length it scores at; a task as long as the model scores in the training instances.
+    TempDir dir;
+    const auto run =
+        test_util::run_trainer(with(tiny_with_task(fixture("downstream_tiny.jsonl"), "1", dir.path("m.jsonl")),
+                                    {"--set", "model.max_sequence_length=128"}));
+    INFO(run.out << run.err);
+    REQUIRE(run.exit_code == 0);
+    CHECK_THAT(run.out, Contains("downstream: rows of up to 37 tokens, scored in instances of 64 tokens, at their own "
+                                 "length (the model's is 128)"));
+    const auto same =
+        test_util::run_trainer(tiny_with_task(fixture("downstream_tiny.jsonl"), "1", dir.path("n.jsonl")));
+    CHECK_THAT(same.out, Contains("downstream: rows of up to 17 tokens, scored in the model's instances of 17 tokens"));
+}

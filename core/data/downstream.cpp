@@ -204,6 +204,14 @@ DownstreamTask read_downstream_task(const std::vector<std::string>& paths, const
             if (record.find_first_not_of(" \t\r") == std::string_view::npos) continue;
             task.examples.push_back(read_example(std::string(record), where, seq_len, vocab, encode, no_text));
             const DownstreamExample& ex = task.examples.back();
+            for (int c = 0; c < ex.candidates(); ++c) {
+                const int n = static_cast<int>(ex.continuation(c).size());
+                const auto row = [&](const std::vector<int32_t>& context) {
+                    return std::min(static_cast<int>(context.size()), seq_len - n) + n;
+                };
+                task.longest = std::max(task.longest, row(ex.context(c)));
+                if (!ex.unconditioned.empty()) task.longest = std::max(task.longest, row(ex.unconditioned_of(c)));
+            }
             all_text = all_text && !ex.chars.empty();
             if (task.examples.size() == 1) {
                 first_where = fmt::format("{} line {}", path, line);

@@ -45,6 +45,7 @@ struct DownstreamTask {
     std::vector<DownstreamExample> examples;
     bool pmi = false;      // every example has an unconditioned context: pmi_dc
     bool lengths = false;  // every continuation's text is known: len_norm and bpb
+    int longest = 0;       // the longest row laid out (lay_out_row), in tokens: its context as cut, its continuation
 };
 
 // What tokenizes a task's text, or null where the run has no tokenizer for text (`no_text` then says why).

@@ -71,6 +71,15 @@ double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& mode
     return sums[1] > 0.0 ? sums[0] / sums[1] : 0.0;  // a set whose masks leave nothing in the loss: 0
 }
 
+long downstream_length(const TrainConfig& config, const std::vector<std::unique_ptr<DownstreamTask>>& tasks) {
+    long longest = 0;
+    for (const auto& task : tasks) {
+        if (task) longest = std::max<long>(longest, task->longest);
+    }
+    if (longest == 0) return 0;
+    return std::min<long>(config.model.max_sequence_length, (longest + 63) / 64 * 64);
+}
+
 std::vector<double> score_downstream_rows(const DownstreamTask& task, const std::vector<DownstreamRow>& rows,
                                           Model& model, Strategy& strategy, long batch, int32_t pad, int* stop_signal) {
     const int L = model.positions() + 1, T = model.positions();
@@ -118,8 +127,8 @@ DownstreamMetrics evaluate_downstream(const DownstreamTask& task, const Evaluato
 }
 
 int run_evaluators(const TrainConfig& config, const std::vector<std::unique_ptr<TokenDataset>>& sets,
-                   const std::vector<std::unique_ptr<DownstreamTask>>& tasks, Model& model, Strategy& strategy,
-                   long step, Json& record, ProgressBar& bar) {
+                   const std::vector<std::unique_ptr<DownstreamTask>>& tasks, Model& model, Model& downstream_model,
+                   Strategy& strategy, long step, Json& record, ProgressBar& bar) {
     const auto t0 = std::chrono::steady_clock::now();
     Json losses = Json::object(), downstream = Json::object();
     for (size_t i = 0; i < config.evaluators.size(); ++i) {
@@ -129,7 +138,7 @@ int run_evaluators(const TrainConfig& config, const std::vector<std::unique_ptr<
         std::string line;
         if (ev.type == EvaluatorType::kDownstream) {
             const DownstreamMetrics m =
-                evaluate_downstream(*tasks[i], ev, model, strategy, config.device_eval_batch_size,
+                evaluate_downstream(*tasks[i], ev, downstream_model, strategy, config.device_eval_batch_size,
                                     static_cast<int32_t>(config.model.eos_token_id), &sig);
             if (sig == 0) {
                 Json scores = {{"acc", m.acc}};

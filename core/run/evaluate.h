@@ -26,6 +26,13 @@ class TokenDataset;
 double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& model, Strategy& strategy, long batch,
                 int* stop_signal);
 
+// The instance length downstream evaluation runs at: the tasks' longest row (tasks[i] null where evaluator i is not
+// downstream) rounded up to a multiple of 64, at most model.max_sequence_length; 0 without a downstream evaluator.
+// A row's scores do not depend on the positions after it (attention is causal), so a model built for this length
+// scores the rows as the full one does, at the cost of their own length (a 2,048-token model scores a 60-token
+// question in a 64-token instance, as OLMo pads its batches to their longest row).
+long downstream_length(const TrainConfig& config, const std::vector<std::unique_ptr<DownstreamTask>>& tasks);
+
 // Each row's log-likelihood (the sum of its continuation's token log-probabilities, in double, in position order),
 // the same on every rank and every world size: the rows go in global batches of up to `batch` (rows b*batch ..), batch
 // k on rank k % W, each padded with `pad`, so a batch holds the same rows whatever the world size; every rank runs as
@@ -38,13 +45,14 @@ std::vector<double> score_downstream_rows(const DownstreamTask& task, const std:
 DownstreamMetrics evaluate_downstream(const DownstreamTask& task, const EvaluatorConfig& ev, Model& model,
                                       Strategy& strategy, long batch, int32_t pad, int* stop_signal);
 
-// Every evaluator of the run at `step`, in order (sets[i] for an lm evaluator, tasks[i] for a downstream one): on the
+// Every evaluator of the run at `step`, in order (sets[i] for an lm evaluator, tasks[i] for a downstream one, scored by
+// `downstream_model`, built for downstream_length): on the
 // console and in the step's record, an lm evaluator's loss (val_loss: the first's; val_losses: each one's where there
 // are several) and a downstream one's metrics (downstream: {label: {acc, len_norm, pmi_dc, bpb, examples}}, those the
 // task can give); eval_time_ms. Returns the stop signal the ranks agreed on between evaluation batches, or 0 (the
 // record says which evaluator it interrupted).
 int run_evaluators(const TrainConfig& config, const std::vector<std::unique_ptr<TokenDataset>>& sets,
-                   const std::vector<std::unique_ptr<DownstreamTask>>& tasks, Model& model, Strategy& strategy,
-                   long step, Json& record, ProgressBar& bar);
+                   const std::vector<std::unique_ptr<DownstreamTask>>& tasks, Model& model, Model& downstream_model,
+                   Strategy& strategy, long step, Json& record, ProgressBar& bar);
 
 }  // namespace trainer
