@@ -102,6 +102,12 @@ ParamLayout::ParamLayout(const TrainConfig& config) {
         }
         units_.push_back(std::move(a));
     }
+    if (const auto head = lora_head_module(m, config.lora.targets)) {
+        Unit a{"lora.head", {}, 0};
+        add(a, "lm_head.lora_A.weight", {r, head->in}, ParamKind::kLoraA, -1, opt);
+        add(a, "lm_head.lora_B.weight", {head->rows(), r}, ParamKind::kLoraB, -1, opt);
+        units_.push_back(std::move(a));
+    }
 }
 
 size_t ParamLayout::trainable_numel() const {

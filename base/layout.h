@@ -4,10 +4,11 @@
 // wpe without RoPE), "block.<i>" for each transformer block, and "head" (final norm, and the LM head
 // when it is not tied to wte). With LoRA (lora.enabled) those units are frozen (no gradient, no optimizer
 // state, never reduced) and one more unit a block follows the head, "lora.<i>": the block's adapters, each
-// target module's A (r, in) then B (rows, r) in base/lora.h's order, the only parameters trained. Each unit's
-// parameters are packed into one flat buffer in the order listed here; a strategy may pad a unit's buffer so it splits
-// evenly across ranks (padding follows the last parameter and is never read by the model). Names are OLMo's
-// (transformer.blocks.N.att_proj
+// target module's A (r, in) then B (rows, r) in base/lora.h's order, the only parameters trained; then, with lm_head
+// among the targets, "lora.head": lm_head.lora_A.weight (r, d_model) and lm_head.lora_B.weight (embedding_size, r).
+// Each unit's parameters are packed into one flat buffer in the order listed here; a strategy may pad a unit's buffer
+// so it splits evenly across ranks (padding follows the last parameter and is never read by the model). Names are
+// OLMo's (transformer.blocks.N.att_proj
 // ...); Hugging Face names are mapped in hf_names.cpp for import and export.
 #pragma once
 
@@ -70,6 +71,9 @@ class ParamLayout {
     // Block `layer`'s LoRA adapters' unit; -1 without LoRA.
     int adapter_unit(int layer) const { return has_adapters() ? num_layers_ + 2 + layer : -1; }
     bool has_adapters() const { return num_units() > num_layers_ + 2; }
+    // The LM head's adapter's unit ("lora.head", after the blocks' adapters) where lora.targets names lm_head; -1
+    // otherwise.
+    int head_adapter_unit() const { return num_units() > 2 * num_layers_ + 2 ? 2 * num_layers_ + 2 : -1; }
     // The elements of the units that are trained (all but the frozen ones).
     size_t trainable_numel() const;
     // LoRA: what the frozen units hold, once loaded (the checksum of init_from's tensors, or the seed's

@@ -45,9 +45,18 @@ std::vector<LoraModule> all_modules(const ModelConfig& m) {
 
 }  // namespace
 
+// The LM head's adapter: its id follows every block module's (the dropout masks' key).
+LoraModule head_module(const ModelConfig& m) {
+    LoraModule mod;
+    mod.name = "lm_head", mod.linear = LoraLinear::kHead, mod.row_begin = 0, mod.row_end = m.embedding_size;
+    mod.in = m.d_model, mod.id = 15;
+    return mod;
+}
+
 std::vector<std::string> lora_module_names(const ModelConfig& m) {
     std::vector<std::string> names;
     for (const LoraModule& mod : all_modules(m)) names.push_back(mod.name);
+    if (!m.weight_tying) names.push_back("lm_head");
     return names;
 }
 
@@ -62,10 +71,14 @@ std::vector<LoraModule> lora_modules(const ModelConfig& m, const std::vector<std
     const std::vector<std::string> wanted = targets.empty() ? lora_default_targets(m) : targets;
     for (size_t i = 0; i < wanted.size(); ++i) {
         const std::string& t = wanted[i];
+        if (t == "lm_head" && m.weight_tying) {
+            user_error(
+                "config lora.targets[{}]: \"lm_head\" is the token embedding here (model.weight_tying), and an "
+                "adapter beside a tied head could not be merged into it alone; leave lm_head out, or untie the head",
+                i);
+        }
         if (std::find(names.begin(), names.end(), t) == names.end()) {
-            const char* why = t == "lm_head" ? " (an adapter on the LM head is not built yet)"
-                              : m.rope       ? ""
-                                             : " (a model without RoPE takes GPT-2's names)";
+            const char* why = m.rope ? "" : " (a model without RoPE takes GPT-2's names)";
             user_error("config lora.targets[{}]: \"{}\" is no module of this model{}; expected one of {}", i, t, why,
                        fmt::join(names, ", "));
         }
@@ -78,6 +91,12 @@ std::vector<LoraModule> lora_modules(const ModelConfig& m, const std::vector<std
         if (std::find(wanted.begin(), wanted.end(), mod.name) != wanted.end()) v.push_back(mod);
     }
     return v;
+}
+
+std::optional<LoraModule> lora_head_module(const ModelConfig& m, const std::vector<std::string>& targets) {
+    if (std::find(targets.begin(), targets.end(), "lm_head") == targets.end()) return std::nullopt;
+    lora_modules(m, targets);  // refuses what lora_modules refuses (a tied head)
+    return head_module(m);
 }
 
 }  // namespace trainer

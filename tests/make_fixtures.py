@@ -18,7 +18,8 @@ and checks that a float32 run agrees with the float64 one on the first steps
 and that the loss falls.
 
 `make_fixtures.py lora` writes the LoRA fixtures of gpt2_tiny, olmo2_tiny and llama_tiny from their init and
-tokens (which it leaves as they are): an adapter on every module of the shape (rank 4, alpha 6, A and B drawn
+tokens (which it leaves as they are): an adapter on every module of the shape (the untied LM head's, lm_head,
+included) (rank 4, alpha 6, A and B drawn
 at random so that B A is not 0), in PEFT's names (base_model.model.<module>.lora_A/B.weight):
   <name>_lora_adapter.safetensors  the adapters
   <name>_lora_grads.safetensors    their step-1 gradients (the whole global batch, float64, stored as float32)
@@ -162,7 +163,7 @@ def hf_forward(hf, mc, tokens, lora=None, scaling=1.0):
             up = lin(x, h + "mlp.up_proj")
             y = lin(gate * torch.sigmoid(gate) * up, h + "mlp.down_proj")
             x = x + rms_norm(y, hf[h + "post_feedforward_layernorm.weight"])
-        return rms_norm(x, hf["model.norm.weight"]) @ hf["lm_head.weight"].t()
+        return lin(rms_norm(x, hf["model.norm.weight"]), "lm_head")
     if ref.hf_flavor(mc) == "llama":
         # LlamaForCausalLM: RMSNorms with weights before each sublayer and at the end.
         for i in range(mc.n_layers):
@@ -175,8 +176,9 @@ def hf_forward(hf, mc, tokens, lora=None, scaling=1.0):
             gate = lin(m, h + "mlp.gate_proj")
             up = lin(m, h + "mlp.up_proj")
             x = x + lin(gate * torch.sigmoid(gate) * up, h + "mlp.down_proj")
-        head = hf["lm_head.weight"] if "lm_head.weight" in hf else hf["model.embed_tokens.weight"]
-        return rms_norm(x, hf["model.norm.weight"]) @ head.t()
+        if "lm_head.weight" in hf:
+            return lin(rms_norm(x, hf["model.norm.weight"]), "lm_head")
+        return rms_norm(x, hf["model.norm.weight"]) @ hf["model.embed_tokens.weight"].t()
     for i in range(mc.n_layers):
         h = f"model.layers.{i}."
         a = layer_norm(x)
@@ -190,7 +192,7 @@ def hf_forward(hf, mc, tokens, lora=None, scaling=1.0):
         up = m @ hf[h + "mlp.up_proj.weight"].t()
         x = x + (gate * torch.sigmoid(gate) * up) @ hf[h + "mlp.down_proj.weight"].t()
     x = layer_norm(x)
-    return x @ hf["lm_head.weight"].t()
+    return lin(x, "lm_head")
 
 
 def check_hf_forward(cfg, init_hf, all_instances):
@@ -333,6 +335,8 @@ def lora_modules(mc):
                     (h + "self_attn.v_proj", C, KV), (h + "self_attn.o_proj", C, C),
                     (h + "mlp.gate_proj", C, P // 2), (h + "mlp.up_proj", C, P // 2),
                     (h + "mlp.down_proj", H, C)]
+    if not mc.weight_tying:
+        out.append(("lm_head", C, mc.embedding_size))  # an untied LM head: one adapter for the model
     return out
 
 
@@ -365,7 +369,7 @@ def make_lora(name):
         init[peft + module + ".lora_B.weight"] = b.detach()
         grads[peft + module + ".lora_A.weight"] = a.grad
         grads[peft + module + ".lora_B.weight"] = b.grad
-    targets = sorted({m.rsplit(".", 1)[1] if not m.endswith("mlp.c_proj") else "mlp.c_proj"
+    targets = sorted({m.rsplit(".", 1)[-1] if not m.endswith("mlp.c_proj") else "mlp.c_proj"
                       for m, _, _ in lora_modules(mc)})
     paths = [os.path.join(FIXTURES, name + s) for s in
              ("_lora_adapter.safetensors", "_lora_grads.safetensors", "_lora_expected.json")]

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -134,8 +135,17 @@ TEST_CASE("lora: targets are Hugging Face module names and refused by name where
     REQUIRE_THROWS_WITH(validate_config(doc), Contains("lora.targets[1]: \"c_attn\"") && Contains("q_proj, k_proj"));
     doc["lora"]["targets"] = {"v_proj", "v_proj"};
     REQUIRE_THROWS_WITH(validate_config(doc), Contains("lora.targets[1]: \"v_proj\" is lora.targets[0] too"));
-    doc["lora"]["targets"] = {"lm_head"};
-    REQUIRE_THROWS_WITH(validate_config(doc), Contains("LM head is not built yet"));
+    // An untied LM head takes an adapter; a tied one (the embedding) is refused by name.
+    doc["lora"]["targets"] = {"q_proj", "lm_head"};
+    const TrainConfig head = validate_config(doc);
+    REQUIRE(lora_head_module(head.model, head.lora.targets));
+    CHECK(lora_head_module(head.model, head.lora.targets)->rows() == head.model.embedding_size);
+    CHECK(lora_modules(head.model, head.lora.targets).size() == 1);  // the block modules: q_proj
+    CHECK(lora_module_names(head.model).back() == "lm_head");
+    Json tied = doc;
+    tied["model"]["weight_tying"] = true;
+    REQUIRE_THROWS_WITH(validate_config(tied),
+                        Contains("lora.targets[1]: \"lm_head\" is the token embedding here (model.weight_tying)"));
     doc["lora"]["targets"] = nullptr;
     doc["lora"]["enabled"] = false;
     doc["lora"]["init_from"] = "adapter";
@@ -174,10 +184,12 @@ TEST_CASE("lora: loss and every adapter gradient match PyTorch's fixtures in PEF
         CHECK(std::fabs(loss - ref) <= 1e-5 * ref);
 
         std::vector<std::vector<float>> grads(layout.num_units());
-        for (int l = 0; l < layout.num_layers(); ++l) {
-            const int u = layout.adapter_unit(l);
-            grads[u] = download(*backend, strategy->unit_grads(u), layout.units()[u].numel);
+        for (int u = 0; u < layout.num_units(); ++u) {  // the adapters' units: the blocks', then the LM head's
+            if (!layout.units()[u].frozen)
+                grads[u] = download(*backend, strategy->unit_grads(u), layout.units()[u].numel);
         }
+        // Every module of the shape, the untied LM head's included (OLMo-2's and Llama's).
+        CHECK((layout.head_adapter_unit() >= 0) == (name != "gpt2"));
         const auto ours = to_peft_tensors(config, layout, grads);
         const auto theirs = read_safetensors(fixture(name + "_tiny_lora_grads.safetensors"));
         REQUIRE(ours.size() == theirs.size());
@@ -328,9 +340,11 @@ TEST_CASE("lora: training moves only the adapters; the base stays bitwise with n
         owned += v.end - v.begin;
     }
     CHECK(owned == layout.trainable_numel());
-    size_t adapters = 0;  // r (in + rows) a module and block
+    size_t adapters = 0;  // r (in + rows) a module and block, and the LM head's
     for (const LoraModule& mod : lora_modules(config.model, config.lora.targets))
         adapters += static_cast<size_t>(config.lora.r * (mod.in + mod.rows()) * config.model.n_layers);
+    if (const auto head = lora_head_module(config.model, config.lora.targets))
+        adapters += static_cast<size_t>(config.lora.r * (head->in + head->rows()));
     CHECK(layout.trainable_numel() == adapters);
 
     const long L = config.model.max_sequence_length, micro = config.device_train_microbatch_size;
@@ -478,7 +492,7 @@ TEST_CASE("lora: export writes PEFT's adapter and the merged model whose logits 
         "--init-from", fixture("olmo_tiny_init.safetensors"),
         "--set",       "lora.enabled=true",
         "--set",       "lora.r=4",
-        "--set",       "lora.targets=[\"q_proj\",\"v_proj\",\"o_proj\",\"up_proj\",\"down_proj\"]",
+        "--set",       "lora.targets=[\"q_proj\",\"v_proj\",\"o_proj\",\"up_proj\",\"down_proj\",\"lm_head\"]",
         "--set",       "optimizer.learning_rate=0.05"};
     auto run = [&](std::vector<std::string> args, const std::vector<std::string>& more) {
         args.insert(args.end(), more.begin(), more.end());
@@ -502,13 +516,40 @@ TEST_CASE("lora: export writes PEFT's adapter and the merged model whose logits 
     const std::vector<float> merged = npy_floats(dir.path("merged.npy"));
     REQUIRE(merged.size() == adapted.size());
     test_util::check_close(merged, adapted, 1e-5);
+    // Generation with the KV cache goes through the same adapters (the blocks' and the LM head's): greedy, the adapted
+    // model writes the merged model's tokens.
+    const std::vector<std::string> greedy = {"--tokenizer",      "none",  "--prompt-ids",     "5, 17, 3",
+                                             "--prompt-ids",     "40",    "--max-new-tokens", "10",
+                                             "--no-stop-at-eos", "--json"};
+    const auto ids = [](const std::string& out) {
+        std::vector<Json> v;
+        std::stringstream ss(out);
+        std::string line;
+        while (std::getline(ss, line)) {
+            if (line.empty()) continue;
+            const Json j = Json::parse(line);
+            if (j.contains("ids")) v.push_back(j["ids"]);
+        }
+        return v;
+    };
+    std::vector<std::string> gen_lora = {"generate"};
+    gen_lora.insert(gen_lora.end(), lora.begin(), lora.end());
+    gen_lora.insert(gen_lora.end(), {"--load-path", ckpt});
+    const auto from_lora = ids(run(gen_lora, greedy).out);
+    const auto from_merged = ids(
+        run({"generate", "--config", fixture("olmo_tiny.json"), "--init-from", dir.path("merged.safetensors")}, greedy)
+            .out);
+    REQUIRE(from_lora.size() == 2);
+    CHECK(from_lora == from_merged);
 
     // The PEFT adapter: PEFT's names and config keys, and read back by lora.init_from to the same logits.
     const std::string adapter = dir.path("adapter");
     const auto r = run({"export", "--checkpoint", ckpt, "--adapter", "-o", adapter}, {});
     CHECK_THAT(r.out, Contains("PEFT LoRA adapter"));
     const auto tensors = read_safetensors(adapter + "/adapter_model.safetensors");
-    CHECK(tensors.size() == 2 * 5 * 2);
+    CHECK(tensors.size() == 2 * 5 * 2 + 2);  // 5 modules in each of 2 blocks, and the LM head
+    CHECK(tensors.at("base_model.model.lm_head.lora_B.weight").shape == std::vector<int64_t>{96, 4});
+    CHECK(tensors.at("base_model.model.lm_head.lora_A.weight").shape == std::vector<int64_t>{4, 32});
     CHECK(tensors.count("base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight") == 1);
     CHECK(tensors.at("base_model.model.model.layers.0.mlp.down_proj.lora_B.weight").shape ==
           std::vector<int64_t>{32, 4});
@@ -518,7 +559,7 @@ TEST_CASE("lora: export writes PEFT's adapter and the merged model whose logits 
     CHECK(cfg["task_type"] == "CAUSAL_LM");
     CHECK(cfg["r"] == 4);
     CHECK(cfg["lora_alpha"] == 16.0);
-    CHECK(cfg["target_modules"] == Json({"q_proj", "v_proj", "o_proj", "up_proj", "down_proj"}));
+    CHECK(cfg["target_modules"] == Json({"q_proj", "v_proj", "o_proj", "up_proj", "down_proj", "lm_head"}));
     CHECK(cfg["fan_in_fan_out"] == false);
     CHECK(cfg["bias"] == "none");
     run(lora, {"logits", "--set", "lora.init_from=" + adapter, "--instances", "2", "-o", dir.path("reread.npy")});
@@ -530,8 +571,8 @@ TEST_CASE("lora: export writes PEFT's adapter and the merged model whose logits 
     CHECK_THAT(none.err, Contains("give --adapter") && Contains("--merge-lora"));
     const auto other = test_util::run_trainer(
         {"--config", fixture("olmo_tiny.json"), "--max-duration", "1", "--set", "lora.enabled=true", "--set",
-         "lora.r=8", "--set", "lora.targets=[\"q_proj\",\"v_proj\",\"o_proj\",\"up_proj\",\"down_proj\"]", "--set",
-         "lora.init_from=" + adapter});
+         "lora.r=8", "--set", "lora.targets=[\"q_proj\",\"v_proj\",\"o_proj\",\"up_proj\",\"down_proj\",\"lm_head\"]",
+         "--set", "lora.init_from=" + adapter});
     CHECK(other.exit_code != 0);
     CHECK_THAT(other.err, Contains("its r is 4, this run's lora.r is 8"));
     run({"--config", fixture("olmo_tiny.json"), "--max-duration", "1", "--set", "save_folder=" + dir.path("plain")},

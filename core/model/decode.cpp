@@ -22,7 +22,7 @@ Model::DecodeCache Model::make_decode_cache(int sequences, int length, int rows)
     c.att = floats(R * C_), c.sub = floats(R * C_), c.fch = floats(R * P_), c.fch_act = floats(R * H_);
     c.stats = floats(4 * R), c.logits = floats(R * V_), c.scratch = floats(R * C_);
     c.ids = DeviceBuffer(backend_, 3 * R * sizeof(int32_t), MemCategory::kOther);
-    if (!lora_modules_.empty()) c.lora_work = floats(R * 2 * lora_r_);  // no dropout: the rank-r product only
+    if (has_adapters()) c.lora_work = floats(R * 2 * lora_r_);  // no dropout: the rank-r product only
     return c;
 }
 
@@ -122,6 +122,8 @@ void Model::decode(DecodeCache& c, const int32_t* tokens, const int32_t* seqs, c
     const int hu = layout_.head_unit();
     strategy_->before_forward(hu);
     if (m_.weight_tying) strategy_->before_forward(emb);
+    const int ha = layout_.head_adapter_unit();  // lm_head's adapter, or -1
+    if (ha >= 0) strategy_->before_forward(ha);
     const HeadParams hp = head_params(strategy_->unit_params(hu));
     const float* head_w = m_.weight_tying ? strategy_->unit_params(emb) : hp.w;
     std::vector<int> keep;
@@ -140,12 +142,15 @@ void Model::decode(DecodeCache& c, const int32_t* tokens, const int32_t* seqs, c
     if (K > 0) {
         backend_->layernorm_forward(ln, mean, rstd, x, hp.norm_w, hp.norm_b, K, C_, norm_eps_, norm_kind_);
         backend_->matmul_forward(c.logits.f32(), ln, head_w, hp.b, K, C_, V_);
+        if (ha >= 0)
+            head_lora(strategy_->unit_params(ha), nullptr, c.logits.f32(), ln, nullptr, 0, K, c.lora_work.f32());
         std::vector<float> host(static_cast<size_t>(K) * V_);
         backend_->copy_device_to_host(host.data(), c.logits.f32(), host.size() * sizeof(float));
         for (int k = 0; k < K; ++k) sink(keep[k], 1, host.data() + static_cast<size_t>(k) * V_);
     }
     if (m_.weight_tying) strategy_->after_forward(emb);
     strategy_->after_forward(hu);
+    if (ha >= 0) strategy_->after_forward(ha);
 }
 
 }  // namespace trainer

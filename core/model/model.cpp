@@ -147,6 +147,15 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
                 "no adapter {} in unit {}", mod.name, adapters.name);
             lora_a_.push_back(a->offset), lora_b_.push_back(b->offset);
         }
+        head_lora_ = lora_head_module(m_, config.lora.targets);
+        if (head_lora_) {
+            int unit = -1;
+            const ParamSpec *a = nullptr, *b = nullptr;
+            TRAINER_CHECK(layout_.find("lm_head.lora_A.weight", &unit, &a) &&
+                              layout_.find("lm_head.lora_B.weight", &unit, &b) && unit == layout_.head_adapter_unit(),
+                          "no LM head adapter in unit lora.head");
+            head_lora_a_ = a->offset, head_lora_b_ = b->offset;
+        }
     }
     if (max_batch_ == 0) return;  // generation only (decode): no training or evaluation passes, no arena
     ArenaShape shape;
@@ -166,7 +175,7 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     arena_ = DeviceBuffer(backend_, plan.floats * sizeof(float), MemCategory::kActivations);
     tokens_dev_ = DeviceBuffer(backend_, 2 * N * sizeof(int32_t), MemCategory::kActivations);
     tokens_host_.resize(2 * N);
-    if (!lora_modules_.empty()) {
+    if (has_adapters()) {
         const size_t K = static_cast<size_t>(std::max(C_, H_));
         lora_work_ = DeviceBuffer(backend_, N * (K + 2 * lora_r_) * sizeof(float), MemCategory::kActivations);
         if (lora_p_ > 0.0f) {
@@ -200,6 +209,21 @@ LoraDropout Model::adapter_dropout(int l, const LoraModule& mod) const {
     drop.p = lora_p_, drop.row_keys = reinterpret_cast<const uint64_t*>(row_keys_.data());
     drop.adapter = static_cast<uint32_t>(l * 16 + mod.id);
     return drop;
+}
+
+void Model::head_lora(const float* w, float* g, GemmOperand logits, GemmOperand x, float* dinp, int r0, int rows,
+                      float* work) const {
+    const LoraModule& mod = *head_lora_;
+    LoraDropout drop = adapter_dropout(L_, mod);  // keyed as a module of a layer after the last block
+    if (drop.row_keys != nullptr) drop.row_keys += r0;
+    const int C = static_cast<int>(mod.in), V = static_cast<int>(mod.rows());
+    if (dinp == nullptr) {
+        backend_->lora_forward(logits, V_, x, w + head_lora_a_, w + head_lora_b_, rows, C, lora_r_, V, lora_scale_,
+                               drop, work);
+    } else {
+        backend_->lora_backward(dinp, g + head_lora_a_, g + head_lora_b_, logits, V_, x, w + head_lora_a_,
+                                w + head_lora_b_, rows, C, lora_r_, V, lora_scale_, drop, work);
+    }
 }
 
 bool Model::has_lora(LoraLinear linear) const {
@@ -425,6 +449,13 @@ void Model::head(int batch, float dloss_scale, bool backward, const LogitsSink* 
         strategy_->before_backward(hu);
         if (m_.weight_tying) strategy_->before_backward(emb);
     }
+    const int ha = layout_.head_adapter_unit();  // lm_head's adapter, or -1
+    if (ha >= 0) {
+        strategy_->before_forward(ha);
+        if (backward) strategy_->before_backward(ha);
+    }
+    const float* lora_w = ha >= 0 ? strategy_->unit_params(ha) : nullptr;
+    float* lora_g = ha >= 0 && backward ? strategy_->unit_grads(ha) : nullptr;
     const HeadParams w = head_params(strategy_->unit_params(hu));
     const HeadParams g = head_params(backward ? strategy_->unit_grads(hu) : nullptr);
     const float *norm_w = w.norm_w, *norm_b = w.norm_b, *head_w = w.w, *head_b = w.b;
@@ -442,6 +473,7 @@ void Model::head(int batch, float dloss_scale, bool backward, const LogitsSink* 
         const GemmOperand logits = op(logits_);  // bf16 in amp_bf16, as autocast's LM head writes them
         const GemmOperand x = op(lnf_).at(static_cast<size_t>(r0) * C_);
         backend_->matmul_forward(logits, x, head_w, head_b, rows, C_, V_);
+        if (ha >= 0) head_lora(lora_w, nullptr, logits, x, nullptr, r0, rows, lora_work_.f32());
         if (sink != nullptr) {
             const size_t n = static_cast<size_t>(rows) * V_;
             logits_host_.resize(n);
@@ -461,6 +493,10 @@ void Model::head(int batch, float dloss_scale, bool backward, const LogitsSink* 
         if (backward) {
             backend_->matmul_backward(act(dln_) + static_cast<size_t>(r0) * C_, dhead_w, dhead_b, logits, x, head_w,
                                       rows, C_, V_, false);
+            if (ha >= 0) {
+                head_lora(lora_w, lora_g, logits, x, act(dln_) + static_cast<size_t>(r0) * C_, r0, rows,
+                          lora_work_.f32());
+            }
         }
     }
     backend_->hold_weight(nullptr);
@@ -476,6 +512,10 @@ void Model::head(int batch, float dloss_scale, bool backward, const LogitsSink* 
     }
     if (m_.weight_tying) strategy_->after_forward(emb);
     strategy_->after_forward(hu);
+    if (ha >= 0) {
+        if (backward) strategy_->after_backward(ha);
+        strategy_->after_forward(ha);
+    }
 }
 
 void Model::backward_blocks(int batch) {

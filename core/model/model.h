@@ -196,6 +196,14 @@ class Model {
 
     // LoRA (lora.enabled): the target modules, each one's A and B offsets in a block's adapter unit.
     std::vector<LoraModule> lora_modules_;
+    std::optional<LoraModule> head_lora_;       // lm_head's adapter (in the head adapter unit)
+    size_t head_lora_a_ = 0, head_lora_b_ = 0;  // its A's and B's offsets in that unit
+    bool has_adapters() const { return !lora_modules_.empty() || head_lora_.has_value(); }
+    // The LM head's adapter on a chunk of `rows` rows starting at row r0 of the pass: out (the chunk's logits, rows V
+    // apart) += its update of x (the chunk's normed rows); with dinp, its backward instead, dout the chunk's logit
+    // gradients, into the unit's gradients (w, g: the head adapter unit's parameters and gradients).
+    void head_lora(const float* w, float* g, GemmOperand logits, GemmOperand x, float* dinp, int r0, int rows,
+                   float* work) const;
     std::vector<size_t> lora_a_, lora_b_;
     int lora_r_ = 0;
     float lora_scale_ = 0.0f, lora_p_ = 0.0f;

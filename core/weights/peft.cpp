@@ -48,7 +48,28 @@ std::vector<PeftParam> peft_params(const TrainConfig& config, const ParamLayout&
             }
         }
     }
+    if (lora_head_module(config.model, config.lora.targets)) {
+        for (const char* ab : {"lora_A", "lora_B"}) {
+            PeftParam p;
+            p.name = fmt::format("base_model.model.lm_head.{}.weight", ab);
+            const std::string ours = fmt::format("lm_head.{}.weight", ab);
+            TRAINER_CHECK(layout.find(ours, &p.unit, &p.spec), "no adapter parameter {}", ours);
+            v.push_back(std::move(p));
+        }
+    }
     return v;
+}
+
+// W (rows x in) += scaling B A, B (rows x r), A (r x in), summed in double.
+void merge_into(float* W, const float* A, const float* B, int64_t rows, int64_t in, int r, double scaling) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t k = 0; k < in; ++k) {
+            double s = 0.0;
+            for (int j = 0; j < r; ++j) s += static_cast<double>(B[i * r + j]) * A[j * in + k];
+            W[i * in + k] = static_cast<float>(W[i * in + k] + scaling * s);
+        }
+    }
 }
 
 }  // namespace
@@ -73,8 +94,9 @@ void from_peft_tensors(const TrainConfig& config, const ParamLayout& layout,
     for (const PeftParam& p : peft_params(config, layout)) {
         const auto it = tensors.find(p.name);
         if (it == tensors.end()) {
-            user_error("lora.init_from {}: no tensor {} (the adapter of lora.targets {} in block {})", file, p.name,
-                       fmt::join(config.lora.targets, ", "), p.spec->layer);
+            user_error("lora.init_from {}: no tensor {} (the adapter of lora.targets {} {})", file, p.name,
+                       fmt::join(config.lora.targets, ", "),
+                       p.spec->layer >= 0 ? fmt::format("in block {}", p.spec->layer) : std::string("on the LM head"));
         }
         if (it->second.shape != p.spec->shape) {
             user_error("lora.init_from {}: tensor {} has shape [{}]; this run's (lora.r {}) is [{}]", file, p.name,
@@ -202,18 +224,19 @@ void merge_lora(const TrainConfig& config, const ParamLayout& layout, std::vecto
                               layout.find(p + mod.name + ".lora_A.weight", &au, &as) &&
                               layout.find(p + mod.name + ".lora_B.weight", &bu, &bs),
                           "merge_lora: block {} module {}", l, mod.name);
-            float* W = units.at(wu).data() + ws->offset + mod.row_begin * mod.in;
-            const float* A = units.at(au).data() + as->offset;
-            const float* B = units.at(bu).data() + bs->offset;
-#pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < mod.rows(); ++i) {
-                for (int64_t k = 0; k < mod.in; ++k) {
-                    double s = 0.0;
-                    for (int j = 0; j < r; ++j) s += static_cast<double>(B[i * r + j]) * A[j * mod.in + k];
-                    W[i * mod.in + k] = static_cast<float>(W[i * mod.in + k] + scaling * s);
-                }
-            }
+            merge_into(units.at(wu).data() + ws->offset + mod.row_begin * mod.in, units.at(au).data() + as->offset,
+                       units.at(bu).data() + bs->offset, mod.rows(), mod.in, r, scaling);
         }
+    }
+    if (const auto head = lora_head_module(config.model, config.lora.targets)) {
+        int wu = -1, au = -1, bu = -1;
+        const ParamSpec *ws = nullptr, *as = nullptr, *bs = nullptr;
+        TRAINER_CHECK(layout.find("transformer.ff_out.weight", &wu, &ws) &&
+                          layout.find("lm_head.lora_A.weight", &au, &as) &&
+                          layout.find("lm_head.lora_B.weight", &bu, &bs),
+                      "merge_lora: the LM head");
+        merge_into(units.at(wu).data() + ws->offset, units.at(au).data() + as->offset, units.at(bu).data() + bs->offset,
+                   head->rows(), head->in, r, scaling);
     }
 }
 

@@ -83,6 +83,7 @@ std::vector<std::vector<int>> fsdp_unit_groups(const ParamLayout& layout, const 
     // LoRA: each block's adapters are an FSDP unit of their own, whatever the policy (as PEFT's FSDP policy wraps
     // every adapter): a flat buffer is all frozen or all trained, so only the adapters hold and reduce gradients.
     for (int l = 0; l < n_layers && layout.has_adapters(); ++l) wrap({layout.adapter_unit(l)});
+    if (layout.head_adapter_unit() >= 0) wrap({layout.head_adapter_unit()});
     for (int u = 0; u < layout.num_units(); ++u) {
         if (!wrapped[u]) groups[0].push_back(u);
     }
