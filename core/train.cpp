@@ -140,15 +140,8 @@ class TrainingRun {
         const long micro = config_.device_train_microbatch_size;
         model_ = std::make_unique<Model>(config_, *layout_, backend_.get(), &strategy,
                                          static_cast<int>(std::max(micro, config_.device_eval_batch_size)));
-        // Downstream tasks run at their own length where it is shorter (downstream_length): a model of the same
-        // parameters built for it, with activations for that length.
-        const long downstream = downstream_length(config_, data_.tasks);
-        if (downstream > 0 && downstream < m_.max_sequence_length) {
-            downstream_config_ = config_;
-            downstream_config_.model.max_sequence_length = downstream;
-            downstream_model_ = std::make_unique<Model>(downstream_config_, *layout_, backend_.get(), &strategy,
-                                                        static_cast<int>(config_.device_eval_batch_size));
-        }
+        evaluation_ = std::make_unique<RunEvaluation>(config_, data_.evals, data_.tasks, *layout_, backend_.get(),
+                                                      strategy, *model_);
         // cpu_offload.optimizer_state: AdamW runs on the host, with the CPU backend's kernels (the device's own
         // backend when that is the CPU).
         Backend* host = nullptr;
@@ -196,15 +189,8 @@ class TrainingRun {
             static_cast<long>(data_.train->num_instances()), L, total_steps_, config_.global_train_batch_size,
             config_.device_train_microbatch_size, config_.accumulation_steps(world_.size()));
         if (!data_.warmup_note.empty()) std::printf("%s\n", data_.warmup_note.c_str());
-        int longest = 0;  // the downstream tasks' longest row
-        for (const auto& task : data_.tasks) longest = task ? std::max(longest, task->longest) : longest;
-        if (longest > 0) {
-            const std::string where =
-                downstream_model_ ? fmt::format("in instances of {} tokens, at their own length (the model's is {})",
-                                                downstream_model_->positions() + 1, L)
-                                  : fmt::format("in the model's instances of {} tokens", L);
-            std::printf("downstream: rows of up to %d tokens, scored %s\n", longest, where.c_str());
-        }
+        if (const std::string downstream = evaluation_->describe(); !downstream.empty())
+            std::printf("%s\n", downstream.c_str());
         if (config_.precision == Precision::kAmpFp8 && device_ == Device::kCpu) {
             std::printf(
                 "amp_fp8 on the CPU: the emulation of the FP8 recipe, for its numerics and not its speed (slower than "
@@ -366,8 +352,7 @@ class TrainingRun {
         }
         int eval_stop = 0;
         if (config_.eval_interval > 0 && (step % config_.eval_interval == 0 || step == total_steps_)) {
-            eval_stop = run_evaluators(config_, data_.evals, data_.tasks, *model_, downstream_model(), *world_.strategy,
-                                       step, record, *bar_);
+            eval_stop = evaluation_->run(step, record, *bar_);
         }
         if (config_.sample.interval > 0 && step % config_.sample.interval == 0) run_sample(step, record);
         // The metrics file's step records carry every rank's peak memory so far (one tiny all-gather).
@@ -395,8 +380,7 @@ class TrainingRun {
     // (nothing was trained since the start, so there is nothing to save).
     int eval_on_startup() {
         Json record = {{"event", "eval"}, {"step", start_step_}};
-        const int sig = run_evaluators(config_, data_.evals, data_.tasks, *model_, downstream_model(), *world_.strategy,
-                                       start_step_, record, *bar_);
+        const int sig = evaluation_->run(start_step_, record, *bar_);
         outputs_->write_step(start_step_, record);
         if (sig == 0) return 0;
         std::printf("stopped by %s before step %ld: nothing trained since the start\n", stop::signal_name(sig),
@@ -511,10 +495,8 @@ class TrainingRun {
     std::unique_ptr<ParamLayout> layout_;
     World world_;
     std::unique_ptr<Model> model_;
-    TrainConfig downstream_config_;            // the config downstream_model_ is built for (it holds a reference)
-    std::unique_ptr<Model> downstream_model_;  // downstream evaluation at its own length, where shorter
-    Model& downstream_model() { return downstream_model_ ? *downstream_model_ : *model_; }
-    std::unique_ptr<Backend> host_backend_;  // cpu_offload on a GPU: the host optimizer's kernels
+    std::unique_ptr<RunEvaluation> evaluation_;  // the evaluators, with the model downstream tasks are scored with
+    std::unique_ptr<Backend> host_backend_;      // cpu_offload on a GPU: the host optimizer's kernels
     std::unique_ptr<AdamW> optimizer_;
     std::unique_ptr<RunSaves> saves_;  // made in preflight (the resume), attached in build (after the state)
     double flops_per_token_ = 0.0, peak_flops_ = 0.0;

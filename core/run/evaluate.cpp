@@ -71,11 +71,16 @@ double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& mode
     return sums[1] > 0.0 ? sums[0] / sums[1] : 0.0;  // a set whose masks leave nothing in the loss: 0
 }
 
-long downstream_length(const TrainConfig& config, const std::vector<std::unique_ptr<DownstreamTask>>& tasks) {
-    long longest = 0;
+int downstream_longest(const std::vector<std::unique_ptr<DownstreamTask>>& tasks) {
+    int longest = 0;
     for (const auto& task : tasks) {
-        if (task) longest = std::max<long>(longest, task->longest);
+        if (task) longest = std::max(longest, task->longest);
     }
+    return longest;
+}
+
+long downstream_length(const TrainConfig& config, const std::vector<std::unique_ptr<DownstreamTask>>& tasks) {
+    const long longest = downstream_longest(tasks);
     if (longest == 0) return 0;
     return std::min<long>(config.model.max_sequence_length, (longest + 63) / 64 * 64);
 }
@@ -176,6 +181,37 @@ int run_evaluators(const TrainConfig& config, const std::vector<std::unique_ptr<
     if (!downstream.empty()) record["downstream"] = downstream;
     record["eval_time_ms"] = seconds_since(t0) * 1e3;
     return 0;
+}
+
+RunEvaluation::RunEvaluation(const TrainConfig& config, const std::vector<std::unique_ptr<TokenDataset>>& sets,
+                             const std::vector<std::unique_ptr<DownstreamTask>>& tasks, const ParamLayout& layout,
+                             Backend* backend, Strategy& strategy, Model& model)
+    : config_(config), sets_(sets), tasks_(tasks), strategy_(strategy), model_(model) {
+    const long length = downstream_length(config, tasks);
+    if (length > 0 && length < config.model.max_sequence_length) {
+        downstream_config_ = config;
+        downstream_config_.model.max_sequence_length = length;
+        downstream_model_ = std::make_unique<Model>(downstream_config_, layout, backend, &strategy,
+                                                    static_cast<int>(config.device_eval_batch_size));
+    }
+}
+
+RunEvaluation::~RunEvaluation() = default;
+
+std::string RunEvaluation::describe() const {
+    const int longest = downstream_longest(tasks_);
+    if (longest == 0) return "";
+    const long L = config_.model.max_sequence_length;
+    return fmt::format("downstream: rows of up to {} tokens, scored {}", longest,
+                       downstream_model_ ? fmt::format("in instances of {} tokens, at their own length (the model's "
+                                                       "is {})",
+                                                       downstream_model_->positions() + 1, L)
+                                         : fmt::format("in the model's instances of {} tokens", L));
+}
+
+int RunEvaluation::run(long step, Json& record, ProgressBar& bar) {
+    return run_evaluators(config_, sets_, tasks_, model_, downstream_model_ ? *downstream_model_ : model_, strategy_,
+                          step, record, bar);
 }
 
 }  // namespace trainer

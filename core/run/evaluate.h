@@ -1,4 +1,5 @@
-// Evaluation during training: each evaluator's mean loss over its first batches, split across the ranks.
+// Evaluation during training: each loss evaluator's mean loss over its first batches, and each downstream
+// evaluator's multiple-choice scores, split across the ranks.
 #pragma once
 
 #include <memory>
@@ -10,7 +11,9 @@
 
 namespace trainer {
 
+class Backend;
 class Model;
+class ParamLayout;
 class ProgressBar;
 class Strategy;
 class TokenDataset;
@@ -25,6 +28,9 @@ class TokenDataset;
 // and the result is NaN.
 double evaluate(const TokenDataset& data, const EvaluatorConfig& ev, Model& model, Strategy& strategy, long batch,
                 int* stop_signal);
+
+// The downstream tasks' longest row (tasks[i] null where evaluator i is not downstream); 0 without one.
+int downstream_longest(const std::vector<std::unique_ptr<DownstreamTask>>& tasks);
 
 // The instance length downstream evaluation runs at: the tasks' longest row (tasks[i] null where evaluator i is not
 // downstream) rounded up to a multiple of 64, at most model.max_sequence_length; 0 without a downstream evaluator.
@@ -54,5 +60,30 @@ DownstreamMetrics evaluate_downstream(const DownstreamTask& task, const Evaluato
 int run_evaluators(const TrainConfig& config, const std::vector<std::unique_ptr<TokenDataset>>& sets,
                    const std::vector<std::unique_ptr<DownstreamTask>>& tasks, Model& model, Model& downstream_model,
                    Strategy& strategy, long step, Json& record, ProgressBar& bar);
+
+// A training run's evaluation: its evaluators over the run's data (the loss sets and the downstream tasks, kept by
+// reference), with the training model, and the model the downstream tasks are scored with: one on the same parameters
+// built for downstream_length where that is shorter than max_sequence_length (its activations for
+// device_eval_batch_size rows of that length), else the training model.
+class RunEvaluation {
+   public:
+    RunEvaluation(const TrainConfig& config, const std::vector<std::unique_ptr<TokenDataset>>& sets,
+                  const std::vector<std::unique_ptr<DownstreamTask>>& tasks, const ParamLayout& layout,
+                  Backend* backend, Strategy& strategy, Model& model);
+    ~RunEvaluation();
+    // The run header's line on the downstream tasks' length; "" without downstream evaluators.
+    std::string describe() const;
+    // run_evaluators at `step`.
+    int run(long step, Json& record, ProgressBar& bar);
+
+   private:
+    const TrainConfig& config_;
+    const std::vector<std::unique_ptr<TokenDataset>>& sets_;
+    const std::vector<std::unique_ptr<DownstreamTask>>& tasks_;
+    Strategy& strategy_;
+    Model& model_;
+    TrainConfig downstream_config_;            // the config downstream_model_ is built for (it holds a reference)
+    std::unique_ptr<Model> downstream_model_;  // null: the tasks score in the training model's instances
+};
 
 }  // namespace trainer
