@@ -148,14 +148,12 @@ int run_evaluators(const TrainConfig& config, const std::vector<std::unique_ptr<
             if (sig == 0) {
                 Json scores = {{"acc", m.acc}};
                 line = fmt::format("acc {:.4f}", m.acc);
-                for (const auto& [name, value] : {std::pair{"len_norm", m.len_norm}, {"pmi_dc", m.pmi_dc}}) {
+                // The metrics the task can give (NaN: not given), in the console's order.
+                for (const auto& [name, value] :
+                     {std::pair{"len_norm", m.len_norm}, {"pmi_dc", m.pmi_dc}, {"bpb", m.bpb}}) {
                     if (std::isnan(value)) continue;
                     scores[name] = value;
                     line += fmt::format(" | {} {:.4f}", name, value);
-                }
-                if (!std::isnan(m.bpb)) {
-                    scores["bpb"] = m.bpb;
-                    line += fmt::format(" | bpb {:.4f}", m.bpb);
                 }
                 scores["examples"] = m.examples;
                 line += fmt::format(" ({} example{})", m.examples, m.examples == 1 ? "" : "s");
