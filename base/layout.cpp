@@ -90,7 +90,10 @@ ParamLayout::ParamLayout(const TrainConfig& config) {
     num_layers_ = m.n_layers;
 
     if (!config.lora.enabled) return;
-    for (Unit& u : units_) u.frozen = true, u.nf4 = config.lora.nf4, u.double_quant = config.lora.double_quant;
+    for (Unit& u : units_) {
+        u.frozen = true, u.nf4 = config.lora.nf4, u.double_quant = config.lora.double_quant;
+        u.bf16_gemms = bf16_mixed(config.precision);
+    }
     const std::vector<LoraModule> modules = lora_modules(m, config.lora.targets);
     const int64_t r = config.lora.r;
     for (int l = 0; l < m.n_layers; ++l) {

@@ -41,6 +41,7 @@ struct Unit {
     bool frozen = false;  // LoRA's base: never trained (no gradient, no optimizer state)
     bool nf4 = false;     // QLoRA: frozen, its block Linear weights stored as NF4 (parallel/strategy/packed_unit.h)
     bool double_quant = false;  // their absmaxes double-quantized
+    bool bf16_gemms = false;    // frozen under amp_bf16 or amp_fp8: its Linear weights stored as bf16 (packed_unit.h)
 };
 
 // A half-open range [begin, end) of elements of a flat buffer.

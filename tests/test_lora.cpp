@@ -4,6 +4,7 @@
 // with dropout on, a checkpoint of the adapters resumed on another world size.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -50,6 +51,24 @@ std::vector<float> download(Backend& backend, const float* p, size_t n) {
     std::vector<float> v(n);
     backend.copy_device_to_host(v.data(), p, n * sizeof(float));
     return v;
+}
+
+// `init_from`'s base as `config`'s frozen storage gives it back to compute (round_trip_frozen), written to `out` as a
+// model's safetensors file: the base a run of plain LoRA trains on to equal `config`'s.
+void write_round_tripped_base(const TrainConfig& config, const std::string& init_from, const std::string& out) {
+    TrainConfig base = config;
+    base.init_from = init_from;
+    const ParamLayout layout(base);
+    std::vector<std::vector<float>> units;
+    fill_lora_base(base, layout, units);
+    round_trip_frozen(layout, units);
+    TrainConfig plain = config;
+    plain.lora = LoraConfig{};
+    units.resize(ParamLayout(plain).units().size());
+    const auto tensors = to_hf_tensors(plain, ParamLayout(plain), units);
+    std::vector<TensorRef> refs;
+    for (const auto& [name, t] : tensors) refs.push_back({name, t.shape, t.data.data()});
+    write_safetensors(out, refs, {});
 }
 
 }  // namespace
@@ -615,7 +634,7 @@ TEST_CASE("qlora: a frozen unit's packed form holds its block Linear weights in 
         for (const int u : {layout.embedding_unit(), layout.block_unit(1), layout.head_unit()}) {
             const Unit& unit = layout.units()[u];
             CAPTURE(unit.name, dq);
-            const PackedUnit pack(unit, true, dq);
+            const PackedUnit pack(unit, FrozenForm::kNf4, dq);
             std::vector<float> values(unit.numel);
             init_unit_params(config, unit, values.data());
             for (size_t i = 0; i < values.size(); ++i) values[i] += 0.01f * static_cast<float>(i % 7);  // norms too
@@ -645,11 +664,65 @@ TEST_CASE("qlora: a frozen unit's packed form holds its block Linear weights in 
     ParamSpec w;
     w.name = "transformer.blocks.0.att_proj.weight", w.shape = {4096, 4096}, w.numel = 4096u * 4096u, w.layer = 0;
     big.params.push_back(w), big.numel = w.numel;
-    CHECK(PackedUnit(big, true).nf4_bytes() == w.numel / 2 + 4 * w.numel / 64);
-    const double per = static_cast<double>(PackedUnit(big, true, true).nf4_bytes()) / static_cast<double>(w.numel);
+    CHECK(PackedUnit(big, FrozenForm::kNf4).nf4_bytes() == w.numel / 2 + 4 * w.numel / 64);
+    const double per =
+        static_cast<double>(PackedUnit(big, FrozenForm::kNf4, true).nf4_bytes()) / static_cast<double>(w.numel);
     CAPTURE(per);
     CHECK(per < 0.5160);
     CHECK(per > 0.5156);
+}
+
+TEST_CASE("lora: a frozen unit's bf16 forms hold its Linear weights or every parameter in bf16 and unpack to them") {
+    // GPT-2's shape: Linear biases, affine norms and a tied head (the head unit holds no Linear weight).
+    auto backend = make_backend(Device::kCpu);
+    for (const std::string name : {"gpt2", "llama"}) {
+        const TrainConfig config = lora_config(name, 0.0);
+        const ParamLayout layout(config);
+        for (const FrozenForm form : {FrozenForm::kBf16Linears, FrozenForm::kBf16})
+            for (int u = 0; u < layout.num_units(); ++u) {
+                const Unit& unit = layout.units()[u];
+                if (!unit.frozen) continue;
+                CAPTURE(name, unit.name, form == FrozenForm::kBf16);
+                const PackedUnit pack(unit, form);
+                std::vector<float> values(unit.numel);
+                init_unit_params(config, unit, values.data());
+                for (size_t i = 0; i < values.size(); ++i) values[i] += 0.01f * static_cast<float>(i % 7);  // norms
+                std::vector<float> packed(pack.floats());
+                pack.pack(values.data(), reinterpret_cast<uint8_t*>(packed.data()));
+                std::vector<float> unpacked(unit.numel);
+                pack.unpack(*backend, unpacked.data(), reinterpret_cast<const uint8_t*>(packed.data()));
+                // Each parameter: its bf16 rounding (to nearest even) where stored in bf16, else bitwise itself.
+                size_t narrow = 0, bytes = 0;
+                for (const ParamSpec& p : unit.params) {
+                    const bool bf16 = form == FrozenForm::kBf16 || bf16_linear_stored(p);
+                    CHECK(bf16_linear_stored(p) == (p.kind == ParamKind::kLinearWeight));
+                    std::vector<float> expected(values.begin() + p.offset, values.begin() + p.offset + p.numel);
+                    if (bf16) cpu::round_to_bf16(expected.data(), expected.data(), p.numel), narrow += p.numel;
+                    CAPTURE(p.name);
+                    CHECK(std::memcmp(unpacked.data() + p.offset, expected.data(), p.numel * sizeof(float)) == 0);
+                    if (bf16 && p.numel > 8)
+                        CHECK_FALSE(std::equal(expected.begin(), expected.end(), values.begin() + p.offset));
+                }
+                std::vector<float> tripped = values;
+                pack.round_trip(tripped.data());
+                CHECK(tripped == unpacked);
+                // 2 bytes a bf16 value, 4 an fp32 one, each run of parameters 4-byte aligned.
+                bytes = pack.bytes();
+                CHECK(bytes >= 2 * narrow + 4 * (unit.numel - narrow));
+                CHECK(bytes <= 2 * narrow + 4 * (unit.numel - narrow) + 2 * unit.params.size());
+                CHECK(pack.narrower() == (narrow > 0));
+                CHECK(pack.nf4_numel() == 0);
+            }
+        // Which form each strategy keeps: QLoRA's NF4 first, bf16 parameters, then amp's bf16 GEMM operands.
+        Unit frozen = layout.units()[layout.block_unit(0)];
+        CHECK(frozen_form(frozen, false) == FrozenForm::kFp32);  // fp32 precision
+        frozen.bf16_gemms = true;
+        CHECK(frozen_form(frozen, false) == FrozenForm::kBf16Linears);
+        CHECK(frozen_form(frozen, true) == FrozenForm::kBf16);
+        frozen.nf4 = true;
+        CHECK(frozen_form(frozen, true) == FrozenForm::kNf4);
+        CHECK(frozen_form(layout.units()[layout.num_units() - 1], true) == FrozenForm::kFp32);  // an adapter unit
+    }
 }
 
 // QLoRA against LoRA on the base its NF4 storage gives back (a safetensors file of the round-tripped weights): the same
@@ -660,19 +733,10 @@ TEST_CASE("qlora: training equals LoRA on the round-tripped base under every str
         TempDir dir;
         const TrainConfig config = lora_config("olmo", 0.1, {"q_proj", "v_proj", "down_proj"});
         const ParamLayout layout(config);
-        std::vector<std::vector<float>> units;
-        TrainConfig base = config;
-        base.init_from = fixture("olmo_tiny_init.safetensors");
-        base.lora.nf4 = true, base.lora.double_quant = dq;
-        fill_lora_base(base, ParamLayout(base), units);  // the fixture's base, round-tripped through NF4
-        round_trip_frozen(ParamLayout(base), units);
-        TrainConfig plain = config;
-        plain.lora = LoraConfig{};
-        units.resize(ParamLayout(plain).units().size());
-        const auto tensors = to_hf_tensors(plain, ParamLayout(plain), units);
-        std::vector<TensorRef> refs;
-        for (const auto& [name, t] : tensors) refs.push_back({name, t.shape, t.data.data()});
-        write_safetensors(dir.path("round_tripped.safetensors"), refs, {});
+        TrainConfig nf4 = config;
+        nf4.lora.nf4 = true, nf4.lora.double_quant = dq;
+        // The fixture's base, round-tripped through NF4.
+        write_round_tripped_base(nf4, fixture("olmo_tiny_init.safetensors"), dir.path("round_tripped.safetensors"));
 
         const std::vector<std::string> common = {"--config",       fixture("olmo_tiny.json"),
                                                  "--max-duration", "3",
@@ -701,7 +765,7 @@ TEST_CASE("qlora: training equals LoRA on the round-tripped base under every str
         test_util::check_losses(lora, single);
         // The frozen memory: the packed forms (NF4 block weights, the rest fp32), 0.5625 bytes a quantized parameter.
         size_t packed = 0;
-        for (const Unit& u : layout.units()) packed += u.frozen ? PackedUnit(u, true, dq).bytes() : 0;
+        for (const Unit& u : layout.units()) packed += u.frozen ? PackedUnit(u, FrozenForm::kNf4, dq).bytes() : 0;
         CHECK(
             test_util::read_summary(dir.path("qlora.jsonl"))["peak_memory_bytes"]["frozen_parameters"].get<size_t>() ==
             packed);
@@ -745,4 +809,95 @@ TEST_CASE("qlora: training equals LoRA on the round-tripped base under every str
                     .exit_code == 0);
         test_util::check_close(npy_floats(dir.path("m.npy")), npy_floats(dir.path("q.npy")), 1e-5);
     }
+}
+
+// Under bf16 GEMMs (amp_bf16 on CUDA, amp_fp8 here: the CPU's emulation of its recipe) the frozen Linear weights are
+// kept as bf16, the value those GEMMs read: compute sees exactly their rounding and every other parameter as loaded;
+// the sharded strategies train as DDP on the same ranks (amp_fp8's per-tensor scales of the loss gradients, which
+// carry 1 / world, make its runs differ a little between world sizes); the frozen memory is the packed forms'.
+TEST_CASE("lora: under amp_fp8 the frozen Linear weights are kept in bf16 and every strategy trains the same") {
+    TempDir dir;
+    Json doc = read_config_file(fixture("llama_tiny.json"));
+    doc["precision"] = "amp_fp8";
+    doc["data"]["paths"] = Json::array({fixture("llama_tiny_tokens.u16")});
+    doc["lora"] = {{"enabled", true}, {"r", 4}, {"alpha", 6.0}, {"dropout", 0.1}};
+    const TrainConfig config = validate_config(doc);
+    const ParamLayout layout(config);
+    for (const Unit& u : layout.units()) CHECK(u.bf16_gemms == u.frozen);
+    CHECK_FALSE(ParamLayout(lora_config("llama", 0.1)).units().front().bf16_gemms);  // fp32: kept as it is
+
+    // What a replica's compute reads while a hook holds a frozen unit: the base with its Linear weights rounded.
+    std::vector<std::vector<float>> expected;
+    fill_lora_base(config, layout, expected);
+    round_trip_frozen(layout, expected);
+    auto backend = make_backend(Device::kCpu);
+    auto strategy = make_single_strategy(backend.get(), layout);
+    load_initial_params(config, layout, *strategy, nullptr, "");
+    size_t frozen_bytes = 0, rounded = 0;
+    for (int u = 0; u < layout.num_units(); ++u) {
+        const Unit& unit = layout.units()[u];
+        if (!unit.frozen) continue;
+        CAPTURE(unit.name);
+        frozen_bytes += PackedUnit(unit, FrozenForm::kBf16Linears).bytes();
+        strategy->before_forward(u);
+        const std::vector<float> seen = download(*backend, strategy->unit_params(u), unit.numel);
+        strategy->after_forward(u);
+        CHECK(std::memcmp(seen.data(), expected[u].data(), seen.size() * sizeof(float)) == 0);
+        for (const ParamSpec& p : unit.params) rounded += bf16_linear_stored(p) ? p.numel : 0;
+    }
+    const size_t base_numel = layout.total_numel() - layout.trainable_numel();
+    CHECK(rounded > base_numel / 2);  // the blocks' and the LM head's weights: most of the base
+    CHECK(frozen_bytes < 4 * base_numel - 2 * rounded + 64);
+
+    // The fixture's base and the same base with its Linear weights rounded (a safetensors file) train alike.
+    write_round_tripped_base(config, fixture("llama_tiny_init.safetensors"), dir.path("rounded.safetensors"));
+
+    auto run = [&](int nproc, const std::string& name, std::vector<std::string> more) {
+        std::vector<std::string> a = {"--config",       fixture("llama_tiny.json"),
+                                      "--max-duration", "3",
+                                      "--precision",    "amp_fp8",
+                                      "--metrics-file", dir.path(name),
+                                      "--set",          "lora.enabled=true",
+                                      "--set",          "lora.r=4",
+                                      "--set",          "lora.alpha=6",
+                                      "--set",          "lora.dropout=0.1",
+                                      "--set",          "optimizer.learning_rate=0.02",
+                                      "--set",          "fsdp.precision=fp32"};
+        a.insert(a.end(), more.begin(), more.end());
+        if (std::find(a.begin(), a.end(), "--init-from") == a.end())
+            a.insert(a.end(), {"--init-from", fixture("llama_tiny_init.safetensors")});
+        const auto r = nproc == 1 ? test_util::run_trainer(a) : test_util::launch(nproc, a);
+        INFO(r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+        return test_util::read_metrics(dir.path(name));
+    };
+    auto frozen_memory = [&](const std::string& name) {
+        return test_util::read_summary(dir.path(name))["peak_memory_bytes"]["frozen_parameters"].get<size_t>();
+    };
+    const auto single = run(1, "single.jsonl", {});
+    CHECK(frozen_memory("single.jsonl") == frozen_bytes);
+    test_util::check_losses(single, run(1, "rounded.jsonl", {"--init-from", dir.path("rounded.safetensors")}), 0, 0.0);
+
+    const auto ddp = run(2, "ddp.jsonl", {"--strategy", "ddp"});
+    CHECK(frozen_memory("ddp.jsonl") == frozen_bytes);
+    const std::vector<std::vector<std::string>> cases = {
+        {"--strategy", "fsdp", "--set", "fsdp.wrapping_strategy=by_block"},
+        {"--strategy", "fsdp", "--set", "fsdp.sharding_strategy=SHARD_GRAD_OP", "--set",
+         "activation_checkpointing=whole_layer"},
+        {"--strategy", "fsdp", "--set", "cpu_offload.parameters=true", "--set", "cpu_offload.optimizer_state=true"},
+    };
+    for (size_t i = 0; i < cases.size(); ++i) {
+        CAPTURE(i);
+        test_util::check_losses(ddp, run(2, fmt::format("case{}.jsonl", i), cases[i]));
+    }
+    // NO_SHARD with bf16 parameters keeps every frozen parameter as bf16 (the norms too, as its compute reads them),
+    // and rounds the adapters' compute copies: near (0.3% apart by step 3 here, at FP8's scales), not equal.
+    const auto mixed =
+        run(2, "mixed.jsonl",
+            {"--strategy", "fsdp", "--set", "fsdp.sharding_strategy=NO_SHARD", "--set", "fsdp.precision=mixed"});
+    test_util::check_losses(ddp, mixed, 0, 1e-2);
+    size_t all_bf16 = 0;
+    for (const Unit& u : layout.units()) all_bf16 += u.frozen ? PackedUnit(u, FrozenForm::kBf16).bytes() : 0;
+    CHECK(frozen_memory("mixed.jsonl") == all_bf16);
+    CHECK(all_bf16 < frozen_bytes);
 }

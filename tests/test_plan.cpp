@@ -90,6 +90,14 @@ TEST_CASE("dry run: predicted peak memory by category is the measured accounting
         {2, {"distributed_strategy=ddp", "lora.enabled=true", "lora.targets=[\"q_proj\",\"down_proj\"]"}},
         {2, with(fsdp, {"lora.enabled=true", "activation_checkpointing=whole_layer"})},
         {2, with(fsdp, {"lora.enabled=true", "cpu_offload.optimizer_state=true", "cpu_offload.parameters=true"})},
+        // Under bf16 GEMMs (amp_fp8 here) the frozen Linear weights in bf16: a replica's unpacked copy (kept for the
+        // next unit), FSDP's packed shards with fp32 parameters; NO_SHARD mixed's every parameter in bf16.
+        {1, {"lora.enabled=true", "precision=amp_fp8"}},
+        {2, {"distributed_strategy=ddp", "lora.enabled=true", "precision=amp_fp8"}},
+        {2, with(fsdp, {"lora.enabled=true", "precision=amp_fp8", "fsdp.precision=fp32"}), true},
+        {2,
+         {"distributed_strategy=fsdp", "fsdp.sharding_strategy=NO_SHARD", "lora.enabled=true",
+          "model.weight_tying=true"}},
         // QLoRA: NF4-packed frozen units (a replica unpacked a unit at a time; packed shards on the wire).
         {2, {"distributed_strategy=ddp", "lora.enabled=true", "lora.quantize=nf4"}},
         {2, with(fsdp, {"lora.enabled=true", "lora.quantize=nf4"}), true},

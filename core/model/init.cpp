@@ -152,7 +152,8 @@ void fill_lora_base(const TrainConfig& config, const ParamLayout& layout, std::v
 void round_trip_frozen(const ParamLayout& layout, std::vector<std::vector<float>>& units) {
     for (int u = 0; u < layout.num_units(); ++u) {
         const Unit& unit = layout.units()[u];
-        if (unit.nf4) PackedUnit(unit, true, unit.double_quant).round_trip(units.at(u).data());
+        const PackedUnit pack(unit, frozen_form(unit, false), unit.double_quant);
+        if (pack.narrower()) pack.round_trip(units.at(u).data());
     }
 }
 

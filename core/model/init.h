@@ -27,8 +27,9 @@ void load_initial_params(const TrainConfig& config, const ParamLayout& layout, S
 // A LoRA fine-tune's frozen base (host, the frozen units sized and filled; the adapter units untouched): its
 // initialisation, then its init_from's Hugging Face tensors where it has one. What a LoRA checkpoint does not hold.
 void fill_lora_base(const TrainConfig& config, const ParamLayout& layout, std::vector<std::vector<float>>& units);
-// QLoRA: the frozen units (host) as their NF4 storage gives them back to compute (packed once, as a strategy packs
-// them when they are loaded: NF4 with double quantization is no fixed point, so never twice).
+// The frozen units (host) as their packed storage gives them back to compute (QLoRA's NF4, the bf16 Linear weights of
+// amp_bf16: parallel/strategy/packed_unit.h), packed once, as a strategy packs them when they are loaded (NF4 with
+// double quantization is no fixed point, so never twice).
 void round_trip_frozen(const ParamLayout& layout, std::vector<std::vector<float>>& units);
 
 // Loads the weights into `strategy` (a single process's): load_path's checkpoint (which must hold this config's

@@ -10,9 +10,11 @@
 // (a group of one, where every collective is a no-op).
 //
 // LoRA: a frozen unit (the base) holds parameters only; it has no gradient to reduce and no part for the optimizer.
-// With bf16 parameters (NO_SHARD mixed / pure) it is rounded to bf16 in place once loaded, and compute reads it there:
-// no compute copy beside it (its values are the copy's). QLoRA's frozen units (lora.quantize nf4) are kept packed
-// (packed_unit.h) and unpacked into an fp32 copy for as long as a hook holds them (gathered_units): one unit at a time.
+// It is kept in its packed form where that is narrower (packed_unit.h: NF4 under QLoRA, bf16 under bf16 parameters
+// (NO_SHARD mixed / pure), its Linear weights bf16 under amp_bf16) and unpacked into an fp32 copy for as long as a
+// hook holds it (gathered_units). The copies' buffers are kept for the next unit rather than freed (a recorded
+// micro-batch, kernels.cuda_graphs, allocates nothing and replays the same buffers): after the first micro-batch
+// there is one, the size of the largest packed unit, or two where a tied head holds the embedding with the head.
 //
 // CPU offload (cpu_offload.optimizer_state; shard_storage.h): the gradients stay on the device, where the
 // optimizer streams them down as it updates. The replica's parameters stay on the device (offloading them
@@ -45,8 +47,8 @@ class DdpStrategy final : public Strategy {
         }
         for (const auto& u : layout.units()) {
             Unit s;
-            s.packed = u.frozen && u.nf4;
-            if (s.packed) s.pack = PackedUnit(u, true, u.double_quant);
+            s.pack = PackedUnit(u, frozen_form(u, precision_.bf16_params), u.double_quant);
+            s.packed = s.pack.narrower();
             s.state = ShardStorage(backend, s.packed ? s.pack.floats() : u.numel, offload, false, u.frozen);
             if (precision_.bf16_params && u.numel > 0 && !u.frozen) {
                 s.compute = DeviceBuffer(backend, u.numel * sizeof(float), MemCategory::kGatheredUnits);
@@ -61,7 +63,7 @@ class DdpStrategy final : public Strategy {
         if (s.packed) {
             TRAINER_CHECK(s.refs > 0, "unit {} parameters used outside its hooks", u);
             if (s.widened.data() == nullptr) {
-                s.widened = DeviceBuffer(backend_, s.pack.numel() * sizeof(float), MemCategory::kGatheredUnits);
+                s.widened = spare_buffer(s.pack.numel() * sizeof(float));
                 s.pack.unpack(*backend_, s.widened.f32(), reinterpret_cast<const uint8_t*>(s.state.device_params()));
             }
             return s.widened.f32();
@@ -135,19 +137,32 @@ class DdpStrategy final : public Strategy {
         for (auto& s : units_) {
             s.state.params_loaded();
             s.compute_stale = true;
-            const size_t n = s.state.numel();
-            if (s.state.frozen() && precision_.bf16_params && n > 0 && !s.packed)
-                backend_->round_to_bf16(s.state.device_params(), s.state.device_params(), n);
         }
     }
 
    private:
-    // A packed unit's fp32 copy lives while a hook holds the unit.
+    // A packed unit's fp32 copy lives while a hook holds the unit; its buffer then waits in spares_ for the next.
     void hold(int u) { ++units_.at(u).refs; }
     void release(int u) {
         Unit& s = units_.at(u);
         TRAINER_CHECK(s.refs > 0, "unit {} released more often than held", u);
-        if (--s.refs == 0) s.widened.reset();
+        if (--s.refs == 0 && s.widened.data() != nullptr) spares_.push_back(std::move(s.widened));
+    }
+    // The smallest spare buffer of at least `bytes`, or where none is that large a new one (the spares, all smaller,
+    // are freed first): the same sequence of units gets the same buffers every micro-batch.
+    DeviceBuffer spare_buffer(size_t bytes) {
+        size_t best = spares_.size();
+        for (size_t i = 0; i < spares_.size(); ++i) {
+            if (spares_[i].bytes() >= bytes && (best == spares_.size() || spares_[i].bytes() < spares_[best].bytes()))
+                best = i;
+        }
+        if (best == spares_.size()) {
+            spares_.clear();
+            return DeviceBuffer(backend_, bytes, MemCategory::kGatheredUnits);
+        }
+        DeviceBuffer b = std::move(spares_[best]);
+        spares_.erase(spares_.begin() + static_cast<std::ptrdiff_t>(best));
+        return b;
     }
     void settle(int u) {
         Unit& s = units_[u];
@@ -168,7 +183,7 @@ class DdpStrategy final : public Strategy {
         DeviceBuffer wire;     // pure: the bf16 gradients while their all-reduce is in flight
         CommHandle pending;    // its gradient all-reduce, when in flight
         bool has_pending = false, compute_stale = true;
-        bool packed = false;  // QLoRA: the state holds pack's packed form
+        bool packed = false;  // a frozen unit in a narrower form: the state holds pack's packed form
         PackedUnit pack;
         DeviceBuffer widened;  // packed: the fp32 unit while a hook holds it
         int refs = 0;
@@ -180,6 +195,7 @@ class DdpStrategy final : public Strategy {
     std::string name_;
     int num_micro_ = 1, micro_ = 0;
     std::vector<Unit> units_;
+    std::vector<DeviceBuffer> spares_;  // packed units' fp32 copies, free for the next unit held
 };
 
 }  // namespace

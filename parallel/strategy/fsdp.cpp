@@ -35,11 +35,13 @@
 // LoRA: the wrap policy gives every block's adapters an FSDP unit of their own, so an FSDP unit is all frozen (the
 // base: gathered as any unit, but with no gradient, no reduction and no part for the optimizer) or all trained.
 // The small adapter units are gathered when used, never prefetched, and not counted by limit_all_gathers.
-// QLoRA (lora.quantize nf4): a frozen FSDP unit's flat buffer is its members' packed forms (packed_unit.h) back to
-// back, sharded and all-gathered as they are (NF4 codes and absmaxes on the wire), then unpacked into the fp32 unit
-// compute reads. CPU offload (shard_storage.h): the shards' gradients stay on the device, where the optimizer streams
-// them down as it updates. With cpu_offload.parameters every gather first uploads the shard (bf16 in mixed
-// and pure precision) into a communication buffer that lives until the gather has landed.
+// A frozen FSDP unit in a narrower form (packed_unit.h: QLoRA's NF4, or its Linear weights bf16 under amp_bf16 with
+// fp32 parameters) has its members' packed forms back to back as its flat buffer, sharded and all-gathered as they
+// are (NF4 codes and absmaxes, or bf16 words, on the wire), then unpacked into the fp32 unit compute reads. Under
+// bf16 parameters (mixed, pure) a frozen unit is its bf16 shards, as any unit. CPU offload (shard_storage.h): the
+// shards' gradients stay on the device, where the optimizer streams them down as it updates. With
+// cpu_offload.parameters every gather first uploads the shard (bf16 in mixed and pure precision) into a communication
+// buffer that lives until the gather has landed.
 #include <deque>
 #include <memory>
 #include <utility>
@@ -83,7 +85,12 @@ class FsdpStrategy final : public Strategy {
             G.units = opt_.groups[g];
             G.frozen = !G.units.empty() && layout.units().at(G.units.front()).frozen;
             G.adapters = !G.units.empty() && G.units.front() > head_;
-            G.packed = G.frozen && layout.units().at(G.units.front()).nf4;
+            const FrozenForm form = G.units.empty()
+                                        ? FrozenForm::kFp32
+                                        : frozen_form(layout.units()[G.units.front()], opt_.precision.bf16_params);
+            if (form == FrozenForm::kNf4 || form == FrozenForm::kBf16Linears) {
+                for (int u : G.units) G.packed = G.packed || PackedUnit(layout.units()[u], form).narrower();
+            }
             for (int u : G.units) {
                 TRAINER_CHECK(group_of_.at(u) < 0, "layout unit {} is in two FSDP units", u);
                 TRAINER_CHECK(layout.units()[u].frozen == G.frozen, "FSDP unit {} mixes frozen and trained units", g);
@@ -92,7 +99,7 @@ class FsdpStrategy final : public Strategy {
                 G.full_numel += layout.units()[u].numel;
                 store_offset_[u] = G.numel;
                 if (G.packed) {
-                    G.packs.emplace_back(layout.units()[u], true, layout.units()[u].double_quant);
+                    G.packs.emplace_back(layout.units()[u], form, layout.units()[u].double_quant);
                     store_numel_[u] = G.packs.back().floats();
                 } else {
                     store_numel_[u] = layout.units()[u].numel;
@@ -231,7 +238,7 @@ class FsdpStrategy final : public Strategy {
    private:
     struct Group {
         std::vector<int> units;
-        bool packed = false;  // QLoRA: the members' packed forms (packs, in units' order) are the storage
+        bool packed = false;  // frozen and narrower: the members' packed forms (packs, in units' order) are the storage
         std::vector<PackedUnit> packs;
         size_t full_numel = 0;  // the members' fp32 elements (compute's layout; numel: the storage's)
         int first_unit = -1;    // the member whose after_backward ends the FSDP unit's backward
@@ -267,7 +274,7 @@ class FsdpStrategy final : public Strategy {
         TRAINER_CHECK(false, "unit {} is no member", u);
         return 0;
     }
-    // QLoRA: the gathered packed forms at `packed` into the fp32 unit compute reads.
+    // Packed: the gathered packed forms at `packed` into the fp32 unit compute reads.
     void unpack(Group& G, const float* packed) {
         for (size_t i = 0; i < G.units.size(); ++i) {
             const int u = G.units[i];
@@ -432,7 +439,7 @@ class FsdpStrategy final : public Strategy {
     std::vector<Group> groups_;
     std::vector<int> group_of_;
     // Each layout unit's offset in its FSDP unit's compute layout (fp32), and its offset and size in the FSDP unit's
-    // storage (the same but for QLoRA's packed units).
+    // storage (the same but for packed units).
     std::vector<size_t> offset_in_group_, store_offset_, store_numel_;
     std::deque<PendingReduce> pending_;
 };

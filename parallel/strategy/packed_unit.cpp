@@ -1,4 +1,4 @@
-// QLoRA's packed frozen units (see packed_unit.h).
+// LoRA's packed frozen units (see packed_unit.h).
 #include "parallel/strategy/packed_unit.h"
 
 #include <cstring>
@@ -22,22 +22,37 @@ size_t nf4_part_bytes(size_t n, bool dq) {
 }  // namespace
 
 bool nf4_stored(const ParamSpec& p) { return p.kind == ParamKind::kLinearWeight && p.layer >= 0; }
+bool bf16_linear_stored(const ParamSpec& p) { return p.kind == ParamKind::kLinearWeight; }
 
-PackedUnit::PackedUnit(const Unit& unit, bool quantize, bool double_quant)
-    : double_quant_(quantize && double_quant), numel_(unit.numel) {
+FrozenForm frozen_form(const Unit& unit, bool bf16_params) {
+    if (!unit.frozen) return FrozenForm::kFp32;
+    if (unit.nf4) return FrozenForm::kNf4;
+    if (bf16_params) return FrozenForm::kBf16;
+    return unit.bf16_gemms ? FrozenForm::kBf16Linears : FrozenForm::kFp32;
+}
+
+PackedUnit::PackedUnit(const Unit& unit, FrozenForm form, bool double_quant)
+    : double_quant_(form == FrozenForm::kNf4 && double_quant), numel_(unit.numel) {
     for (const ParamSpec& p : unit.params) {
-        const bool nf4 = quantize && nf4_stored(p);
-        if (!nf4 && !parts_.empty() && !parts_.back().nf4 && parts_.back().offset + parts_.back().numel == p.offset) {
-            parts_.back().numel += p.numel;  // consecutive fp32 parameters: one copy
+        Store store = Store::kFp32;
+        if (form == FrozenForm::kNf4 && nf4_stored(p)) store = Store::kNf4;
+        if (form == FrozenForm::kBf16 || (form == FrozenForm::kBf16Linears && bf16_linear_stored(p)))
+            store = Store::kBf16;
+        // Consecutive fp32 or bf16 parameters: one part (one copy or cast); an NF4 weight is a part of its own.
+        if (store != Store::kNf4 && !parts_.empty() && parts_.back().store == store &&
+            parts_.back().offset + parts_.back().numel == p.offset) {
+            parts_.back().numel += p.numel;
         } else {
-            parts_.push_back({p.offset, p.numel, 0, nf4});
+            parts_.push_back({p.offset, p.numel, 0, store});
         }
     }
     for (Part& part : parts_) {
         part.at = bytes_;
-        const size_t size = part.nf4 ? nf4_part_bytes(part.numel, double_quant_) : 4 * part.numel;
+        size_t size = 4 * part.numel;
+        if (part.store == Store::kBf16) size = align4(2 * part.numel);
+        if (part.store == Store::kNf4) size = nf4_part_bytes(part.numel, double_quant_);
         bytes_ += size;
-        if (part.nf4) nf4_numel_ += part.numel, nf4_bytes_ += size;
+        if (part.store == Store::kNf4) nf4_numel_ += part.numel, nf4_bytes_ += size;
     }
 }
 
@@ -45,8 +60,14 @@ void PackedUnit::pack(const float* unit, uint8_t* packed) const {
     if (bytes_ == 0) return;  // a unit without parameters (a parameter-free final norm): nothing, maybe no buffer
     std::memset(packed, 0, bytes_);
     for (const Part& p : parts_) {
-        if (!p.nf4) {
+        if (p.store == Store::kFp32) {
             std::memcpy(packed + p.at, unit + p.offset, 4 * p.numel);
+            continue;
+        }
+        if (p.store == Store::kBf16) {  // round to nearest even, as every bf16 cast of the trainer
+            std::vector<uint16_t> words(p.numel);
+            cpu::cast_float_to_bf16(words.data(), unit + p.offset, p.numel);
+            std::memcpy(packed + p.at, words.data(), 2 * p.numel);
             continue;
         }
         std::vector<float> absmax(cpu::nf4_blocks(p.numel));
@@ -67,8 +88,12 @@ void PackedUnit::pack(const float* unit, uint8_t* packed) const {
 
 void PackedUnit::unpack(Backend& backend, float* unit, const uint8_t* packed) const {
     for (const Part& p : parts_) {
-        if (!p.nf4) {
+        if (p.store == Store::kFp32) {
             backend.copy_device_to_device(unit + p.offset, packed + p.at, 4 * p.numel);
+            continue;
+        }
+        if (p.store == Store::kBf16) {
+            backend.cast_bf16_to_float(unit + p.offset, reinterpret_cast<const uint16_t*>(packed + p.at), p.numel);
             continue;
         }
         const uint8_t* rest = packed + p.at + codes_bytes(p.numel);
@@ -84,7 +109,11 @@ void PackedUnit::unpack(Backend& backend, float* unit, const uint8_t* packed) co
 
 void PackedUnit::round_trip(float* unit) const {
     for (const Part& p : parts_) {
-        if (!p.nf4) continue;
+        if (p.store == Store::kFp32) continue;
+        if (p.store == Store::kBf16) {
+            cpu::round_to_bf16(unit + p.offset, unit + p.offset, p.numel);
+            continue;
+        }
         std::vector<uint8_t> codes((p.numel + 1) / 2);
         std::vector<float> absmax(cpu::nf4_blocks(p.numel));
         cpu::nf4_quantize(codes.data(), absmax.data(), unit + p.offset, p.numel);
