@@ -233,6 +233,11 @@ class Backend {
     // that use it (the CUDA backend keeps its bf16 copy in amp_bf16: the LM head's chunks reuse one cast of
     // the (V, C) weight). nullptr ends the promise. Default: nothing kept.
     virtual void hold_weight(const float* w) { (void)w; }
+    // Until the region is named again with `bf16` null, the fp32 values at [w, w + n) are exactly the bf16 words at
+    // `bf16` (device memory that stays put and unchanged meanwhile), so a GEMM reading a weight inside it may read
+    // those words instead of casting (the CUDA backend in amp_bf16). A replica's frozen unit widened from its bf16
+    // storage names its bf16 parts (parallel/strategy/packed_unit.h). Default: nothing kept (the CPU reads fp32).
+    virtual void alias_bf16(const float* w, const uint16_t* bf16, size_t n) { (void)w, (void)bf16, (void)n; }
     // pre = the Linear forward, out = gelu(pre) (erf or tanh form). Default: the two ops; the CUDA backend
     // fuses the tanh form into the GEMM's epilogue.
     virtual void matmul_gelu_forward(GemmOperand pre, GemmOperand out, GemmOperand inp, const float* weight,

@@ -118,6 +118,7 @@ class ForwardingBackend : public Backend {
     void copy_device_to_device(void* dst, const void* src, size_t bytes) override;
     void fill_zero(void* ptr, size_t bytes) override;
     void hold_weight(const float* w) override;
+    void alias_bf16(const float* w, const uint16_t* bf16, size_t n) override;
     void set_linear_precision(LinearPrecision p) override;
     void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
                         int N) override;
@@ -613,6 +614,9 @@ inline void ForwardingBackend::set_linear_precision(LinearPrecision p) {
 }
 inline void ForwardingBackend::hold_weight(const float* w) {
     dispatch(op_shapes::plain("hold_weight"), [=](Backend& b) { b.hold_weight(w); });
+}
+inline void ForwardingBackend::alias_bf16(const float* w, const uint16_t* bf16, size_t n) {
+    dispatch(op_shapes::plain("alias_bf16"), [=](Backend& b) { b.alias_bf16(w, bf16, n); });
 }
 
 inline void ForwardingBackend::rope_forward_at(float* qkv, const int32_t* positions, int N, int NH, int KVH, int HS,

@@ -16,6 +16,7 @@
 #include "core/optimizer.h"
 #include "core/weights/peft.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/forwarding_backend.h"
 #include "model_check.h"
 #include "parallel/strategy/packed_unit.h"
 #include "test_util.h"
@@ -46,6 +47,24 @@ TrainConfig lora_config(const std::string& name, double dropout, std::vector<std
     doc["lora"]["targets"] = targets;
     return validate_config(doc);
 }
+
+// The CPU backend, keeping the regions alias_bf16 names (which the CUDA backend's GEMMs read instead of casting).
+class AliasWatch final : public ForwardingBackend {
+   public:
+    explicit AliasWatch(Backend& inner) : ForwardingBackend(inner) {}
+    void alias_bf16(const float* w, const uint16_t* bf16, size_t n) override {
+        if (bf16 != nullptr) {
+            CHECK(aliases.count(w) == 0);
+            aliases[w] = {bf16, n};
+            return;
+        }
+        // CHECK, not REQUIRE: this runs in the strategy's destructor too.
+        CHECK(aliases.count(w) == 1);
+        if (aliases.count(w) == 1) CHECK(aliases[w].second == n);
+        aliases.erase(w);
+    }
+    std::map<const float*, std::pair<const uint16_t*, size_t>> aliases;
+};
 
 std::vector<float> download(Backend& backend, const float* p, size_t n) {
     std::vector<float> v(n);
@@ -830,8 +849,11 @@ TEST_CASE("lora: under amp_fp8 the frozen Linear weights are kept in bf16 and ev
     std::vector<std::vector<float>> expected;
     fill_lora_base(config, layout, expected);
     round_trip_frozen(layout, expected);
-    auto backend = make_backend(Device::kCpu);
-    auto strategy = make_single_strategy(backend.get(), layout);
+    // Its bf16 parts named to the backend as the words of the Linear weights (the GEMMs' reads on CUDA), until
+    // released.
+    auto cpu = make_backend(Device::kCpu);
+    AliasWatch backend(*cpu);
+    auto strategy = make_single_strategy(&backend, layout);
     load_initial_params(config, layout, *strategy, nullptr, "");
     size_t frozen_bytes = 0, rounded = 0;
     for (int u = 0; u < layout.num_units(); ++u) {
@@ -840,8 +862,27 @@ TEST_CASE("lora: under amp_fp8 the frozen Linear weights are kept in bf16 and ev
         CAPTURE(unit.name);
         frozen_bytes += PackedUnit(unit, FrozenForm::kBf16Linears).bytes();
         strategy->before_forward(u);
-        const std::vector<float> seen = download(*backend, strategy->unit_params(u), unit.numel);
+        const float* params = strategy->unit_params(u);
+        const std::vector<float> seen = download(backend, params, unit.numel);
+        std::vector<int> named(unit.numel, 0);
+        for (const auto& [w, words] : backend.aliases) {
+            const auto at = static_cast<size_t>(w - params);
+            REQUIRE(at + words.second <= unit.numel);
+            std::vector<uint16_t> bits(words.second);
+            backend.copy_device_to_host(bits.data(), words.first, bits.size() * 2);
+            std::vector<float> wide(bits.size());
+            cpu::cast_bf16_to_float(wide.data(), bits.data(), bits.size());
+            CHECK(std::memcmp(wide.data(), seen.data() + at, wide.size() * sizeof(float)) == 0);
+            for (size_t i = at; i < at + words.second; ++i) ++named[i];
+        }
+        for (const ParamSpec& p : unit.params) {
+            CAPTURE(p.name);
+            const int want = bf16_linear_stored(p) ? 1 : 0;
+            CHECK(std::all_of(named.begin() + p.offset, named.begin() + p.offset + p.numel,
+                              [&](int k) { return k == want; }));
+        }
         strategy->after_forward(u);
+        CHECK(backend.aliases.empty());
         CHECK(std::memcmp(seen.data(), expected[u].data(), seen.size() * sizeof(float)) == 0);
         for (const ParamSpec& p : unit.params) rounded += bf16_linear_stored(p) ? p.numel : 0;
     }

@@ -4,6 +4,7 @@
 // attention partials, the bf16 operand copies of amp_bf16, the norm partials).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -612,8 +613,20 @@ class CudaBackend final : public CudaRuntime {
         held_ = w;
         held_numel_ = 0;  // cast on first use
     }
-    // A GEMM weight in bf16: the held weight's copy, cast once while it is held; any other, cast now.
+    void alias_bf16(const float* w, const uint16_t* bf16, size_t n) override {
+        const auto at = reinterpret_cast<uintptr_t>(w);
+        aliases_.erase(std::remove_if(aliases_.begin(), aliases_.end(), [&](const Alias& a) { return a.at == at; }),
+                       aliases_.end());
+        if (bf16 != nullptr && n > 0) aliases_.push_back({at, n, bf16});
+    }
+    // A GEMM weight in bf16: the words it is an alias of (alias_bf16); else the held weight's copy, cast once while
+    // it is held; any other, cast now.
     const uint16_t* weight_bf16(const float* w, size_t n) {
+        const auto at = reinterpret_cast<uintptr_t>(w);
+        for (const Alias& a : aliases_) {
+            if (at >= a.at && at + n * sizeof(float) <= a.at + a.n * sizeof(float))
+                return a.bf16 + (at - a.at) / sizeof(float);
+        }
         if (w == nullptr || w != held_) return to_bf16(b16_, w, n);
         if (held_numel_ != n) {
             to_bf16(held16_, w, n);
@@ -661,6 +674,12 @@ class CudaBackend final : public CudaRuntime {
     Scratch bias16_;                    // a bias rounded to bf16 for a bf16-output GEMM's epilogue
     Scratch segments_, norm_segments_;  // the multi-tensor AdamW and norm descriptors
     Scratch held16_;                    // the held weight's bf16 copy (hold_weight)
+    struct Alias {
+        uintptr_t at;  // the fp32 region's address
+        size_t n;      // its elements
+        const uint16_t* bf16;
+    };
+    std::vector<Alias> aliases_;  // alias_bf16's regions (a replica's frozen unit's bf16 parts while it is held)
     const float* held_ = nullptr;
     size_t held_numel_ = 0;
     // amp_fp8 (set_linear_precision): the Linear layers' precision now, each slot's codes (row-major, transposed),

@@ -12,9 +12,10 @@
 // LoRA: a frozen unit (the base) holds parameters only; it has no gradient to reduce and no part for the optimizer.
 // It is kept in its packed form where that is narrower (packed_unit.h: NF4 under QLoRA, bf16 under bf16 parameters
 // (NO_SHARD mixed / pure), its Linear weights bf16 under amp_bf16) and unpacked into an fp32 copy for as long as a
-// hook holds it (gathered_units). The copies' buffers are kept for the next unit rather than freed (a recorded
-// micro-batch, kernels.cuda_graphs, allocates nothing and replays the same buffers): after the first micro-batch
-// there is one, the size of the largest packed unit, or two where a tied head holds the embedding with the head.
+// hook holds it (gathered_units), its bf16 parts named as that copy's words (Backend::alias_bf16) so the GEMMs read
+// them as stored. The copies' buffers are kept for the next unit rather than freed (a recorded micro-batch,
+// kernels.cuda_graphs, allocates nothing and replays the same buffers): after the first micro-batch there is one, the
+// size of the largest packed unit, or two where a tied head holds the embedding with the head.
 //
 // CPU offload (cpu_offload.optimizer_state; shard_storage.h): the gradients stay on the device, where the
 // optimizer streams them down as it updates. The replica's parameters stay on the device (offloading them
@@ -57,6 +58,12 @@ class DdpStrategy final : public Strategy {
         }
     }
 
+    ~DdpStrategy() override {
+        for (auto& s : units_) {
+            if (s.widened.data() != nullptr) s.pack.unalias(*backend_, s.widened.f32());  // a unit held at the end
+        }
+    }
+
     std::string name() const override { return name_; }
     float* unit_params(int u) override {
         Unit& s = units_.at(u);
@@ -64,7 +71,9 @@ class DdpStrategy final : public Strategy {
             TRAINER_CHECK(s.refs > 0, "unit {} parameters used outside its hooks", u);
             if (s.widened.data() == nullptr) {
                 s.widened = spare_buffer(s.pack.numel() * sizeof(float));
-                s.pack.unpack(*backend_, s.widened.f32(), reinterpret_cast<const uint8_t*>(s.state.device_params()));
+                const auto* packed = reinterpret_cast<const uint8_t*>(s.state.device_params());
+                s.pack.unpack(*backend_, s.widened.f32(), packed);
+                s.pack.alias(*backend_, s.widened.f32(), packed);
             }
             return s.widened.f32();
         }
@@ -146,7 +155,9 @@ class DdpStrategy final : public Strategy {
     void release(int u) {
         Unit& s = units_.at(u);
         TRAINER_CHECK(s.refs > 0, "unit {} released more often than held", u);
-        if (--s.refs == 0 && s.widened.data() != nullptr) spares_.push_back(std::move(s.widened));
+        if (--s.refs > 0 || s.widened.data() == nullptr) return;
+        s.pack.unalias(*backend_, s.widened.f32());
+        spares_.push_back(std::move(s.widened));
     }
     // The smallest spare buffer of at least `bytes`, or where none is that large a new one (the spares, all smaller,
     // are freed first): the same sequence of units gets the same buffers every micro-batch.

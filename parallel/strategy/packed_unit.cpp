@@ -107,6 +107,19 @@ void PackedUnit::unpack(Backend& backend, float* unit, const uint8_t* packed) co
     }
 }
 
+void PackedUnit::alias(Backend& backend, const float* unit, const uint8_t* packed) const {
+    for (const Part& p : parts_) {
+        if (p.store == Store::kBf16)
+            backend.alias_bf16(unit + p.offset, reinterpret_cast<const uint16_t*>(packed + p.at), p.numel);
+    }
+}
+
+void PackedUnit::unalias(Backend& backend, const float* unit) const {
+    for (const Part& p : parts_) {
+        if (p.store == Store::kBf16) backend.alias_bf16(unit + p.offset, nullptr, p.numel);
+    }
+}
+
 void PackedUnit::round_trip(float* unit) const {
     for (const Part& p : parts_) {
         if (p.store == Store::kFp32) continue;

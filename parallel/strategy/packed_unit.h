@@ -53,6 +53,11 @@ class PackedUnit {
     void pack(const float* unit, uint8_t* packed) const;
     // The packed form (device) into the unit's fp32 layout (device): what compute reads.
     void unpack(Backend& backend, float* unit, const uint8_t* packed) const;
+    // Names the bf16 parts of `packed` (device) as the words of their values in `unit`, its unpacked copy
+    // (Backend::alias_bf16), so the GEMMs read them without a cast; `unalias` drops those names before `unit` holds
+    // anything else.
+    void alias(Backend& backend, const float* unit, const uint8_t* packed) const;
+    void unalias(Backend& backend, const float* unit) const;
     // In place on the host: each value as unpack gives it back (the NF4 or bf16 weights' round trip).
     void round_trip(float* unit) const;
 

@@ -166,7 +166,9 @@ TEST_CASE("gpu: 20 OLMo-2 training steps match the CPU backend in fp32 and amp_b
 TEST_CASE("gpu: LoRA on every module trains as on the CPU in fp32 and amp_bf16 with dropout and repeats bitwise") {
     // OLMo-2's fixture (adapters on q/k/v before the QK-norm, on outputs normed after their sublayer) and Llama's
     // (pre-norms, grouped-query attention): the frozen base's input-gradient-only GEMMs, lora.cu's kernels on bf16
-    // operands, the dropout masks from the same hash as the CPU's, CUDA graphs replaying them.
+    // operands, the dropout masks from the same hash as the CPU's, CUDA graphs replaying them. Under amp_bf16 the
+    // base's Linear weights are kept in bf16 and the GEMMs read those words (Backend::alias_bf16); QLoRA's NF4 base
+    // is replayed too.
     test_util::TempDir dir;
     for (const std::string name : {"olmo2", "llama"}) {
         CAPTURE(name);
@@ -206,6 +208,13 @@ TEST_CASE("gpu: LoRA on every module trains as on the CPU in fp32 and amp_bf16 w
         std::vector<std::string> graphs = amp;
         graphs.insert(graphs.end(), {"--set", "kernels.cuda_graphs=true"});
         test_util::check_losses(bf16, run("graphs", graphs), 0, 0.0);
+        // QLoRA: the NF4 base unpacked into the buffer the replica reuses, eager and replayed.
+        std::vector<std::string> nf4 = amp;
+        nf4.insert(nf4.end(), {"--set", "lora.quantize=nf4"});
+        const auto q = run("nf4", nf4);
+        test_util::check_losses(run("nf4cpu", {"--device", "cpu", "--set", "lora.quantize=nf4"}), q, 0, 2e-2);
+        nf4.insert(nf4.end(), {"--set", "kernels.cuda_graphs=true"});
+        test_util::check_losses(q, run("nf4graphs", nf4), 0, 0.0);
     }
 }
 
