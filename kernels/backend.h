@@ -238,6 +238,10 @@ class Backend {
     // those words instead of casting (the CUDA backend in amp_bf16). A replica's frozen unit widened from its bf16
     // storage names its bf16 parts (parallel/strategy/packed_unit.h). Default: nothing kept (the CPU reads fp32).
     virtual void alias_bf16(const float* w, const uint16_t* bf16, size_t n) { (void)w, (void)bf16, (void)n; }
+    // True: every read of a Linear weight inside an alias_bf16 region is a GEMM's (the matmul ops, bf16 or FP8),
+    // which reads the bf16 words, so the fp32 values there need not be written at all (a replica then skips widening
+    // its frozen Linear weights). The CUDA backend in amp_bf16 and amp_fp8. Default: false (the CPU reads fp32).
+    virtual bool gemms_read_aliases() const { return false; }
     // pre = the Linear forward, out = gelu(pre) (erf or tanh form). Default: the two ops; the CUDA backend
     // fuses the tanh form into the GEMM's epilogue.
     virtual void matmul_gelu_forward(GemmOperand pre, GemmOperand out, GemmOperand inp, const float* weight,
@@ -505,8 +509,9 @@ struct OpCost {
 // so is every copy_async (with distinct tickets from 1) and every wait on one; host values (sums, norms)
 // are 0. `gemm_operands_bf16`: what the backend it stands for answers (see
 // gemm_operands_bf16_for, parallel/setup.h).
+// `gemms_read_aliases` likewise (gemms_read_aliases_for).
 std::unique_ptr<Backend> make_dry_backend(std::function<void(const OpCost&)> observer = {},
-                                          bool gemm_operands_bf16 = false);
+                                          bool gemm_operands_bf16 = false, bool gemms_read_aliases = false);
 #ifdef TRAINER_HAVE_CUDA
 // The CUDA backend (kernels/cuda/cuda_backend.cu); refuses when no GPU is usable, naming why.
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);

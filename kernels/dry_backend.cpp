@@ -15,8 +15,10 @@ namespace {
 
 class DryBackend final : public ForwardingBackend {
    public:
-    DryBackend(std::function<void(const OpCost&)> observer, bool gemm_operands_bf16)
-        : observer_(std::move(observer)), gemm_operands_bf16_(gemm_operands_bf16) {}
+    DryBackend(std::function<void(const OpCost&)> observer, bool gemm_operands_bf16, bool gemms_read_aliases)
+        : observer_(std::move(observer)),
+          gemm_operands_bf16_(gemm_operands_bf16),
+          gemms_read_aliases_(gemms_read_aliases) {}
 
     // Every device op: its costs noted, nothing run. A fused op has none of its own: its parts (Backend's default
     // body, on this backend) are noted one by one.
@@ -28,6 +30,7 @@ class DryBackend final : public ForwardingBackend {
 
     std::string name() const override { return "dry"; }
     bool gemm_operands_bf16() const override { return gemm_operands_bf16_; }
+    bool gemms_read_aliases() const override { return gemms_read_aliases_; }
 
     // Addresses no one dereferences: distinct, 64-byte aligned, far from anything mapped.
     void* alloc(size_t bytes) override {
@@ -81,15 +84,16 @@ class DryBackend final : public ForwardingBackend {
         if (observer_) observer_({op, flops, bytes, ticket});
     }
     std::function<void(const OpCost&)> observer_;
-    bool gemm_operands_bf16_;
+    bool gemm_operands_bf16_, gemms_read_aliases_;
     uintptr_t next_ = uintptr_t(1) << 44;
     uint64_t tickets_ = 0;  // copy_async's, from 1
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_dry_backend(std::function<void(const OpCost&)> observer, bool gemm_operands_bf16) {
-    return std::make_unique<DryBackend>(std::move(observer), gemm_operands_bf16);
+std::unique_ptr<Backend> make_dry_backend(std::function<void(const OpCost&)> observer, bool gemm_operands_bf16,
+                                          bool gemms_read_aliases) {
+    return std::make_unique<DryBackend>(std::move(observer), gemm_operands_bf16, gemms_read_aliases);
 }
 
 }  // namespace trainer

@@ -94,6 +94,7 @@ class ForwardingBackend : public Backend {
     int64_t device_peak_bytes() const override { return inner().device_peak_bytes(); }
     std::string library_description() const override { return inner().library_description(); }
     bool gemm_operands_bf16() const override { return inner().gemm_operands_bf16(); }
+    bool gemms_read_aliases() const override { return inner().gemms_read_aliases(); }
     void begin_activity() override { inner().begin_activity(); }
     Activity end_activity() override { return inner().end_activity(); }
     std::vector<std::pair<std::string, double>> device_counters() override { return inner().device_counters(); }

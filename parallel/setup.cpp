@@ -361,6 +361,10 @@ bool gemm_operands_bf16_for(const TrainConfig& c, Device device) {
     return resolve_device(device) == Device::kCuda && bf16_mixed(c.precision) && c.kernels_bf16_activations;
 }
 
+bool gemms_read_aliases_for(const TrainConfig& c, Device device) {
+    return resolve_device(device) == Device::kCuda && bf16_mixed(c.precision);
+}
+
 namespace {
 
 // kernels.attention on `device` (resolved), auto made the fast path or the native kernels.

@@ -103,5 +103,8 @@ BackendOptions backend_options(const TrainConfig& config, const ComputeTarget& t
 // Whether the backend a config computes on with `device` (resolved) keeps GEMM operands in bf16: amp_bf16
 // on CUDA with kernels.bf16_activations.
 bool gemm_operands_bf16_for(const TrainConfig& config, Device device);
+// Whether its GEMMs read a replica's bf16 weights from their words alone (Backend::gemms_read_aliases): amp_bf16 and
+// amp_fp8 on CUDA.
+bool gemms_read_aliases_for(const TrainConfig& config, Device device);
 
 }  // namespace trainer

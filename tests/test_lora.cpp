@@ -49,9 +49,12 @@ TrainConfig lora_config(const std::string& name, double dropout, std::vector<std
 }
 
 // The CPU backend, keeping the regions alias_bf16 names (which the CUDA backend's GEMMs read instead of casting).
+// With `gemms_read`, it answers gemms_read_aliases() as the CUDA backend in amp_bf16 does, and its GEMMs read an
+// aliased weight from the bf16 words alone (widened into a scratch); device memory comes filled with NaN, so anything
+// else reading a weight a replica left unwritten computes NaN.
 class AliasWatch final : public ForwardingBackend {
    public:
-    explicit AliasWatch(Backend& inner) : ForwardingBackend(inner) {}
+    explicit AliasWatch(Backend& inner, bool gemms_read = false) : ForwardingBackend(inner), gemms_read_(gemms_read) {}
     void alias_bf16(const float* w, const uint16_t* bf16, size_t n) override {
         if (bf16 != nullptr) {
             CHECK(aliases.count(w) == 0);
@@ -63,13 +66,96 @@ class AliasWatch final : public ForwardingBackend {
         if (aliases.count(w) == 1) CHECK(aliases[w].second == n);
         aliases.erase(w);
     }
+    bool gemms_read_aliases() const override { return gemms_read_; }
+    void* alloc(size_t bytes) override {
+        void* p = inner().alloc(bytes);
+        if (gemms_read_) std::memset(p, 0xff, bytes);  // NaN in every float (the CPU's device memory is the host's)
+        return p;
+    }
+    void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
+                        int N) override {
+        ForwardingBackend::matmul_forward(out, inp, read(weight, size_t(N) * K), bias, M, K, N);
+    }
+    void matmul_backward(GemmOperand dinp, float* dweight, float* dbias, GemmOperand dout, GemmOperand inp,
+                         const float* weight, int M, int K, int N, bool accumulate_dinp) override {
+        ForwardingBackend::matmul_backward(dinp, dweight, dbias, dout, inp, read(weight, size_t(N) * K), M, K, N,
+                                           accumulate_dinp);
+    }
+    void matmul_residual_forward(float* out, const float* resid, GemmOperand inp, const float* weight,
+                                 const float* bias, int M, int K, int N, float* scratch) override {
+        ForwardingBackend::matmul_residual_forward(out, resid, inp, read(weight, size_t(N) * K), bias, M, K, N,
+                                                   scratch);
+    }
+    void matmul_gelu_forward(GemmOperand pre, GemmOperand out, GemmOperand inp, const float* weight, const float* bias,
+                             int M, int K, int N, bool tanh_approx) override {
+        ForwardingBackend::matmul_gelu_forward(pre, out, inp, read(weight, size_t(N) * K), bias, M, K, N, tanh_approx);
+    }
+    void matmul_gelu_backward(GemmOperand dpre, GemmOperand dact, float* dweight, float* dbias, GemmOperand dout,
+                              GemmOperand act, const float* weight, GemmOperand pre, int M, int K, int N,
+                              bool tanh_approx) override {
+        ForwardingBackend::matmul_gelu_backward(dpre, dact, dweight, dbias, dout, act, read(weight, size_t(N) * K), pre,
+                                                M, K, N, tanh_approx);
+    }
     std::map<const float*, std::pair<const uint16_t*, size_t>> aliases;
+    long aliased_reads = 0;
+
+   private:
+    // A GEMM's weight: with gemms_read, an aliased one widened from its words alone.
+    const float* read(const float* w, size_t n) {
+        if (!gemms_read_) return w;
+        for (const auto& [at, words] : aliases) {
+            if (w < at || w + n > at + words.second) continue;
+            scratch_.resize(n);
+            cpu::cast_bf16_to_float(scratch_.data(), words.first + (w - at), n);
+            ++aliased_reads;
+            return scratch_.data();
+        }
+        return w;
+    }
+    bool gemms_read_;
+    std::vector<float> scratch_;
 };
 
 std::vector<float> download(Backend& backend, const float* p, size_t n) {
     std::vector<float> v(n);
     backend.copy_device_to_host(v.data(), p, n * sizeof(float));
     return v;
+}
+
+// Llama's fixture with LoRA's default targets (rank 4, dropout 0.1) under amp_fp8: the CPU's run of the mixed-precision
+// path, whose GEMMs read bf16 weights on CUDA.
+TrainConfig llama_amp_fp8_lora() {
+    Json doc = read_config_file(fixture("llama_tiny.json"));
+    doc["precision"] = "amp_fp8";
+    doc["data"]["paths"] = Json::array({fixture("llama_tiny_tokens.u16")});
+    doc["lora"] = {{"enabled", true}, {"r", 4}, {"alpha", 6.0}, {"dropout", 0.1}};
+    return validate_config(doc);
+}
+
+// Three optimizer steps of two micro-batches each (the dropout keyed by step and instance): their losses.
+std::vector<double> train_three_steps(const TrainConfig& config, const ParamLayout& layout, Backend& backend,
+                                      Strategy& strategy) {
+    const long L = config.model.max_sequence_length, micro = config.device_train_microbatch_size;
+    Model model(config, layout, &backend, &strategy, static_cast<int>(micro));
+    AdamW optimizer(config, layout, &backend);
+    TokenDataset data(config.data.paths, TokenDtype::kUint16, L, config.model.vocab_size);
+    std::vector<int32_t> tokens(micro * L);
+    std::vector<int64_t> instances(micro);
+    std::vector<double> losses;
+    for (long step = 1; step <= 3; ++step) {
+        const LossSums sums = accumulate_gradients(strategy, model, 2, static_cast<int>(micro), 0.01f, [&](long k) {
+            for (long i = 0; i < micro; ++i) {
+                instances[i] = (step * 2 + k) * micro + i;
+                data.read_instance(instances[i], tokens.data() + i * L);
+            }
+            MicroBatchTokens mb(tokens.data());
+            mb.step_key = lora_step_key(config.seed, step), mb.instances = instances.data();
+            return mb;
+        });
+        losses.push_back(sums.ce);
+        optimizer.step(strategy, step, 3);
+    }
+    return losses;
 }
 
 // `init_from`'s base as `config`'s frozen storage gives it back to compute (round_trip_frozen), written to `out` as a
@@ -385,24 +471,7 @@ TEST_CASE("lora: training moves only the adapters; the base stays bitwise with n
         adapters += static_cast<size_t>(config.lora.r * (head->in + head->rows()));
     CHECK(layout.trainable_numel() == adapters);
 
-    const long L = config.model.max_sequence_length, micro = config.device_train_microbatch_size;
-    Model model(config, layout, backend.get(), strategy.get(), static_cast<int>(micro));
-    AdamW optimizer(config, layout, backend.get());
-    TokenDataset data(config.data.paths, TokenDtype::kUint16, L, config.model.vocab_size);
-    std::vector<int32_t> tokens(micro * L);
-    std::vector<int64_t> instances(micro);
-    for (long step = 1; step <= 3; ++step) {
-        accumulate_gradients(*strategy, model, 2, static_cast<int>(micro), 0.01f, [&](long k) {
-            for (long i = 0; i < micro; ++i) {
-                instances[i] = (step * 2 + k) * micro + i;
-                data.read_instance(instances[i], tokens.data() + i * L);
-            }
-            MicroBatchTokens mb(tokens.data());
-            mb.step_key = lora_step_key(config.seed, step), mb.instances = instances.data();
-            return mb;
-        });
-        optimizer.step(*strategy, step, 3);
-    }
+    train_three_steps(config, layout, *backend, *strategy);
     for (int u = 0; u < layout.num_units(); ++u) {
         const std::vector<float> after = download(*backend, strategy->unit_params(u), layout.units()[u].numel);
         CAPTURE(layout.units()[u].name);
@@ -836,11 +905,7 @@ TEST_CASE("qlora: training equals LoRA on the round-tripped base under every str
 // carry 1 / world, make its runs differ a little between world sizes); the frozen memory is the packed forms'.
 TEST_CASE("lora: under amp_fp8 the frozen Linear weights are kept in bf16 and every strategy trains the same") {
     TempDir dir;
-    Json doc = read_config_file(fixture("llama_tiny.json"));
-    doc["precision"] = "amp_fp8";
-    doc["data"]["paths"] = Json::array({fixture("llama_tiny_tokens.u16")});
-    doc["lora"] = {{"enabled", true}, {"r", 4}, {"alpha", 6.0}, {"dropout", 0.1}};
-    const TrainConfig config = validate_config(doc);
+    const TrainConfig config = llama_amp_fp8_lora();
     const ParamLayout layout(config);
     for (const Unit& u : layout.units()) CHECK(u.bf16_gemms == u.frozen);
     CHECK_FALSE(ParamLayout(lora_config("llama", 0.1)).units().front().bf16_gemms);  // fp32: kept as it is
@@ -941,4 +1006,55 @@ TEST_CASE("lora: under amp_fp8 the frozen Linear weights are kept in bf16 and ev
     for (const Unit& u : layout.units()) all_bf16 += u.frozen ? PackedUnit(u, FrozenForm::kBf16).bytes() : 0;
     CHECK(frozen_memory("mixed.jsonl") == all_bf16);
     CHECK(all_bf16 < frozen_bytes);
+}
+
+// Where the GEMMs read a replica's bf16 Linear weights from their words alone (the CUDA backend in amp_bf16 and
+// amp_fp8), the replica does not widen them: nothing else reads them, which a backend whose memory starts as NaN and
+// whose GEMMs read only the words holds here, training bitwise as the replica that widens every weight.
+TEST_CASE(
+    "lora: where the GEMMs read the bf16 words a replica leaves its Linear weights unwidened and trains the same") {
+    const TrainConfig config = llama_amp_fp8_lora();
+    const ParamLayout layout(config);
+    struct Trained {
+        std::vector<double> losses;
+        std::vector<std::vector<float>> adapters;
+        long aliased_reads = 0;
+    };
+    auto train = [&](bool gemms_read) {
+        auto cpu = make_backend(Device::kCpu);
+        AliasWatch backend(*cpu, gemms_read);
+        auto strategy = make_single_strategy(&backend, layout);
+        load_initial_params(config, layout, *strategy, nullptr, "");
+        if (gemms_read) {  // the first unit held: its Linear weights never written (NaN), the rest as loaded
+            const int u = layout.block_unit(0);
+            strategy->before_forward(u);
+            const std::vector<float> seen = download(backend, strategy->unit_params(u), layout.units()[u].numel);
+            strategy->after_forward(u);
+            for (const ParamSpec& p : layout.units()[u].params) {
+                CAPTURE(p.name);
+                const auto nan = [](float x) { return std::isnan(x); };
+                const auto first = seen.begin() + static_cast<std::ptrdiff_t>(p.offset);
+                const auto last = first + static_cast<std::ptrdiff_t>(p.numel);
+                if (bf16_linear_stored(p)) {
+                    CHECK(std::all_of(first, last, nan));
+                } else {
+                    CHECK(std::none_of(first, last, nan));
+                }
+            }
+        }
+        Trained t;
+        t.losses = train_three_steps(config, layout, backend, *strategy);
+        for (int u = 0; u < layout.num_units(); ++u) {
+            if (!layout.units()[u].frozen)
+                t.adapters.push_back(download(backend, strategy->unit_params(u), layout.units()[u].numel));
+        }
+        t.aliased_reads = backend.aliased_reads;
+        return t;
+    };
+    const Trained widened = train(false), words = train(true);
+    CHECK(widened.aliased_reads == 0);
+    CHECK(words.aliased_reads > 0);
+    CHECK(std::none_of(words.losses.begin(), words.losses.end(), [](double x) { return std::isnan(x); }));
+    CHECK(words.losses == widened.losses);
+    CHECK(words.adapters == widened.adapters);
 }

@@ -118,7 +118,7 @@ bool scales_with_model(const std::string& op) { return op == "adamw_update_multi
 // internal error naming it.
 std::vector<RecordedOp> step_rows(const TrainConfig& config, Device device, const std::vector<RecordedOp>& timed) {
     const TrainConfig one = single_micro_batch(config);
-    auto dry = make_dry_backend({}, gemm_operands_bf16_for(config, device));
+    auto dry = make_dry_backend({}, gemm_operands_bf16_for(config, device), gemms_read_aliases_for(config, device));
     OpRecorder recorder(*dry);
     {
         OneStep step(one, recorder, false);
@@ -150,7 +150,7 @@ std::vector<RecordedOp> step_rows(const TrainConfig& config, Device device, cons
 
 std::vector<RecordedOp> bench_kernel_rows(const TrainConfig& config, Device device) {
     const TrainConfig timed = timed_step_config(config);
-    auto dry = make_dry_backend({}, gemm_operands_bf16_for(config, device));
+    auto dry = make_dry_backend({}, gemm_operands_bf16_for(config, device), gemms_read_aliases_for(config, device));
     OpRecorder recorder(*dry);
     {
         OneStep step(timed, recorder, false);

@@ -59,7 +59,8 @@ DryRunStep dry_run_step(const TrainConfig& config, const RankEnv& env, Device de
     const MemorySnapshot before = memory_snapshot();
     memory_reset_peaks();
     {
-        auto backend = make_dry_backend(on_op, gemm_operands_bf16_for(config, device));
+        auto backend =
+            make_dry_backend(on_op, gemm_operands_bf16_for(config, device), gemms_read_aliases_for(config, device));
         const ParamLayout layout(config);
         World world = make_dry_world(config, env, device, backend.get(), layout, on_call);
         Strategy& strategy = *world.strategy;  // its parameters are never loaded: nothing is there to read

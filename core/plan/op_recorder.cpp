@@ -23,7 +23,8 @@ std::string RecordedOp::key() const { return fmt::format("{}|{}|{}|{}", op, shap
 OpRecorder::OpRecorder(Backend& inner, OpTimer timer)
     : ForwardingBackend(inner),
       timer_(std::move(timer)),
-      costs_backend_(make_dry_backend([this](const OpCost& c) { costs_.push_back(c); }, inner.gemm_operands_bf16())) {}
+      costs_backend_(make_dry_backend([this](const OpCost& c) { costs_.push_back(c); }, inner.gemm_operands_bf16(),
+                                      inner.gemms_read_aliases())) {}
 
 OpRecorder::~OpRecorder() = default;
 

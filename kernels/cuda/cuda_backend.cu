@@ -574,7 +574,8 @@ class CudaBackend final : public CudaRuntime {
                      const float* resid) {
         if (!fp8_runs("forward", M, N, K)) return false;
         const Gemm::Fp8Matrix x = to_fp8(kFp8Input, inp, M, K, Fp8Format::kE4M3, true, false).rows;
-        const Gemm::Fp8Matrix w = to_fp8(kFp8Weight, weight, N, K, Fp8Format::kE4M3, true, false).rows;
+        const Gemm::Fp8Matrix w =
+            to_fp8(kFp8Weight, weight_operand(weight, size_t(N) * K), N, K, Fp8Format::kE4M3, true, false).rows;
         const void* b = out.bf16 && bias != nullptr ? static_cast<const void*>(to_bf16(bias16_, bias, N)) : bias;
         return gemm_->run_fp8(M, N, K, x, w, resid != nullptr ? 1.0f : 0.0f, out.p, out.bf16, b, resid, stream_) ||
                fp8_fallback("forward", M, N, K, "cuBLASLt has no FP8 kernel for it on this GPU");
@@ -588,7 +589,8 @@ class CudaBackend final : public CudaRuntime {
         const Fp8Cast dy = to_fp8(kFp8Gradient, dout, M, N, Fp8Format::kE5M2, dinp.p != nullptr, dweight != nullptr);
         if (dinp.p != nullptr) {
             // dinp(M, K) = dy(M, N) @ (weight^T (K, N))^T
-            const Gemm::Fp8Matrix wt = to_fp8(kFp8Weight, weight, N, K, Fp8Format::kE4M3, false, true).cols;
+            const Gemm::Fp8Matrix wt =
+                to_fp8(kFp8Weight, weight_operand(weight, size_t(N) * K), N, K, Fp8Format::kE4M3, false, true).cols;
             if (!gemm_->run_fp8(M, K, N, dy.rows, wt, accumulate_dinp ? 1.0f : 0.0f, dinp.p, dinp.bf16, nullptr,
                                 nullptr, stream_))
                 return fp8_fallback("backward", M, N, K, "cuBLASLt has no FP8 kernel for it on this GPU");
@@ -613,20 +615,31 @@ class CudaBackend final : public CudaRuntime {
         held_ = w;
         held_numel_ = 0;  // cast on first use
     }
+    bool gemms_read_aliases() const override { return options_.bf16_matmuls; }
     void alias_bf16(const float* w, const uint16_t* bf16, size_t n) override {
         const auto at = reinterpret_cast<uintptr_t>(w);
         aliases_.erase(std::remove_if(aliases_.begin(), aliases_.end(), [&](const Alias& a) { return a.at == at; }),
                        aliases_.end());
         if (bf16 != nullptr && n > 0) aliases_.push_back({at, n, bf16});
     }
-    // A GEMM weight in bf16: the words it is an alias of (alias_bf16); else the held weight's copy, cast once while
-    // it is held; any other, cast now.
-    const uint16_t* weight_bf16(const float* w, size_t n) {
+    // The bf16 words a weight of n elements is an alias of (alias_bf16), or null.
+    const uint16_t* aliased(const float* w, size_t n) const {
         const auto at = reinterpret_cast<uintptr_t>(w);
         for (const Alias& a : aliases_) {
             if (at >= a.at && at + n * sizeof(float) <= a.at + a.n * sizeof(float))
                 return a.bf16 + (at - a.at) / sizeof(float);
         }
+        return nullptr;
+    }
+    // A weight as the FP8 casts read it: its aliased bf16 words (whose fp32 copy may be unwritten), else itself.
+    GemmOperand weight_operand(const float* w, size_t n) const {
+        const uint16_t* words = aliased(w, n);
+        return words != nullptr ? GemmOperand::in_bf16(const_cast<uint16_t*>(words)) : GemmOperand(w);
+    }
+    // A GEMM weight in bf16: the words it is an alias of (alias_bf16); else the held weight's copy, cast once while
+    // it is held; any other, cast now.
+    const uint16_t* weight_bf16(const float* w, size_t n) {
+        if (const uint16_t* words = aliased(w, n)) return words;
         if (w == nullptr || w != held_) return to_bf16(b16_, w, n);
         if (held_numel_ != n) {
             to_bf16(held16_, w, n);

@@ -12,8 +12,9 @@
 // LoRA: a frozen unit (the base) holds parameters only; it has no gradient to reduce and no part for the optimizer.
 // It is kept in its packed form where that is narrower (packed_unit.h: NF4 under QLoRA, bf16 under bf16 parameters
 // (NO_SHARD mixed / pure), its Linear weights bf16 under amp_bf16) and unpacked into an fp32 copy for as long as a
-// hook holds it (gathered_units), its bf16 parts named as that copy's words (Backend::alias_bf16) so the GEMMs read
-// them as stored. The copies' buffers are kept for the next unit rather than freed (a recorded micro-batch,
+// hook holds it (gathered_units), its bf16 Linear weights named as that copy's words (Backend::alias_bf16) so the
+// GEMMs read them as stored; where they read nothing else (Backend::gemms_read_aliases, CUDA) those weights are not
+// widened at all. The copies' buffers are kept for the next unit rather than freed (a recorded micro-batch,
 // kernels.cuda_graphs, allocates nothing and replays the same buffers): after the first micro-batch there is one, the
 // size of the largest packed unit, or two where a tied head holds the embedding with the head.
 //
@@ -72,7 +73,7 @@ class DdpStrategy final : public Strategy {
             if (s.widened.data() == nullptr) {
                 s.widened = spare_buffer(s.pack.numel() * sizeof(float));
                 const auto* packed = reinterpret_cast<const uint8_t*>(s.state.device_params());
-                s.pack.unpack(*backend_, s.widened.f32(), packed);
+                s.pack.unpack(*backend_, s.widened.f32(), packed, backend_->gemms_read_aliases());
                 s.pack.alias(*backend_, s.widened.f32(), packed);
             }
             return s.widened.f32();

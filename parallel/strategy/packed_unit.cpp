@@ -38,12 +38,14 @@ PackedUnit::PackedUnit(const Unit& unit, FrozenForm form, bool double_quant)
         if (form == FrozenForm::kNf4 && nf4_stored(p)) store = Store::kNf4;
         if (form == FrozenForm::kBf16 || (form == FrozenForm::kBf16Linears && bf16_linear_stored(p)))
             store = Store::kBf16;
-        // Consecutive fp32 or bf16 parameters: one part (one copy or cast); an NF4 weight is a part of its own.
+        // Consecutive fp32 or bf16 parameters alike in being Linear weights or not: one part (one copy or cast); an
+        // NF4 weight is a part of its own.
+        const bool linear = bf16_linear_stored(p);
         if (store != Store::kNf4 && !parts_.empty() && parts_.back().store == store &&
-            parts_.back().offset + parts_.back().numel == p.offset) {
+            parts_.back().linears == linear && parts_.back().offset + parts_.back().numel == p.offset) {
             parts_.back().numel += p.numel;
         } else {
-            parts_.push_back({p.offset, p.numel, 0, store});
+            parts_.push_back({p.offset, p.numel, 0, store, linear});
         }
     }
     for (Part& part : parts_) {
@@ -86,13 +88,14 @@ void PackedUnit::pack(const float* unit, uint8_t* packed) const {
     }
 }
 
-void PackedUnit::unpack(Backend& backend, float* unit, const uint8_t* packed) const {
+void PackedUnit::unpack(Backend& backend, float* unit, const uint8_t* packed, bool skip_linears) const {
     for (const Part& p : parts_) {
         if (p.store == Store::kFp32) {
             backend.copy_device_to_device(unit + p.offset, packed + p.at, 4 * p.numel);
             continue;
         }
         if (p.store == Store::kBf16) {
+            if (skip_linears && p.linears) continue;
             backend.cast_bf16_to_float(unit + p.offset, reinterpret_cast<const uint16_t*>(packed + p.at), p.numel);
             continue;
         }
@@ -109,14 +112,14 @@ void PackedUnit::unpack(Backend& backend, float* unit, const uint8_t* packed) co
 
 void PackedUnit::alias(Backend& backend, const float* unit, const uint8_t* packed) const {
     for (const Part& p : parts_) {
-        if (p.store == Store::kBf16)
+        if (p.store == Store::kBf16 && p.linears)
             backend.alias_bf16(unit + p.offset, reinterpret_cast<const uint16_t*>(packed + p.at), p.numel);
     }
 }
 
 void PackedUnit::unalias(Backend& backend, const float* unit) const {
     for (const Part& p : parts_) {
-        if (p.store == Store::kBf16) backend.alias_bf16(unit + p.offset, nullptr, p.numel);
+        if (p.store == Store::kBf16 && p.linears) backend.alias_bf16(unit + p.offset, nullptr, p.numel);
     }
 }
 

@@ -51,9 +51,11 @@ class PackedUnit {
 
     // The unit's fp32 values (host, numel) into the packed form (host, bytes).
     void pack(const float* unit, uint8_t* packed) const;
-    // The packed form (device) into the unit's fp32 layout (device): what compute reads.
-    void unpack(Backend& backend, float* unit, const uint8_t* packed) const;
-    // Names the bf16 parts of `packed` (device) as the words of their values in `unit`, its unpacked copy
+    // The packed form (device) into the unit's fp32 layout (device): what compute reads. `skip_linears`: the bf16
+    // Linear weights are not written (a backend whose GEMMs read their words, Backend::gemms_read_aliases; `alias`
+    // names them).
+    void unpack(Backend& backend, float* unit, const uint8_t* packed, bool skip_linears = false) const;
+    // Names the bf16 Linear weights of `packed` (device) as the words of their values in `unit`, its unpacked copy
     // (Backend::alias_bf16), so the GEMMs read them without a cast; `unalias` drops those names before `unit` holds
     // anything else.
     void alias(Backend& backend, const float* unit, const uint8_t* packed) const;
@@ -67,6 +69,7 @@ class PackedUnit {
         size_t offset = 0, numel = 0;  // elements of the unit
         size_t at = 0;                 // bytes into the packed form
         Store store = Store::kFp32;
+        bool linears = false;  // Linear weights only (bf16_linear_stored): read by GEMMs alone
     };
     std::vector<Part> parts_;
     bool double_quant_ = false;
