@@ -69,7 +69,8 @@ class AliasWatch final : public ForwardingBackend {
     bool gemms_read_aliases() const override { return gemms_read_; }
     void* alloc(size_t bytes) override {
         void* p = inner().alloc(bytes);
-        if (gemms_read_) std::memset(p, 0xff, bytes);  // NaN in every float (the CPU's device memory is the host's)
+        if (gemms_read_ && p != nullptr)
+            std::memset(p, 0xff, bytes);  // NaN floats (the CPU device memory is host memory)
         return p;
     }
     void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,

@@ -3,8 +3,8 @@
 //   then one fp32 absmax a block of 64 values, as bitsandbytes stores a Linear4bit weight; with double quantization
 //   the absmaxes one byte each instead, then one fp32 a block of 256 of them and their offset);
 // - under amp_bf16 and amp_fp8: each of its Linear weights (the blocks' and an untied LM head's) as bf16, the value
-//   the GEMMs read anyway, so the run computes what it computed with the weights in fp32 (on CUDA; the CPU, which
-//   computes in fp32, reads the same bf16 values);
+//   amp_bf16's GEMMs read anyway, so on CUDA the run computes what it computed with the weights in fp32 (amp_fp8's
+//   casts start from the bf16 value; the CPU, which computes in fp32, reads the same bf16 values);
 // - under bf16 parameters (FSDP's mixed and pure precision): every parameter as bf16;
 // every other parameter as fp32, packed back to back in the unit's order, each part 4-byte aligned. This packed
 // form is what a strategy keeps (the memory report's frozen_parameters), what FSDP shards and all-gathers, and what
