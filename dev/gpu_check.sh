@@ -55,7 +55,9 @@
 #   ranks_sanitize  compute-sanitizer memcheck, racecheck and synccheck on each rank of a 2-rank FULL_SHARD run
 #   race_attention  racecheck over the attention, RoPE, KV-cache and shared-head cases, one process a case
 #   race_other      racecheck over every other kernel case
-# On demand (never queued): strategies, storage, memory, profile, comm, multigpu (comm and multigpu need 2 GPUs).
+#   strategies      OLMo-1B micro-batch 4 in amp_bf16 under single, DDP and the three FSDP modes at world size 1
+#                   (mixed precision's gathered Linear weights read as bf16 words by the GEMMs: FSDP against single)
+# On demand (never queued): storage, memory, profile, comm, multigpu (comm and multigpu need 2 GPUs).
 #
 # TRAINER_BIN and GPU_TESTS_BIN default to the bundle's binaries.
 set -uo pipefail

@@ -18,7 +18,9 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/forwarding_backend.h"
 #include "model_check.h"
+#include "parallel/comm/communicator.h"
 #include "parallel/strategy/packed_unit.h"
+#include "parallel/strategy/wrap_policy.h"
 #include "test_util.h"
 
 using namespace trainer;
@@ -1058,4 +1060,118 @@ TEST_CASE(
     CHECK(std::none_of(words.losses.begin(), words.losses.end(), [](double x) { return std::isnan(x); }));
     CHECK(words.losses == widened.losses);
     CHECK(words.adapters == widened.adapters);
+}
+
+// Trained units too: FSDP's gathered units under bf16 parameters (mixed), gathered or alone, FSDP's packed frozen base
+// under amp_fp8 with fp32 parameters, and NO_SHARD's mixed compute copies, each run once with the GEMMs reading fp32
+// and once reading the named words (AliasWatch: memory NaN until written), must train bitwise alike.
+TEST_CASE(
+    "bf16 words: where the GEMMs read them FSDP's gathered units and NO_SHARD's mixed copies place their Linear "
+    "weights as words and train the same") {
+    Json doc = read_config_file(fixture("llama_tiny.json"));
+    doc["data"]["paths"] = Json::array({fixture("llama_tiny_tokens.u16")});
+    const TrainConfig plain = validate_config(doc);
+    const TrainConfig lora = llama_amp_fp8_lora();
+    struct Case {
+        std::string name;
+        const TrainConfig* config;
+        bool fsdp, alone, bf16_params;
+        ShardingStrategy sharding;
+    };
+    const std::vector<Case> cases = {
+        {"FULL_SHARD mixed", &plain, true, false, true, ShardingStrategy::kFullShard},
+        {"SHARD_GRAD_OP mixed", &plain, true, false, true, ShardingStrategy::kShardGradOp},
+        {"FULL_SHARD mixed alone", &plain, true, true, true, ShardingStrategy::kFullShard},
+        {"FULL_SHARD LoRA amp_fp8 fp32 parameters", &lora, true, false, false, ShardingStrategy::kFullShard},
+        {"NO_SHARD mixed", &plain, false, false, true, ShardingStrategy::kNoShard},
+    };
+    for (const Case& k : cases) {
+        CAPTURE(k.name);
+        TrainConfig config = *k.config;
+        config.fsdp.sharding_strategy = k.sharding;
+        config.fsdp.wrapping_strategy = WrappingStrategy::kByBlock;
+        const ParamLayout layout(config);
+        struct Trained {
+            std::vector<double> losses;
+            std::vector<std::vector<float>> shards;
+            std::vector<float> block;  // block 0's compute copy as a hook sees it, before training
+            std::map<const float*, std::pair<const uint16_t*, size_t>> named;  // its names then
+            const float* block_at = nullptr;
+            long aliased_reads = 0;
+            size_t left_named = 0;  // names the strategy left behind
+        };
+        auto train = [&](bool gemms_read) {
+            auto cpu = make_backend(Device::kCpu);
+            AliasWatch backend(*cpu, gemms_read);
+            auto local = make_local_communicator(&backend);
+            std::unique_ptr<Strategy> strategy;
+            WirePrecision precision;
+            precision.bf16_params = k.bf16_params;
+            if (k.fsdp) {
+                FsdpOptions o;
+                o.groups = fsdp_unit_groups(layout, config.fsdp);
+                o.keep_params_for_step = k.sharding == ShardingStrategy::kShardGradOp;
+                o.precision = precision;
+                o.in_place_when_alone = k.alone;  // else a group of one gathers as many ranks do
+                strategy = make_fsdp_strategy(&backend, layout, local.get(), local.get(), nullptr, o, "fsdp");
+            } else {
+                strategy = make_ddp_strategy(&backend, layout, local.get(), false, "fsdp", precision, {});
+            }
+            load_initial_params(config, layout, *strategy, nullptr, "");
+            Trained t;
+            const int u = layout.block_unit(0);
+            strategy->begin_forward(false);
+            strategy->before_forward(u);
+            t.block_at = strategy->unit_params(u);
+            t.block = download(backend, t.block_at, layout.units()[u].numel);
+            t.named = backend.aliases;
+            strategy->after_forward(u);
+            strategy->after_optimizer_step();  // nothing kept from the look (SHARD_GRAD_OP, alone)
+            t.losses = train_three_steps(config, layout, backend, *strategy);
+            for (const ShardView& v : strategy->owned_shards())
+                t.shards.push_back(download(backend, v.param, v.end - v.begin));
+            t.aliased_reads = backend.aliased_reads;
+            strategy.reset();
+            t.left_named = backend.aliases.size();
+            return t;
+        };
+        const Trained widened = train(false), words = train(true);
+        CHECK(widened.named.empty());
+        CHECK(widened.aliased_reads == 0);
+        CHECK(words.aliased_reads > 0);
+        CHECK(words.left_named == 0);
+        CHECK(std::none_of(words.losses.begin(), words.losses.end(), [](double x) { return std::isnan(x); }));
+        CHECK(words.losses == widened.losses);
+        CHECK(words.shards == widened.shards);
+
+        // Block 0 in a hook: each run of Linear weights as its words, in the head of the run's own region and named
+        // there; the rest as widened.
+        const Unit& block = layout.units()[layout.block_unit(0)];
+        std::vector<uint16_t> seen(block.numel);  // each element's word as the names give it
+        std::vector<int> named(block.numel, 0);
+        for (const auto& [w, n] : words.named) {
+            const auto at = static_cast<size_t>(w - words.block_at);
+            REQUIRE(at + n.second <= block.numel);
+            CHECK(n.first == reinterpret_cast<const uint16_t*>(w));  // in the region itself
+            std::memcpy(seen.data() + at, words.block.data() + at, 2 * n.second);
+            for (size_t i = at; i < at + n.second; ++i) ++named[i];
+        }
+        size_t linears = 0;
+        for (const ParamSpec& p : block.params) {
+            CAPTURE(p.name);
+            const auto first = named.begin() + static_cast<std::ptrdiff_t>(p.offset);
+            const auto* want = widened.block.data() + p.offset;
+            if (!bf16_linear_stored(p)) {
+                CHECK(std::all_of(first, first + static_cast<std::ptrdiff_t>(p.numel), [](int c) { return c == 0; }));
+                CHECK(std::memcmp(words.block.data() + p.offset, want, p.numel * sizeof(float)) == 0);
+                continue;
+            }
+            ++linears;
+            CHECK(std::all_of(first, first + static_cast<std::ptrdiff_t>(p.numel), [](int c) { return c == 1; }));
+            std::vector<uint16_t> expected(p.numel);
+            cpu::cast_float_to_bf16(expected.data(), want, p.numel);
+            CHECK(std::equal(expected.begin(), expected.end(), seen.begin() + static_cast<std::ptrdiff_t>(p.offset)));
+        }
+        CHECK(linears >= 4);  // q, k, v as one or three, o, the MLP's
+    }
 }

@@ -18,6 +18,11 @@
 // kernels.cuda_graphs, allocates nothing and replays the same buffers): after the first micro-batch there is one, the
 // size of the largest packed unit, or two where a tied head holds the embedding with the head.
 //
+// Mixed / pure (NO_SHARD): a trained unit's compute copy is its parameters rounded to bf16, made once a step. Where
+// the GEMMs read bf16 words (Backend::gemms_read_aliases) its Linear weights are rounded straight to their words,
+// placed in the head of their own fp32 regions and named there for the whole run (packed_unit.h, LinearRuns), so no
+// GEMM casts them again.
+//
 // CPU offload (cpu_offload.optimizer_state; shard_storage.h): the gradients stay on the device, where the
 // optimizer streams them down as it updates. The replica's parameters stay on the device (offloading them
 // is FSDP's).
@@ -54,6 +59,7 @@ class DdpStrategy final : public Strategy {
             s.state = ShardStorage(backend, s.packed ? s.pack.floats() : u.numel, offload, false, u.frozen);
             if (precision_.bf16_params && u.numel > 0 && !u.frozen) {
                 s.compute = DeviceBuffer(backend, u.numel * sizeof(float), MemCategory::kGatheredUnits);
+                if (backend->gemms_read_aliases()) s.linears.add(u, 0);
             }
             units_.push_back(std::move(s));
         }
@@ -62,6 +68,7 @@ class DdpStrategy final : public Strategy {
     ~DdpStrategy() override {
         for (auto& s : units_) {
             if (s.widened.data() != nullptr) s.pack.unalias(*backend_, s.widened.f32());  // a unit held at the end
+            if (s.compute_named) s.linears.unalias(*backend_, s.compute.f32());
         }
     }
 
@@ -73,7 +80,8 @@ class DdpStrategy final : public Strategy {
             if (s.widened.data() == nullptr) {
                 s.widened = spare_buffer(s.pack.numel() * sizeof(float));
                 const auto* packed = reinterpret_cast<const uint8_t*>(s.state.device_params());
-                s.pack.unpack(*backend_, s.widened.f32(), packed, backend_->gemms_read_aliases());
+                s.pack.unpack(*backend_, s.widened.f32(), packed,
+                              backend_->gemms_read_aliases() ? LinearWords::kSkip : LinearWords::kWiden);
                 s.pack.alias(*backend_, s.widened.f32(), packed);
             }
             return s.widened.f32();
@@ -81,8 +89,11 @@ class DdpStrategy final : public Strategy {
         if (!precision_.bf16_params || s.state.frozen()) return s.state.device_params();
         const size_t n = s.state.numel();
         if (s.compute_stale && n > 0) {
-            // The bf16-rounded compute copy of the fp32 parameters, in one pass.
-            backend_->round_to_bf16(s.compute.f32(), s.state.device_params(), n);
+            // The bf16-rounded compute copy of the fp32 parameters (its Linear weights as words where GEMMs read them).
+            s.linears.round(*backend_, s.compute.f32(), s.state.device_params(), n,
+                            s.linears.empty() ? LinearWords::kWiden : LinearWords::kPlace);
+            if (!s.compute_named && !s.linears.empty()) s.linears.alias(*backend_, s.compute.f32());
+            s.compute_named = !s.linears.empty();
             s.compute_stale = false;
         }
         return s.compute.f32();
@@ -190,10 +201,12 @@ class DdpStrategy final : public Strategy {
     }
 
     struct Unit {
-        ShardStorage state;    // the whole unit: a replica
-        DeviceBuffer compute;  // mixed / pure: the parameters rounded to bf16, as compute reads them
-        DeviceBuffer wire;     // pure: the bf16 gradients while their all-reduce is in flight
-        CommHandle pending;    // its gradient all-reduce, when in flight
+        ShardStorage state;          // the whole unit: a replica
+        DeviceBuffer compute;        // mixed / pure: the parameters rounded to bf16, as compute reads them
+        LinearRuns linears;          // compute's Linear weights, where they are its words (gemms_read_aliases)
+        bool compute_named = false;  // linears named to the backend (from the first rounding to the end)
+        DeviceBuffer wire;           // pure: the bf16 gradients while their all-reduce is in flight
+        CommHandle pending;          // its gradient all-reduce, when in flight
         bool has_pending = false, compute_stale = true;
         bool packed = false;  // a frozen unit in a narrower form: the state holds pack's packed form
         PackedUnit pack;

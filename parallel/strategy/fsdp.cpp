@@ -26,7 +26,11 @@
 // they are handed over) and are settled before the optimizer. HYBRID_SHARD then
 // all-reduces every shard over its replica group once per step.
 // Precision: mixed rounds the fp32 master shard to bf16 and gathers bf16 (compute reads the bf16 values
-// widened to fp32); pure also reduce-scatters the gradients in bf16.
+// widened to fp32); pure also reduce-scatters the gradients in bf16. Where the GEMMs read bf16 words
+// (Backend::gemms_read_aliases: CUDA in amp_bf16 and amp_fp8) a gathered unit's Linear weights are not widened: their
+// gathered words are placed in the head of their fp32 regions and named there (packed_unit.h), so the GEMMs read them
+// as gathered, as PyTorch's FSDP computes on its gathered bf16 parameters, without a cast each; the names are dropped
+// with the gathered unit.
 // As in DDP, each rank's loss gradient carries world / global tokens and reductions are means.
 // Alone (a world of one rank, in_place_when_alone): nothing is gathered or reduced; the model computes on
 // the shard and accumulates into its gradients, as the single strategy does (mixed precision widens the
@@ -37,7 +41,8 @@
 // The small adapter units are gathered when used, never prefetched, and not counted by limit_all_gathers.
 // A frozen FSDP unit in a narrower form (packed_unit.h: QLoRA's NF4, or its Linear weights bf16 under amp_bf16 with
 // fp32 parameters) has its members' packed forms back to back as its flat buffer, sharded and all-gathered as they
-// are (NF4 codes and absmaxes, or bf16 words, on the wire), then unpacked into the fp32 unit compute reads. Under
+// are (NF4 codes and absmaxes, or bf16 words, on the wire), then unpacked into the fp32 unit compute reads (bf16
+// Linear weights placed as words, above, where the GEMMs read them). Under
 // bf16 parameters (mixed, pure) a frozen unit is its bf16 shards, as any unit. CPU offload (shard_storage.h): the
 // shards' gradients stay on the device, where the optimizer streams them down as it updates. With
 // cpu_offload.parameters every gather first uploads the shard (bf16 in mixed and pure precision) into a communication
@@ -68,7 +73,8 @@ class FsdpStrategy final : public Strategy {
           head_(layout.head_unit()),
           alone_(opt_.in_place_when_alone && world->size() == 1),
           params_in_place_(alone_ && !opt_.precision.bf16_params && !opt_.offload.parameters),
-          grads_in_place_(alone_ && !opt_.precision.bf16_reduce) {
+          grads_in_place_(alone_ && !opt_.precision.bf16_reduce),
+          words_(backend->gemms_read_aliases() ? LinearWords::kPlace : LinearWords::kWiden) {
         // Alone with bf16 parameters, a unit's compute copy is widened from its bf16 shard rather than
         // gathered. Nothing is sharded in a world of one, so every sharding mode keeps the copies for the step
         // as SHARD_GRAD_OP does: one widening per unit and step instead of one per pass (measured on an H100,
@@ -103,6 +109,9 @@ class FsdpStrategy final : public Strategy {
                     store_numel_[u] = G.packs.back().floats();
                 } else {
                     store_numel_[u] = layout.units()[u].numel;
+                    // bf16 on the wire: its Linear weights are placed as words where the GEMMs read them.
+                    if (opt_.precision.bf16_params && words_ == LinearWords::kPlace)
+                        G.linears.add(layout.units()[u], offset_in_group_[u]);
                 }
                 G.numel += store_numel_[u];
             }
@@ -183,6 +192,10 @@ class FsdpStrategy final : public Strategy {
             }
         }
     }
+    ~FsdpStrategy() override {
+        for (Group& G : groups_) drop_params(G);  // units gathered at the end: their names dropped
+    }
+
     void after_optimizer_step() override {
         // The shards changed (and, offloaded, the optimizer uploaded them): SHARD_GRAD_OP's kept units (and
         // the root, after an evaluation) are stale.
@@ -190,7 +203,7 @@ class FsdpStrategy final : public Strategy {
             TRAINER_CHECK(!G.gather_pending, "an FSDP unit's gather is still in flight after the step");
             G.refs = 0;
             G.gathered = false;
-            G.full_params.reset();
+            drop_params(G);
         }
     }
 
@@ -248,7 +261,9 @@ class FsdpStrategy final : public Strategy {
         ShardStorage mine;                     // this rank's shard (and, mixed / pure, its bf16 rounding)
         DeviceBuffer full_params, full_grads;  // while gathered / accumulating
         DeviceBuffer wire;                     // bf16 gathered unit while the gather is in flight
-        DeviceBuffer upload;                   // cpu_offload.parameters: the uploaded shard until gathered
+        LinearRuns linears;   // bf16 on the wire: the Linear weights, placed as words (words_) in full_params
+        bool named = false;   // full_params' Linear weights named to the backend as words
+        DeviceBuffer upload;  // cpu_offload.parameters: the uploaded shard until gathered
         CommHandle gather;
         bool gathered = false;   // full parameters resident or in flight
         bool has_grads = false;  // full gradients accumulating
@@ -279,8 +294,25 @@ class FsdpStrategy final : public Strategy {
         for (size_t i = 0; i < G.units.size(); ++i) {
             const int u = G.units[i];
             G.packs[i].unpack(*backend_, G.full_params.f32() + offset_in_group_[u],
-                              reinterpret_cast<const uint8_t*>(packed + store_offset_[u]));
+                              reinterpret_cast<const uint8_t*>(packed + store_offset_[u]), words_);
         }
+        G.named = words_ == LinearWords::kPlace;
+    }
+    // bf16 parameters: the gathered words at `words` into the fp32 unit compute reads.
+    void widen(Group& G, const uint16_t* words) {
+        G.linears.widen(*backend_, G.full_params.f32(), words, G.padded, words_);
+        G.linears.alias(*backend_, G.full_params.f32());
+        G.named = words_ == LinearWords::kPlace;
+    }
+    // The gathered unit freed, its words' names dropped first.
+    void drop_params(Group& G) {
+        if (G.named) {
+            for (size_t i = 0; i < G.packs.size(); ++i)
+                G.packs[i].unalias(*backend_, G.full_params.f32() + offset_in_group_[G.units[i]]);
+            G.linears.unalias(*backend_, G.full_params.f32());
+            G.named = false;
+        }
+        G.full_params.reset();
     }
     struct PendingReduce {
         int group = 0;
@@ -306,7 +338,7 @@ class FsdpStrategy final : public Strategy {
             if (G.packed) {
                 unpack(G, static_cast<const float*>(shard));
             } else if (bf16) {
-                backend_->cast_bf16_to_float(G.full_params.f32(), static_cast<const uint16_t*>(shard), G.padded);
+                widen(G, static_cast<const uint16_t*>(shard));
             } else {
                 backend_->copy_device_to_device(G.full_params.data(), shard, G.padded * sizeof(float));
             }
@@ -334,7 +366,7 @@ class FsdpStrategy final : public Strategy {
             unpack(G, G.wire.f32());
             G.wire.reset();
         } else if (opt_.precision.bf16_params) {
-            backend_->cast_bf16_to_float(G.full_params.f32(), G.wire.bf16(), G.padded);
+            widen(G, G.wire.bf16());
             G.wire.reset();
         }
     }
@@ -381,7 +413,7 @@ class FsdpStrategy final : public Strategy {
         if (next >= 0 && group_of_[next] == g) return;
         if (g == 0 && training_) return;  // the root stays gathered until the optimizer step
         G.gathered = false;
-        G.full_params.reset();
+        drop_params(G);
     }
     void reduce_grads(int g) {
         Group& G = groups_[g];
@@ -433,6 +465,8 @@ class FsdpStrategy final : public Strategy {
     // A world of one (in_place_when_alone): the shard is the whole unit; parameters (fp32) and gradients
     // (unless reduced in bf16) are used in place.
     bool alone_, params_in_place_, grads_in_place_;
+    // What a gathered unit's bf16 Linear weights become: placed as words where the GEMMs read them, else widened.
+    LinearWords words_;
     int num_micro_ = 1, micro_ = 0;
     bool training_ = false;
     int fwd_cursor_ = 0, bwd_cursor_ = 0;

@@ -19,6 +19,12 @@ size_t nf4_part_bytes(size_t n, bool dq) {
     return codes_bytes(n) + (dq ? absmax_codes_bytes(n) + 4 * cpu::double_quant_blocks(blocks) + 4 : 4 * blocks);
 }
 
+// n bf16 words into the first 2n bytes of the fp32 region `region` (n elements): where a Linear weight's words are
+// named (LinearWords::kPlace).
+void place_words(Backend& backend, float* region, const uint16_t* words, size_t n) {
+    backend.copy_device_to_device(region, words, 2 * n);
+}
+
 }  // namespace
 
 bool nf4_stored(const ParamSpec& p) { return p.kind == ParamKind::kLinearWeight && p.layer >= 0; }
@@ -88,15 +94,21 @@ void PackedUnit::pack(const float* unit, uint8_t* packed) const {
     }
 }
 
-void PackedUnit::unpack(Backend& backend, float* unit, const uint8_t* packed, bool skip_linears) const {
+void PackedUnit::unpack(Backend& backend, float* unit, const uint8_t* packed, LinearWords linears) const {
     for (const Part& p : parts_) {
         if (p.store == Store::kFp32) {
             backend.copy_device_to_device(unit + p.offset, packed + p.at, 4 * p.numel);
             continue;
         }
         if (p.store == Store::kBf16) {
-            if (skip_linears && p.linears) continue;
-            backend.cast_bf16_to_float(unit + p.offset, reinterpret_cast<const uint16_t*>(packed + p.at), p.numel);
+            const auto* words = reinterpret_cast<const uint16_t*>(packed + p.at);
+            if (p.linears && linears == LinearWords::kSkip) continue;
+            if (p.linears && linears == LinearWords::kPlace) {
+                place_words(backend, unit + p.offset, words, p.numel);
+                backend.alias_bf16(unit + p.offset, reinterpret_cast<const uint16_t*>(unit + p.offset), p.numel);
+                continue;
+            }
+            backend.cast_bf16_to_float(unit + p.offset, words, p.numel);
             continue;
         }
         const uint8_t* rest = packed + p.at + codes_bytes(p.numel);
@@ -142,6 +154,57 @@ void PackedUnit::round_trip(float* unit) const {
         }
         cpu::nf4_dequantize(unit + p.offset, codes.data(), absmax.data(), p.numel);
     }
+}
+
+void LinearRuns::add(const Unit& unit, size_t at) {
+    for (const ParamSpec& p : unit.params) {
+        if (!bf16_linear_stored(p) || p.numel == 0) continue;
+        const size_t offset = at + p.offset;
+        TRAINER_CHECK(runs_.empty() || runs_.back().offset + runs_.back().numel <= offset,
+                      "Linear weights added out of order at element {}", offset);
+        if (!runs_.empty() && runs_.back().offset + runs_.back().numel == offset) {
+            runs_.back().numel += p.numel;
+        } else {
+            runs_.push_back({offset, p.numel});
+        }
+    }
+}
+
+void LinearRuns::widen(Backend& backend, float* dst, const uint16_t* src, size_t n, LinearWords linears) const {
+    if (linears != LinearWords::kPlace || runs_.empty()) {
+        backend.cast_bf16_to_float(dst, src, n);
+        return;
+    }
+    size_t done = 0;  // the values before `done` are written
+    for (const Run& r : runs_) {
+        if (r.offset > done) backend.cast_bf16_to_float(dst + done, src + done, r.offset - done);
+        place_words(backend, dst + r.offset, src + r.offset, r.numel);
+        done = r.offset + r.numel;
+    }
+    if (n > done) backend.cast_bf16_to_float(dst + done, src + done, n - done);
+}
+
+void LinearRuns::round(Backend& backend, float* dst, const float* src, size_t n, LinearWords linears) const {
+    if (linears != LinearWords::kPlace || runs_.empty()) {
+        backend.round_to_bf16(dst, src, n);
+        return;
+    }
+    size_t done = 0;
+    for (const Run& r : runs_) {
+        if (r.offset > done) backend.round_to_bf16(dst + done, src + done, r.offset - done);
+        backend.cast_float_to_bf16(reinterpret_cast<uint16_t*>(dst + r.offset), src + r.offset, r.numel);
+        done = r.offset + r.numel;
+    }
+    if (n > done) backend.round_to_bf16(dst + done, src + done, n - done);
+}
+
+void LinearRuns::alias(Backend& backend, const float* dst) const {
+    for (const Run& r : runs_)
+        backend.alias_bf16(dst + r.offset, reinterpret_cast<const uint16_t*>(dst + r.offset), r.numel);
+}
+
+void LinearRuns::unalias(Backend& backend, const float* dst) const {
+    for (const Run& r : runs_) backend.alias_bf16(dst + r.offset, nullptr, r.numel);
 }
 
 }  // namespace trainer

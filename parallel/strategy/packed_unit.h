@@ -10,6 +10,14 @@
 // form is what a strategy keeps (the memory report's frozen_parameters), what FSDP shards and all-gathers, and what
 // is unpacked into the unit's fp32 layout for compute. Packing happens once, on the host, when the base is loaded;
 // unpacking on the device (Backend::nf4_dequantize, cast_bf16_to_float).
+//
+// The bf16 words of a Linear weight in an fp32 compute copy (LinearWords::kPlace, LinearRuns). Where the backend's
+// GEMMs read the bf16 words of a named region (Backend::gemms_read_aliases: CUDA in amp_bf16 and amp_fp8) and nothing
+// else reads a Linear weight, the fp32 values of a Linear weight are never needed: its n words go into the first 2n
+// bytes of its own 4n-byte region of the compute copy and are named there (alias_bf16). The copy keeps its size and
+// layout (every pointer into it stays what the model expects), a Linear weight costs a 2-byte copy instead of a
+// widening, and every GEMM reading it then skips its cast from fp32: what FSDP's mixed precision gathers and DDP's
+// (NO_SHARD's) mixed compute copy use, as PyTorch's FSDP computes on the bf16 parameters it gathers.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +40,14 @@ enum class FrozenForm {
 // kBf16Linears under bf16 GEMMs, else kFp32 (a trained unit too).
 FrozenForm frozen_form(const Unit& unit, bool bf16_params);
 
+// What unpacking (and LinearRuns) does with the bf16 words of the Linear weights (bf16_linear_stored):
+enum class LinearWords {
+    kWiden,  // widened into their fp32 region, as every other value
+    kSkip,   // left unwritten: the GEMMs read the packed words where they stay (PackedUnit::alias), a replica's
+    kPlace,  // copied into the first half of their fp32 region and named there (above): words that do not stay (a
+             // gather's), or a compute copy rounded from fp32
+};
+
 class PackedUnit {
    public:
     PackedUnit() = default;
@@ -51,10 +67,10 @@ class PackedUnit {
 
     // The unit's fp32 values (host, numel) into the packed form (host, bytes).
     void pack(const float* unit, uint8_t* packed) const;
-    // The packed form (device) into the unit's fp32 layout (device): what compute reads. `skip_linears`: the bf16
-    // Linear weights are not written (a backend whose GEMMs read their words, Backend::gemms_read_aliases; `alias`
-    // names them).
-    void unpack(Backend& backend, float* unit, const uint8_t* packed, bool skip_linears = false) const;
+    // The packed form (device) into the unit's fp32 layout (device): what compute reads. `linears`: what becomes of
+    // the bf16 Linear weights (kSkip and kPlace only where Backend::gemms_read_aliases; kPlace names them itself,
+    // kSkip leaves that to `alias`; `unalias` drops either).
+    void unpack(Backend& backend, float* unit, const uint8_t* packed, LinearWords linears = LinearWords::kWiden) const;
     // Names the bf16 Linear weights of `packed` (device) as the words of their values in `unit`, its unpacked copy
     // (Backend::alias_bf16), so the GEMMs read them without a cast; `unalias` drops those names before `unit` holds
     // anything else.
@@ -74,6 +90,32 @@ class PackedUnit {
     std::vector<Part> parts_;
     bool double_quant_ = false;
     size_t numel_ = 0, bytes_ = 0, nf4_numel_ = 0, nf4_bytes_ = 0;
+};
+
+// The Linear weights (bf16_linear_stored) of an fp32 compute copy whose values come from bf16 words in the same layout
+// (FSDP's gathered units under bf16 parameters) or are rounded to bf16 from fp32 values (DDP's mixed compute copy):
+// each maximal run of them is widened or rounded as the rest, or with LinearWords::kPlace its words placed in the
+// head of its own region (above), which `alias` then names.
+class LinearRuns {
+   public:
+    // The Linear weights of `unit`, whose parameters start at element `at` of the compute copy. Units are added in
+    // layout order.
+    void add(const Unit& unit, size_t at);
+    // The compute copy `dst` (n fp32 values) from the bf16 words `src` in its layout: every value widened (kWiden,
+    // one pass), or the Linear runs' words placed (kPlace) and the rest widened.
+    void widen(Backend& backend, float* dst, const uint16_t* src, size_t n, LinearWords linears) const;
+    // The same from fp32 values at `src` (not `dst`), each rounded to bf16.
+    void round(Backend& backend, float* dst, const float* src, size_t n, LinearWords linears) const;
+    // Names the placed words of each run (alias_bf16), or drops those names.
+    void alias(Backend& backend, const float* dst) const;
+    void unalias(Backend& backend, const float* dst) const;
+    bool empty() const { return runs_.empty(); }
+
+   private:
+    struct Run {
+        size_t offset = 0, numel = 0;
+    };
+    std::vector<Run> runs_;  // in order, disjoint, none adjacent to the next
 };
 
 // Whether a parameter is stored in NF4 under QLoRA: a Linear weight inside a block (the embedding, the LM head, the
