@@ -130,11 +130,11 @@ void Backend::lora_backward(GemmOperand, float*, float*, GemmOperand, int, GemmO
     throw InternalError(fmt::format("the {} backend has no LoRA ops (the config refuses LoRA there first)", name()));
 }
 
-void Backend::nf4_dequantize(float*, const uint8_t*, const float*, size_t) {
+void Backend::nf4_dequantize(GemmOperand, const uint8_t*, const float*, size_t) {
     throw InternalError(fmt::format("the {} backend has no NF4 kernels", name()));
 }
 
-void Backend::nf4_dequantize_dq(float*, const uint8_t*, const uint8_t*, const float*, const float*, size_t) {
+void Backend::nf4_dequantize_dq(GemmOperand, const uint8_t*, const uint8_t*, const float*, const float*, size_t) {
     throw InternalError(fmt::format("the {} backend has no NF4 kernels", name()));
 }
 

@@ -205,13 +205,14 @@ class Backend {
                                const float* A, const float* B, int M, int K, int r, int n, float scale,
                                const LoraDropout& drop, float* work);
     // QLoRA's frozen weights (element.h's NF4): out(n) = the values of `codes` ((n + 1) / 2 bytes) times their
-    // blocks' absmax (one a kNf4Block values). Default: an internal error (a backend without it is refused first).
+    // blocks' absmax (one a kNf4Block values), in fp32, or in bf16 (the fp32 value rounded once: the words a GEMM
+    // reads, packed_unit.h). Default: an internal error (a backend without it is refused first).
     virtual bool has_nf4() const { return false; }
-    virtual void nf4_dequantize(float* out, const uint8_t* codes, const float* absmax, size_t n);
+    virtual void nf4_dequantize(GemmOperand out, const uint8_t* codes, const float* absmax, size_t n);
     // The same with double-quantized absmaxes (element.h): absmax_codes one byte a block, absmax2 one fp32 a
     // kDoubleQuantBlock of them, offset one fp32 (device memory).
-    virtual void nf4_dequantize_dq(float* out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
-                                   const float* offset, size_t n);
+    virtual void nf4_dequantize_dq(GemmOperand out, const uint8_t* codes, const uint8_t* absmax_codes,
+                                   const float* absmax2, const float* offset, size_t n);
     // bench-kernels' ceiling for the Linear GEMMs: the peers' bf16 Linear (PyTorch's under autocast) at the same
     // shape, bf16 operands and results with fp32 accumulation, no bias and no epilogue. Forward: out(M,N) =
     // inp(M,K) @ weight(N,K)^T; backward: dinp(M,K) = dout(M,N) @ weight and dweight(N,K) = dout^T @ inp. Buffers

@@ -103,8 +103,8 @@ class ForwardingBackend : public Backend {
     bool has_linear_bf16_reference() const override { return inner().has_linear_bf16_reference(); }
     bool has_lora() const override { return inner().has_lora(); }
     bool has_nf4() const override { return inner().has_nf4(); }
-    void nf4_dequantize(float* out, const uint8_t* codes, const float* absmax, size_t n) override;
-    void nf4_dequantize_dq(float* out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
+    void nf4_dequantize(GemmOperand out, const uint8_t* codes, const float* absmax, size_t n) override;
+    void nf4_dequantize_dq(GemmOperand out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
                            const float* offset, size_t n) override;
     bool linear_bf16_reference_forward(uint16_t* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
                                        int N) override {
@@ -308,16 +308,18 @@ inline void ForwardingBackend::matmul_backward(GemmOperand dinp, float* dweight,
              [=](Backend& b) { b.matmul_backward(dinp, dweight, dbias, dout, inp, weight, M, K, N, accumulate_dinp); });
 }
 
-// QLoRA's unpacking: codes, absmaxes and fp32 values, a pass over each. Not a row of bench-kernels' (storage, not a
-// step's compute).
-inline void ForwardingBackend::nf4_dequantize(float* out, const uint8_t* codes, const float* absmax, size_t n) {
-    dispatch(op_shapes::plain("nf4_dequantize").cost(2.0 * double(n), double(n) * 4.5 + 4.0 * double(n) / kNf4Block),
+// QLoRA's unpacking: codes, absmaxes and the values (fp32, or bf16 words), a pass over each. Not a row of
+// bench-kernels' (storage, not a step's compute).
+inline void ForwardingBackend::nf4_dequantize(GemmOperand out, const uint8_t* codes, const float* absmax, size_t n) {
+    const double bytes = double(n) * (0.5 + op_shapes::bytes_of(out)) + 4.0 * double(n) / kNf4Block;
+    dispatch(op_shapes::plain("nf4_dequantize").cost(2.0 * double(n), bytes),
              [=](Backend& b) { b.nf4_dequantize(out, codes, absmax, n); });
 }
 
-inline void ForwardingBackend::nf4_dequantize_dq(float* out, const uint8_t* codes, const uint8_t* absmax_codes,
+inline void ForwardingBackend::nf4_dequantize_dq(GemmOperand out, const uint8_t* codes, const uint8_t* absmax_codes,
                                                  const float* absmax2, const float* offset, size_t n) {
-    dispatch(op_shapes::plain("nf4_dequantize_dq").cost(2.0 * double(n), double(n) * 4.5 + double(n) / kNf4Block),
+    const double bytes = double(n) * (0.5 + op_shapes::bytes_of(out)) + double(n) / kNf4Block;
+    dispatch(op_shapes::plain("nf4_dequantize_dq").cost(2.0 * double(n), bytes),
              [=](Backend& b) { b.nf4_dequantize_dq(out, codes, absmax_codes, absmax2, offset, n); });
 }
 

@@ -1063,8 +1063,9 @@ TEST_CASE(
 }
 
 // Trained units too: FSDP's gathered units under bf16 parameters (mixed), gathered or alone, FSDP's packed frozen base
-// under amp_fp8 with fp32 parameters, and NO_SHARD's mixed compute copies, each run once with the GEMMs reading fp32
-// and once reading the named words (AliasWatch: memory NaN until written), must train bitwise alike.
+// under amp_fp8 with fp32 parameters, NO_SHARD's mixed compute copies, and QLoRA's NF4 base dequantized straight into
+// words (FSDP and a replica), each run once with the GEMMs reading fp32 and once reading the named words (AliasWatch:
+// memory NaN until written), must train bitwise alike.
 TEST_CASE(
     "bf16 words: where the GEMMs read them FSDP's gathered units and NO_SHARD's mixed copies place their Linear "
     "weights as words and train the same") {
@@ -1072,6 +1073,10 @@ TEST_CASE(
     doc["data"]["paths"] = Json::array({fixture("llama_tiny_tokens.u16")});
     const TrainConfig plain = validate_config(doc);
     const TrainConfig lora = llama_amp_fp8_lora();
+    doc["precision"] = "amp_fp8";
+    doc["lora"] = {{"enabled", true},     {"r", 4}, {"alpha", 6.0}, {"dropout", 0.1}, {"quantize", "nf4"},
+                   {"double_quant", true}};
+    const TrainConfig qlora = validate_config(doc);
     struct Case {
         std::string name;
         const TrainConfig* config;
@@ -1084,6 +1089,8 @@ TEST_CASE(
         {"FULL_SHARD mixed alone", &plain, true, true, true, ShardingStrategy::kFullShard},
         {"FULL_SHARD LoRA amp_fp8 fp32 parameters", &lora, true, false, false, ShardingStrategy::kFullShard},
         {"NO_SHARD mixed", &plain, false, false, true, ShardingStrategy::kNoShard},
+        {"FULL_SHARD QLoRA amp_fp8", &qlora, true, false, false, ShardingStrategy::kFullShard},
+        {"DDP QLoRA amp_fp8", &qlora, false, false, false, ShardingStrategy::kNoShard},
     };
     for (const Case& k : cases) {
         CAPTURE(k.name);

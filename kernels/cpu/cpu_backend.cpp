@@ -184,14 +184,20 @@ class CpuBackend final : public Backend {
     }
     bool has_lora() const override { return true; }
     bool has_nf4() const override { return true; }
-    void nf4_dequantize(float* out, const uint8_t* codes, const float* absmax, size_t n) override {
+    void nf4_dequantize(GemmOperand out, const uint8_t* codes, const float* absmax, size_t n) override {
         const Busy busy(*this);
-        cpu::nf4_dequantize(out, codes, absmax, n);
+        if (!out.bf16) return cpu::nf4_dequantize(out.f32(), codes, absmax, n);
+        std::vector<float> values(n);
+        cpu::nf4_dequantize(values.data(), codes, absmax, n);
+        cpu::cast_float_to_bf16(out.b16(), values.data(), n);
     }
-    void nf4_dequantize_dq(float* out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
+    void nf4_dequantize_dq(GemmOperand out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
                            const float* offset, size_t n) override {
         const Busy busy(*this);
-        cpu::nf4_dequantize_dq(out, codes, absmax_codes, absmax2, offset, n);
+        if (!out.bf16) return cpu::nf4_dequantize_dq(out.f32(), codes, absmax_codes, absmax2, offset, n);
+        std::vector<float> values(n);
+        cpu::nf4_dequantize_dq(values.data(), codes, absmax_codes, absmax2, offset, n);
+        cpu::cast_float_to_bf16(out.b16(), values.data(), n);
     }
     void lora_forward(GemmOperand out, int ld_out, GemmOperand inp, const float* A, const float* B, int M, int K, int r,
                       int n, float scale, const LoraDropout& drop, float* work) override {

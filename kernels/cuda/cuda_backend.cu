@@ -170,14 +170,16 @@ class CudaBackend final : public CudaRuntime {
     }
     bool has_lora() const override { return true; }
     bool has_nf4() const override { return true; }
-    void nf4_dequantize(float* out, const uint8_t* codes, const float* absmax, size_t n) override {
+    void nf4_dequantize(GemmOperand out, const uint8_t* codes, const float* absmax, size_t n) override {
         const OpMark mark(*timeline_, "nf4_dequantize");
-        cuda::nf4_dequantize(out, codes, absmax, n, stream_);
+        if (out.bf16) return cuda::nf4_dequantize(out.b16(), codes, absmax, n, stream_);
+        cuda::nf4_dequantize(out.f32(), codes, absmax, n, stream_);
     }
-    void nf4_dequantize_dq(float* out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
+    void nf4_dequantize_dq(GemmOperand out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
                            const float* offset, size_t n) override {
         const OpMark mark(*timeline_, "nf4_dequantize_dq");
-        cuda::nf4_dequantize_dq(out, codes, absmax_codes, absmax2, offset, n, stream_);
+        if (out.bf16) return cuda::nf4_dequantize_dq(out.b16(), codes, absmax_codes, absmax2, offset, n, stream_);
+        cuda::nf4_dequantize_dq(out.f32(), codes, absmax_codes, absmax2, offset, n, stream_);
     }
     void lora_forward(GemmOperand out, int ld_out, GemmOperand inp, const float* A, const float* B, int M, int K, int r,
                       int n, float scale, const LoraDropout& drop, float* work) override {

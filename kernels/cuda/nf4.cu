@@ -1,6 +1,7 @@
 // QLoRA's NF4 storage on the GPU, the twin of kernels/cpu/nf4.cpp (the format is element.h's): quantize in one
 // block of kNf4Block threads per NF4 block (its absmax by a shared-memory reduction, each thread its value's code,
-// the even thread writing the pair's byte), dequantize one value per thread into fp32 or bf16.
+// the even thread writing the pair's byte), dequantize one value per thread into fp32 or bf16 (with
+// double-quantized absmaxes too).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/element.h"
@@ -32,18 +33,14 @@ __global__ void nf4_dequantize_kernel(Out* out, const uint8_t* codes, const floa
     for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<size_t>(gridDim.x) * blockDim.x) {
         const uint8_t byte = codes[i / 2];
-        const float v = nf4_value(i % 2 == 0 ? byte >> 4 : byte & 15) * absmax[i / kNf4Block];
-        if constexpr (sizeof(Out) == 4) {
-            out[i] = v;
-        } else {
-            out[i] = float_to_bf16(v);
-        }
+        store_as(out + i, nf4_value(i % 2 == 0 ? byte >> 4 : byte & 15) * absmax[i / kNf4Block]);
     }
 }
 
 // Double-quantized absmaxes: one block of kNf4Block threads a NF4 block; its first thread decodes the block's absmax
 // (a lookup in the dynamic map) into shared memory for the others.
-__global__ void nf4_dequantize_dq_kernel(float* out, const uint8_t* codes, const uint8_t* absmax_codes,
+template <typename Out>
+__global__ void nf4_dequantize_dq_kernel(Out* out, const uint8_t* codes, const uint8_t* absmax_codes,
                                          const float* absmax2, const float* offset, size_t n) {
     __shared__ float m;
     const size_t b = blockIdx.x, i = b * kNf4Block + threadIdx.x;
@@ -51,18 +48,29 @@ __global__ void nf4_dequantize_dq_kernel(float* out, const uint8_t* codes, const
     __syncthreads();
     if (i >= n) return;
     const uint8_t byte = codes[i / 2];
-    out[i] = nf4_value(i % 2 == 0 ? byte >> 4 : byte & 15) * m;
+    store_as(out + i, nf4_value(i % 2 == 0 ? byte >> 4 : byte & 15) * m);
+}
+
+template <typename Out>
+void launch_dequantize_dq(Out* out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
+                          const float* offset, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    const auto blocks = static_cast<unsigned>((n + kNf4Block - 1) / kNf4Block);
+    TRAINER_LAUNCH(nf4_dequantize_dq_kernel<Out>, blocks, kNf4Block, 0, stream, out, codes, absmax_codes, absmax2,
+                   offset, n);
+    TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
 void nf4_dequantize_dq(float* out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
                        const float* offset, size_t n, cudaStream_t stream) {
-    if (n == 0) return;
-    const auto blocks = static_cast<unsigned>((n + kNf4Block - 1) / kNf4Block);
-    TRAINER_LAUNCH(nf4_dequantize_dq_kernel, blocks, kNf4Block, 0, stream, out, codes, absmax_codes, absmax2, offset,
-                   n);
-    TRAINER_CUDA_CHECK(cudaGetLastError());
+    launch_dequantize_dq(out, codes, absmax_codes, absmax2, offset, n, stream);
+}
+
+void nf4_dequantize_dq(uint16_t* out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
+                       const float* offset, size_t n, cudaStream_t stream) {
+    launch_dequantize_dq(out, codes, absmax_codes, absmax2, offset, n, stream);
 }
 
 void nf4_quantize(uint8_t* codes, float* absmax, const float* x, size_t n, cudaStream_t stream) {

@@ -390,8 +390,10 @@ void lora_backward(void* dinp, bool dinp_bf16, float* dA, float* dB, const void*
 void nf4_quantize(uint8_t* codes, float* absmax, const float* x, size_t n, cudaStream_t stream);
 void nf4_dequantize(float* out, const uint8_t* codes, const float* absmax, size_t n, cudaStream_t stream);
 void nf4_dequantize(uint16_t* out, const uint8_t* codes, const float* absmax, size_t n, cudaStream_t stream);
-// The same with double-quantized absmaxes (kernels/cpu/ops.h's nf4_dequantize_dq, bitwise).
+// The same with double-quantized absmaxes (kernels/cpu/ops.h's nf4_dequantize_dq, bitwise; in bf16 rounded once).
 void nf4_dequantize_dq(float* out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
+                       const float* offset, size_t n, cudaStream_t stream);
+void nf4_dequantize_dq(uint16_t* out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
                        const float* offset, size_t n, cudaStream_t stream);
 
 void fp8_amax(float* amax, const float* x, size_t n, float* scratch, cudaStream_t stream);

@@ -14,9 +14,11 @@
 // (NO_SHARD mixed / pure), its Linear weights bf16 under amp_bf16) and unpacked into an fp32 copy for as long as a
 // hook holds it (gathered_units), its bf16 Linear weights named as that copy's words (Backend::alias_bf16) so the
 // GEMMs read them as stored; where they read nothing else (Backend::gemms_read_aliases, CUDA) those weights are not
-// widened at all. The copies' buffers are kept for the next unit rather than freed (a recorded micro-batch,
-// kernels.cuda_graphs, allocates nothing and replays the same buffers): after the first micro-batch there is one, the
-// size of the largest packed unit, or two where a tied head holds the embedding with the head.
+// widened at all, and NF4 weights are dequantized straight into bf16 words placed in the copy (packed_unit.h) rather
+// than into fp32 values each GEMM casts again. The copies' buffers are kept for the next unit rather than freed (a
+// recorded micro-batch, kernels.cuda_graphs, allocates nothing and replays the same buffers): after the first
+// micro-batch there is one, the size of the largest packed unit, or two where a tied head holds the embedding with the
+// head.
 //
 // Mixed / pure (NO_SHARD): a trained unit's compute copy is its parameters rounded to bf16, made once a step. Where
 // the GEMMs read bf16 words (Backend::gemms_read_aliases) its Linear weights are rounded straight to their words,
@@ -67,7 +69,7 @@ class DdpStrategy final : public Strategy {
 
     ~DdpStrategy() override {
         for (auto& s : units_) {
-            if (s.widened.data() != nullptr) s.pack.unalias(*backend_, s.widened.f32());  // a unit held at the end
+            if (s.widened.data() != nullptr) s.pack.unalias(*backend_, s.widened.f32(), linear_words());  // held
             if (s.compute_named) s.linears.unalias(*backend_, s.compute.f32());
         }
     }
@@ -80,8 +82,7 @@ class DdpStrategy final : public Strategy {
             if (s.widened.data() == nullptr) {
                 s.widened = spare_buffer(s.pack.numel() * sizeof(float));
                 const auto* packed = reinterpret_cast<const uint8_t*>(s.state.device_params());
-                s.pack.unpack(*backend_, s.widened.f32(), packed,
-                              backend_->gemms_read_aliases() ? LinearWords::kSkip : LinearWords::kWiden);
+                s.pack.unpack(*backend_, s.widened.f32(), packed, linear_words());
                 s.pack.alias(*backend_, s.widened.f32(), packed);
             }
             return s.widened.f32();
@@ -162,13 +163,17 @@ class DdpStrategy final : public Strategy {
     }
 
    private:
+    // What unpacking a packed unit does with its Linear weights: left to the packed words where the GEMMs read them.
+    LinearWords linear_words() const {
+        return backend_->gemms_read_aliases() ? LinearWords::kSkip : LinearWords::kWiden;
+    }
     // A packed unit's fp32 copy lives while a hook holds the unit; its buffer then waits in spares_ for the next.
     void hold(int u) { ++units_.at(u).refs; }
     void release(int u) {
         Unit& s = units_.at(u);
         TRAINER_CHECK(s.refs > 0, "unit {} released more often than held", u);
         if (--s.refs > 0 || s.widened.data() == nullptr) return;
-        s.pack.unalias(*backend_, s.widened.f32());
+        s.pack.unalias(*backend_, s.widened.f32(), linear_words());
         spares_.push_back(std::move(s.widened));
     }
     // The smallest spare buffer of at least `bytes`, or where none is that large a new one (the spares, all smaller,

@@ -308,7 +308,7 @@ class FsdpStrategy final : public Strategy {
     void drop_params(Group& G) {
         if (G.named) {
             for (size_t i = 0; i < G.packs.size(); ++i)
-                G.packs[i].unalias(*backend_, G.full_params.f32() + offset_in_group_[G.units[i]]);
+                G.packs[i].unalias(*backend_, G.full_params.f32() + offset_in_group_[G.units[i]], words_);
             G.linears.unalias(*backend_, G.full_params.f32());
             G.named = false;
         }

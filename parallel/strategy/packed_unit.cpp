@@ -38,7 +38,9 @@ FrozenForm frozen_form(const Unit& unit, bool bf16_params) {
 }
 
 PackedUnit::PackedUnit(const Unit& unit, FrozenForm form, bool double_quant)
-    : double_quant_(form == FrozenForm::kNf4 && double_quant), numel_(unit.numel) {
+    : double_quant_(form == FrozenForm::kNf4 && double_quant),
+      nf4_bf16_(form == FrozenForm::kNf4 && unit.bf16_gemms),
+      numel_(unit.numel) {
     for (const ParamSpec& p : unit.params) {
         Store store = Store::kFp32;
         if (form == FrozenForm::kNf4 && nf4_stored(p)) store = Store::kNf4;
@@ -111,14 +113,23 @@ void PackedUnit::unpack(Backend& backend, float* unit, const uint8_t* packed, Li
             backend.cast_bf16_to_float(unit + p.offset, words, p.numel);
             continue;
         }
+        // NF4: dequantized into the fp32 values, or (placed) into the bf16 words in the head of their region.
+        float* values = unit + p.offset;
+        const bool place = linears != LinearWords::kWiden;
+        const GemmOperand out = place ? GemmOperand::in_bf16(reinterpret_cast<uint16_t*>(values)) : GemmOperand(values);
         const uint8_t* rest = packed + p.at + codes_bytes(p.numel);
-        if (!double_quant_) {
-            backend.nf4_dequantize(unit + p.offset, packed + p.at, reinterpret_cast<const float*>(rest), p.numel);
-            continue;
+        if (double_quant_) {
+            const auto* absmax2 = reinterpret_cast<const float*>(rest + absmax_codes_bytes(p.numel));
+            const size_t blocks2 = cpu::double_quant_blocks(cpu::nf4_blocks(p.numel));
+            backend.nf4_dequantize_dq(out, packed + p.at, rest, absmax2, absmax2 + blocks2, p.numel);
+        } else {
+            backend.nf4_dequantize(out, packed + p.at, reinterpret_cast<const float*>(rest), p.numel);
         }
-        const auto* absmax2 = reinterpret_cast<const float*>(rest + absmax_codes_bytes(p.numel));
-        const size_t blocks2 = cpu::double_quant_blocks(cpu::nf4_blocks(p.numel));
-        backend.nf4_dequantize_dq(unit + p.offset, packed + p.at, rest, absmax2, absmax2 + blocks2, p.numel);
+        if (place) {
+            backend.alias_bf16(values, out.b16(), p.numel);
+        } else if (nf4_bf16_) {
+            backend.round_to_bf16(values, values, p.numel);
+        }
     }
 }
 
@@ -129,9 +140,11 @@ void PackedUnit::alias(Backend& backend, const float* unit, const uint8_t* packe
     }
 }
 
-void PackedUnit::unalias(Backend& backend, const float* unit) const {
+void PackedUnit::unalias(Backend& backend, const float* unit, LinearWords linears) const {
     for (const Part& p : parts_) {
-        if (p.store == Store::kBf16 && p.linears) backend.alias_bf16(unit + p.offset, nullptr, p.numel);
+        const bool named =
+            p.store == Store::kBf16 ? p.linears : p.store == Store::kNf4 && linears != LinearWords::kWiden;
+        if (named) backend.alias_bf16(unit + p.offset, nullptr, p.numel);
     }
 }
 
@@ -153,6 +166,7 @@ void PackedUnit::round_trip(float* unit) const {
             cpu::double_dequantize(absmax.data(), absmax_codes.data(), absmax2.data(), offset, absmax.size());
         }
         cpu::nf4_dequantize(unit + p.offset, codes.data(), absmax.data(), p.numel);
+        if (nf4_bf16_) cpu::round_to_bf16(unit + p.offset, unit + p.offset, p.numel);
     }
 }
 

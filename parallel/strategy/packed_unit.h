@@ -41,6 +41,8 @@ enum class FrozenForm {
 FrozenForm frozen_form(const Unit& unit, bool bf16_params);
 
 // What unpacking (and LinearRuns) does with the bf16 words of the Linear weights (bf16_linear_stored):
+// (NF4 weights are dequantized into bf16 words, placed and named, by both kSkip and kPlace: their words are nowhere
+// else.)
 enum class LinearWords {
     kWiden,  // widened into their fp32 region, as every other value
     kSkip,   // left unwritten: the GEMMs read the packed words where they stay (PackedUnit::alias), a replica's
@@ -68,14 +70,16 @@ class PackedUnit {
     // The unit's fp32 values (host, numel) into the packed form (host, bytes).
     void pack(const float* unit, uint8_t* packed) const;
     // The packed form (device) into the unit's fp32 layout (device): what compute reads. `linears`: what becomes of
-    // the bf16 Linear weights (kSkip and kPlace only where Backend::gemms_read_aliases; kPlace names them itself,
-    // kSkip leaves that to `alias`; `unalias` drops either).
+    // the bf16 and NF4 Linear weights (kSkip and kPlace only where Backend::gemms_read_aliases; kPlace names the bf16
+    // ones itself, kSkip leaves that to `alias`; both place and name the NF4 ones). A unit computed in bf16
+    // (Unit::bf16_gemms) reads its NF4 weights rounded to bf16 however they are unpacked, so the CPU's amp_fp8
+    // emulation casts the values CUDA's FP8 casts read.
     void unpack(Backend& backend, float* unit, const uint8_t* packed, LinearWords linears = LinearWords::kWiden) const;
     // Names the bf16 Linear weights of `packed` (device) as the words of their values in `unit`, its unpacked copy
-    // (Backend::alias_bf16), so the GEMMs read them without a cast; `unalias` drops those names before `unit` holds
-    // anything else.
+    // (Backend::alias_bf16), so the GEMMs read them without a cast. `unalias` drops those names, and those unpack
+    // gave with `linears`, before `unit` holds anything else.
     void alias(Backend& backend, const float* unit, const uint8_t* packed) const;
-    void unalias(Backend& backend, const float* unit) const;
+    void unalias(Backend& backend, const float* unit, LinearWords linears) const;
     // In place on the host: each value as unpack gives it back (the NF4 or bf16 weights' round trip).
     void round_trip(float* unit) const;
 
@@ -89,6 +93,7 @@ class PackedUnit {
     };
     std::vector<Part> parts_;
     bool double_quant_ = false;
+    bool nf4_bf16_ = false;  // the NF4 weights rounded to bf16 after dequantizing (Unit::bf16_gemms)
     size_t numel_ = 0, bytes_ = 0, nf4_numel_ = 0, nf4_bytes_ = 0;
 };
 

@@ -936,7 +936,7 @@ void test_kv_heads() {
 // with the hardware's cvt.rn.satfinite, so this holds the hardware to the CPU (and, through tests/test_fp8.cpp, to
 // PyTorch's table); NaN inputs must give a NaN code, whose sign and payload may differ.
 // NF4 storage: the codes and absmaxes bitwise the CPU's (partial last blocks, a block of zeros, a NaN), and the
-// dequantized values bitwise the CPU's in fp32 and rounded once in bf16.
+// dequantized values bitwise the CPU's in fp32 and rounded once in bf16, with plain and double-quantized absmaxes.
 void test_nf4() {
     for (const size_t n : {size_t{1}, size_t{63}, size_t{64}, size_t{130}, size_t{1000}}) {
         const Where at("n={}", n);
@@ -981,6 +981,15 @@ void test_nf4() {
         const std::vector<float> got_dq = dq_out.host();
         expect(std::memcmp(got_dq.data(), ref_dq.data(), n * sizeof(float)) == 0,
                "nf4_dequantize_dq (double-quantized absmaxes) is the CPU's");
+        Dev<uint16_t> dq16(n);
+        trainer::cuda::nf4_dequantize_dq(dq16.p, dcodes.p, ddq.p, dabs2.p, doff.p, n, nullptr);
+        const std::vector<uint16_t> got_dq16 = dq16.host();
+        bad = n;
+        for (size_t i = 0; i < n && bad == n; ++i) {
+            if (got_dq16[i] != trainer::float_to_bf16(ref_dq[i])) bad = i;
+        }
+        expect(bad == n, "nf4_dequantize_dq into bf16 is the CPU's rounded once",
+               bad == n ? "" : fmt::format("first mismatch at {}", bad));
     }
 }
 
