@@ -1,6 +1,8 @@
 // The JSON reading policy (see json.h).
 #include "base/json.h"
 
+#include <cstdint>
+#include <type_traits>
 #include <unordered_set>
 #include <vector>
 
@@ -95,5 +97,50 @@ std::optional<std::string> invalid_utf8_path(const Json& v) {
 }
 
 std::string json_text(const Json& v) { return v.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+namespace {
+// A value for a message: its JSON text, cut after about 80 bytes (at a character's start) with "..." after it.
+std::string short_text(const Json& v) {
+    std::string t = json_text(v);
+    if (t.size() <= 80) return t;
+    size_t cut = 80;
+    while (cut > 0 && (static_cast<unsigned char>(t[cut]) & 0xC0) == 0x80) --cut;
+    return t.substr(0, cut) + "...";
+}
+}  // namespace
+
+void require_json_object(const Json& doc, const std::string& what) {
+    if (!doc.is_object()) user_error("{}: expected a JSON object, got {}", what, short_text(doc));
+}
+
+namespace {
+template <typename T>
+bool holds(const Json& v) {
+    if constexpr (std::is_same_v<T, std::string>) return v.is_string();
+    if constexpr (std::is_same_v<T, double>) return v.is_number();
+    if constexpr (std::is_same_v<T, int64_t>) return v.is_number_integer();
+    if constexpr (std::is_same_v<T, bool>) return v.is_boolean();
+}
+template <typename T>
+const char* type_name() {
+    if constexpr (std::is_same_v<T, std::string>) return "a string";
+    if constexpr (std::is_same_v<T, double>) return "a number";
+    if constexpr (std::is_same_v<T, int64_t>) return "an integer";
+    if constexpr (std::is_same_v<T, bool>) return "true or false";
+}
+}  // namespace
+
+template <typename T>
+T json_field(const Json& doc, const char* key, T fallback, const std::string& what) {
+    require_json_object(doc, what);
+    const auto it = doc.find(key);
+    if (it == doc.end() || it->is_null()) return fallback;
+    if (!holds<T>(*it)) user_error("{}: {} is {}; expected {}", what, key, short_text(*it), type_name<T>());
+    return it->get<T>();
+}
+template std::string json_field<std::string>(const Json&, const char*, std::string, const std::string&);
+template double json_field<double>(const Json&, const char*, double, const std::string&);
+template int64_t json_field<int64_t>(const Json&, const char*, int64_t, const std::string&);
+template bool json_field<bool>(const Json&, const char*, bool, const std::string&);
 
 }  // namespace trainer

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -29,4 +30,13 @@ std::optional<std::string> invalid_utf8_path(const Json& v);
 // A value as JSON text for a message; invalid UTF-8 in a string (a YAML config can hold any bytes) is
 // shown replaced, never thrown.
 std::string json_text(const Json& v);
+
+// Reading a document another program wrote (a PEFT adapter's config, a calibration, a Hugging Face config): a
+// UserError "<what>: expected a JSON object, got ..." unless `doc` is an object.
+void require_json_object(const Json& doc, const std::string& what);
+// `key` of the object `doc` as a string, a number (double; int64_t: an integer), or a boolean, or `fallback` where
+// the key is absent or null; a value of another type is a UserError "<what>: <key> is <value>; expected <type>"
+// (nlohmann's own value() would throw its type_error, which names neither the file nor the key).
+template <typename T>
+T json_field(const Json& doc, const char* key, T fallback, const std::string& what);
 }  // namespace trainer

@@ -13,6 +13,12 @@
 #                                                                      long runs
 #   store            the rendezvous store's wire protocol, from a    seeds: each request, well formed, and
 #                    stranger and from a client past the handshake     lengths past their bounds
+#   downstream       a downstream task's JSONL, laid out and scored  seeds: text, ids and both, both forms,
+#                                                                      unconditioned contexts, a long context
+#   instruct         prepare-data's chat and Alpaca records, a chat  seeds: both record kinds, a template
+#                    template file, the layouts one a row and packed   file with a long turn
+#   calibration      the plan's op-time and link calibration files    seeds: one of each, as bench-kernels and
+#                                                                      bench-comm write them
 # The targets expand runs (tests/fuzz/fuzz_common.h: 0xF5, a count, a byte) so a mutated count reaches
 # nesting 65,535 deep or a 65 KB run of one letter, and dump every document they accept (a string that is
 # not UTF-8, or nesting deep enough to exhaust the stack, fails there). A crash, a sanitizer report, a
@@ -25,7 +31,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-30}
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(config_json config_yaml safetensors token_file checkpoint_meta bpe store)
+((${#targets[@]})) || targets=(config_json config_yaml safetensors token_file checkpoint_meta bpe store downstream instruct calibration)
 bash scripts/install_deps.sh
 bash scripts/fetch_tokenizers.sh
 cmake -S tests/fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ >/dev/null
@@ -80,6 +86,26 @@ put("checkpoint_meta", "deep.json", json.dumps(meta).encode()[:-1] + b', "extra"
 put("config_yaml", "aliases.yaml", b"a0: &a0 [x, x, x]\na1: &a1 [*a0, *a0, *a0]\na2: &a2 [*a1, *a1, *a1]\n"
     b"b0: xx\nb1: ${b0}${b0}\nb2: ${b1}${b1}\n")
 put("bpe", "run.txt", b"The " + run(4, b"a") + b" end " + run(2, b","))
+# downstream tasks (core/data/downstream.h): the first byte odd gives the target a tokenizer for text
+put("downstream", "text.jsonl", b'{"context": "The cat", "continuations": [" sat", " flew"], "label": 0, '
+    b'"unconditioned_context": "Answer:"}\n{"contexts": ["a b", "c d"], "continuation": " e", "label": 1}\n')
+put("downstream", "ids.jsonl", b'\n{"context": [1, 2], "continuations": [[3], {"ids": [4, 5], "text": " x"}], "label": 1, '
+    b'"unconditioned_contexts": [[9], [8]]}\n')
+put("downstream", "long.jsonl", b'{"context": "' + run(1, b"a") + b'", "continuations": ["' + run(0, b"b")
+    + b'", "c"], "label": 0}\n')
+# instruction records (core/data/instruct.h); the first byte odd: the first line is a chat template
+put("instruct", "chat.jsonl", b'\n{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": '
+    b'"Hi"}, {"role": "assistant", "content": "Hello"}]}\n{"instruction": "Add", "input": "1 2", "output": "3"}\n')
+put("instruct", "template.jsonl", b'{"system": {"prefix": "S:", "suffix": "\\n"}, "user": {"prefix": "U:", "suffix": "\\n"}, '
+    b'"assistant": {"prefix": "A:", "suffix": "\\n", "suffix_if_last": "", "eos": true}}\n'
+    b'{"messages": [{"role": "user", "content": "' + run(1, b"q") + b'"}, {"role": "assistant", "content": "ok"}]}\n')
+# calibrations (core/plan/calibration.h); the first byte odd ("{"): a comm calibration, else (" {") op times
+put("calibration", "ops.json", b" " + json.dumps({"format": "trainer-calibration", "bandwidth": 1e10, "peak_flops": 1e12,
+    "threads": 2, "ranks_per_node": 1, "cores": 2, "ops": [{"op": "matmul_forward", "flops": 1e9, "bytes": 1e6,
+    "seconds": 0.001}]}).encode())
+put("calibration", "links.json", json.dumps({"format": "trainer-comm-calibration", "world_size": 2,
+    "nnodes": 1, "collectives": "gloo", "links": {"intra": {"all_reduce": {"bandwidth_gbs": 1.5, "latency_us": 30},
+    "all_gather": {"bandwidth_gbs": 2, "latency_us": 20}}}}).encode())
 # the store's requests (tcp_store.cpp's wire format); the first byte: odd, sent after the handshake
 def s(b):
     return struct.pack("<I", len(b)) + b

@@ -137,6 +137,8 @@ TEST_CASE("bench-comm: a comm calibration file is read key by key and refused wi
         {R"({"format": "trainer-comm-calibration", "collectives": "mpi", "links": {}})",
          "collectives: expected \"gloo\" or \"nccl\", got \"mpi\""},
         {R"({"format": "trainer-comm-calibration", "links": )", "not valid JSON"},
+        {R"({"format": 7, "links": {}})", "format is 7; expected a string"},
+        {R"(["trainer-comm-calibration"])", "not a file of trainer bench-comm --calibration-out"},
     };
     for (const auto& b : bad) {
         INFO(b.text);

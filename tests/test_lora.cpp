@@ -685,6 +685,25 @@ TEST_CASE("lora: export writes PEFT's adapter and the merged model whose logits 
          "--set", "lora.init_from=" + adapter});
     CHECK(other.exit_code != 0);
     CHECK_THAT(other.err, Contains("its r is 4, this run's lora.r is 8"));
+    // An adapter_config.json of other types, or not an object, refused by name (no JSON library message).
+    const std::string original = test_util::read_file(adapter + "/adapter_config.json");
+    for (const auto& [text, error] : std::vector<std::pair<std::string, std::string>>{
+             {R"({"peft_type": 5})", "adapter_config.json: peft_type is 5; expected a string"},
+             {R"({"peft_type": "LORA", "lora_alpha": "16"})", "lora_alpha is \"16\"; expected a number"},
+             {R"({"use_dora": "no"})", "use_dora is \"no\"; expected true or false"},
+             {R"([1, 2])", "adapter_config.json: expected a JSON object, got [1,2]"}}) {
+        CAPTURE(text);
+        test_util::write_file(adapter + "/adapter_config.json", text);
+        const auto typed = test_util::run_trainer(
+            {"--config", fixture("olmo_tiny.json"), "--max-duration", "1", "--set", "lora.enabled=true", "--set",
+             "lora.r=4", "--set",
+             "lora.targets=[\"q_proj\",\"v_proj\",\"o_proj\",\"up_proj\",\"down_proj\",\"lm_head\"]", "--set",
+             "lora.init_from=" + adapter});
+        CHECK(typed.exit_code == 1);
+        CHECK_THAT(typed.err, Contains("lora.init_from " + adapter) && Contains(error));
+        CHECK_THAT(typed.err, !Contains("json.exception"));
+    }
+    test_util::write_file(adapter + "/adapter_config.json", original);
     run({"--config", fixture("olmo_tiny.json"), "--max-duration", "1", "--set", "save_folder=" + dir.path("plain")},
         {});
     const auto plain = test_util::run_trainer(

@@ -852,6 +852,32 @@ TEST_CASE("plan: op times measured by several ranks at once carry their sharing 
     const auto r = test_util::run_trainer({"plan", "--all", "--config", "configs/tiny.json", "--calibration", bad});
     CHECK(r.exit_code == 1);
     CHECK(r.err.find("calibration " + bad + ": ranks_per_node: expected at least 1") != std::string::npos);
+    // Fields of another type, a document that is not an object, an entry that is not one: refused by name.
+    const struct {
+        std::string text, error;
+    } refused[] = {
+        {R"({"format": "trainer-calibration", "bandwidth": "fast", "ops": []})",
+         "bandwidth is \"fast\"; expected a number"},
+        {R"({"format": "trainer-calibration", "threads": 1.5, "ops": []})", "threads is 1.5; expected an integer"},
+        {R"({"format": "trainer-calibration", "cores": 1e30, "ops": []})", "cores is 1e+30; expected an integer"},
+        {R"({"format": "trainer-calibration", "cores": 123456789012, "ops": []})",
+         "cores: 123456789012; expected a count up to 2^24"},
+        {R"({"format": ["trainer-calibration"], "ops": []})", "format is [\"trainer-calibration\"]; expected a string"},
+        {R"([1, 2])", "not a file of trainer bench-kernels --calibration-out"},
+        {R"({"format": "trainer-calibration", "ops": [3]})", "ops[0]: expected a JSON object, got 3"},
+        {R"({"format": "trainer-calibration", "ops": [{"op": "x", "seconds": "1"}]})",
+         "ops[0]: seconds is \"1\"; expected a number"},
+    };
+    for (const auto& c : refused) {
+        CAPTURE(c.text);
+        write_text_file(bad, c.text, "test calibration");
+        const auto rr =
+            test_util::run_trainer({"plan", "--all", "--config", "configs/tiny.json", "--calibration", bad});
+        CHECK(rr.exit_code == 1);
+        CHECK(rr.err.find("calibration " + bad) != std::string::npos);
+        CHECK(rr.err.find(c.error) != std::string::npos);
+        CHECK(rr.err.find("json.exception") == std::string::npos);
+    }
 }
 
 using Catch::Matchers::Contains;

@@ -341,6 +341,15 @@ TEST_CASE("export: a Hugging Face directory sharded or not imports back bit for 
         expect_error(
             run_trainer({"--config", fixture(name + "_tiny.json"), "--init-from", one, "--max-duration", "1"}),
             std::string(name == "gpt2" ? "n_layer" : "num_hidden_layers") + " is 7, but this model config gives 2");
+        // A config.json that is not an object, or whose model_type is not a string: refused by name too.
+        test_util::write_file(one + "/config.json", "[1, 2]");
+        expect_error(run_trainer({"--config", fixture(name + "_tiny.json"), "--init-from", one, "--max-duration", "1"}),
+                     "--init-from " + one + "/config.json: expected a JSON object, got [1,2]");
+        Json typed = config;
+        typed["model_type"] = 3;
+        test_util::write_file(one + "/config.json", typed.dump());
+        expect_error(run_trainer({"--config", fixture(name + "_tiny.json"), "--init-from", one, "--max-duration", "1"}),
+                     "config.json: model_type is 3; expected a string");
         if (name == "llama") {
             // null where transformers reads its default: head_dim (hidden / heads, ours) imports, num_key_value_heads
             // (the query heads' count, not this model's 2) is refused, and so is another activation.

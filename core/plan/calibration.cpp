@@ -10,22 +10,31 @@ namespace trainer {
 
 Calibration read_calibration(const std::string& path) {
     const Json j = read_json_file(path, "calibration");
-    if (j.value("format", "") != "trainer-calibration" || !j.contains("ops") || !j["ops"].is_array()) {
+    const std::string what = "calibration " + path;
+    if (!j.is_object() || json_field<std::string>(j, "format", "", what) != "trainer-calibration" ||
+        !j.contains("ops") || !j["ops"].is_array()) {
         user_error("calibration {}: not a file of trainer bench-kernels --calibration-out", path);
     }
     Calibration c;
     c.path = path;
-    c.bandwidth = j.value("bandwidth", 0.0);
-    c.peak_flops = j.value("peak_flops", 0.0);
-    c.step_scale = j.value("step_scale", 1.0);
-    c.threads = j.value("threads", 0);
-    c.ranks_per_node = j.value("ranks_per_node", 1);
+    c.bandwidth = json_field<double>(j, "bandwidth", 0.0, what);
+    c.peak_flops = json_field<double>(j, "peak_flops", 0.0, what);
+    c.step_scale = json_field<double>(j, "step_scale", 1.0, what);
+    // Counts: integers a process can hold, else refused by name.
+    const auto count = [&](const char* key, int64_t fallback) {
+        const int64_t v = json_field<int64_t>(j, key, fallback, what);
+        if (v < 0 || v > 1 << 24) user_error("calibration {}: {}: {}; expected a count up to 2^24", path, key, v);
+        return static_cast<int>(v);
+    };
+    c.threads = count("threads", 0);
+    c.ranks_per_node = count("ranks_per_node", 1);
     if (c.ranks_per_node < 1) user_error("calibration {}: ranks_per_node: expected at least 1", path);
-    c.cores = j.value("cores", 0);
-    if (c.cores < 0) user_error("calibration {}: cores: {}; expected at least 1 (or absent)", path, c.cores);
-    for (const Json& e : j["ops"]) {
-        Calibration::Entry entry{e.value("op", ""), e.value("flops", 0.0), e.value("bytes", 0.0),
-                                 e.value("seconds", 0.0)};
+    c.cores = count("cores", 0);
+    for (size_t i = 0; i < j["ops"].size(); ++i) {
+        const Json& e = j["ops"][i];
+        const std::string at = fmt::format("{} ops[{}]", what, i);
+        Calibration::Entry entry{json_field<std::string>(e, "op", "", at), json_field<double>(e, "flops", 0.0, at),
+                                 json_field<double>(e, "bytes", 0.0, at), json_field<double>(e, "seconds", 0.0, at)};
         if (entry.op.empty() || entry.seconds <= 0.0 || (entry.flops <= 0.0 && entry.bytes <= 0.0)) {
             user_error("calibration {}: an entry without an op, its work or a positive time: {}", path, e.dump());
         }
@@ -36,8 +45,9 @@ Calibration read_calibration(const std::string& path) {
 
 CommCalibration read_comm_calibration(const std::string& path) {
     const Json j = read_json_file(path, "comm calibration");
-    if (!j.is_object() || j.value("format", "") != "trainer-comm-calibration" || !j.contains("links") ||
-        !j["links"].is_object()) {
+    if (!j.is_object() ||
+        json_field<std::string>(j, "format", "", "comm calibration " + path) != "trainer-comm-calibration" ||
+        !j.contains("links") || !j["links"].is_object()) {
         user_error("comm calibration {}: not a file of trainer bench-comm --calibration-out", path);
     }
     CommCalibration c;

@@ -180,7 +180,7 @@ void check_hf_config(const TrainConfig& config, const std::string& dir) {
     if (!fs::exists(path)) return;  // weights alone: their names and shapes are checked tensor by tensor
     Json have = read_json_file(path, "--init-from");
     const Json want = hf_config_json(config);
-    if (have.value("model_type", "") != want["model_type"]) {
+    if (json_field<std::string>(have, "model_type", "", "--init-from " + path) != want["model_type"]) {
         user_error("--init-from {}: model_type is {}; this config's model maps to {}", path,
                    have.contains("model_type") ? have["model_type"].dump() : "absent", want["model_type"].dump());
     }

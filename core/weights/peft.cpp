@@ -159,25 +159,27 @@ void read_peft_adapter(const TrainConfig& config, const ParamLayout& layout, con
         file = path + "/adapter_model.safetensors";
         const std::string cfg_path = path + "/adapter_config.json";
         if (fs::exists(cfg_path)) {
-            const Json c = parse_json(read_file(cfg_path, "lora.init_from"), "lora.init_from " + cfg_path);
+            const std::string what = "lora.init_from " + cfg_path;
+            const Json c = parse_json(read_file(cfg_path, "lora.init_from"), what);
+            require_json_object(c, what);
             const auto differs = [&](const char* key, const Json& ours, const char* our_key) {
                 if (c.contains(key) && !c[key].is_null() && c[key] != ours) {
                     user_error("lora.init_from {}: its {} is {}, this run's {} is {}; set {} to match", cfg_path, key,
                                c[key].dump(), our_key, ours.dump(), our_key);
                 }
             };
-            if (c.value("peft_type", "LORA") != "LORA")
-                user_error("lora.init_from {}: peft_type {}; expected LORA", cfg_path, c["peft_type"].dump());
+            if (json_field<std::string>(c, "peft_type", "LORA", what) != "LORA")
+                user_error("lora.init_from {}: peft_type {}; expected LORA", cfg_path, json_text(c["peft_type"]));
             differs("r", config.lora.r, "lora.r");
-            if (c.contains("lora_alpha") && c["lora_alpha"].is_number() &&
-                std::fabs(c["lora_alpha"].get<double>() - config.lora.alpha) > 1e-9 * std::fabs(config.lora.alpha)) {
+            const double alpha = json_field<double>(c, "lora_alpha", config.lora.alpha, what);
+            if (std::fabs(alpha - config.lora.alpha) > 1e-9 * std::fabs(config.lora.alpha)) {
                 user_error(
                     "lora.init_from {}: its lora_alpha is {}, this run's lora.alpha is {}; set lora.alpha to "
                     "match",
-                    cfg_path, c["lora_alpha"].dump(), config.lora.alpha);
+                    cfg_path, json_text(c["lora_alpha"]), config.lora.alpha);
             }
             differs("use_rslora", config.lora.use_rslora, "lora.use_rslora");
-            if (c.value("use_dora", false))
+            if (json_field<bool>(c, "use_dora", false, what))
                 user_error("lora.init_from {}: a DoRA adapter (use_dora); expected LoRA", cfg_path);
         }
     }

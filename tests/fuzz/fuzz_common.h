@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "base/common.h"
 #include "base/config.h"
@@ -52,6 +53,13 @@ inline std::string as_file(const uint8_t* data, size_t size, const std::string& 
 }
 inline std::string as_file(const std::string& data, const std::string& suffix) {
     return as_file(reinterpret_cast<const uint8_t*>(data.data()), data.size(), suffix);
+}
+
+// A byte-level tokenizer for the targets that tokenize text: each byte its own id (0-255).
+inline std::vector<int32_t> byte_ids(const std::string& s) {
+    std::vector<int32_t> ids;
+    for (const char c : s) ids.push_back(static_cast<unsigned char>(c));
+    return ids;
 }
 
 // Runs fn; a UserError (the refusal of bad input, with its message) is the expected outcome.
