@@ -249,12 +249,6 @@ size_t edit_distance(const std::string& a, const std::string& b) {
     throw UserError(msg);
 }
 
-std::string short_json(const Json& v) {
-    std::string s = json_text(v);
-    if (s.size() > 80) s = s.substr(0, 77) + "...";
-    return s;
-}
-
 // Checks one value against its spec; `shown` is the path as the user wrote it (with list indices).
 void check_value(const KeySpec& spec, const Json& v, const std::string& shown) {
     if (v.is_null()) {

@@ -98,19 +98,16 @@ std::optional<std::string> invalid_utf8_path(const Json& v) {
 
 std::string json_text(const Json& v) { return v.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
-namespace {
-// A value for a message: its JSON text, cut after about 80 bytes (at a character's start) with "..." after it.
-std::string short_text(const Json& v) {
-    std::string t = json_text(v);
-    if (t.size() <= 80) return t;
-    size_t cut = 80;
-    while (cut > 0 && (static_cast<unsigned char>(t[cut]) & 0xC0) == 0x80) --cut;
-    return t.substr(0, cut) + "...";
+std::string short_json(const Json& v) {
+    std::string s = json_text(v);
+    if (s.size() <= 80) return s;
+    size_t cut = 77;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+    return s.substr(0, cut) + "...";
 }
-}  // namespace
 
 void require_json_object(const Json& doc, const std::string& what) {
-    if (!doc.is_object()) user_error("{}: expected a JSON object, got {}", what, short_text(doc));
+    if (!doc.is_object()) user_error("{}: expected a JSON object, got {}", what, short_json(doc));
 }
 
 namespace {
@@ -135,7 +132,7 @@ T json_field(const Json& doc, const char* key, T fallback, const std::string& wh
     require_json_object(doc, what);
     const auto it = doc.find(key);
     if (it == doc.end() || it->is_null()) return fallback;
-    if (!holds<T>(*it)) user_error("{}: {} is {}; expected {}", what, key, short_text(*it), type_name<T>());
+    if (!holds<T>(*it)) user_error("{}: {} is {}; expected {}", what, key, short_json(*it), type_name<T>());
     return it->get<T>();
 }
 template std::string json_field<std::string>(const Json&, const char*, std::string, const std::string&);

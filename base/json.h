@@ -30,6 +30,8 @@ std::optional<std::string> invalid_utf8_path(const Json& v);
 // A value as JSON text for a message; invalid UTF-8 in a string (a YAML config can hold any bytes) is
 // shown replaced, never thrown.
 std::string json_text(const Json& v);
+// The same cut to 80 bytes ("..." for the rest, never inside a character): a value quoted in an error.
+std::string short_json(const Json& v);
 
 // Reading a document another program wrote (a PEFT adapter's config, a calibration, a Hugging Face config): a
 // UserError "<what>: expected a JSON object, got ..." unless `doc` is an object.

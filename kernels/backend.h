@@ -235,8 +235,9 @@ class Backend {
     // the (V, C) weight). nullptr ends the promise. Default: nothing kept.
     virtual void hold_weight(const float* w) { (void)w; }
     // Until the region is named again with `bf16` null, the fp32 values at [w, w + n) are exactly the bf16 words at
-    // `bf16` (device memory that stays put and unchanged meanwhile), so a GEMM reading a weight inside it may read
-    // those words instead of casting (the CUDA backend in amp_bf16 and amp_fp8). A replica's frozen unit unpacked from
+    // `bf16` (device memory that stays put; whoever names it keeps the words those values whenever a GEMM may read
+    // them), so a GEMM reading a weight inside it may read those words instead of casting (the CUDA backend in
+    // amp_bf16 and amp_fp8). A replica's frozen unit unpacked from
     // its bf16 storage names its Linear weights (parallel/strategy/packed_unit.h). Default: nothing kept (the CPU reads
     // fp32).
     virtual void alias_bf16(const float* w, const uint16_t* bf16, size_t n) { (void)w, (void)bf16, (void)n; }

@@ -189,13 +189,9 @@ void LinearRuns::widen(Backend& backend, float* dst, const uint16_t* src, size_t
         backend.cast_bf16_to_float(dst, src, n);
         return;
     }
-    size_t done = 0;  // the values before `done` are written
-    for (const Run& r : runs_) {
-        if (r.offset > done) backend.cast_bf16_to_float(dst + done, src + done, r.offset - done);
-        place_words(backend, dst + r.offset, src + r.offset, r.numel);
-        done = r.offset + r.numel;
-    }
-    if (n > done) backend.cast_bf16_to_float(dst + done, src + done, n - done);
+    visit(
+        n, [&](size_t at, size_t count) { backend.cast_bf16_to_float(dst + at, src + at, count); },
+        [&](const Run& r) { place_words(backend, dst + r.offset, src + r.offset, r.numel); });
 }
 
 void LinearRuns::round(Backend& backend, float* dst, const float* src, size_t n, LinearWords linears) const {
@@ -203,13 +199,11 @@ void LinearRuns::round(Backend& backend, float* dst, const float* src, size_t n,
         backend.round_to_bf16(dst, src, n);
         return;
     }
-    size_t done = 0;
-    for (const Run& r : runs_) {
-        if (r.offset > done) backend.round_to_bf16(dst + done, src + done, r.offset - done);
-        backend.cast_float_to_bf16(reinterpret_cast<uint16_t*>(dst + r.offset), src + r.offset, r.numel);
-        done = r.offset + r.numel;
-    }
-    if (n > done) backend.round_to_bf16(dst + done, src + done, n - done);
+    visit(
+        n, [&](size_t at, size_t count) { backend.round_to_bf16(dst + at, src + at, count); },
+        [&](const Run& r) {
+            backend.cast_float_to_bf16(reinterpret_cast<uint16_t*>(dst + r.offset), src + r.offset, r.numel);
+        });
 }
 
 void LinearRuns::alias(Backend& backend, const float* dst) const {

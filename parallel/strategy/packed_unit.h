@@ -120,6 +120,17 @@ class LinearRuns {
     struct Run {
         size_t offset = 0, numel = 0;
     };
+    // gap(at, count) for each stretch of [0, n) between the runs and run(r) for each run, in order.
+    template <typename Gap, typename RunFn>
+    void visit(size_t n, Gap gap, RunFn run) const {
+        size_t done = 0;
+        for (const Run& r : runs_) {
+            if (r.offset > done) gap(done, r.offset - done);
+            run(r);
+            done = r.offset + r.numel;
+        }
+        if (n > done) gap(done, n - done);
+    }
     std::vector<Run> runs_;  // in order, disjoint, none adjacent to the next
 };
 
