@@ -363,7 +363,7 @@ namespace {
 int32_t token_id(const Json& v, const std::string& path, const std::string& token) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 10000000)
         user_error("tokenizer file {}: the id of {} is {}; expected an integer in [0, 10^7]", path,
-                   json_text(Json(token)), json_text(v));
+                   short_json(Json(token)), short_json(v));
     return v.get<int32_t>();
 }
 }  // namespace

@@ -186,17 +186,19 @@ class CpuBackend final : public Backend {
     bool has_nf4() const override { return true; }
     void nf4_dequantize(GemmOperand out, const uint8_t* codes, const float* absmax, size_t n) override {
         const Busy busy(*this);
-        if (!out.bf16) return cpu::nf4_dequantize(out.f32(), codes, absmax, n);
-        std::vector<float> values(n);
-        cpu::nf4_dequantize(values.data(), codes, absmax, n);
-        cpu::cast_float_to_bf16(out.b16(), values.data(), n);
+        into(out, n, [&](float* values) { cpu::nf4_dequantize(values, codes, absmax, n); });
     }
     void nf4_dequantize_dq(GemmOperand out, const uint8_t* codes, const uint8_t* absmax_codes, const float* absmax2,
                            const float* offset, size_t n) override {
         const Busy busy(*this);
-        if (!out.bf16) return cpu::nf4_dequantize_dq(out.f32(), codes, absmax_codes, absmax2, offset, n);
+        into(out, n, [&](float* values) { cpu::nf4_dequantize_dq(values, codes, absmax_codes, absmax2, offset, n); });
+    }
+    // n values that `make` writes as fp32, into `out`: in place, or (bf16 storage) each rounded once.
+    template <typename Make>
+    static void into(GemmOperand out, size_t n, Make make) {
+        if (!out.bf16) return make(out.f32());
         std::vector<float> values(n);
-        cpu::nf4_dequantize_dq(values.data(), codes, absmax_codes, absmax2, offset, n);
+        make(values.data());
         cpu::cast_float_to_bf16(out.b16(), values.data(), n);
     }
     void lora_forward(GemmOperand out, int ld_out, GemmOperand inp, const float* A, const float* B, int M, int K, int r,
