@@ -185,22 +185,14 @@ void LinearRuns::add(const Unit& unit, size_t at) {
 }
 
 void LinearRuns::widen(Backend& backend, float* dst, const uint16_t* src, size_t n, LinearWords linears) const {
-    if (linears != LinearWords::kPlace || runs_.empty()) {
-        backend.cast_bf16_to_float(dst, src, n);
-        return;
-    }
     visit(
-        n, [&](size_t at, size_t count) { backend.cast_bf16_to_float(dst + at, src + at, count); },
+        n, linears, [&](size_t at, size_t count) { backend.cast_bf16_to_float(dst + at, src + at, count); },
         [&](const Run& r) { place_words(backend, dst + r.offset, src + r.offset, r.numel); });
 }
 
 void LinearRuns::round(Backend& backend, float* dst, const float* src, size_t n, LinearWords linears) const {
-    if (linears != LinearWords::kPlace || runs_.empty()) {
-        backend.round_to_bf16(dst, src, n);
-        return;
-    }
     visit(
-        n, [&](size_t at, size_t count) { backend.round_to_bf16(dst + at, src + at, count); },
+        n, linears, [&](size_t at, size_t count) { backend.round_to_bf16(dst + at, src + at, count); },
         [&](const Run& r) {
             backend.cast_float_to_bf16(reinterpret_cast<uint16_t*>(dst + r.offset), src + r.offset, r.numel);
         });

@@ -120,9 +120,11 @@ class LinearRuns {
     struct Run {
         size_t offset = 0, numel = 0;
     };
-    // gap(at, count) for each stretch of [0, n) between the runs and run(r) for each run, in order.
+    // gap(at, count) for each stretch of [0, n) between the runs and run(r) for each run, in order; unless `linears`
+    // places words, all of [0, n) is one gap (one pass).
     template <typename Gap, typename RunFn>
-    void visit(size_t n, Gap gap, RunFn run) const {
+    void visit(size_t n, LinearWords linears, Gap gap, RunFn run) const {
+        if (linears != LinearWords::kPlace) return gap(0, n);
         size_t done = 0;
         for (const Run& r : runs_) {
             if (r.offset > done) gap(done, r.offset - done);
