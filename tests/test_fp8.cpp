@@ -22,17 +22,28 @@
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 
+// NVIDIA's own conversions, as the CUDA toolkit's cuda_fp8.h computes them on the host (its software path, written to
+// give what the device's cvt.rn.satfinite gives), where the build found the header (tests/CMakeLists.txt).
+#ifdef TRAINER_TEST_CUDA_FP8_H
+#include <cuda_fp8.h>
+#endif
+
 using namespace trainer;
 namespace cpu = trainer::cpu;
 
 namespace {
 
-float bf16_value(uint16_t bits) {
-    const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+float bits_float(uint32_t bits) {
     float x;
-    std::memcpy(&x, &wide, sizeof x);
+    std::memcpy(&x, &bits, sizeof x);
     return x;
 }
+uint32_t float_bits(float x) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    return bits;
+}
+float bf16_value(uint16_t bits) { return bits_float(static_cast<uint32_t>(bits) << 16); }
 
 // The specification's value of each code, in double, from its fields (an independent reading of the formats).
 struct Reference {
@@ -178,6 +189,69 @@ TEST_CASE("fp8: every bf16 value converts as PyTorch's float8 types do when satu
         }
     }
     CHECK(mismatches == 0);
+}
+
+TEST_CASE("fp8: every bf16 value and the fp32 values at every rounding boundary convert as cuda_fp8.h does") {
+#ifndef TRAINER_TEST_CUDA_FP8_H
+    WARN("skipped: the CUDA toolkit's cuda_fp8.h was not found when this build was configured");
+#else
+    const std::pair<Fp8Format, __nv_fp8_interpretation_t> formats[] = {{Fp8Format::kE4M3, __NV_E4M3},
+                                                                       {Fp8Format::kE5M2, __NV_E5M2}};
+    for (const auto& [format, nv] : formats) {
+        CAPTURE(fp8_name(format));
+        // A NaN input gives a NaN code (NVIDIA's is 0x7F whatever the sign; ours keeps the sign); the rest bitwise.
+        long compared = 0, mismatches = 0;
+        const auto same = [&](float x, uint8_t theirs) {
+            const uint8_t ours = fp8_encode(x, format);
+            ++compared;
+            const bool ok = std::isnan(x)
+                                ? std::isnan(fp8_decode(theirs, format)) && std::isnan(fp8_decode(ours, format))
+                                : ours == theirs;
+            if (!ok && ++mismatches <= 5)
+                UNSCOPED_INFO(x << " (0x" << std::hex << float_bits(x) << "): ours 0x" << +ours << ", cuda_fp8.h 0x"
+                                << +theirs);
+        };
+        // Every code decodes to the value NVIDIA's decoding gives (through fp16, which holds every FP8 value).
+        for (int c = 0; c < 256; ++c) {
+            const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(c), nv);
+            const float theirs = static_cast<float>(__half(h)), ours = fp8_decode(static_cast<uint8_t>(c), format);
+            CAPTURE(c);
+            CHECK((std::isnan(ours) ? std::isnan(theirs) : ours == theirs));
+        }
+        for (uint32_t bits = 0; bits < 65536; ++bits) {
+            __nv_bfloat16_raw raw;
+            raw.x = static_cast<uint16_t>(bits);
+            same(bf16_value(static_cast<uint16_t>(bits)), __nv_cvt_bfloat16raw_to_fp8(raw, __NV_SATFINITE, nv));
+        }
+        // fp32 (the casts convert x * scale in fp32): each midpoint between neighbouring codes, and the four floats
+        // on either side of it, of both signs, with the midpoints past the largest finite value and the infinities.
+        std::vector<double> values;
+        for (int c = 0; c < 127; ++c) {
+            const double lo = fp8_decode(static_cast<uint8_t>(c), format),
+                         hi = fp8_decode(static_cast<uint8_t>(c + 1), format);
+            if (!std::isfinite(lo)) break;  // past e5m2's largest finite value: its infinity and NaNs
+            values.push_back(std::isfinite(hi) ? (lo + hi) / 2 : lo * 1.0625);
+        }
+        values.push_back(INFINITY);
+        for (const double m : values) {
+            for (const float sign : {1.0f, -1.0f}) {
+                float x = sign * static_cast<float>(m);
+                for (int k = 0; k < 4; ++k) x = std::nextafter(x, 0.0f);
+                for (int k = 0; k < 9; ++k, x = std::nextafter(x, sign * INFINITY)) {
+                    same(x, __nv_cvt_float_to_fp8(x, __NV_SATFINITE, nv));
+                }
+            }
+        }
+        // And a million fp32 bit patterns drawn at random, NaNs, huge and tiny values among them.
+        std::mt19937 rng(8);
+        for (int i = 0; i < 1'000'000; ++i) {
+            const float x = bits_float(static_cast<uint32_t>(rng()));
+            same(x, __nv_cvt_float_to_fp8(x, __NV_SATFINITE, nv));
+        }
+        CAPTURE(compared);
+        CHECK(mismatches == 0);
+    }
+#endif
 }
 
 TEST_CASE("fp8: per-tensor scales from the amax and the quantized values an FP8 GEMM reads") {
