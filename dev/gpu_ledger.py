@@ -17,10 +17,13 @@ hash of its covered files' contents differs from the `covered` column of its las
                                           remakes docs/gpus.md's table
   gpu_ledger.py table [--check]           remakes docs/gpus.md's table from the ledger (--check: exit 1 if it
                                           differs)
-  gpu_ledger.py check                     checks both files' format
+  gpu_ledger.py check                     checks both files' format, and that every glob of the stages file
+                                          matches a file and every exclusion removes one
+  gpu_ledger.py files STAGE [--at REV]    the files a stage covers
 
 The covered hash is the first 16 hex digits of the SHA-256 of the covered files' git blob ids, sorted: a file's
-content decides it, not its path, so moving files (and their globs with them) leaves a stage fresh. `--at REV`
+content decides it, not its path, so moving files (and their globs with them) leaves a stage fresh. Where a stage's
+covers change, its last pass still counts if the files they select were the same at the pass's commit. `--at REV`
 reads the files at a commit; without it, the files on disk that git tracks or would track (what the device tool
 copies). A stage's result is `pass`, `fail`, `partial` (part of it ran; the note says what did not) or
 `skipped: why` (a tool the machine lacks, a second GPU it does not have).
@@ -86,11 +89,47 @@ def read_tsv(path, header):
     return rows
 
 
-def read_stages(root):
+SET_NAME = re.compile(r"@[a-z0-9_]+")
+
+
+def expand_covers(tokens, sets, where):
+    """A covers field's tokens as (include globs, exclude globs): `@name` is a set's tokens, `!glob` excludes."""
+    include, exclude = [], []
+    for t in tokens:
+        if t.startswith("@"):
+            if t not in sets:
+                raise LedgerError(f"{where}: covers {t}: no such set (a set is a row named @..., above its first use: "
+                                  f"{', '.join(sets) or 'none yet'})")
+            inc, exc = sets[t]
+            include += inc
+            exclude += exc
+        elif t.startswith("!"):
+            if len(t) == 1 or t[1] in "!@":
+                raise LedgerError(f"{where}: covers {t!r}: expected ! and a glob")
+            exclude.append(t[1:])
+        else:
+            include.append(t)
+    return include, exclude
+
+
+def read_stage_file(root):
+    """(stages, sets): the stages, in the file's order, and {set: (its tokens, where)}. Rows named `@set` are named sets of covers (priority and expected_s `-`),
+    usable in the covers of the rows below them; a stage's `include` and `exclude` hold its expanded globs."""
     path = paths(root)["stages"]
-    stages, names = [], set()
+    stages, names, sets, set_rows = [], set(), {}, {}
     for order, row in enumerate(read_tsv(path, ["stage", "priority", "expected_s", "covers", "what"])):
         where = row["_where"]
+        tokens = row["covers"].split() if row["covers"] != "-" else []
+        if row["stage"].startswith("@"):
+            if not SET_NAME.fullmatch(row["stage"]) or row["stage"] in sets:
+                raise LedgerError(f"{where}: set {row['stage']!r}: expected a new name of @ and a-z, 0-9 and _")
+            if row["priority"] != "-" or row["expected_s"] != "-":
+                raise LedgerError(f"{where}: set {row['stage']}: priority and expected_s must be - (a set is not run)")
+            if not tokens:
+                raise LedgerError(f"{where}: set {row['stage']}: covers no file")
+            sets[row["stage"]] = expand_covers(tokens, sets, where)
+            set_rows[row["stage"]] = (tokens, where)
+            continue
         if not re.fullmatch(r"[a-z0-9_]+", row["stage"]) or row["stage"] in names:
             raise LedgerError(f"{where}: stage {row['stage']!r}: expected a new name of a-z, 0-9 and _")
         names.add(row["stage"])
@@ -99,13 +138,25 @@ def read_stages(root):
             raise LedgerError(f"{where}: priority {row['priority']!r}: expected a whole number, or - (on demand)")
         if not row["expected_s"].isdigit() or int(row["expected_s"]) == 0:
             raise LedgerError(f"{where}: expected_s {row['expected_s']!r}: expected whole seconds above 0")
-        globs = row["covers"].split() if row["covers"] != "-" else []
-        if queued and not globs:
+        include, exclude = expand_covers(tokens, sets, where)
+        if queued and not include:
             raise LedgerError(f"{where}: a queued stage must cover files (covers is -)")
         stages.append({"stage": row["stage"], "priority": int(row["priority"]) if queued else None,
-                       "order": order, "expected_s": int(row["expected_s"]), "globs": globs, "what": row["what"],
-                       "queued": queued, "_where": where})
-    return stages
+                       "order": order, "expected_s": int(row["expected_s"]), "include": include, "exclude": exclude,
+                       "sets": [t for t in tokens if t.startswith("@")], "what": row["what"], "queued": queued,
+                       "_where": where})
+    return stages, set_rows
+
+
+def read_stages(root):
+    return read_stage_file(root)[0]
+
+
+def stage_files(stage, blobs):
+    """The paths of `blobs` a stage covers: matched by one of its globs and by none of its exclusions."""
+    inc = [glob_regex(g) for g in stage["include"]]
+    exc = [glob_regex(g) for g in stage["exclude"]]
+    return sorted(p for p in blobs if any(r.match(p) for r in inc) and not any(r.match(p) for r in exc))
 
 
 def check_row(row, known_stages):
@@ -204,8 +255,7 @@ def tree_blobs(root, rev=None):
 
 
 def covered_hash(stage, blobs):
-    regexes = [glob_regex(g) for g in stage["globs"]]
-    ids = sorted(obj for path, obj in blobs.items() if any(r.match(path) for r in regexes))
+    ids = sorted(blobs[p] for p in stage_files(stage, blobs))
     if not ids:
         raise LedgerError(f"{stage['_where']}: stage {stage['stage']}: its covers match no file")
     return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
@@ -226,17 +276,47 @@ def queued_stages(stages):
     return sorted((s for s in stages if s["queued"]), key=lambda s: (s["priority"], s["order"]))
 
 
+def changed_since(stage, lp, blobs, trees, root):
+    """The covered files that differ between the tree of the last pass and `blobs` (added, removed or edited, under
+    the stage's covers as they are now), or None where that tree cannot be read (a -dirty commit, one this clone
+    lacks)."""
+    commit = lp["commit"]
+    if commit.endswith("-dirty"):
+        return None
+    if commit not in trees:
+        try:
+            trees[commit] = tree_blobs(root, commit)
+        except LedgerError:
+            trees[commit] = None
+    then = trees[commit]
+    if then is None:
+        return None
+    now_files = {p: blobs[p] for p in stage_files(stage, blobs)}
+    then_files = {p: then[p] for p in stage_files(stage, then)}
+    return sorted(p for p in set(now_files) | set(then_files) if now_files.get(p) != then_files.get(p))
+
+
 def stage_states(root, rev=None):
+    """Each queued stage's covered hash and whether it is stale. A stage is fresh where its covered files are as its
+    last pass saw them: the pass's `covered` hash equals today's, or (its covers having changed since) the files its
+    covers select today are, at the pass's commit, the files on disk now."""
     stages = read_stages(root)
     rows = read_ledger(root, stages)
     blobs = tree_blobs(root, rev)
-    states = []
+    trees, states = {}, []
     for s in queued_stages(stages):
         covered = covered_hash(s, blobs)
         lp = last_pass(rows, s["stage"])
-        states.append({"stage": s["stage"], "priority": s["priority"], "covered": covered,
-                       "stale": lp is None or lp["covered"] != covered, "expected_s": expected_seconds(rows, s),
-                       "what": s["what"],
+        changed = None
+        if lp is None:
+            stale = True
+        elif lp["covered"] == covered:
+            stale, changed = False, []
+        else:
+            changed = changed_since(s, lp, blobs, trees, root)
+            stale = changed != []
+        states.append({"stage": s["stage"], "priority": s["priority"], "covered": covered, "stale": stale,
+                       "expected_s": expected_seconds(rows, s), "what": s["what"], "changed": changed,
                        "last_pass": None if lp is None else {k: lp[k] for k in ("date", "commit", "card", "covered")}})
     return states
 
@@ -266,6 +346,10 @@ def cmd_stale(a):
     for s in states:
         lp = s["last_pass"]
         since = "never passed" if lp is None else f"last pass {lp['date']} at {lp['commit'][:12]} on {lp['card']}"
+        if s["stale"] and s["changed"]:
+            n = len(s["changed"])
+            since += (f"; {n} covered file{'s' if n > 1 else ''} changed since: {', '.join(s['changed'][:3])}"
+                      f"{', ...' if n > 3 else ''}")
         print(f"  {s['stage']:<20} {'stale' if s['stale'] else 'fresh':<6} {since}")
     if not stale:
         print("  none stale: the GPU has run every queued stage on these files")
@@ -478,14 +562,42 @@ def cmd_append(a):
     return cmd_table(a)
 
 
+def check_covers(stages, set_rows, blobs):
+    """Raises LedgerError where a glob matches no file (a file moved without its glob), an exclusion removes
+    nothing from its stage, or a set is used by no stage and no other set."""
+    used = {t for s in stages for t in s["sets"]} | {t for tokens, _ in set_rows.values() for t in tokens
+                                                     if t.startswith("@")}
+    for name, (_, where) in set_rows.items():
+        if name not in used:
+            raise LedgerError(f"{where}: set {name}: no stage uses it")
+    for s in stages:
+        for g in s["include"] + s["exclude"]:
+            r = glob_regex(g)
+            if not any(r.match(p) for p in blobs):
+                raise LedgerError(f"{s['_where']}: stage {s['stage']}: {g} matches no file (moved? its glob moves "
+                                  "with it)")
+        inc = [glob_regex(g) for g in s["include"]]
+        for g in s["exclude"]:
+            r = glob_regex(g)
+            if not any(r.match(p) and any(i.match(p) for i in inc) for p in blobs):
+                raise LedgerError(f"{s['_where']}: stage {s['stage']}: !{g} excludes nothing it covers")
+
+
 def cmd_check(a):
-    stages = read_stages(a.root)
+    stages, set_rows = read_stage_file(a.root)
     rows = read_ledger(a.root, stages)
-    for s in queued_stages(stages):
-        for g in s["globs"]:
-            glob_regex(g)
-    print(f"dev/gpu_stages.tsv: {len(stages)} stages ({len(queued_stages(stages))} queued); "
-          f"docs/gpu_runs.tsv: {len(rows)} rows, every one well formed")
+    check_covers(stages, set_rows, tree_blobs(a.root))
+    print(f"dev/gpu_stages.tsv: {len(stages)} stages ({len(queued_stages(stages))} queued), {len(set_rows)} sets, "
+          f"every glob matching a file; docs/gpu_runs.tsv: {len(rows)} rows, every one well formed")
+    return 0
+
+
+def cmd_files(a):
+    stages = {s["stage"]: s for s in read_stages(a.root)}
+    if a.stage not in stages:
+        raise LedgerError(f"stage {a.stage!r}: not in dev/gpu_stages.tsv ({', '.join(stages)})")
+    for p in stage_files(stages[a.stage], tree_blobs(a.root, a.at)):
+        print(p)
     return 0
 
 
@@ -510,6 +622,9 @@ def main(argv=None):
     p = sub.add_parser("table")
     p.add_argument("--check", action="store_true")
     sub.add_parser("check")
+    p = sub.add_parser("files")
+    p.add_argument("stage")
+    p.add_argument("--at", help="a commit (default: the files on disk)")
     a = ap.parse_args(argv)
     if a.command == "queue":
         if a.cmd[:1] == ["--"]:
@@ -520,7 +635,7 @@ def main(argv=None):
             ap.error(f"queue: --budget-s {a.budget_s}: expected more than the {QUEUE_RESERVE_S} s the queue keeps")
     try:
         return {"stale": cmd_stale, "covered": cmd_covered, "manifest": cmd_manifest, "queue": cmd_queue,
-                "append": cmd_append, "table": cmd_table, "check": cmd_check}[a.command](a) or 0
+                "append": cmd_append, "table": cmd_table, "check": cmd_check, "files": cmd_files}[a.command](a) or 0
     except LedgerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

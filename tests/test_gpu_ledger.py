@@ -139,6 +139,68 @@ class LedgerTest(unittest.TestCase):
         with self.assertRaisesRegex(g.LedgerError, "slow: its covers match no file"):
             self.repo.covered()
 
+    def test_sets_and_exclusions(self):
+        # @name stands for a set's covers (sets may use the sets above them); !glob removes files from a stage.
+        self.repo.write("dev/gpu_stages.tsv", STAGES.replace(
+            "fast\t1", "@kernels\t-\t-\tsrc/**\tthe kernels\n@all\t-\t-\t@kernels lib/**\teverything\nfast\t1")
+            .replace("src/*.h lib/**", "@all !src/deep/** !lib/x.cpp"))
+        stages = {s["stage"]: s for s in g.read_stages(self.repo.root)}
+        blobs = g.tree_blobs(self.repo.root)
+        self.assertEqual(g.stage_files(stages["mid"], blobs), ["src/a.cu", "src/b.h"])
+        before = self.repo.covered()
+        self.repo.write("src/deep/c.cu", "kernel c, changed\n")
+        self.repo.write("lib/x.cpp", "x changed\n")
+        self.assertEqual(self.repo.covered()["mid"], before["mid"], "what a stage excludes leaves it fresh")
+        self.assertEqual(self.repo.run("check")[0], 0)
+        rc, out, _ = self.repo.run("files", "mid")
+        self.assertEqual((rc, out), (0, "src/a.cu\nsrc/b.h\n"))
+        # A set is defined above its first use, never holds itself, and is never queued.
+        for stages_text, what in [
+                (STAGES.replace("src/*.h lib/**", "@later"), "@later: no such set"),
+                (STAGES.replace("fast\t1", "@a\t-\t-\t@a\tself\nfast\t1"), "@a: no such set"),
+                (STAGES.replace("fast\t1", "@a\t1\t5\tsrc/**\tqueued\nfast\t1"), "priority and expected_s must be -"),
+                (STAGES.replace("fast\t1", "@A\t-\t-\tsrc/**\tbad name\nfast\t1"), "expected a new name"),
+                (STAGES.replace("src/*.h lib/**", "src/** !"), "expected ! and a glob")]:
+            with self.subTest(what=what):
+                self.repo.write("dev/gpu_stages.tsv", stages_text)
+                with self.assertRaisesRegex(g.LedgerError, what):
+                    g.read_stages(self.repo.root)
+
+    def test_a_pass_counts_after_its_stage_covers_change_where_their_files_did_not(self):
+        head = subprocess.run(["git", "-C", self.repo.root, "rev-parse", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()
+        h = self.repo.covered("HEAD")
+        self.repo.ledger([row(stage="mid", commit=head, covered=h["mid"])])
+        self.assertRegex(self.repo.run("stale")[1], r"mid +fresh")
+        # Narrowed covers hash differently, but select files the pass's commit held as they are now.
+        self.repo.write("dev/gpu_stages.tsv", STAGES.replace("src/*.h lib/**", "src/*.h lib/** !lib/x.cpp"))
+        self.assertNotEqual(self.repo.covered()["mid"], h["mid"])
+        self.assertRegex(self.repo.run("stale")[1], r"mid +fresh")
+        self.repo.write("lib/x.cpp", "x changed, outside mid's covers now\n")
+        self.assertRegex(self.repo.run("stale")[1], r"mid +fresh")
+        self.repo.write("src/b.h", "header b, changed\n")
+        self.assertRegex(self.repo.run("stale")[1], r"mid +stale +last pass .*; 1 covered file changed since: src/b.h\n")
+        # Where the pass's tree cannot be read (a dirty tree, a commit this clone lacks), the hash alone decides.
+        self.repo.write("src/b.h", "header b\n")
+        for commit in (head + "-dirty", COMMIT):
+            with self.subTest(commit=commit):
+                self.repo.ledger([row(stage="mid", commit=commit, covered=h["mid"])])
+                out = self.repo.run("stale")[1]
+                self.assertRegex(out, r"mid +stale +last pass [^;\n]*\n")
+
+    def test_check_names_a_glob_that_matches_nothing(self):
+        # `check` (a CTest case on the repository's own files) catches a file moved without its glob, an exclusion
+        # that removes nothing and a set no stage uses.
+        for stages_text, what in [
+                (STAGES.replace("src/*.h lib/**", "src/*.h lib/** gone/*.cpp"), "mid: gone/\\*.cpp matches no file"),
+                (STAGES.replace("src/*.h lib/**", "src/*.h !other/**"), "mid: !other/\\*\\* excludes nothing"),
+                (STAGES.replace("fast\t1", "@unused\t-\t-\tsrc/**\tnobody's\nfast\t1"), "@unused: no stage uses it")]:
+            with self.subTest(what=what):
+                self.repo.write("dev/gpu_stages.tsv", stages_text)
+                rc, _, err = self.repo.run("check")
+                self.assertEqual(rc, 2)
+                self.assertRegex(err, what)
+
     def test_stale_report(self):
         h = self.repo.covered("HEAD")
         self.repo.ledger([row(stage="fast", covered=h["fast"]), row(stage="mid", covered="0" * 16),
