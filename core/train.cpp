@@ -152,9 +152,7 @@ class TrainingRun {
         optimizer_ = std::make_unique<AdamW>(config_, *layout_, backend_.get(), host);
         bar_ = std::make_unique<ProgressBar>(total_steps_);
         saves_->attach(*layout_, backend_.get(), strategy, bar_.get());
-        tokens_.resize(static_cast<size_t>(micro) * m_.max_sequence_length);
-        keep_.resize(static_cast<size_t>(micro));
-        if (data_.train->has_label_masks()) label_mask_.resize(tokens_.size());
+        batches_ = std::make_unique<StepBatches>(config_, data_);
 
         const long L = m_.max_sequence_length;
         flops_per_token_ = flops_per_token(m_, *layout_);
@@ -220,31 +218,17 @@ class TrainingRun {
         std::fflush(stdout);
     }
 
-    // The tokens in the loss of the global batch in global_batch_ (its instances' label masks: each position's
-    // target, tokens 1 to L - 1). The same on every rank, with no collective: each reads the whole batch's masks.
-    double tokens_in_loss() {
-        const long L = m_.max_sequence_length;
-        std::vector<uint8_t> mask(static_cast<size_t>(L));
-        double n = 0.0;
-        for (const int64_t index : global_batch_) {
-            data_.train->read_label_mask(index, mask.data());
-            for (long t = 1; t < L; ++t) n += mask[static_cast<size_t>(t)];
-        }
-        return n;
-    }
-
     // Forward and backward of this rank's micro-batches of global batch `step`, the gradient reduction
     // and the optimizer step.
     StepOutcome train_step(long step) {
         Strategy& strategy = *world_.strategy;
         const int world = world_.size();
-        const long L = m_.max_sequence_length, micro = config_.device_train_microbatch_size;
         const long accumulation = config_.accumulation_steps(world);
         // Each rank's loss gradient is scaled so that the strategies' mean reduction yields the gradient of
         // the global-batch mean loss (world / global tokens): over every predicted token, or with label masks
-        // over the global batch's tokens in the loss, which every rank counts alike from the batch's masks.
-        data_.order->global_batch(step - 1, global_batch_);
-        const double global_tokens = label_mask_.empty() ? config_.global_predicted_tokens() : tokens_in_loss();
+        // over the global batch's tokens in the loss.
+        batches_->begin(step, strategy.rank(), world);
+        const double global_tokens = batches_->tokens_in_loss();
         float dloss_scale = global_tokens > 0.0 ? static_cast<float>(world / global_tokens) : 0.0f;
         if (step == nan_gradient_step_) dloss_scale = std::numeric_limits<float>::quiet_NaN();
         // The device's busy and wait shares of the step, measured every utilization_interval steps (every
@@ -256,30 +240,11 @@ class TrainingRun {
         StepOutcome r;
         const long captures_before = model_->graphs().captures();
         strategy.take_comm_wait_seconds();  // what evaluation and checkpoints waited is not the step's
-        InstanceOrder::rank_slice(global_batch_, strategy.rank(), world, local_);
-        double masked = 0.0;  // instances the instance filter masked, this rank
         StepPlan plan;
         plan.step = step, plan.total_steps = total_steps_, plan.accumulation = accumulation;
-        plan.micro = static_cast<int>(micro), plan.dloss_scale = dloss_scale;
+        plan.micro = static_cast<int>(config_.device_train_microbatch_size), plan.dloss_scale = dloss_scale;
         plan.label = trace::active() ? fmt::format("step {}", step) : std::string();
-        plan.micro_batch = [&](long k) {
-            const trace::Span data("data", "read micro-batch");
-            const auto& filter = config_.data.instance_filter;
-            for (long i = 0; i < micro; ++i) {
-                int32_t* instance = tokens_.data() + static_cast<size_t>(i) * L;
-                data_.train->read_instance(local_[k * micro + i], instance);
-                keep_[i] = filter && repetitive_instance(instance, static_cast<int>(L), *filter) ? 0 : 1;
-                masked += 1 - keep_[i];
-                if (!label_mask_.empty()) {
-                    data_.train->read_label_mask(local_[k * micro + i],
-                                                 label_mask_.data() + static_cast<size_t>(i) * L);
-                }
-            }
-            MicroBatchTokens mb(tokens_.data(), keep_.data(), label_mask_.empty() ? nullptr : label_mask_.data());
-            mb.step_key = lora_step_key(config_.seed, static_cast<uint64_t>(step));
-            mb.instances = local_.data() + k * micro;
-            return mb;
-        };
+        plan.micro_batch = [&](long k) { return batches_->micro_batch(k); };
         // Beside the loss sums: the masked instances, the ranks' votes on a stop request, while a checkpoint is
         // written in the background their votes on it (core/weights/async_save.h) and, every console_log_interval
         // steps, each rank's compute time a step since the last such step (each rank fills its own slot).
@@ -291,7 +256,7 @@ class TrainingRun {
         RankExchange::Slot save_slot, compute_slot;
         plan.fill = [&](RankExchange& ex) {
             slots = reserve_step_slots(ex);
-            ex.value(slots.masked) = masked;
+            ex.value(slots.masked) = batches_->masked();
             stop::vote(ex.at(slots.stop_votes));
             if (save_votes) saver->vote(ex.at(save_slot = ex.reserve("save_votes", AsyncSaver::kVotes)));
             if (exchange_compute) {
@@ -335,7 +300,7 @@ class TrainingRun {
             for (const auto& [name, value] : backend_->device_counters()) record[name] = value;
         }
         if (config_.data.instance_filter) record["masked_instances"] = r.masked_instances;
-        if (!label_mask_.empty()) record["tokens_in_loss"] = static_cast<long>(r.tokens_in_loss);
+        if (batches_->has_label_masks()) record["tokens_in_loss"] = static_cast<long>(r.tokens_in_loss);
         if (data_.mixture) {  // the tokens each source gave the run so far
             Json by_source = Json::object();
             for (size_t k = 0; k < data_.mixture->sources().size(); ++k) {
@@ -503,12 +468,9 @@ class TrainingRun {
     std::string peak_how_;
     std::unique_ptr<ProgressBar> bar_;
     std::unique_ptr<RunStats> stats_;
+    std::unique_ptr<StepBatches> batches_;  // the micro-batches this rank reads of each step's global batch
     // the step loop
-    std::vector<int64_t> global_batch_, local_;
-    std::vector<int32_t> tokens_;
-    std::vector<uint8_t> keep_;        // per instance of a micro-batch: 0 where the instance filter masks it
-    std::vector<uint8_t> label_mask_;  // a micro-batch's label masks (data.label_mask_paths), empty without
-    RankExchange exchange_;            // the step's values summed over the ranks
+    RankExchange exchange_;  // the step's values summed over the ranks
     Clock::time_point run_t0_;
 };
 

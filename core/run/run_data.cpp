@@ -2,8 +2,10 @@
 #include "core/run/run_data.h"
 
 #include "base/common.h"
+#include "base/trace.h"
 #include "core/data/bpe.h"
 #include "core/data/text_codec.h"
+#include "kernels/element.h"
 
 namespace trainer {
 
@@ -93,6 +95,51 @@ RunData open_run_data(const TrainConfig& config) {
             sched.t_warmup, r.total_steps);
     }
     return r;
+}
+
+StepBatches::StepBatches(const TrainConfig& config, const RunData& data)
+    : config_(config),
+      data_(data),
+      L_(config.model.max_sequence_length),
+      micro_(config.device_train_microbatch_size),
+      tokens_(static_cast<size_t>(micro_ * L_)),
+      keep_(static_cast<size_t>(micro_)) {
+    if (data_.train->has_label_masks()) label_mask_.resize(tokens_.size());
+}
+
+void StepBatches::begin(long step, int rank, int world) {
+    data_.order->global_batch(step - 1, global_);
+    step_key_ = lora_step_key(config_.seed, static_cast<uint64_t>(step));
+    masked_ = 0.0;
+    if (label_mask_.empty()) {
+        tokens_in_loss_ = config_.global_predicted_tokens();
+    } else {
+        std::vector<uint8_t> mask(static_cast<size_t>(L_));
+        double n = 0.0;
+        for (const int64_t index : global_) {
+            data_.train->read_label_mask(index, mask.data());
+            for (long t = 1; t < L_; ++t) n += mask[static_cast<size_t>(t)];
+        }
+        tokens_in_loss_ = n;
+    }
+    InstanceOrder::rank_slice(global_, rank, world, local_);
+}
+
+MicroBatchTokens StepBatches::micro_batch(long k) {
+    const trace::Span data("data", "read micro-batch");
+    const auto& filter = config_.data.instance_filter;
+    for (long i = 0; i < micro_; ++i) {
+        const int64_t index = local_[static_cast<size_t>(k * micro_ + i)];
+        int32_t* instance = tokens_.data() + static_cast<size_t>(i * L_);
+        data_.train->read_instance(index, instance);
+        keep_[static_cast<size_t>(i)] = filter && repetitive_instance(instance, static_cast<int>(L_), *filter) ? 0 : 1;
+        masked_ += 1 - keep_[static_cast<size_t>(i)];
+        if (!label_mask_.empty()) data_.train->read_label_mask(index, label_mask_.data() + static_cast<size_t>(i * L_));
+    }
+    MicroBatchTokens mb(tokens_.data(), keep_.data(), label_mask_.empty() ? nullptr : label_mask_.data());
+    mb.step_key = step_key_;
+    mb.instances = local_.data() + k * micro_;
+    return mb;
 }
 
 }  // namespace trainer
