@@ -33,9 +33,18 @@ namespace trainer {
 // GEMM operands in bf16 (Backend::gemm_operands_bf16(): amp_bf16 on CUDA), so GEMMs read it without a cast pass and it
 // takes half the memory; its producer rounds once, where the GEMM's cast rounded before (the ff_proj output: where
 // PyTorch's autocast rounds it too). Converts implicitly from an fp32 pointer.
+//
+// amax (amp_fp8; null elsewhere): one device float, the largest |value| of the operand's elements (NaN where one is
+// NaN) as a producer wrote it, so that a block Linear's FP8 cast of the operand reads it instead of taking a pass of
+// its own (the cast's scale comes from it: kernels/element.h's fp8_scale). On an op's output it asks the op to write
+// it, which only the producers whose contract says so do (layernorm_forward, gelu_forward and gelu_backward,
+// swiglu_forward and swiglu_backward, matmul_gelu_forward's out and matmul_gelu_backward's dpre); on a GEMM's input
+// it says the float holds the operand's amax as its values are now. The CPU backend holds every such amax it reads to
+// the operand's own, so a model that passes a stale one fails there.
 struct GemmOperand {
     void* p = nullptr;
     bool bf16 = false;
+    float* amax = nullptr;
     GemmOperand() = default;
     GemmOperand(float* f) : p(f) {}                            // NOLINT(google-explicit-constructor): fp32
     GemmOperand(const float* f) : p(const_cast<float*>(f)) {}  // NOLINT(google-explicit-constructor): fp32
@@ -46,10 +55,17 @@ struct GemmOperand {
     }
     float* f32() const { return static_cast<float*>(p); }
     uint16_t* b16() const { return static_cast<uint16_t*>(p); }
-    // The operand `elements` further on, in its own storage type.
+    // The operand `elements` further on, in its own storage type (a part: no amax, which is the whole's).
     GemmOperand at(size_t elements) const {
         GemmOperand g = *this;
         g.p = static_cast<char*>(p) + elements * (bf16 ? 2 : 4);
+        g.amax = nullptr;
+        return g;
+    }
+    // The operand with its amax float (above).
+    GemmOperand with_amax(float* a) const {
+        GemmOperand g = *this;
+        g.amax = a;
         return g;
     }
 };
@@ -270,7 +286,8 @@ class Backend {
                                     int C) = 0;
     // The norm before a sublayer (and the final norm): out(N,C) = norm(inp) * weight + bias (NormKind); weight
     // and bias nullable (OLMo's non-parametric LayerNorm has neither; GPT-2's has both; OLMo-2's RMSNorm a
-    // weight). mean(N) (LayerNorm; nullable with RMSNorm) and rstd(N) are saved for the backward.
+    // weight). mean(N) (LayerNorm; nullable with RMSNorm) and rstd(N) are saved for the backward. Writes out.amax
+    // where it is set (GemmOperand).
     virtual void layernorm_forward(GemmOperand out, float* mean, float* rstd, const float* inp, const float* weight,
                                    const float* bias, int N, int C, float eps, NormKind kind) = 0;
     // dinp(N,C) += (ACCUMULATES: the input is the residual stream, whose gradient also flows around the
@@ -343,6 +360,7 @@ class Backend {
     // keys as causal attention does.
     virtual void attention_with_cache(float* out, const float* qkv, float* kcache, float* vcache, const int32_t* seqs,
                                       const int32_t* positions, int N, int NH, int KVH, int HS, int S) = 0;
+    // The MLP's activations write the amax of their output (out.amax, dinp.amax) where it is set (GemmOperand).
     // out(n) = gelu(inp), the exact erf form or the tanh approximation; out == inp allowed (fp32).
     virtual void gelu_forward(GemmOperand out, GemmOperand inp, size_t n, bool tanh_approx) = 0;
     // dinp(n) = dout * gelu'(inp), overwritten; dinp == dout allowed (same storage type).

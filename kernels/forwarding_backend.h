@@ -257,12 +257,16 @@ inline std::string shared_heads_shape(int N, int NH, int KVH, int HS, std::initi
 inline void ForwardingBackend::matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias,
                                               int M, int K, int N) {
     if (linear_ == LinearPrecision::kFp8) {
-        // e4m3 codes of inp and weight (each an amax pass and a cast pass), one byte an element in the GEMM.
+        // e4m3 codes of inp and weight (each an amax pass, unless its producer wrote inp's, and a cast pass), one
+        // byte an element in the GEMM.
         const double mk = double(M) * K, nk = double(N) * K;
-        dispatch(op_shapes::row("matmul_fp8_forward", op_shapes::gemm_shape(M, K, N, bias, {out, inp}) + ", fp8",
+        const double inp_reads = inp.amax != nullptr ? 1.0 : 2.0;
+        dispatch(op_shapes::row("matmul_fp8_forward",
+                                op_shapes::gemm_shape(M, K, N, bias, {out, inp}) + ", fp8" +
+                                    (inp.amax != nullptr ? ", input amax given" : ""),
                                 GemmShape{M, K, N, false})
                      .cost(2.0 * M * K * N, mk + nk + op_shapes::bytes_of(out) * M * N + 4.0 * (bias ? N : 0))
-                     .cost_of("fp8_cast", 0.0, 2.0 * op_shapes::bytes_of(inp) * mk + mk + 8.0 * nk + nk),
+                     .cost_of("fp8_cast", 0.0, inp_reads * op_shapes::bytes_of(inp) * mk + mk + 8.0 * nk + nk),
                  fp8_call([=](Backend& b) { b.matmul_forward(out, inp, weight, bias, M, K, N); }));
         return;
     }
@@ -282,14 +286,21 @@ inline void ForwardingBackend::matmul_backward(GemmOperand dinp, float* dweight,
                                    (dweight == nullptr ? ", frozen weight" : "");
     if (linear_ == LinearPrecision::kFp8) {
         // e5m2 codes of dout (row-major for the input gradient, transposed for the weight's, from one pass), e4m3
-        // of weight transposed (the input gradient) and of inp transposed (the weight gradient).
+        // of weight transposed (the input gradient) and of inp transposed (the weight gradient); an operand whose
+        // producer wrote its amax is read once, not twice.
         const double mk = double(M) * K, nk = double(N) * K, mn = double(M) * N;
         const double dinp_bytes = dinp.p ? op_shapes::bytes_of(dinp) * mk * (accumulate_dinp ? 2 : 1) : 0.0;
         const double gemm_bytes = (dinp.p ? mn + nk + dinp_bytes : 0.0) + (dweight ? mn + mk + 8.0 * nk : 0.0);
-        const double casts = 2.0 * op_shapes::bytes_of(dout) * mn + mn * ((dinp.p ? 1 : 0) + (dweight ? 1 : 0)) +
-                             (dinp.p ? 9.0 * nk : 0.0) + (dweight ? 2.0 * op_shapes::bytes_of(inp) * mk + mk : 0.0);
+        const double dout_reads = dout.amax != nullptr ? 1.0 : 2.0, inp_reads = inp.amax != nullptr ? 1.0 : 2.0;
+        const double casts = dout_reads * op_shapes::bytes_of(dout) * mn + mn * ((dinp.p ? 1 : 0) + (dweight ? 1 : 0)) +
+                             (dinp.p ? 9.0 * nk : 0.0) +
+                             (dweight ? inp_reads * op_shapes::bytes_of(inp) * mk + mk : 0.0);
+        const std::string given = dout.amax != nullptr && inp.amax != nullptr ? ", output gradient and input amax given"
+                                  : dout.amax != nullptr                      ? ", output gradient amax given"
+                                  : inp.amax != nullptr                       ? ", input amax given"
+                                                                              : "";
         dispatch(op_shapes::row("matmul_fp8_backward",
-                                op_shapes::gemm_shape(M, K, N, dbias, {dinp, dout, inp}) + input_grad + ", fp8",
+                                op_shapes::gemm_shape(M, K, N, dbias, {dinp, dout, inp}) + input_grad + ", fp8" + given,
                                 GemmShape{M, K, N, true})
                      .cost(2.0 * M * K * N * ((dinp.p ? 1 : 0) + (dweight ? 1 : 0)) + (dbias ? mn : 0),
                            gemm_bytes + (dbias ? op_shapes::bytes_of(dout) * mn + 8.0 * N : 0.0))

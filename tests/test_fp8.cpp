@@ -16,10 +16,16 @@
 
 #include "base/common.h"
 #include "base/config.h"
+#include "core/data/data.h"
+#include "core/model/init.h"
+#include "core/model/model.h"
+#include "core/optimizer.h"
 #include "core/plan/dry_run.h"
 #include "core/plan/hardware.h"
 #include "core/plan/step_time.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/forwarding_backend.h"
+#include "parallel/strategy/strategy.h"
 #include "test_util.h"
 
 // NVIDIA's own conversions, as the CUDA toolkit's cuda_fp8.h computes them on the host (its software path, written to
@@ -311,6 +317,147 @@ TEST_CASE("fp8: the CPU's FP8 Linear reads e4m3 inputs and weights and e5m2 grad
     CHECK(dinp == want_dinp);
     CHECK(dweight == want_dweight);
     CHECK(dbias == want_dbias);
+}
+
+namespace {
+
+// The CPU backend under amp_fp8, noting for each block GEMM (by its K x N) whether its input and its output gradient
+// came with the amax their producer wrote (GemmOperand::amax). The CPU backend holds every such amax to the operand's.
+class AmaxWatch final : public ForwardingBackend {
+   public:
+    explicit AmaxWatch(Backend& inner) : ForwardingBackend(inner) {}
+    void set_linear_precision(LinearPrecision p) override {
+        fp8_ = p == LinearPrecision::kFp8;
+        ForwardingBackend::set_linear_precision(p);
+    }
+    void matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K,
+                        int N) override {
+        note("forward", K, N, inp, {});
+        ForwardingBackend::matmul_forward(out, inp, weight, bias, M, K, N);
+    }
+    void matmul_residual_forward(float* out, const float* resid, GemmOperand inp, const float* weight,
+                                 const float* bias, int M, int K, int N, float* scratch) override {
+        note("forward", K, N, inp, {});
+        ForwardingBackend::matmul_residual_forward(out, resid, inp, weight, bias, M, K, N, scratch);
+    }
+    void matmul_gelu_forward(GemmOperand pre, GemmOperand out, GemmOperand inp, const float* weight, const float* bias,
+                             int M, int K, int N, bool tanh_approx) override {
+        note("forward", K, N, inp, {});
+        if (fp8_) gelu_outputs += out.amax != nullptr;
+        ForwardingBackend::matmul_gelu_forward(pre, out, inp, weight, bias, M, K, N, tanh_approx);
+    }
+    void matmul_backward(GemmOperand dinp, float* dweight, float* dbias, GemmOperand dout, GemmOperand inp,
+                         const float* weight, int M, int K, int N, bool accumulate_dinp) override {
+        note("backward", K, N, inp, dout);
+        ForwardingBackend::matmul_backward(dinp, dweight, dbias, dout, inp, weight, M, K, N, accumulate_dinp);
+    }
+    void matmul_gelu_backward(GemmOperand dpre, GemmOperand dact, float* dweight, float* dbias, GemmOperand dout,
+                              GemmOperand act, const float* weight, GemmOperand pre, int M, int K, int N,
+                              bool tanh_approx) override {
+        note("backward", K, N, act, dout);
+        if (fp8_) gelu_outputs += dpre.amax != nullptr;
+        ForwardingBackend::matmul_gelu_backward(dpre, dact, dweight, dbias, dout, act, weight, pre, M, K, N,
+                                                tanh_approx);
+    }
+    // "forward K x N" or "backward K x N": [FP8 calls, inputs with an amax, output gradients with one].
+    std::map<std::string, std::array<int, 3>> gemms;
+    int gelu_outputs = 0;  // the fused GELU ops' outputs asked for their amax (out, dpre)
+
+   private:
+    void note(const char* pass, int K, int N, GemmOperand inp, GemmOperand dout) {
+        if (!fp8_) return;
+        std::array<int, 3>& n = gemms[fmt::format("{} {} x {}", pass, K, N)];
+        ++n[0], n[1] += inp.amax != nullptr, n[2] += dout.amax != nullptr;
+    }
+    bool fp8_ = false;
+};
+
+// Two optimizer steps of `config` (one micro-batch each) on `backend`: the losses.
+std::vector<double> two_steps(const TrainConfig& config, Backend& backend) {
+    const ParamLayout layout(config);
+    auto strategy = make_single_strategy(&backend, layout);
+    load_initial_params(config, layout, *strategy, nullptr, "");
+    const long L = config.model.max_sequence_length, micro = config.device_train_microbatch_size;
+    Model model(config, layout, &backend, strategy.get(), static_cast<int>(micro));
+    AdamW optimizer(config, layout, &backend);
+    TokenDataset data(config.data.paths, TokenDtype::kUint16, L, config.model.vocab_size);
+    std::vector<int32_t> tokens(static_cast<size_t>(micro * L));
+    std::vector<double> losses;
+    for (long step = 1; step <= 2; ++step) {
+        const LossSums sums = accumulate_gradients(*strategy, model, 1, static_cast<int>(micro), 0.01f, [&](long) {
+            for (long i = 0; i < micro; ++i) data.read_instance(step * micro + i, tokens.data() + i * L);
+            return MicroBatchTokens(tokens.data());
+        });
+        losses.push_back(sums.ce);
+        optimizer.step(*strategy, step, 2);
+    }
+    return losses;
+}
+
+}  // namespace
+
+TEST_CASE("fp8: the norms and activations write the amax the FP8 casts read and the CPU checks it") {
+    // Every amax given is held by the CPU backend to its operand's values (an internal error otherwise), so these runs
+    // also check that each one was written for the tensor it came with and not since overwritten.
+    struct Family {
+        std::string fixture;
+        bool norm_after;
+    };
+    for (const Family& f : {Family{"olmo_tiny", false}, Family{"gpt2_tiny", false}, Family{"olmo2_tiny", true}}) {
+        CAPTURE(f.fixture);
+        Json doc = read_config_file(test_util::fixture(f.fixture + ".json"));
+        doc["precision"] = "amp_fp8";
+        doc["data"]["paths"] = Json::array({test_util::fixture(f.fixture + "_tokens.u16")});
+        const TrainConfig config = validate_config(doc);
+        const ModelConfig& m = config.model;
+        const int C = m.d_model, L = m.n_layers;
+        const bool swiglu = m.activation_type == ActivationType::kSwiglu;
+        auto cpu = make_backend(Device::kCpu);
+        AmaxWatch watch(*cpu);
+        for (const double loss : two_steps(config, watch)) CHECK(std::isfinite(loss));
+        // Each block Linear once a step forward and once backward (2 steps x L blocks).
+        const auto calls = [&](const std::string& key) {
+            CAPTURE(key);
+            REQUIRE(watch.gemms.count(key) == 1);
+            return watch.gemms[key];
+        };
+        const int n = 2 * L, W = m.qkv_size(), P = m.ff_proj_size(), H = swiglu ? P / 2 : P;
+        // att_proj and ff_proj read the pre-norms' outputs (norm_after: the stream itself, whose amax is a pass of the
+        // cast's own); ff_out reads the activation; ff_proj's output gradient is the activation backward's.
+        const int pre = f.norm_after ? 0 : n;
+        CHECK(calls(fmt::format("forward {} x {}", C, W)) == std::array<int, 3>{n, pre, 0});
+        CHECK(calls(fmt::format("forward {} x {}", C, C)) == std::array<int, 3>{n, 0, 0});  // attn_out: attention's
+        CHECK(calls(fmt::format("forward {} x {}", C, P)) == std::array<int, 3>{n, pre, 0});
+        CHECK(calls(fmt::format("forward {} x {}", H, C)) == std::array<int, 3>{n, n, 0});
+        CHECK(calls(fmt::format("backward {} x {}", C, W)) == std::array<int, 3>{n, pre, 0});
+        CHECK(calls(fmt::format("backward {} x {}", C, C)) == std::array<int, 3>{n, 0, 0});
+        CHECK(calls(fmt::format("backward {} x {}", C, P)) == std::array<int, 3>{n, pre, n});
+        CHECK(calls(fmt::format("backward {} x {}", H, C)) == std::array<int, 3>{n, n, 0});  // the residual gradient
+        CHECK(watch.gelu_outputs == (swiglu ? 0 : 2 * n));
+    }
+
+    // A stale amax is refused by name.
+    auto cpu = make_backend(Device::kCpu);
+    std::vector<float> x = {1.0f, -3.0f, 2.0f, 0.5f}, w = {1.0f, 0.0f, 0.0f, 1.0f}, y(4);
+    float amax = 3.0f;
+    const BlockLinears fp8(cpu.get(), true);
+    cpu->matmul_forward(y.data(), GemmOperand(x.data()).with_amax(&amax), w.data(), nullptr, 2, 2, 2);
+    amax = 2.0f;
+    CHECK_THROWS_WITH(
+        cpu->matmul_forward(y.data(), GemmOperand(x.data()).with_amax(&amax), w.data(), nullptr, 2, 2, 2),
+        Catch::Matchers::Contains("the input of a Linear of 2 x 2 x 2 came with amax 2, and its values' is 3"));
+    // The producers write theirs.
+    std::vector<float> out(4), mean(2), rstd(2);
+    float got = -1.0f;
+    cpu->layernorm_forward(GemmOperand(out.data()).with_amax(&got), mean.data(), rstd.data(), x.data(), nullptr,
+                           nullptr, 2, 2, 1e-5f, NormKind::kLayerNorm);
+    CHECK(got == cpu::fp8_amax(out.data(), 4));
+    got = -1.0f;
+    cpu->swiglu_forward(GemmOperand(out.data()).with_amax(&got), x.data(), 2, 1);
+    CHECK(got == cpu::fp8_amax(out.data(), 2));
+    got = -1.0f;
+    cpu->gelu_forward(GemmOperand(out.data()).with_amax(&got), x.data(), 4, true);
+    CHECK(got == cpu::fp8_amax(out.data(), 4));
 }
 
 TEST_CASE("fp8: the plan prices amp_fp8's block GEMMs at the FP8 peak with their casts as ops of their own") {

@@ -175,6 +175,10 @@ Model::Model(const TrainConfig& config, const ParamLayout& layout, Backend* back
     arena_ = DeviceBuffer(backend_, plan.floats * sizeof(float), MemCategory::kActivations);
     tokens_dev_ = DeviceBuffer(backend_, 2 * N * sizeof(int32_t), MemCategory::kActivations);
     tokens_host_.resize(2 * N);
+    if (fp8_linears()) {
+        amax_ = DeviceBuffer(backend_, (static_cast<size_t>(L_) * kAmaxPerLayer + 1) * sizeof(float),
+                             MemCategory::kActivations);
+    }
     if (has_adapters()) {
         const size_t K = static_cast<size_t>(std::max(C_, H_));
         lora_work_ = DeviceBuffer(backend_, N * (K + 2 * lora_r_) * sizeof(float), MemCategory::kActivations);
@@ -321,7 +325,9 @@ float* Model::mean_at(size_t offset) const { return offset == kAbsent ? nullptr 
 GemmOperand Model::sublayer_input(int l, int which) const {
     const Plan& a = layers_[l];
     if (norm_after_ && !operands_bf16_) return GemmOperand(act(which == 1 ? a.resid : a.resid_mid));
-    return op(which == 1 ? a.ln1 : a.ln2);
+    // norm_after's bf16 copies of the stream come from a cast that writes no amax; the pre-norms write theirs.
+    const GemmOperand x = op(which == 1 ? a.ln1 : a.ln2);
+    return norm_after_ ? x : with_amax(x, l, which == 1 ? kAmaxLn1 : kAmaxLn2);
 }
 
 void Model::block_sublayer_input(int l, int which, int N, const BlockParams& w) {
@@ -334,11 +340,11 @@ void Model::block_sublayer_input(int l, int which, int N, const BlockParams& w) 
         return;
     }
     if (which == 1) {
-        backend_->layernorm_forward(op(out), mean_at(a.ln1_mean), act(a.ln1_rstd), act(in), w.attn_norm_w,
+        backend_->layernorm_forward(sublayer_input(l, 1), mean_at(a.ln1_mean), act(a.ln1_rstd), act(in), w.attn_norm_w,
                                     w.attn_norm_b, N, C_, norm_eps_, norm_kind_);
     } else {
-        backend_->layernorm_forward(op(out), mean_at(a.ln2_mean), act(a.ln2_rstd), act(in), w.ff_norm_w, w.ff_norm_b, N,
-                                    C_, norm_eps_, norm_kind_);
+        backend_->layernorm_forward(sublayer_input(l, 2), mean_at(a.ln2_mean), act(a.ln2_rstd), act(in), w.ff_norm_w,
+                                    w.ff_norm_b, N, C_, norm_eps_, norm_kind_);
     }
 }
 
@@ -387,35 +393,36 @@ void Model::block_forward(int l, int batch, const BlockParams& w, bool out_resid
     }
     block_sublayer_input(l, 2, N, w);
     const GemmOperand mlp_in = sublayer_input(l, 2);
+    const GemmOperand fch_act = with_amax(op(a.fch_act), l, kAmaxAct);
     if (m_.activation_type == ActivationType::kSwiglu) {
         backend_->matmul_forward(op(a.fch), mlp_in, w.ff_proj_w, w.ff_proj_b, N, C_, P_);
         lora_add(l, LoraLinear::kFfProj, op(a.fch), P_, mlp_in, N, lora_work_.f32());
-        backend_->swiglu_forward(op(a.fch_act), op(a.fch), N, H_);
+        backend_->swiglu_forward(fch_act, op(a.fch), N, H_);
     } else if (keep_[l] != Keep::kGemmOutputs &&
                !has_lora(LoraLinear::kFfProj)) {  // P == H: the GELU keeps the width (a GEMM epilogue on CUDA)
-        backend_->matmul_gelu_forward(op(a.fch), op(a.fch_act), mlp_in, w.ff_proj_w, w.ff_proj_b, N, C_, P_, tanh_gelu);
+        backend_->matmul_gelu_forward(op(a.fch), fch_act, mlp_in, w.ff_proj_w, w.ff_proj_b, N, C_, P_, tanh_gelu);
     } else {
         // A block whose backward recomputes the GELU from the kept ff_proj output runs the kernel that recompute
         // runs, so the recomputed activation is the forward's bit for bit (cuBLASLt's epilogue computes the GELU
         // its own way). The CPU's matmul_gelu_forward is these two ops. An adapter on ff_proj adds between them.
         backend_->matmul_forward(op(a.fch), mlp_in, w.ff_proj_w, w.ff_proj_b, N, C_, P_);
         lora_add(l, LoraLinear::kFfProj, op(a.fch), P_, mlp_in, N, lora_work_.f32());
-        backend_->gelu_forward(op(a.fch_act), op(a.fch), static_cast<size_t>(N) * H_, tanh_gelu);
+        backend_->gelu_forward(fch_act, op(a.fch), static_cast<size_t>(N) * H_, tanh_gelu);
     }
     if (!out_resid && !norm_after_) return;
     if (norm_after_) {
         // A recompute (!out_resid) needs ff_norm's input and statistics too: its output goes to the scratch,
         // not over the next block's kept input.
         const size_t next_resid = !out_resid ? scratch_ : (l + 1 < L_) ? layers_[l + 1].resid : resid_final_;
-        backend_->matmul_forward(op(a.ff_o), op(a.fch_act), w.ff_out_w, w.ff_out_b, N, H_, C_);
+        backend_->matmul_forward(op(a.ff_o), fch_act, w.ff_out_w, w.ff_out_b, N, H_, C_);
         lora_add(l, LoraLinear::kFfOut, op(a.ff_o), C_, op(a.fch_act), N, lora_work_.f32());
         backend_->norm_residual_forward(act(next_resid), act(a.resid_mid), mean_at(a.ln2_mean), act(a.ln2_rstd),
                                         op(a.ff_o), w.ff_norm_w, w.ff_norm_b, N, C_, norm_eps_, norm_kind_);
         return;
     }
     const size_t next_resid = (l + 1 < L_) ? layers_[l + 1].resid : resid_final_;
-    backend_->matmul_residual_forward(act(next_resid), act(a.resid_mid), op(a.fch_act), w.ff_out_w, w.ff_out_b, N, H_,
-                                      C_, act(scratch_));
+    backend_->matmul_residual_forward(act(next_resid), act(a.resid_mid), fch_act, w.ff_out_w, w.ff_out_b, N, H_, C_,
+                                      act(scratch_));
     lora_add(l, LoraLinear::kFfOut, act(next_resid), C_, op(a.fch_act), N, lora_work_.f32());
 }
 
@@ -430,10 +437,11 @@ void Model::recompute_block(int l, int batch, const BlockParams& w) {
         block_sublayer_input(l, 1, N, w);
         block_sublayer_input(l, 2, N, w);
     }
+    const GemmOperand fch_act = with_amax(op(a.fch_act), l, kAmaxAct);
     if (m_.activation_type == ActivationType::kSwiglu) {
-        backend_->swiglu_forward(op(a.fch_act), op(a.fch), N, H_);
+        backend_->swiglu_forward(fch_act, op(a.fch), N, H_);
     } else {
-        backend_->gelu_forward(op(a.fch_act), op(a.fch), static_cast<size_t>(N) * H_,
+        backend_->gelu_forward(fch_act, op(a.fch), static_cast<size_t>(N) * H_,
                                m_.activation_type == ActivationType::kGeluTanh);
     }
 }
@@ -543,27 +551,28 @@ void Model::backward_blocks(int batch) {
                                              mean_at(a.ln2_mean), act(a.ln2_rstd), N, C_, norm_kind_);
             dff_out = op(dsub_);
         }
+        const GemmOperand fch_act = with_amax(op(a.fch_act), l, kAmaxAct), dfch = dfch_with_amax();
         if (m_.activation_type == ActivationType::kSwiglu) {
-            backend_->matmul_backward(op(dfch_act_), g.ff_out_w, g.ff_out_b, dff_out, op(a.fch_act), w.ff_out_w, N, H_,
-                                      C_, false);
+            backend_->matmul_backward(op(dfch_act_), g.ff_out_w, g.ff_out_b, dff_out, fch_act, w.ff_out_w, N, H_, C_,
+                                      false);
             lora_grad(l, LoraLinear::kFfOut, op(dfch_act_), dff_out, C_, op(a.fch_act), N);
-            backend_->swiglu_backward(op(dfch_), op(a.fch), op(dfch_act_), N, H_);
+            backend_->swiglu_backward(dfch, op(a.fch), op(dfch_act_), N, H_);
         } else if (has_lora(LoraLinear::kFfOut)) {  // the adapter's input gradient adds before the GELU's backward
-            backend_->matmul_backward(op(dfch_act_), g.ff_out_w, g.ff_out_b, dff_out, op(a.fch_act), w.ff_out_w, N, H_,
-                                      C_, false);
+            backend_->matmul_backward(op(dfch_act_), g.ff_out_w, g.ff_out_b, dff_out, fch_act, w.ff_out_w, N, H_, C_,
+                                      false);
             lora_grad(l, LoraLinear::kFfOut, op(dfch_act_), dff_out, C_, op(a.fch_act), N);
-            backend_->gelu_backward(op(dfch_), op(a.fch), op(dfch_act_), static_cast<size_t>(N) * H_, tanh_gelu);
+            backend_->gelu_backward(dfch, op(a.fch), op(dfch_act_), static_cast<size_t>(N) * H_, tanh_gelu);
         } else {  // ff_out's and the GELU's backward as one op (on CUDA one GEMM: the slope in its epilogue)
-            backend_->matmul_gelu_backward(op(dfch_), op(dfch_act_), g.ff_out_w, g.ff_out_b, dff_out, op(a.fch_act),
-                                           w.ff_out_w, op(a.fch), N, H_, C_, tanh_gelu);
+            backend_->matmul_gelu_backward(dfch, op(dfch_act_), g.ff_out_w, g.ff_out_b, dff_out, fch_act, w.ff_out_w,
+                                           op(a.fch), N, H_, C_, tanh_gelu);
         }
         if (norm_after_) {  // ff_proj read resid_mid itself: its input gradient adds to the stream's
-            backend_->matmul_backward(act(dresid_), g.ff_proj_w, g.ff_proj_b, op(dfch_), sublayer_input(l, 2),
-                                      w.ff_proj_w, N, C_, P_, true);
+            backend_->matmul_backward(act(dresid_), g.ff_proj_w, g.ff_proj_b, dfch, sublayer_input(l, 2), w.ff_proj_w,
+                                      N, C_, P_, true);
             lora_grad(l, LoraLinear::kFfProj, act(dresid_), op(dfch_), P_, sublayer_input(l, 2), N);
         } else {
-            backend_->matmul_backward(act(dln_), g.ff_proj_w, g.ff_proj_b, op(dfch_), op(a.ln2), w.ff_proj_w, N, C_, P_,
-                                      false);
+            backend_->matmul_backward(act(dln_), g.ff_proj_w, g.ff_proj_b, dfch, sublayer_input(l, 2), w.ff_proj_w, N,
+                                      C_, P_, false);
             lora_grad(l, LoraLinear::kFfProj, act(dln_), op(dfch_), P_, op(a.ln2), N);
             pre_norm_backward(l, 2, w, g, N);
         }
@@ -591,8 +600,8 @@ void Model::backward_blocks(int batch) {
                                       w.att_proj_w, N, C_, W_, true);
             lora_grad(l, LoraLinear::kAttProj, act(dresid_), dproj, W_, sublayer_input(l, 1), N);
         } else {
-            backend_->matmul_backward(act(dln_), g.att_proj_w, g.att_proj_b, dproj, op(a.ln1), w.att_proj_w, N, C_, W_,
-                                      false);
+            backend_->matmul_backward(act(dln_), g.att_proj_w, g.att_proj_b, dproj, sublayer_input(l, 1), w.att_proj_w,
+                                      N, C_, W_, false);
             lora_grad(l, LoraLinear::kAttProj, act(dln_), dproj, W_, op(a.ln1), N);
             pre_norm_backward(l, 1, w, g, N);
         }

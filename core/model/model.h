@@ -171,6 +171,17 @@ class Model {
         return operands_bf16_ ? GemmOperand::in_bf16(reinterpret_cast<uint16_t*>(act(offset)))
                               : GemmOperand(act(offset));
     }
+    // amp_fp8: the block Linears' inputs and output gradients whose producers write their amax beside them
+    // (GemmOperand::amax), so the FP8 casts take none of their own: each block's two pre-norm outputs and MLP
+    // activation (kept from the forward to the backward, as the tensors are), and the gradient of the ff_proj output
+    // (one for the pass). `which`: the tensor's slot in amax_.
+    enum AmaxSlot { kAmaxLn1, kAmaxLn2, kAmaxAct, kAmaxPerLayer };
+    GemmOperand with_amax(GemmOperand x, int l, AmaxSlot which) const {
+        return amax_.data() == nullptr ? x : x.with_amax(amax_.f32() + l * kAmaxPerLayer + which);
+    }
+    GemmOperand dfch_with_amax() const {
+        return amax_.data() == nullptr ? op(dfch_) : op(dfch_).with_amax(amax_.f32() + L_ * kAmaxPerLayer);
+    }
 
     const TrainConfig& config_;
     // precision amp_fp8: the blocks' Linear layers compute on FP8 operands (Backend::set_linear_precision).
@@ -225,6 +236,7 @@ class Model {
     size_t resid_final_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, z_losses_, scratch_;
     size_t dresid_, dln_, dqkv_, datt_, dfch_, dfch_act_, dsub_, proj_;
     DeviceBuffer arena_;
+    DeviceBuffer amax_;        // amp_fp8's producer amaxes (with_amax), L_ * kAmaxPerLayer + 1 floats; none elsewhere
     DeviceBuffer tokens_dev_;  // inputs (N) then targets (N), int32
     std::vector<int32_t> tokens_host_;
     std::vector<float> logits_host_;  // forward_logits' chunk on the host

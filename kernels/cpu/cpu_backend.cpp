@@ -60,6 +60,19 @@ class CpuBackend final : public Backend {
         TRAINER_CHECK(!x.bf16, "the CPU backend was handed a bf16 activation");
         return x.f32();
     }
+    // A producer's output amax (GemmOperand::amax), where the model asked for it.
+    static void write_amax(GemmOperand out, size_t n) {
+        if (out.amax != nullptr) *out.amax = cpu::fp8_amax(f32(out), n);
+    }
+    // An FP8 cast's operand given with its amax: the amax must be its values' now (a producer's, not stale), as the
+    // CUDA backend takes it without looking.
+    static void check_amax(GemmOperand x, size_t n, const char* what, int M, int K, int N) {
+        if (x.amax == nullptr) return;
+        const float want = cpu::fp8_amax(f32(x), n), got = *x.amax;
+        TRAINER_CHECK(got == want || (std::isnan(got) && std::isnan(want)),
+                      "amp_fp8: the {} of a Linear of {} x {} x {} came with amax {}, and its values' is {}", what, M,
+                      K, N, got, want);
+    }
 
     ~CpuBackend() override {
         for (auto& [size, blocks] : cache_) {
@@ -167,6 +180,7 @@ class CpuBackend final : public Backend {
                         int N) override {
         const Busy busy(*this);
         if (linear_ == LinearPrecision::kFp8) {
+            check_amax(inp, size_t(M) * K, "input", M, K, N);
             cpu::fp8_linear_forward(f32(out), f32(inp), weight, bias, M, K, N, fp8_);
         } else {
             cpu::matmul_forward(f32(out), f32(inp), weight, bias, M, K, N);
@@ -176,6 +190,8 @@ class CpuBackend final : public Backend {
                          const float* weight, int M, int K, int N, bool accumulate_dinp) override {
         const Busy busy(*this);
         if (linear_ == LinearPrecision::kFp8) {
+            check_amax(dout, size_t(M) * N, "output gradient", M, K, N);
+            if (dweight != nullptr) check_amax(inp, size_t(M) * K, "input", M, K, N);
             cpu::fp8_linear_backward(f32(dinp), dweight, dbias, f32(dout), f32(inp), weight, M, K, N, accumulate_dinp,
                                      fp8_);
         } else {
@@ -228,6 +244,7 @@ class CpuBackend final : public Backend {
                            const float* bias, int N, int C, float eps, NormKind kind) override {
         const Busy busy(*this);
         cpu::layernorm_forward(f32(out), mean, rstd, inp, weight, bias, N, C, eps, kind == NormKind::kRms);
+        write_amax(out, size_t(N) * C);
     }
     void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                             const float* weight, const float* mean, const float* rstd, int N, int C,
@@ -305,18 +322,22 @@ class CpuBackend final : public Backend {
     void gelu_forward(GemmOperand out, GemmOperand inp, size_t n, bool tanh_approx) override {
         const Busy busy(*this);
         cpu::gelu_forward(f32(out), f32(inp), n, tanh_approx);
+        write_amax(out, n);
     }
     void gelu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, size_t n, bool tanh_approx) override {
         const Busy busy(*this);
         cpu::gelu_backward(f32(dinp), f32(inp), f32(dout), n, tanh_approx);
+        write_amax(dinp, n);
     }
     void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) override {
         const Busy busy(*this);
         cpu::swiglu_forward(f32(out), f32(inp), N, H);
+        write_amax(out, size_t(N) * H);
     }
     void swiglu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, int N, int H) override {
         const Busy busy(*this);
         cpu::swiglu_backward(f32(dinp), f32(inp), f32(dout), N, H);
+        write_amax(dinp, size_t(N) * 2 * H);
     }
     void residual_forward(float* out, const float* a, const float* b, size_t n) override {
         const Busy busy(*this);

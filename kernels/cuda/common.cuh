@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/element.h"
 
@@ -111,6 +112,34 @@ __device__ __forceinline__ void store_vec(T* p, const float (&f)[V]) {
 #pragma unroll
         for (int w = 0; w < kWords; ++w) reinterpret_cast<uint4*>(p)[w] = u[w];
     }
+}
+
+// The larger of m and a, where either is NaN NaN (a comparison with NaN is false, so a NaN once taken stays).
+__device__ __forceinline__ float max_keeping_nan(float m, float a) { return (a > m || a != a) ? a : m; }
+
+// amp_fp8's producer amax (Backend's GemmOperand::amax). A producing kernel keeps each thread's largest |value|
+// (max_keeping_nan of fabsf over the values before they are stored), which stored_amax turns into the largest stored
+// value (rounding is monotonic, so rounding the largest gives the largest rounded), and warp_amax puts the warp's into
+// *amax: one atomicMax on the float's bits where it exceeds what *amax holds already (non-negative floats order as
+// their bits, a NaN's above infinity's), so the result does not depend on the order. Every lane of the warp calls it;
+// the launch function zeroes *amax on the stream first (zero_amax).
+template <typename T>
+__device__ __forceinline__ float stored_amax(float m) {
+    if constexpr (std::is_same_v<T, uint16_t>) {
+        return bf16_to_float(float_to_bf16(m));
+    } else {
+        return m;
+    }
+}
+__device__ inline void warp_amax(float* amax, float m) {
+    for (int o = 16; o > 0; o >>= 1) m = max_keeping_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x % 32 == 0) {
+        const unsigned bits = __float_as_uint(m);
+        if (bits > *reinterpret_cast<volatile unsigned*>(amax)) atomicMax(reinterpret_cast<unsigned*>(amax), bits);
+    }
+}
+inline void zero_amax(float* amax, cudaStream_t stream) {
+    if (amax != nullptr) TRAINER_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
 }
 
 // True when every pointer is 16-byte aligned, so float4 (128-bit) loads and stores are legal.

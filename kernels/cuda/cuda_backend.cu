@@ -99,8 +99,9 @@ class CudaBackend final : public CudaRuntime {
     void matmul_gelu_forward(GemmOperand pre, GemmOperand out, GemmOperand inp, const float* weight, const float* bias,
                              int M, int K, int N, bool tanh_approx) override {
         const OpMark mark(*timeline_, "matmul_gelu_forward");
-        // amp_fp8: the FP8 GEMM (matmul_forward) and one pass for the GELU (cuBLASLt's FP8 GEMMs have no GELU_AUX).
-        if (linear_ == LinearPrecision::kFp8)
+        // amp_fp8: the FP8 GEMM (matmul_forward) and one pass for the GELU (cuBLASLt's FP8 GEMMs have no GELU_AUX),
+        // which writes out's amax where asked (cuBLASLt's epilogues would not).
+        if (linear_ == LinearPrecision::kFp8 || out.amax != nullptr)
             return Backend::matmul_gelu_forward(pre, out, inp, weight, bias, M, K, N, tanh_approx);
         if (tanh_approx && options_.bf16_matmuls && pre.bf16 && out.bf16) {
             // amp_bf16: pre and out in bf16 from cuBLASLt's GELU_AUX(_BIAS) epilogue (the bias rounded to bf16
@@ -153,8 +154,8 @@ class CudaBackend final : public CudaRuntime {
     void matmul_gelu_backward(GemmOperand dpre, GemmOperand dact, float* dweight, float* dbias, GemmOperand dout,
                               GemmOperand act, const float* weight, GemmOperand pre, int M, int K, int N,
                               bool tanh_approx) override {
-        if (linear_ != LinearPrecision::kFp8 && tanh_approx && options_.bf16_matmuls && dpre.bf16 && pre.bf16 &&
-            cuda::Gemm::gelu_fusable(K, dpre.p, pre.p, nullptr)) {
+        if (linear_ != LinearPrecision::kFp8 && dpre.amax == nullptr && tanh_approx && options_.bf16_matmuls &&
+            dpre.bf16 && pre.bf16 && cuda::Gemm::gelu_fusable(K, dpre.p, pre.p, nullptr)) {
             // amp_bf16: cuBLASLt's DGELU epilogue, the pair to the forward's GELU_AUX (matmul_gelu_forward).
             const OpMark mark(*timeline_, "matmul_gelu_backward");
             const uint16_t* dout16 = operand_bf16(c16_, dout, size_t(M) * N);
@@ -222,9 +223,9 @@ class CudaBackend final : public CudaRuntime {
         const OpMark mark(*timeline_, "layernorm_forward");
         const bool rms = kind == NormKind::kRms;
         if (out.bf16) {
-            return cuda::layernorm_forward(out.b16(), mean, rstd, inp, weight, bias, N, C, eps, rms, stream_);
+            return cuda::layernorm_forward(out.b16(), mean, rstd, inp, weight, bias, N, C, eps, rms, stream_, out.amax);
         }
-        cuda::layernorm_forward(out.f32(), mean, rstd, inp, weight, bias, N, C, eps, rms, stream_);
+        cuda::layernorm_forward(out.f32(), mean, rstd, inp, weight, bias, N, C, eps, rms, stream_, out.amax);
     }
     void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                             const float* weight, const float* mean, const float* rstd, int N, int C,
@@ -377,46 +378,52 @@ class CudaBackend final : public CudaRuntime {
     }
     void gelu_forward(GemmOperand out, GemmOperand inp, size_t n, bool tanh_approx) override {
         const OpMark mark(*timeline_, "gelu_forward");
-        if (inp.bf16 && out.bf16) return cuda::gelu_forward(out.b16(), inp.b16(), n, tanh_approx, stream_);
+        if (inp.bf16 && out.bf16) return cuda::gelu_forward(out.b16(), inp.b16(), n, tanh_approx, stream_, out.amax);
         const float* x = operand_f32(wide_[0], inp, n);
-        if (out.bf16) return cuda::gelu_forward(out.b16(), x, n, tanh_approx, stream_);
+        if (out.bf16) return cuda::gelu_forward(out.b16(), x, n, tanh_approx, stream_, out.amax);
         cuda::gelu_forward(out.f32(), x, n, tanh_approx, stream_);
+        producer_amax(out, n);  // the fp32 GELU's kernel is the shared map's, without one
     }
     void gelu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, size_t n, bool tanh_approx) override {
         const OpMark mark(*timeline_, "gelu_backward");
         if (dinp.bf16) {
             const uint16_t* g16 = operand_bf16(c16_, dout, n);
-            if (inp.bf16) return cuda::gelu_backward(dinp.b16(), inp.b16(), g16, n, tanh_approx, stream_);
-            return cuda::gelu_backward(dinp.b16(), inp.f32(), g16, n, tanh_approx, stream_);
+            if (inp.bf16) return cuda::gelu_backward(dinp.b16(), inp.b16(), g16, n, tanh_approx, stream_, dinp.amax);
+            return cuda::gelu_backward(dinp.b16(), inp.f32(), g16, n, tanh_approx, stream_, dinp.amax);
         }
         cuda::gelu_backward(dinp.f32(), operand_f32(wide_[1], inp, n), operand_f32(wide_[0], dout, n), n, tanh_approx,
                             stream_);
+        producer_amax(dinp, n);
     }
     void swiglu_forward(GemmOperand out, GemmOperand inp, int N, int H) override {
         const OpMark mark(*timeline_, "swiglu_forward");
         if (inp.bf16) {
             const size_t NH = static_cast<size_t>(N) * H;
-            if (out.bf16) return cuda::swiglu_forward(out.b16(), inp.b16(), N, H, stream_);
-            return cuda::swiglu_forward(out.f32(), operand_f32(wide_[0], inp, 2 * NH), N, H, stream_);
+            if (out.bf16) return cuda::swiglu_forward(out.b16(), inp.b16(), N, H, stream_, out.amax);
+            return cuda::swiglu_forward(out.f32(), operand_f32(wide_[0], inp, 2 * NH), N, H, stream_, out.amax);
         }
-        if (out.bf16) return cuda::swiglu_forward(out.b16(), inp.f32(), N, H, stream_);
-        cuda::swiglu_forward(out.f32(), inp.f32(), N, H, stream_);
+        if (out.bf16) return cuda::swiglu_forward(out.b16(), inp.f32(), N, H, stream_, out.amax);
+        cuda::swiglu_forward(out.f32(), inp.f32(), N, H, stream_, out.amax);
     }
     void swiglu_backward(GemmOperand dinp, GemmOperand inp, GemmOperand dout, int N, int H) override {
         const OpMark mark(*timeline_, "swiglu_backward");
         const size_t NH = static_cast<size_t>(N) * H;
-        if (dinp.bf16 && inp.bf16) {  // amp_bf16's: all three bf16
-            return cuda::swiglu_backward(dinp.b16(), inp.b16(), operand_bf16(c16_, dout, NH), N, H, stream_);
+        if (dinp.bf16 && inp.bf16) {  // amp_bf16's (and amp_fp8's): all three bf16
+            return cuda::swiglu_backward(dinp.b16(), inp.b16(), operand_bf16(c16_, dout, NH), N, H, stream_, dinp.amax);
         }
         // Else fp32 gradients (a bf16 dinp from an fp32 input: computed in fp32 and rounded once).
         float* d32 = dinp.bf16 ? static_cast<float*>(grow(wide_[1], 2 * NH * sizeof(float))) : dinp.f32();
         const float* g32 = operand_f32(wide_[2], dout, NH);
+        float* amax = dinp.bf16 ? nullptr : dinp.amax;  // a bf16 dinp's amax is of the rounded values
         if (inp.bf16) {
-            cuda::swiglu_backward(d32, inp.b16(), g32, N, H, stream_);
+            cuda::swiglu_backward(d32, inp.b16(), g32, N, H, stream_, amax);
         } else {
-            cuda::swiglu_backward(d32, inp.f32(), g32, N, H, stream_);
+            cuda::swiglu_backward(d32, inp.f32(), g32, N, H, stream_, amax);
         }
-        if (dinp.bf16) cuda::cast_float_to_bf16(dinp.b16(), d32, 2 * NH, stream_);
+        if (dinp.bf16) {
+            cuda::cast_float_to_bf16(dinp.b16(), d32, 2 * NH, stream_);
+            producer_amax(dinp, 2 * NH);
+        }
     }
     void residual_forward(float* out, const float* a, const float* b, size_t n) override {
         const OpMark mark(*timeline_, "residual_forward");
@@ -546,14 +553,28 @@ class CudaBackend final : public CudaRuntime {
         auto* out = row_major ? static_cast<uint8_t*>(grow(fp8_codes_[slot][0], n)) : nullptr;
         auto* out_t =
             transposed ? static_cast<uint8_t*>(grow(fp8_codes_[slot][1], static_cast<size_t>(ld_t) * cols)) : nullptr;
-        if (x.bf16) {
+        // The amax its producer wrote beside it (GemmOperand::amax), else a pass of its own.
+        if (x.amax != nullptr) {
+            amax = x.amax;
+        } else if (x.bf16) {
             cuda::fp8_amax(amax, x.b16(), n, partials, stream_);
-            cuda::fp8_cast_transpose(out, out_t, x.b16(), rows, cols, amax, f, descale, stream_, ld_t);
         } else {
             cuda::fp8_amax(amax, x.f32(), n, partials, stream_);
+        }
+        if (x.bf16) {
+            cuda::fp8_cast_transpose(out, out_t, x.b16(), rows, cols, amax, f, descale, stream_, ld_t);
+        } else {
             cuda::fp8_cast_transpose(out, out_t, x.f32(), rows, cols, amax, f, descale, stream_, ld_t);
         }
         return Fp8Cast{{out, f, descale}, {out_t, f, descale}};
+    }
+    // A producer's output amax (GemmOperand::amax) where its kernel does not write one: a pass of its own.
+    void producer_amax(GemmOperand out, size_t n) {
+        if (out.amax == nullptr) return;
+        auto* scalars = static_cast<float*>(grow(fp8_scalars_, (2 * kFp8Slots + kNormBlocks) * sizeof(float)));
+        float* partials = scalars + 2 * kFp8Slots;
+        if (out.bf16) return cuda::fp8_amax(out.amax, out.b16(), n, partials, stream_);
+        cuda::fp8_amax(out.amax, out.f32(), n, partials, stream_);
     }
     // A Linear that cuBLASLt has no FP8 kernel for runs in bf16, said once a shape; false.
     bool fp8_fallback(const char* what, int M, int N, int K, const char* why) {

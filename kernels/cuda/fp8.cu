@@ -16,9 +16,6 @@ constexpr unsigned kThreads = 256;
 // A 32 x 32 tile a block of 256 threads: 8 rows of 32, each thread converting 4 of the tile's rows.
 constexpr int kTile = 32, kTileRows = 8;
 
-// Where one is NaN, NaN (a comparison with NaN is false, so NaN once taken stays).
-__device__ float max_keeping_nan(float m, float a) { return (a > m || a != a) ? a : m; }
-
 __device__ float block_max(float x) {
     __shared__ float part[kThreads];
     part[threadIdx.x] = x;

@@ -67,9 +67,11 @@ struct LaneRow {
 // One warp per row; each lane takes W consecutive channels at a time (W = 8 with 128-bit accesses where
 // the rows and the affine vectors allow, else 1). out = resid + y where resid is given (rows ld_out apart).
 // The row is a LaneRow: with G > 0 read once, where with G = 0 the mean, the variance and the output each read it.
+// amax (nullable): the largest |y| as stored, over the whole launch (common.cuh's warp_amax).
 template <int W, int G, bool kRms, typename In, typename Out>
 __global__ void norm_forward_kernel(Out* out, int ld_out, const float* resid, float* mean, float* rstd, const In* inp,
-                                    int ld_in, const float* weight, const float* bias, int N, int C, float eps) {
+                                    int ld_in, const float* weight, const float* bias, int N, int C, float eps,
+                                    float* amax) {
     const int lane = threadIdx.x % 32;
     const int n = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
     if (n >= N) return;
@@ -96,6 +98,7 @@ __global__ void norm_forward_kernel(Out* out, int ld_out, const float* resid, fl
         if (mean != nullptr) mean[n] = m;
         rstd[n] = rs;
     }
+    float ymax = 0.0f;
     row.each([&](int c, const float(&v)[W]) {
         float y[W], wt[W], b[W], rv[W];
         if (weight != nullptr) load_vec<W>(weight + c, wt);
@@ -107,9 +110,11 @@ __global__ void norm_forward_kernel(Out* out, int ld_out, const float* resid, fl
             if (weight != nullptr) y[k] *= wt[k];
             if (bias != nullptr) y[k] += b[k];
             if (r != nullptr) y[k] = rv[k] + y[k];
+            ymax = max_keeping_nan(ymax, fabsf(y[k]));
         }
         store_vec<W>(o + c, y);
     });
+    if (amax != nullptr) warp_amax(amax, stored_amax<Out>(ymax));  // the whole warp holds row n
 }
 
 // One row's input gradient at the W channels from c: dx (+)= rstd * (dn - mean_dn - norm * mean_dn_norm), dn =
@@ -331,14 +336,15 @@ void norm_backward_params(float* dweight, float* dbias, const float* partial, in
 
 template <typename In, typename Out>
 void norm_forward_launch(Out* out, int ld_out, const float* resid, float* mean, float* rstd, const In* inp, int ld_in,
-                         const float* weight, const float* bias, int N, int C, float eps, bool rms,
-                         cudaStream_t stream) {
+                         const float* weight, const float* bias, int N, int C, float eps, bool rms, cudaStream_t stream,
+                         float* amax = nullptr) {
+    zero_amax(amax, stream);
     if (N == 0) return;
     const unsigned blocks = (static_cast<unsigned>(N) + kWarpsPerBlock - 1) / kWarpsPerBlock;
     const bool vec = norm_vec(C, {ld_out, ld_in}, inp, weight, bias, out, resid);
     const auto launch = [&](auto kernel) {
         TRAINER_LAUNCH(kernel, blocks, 32 * kWarpsPerBlock, 0, stream, out, ld_out, resid, mean, rstd, inp, ld_in,
-                       weight, bias, N, C, eps);
+                       weight, bias, N, C, eps, amax);
     };
     const auto run = [&](auto w, auto g) {
         constexpr int kW = decltype(w)::value, kG = decltype(g)::value;
@@ -450,13 +456,13 @@ size_t layernorm_backward_scratch_floats(int N, int C) {
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       int N, int C, float eps, bool rms, cudaStream_t stream) {
-    norm_forward_launch(out, C, nullptr, mean, rstd, inp, C, weight, bias, N, C, eps, rms, stream);
+                       int N, int C, float eps, bool rms, cudaStream_t stream, float* amax) {
+    norm_forward_launch(out, C, nullptr, mean, rstd, inp, C, weight, bias, N, C, eps, rms, stream, amax);
 }
 
 void layernorm_forward(uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C, float eps, bool rms, cudaStream_t stream) {
-    norm_forward_launch(out, C, nullptr, mean, rstd, inp, C, weight, bias, N, C, eps, rms, stream);
+                       const float* bias, int N, int C, float eps, bool rms, cudaStream_t stream, float* amax) {
+    norm_forward_launch(out, C, nullptr, mean, rstd, inp, C, weight, bias, N, C, eps, rms, stream, amax);
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

@@ -150,12 +150,14 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 
 // The norms (layernorm.cu): LayerNorm, or RMSNorm with `rms` (mean nullable then). The pre-norm's forward
 // (weight/bias nullable) saves mean and rstd; its backward ADDS into dinp, dweight and dbias (nullable).
-// Every backward takes `scratch` of layernorm_backward_scratch_floats(N, C) floats.
+// Every backward takes `scratch` of layernorm_backward_scratch_floats(N, C) floats. The pre-norm's forward writes
+// the output's amax as stored where given one (nullable; amp_fp8's GemmOperand::amax).
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       int N, int C, float eps, bool rms, cudaStream_t stream);
+                       int N, int C, float eps, bool rms, cudaStream_t stream, float* amax = nullptr);
 // The same with the output rounded to bf16 (a GEMM operand; the statistics stay fp32).
 void layernorm_forward(uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C, float eps, bool rms, cudaStream_t stream);
+                       const float* bias, int N, int C, float eps, bool rms, cudaStream_t stream,
+                       float* amax = nullptr);
 size_t layernorm_backward_scratch_floats(int N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C, bool rms,
@@ -226,28 +228,34 @@ void residual_forward(float* out, const float* a, const float* b, size_t n, cuda
 void scale_inplace(float* x, size_t n, float s, cudaStream_t stream);
 
 // GELU (erf or tanh form; may run in place) and SwiGLU over rows of 2H (value, gate) -> H, forward and
-// backward; gradients are overwritten (activation.cu).
+// backward; gradients are overwritten (activation.cu). `amax` (nullable; amp_fp8's GemmOperand::amax): the
+// largest |value| of the output as stored, written beside it (every SwiGLU form, and GELU's with a bf16 output).
 void gelu_forward(float* out, const float* inp, size_t n, bool tanh_approx, cudaStream_t stream);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool tanh_approx, cudaStream_t stream);
-void swiglu_forward(float* out, const float* inp, int N, int H, cudaStream_t stream);
+void swiglu_forward(float* out, const float* inp, int N, int H, cudaStream_t stream, float* amax = nullptr);
 // GELU and SwiGLU forward with the output rounded to bf16 (a GEMM operand; not in place).
-void gelu_forward(uint16_t* out, const float* inp, size_t n, bool tanh_approx, cudaStream_t stream);
-void swiglu_forward(uint16_t* out, const float* inp, int N, int H, cudaStream_t stream);
+void gelu_forward(uint16_t* out, const float* inp, size_t n, bool tanh_approx, cudaStream_t stream,
+                  float* amax = nullptr);
+void swiglu_forward(uint16_t* out, const float* inp, int N, int H, cudaStream_t stream, float* amax = nullptr);
 // SwiGLU forward and backward from a bf16 input (the ff_proj GEMM's bf16 output).
-void swiglu_forward(uint16_t* out, const uint16_t* inp, int N, int H, cudaStream_t stream);
-void swiglu_backward(float* dinp, const uint16_t* inp, const float* dout, int N, int H, cudaStream_t stream);
-void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H, cudaStream_t stream);
+void swiglu_forward(uint16_t* out, const uint16_t* inp, int N, int H, cudaStream_t stream, float* amax = nullptr);
+void swiglu_backward(float* dinp, const uint16_t* inp, const float* dout, int N, int H, cudaStream_t stream,
+                     float* amax = nullptr);
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H, cudaStream_t stream,
+                     float* amax = nullptr);
 // The backwards on bf16 gradients (amp_bf16: dout the ff_out GEMM's bf16 dinp, dinp the ff_proj GEMM's bf16
 // dout), fp32 math, dinp rounded once; GELU's fp32 pre-activation, SwiGLU's bf16 ff_proj output. GELU may
 // run in place (dinp == dout).
 void gelu_backward(uint16_t* dinp, const float* inp, const uint16_t* dout, size_t n, bool tanh_approx,
-                   cudaStream_t stream);
-void swiglu_backward(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int N, int H, cudaStream_t stream);
+                   cudaStream_t stream, float* amax = nullptr);
+void swiglu_backward(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int N, int H, cudaStream_t stream,
+                     float* amax = nullptr);
 // GELU on a bf16 pre-activation (the ff_proj GEMM's bf16 output): forward to bf16, backward on bf16
 // gradients; fp32 math, rounded once.
-void gelu_forward(uint16_t* out, const uint16_t* inp, size_t n, bool tanh_approx, cudaStream_t stream);
+void gelu_forward(uint16_t* out, const uint16_t* inp, size_t n, bool tanh_approx, cudaStream_t stream,
+                  float* amax = nullptr);
 void gelu_backward(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, size_t n, bool tanh_approx,
-                   cudaStream_t stream);
+                   cudaStream_t stream, float* amax = nullptr);
 
 // Causal attention over qkv (B, T, 3C): out (B, T, C), lse (B, NH, T) of the scaled scores; backward
 // overwrites dqkv, with `scratch` of attention_backward_scratch_floats(B, T, NH) floats. The native

@@ -49,6 +49,8 @@
     X(test_kv_heads, "shared key/value heads expand and reduce as the CPU does", "")                               \
     X(test_bias_gradient, "the bias gradient (fp32 and bf16 dout) matches the CPU and repeats bitwise", "")        \
     X(test_fp8_cast, "FP8 amax and cast-transpose (e4m3/e5m2 of fp32/bf16) are bitwise the CPU's", "")             \
+    X(test_producer_amax,                                                                                          \
+      "the norm and activation kernels' amax of their output (amp_fp8) is bitwise the FP8 amax pass's", "")        \
     X(test_nf4, "NF4 quantize and dequantize (fp32 and bf16; double quantized) are bitwise the CPU's", "")         \
     X(test_lora,                                                                                                   \
       "LoRA's forward and backward (fp32 and bf16 operands with dropout and strided outputs) match the CPU and "   \
@@ -1069,6 +1071,83 @@ void test_lora() {
             const size_t half_f = runs_f.size() / 2, half_h = runs_h.size() / 2;
             for (size_t i = 0; i < half_f; ++i) expect(runs_f[i] == runs_f[half_f + i], "LoRA repeats bitwise");
             for (size_t i = 0; i < half_h; ++i) expect(runs_h[i] == runs_h[half_h + i], "LoRA repeats bitwise (bf16)");
+        }
+    }
+}
+
+// amp_fp8's producer amax (Backend's GemmOperand::amax): the pre-norm's, SwiGLU's forward and backward and the bf16
+// GELU kernels' amax of what they stored, bitwise the CPU's FP8 amax pass over it (NaN where a value is NaN), whatever
+// the float held before the launch (it is zeroed on the stream), across vector and scalar kernels and partial warps.
+void test_producer_amax() {
+    const auto same = [](const std::vector<float>& stored, const Dev<float>& amax, const char* what) {
+        const float want = trainer::cpu::fp8_amax(stored.data(), stored.size()), got = amax.host()[0];
+        expect(std::memcmp(&want, &got, sizeof want) == 0 || (want != want && got != got), what,
+               fmt::format("{} where the stored values' amax is {}", got, want));
+    };
+    const auto wide = [](const Dev<uint16_t>& d) { return bf16_widened(d.host()); };
+    for (const bool nan : {false, true}) {
+        // Layer norms over rows held in registers (64, 768) and not (2056), LayerNorm and RMSNorm with an affine.
+        for (int C : {31, 64, 768, 2056}) {
+            for (const bool rms : {false, true}) {
+                const int N = 9;
+                const Where at("layernorm_forward C={} rms={} nan={}", C, rms, nan);
+                auto x = wave(static_cast<size_t>(N) * C, 2.0f, 0.2f);
+                if (nan) x[static_cast<size_t>(5) * C + 3] = NAN;
+                const auto w = wave(C, 1.5f, 1.0f), b = wave(C, 0.3f, 1.5f);
+                Dev<float> dx(x), dw(w), db(b), mean(N), rstd(N), amax(std::vector<float>{1e30f});
+                Dev<float> y(x.size());
+                Dev<uint16_t> y16(x.size());
+                trainer::cuda::layernorm_forward(y.p, rms ? nullptr : mean.p, rstd.p, dx.p, dw.p, rms ? nullptr : db.p,
+                                                 N, C, 1e-5f, rms, nullptr, amax.p);
+                same(y.host(), amax, "layernorm_forward's amax (fp32)");
+                trainer::cuda::layernorm_forward(y16.p, rms ? nullptr : mean.p, rstd.p, dx.p, dw.p,
+                                                 rms ? nullptr : db.p, N, C, 1e-5f, rms, nullptr, amax.p);
+                same(wide(y16), amax, "layernorm_forward's amax (bf16)");
+            }
+        }
+        for (int N : {1, 7, 33}) {
+            for (int H : {5, 64, 131}) {
+                const Where at("swiglu N={} H={} nan={}", N, H, nan);
+                auto inp = wave(static_cast<size_t>(N) * 2 * H, 3.0f, 0.2f);
+                if (nan) inp[inp.size() - 1] = NAN;  // a gate
+                const auto dout = wave(static_cast<size_t>(N) * H, 1.0f, 0.9f);
+                const auto [in16, inr] = bf16_rounded(inp);
+                const auto [g16, gr] = bf16_rounded(dout);
+                Dev<float> di(inp), dg(dout), y(dout.size()), d(inp.size()), amax(std::vector<float>{NAN});
+                Dev<uint16_t> di16(in16), dg16(g16), y16(dout.size()), d16(inp.size());
+                trainer::cuda::swiglu_forward(y.p, di.p, N, H, nullptr, amax.p);
+                same(y.host(), amax, "swiglu_forward's amax (fp32)");
+                trainer::cuda::swiglu_forward(y16.p, di.p, N, H, nullptr, amax.p);
+                same(wide(y16), amax, "swiglu_forward's amax (fp32 to bf16)");
+                trainer::cuda::swiglu_forward(y16.p, di16.p, N, H, nullptr, amax.p);
+                same(wide(y16), amax, "swiglu_forward's amax (bf16)");
+                trainer::cuda::swiglu_backward(d.p, di.p, dg.p, N, H, nullptr, amax.p);
+                same(d.host(), amax, "swiglu_backward's amax (fp32)");
+                trainer::cuda::swiglu_backward(d.p, di16.p, dg.p, N, H, nullptr, amax.p);
+                same(d.host(), amax, "swiglu_backward's amax (bf16 input)");
+                trainer::cuda::swiglu_backward(d16.p, di16.p, dg16.p, N, H, nullptr, amax.p);
+                same(wide(d16), amax, "swiglu_backward's amax (bf16)");
+            }
+        }
+        for (size_t n : {size_t{1}, size_t{37}, size_t{4099}}) {
+            for (const bool tanh : {false, true}) {
+                const Where at("gelu n={} tanh={} nan={}", n, tanh, nan);
+                auto x = wave(n, 4.0f, 0.3f);
+                if (nan) x[n / 2] = NAN;
+                const auto g = wave(n, 1.0f, 0.7f);
+                const auto [x16, xr] = bf16_rounded(x);
+                const auto [g16, gr] = bf16_rounded(g);
+                Dev<float> dx(x), amax(std::vector<float>{-1.0f});
+                Dev<uint16_t> dx16(x16), dg16(g16), y16(n);
+                trainer::cuda::gelu_forward(y16.p, dx.p, n, tanh, nullptr, amax.p);
+                same(wide(y16), amax, "gelu_forward's amax (fp32 to bf16)");
+                trainer::cuda::gelu_forward(y16.p, dx16.p, n, tanh, nullptr, amax.p);
+                same(wide(y16), amax, "gelu_forward's amax (bf16)");
+                trainer::cuda::gelu_backward(y16.p, dx.p, dg16.p, n, tanh, nullptr, amax.p);
+                same(wide(y16), amax, "gelu_backward's amax (fp32 input)");
+                trainer::cuda::gelu_backward(y16.p, dx16.p, dg16.p, n, tanh, nullptr, amax.p);
+                same(wide(y16), amax, "gelu_backward's amax (bf16)");
+            }
         }
     }
 }

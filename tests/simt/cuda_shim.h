@@ -109,6 +109,21 @@ inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
 inline float2 __bfloat1622float2(__nv_bfloat162 v) {
     return {trainer::bf16_to_float(v.x.bits), trainer::bf16_to_float(v.y.bits)};
 }
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+    std::memset(p, value, bytes);
+    return 0;
+}
+inline unsigned __float_as_uint(float x) {
+    unsigned u;
+    std::memcpy(&u, &x, sizeof u);
+    return u;
+}
+// Threads are fibers that switch only where they wait for one another, so a read-modify-write is atomic here.
+inline unsigned atomicMax(unsigned* p, unsigned v) {
+    const unsigned old = *p;
+    *p = std::max(old, v);
+    return old;
+}
 inline void __syncthreads() { ::simt::syncthreads(); }
 inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) { return ::simt::shfl_xor(mask, v, lane_mask); }
 inline int __all_sync(unsigned mask, int pred) { return ::simt::all_sync(mask, pred != 0) ? 1 : 0; }
