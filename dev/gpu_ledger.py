@@ -20,6 +20,10 @@ hash of its covered files' contents differs from the `covered` column of its las
   gpu_ledger.py check                     checks both files' format, and that every glob of the stages file
                                           matches a file and every exclusion removes one
   gpu_ledger.py files STAGE [--at REV]    the files a stage covers
+  gpu_ledger.py churn [-n N] [--against REV]
+                                          how many of the last N commits (default 120) changed each queued stage's
+                                          covered files, under the stages file as it is and (--against) as it was at
+                                          REV: what a change of the covers would have cost in GPU runs
 
 The covered hash is the first 16 hex digits of the SHA-256 of the covered files' git blob ids, sorted: a file's
 content decides it, not its path, so moving files (and their globs with them) leaves a stage fresh. Where a stage's
@@ -601,6 +605,39 @@ def cmd_files(a):
     return 0
 
 
+def stages_at(root, rev):
+    """The stages file as it was at `rev`, read through a scratch root (the ledger is not needed)."""
+    import tempfile
+    text = git(root, "show", f"{rev}:dev/gpu_stages.tsv")
+    with tempfile.TemporaryDirectory() as scratch:
+        os.makedirs(os.path.join(scratch, "dev"))
+        with open(os.path.join(scratch, "dev", "gpu_stages.tsv"), "w", encoding="utf-8") as f:
+            f.write(text)
+        return read_stages(scratch)
+
+
+def cmd_churn(a):
+    now = [s for s in queued_stages(read_stages(a.root))]
+    then = {s["stage"]: s for s in stages_at(a.root, a.against)} if a.against else {}
+    commits = git(a.root, "log", "--format=%H", "-n", str(a.n)).split()
+    counts = {s["stage"]: [0, 0] for s in now}
+    for c in commits:
+        changed = dict.fromkeys(git(a.root, "diff-tree", "--no-commit-id", "--name-only", "-r", "--root", c).split(),
+                                "")
+        for s in now:
+            counts[s["stage"]][0] += bool(stage_files(s, changed))
+            if s["stage"] in then:
+                counts[s["stage"]][1] += bool(stage_files(then[s["stage"]], changed))
+    against = f", and under the stages file at {a.against}" if a.against else ""
+    print(f"of the last {len(commits)} commits, those that changed each stage's covered files: under the stages file "
+          f"as it is{against}")
+    for s in now:
+        n, before = counts[s["stage"]]
+        was = f"  (was {before})" if s["stage"] in then else ""
+        print(f"  {s['stage']:<20} {n:4d}{was}")
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default=ROOT, help="the repository root (default: this file's)")
@@ -622,6 +659,9 @@ def main(argv=None):
     p = sub.add_parser("table")
     p.add_argument("--check", action="store_true")
     sub.add_parser("check")
+    p = sub.add_parser("churn")
+    p.add_argument("-n", type=int, default=120, help="how many commits back from HEAD (default 120)")
+    p.add_argument("--against", help="a commit whose stages file to compare with")
     p = sub.add_parser("files")
     p.add_argument("stage")
     p.add_argument("--at", help="a commit (default: the files on disk)")
@@ -635,7 +675,7 @@ def main(argv=None):
             ap.error(f"queue: --budget-s {a.budget_s}: expected more than the {QUEUE_RESERVE_S} s the queue keeps")
     try:
         return {"stale": cmd_stale, "covered": cmd_covered, "manifest": cmd_manifest, "queue": cmd_queue,
-                "append": cmd_append, "table": cmd_table, "check": cmd_check, "files": cmd_files}[a.command](a) or 0
+                "append": cmd_append, "table": cmd_table, "check": cmd_check, "files": cmd_files, "churn": cmd_churn}[a.command](a) or 0
     except LedgerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

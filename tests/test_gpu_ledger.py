@@ -188,6 +188,24 @@ class LedgerTest(unittest.TestCase):
                 out = self.repo.run("stale")[1]
                 self.assertRegex(out, r"mid +stale +last pass [^;\n]*\n")
 
+    def test_churn_counts_the_commits_that_changed_each_stage(self):
+        def commit(path, text, message):
+            self.repo.write(path, text)
+            git(self.repo.root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", message)
+        commit("other/y.txt", "y, changed\n", "outside every stage")
+        commit("src/a.cu", "kernel a, changed\n", "fast and slow")
+        commit("lib/x.cpp", "x, changed\n", "mid")
+        rc, out, _ = self.repo.run("churn", "-n", "3")
+        self.assertEqual(rc, 0)
+        self.assertRegex(out, r"fast +1\n")
+        self.assertRegex(out, r"slow +1\n")
+        self.assertRegex(out, r"mid +1\n")
+        # Covers widened to other/**: the same commits count against the stages file as it was before.
+        commit("dev/gpu_stages.tsv", STAGES.replace("src/*.h lib/**", "src/*.h lib/** other/**"), "wider mid")
+        rc, out, _ = self.repo.run("churn", "-n", "4", "--against", "HEAD~1")
+        self.assertRegex(out, r"mid +2  \(was 1\)")
+        self.assertRegex(out, r"fast +1  \(was 1\)")
+
     def test_check_names_a_glob_that_matches_nothing(self):
         # `check` (a CTest case on the repository's own files) catches a file moved without its glob, an exclusion
         # that removes nothing and a set no stage uses.
