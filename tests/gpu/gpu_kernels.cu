@@ -1088,6 +1088,7 @@ void test_producer_amax() {
     for (const bool nan : {false, true}) {
         // Layer norms over rows held in registers (64, 768) and not (2056), LayerNorm and RMSNorm with an affine.
         for (int C : {31, 64, 768, 2056}) {
+            if (nan && C != 64) continue;  // a NaN at one shape a kernel
             for (const bool rms : {false, true}) {
                 const int N = 9;
                 const Where at("layernorm_forward C={} rms={} nan={}", C, rms, nan);
@@ -1107,6 +1108,7 @@ void test_producer_amax() {
         }
         for (int N : {1, 7, 33}) {
             for (int H : {5, 64, 131}) {
+                if (nan && (N != 7 || H != 64)) continue;
                 const Where at("swiglu N={} H={} nan={}", N, H, nan);
                 auto inp = wave(static_cast<size_t>(N) * 2 * H, 3.0f, 0.2f);
                 if (nan) inp[inp.size() - 1] = NAN;  // a gate
@@ -1130,6 +1132,7 @@ void test_producer_amax() {
             }
         }
         for (size_t n : {size_t{1}, size_t{37}, size_t{4099}}) {
+            if (nan && n != 37) continue;
             for (const bool tanh : {false, true}) {
                 const Where at("gelu n={} tanh={} nan={}", n, tanh, nan);
                 auto x = wave(n, 4.0f, 0.3f);
