@@ -41,6 +41,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -607,7 +608,6 @@ def cmd_files(a):
 
 def stages_at(root, rev):
     """The stages file as it was at `rev`, read through a scratch root (the ledger is not needed)."""
-    import tempfile
     text = git(root, "show", f"{rev}:dev/gpu_stages.tsv")
     with tempfile.TemporaryDirectory() as scratch:
         os.makedirs(os.path.join(scratch, "dev"))
