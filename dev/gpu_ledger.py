@@ -41,7 +41,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,15 +66,17 @@ def paths(root):
     }
 
 
-def read_tsv(path, header):
-    """Rows of a tab-separated file as dicts; `#` lines are comments; the first other line must be `header`."""
+def read_tsv(path, header, text=None):
+    """Rows of a tab-separated file (or of `text`, named `path`) as dicts; `#` lines are comments; the first other
+    line must be `header`."""
     rows, seen_header = [], False
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().split("\n")
-    except OSError as e:
-        raise LedgerError(f"{path}: cannot read ({e.strerror})")
-    for n, line in enumerate(lines, 1):
+    if text is None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise LedgerError(f"{path}: cannot read ({e.strerror})")
+    for n, line in enumerate(text.split("\n"), 1):
         if not line or line.startswith("#"):
             continue
         fields = line.split("\t")
@@ -117,12 +118,14 @@ def expand_covers(tokens, sets, where):
     return include, exclude
 
 
-def read_stage_file(root):
-    """(stages, sets): the stages, in the file's order, and {set: (its tokens, where)}. Rows named `@set` are named sets of covers (priority and expected_s `-`),
-    usable in the covers of the rows below them; a stage's `include` and `exclude` hold its expanded globs."""
+def read_stage_file(root, text=None):
+    """(stages, sets): the stages, in the file's order, and {set: (its tokens, where)}; from `text` where given (the
+    file at another commit). Rows named `@set` are named sets of covers (priority and expected_s `-`), usable in the
+    covers of the rows below them; a stage's `include` and `exclude` hold its expanded globs, `_inc` and `_exc`
+    their regexes."""
     path = paths(root)["stages"]
     stages, names, sets, set_rows = [], set(), {}, {}
-    for order, row in enumerate(read_tsv(path, ["stage", "priority", "expected_s", "covers", "what"])):
+    for order, row in enumerate(read_tsv(path, ["stage", "priority", "expected_s", "covers", "what"], text)):
         where = row["_where"]
         tokens = row["covers"].split() if row["covers"] != "-" else []
         if row["stage"].startswith("@"):
@@ -148,20 +151,20 @@ def read_stage_file(root):
             raise LedgerError(f"{where}: a queued stage must cover files (covers is -)")
         stages.append({"stage": row["stage"], "priority": int(row["priority"]) if queued else None,
                        "order": order, "expected_s": int(row["expected_s"]), "include": include, "exclude": exclude,
+                       "_inc": [glob_regex(g) for g in include], "_exc": [glob_regex(g) for g in exclude],
                        "sets": [t for t in tokens if t.startswith("@")], "what": row["what"], "queued": queued,
                        "_where": where})
     return stages, set_rows
 
 
-def read_stages(root):
-    return read_stage_file(root)[0]
+def read_stages(root, text=None):
+    return read_stage_file(root, text)[0]
 
 
 def stage_files(stage, blobs):
     """The paths of `blobs` a stage covers: matched by one of its globs and by none of its exclusions."""
-    inc = [glob_regex(g) for g in stage["include"]]
-    exc = [glob_regex(g) for g in stage["exclude"]]
-    return sorted(p for p in blobs if any(r.match(p) for r in inc) and not any(r.match(p) for r in exc))
+    return sorted(p for p in blobs if any(r.match(p) for r in stage["_inc"]) and
+                  not any(r.match(p) for r in stage["_exc"]))
 
 
 def check_row(row, known_stages):
@@ -576,15 +579,12 @@ def check_covers(stages, set_rows, blobs):
         if name not in used:
             raise LedgerError(f"{where}: set {name}: no stage uses it")
     for s in stages:
-        for g in s["include"] + s["exclude"]:
-            r = glob_regex(g)
+        for g, r in zip(s["include"] + s["exclude"], s["_inc"] + s["_exc"]):
             if not any(r.match(p) for p in blobs):
                 raise LedgerError(f"{s['_where']}: stage {s['stage']}: {g} matches no file (moved? its glob moves "
                                   "with it)")
-        inc = [glob_regex(g) for g in s["include"]]
-        for g in s["exclude"]:
-            r = glob_regex(g)
-            if not any(r.match(p) and any(i.match(p) for i in inc) for p in blobs):
+        for g, r in zip(s["exclude"], s["_exc"]):
+            if not any(r.match(p) and any(i.match(p) for i in s["_inc"]) for p in blobs):
                 raise LedgerError(f"{s['_where']}: stage {s['stage']}: !{g} excludes nothing it covers")
 
 
@@ -606,19 +606,11 @@ def cmd_files(a):
     return 0
 
 
-def stages_at(root, rev):
-    """The stages file as it was at `rev`, read through a scratch root (the ledger is not needed)."""
-    text = git(root, "show", f"{rev}:dev/gpu_stages.tsv")
-    with tempfile.TemporaryDirectory() as scratch:
-        os.makedirs(os.path.join(scratch, "dev"))
-        with open(os.path.join(scratch, "dev", "gpu_stages.tsv"), "w", encoding="utf-8") as f:
-            f.write(text)
-        return read_stages(scratch)
-
-
 def cmd_churn(a):
-    now = [s for s in queued_stages(read_stages(a.root))]
-    then = {s["stage"]: s for s in stages_at(a.root, a.against)} if a.against else {}
+    now = queued_stages(read_stages(a.root))
+    then = {}
+    if a.against:
+        then = {s["stage"]: s for s in read_stages(a.root, git(a.root, "show", f"{a.against}:dev/gpu_stages.tsv"))}
     commits = git(a.root, "log", "--format=%H", "-n", str(a.n)).split()
     counts = {s["stage"]: [0, 0] for s in now}
     for c in commits:
@@ -675,7 +667,8 @@ def main(argv=None):
             ap.error(f"queue: --budget-s {a.budget_s}: expected more than the {QUEUE_RESERVE_S} s the queue keeps")
     try:
         return {"stale": cmd_stale, "covered": cmd_covered, "manifest": cmd_manifest, "queue": cmd_queue,
-                "append": cmd_append, "table": cmd_table, "check": cmd_check, "files": cmd_files, "churn": cmd_churn}[a.command](a) or 0
+                "append": cmd_append, "table": cmd_table, "check": cmd_check, "files": cmd_files,
+                "churn": cmd_churn}[a.command](a) or 0
     except LedgerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -179,7 +179,8 @@ class LedgerTest(unittest.TestCase):
         self.repo.write("lib/x.cpp", "x changed, outside mid's covers now\n")
         self.assertRegex(self.repo.run("stale")[1], r"mid +fresh")
         self.repo.write("src/b.h", "header b, changed\n")
-        self.assertRegex(self.repo.run("stale")[1], r"mid +stale +last pass .*; 1 covered file changed since: src/b.h\n")
+        self.assertRegex(self.repo.run("stale")[1],
+                         r"mid +stale +last pass .*; 1 covered file changed since: src/b.h\n")
         # Where the pass's tree cannot be read (a dirty tree, a commit this clone lacks), the hash alone decides.
         self.repo.write("src/b.h", "header b\n")
         for commit in (head + "-dirty", COMMIT):

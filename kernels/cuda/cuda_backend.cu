@@ -546,8 +546,7 @@ class CudaBackend final : public CudaRuntime {
     // and/or transposed (one pass for both; the transposed rows padded with zero codes to a multiple of 16, for a
     // GEMM that sums over x's rows), the amax and the descale in the slot's two device floats.
     Fp8Cast to_fp8(Fp8Slot slot, GemmOperand x, int rows, int cols, Fp8Format f, bool row_major, bool transposed) {
-        auto* scalars = static_cast<float*>(grow(fp8_scalars_, (2 * kFp8Slots + kNormBlocks) * sizeof(float)));
-        float *amax = scalars + 2 * slot, *descale = amax + 1, *partials = scalars + 2 * kFp8Slots;
+        float *amax = fp8_scalars() + 2 * slot, *descale = amax + 1;
         const size_t n = static_cast<size_t>(rows) * cols;
         const int ld_t = fp8_padded(rows);
         auto* out = row_major ? static_cast<uint8_t*>(grow(fp8_codes_[slot][0], n)) : nullptr;
@@ -556,10 +555,8 @@ class CudaBackend final : public CudaRuntime {
         // The amax its producer wrote beside it (GemmOperand::amax), else a pass of its own.
         if (x.amax != nullptr) {
             amax = x.amax;
-        } else if (x.bf16) {
-            cuda::fp8_amax(amax, x.b16(), n, partials, stream_);
         } else {
-            cuda::fp8_amax(amax, x.f32(), n, partials, stream_);
+            amax_pass(amax, x, n);
         }
         if (x.bf16) {
             cuda::fp8_cast_transpose(out, out_t, x.b16(), rows, cols, amax, f, descale, stream_, ld_t);
@@ -568,13 +565,19 @@ class CudaBackend final : public CudaRuntime {
         }
         return Fp8Cast{{out, f, descale}, {out_t, f, descale}};
     }
-    // A producer's output amax (GemmOperand::amax) where its kernel does not write one: a pass of its own.
+    // Each slot's amax and descale, then the amax pass's partials.
+    float* fp8_scalars() {
+        return static_cast<float*>(grow(fp8_scalars_, (2 * kFp8Slots + kNormBlocks) * sizeof(float)));
+    }
+    // *amax = the largest |value| of x's n elements, by a pass of its own.
+    void amax_pass(float* amax, GemmOperand x, size_t n) {
+        float* partials = fp8_scalars() + 2 * kFp8Slots;
+        if (x.bf16) return cuda::fp8_amax(amax, x.b16(), n, partials, stream_);
+        cuda::fp8_amax(amax, x.f32(), n, partials, stream_);
+    }
+    // A producer's output amax (GemmOperand::amax) where its kernel does not write one.
     void producer_amax(GemmOperand out, size_t n) {
-        if (out.amax == nullptr) return;
-        auto* scalars = static_cast<float*>(grow(fp8_scalars_, (2 * kFp8Slots + kNormBlocks) * sizeof(float)));
-        float* partials = scalars + 2 * kFp8Slots;
-        if (out.bf16) return cuda::fp8_amax(out.amax, out.b16(), n, partials, stream_);
-        cuda::fp8_amax(out.amax, out.f32(), n, partials, stream_);
+        if (out.amax != nullptr) amax_pass(out.amax, out, n);
     }
     // A Linear that cuBLASLt has no FP8 kernel for runs in bf16, said once a shape; false.
     bool fp8_fallback(const char* what, int M, int N, int K, const char* why) {
