@@ -78,6 +78,23 @@ bool closed_by_peer(int fd, int seconds) {
 
 std::string u32(uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
 
+// A raw connection that has proved `secret` to the store by hand (as TcpStore does it), ready for a request no
+// TcpStore would send.
+int raw_proven(int port, const std::string& secret) {
+    const int fd = raw_connect(port);
+    REQUIRE(fd >= 0);
+    char hello[17];
+    REQUIRE(::recv(fd, hello, sizeof hello, MSG_WAITALL) == 17);
+    std::string nonce_s(hello + 1, 16), nonce_c(16, '\x07');
+    const std::string mac_msg = "client" + nonce_s + nonce_c;
+    const Digest mac = hmac_sha256(secret, mac_msg.data(), mac_msg.size());
+    send_raw(fd, "A" + nonce_c + std::string(reinterpret_cast<const char*>(mac.data()), mac.size()));
+    char ok[33];
+    REQUIRE(::recv(fd, ok, sizeof ok, MSG_WAITALL) == 33);
+    REQUIRE(ok[0] == 'O');
+    return fd;
+}
+
 }  // namespace
 
 TEST_CASE("store: SHA-256 and HMAC-SHA256 give the published test vectors") {
@@ -188,18 +205,7 @@ TEST_CASE("store: garbage oversized lengths and 5000 connections end only their 
     const long before = test_util::resident_bytes();
     // A client that proves the secret, then asks the store to hold 4 GiB, and one that asks for 2^32 keys.
     for (const std::string& request : {"S" + u32(1) + "k" + u32(0xFFFFFFFFu), "W" + u32(0xFFFFFFFFu)}) {
-        // The handshake by hand (as TcpStore does it), then the request no TcpStore would send.
-        const int fd = raw_connect(server.port());
-        REQUIRE(fd >= 0);
-        char hello[17];
-        REQUIRE(::recv(fd, hello, sizeof hello, MSG_WAITALL) == 17);
-        std::string nonce_s(hello + 1, 16), nonce_c(16, '\x07');
-        const std::string mac_msg = "client" + nonce_s + nonce_c;
-        const Digest mac = hmac_sha256("the-job", mac_msg.data(), mac_msg.size());
-        send_raw(fd, "A" + nonce_c + std::string(reinterpret_cast<const char*>(mac.data()), mac.size()));
-        char ok[33];
-        REQUIRE(::recv(fd, ok, sizeof ok, MSG_WAITALL) == 33);
-        REQUIRE(ok[0] == 'O');
+        const int fd = raw_proven(server.port(), "the-job");
         send_raw(fd, request);
         CHECK(closed_by_peer(fd, 15));
         ::close(fd);
@@ -230,6 +236,41 @@ TEST_CASE("store: garbage oversized lengths and 5000 connections end only their 
     const long grown = test_util::resident_bytes() - before;
     INFO("resident memory grown by " << grown / 1048576.0 << " MiB");
     CHECK(grown < 64L << 20);
+}
+
+TEST_CASE("store: a server that stops answers the calls it is serving and a client that reads nothing cannot hold it") {
+    // A wait being served when the store stops is told so, not cut off: the same answer-before-close that lets a
+    // set being acknowledged finish while the launcher hosting the store exits.
+    auto server = std::make_unique<TcpStoreServer>(0, "the-job");
+    TcpStore waiter("127.0.0.1", server->port(), std::chrono::milliseconds(30000), "the-job");
+    TcpStore other("127.0.0.1", server->port(), std::chrono::milliseconds(5000), "the-job");
+    other.set("there", {'1'});
+    std::string error;
+    std::thread t([&] {
+        try {
+            waiter.wait({"never"}, std::chrono::milliseconds(30000));
+        } catch (const UserError& e) {
+            error = e.what();
+        }
+    });
+    // A client that asks for 64 MiB of answers and reads none: the server's thread blocks writing them.
+    other.set("big", std::vector<char>(8 << 20, 'b'));
+    const int greedy = raw_proven(server->port(), "the-job");
+    const uint64_t ms = 1000;
+    for (int i = 0; i < 8; ++i)
+        send_raw(greedy, "G" + u32(3) + "big" + std::string(reinterpret_cast<const char*>(&ms), 8));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the wait and the writes are being served
+    const auto t0 = std::chrono::steady_clock::now();
+    server.reset();
+    const double stop_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t.join();
+    ::close(greedy);
+    CHECK_THAT(error, Contains("the store stopped waiting for 1 key(s) starting with \"never\" (the process hosting "
+                               "it is ending"));
+    INFO("stopped in " << stop_seconds << " s");
+    CHECK(stop_seconds >= kStopDrainSeconds - 0.5);  // the greedy client's thread was given its time
+    CHECK(stop_seconds < kStopDrainSeconds + 3.0);   // and no more
+    CHECK_THROWS_WITH(other.get("there"), Contains("connection lost"));
 }
 
 TEST_CASE("store: a 2-rank run trains to its end while 5000 strangers flood its store's port", "[heavy]") {

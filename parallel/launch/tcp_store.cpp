@@ -121,16 +121,35 @@ TcpStoreServer::TcpStoreServer(int port, std::string secret) : secret_(std::move
     acceptor_ = std::thread([this] { accept_loop(); });
 }
 
+// Stopping answers what the connections are being served first: their reading side is shut, so each thread ends at
+// its next request, but a request already read (a set being acknowledged, a wait, answered 'X') is answered before
+// its connection closes. Without this, a launcher that exits as soon as it sees another node's last key could cut
+// that node off before its set was acknowledged, and fail a run that had ended well. A client that does not read
+// its answers has kStopDrainSeconds before its connection is cut both ways.
 TcpStoreServer::~TcpStoreServer() {
-    stopping_ = true;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stopping_ = true;
+    }
     ::shutdown(listen_fd_, SHUT_RDWR);
     ::close(listen_fd_);
     if (acceptor_.joinable()) acceptor_.join();
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        for (const auto& c : clients_) ::shutdown(c->fd, SHUT_RDWR);
+        for (const auto& c : clients_) ::shutdown(c->fd, SHUT_RD);
     }
     changed_.notify_all();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kStopDrainSeconds);
+    const auto all_done = [&] {
+        for (const auto& c : clients_)
+            if (!c->done) return false;
+        return true;
+    };
+    while (!all_done() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    for (const auto& c : clients_) {
+        if (!c->done) ::shutdown(c->fd, SHUT_RDWR);
+    }
     for (const auto& c : clients_) c->thread.join();
     for (const auto& c : clients_) ::close(c->fd);
 }
@@ -263,10 +282,14 @@ void TcpStoreServer::serve(int fd) {
                 char peek = 0;
                 if (::recv(fd, &peek, 1, MSG_PEEK | MSG_DONTWAIT) == 0) return;  // the client is gone
             }
-            ok = ok && !stopping_;
+            if (stopping_) {  // woken by the stop: the keys may be there all the same
+                ok = true;
+                for (const auto& k : keys) ok = ok && data_.count(k) > 0;
+            }
             if (!ok) {
                 lock.unlock();
-                if (!write_full(fd, "T", 1)) return;
+                // 'X': the store is stopping (its host's run is ending), 'T': the keys did not come in time.
+                if (!write_full(fd, stopping_ ? "X" : "T", 1)) return;
                 continue;
             }
             if (op == 'G') {
@@ -415,6 +438,13 @@ void TcpStore::fail(const char* what) {
     user_error("rendezvous store {}: connection lost {} (the process hosting it exited?)", address(), what);
 }
 
+void TcpStore::stopped_while(const std::string& what) {
+    ::close(fd_);
+    fd_ = -1;
+    user_error("rendezvous store {}: the store stopped {} (the process hosting it is ending: its run ended or failed)",
+               address(), what);
+}
+
 void TcpStore::send_all(const void* data, size_t n) {
     if (!write_full(fd_, data, n)) fail("sending");
 }
@@ -460,6 +490,7 @@ std::vector<char> TcpStore::get(const std::string& key) {
     send_all(&ms, 8);
     char status = 0;
     recv_all(&status, 1);
+    if (status == 'X') stopped_while(fmt::format("waiting for key \"{}\"", key));
     if (status != 'O') {
         user_error("rendezvous store {}: key \"{}\" did not appear within {} s", address(), key, ms / 1000.0);
     }
@@ -480,6 +511,10 @@ void TcpStore::wait(const std::vector<std::string>& keys, const std::chrono::mil
     send_all(&ms, 8);
     char status = 0;
     recv_all(&status, 1);
+    if (status == 'X') {
+        stopped_while(
+            fmt::format("waiting for {} key(s) starting with \"{}\"", keys.size(), keys.empty() ? "" : keys[0]));
+    }
     if (status != 'O') {
         user_error("rendezvous store {}: {} key(s) starting with \"{}\" did not appear within {} s", address(),
                    keys.size(), keys.empty() ? "" : keys[0], ms / 1000.0);

@@ -31,12 +31,14 @@ constexpr uint32_t kMaxValueBytes = 16u << 20;
 constexpr uint32_t kMaxKeysPerRequest = 1u << 16;
 constexpr int kMaxPendingConnections = 256;
 constexpr int kHandshakeSeconds = 10;
+constexpr int kStopDrainSeconds = 2;  // a stopping server's wait for the answers it is writing (~TcpStoreServer)
 
 // The server side: a map of keys to bytes, served to the clients that know `secret`, one thread each.
 class TcpStoreServer {
    public:
     // Listens on all interfaces at `port` (0: any free port; see port()). UserError if it cannot bind.
     TcpStoreServer(int port, std::string secret);
+    // Answers the requests it is serving (a wait: "the store stopped"), then closes every connection.
     ~TcpStoreServer();
     TcpStoreServer(const TcpStoreServer&) = delete;
     TcpStoreServer& operator=(const TcpStoreServer&) = delete;
@@ -118,6 +120,8 @@ class TcpStore : public gloo::rendezvous::Store {
     std::string connect_once(std::chrono::milliseconds limit);
     std::string handshake(std::chrono::milliseconds limit);
     void fail(const char* what);
+    // The server answered 'X' (it is stopping) to a call `what` names: the connection is closed, UserError.
+    [[noreturn]] void stopped_while(const std::string& what);
     void send_all(const void* data, size_t n);
     void recv_all(void* data, size_t n);
     void send_string(const std::string& s);
