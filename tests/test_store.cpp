@@ -246,25 +246,37 @@ TEST_CASE("store: a server that stops answers the calls it is serving and a clie
     TcpStore other("127.0.0.1", server->port(), std::chrono::milliseconds(5000), "the-job");
     other.set("there", {'1'});
     std::string error;
+    std::atomic<bool> calling{false};
     std::thread t([&] {
         try {
+            calling = true;
             waiter.wait({"never"}, std::chrono::milliseconds(30000));
         } catch (const UserError& e) {
             error = e.what();
         }
     });
+    // The same wait by hand, its request sent before the stop: the server answers what it has read, whenever it
+    // reads it (a stopping server's connections still deliver what they hold, and nothing more).
+    const int by_hand = raw_proven(server->port(), "the-job");
+    const uint64_t ms = 30000;
+    send_raw(by_hand, "W" + u32(1) + u32(5) + "never" + std::string(reinterpret_cast<const char*>(&ms), 8));
     // A client that asks for 64 MiB of answers and reads none: the server's thread blocks writing them.
     other.set("big", std::vector<char>(8 << 20, 'b'));
     const int greedy = raw_proven(server->port(), "the-job");
-    const uint64_t ms = 1000;
     for (int i = 0; i < 8; ++i)
         send_raw(greedy, "G" + u32(3) + "big" + std::string(reinterpret_cast<const char*>(&ms), 8));
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the wait and the writes are being served
+    while (!calling) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the waits and the writes are being served
     const auto t0 = std::chrono::steady_clock::now();
     server.reset();
     const double stop_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     t.join();
     ::close(greedy);
+    char answer = 0;
+    CHECK(::recv(by_hand, &answer, 1, MSG_WAITALL) == 1);
+    CHECK(answer == 'X');  // "the store stopped", not a timeout ('T') or a cut connection
+    CHECK(closed_by_peer(by_hand, 5));
+    ::close(by_hand);
     CHECK_THAT(error, Contains("the store stopped waiting for 1 key(s) starting with \"never\" (the process hosting "
                                "it is ending"));
     INFO("stopped in " << stop_seconds << " s");
