@@ -580,7 +580,6 @@ def hf_state_dict(state, mc):
 
 def olmo_state_from_hf(hf, mc):
     """Inverse of hf_state_dict: Hugging Face-named tensors -> OLMo-named tensors."""
-    C = mc.d_model
     st = {}
     if hf_flavor(mc) == "gpt2":
         st["transformer.wte.weight"] = hf["transformer.wte.weight"]
