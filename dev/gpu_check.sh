@@ -412,7 +412,7 @@ PY
                 step "async_save_files_$mode" 180 "$trainer" launch --nproc-per-node 2 -- --config configs/tiny.json \
                     --data tests/fixtures/olmo_tiny_tokens.u16 --device cuda --set distributed_backend=gloo \
                     --strategy fsdp --max-duration 8 --save-folder "$logs/ck_$mode" --set save_interval=2 \
-                    --set save_async=$([[ $mode == async ]] && echo true || echo false) --set console_log_interval=100
+                    --set "save_async=$([[ $mode == async ]] && echo true || echo false)" --set console_log_interval=100
             done
             python3 - "$logs/ck_async" "$logs/ck_sync" >"$logs/async_save_files.txt" <<'PY'
 import json, os, sys
@@ -449,7 +449,7 @@ PY
                     sets=(--set save_folder=null --set save_interval=0)
                     [[ $mode != none ]] && sets=(--save-folder "$logs/ck_gpt2" --set save_interval=50
                         --set save_num_checkpoints_to_keep=1 --set save_overwrite=true
-                        --set save_async=$([[ $mode == async ]] && echo true || echo false))
+                        --set "save_async=$([[ $mode == async ]] && echo true || echo false)")
                     rm -rf "$logs/ck_gpt2"
                     step "async_save_gpt2_${mode}_$round" 150 "$trainer" --config configs/gpt2_124m.json --device cuda \
                         --precision amp_bf16 --data data/bench_tokens.bin --max-duration 200 \
@@ -632,7 +632,7 @@ fi
 
 # ---- The call: parse, check the machine, and hand the stages to dev/gpu_ledger.py queue.
 usage="usage: dev/gpu_check.sh queue [--budget-s N] | STAGE... [--budget-s N] (stages: dev/gpu_stages.tsv)"
-queue=0 budget= named=()
+queue=0 budget='' named=()
 while (($#)); do
     case $1 in
         queue) queue=1; shift ;;

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the benchmark scripts, from the project root.
 
 # Writes data/bench_tokens.bin once with the trainer at $1: this repository's own sources as byte tokens (any

@@ -8,7 +8,7 @@ set -euo pipefail
 
 packages=(cmake ninja-build g++ make pkg-config libopenblas-openmp-dev libopenblas0-openmp libcli11-dev nlohmann-json3-dev
           libfmt-dev catch2 libgloo-dev clang-format openmpi-bin libpcre2-dev libyaml-cpp-dev
-          python3-matplotlib pyflakes3 clang libclang-rt-dev libomp-dev)
+          python3-matplotlib pyflakes3 shellcheck clang libclang-rt-dev libomp-dev)
 for arg in "$@"; do
     case $arg in
         --with-torch) packages+=(python3-torch) ;;

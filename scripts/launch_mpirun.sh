@@ -35,7 +35,8 @@ if [[ -z ${TRAINER_STORE_SECRET:-} && -z ${TRAINER_STORE_SECRET_FILE:-} ]]; then
 fi
 # --allow-run-as-root: containers often run as root; -x exports the rendezvous address and secret to every rank;
 # --bind-to none lets each rank's OpenMP threads use its share of the cores.
+secret_var=TRAINER_STORE_SECRET_FILE
+[[ -n ${TRAINER_STORE_SECRET:-} ]] && secret_var=TRAINER_STORE_SECRET
 exec mpirun --allow-run-as-root --hostfile "$hostfile" -np "$nproc" --bind-to none \
-    -x MASTER_ADDR="$master_addr" -x MASTER_PORT="$master_port" -x OMP_NUM_THREADS \
-    $([[ -n ${TRAINER_STORE_SECRET:-} ]] && echo -x TRAINER_STORE_SECRET || echo -x TRAINER_STORE_SECRET_FILE) \
+    -x MASTER_ADDR="$master_addr" -x MASTER_PORT="$master_port" -x OMP_NUM_THREADS -x "$secret_var" \
     "$trainer" "$@"

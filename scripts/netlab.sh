@@ -153,6 +153,7 @@ run() {
     local lab=tnl$$
     pids=()
     # On any exit: the nodes' commands stopped (they would live on in namespaces without names), the lab removed.
+    # shellcheck disable=SC2154  # p is the trap's own loop variable
     trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait; down '"$lab" EXIT
     trap 'exit 130' INT TERM
     up "$lab" "$nodes" "$rate"

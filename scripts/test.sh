@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs everything, builds, and runs every test: format check -> Python check -> the GPU stages' report (what
+# Installs everything, builds, and runs every test: format check -> script checks -> the GPU stages' report (what
 # the GPU has not yet seen, docs/gpus.md) -> release build (warnings as errors, CUDA parts compiled when nvcc is
 # found) + all tests -> address/undefined sanitizer build + all tests -> the fuzz targets for 10 s each (dev/fuzz.sh).
 # Usage: scripts/test.sh [--fast]   (--fast: skip the sanitizer pass and the fuzzing)
@@ -24,8 +24,9 @@ jobs=$(nproc)
 echo "== format check (clang-format $(clang-format --version | grep -oE '[0-9]+\.[0-9.]+' | head -1))"
 git ls-files '*.cpp' '*.h' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror
 
-echo "== Python check (pyflakes: undefined names, unused imports; most GPU-side scripts never run here)"
+echo "== script checks (pyflakes, shellcheck: undefined names and the like; most GPU-side scripts never run here)"
 git ls-files '*.py' | xargs pyflakes3
+{ git ls-files '*.sh'; echo .ci/run; } | xargs shellcheck -S warning
 
 echo "== GPU stages whose covered files changed since their last pass on a GPU (a report: it never fails CI)"
 python3 dev/gpu_ledger.py stale
