@@ -262,13 +262,13 @@ void TcpStoreServer::serve(int fd) {
                 if (!write_full(fd, present.data(), present.size())) return;
                 continue;
             }
-            const auto all_there = [&] {
-                if (stopping_) return true;
+            const auto present = [&] {
                 for (const auto& k : keys) {
                     if (!data_.count(k)) return false;
                 }
                 return true;
             };
+            const auto all_there = [&] { return stopping_ || present(); };
             // Waited in slices of a second, so a client that went away (its socket closed) frees this thread within
             // one, whatever timeout it asked for.
             const auto deadline = std::chrono::steady_clock::now() +
@@ -282,10 +282,7 @@ void TcpStoreServer::serve(int fd) {
                 char peek = 0;
                 if (::recv(fd, &peek, 1, MSG_PEEK | MSG_DONTWAIT) == 0) return;  // the client is gone
             }
-            if (stopping_) {  // woken by the stop: the keys may be there all the same
-                ok = true;
-                for (const auto& k : keys) ok = ok && data_.count(k) > 0;
-            }
+            if (stopping_) ok = present();  // woken by the stop: the keys may be there all the same
             if (!ok) {
                 lock.unlock();
                 // 'X': the store is stopping (its host's run is ending), 'T': the keys did not come in time.
