@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <climits>
 #include <cmath>
 #include <csignal>
@@ -54,6 +55,17 @@ const CLI::Validator kPositive(
         return "";
     },
     "POSITIVE");
+
+// A whole number >= 0 (CLI11's NonNegativeNumber states its bound as PositiveNumber does).
+const CLI::Validator kNonNegativeInt(
+    [](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long long x = std::strtoll(text.c_str(), &end, 10);
+        if (end == text.c_str() || *end != '\0' || errno != 0 || x < 0) return "expected a whole number >= 0";
+        return "";
+    },
+    "NONNEGATIVE");
 
 using trainer::Json;
 
@@ -210,8 +222,9 @@ Run add_prepare_data(CLI::App& app) {
         ->check(CLI::IsMember(trainer::choice_names<trainer::TokenDtype>()));
     prep->add_option("--format", o->format, "raw (OLMo memmap) | npy | llmc (llm.c .bin shard)")
         ->check(CLI::IsMember({"raw", "npy", "llmc"}));
-    prep->add_option("--eos", o->eos, "end-of-document token id appended after each input (default: the tokenizer's)");
-    prep->add_option("--threads", o->threads, "documents encoded at once (0: one per core)");
+    prep->add_option("--eos", o->eos, "end-of-document token id appended after each input (default: the tokenizer's)")
+        ->check(kNonNegativeInt);
+    prep->add_option("--threads", o->threads, "documents encoded at once (0: one per core)")->check(kNonNegativeInt);
     prep->add_flag("--instruct", o->instruct,
                    "the inputs are JSONL instruction data (chat records {\"messages\": [{\"role\", \"content\"}]} or "
                    "Alpaca records {\"instruction\", \"input\", \"output\"}): write the token file and its label "
@@ -225,7 +238,8 @@ Run add_prepare_data(CLI::App& app) {
                    "padded");
     prep->add_flag("--train-on-prompt", o->chat.train_on_prompt,
                    "--instruct: every token of an example in the loss, the prompts too");
-    prep->add_option("--pad", o->chat.pad_id, "--instruct: the padding token id (default: the EOS id)");
+    prep->add_option("--pad", o->chat.pad_id, "--instruct: the padding token id (default: the EOS id)")
+        ->check(kNonNegativeInt);
     return [o] {
         trainer::check_prepare_output(o->inputs, o->out_path, o->overwrite);
         const trainer::Tokenizer tokenizer = flag_choice<trainer::Tokenizer>(o->tokenizer);

@@ -517,6 +517,11 @@ void check_lora(TrainConfig& c) {
         user_error("config lora.quantize: nf4 stores a LoRA run's frozen base; set lora.enabled: true (QLoRA)");
     }
     if (!c.lora.enabled) return;
+    if (c.lora.alpha == 0.0) {
+        user_error(
+            "config lora.alpha: 0 scales every adapter's update by 0, so the adapters would never change the "
+            "model or learn; expected a value > 0 (LitGPT's default is 16)");
+    }
     if (c.lora.targets.empty()) c.lora.targets = lora_default_targets(c.model);
     lora_modules(c.model, c.lora.targets);  // refuses an unknown or repeated target by name
 }

@@ -154,9 +154,9 @@ const std::vector<KeySpec>& schema() {
         {"distributed_strategy", KeyType::kString, "single", false, choice_names<DistributedStrategy>(), -kInf, kInf, "data-parallel strategy (single: one process owns full parameters)"},
         {"fsdp.sharding_strategy", KeyType::kString, "FULL_SHARD", false, choice_names<ShardingStrategy>(), -kInf, kInf, "FSDP sharding (PyTorch's names)"},
         {"fsdp.wrapping_strategy", KeyType::kString, nullptr, true, non_null_choices<WrappingStrategy>(), -kInf, kInf, "FSDP units (OLMo's); null: the whole model is one unit"},
-        {"lora.enabled", KeyType::kBool, false, false, {}, -kInf, kInf, "LoRA fine-tuning: every base weight frozen (no gradient, no optimizer state, never reduced), a low-rank adapter trained beside each Linear of lora.targets (PEFT's: W x + (alpha / r) B A dropout(x), A (r, in) uniform in +-1/sqrt(in), B (out, r) zero); needs device cpu for now"},
+        {"lora.enabled", KeyType::kBool, false, false, {}, -kInf, kInf, "LoRA fine-tuning: every base weight frozen (no gradient, no optimizer state, never reduced), a low-rank adapter trained beside each Linear of lora.targets (PEFT's: W x + (alpha / r) B A dropout(x), A (r, in) uniform in +-1/sqrt(in), B (out, r) zero)"},
         {"lora.r", KeyType::kInt, 8, false, {}, 1, 4096, "the adapters' rank"},
-        {"lora.alpha", KeyType::kFloat, 16.0, false, {}, 0, 1e9, "the adapters' scale is alpha / r (alpha / sqrt(r) with lora.use_rslora)"},
+        {"lora.alpha", KeyType::kFloat, 16.0, false, {}, 0, 1e9, "the adapters' scale is alpha / r (alpha / sqrt(r) with lora.use_rslora); > 0"},
         {"lora.dropout", KeyType::kFloat, 0.05, false, {}, 0, 0.999, "dropout of each adapter's input in training, its masks keyed by (seed, step, instance, position, adapter, channel): the same on any world size"},
         {"lora.init_from", KeyType::kString, nullptr, true, {}, -kInf, kInf, "start the adapters from an existing PEFT adapter (its directory, whose adapter_config.json must agree on r, lora_alpha and use_rslora, or its adapter_model.safetensors) instead of PEFT's initialisation, to continue it or to generate with it; a resumed run takes the checkpoint's adapters"},
         {"lora.quantize", KeyType::kString, "none", false, {"none", "nf4"}, -kInf, kInf, "QLoRA: nf4 stores every frozen block Linear weight as NF4 (the 16-value NormalFloat code, one fp32 absmax a block of 64: 0.5625 bytes a parameter), what FSDP shards and gathers, dequantized by our own kernels for compute; the embedding, the LM head and the norms stay fp32; none: the base as loaded"},
@@ -304,7 +304,9 @@ void check_value(const KeySpec& spec, const Json& v, const std::string& shown) {
             if (v.is_string()) return;  // a single path is accepted as a one-element list
             if (!v.is_array()) bad_type();
             if (v.empty()) {
-                user_error("config {}: [] is empty; expected at least one file (a list of paths, or one path){}", shown,
+                const bool paths = spec.path.size() >= 5 && spec.path.compare(spec.path.size() - 5, 5, "paths") == 0;
+                user_error("config {}: [] is empty; expected {}{}", shown,
+                           paths ? "at least one file (a list of paths, or one path)" : "at least one entry, or null",
                            shown == "data.paths" ? ", or null with data.sources set" : "");
             }
             for (const auto& e : v) {
@@ -403,6 +405,16 @@ void require(const Json& doc, const std::string& path) {
     if (at_path(doc, path).is_null()) user_error("config {}: required, not set", path);
 }
 
+// An override's string as written, or the string a JSON string literal spells ("a.bin" with its quotes, as a user
+// copying from a config file writes it); a literal that is not valid JSON is refused.
+std::string unquoted(const std::string& text) {
+    if (text.size() < 2 || text.front() != '"') return text;
+    const Json v =
+        parse_json(text, fmt::format("--set value {}", text.size() > 60 ? text.substr(0, 57) + "..." : text));
+    if (!v.is_string()) user_error("--set value {}: expected one JSON string", text);
+    return v.get<std::string>();
+}
+
 // Parses an override's text by the key's type: "8" for integers, "3e-4" for numbers, "true"/"false",
 // "null" where nullable, a JSON literal for lists (or a comma-separated list of strings), strings as is.
 Json parse_typed(const KeySpec& spec, const std::string& path, const std::string& text) {
@@ -431,7 +443,7 @@ Json parse_typed(const KeySpec& spec, const std::string& path, const std::string
             if (text == "false") return false;
             return fail();
         case KeyType::kString:
-            return text;
+            return unquoted(text);
         case KeyType::kDuration: {
             char* end = nullptr;
             const long long x = std::strtoll(text.c_str(), &end, 10);
@@ -446,6 +458,7 @@ Json parse_typed(const KeySpec& spec, const std::string& path, const std::string
                     text, fmt::format("--set {}={}", path, text.size() > 60 ? text.substr(0, 57) + "..." : text));
             }
             if (spec.type != KeyType::kStringList) return fail();
+            if (text.size() >= 2 && text.front() == '"') return Json::array({unquoted(text)});
             Json list = Json::array();
             std::stringstream ss(text);
             std::string item;

@@ -41,6 +41,26 @@ void write_text_file(const std::string& path, const std::string& text, const std
     }
 }
 
+void write_new_directory(const std::string& out, const std::string& what,
+                         const std::function<void(const std::string& tmp)>& fill) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(out, ec))) {
+        user_error("{}: {} already exists; remove it or choose another folder", what, out);
+    }
+    const std::string tmp = out + ".tmp-" + std::to_string(::getpid());
+    fs::remove_all(tmp, ec);
+    if (!fs::create_directories(tmp, ec) || ec) user_error("{}: cannot create {} ({})", what, tmp, ec.message());
+    try {
+        fill(tmp);
+        fs::rename(tmp, out, ec);
+        if (ec) user_error("{}: cannot rename {} to {} ({})", what, tmp, out, ec.message());
+    } catch (...) {
+        fs::remove_all(tmp, ec);
+        throw;
+    }
+}
+
 std::string trainer_data_dir(const std::string& installed, const std::string& in_source) {
     std::error_code ec;
     const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);

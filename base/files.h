@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <string>
 
 namespace trainer {
@@ -12,6 +13,12 @@ std::string read_file(const std::string& path, const std::string& what, const st
 // Writes `text` to `path` whole or not at all (a temporary file beside it, renamed over it); UserError naming
 // `what` and the path when it cannot.
 void write_text_file(const std::string& path, const std::string& text, const std::string& what);
+
+// Writes a new directory `out` whole or not at all: refuses one that exists ("<what>: <out> already exists; ..."),
+// lets `fill` write its files into a temporary directory beside it, then renames that to `out`; where `fill` throws
+// or the rename fails, the temporary directory is removed and nothing is left at `out`.
+void write_new_directory(const std::string& out, const std::string& what,
+                         const std::function<void(const std::string& tmp)>& fill);
 
 // Appends `bytes` to the open file `f` and flushes it, whole or not at all: where the write or the flush fails (a
 // full disk), the file is cut back to where it ended and the errno is returned (0: written). For the record files a

@@ -100,6 +100,14 @@ TEST_CASE("config: wrong types and out-of-range values name the key and what is 
     d["data"]["paths"] = Json::array();
     REQUIRE_THROWS_WITH(validate_config(d), Contains("config data.paths: [] is empty; expected at least one file"));
     d = minimal();
+    d["lora"] = {{"enabled", true}, {"targets", Json::array()}};
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("config lora.targets: [] is empty; expected at least one entry, "
+                                                     "or null") &&
+                                                !Contains("file"));
+    d = minimal();
+    d["lora"] = {{"enabled", true}, {"alpha", 0}};
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("config lora.alpha: 0 scales every adapter's update by 0"));
+    d = minimal();
     d["max_duration"] = "12 parsecs";
     REQUIRE_THROWS_WITH(validate_config(d), Contains("max_duration") && Contains("\"12 parsecs\""));
 }
@@ -187,6 +195,16 @@ TEST_CASE("config: set overrides are typed by the schema") {
     REQUIRE_THROWS_WITH(apply_override(d, "model.rope=yes"), Contains("true or false"));
     REQUIRE_THROWS_WITH(apply_override(d, "seed"), Contains("expected key.path=value"));
     REQUIRE_THROWS_WITH(apply_override(d, "model.d_model=null"), Contains("null is not allowed"));
+    // A JSON string literal, as a config file spells it, is its string: not a path with quotes in it.
+    apply_override(d, "data.paths=\"c,d.bin\"");
+    apply_override(d, "run_name=\"quoted\"");
+    apply_override(d, "save_folder=plain");
+    const TrainConfig q = validate_config(d);
+    CHECK(q.data.paths == std::vector<std::string>{"c,d.bin"});
+    CHECK(q.run_name == "quoted");
+    CHECK(q.save_folder == std::optional<std::string>("plain"));
+    REQUIRE_THROWS_WITH(apply_override(d, "run_name=\"open"), Contains("--set value \"open"));
+    REQUIRE_THROWS_WITH(apply_override(d, "data.paths=\"a\" \"b\""), Contains("--set value"));
 }
 
 TEST_CASE("config: durations in steps tokens and epochs") {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -119,6 +120,17 @@ TEST_CASE("label masks: mask files are read as OLMo writes them and refused by n
     refused({dir.path("missing.mask")}, "label mask file " + dir.path("missing.mask") + ": cannot open");
     refused({dir.path("raw.mask"), dir.path("raw.mask")},
             "config data.label_mask_paths: 2 files for the 1 token files of data.paths");
+    // A mask that marks nothing of its file's instances (a 1 only past the last whole instance, where no instance
+    // reads it) trains on nothing; one 1 anywhere in them is enough.
+    std::vector<uint8_t> nothing(mask.size(), 0);
+    nothing.back() = static_cast<uint8_t>(n % L != 0);
+    test_util::write_file(dir.path("nothing.mask"), bytes_of(nothing));
+    refused({dir.path("nothing.mask")}, "config data.label_mask_paths[0]: the label mask file " +
+                                            dir.path("nothing.mask") + " marks no token of " + tokens +
+                                            "'s instances for the loss (every byte 0)");
+    nothing[static_cast<size_t>(L + 3)] = 1;
+    test_util::write_file(dir.path("one.mask"), bytes_of(nothing));
+    CHECK(TokenDataset({tokens}, TokenDtype::kUint16, L, 1000, "data.paths", {dir.path("one.mask")}).has_label_masks());
 
     // The config: one a token file, in its order; a mixture's are its sources'; not with CUDA graphs.
     const auto config_error = [&](const std::vector<std::string>& sets, const std::string& expected) {
@@ -415,6 +427,19 @@ TEST_CASE("label masks: prepare-data --instruct writes a token file and mask tha
     const auto stray =
         test_util::run_trainer({"prepare-data", "--pack", dir.path("sft.jsonl"), "-o", dir.path("x.bin")});
     CHECK_THAT(stray.err, Contains("go with --instruct"));
+    // A negative id or thread count is refused (not read as "the default"); --seq-len is named when missing.
+    for (const auto& flag : {"--pad", "--eos", "--threads"}) {
+        CAPTURE(flag);
+        const auto negative = test_util::run_trainer({"prepare-data", "--instruct", "--seq-len", "65", flag, "-1",
+                                                      dir.path("sft.jsonl"), "-o", dir.path("neg.bin")});
+        CHECK(negative.exit_code != 0);
+        CHECK_THAT(negative.err, Contains(flag));
+        CHECK_FALSE(std::filesystem::exists(dir.path("neg.bin")));
+    }
+    const auto no_len =
+        test_util::run_trainer({"prepare-data", "--instruct", dir.path("sft.jsonl"), "-o", dir.path("n.bin")});
+    CHECK(no_len.exit_code != 0);
+    CHECK_THAT(no_len.err, Contains("--seq-len is required"));
     // tiny.json (bytes, 65 tokens an instance) trains on it: tokens_in_loss is the batch's mask count.
     const std::string metrics = dir.path("m.jsonl");
     const auto rows =

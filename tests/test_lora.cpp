@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <string>
@@ -679,12 +680,45 @@ TEST_CASE("lora: export writes PEFT's adapter and the merged model whose logits 
     const auto none = test_util::run_trainer({"export", "--checkpoint", ckpt, "-o", dir.path("x.safetensors")});
     CHECK(none.exit_code != 0);
     CHECK_THAT(none.err, Contains("give --adapter") && Contains("--merge-lora"));
+    const auto both =
+        test_util::run_trainer({"export", "--checkpoint", ckpt, "--adapter", "--merge-lora", "-o", dir.path("both")});
+    CHECK(both.exit_code != 0);
+    CHECK_THAT(both.err, Contains("give one of --adapter"));
+    // An adapter directory is written new and whole: one that exists is kept as it was.
+    const std::string kept = test_util::read_file(adapter + "/adapter_config.json");
+    const auto again = test_util::run_trainer({"export", "--checkpoint", ckpt, "--adapter", "-o", adapter});
+    CHECK(again.exit_code == 1);
+    CHECK_THAT(again.err, Contains(adapter + " already exists"));
+    CHECK(test_util::read_file(adapter + "/adapter_config.json") == kept);
+    // Nothing is written into a checkpoint's folder, whichever form.
+    for (const std::string& into : {ckpt + "/adapter", ckpt + "/model.safetensors"}) {
+        CAPTURE(into);
+        const auto inside = test_util::run_trainer(
+            {"export", "--checkpoint", ckpt, into.back() == 'r' ? "--adapter" : "--merge-lora", "-o", into});
+        CHECK(inside.exit_code == 1);
+        CHECK_THAT(inside.err, Contains("is a checkpoint's folder"));
+        CHECK_FALSE(std::filesystem::exists(into));
+    }
     const auto other = test_util::run_trainer(
         {"--config", fixture("olmo_tiny.json"), "--max-duration", "1", "--set", "lora.enabled=true", "--set",
          "lora.r=8", "--set", "lora.targets=[\"q_proj\",\"v_proj\",\"o_proj\",\"up_proj\",\"down_proj\",\"lm_head\"]",
          "--set", "lora.init_from=" + adapter});
     CHECK(other.exit_code != 0);
     CHECK_THAT(other.err, Contains("its r is 4, this run's lora.r is 8"));
+    // An adapter whose values are not finite is refused by tensor and element, as a base is.
+    auto tensors_nan = read_safetensors(adapter + "/adapter_model.safetensors");
+    const std::string poisoned = tensors_nan.begin()->first;
+    tensors_nan.begin()->second.data.at(1) = std::nanf("");
+    std::vector<TensorRef> nan_refs;
+    for (const auto& [name, t] : tensors_nan) nan_refs.push_back({name, t.shape, t.data.data()});
+    write_safetensors(dir.path("nan.safetensors"), nan_refs, {});
+    const auto nan = test_util::run_trainer(
+        {"--config", fixture("olmo_tiny.json"), "--max-duration", "1", "--set", "lora.enabled=true", "--set",
+         "lora.r=4", "--set", "lora.targets=[\"q_proj\",\"v_proj\",\"o_proj\",\"up_proj\",\"down_proj\",\"lm_head\"]",
+         "--set", "lora.init_from=" + dir.path("nan.safetensors")});
+    CHECK(nan.exit_code == 1);
+    CHECK_THAT(nan.err, Contains("lora.init_from " + dir.path("nan.safetensors") + ": tensor \"" + poisoned +
+                                 "\" holds nan at element 1; the weights must be finite"));
     // An adapter_config.json of other types, or not an object, refused by name (no JSON library message).
     const std::string original = test_util::read_file(adapter + "/adapter_config.json");
     for (const auto& [text, error] : std::vector<std::pair<std::string, std::string>>{
@@ -734,6 +768,54 @@ TEST_CASE("lora: a fine-tune's checkpoint records its base and resuming on anoth
     CHECK(other.exit_code != 0);
     CHECK_THAT(other.err, Contains("a LoRA fine-tune of a base that is tensors of checksum") &&
                               Contains("is the initialisation of seed 4321"));
+}
+
+TEST_CASE("lora: a checkpoint resumes and is read for inference only with the adapter keys it was trained with") {
+    TempDir dir;
+    const std::vector<std::string> run = {
+        "--config", fixture("olmo_tiny.json"), "--init-from", fixture("olmo_tiny_init.safetensors"),
+        "--set",    "lora.enabled=true",       "--set",       "save_folder=" + dir.path("saves")};
+    auto with = [&](std::vector<std::string> more) {
+        more.insert(more.begin(), run.begin(), run.end());
+        return test_util::run_trainer(more);
+    };
+    const auto first = with({"--max-duration", "2"});
+    INFO(first.out << first.err);
+    REQUIRE(first.exit_code == 0);
+    // Each of these would load: the adapters' sizes are the same (k_proj's are v_proj's here), or only the scale
+    // differs. Each is another model, refused by its key.
+    for (const auto& [set, key] :
+         std::vector<std::pair<std::string, std::string>>{{"lora.targets=[\"q_proj\",\"k_proj\"]", "lora.targets"},
+                                                          {"lora.alpha=64", "lora.alpha"},
+                                                          {"lora.use_rslora=true", "lora.use_rslora"},
+                                                          {"lora.quantize=nf4", "lora.quantize"},
+                                                          {"lora.r=4", "lora.r"},
+                                                          {"lora.enabled=false", "lora.enabled"}}) {
+        CAPTURE(set);
+        const auto resumed = with({"--max-duration", "3", "--set", "load_path=latest", "--set", set});
+        CHECK(resumed.exit_code == 1);
+        CHECK_THAT(resumed.err, Contains("checkpoint ") && Contains(key + " is ") &&
+                                    Contains("in the checkpoint but") && !Contains("units"));
+        const auto inferred = test_util::run_trainer({"logits", "--config", fixture("olmo_tiny.json"), "--init-from",
+                                                      fixture("olmo_tiny_init.safetensors"), "--set",
+                                                      "lora.enabled=true", "--load-path", dir.path("saves") + "/step2",
+                                                      "--instances", "1", "-o", dir.path("logits.npy"), "--set", set});
+        CHECK(inferred.exit_code == 1);
+        CHECK_THAT(inferred.err, Contains(key + " is ") && Contains("in the checkpoint but"));
+    }
+    // The same targets in another order are the same adapters; dropout is a training choice.
+    const auto reordered = with({"--max-duration", "3", "--set", "load_path=latest", "--set",
+                                 "lora.targets=[\"v_proj\",\"q_proj\"]", "--set", "lora.dropout=0.2"});
+    INFO(reordered.out << reordered.err);
+    CHECK(reordered.exit_code == 0);
+    // A pre-training checkpoint is a base to fine-tune from (init_from), not a fine-tune to resume.
+    const auto plain = test_util::run_trainer(
+        {"--config", fixture("olmo_tiny.json"), "--max-duration", "1", "--set", "save_folder=" + dir.path("plain")});
+    REQUIRE(plain.exit_code == 0);
+    const auto onto = with({"--max-duration", "2", "--set", "load_path=" + dir.path("plain") + "/step1", "--set",
+                            "save_folder=" + dir.path("onto")});
+    CHECK(onto.exit_code == 1);
+    CHECK_THAT(onto.err, Contains("lora.enabled is false in the checkpoint but true") && Contains("init_from"));
 }
 
 TEST_CASE("qlora: a frozen unit's packed form holds its block Linear weights in NF4 and unpacks to their round trip") {

@@ -405,6 +405,12 @@ void TokenFile::read_mask(int64_t begin, int64_t count, uint8_t* out) const {
     std::memcpy(out, map_ + data_offset_ + begin, static_cast<size_t>(count));
 }
 
+bool TokenFile::mask_marks_any(int64_t count) const {
+    TRAINER_CHECK(mask_ && count >= 0 && count <= num_tokens_, "mask_marks_any({}) of {}", count, path_);
+    const unsigned char* p = map_ + data_offset_;
+    return std::find_if(p, p + count, [](unsigned char b) { return b != 0; }) != p + count;
+}
+
 void TokenFile::read_tokens(int64_t begin, int64_t count, uint32_t* out) const {
     TRAINER_CHECK(begin >= 0 && count >= 0 && begin + count <= num_tokens_, "tokens [{}, {}) of {} in {}", begin,
                   begin + count, num_tokens_, path_);
@@ -445,6 +451,14 @@ TokenDataset::TokenDataset(std::vector<std::string> paths, TokenDtype memmap_dty
                     "expected one a token",
                     masks_key, i, label_mask_paths[i], masks_.back()->num_tokens(), paths[i],
                     files_.back().num_tokens());
+            }
+            const int64_t in_instances = files_.back().num_tokens() / seq_len * seq_len;
+            if (in_instances > 0 && !masks_.back()->mask_marks_any(in_instances)) {
+                user_error(
+                    "config {}[{}]: the label mask file {} marks no token of {}'s instances for the loss (every "
+                    "byte 0): nothing of it would be trained on; check the mask (1: in the loss), or leave the file "
+                    "out",
+                    masks_key, i, label_mask_paths[i], paths[i]);
             }
             has_masks_ = true;
         }

@@ -82,6 +82,9 @@ class TokenFile {
     int64_t byte_offset(int64_t i) const { return data_offset_ + i * element_size(); }
     // A label mask file's: bytes [begin, begin + count) into `out` (range checked as token()).
     void read_mask(int64_t begin, int64_t count, uint8_t* out) const;
+    // Whether any of a mask file's first `count` bytes is nonzero (it stops at the first: a mask that marks
+    // anything is read only up to that byte).
+    bool mask_marks_any(int64_t count) const;
 
    private:
     int64_t element_size() const { return mask_ ? 1 : token_dtype_size(dtype_); }

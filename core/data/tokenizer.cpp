@@ -359,6 +359,11 @@ std::string prepare_instruct_data(const std::vector<std::string>& inputs, const 
                                   const std::function<std::vector<int32_t>(const std::string&)>& encode,
                                   const InstructOptions& options) {
     check_prepare_args(inputs, output, dtype, format);
+    if (options.seq_len == 0) {
+        user_error(
+            "prepare-data --instruct: --seq-len is required: the model's max_sequence_length, the tokens of an "
+            "instance");
+    }
     if (options.seq_len < 2) {
         user_error("prepare-data --instruct --seq-len {}: expected the model's max_sequence_length (>= 2)",
                    options.seq_len);

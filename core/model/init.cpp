@@ -165,13 +165,9 @@ void load_inference_params(const TrainConfig& config, const ParamLayout& layout,
         std::vector<std::vector<float>> units;
         const std::string path = resolve_checkpoint(config, *config.load_path);
         read_checkpoint_params(path, &saved, &units);
-        // The same model, not only the same sizes (rope_theta, the norms' kind and eps change no size).
+        // The same model, not only the same sizes (rope_theta, the norms' kind and eps change no size), and the
+        // same adapters on a fine-tune's.
         check_model_matches(saved, config, path);
-        if (saved.lora.enabled != config.lora.enabled) {
-            user_error(
-                "{}: checkpoint {} is {}a LoRA fine-tune's; set lora.enabled {} and its lora keys as it was trained",
-                command, *config.load_path, saved.lora.enabled ? "" : "not ", saved.lora.enabled);
-        }
         if (units.size() != static_cast<size_t>(layout.num_units())) {
             user_error("{}: checkpoint {} holds {} units; this config's model has {}", command, *config.load_path,
                        units.size(), layout.num_units());

@@ -32,6 +32,10 @@ namespace trainer {
 namespace fs = std::filesystem;
 namespace {
 
+// A checkpoint's weights written as export_checkpoint writes them, without its check of the destination (a
+// checkpoint's own save_safetensors copy is written into its folder).
+std::string export_weights(const std::string& path, const std::string& out, const HfExportOptions& options);
+
 constexpr int kFormatVersion = kCheckpointFormatVersion;
 
 void fsync_path(const std::string& path) {
@@ -132,6 +136,30 @@ void check_model_matches(const TrainConfig& saved, const TrainConfig& config, co
         if (a[it.key()] != it.value()) {
             user_error("checkpoint {}: model.{} is {} in the checkpoint but {} in this run's config", path, it.key(),
                        a[it.key()].dump(), it.value().dump());
+        }
+    }
+    // A fine-tune's model is its base and its adapters: what they are and how they scale is the model too (a
+    // target swapped for one of the same shape, or another alpha, would load without a size changing).
+    const LoraConfig &was = saved.lora, &now = config.lora;
+    if (was.enabled != now.enabled) {
+        user_error("checkpoint {}: lora.enabled is {} in the checkpoint but {} in this run's config{}", path,
+                   was.enabled, now.enabled,
+                   was.enabled ? "; set the lora keys it was trained with"
+                               : "; to fine-tune a pre-trained checkpoint, export it (trainer export --checkpoint "
+                                 "DIR -o base.safetensors) and give that as init_from");
+    }
+    if (!now.enabled) return;
+    std::vector<std::string> was_targets = was.targets, now_targets = now.targets;
+    std::sort(was_targets.begin(), was_targets.end());
+    std::sort(now_targets.begin(), now_targets.end());
+    const Json a_lora = config_json(saved)["lora"], b_lora = config_json(config)["lora"];
+    for (const char* key : {"r", "alpha", "use_rslora", "quantize", "double_quant", "targets"}) {
+        const bool same = std::string(key) == "targets" ? was_targets == now_targets : a_lora[key] == b_lora[key];
+        if (!same) {
+            user_error(
+                "checkpoint {}: lora.{} is {} in the checkpoint but {} in this run's config: the adapters "
+                "were trained as another model",
+                path, key, a_lora[key].dump(), b_lora[key].dump());
         }
     }
 }
@@ -370,7 +398,7 @@ std::string publish_save(const TrainConfig& config, const ParamLayout& layout, c
     // the temporary folder: part of the checkpoint, published with it or not at all.
     if (config.save_safetensors) {
         try {
-            export_checkpoint(tmp_dir, (fs::path(tmp_dir) / "model.safetensors").string());
+            export_weights(tmp_dir, (fs::path(tmp_dir) / "model.safetensors").string(), {});
         } catch (const UserError& e) {
             user_error("checkpoint step {}: not published: its model.safetensors (save_safetensors) failed: {}", step,
                        e.what());
@@ -524,7 +552,10 @@ void read_checkpoint_params(const std::string& path, TrainConfig* config, std::v
     }
 }
 
-std::string export_checkpoint(const std::string& path, const std::string& out, const HfExportOptions& options) {
+namespace {
+
+std::string export_weights(const std::string& path, const std::string& out, const HfExportOptions& options) {
+    std::error_code ec;
     TrainConfig config;
     std::vector<std::vector<float>> units;
     read_checkpoint_params(path, &config, &units);
@@ -535,9 +566,9 @@ std::string export_checkpoint(const std::string& path, const std::string& out, c
     if (config.lora.enabled) {
         if (options.lora_adapter == options.merge_lora) {
             user_error(
-                "export: checkpoint {} is a LoRA fine-tune's, which holds its adapters; give --adapter (a PEFT "
+                "export: checkpoint {} is a LoRA fine-tune's, which holds its adapters; give {}--adapter (a PEFT "
                 "adapter directory) or --merge-lora (the model with them merged into its base)",
-                path);
+                path, options.lora_adapter ? "one of " : "");
         }
         const ParamLayout lora_layout(config);
         if (options.lora_adapter) {
@@ -559,10 +590,25 @@ std::string export_checkpoint(const std::string& path, const std::string& out, c
     const std::string arch = hf_config_json(config)["architectures"][0];
     const std::string tmp = out + fmt::format(".tmp-{}", ::getpid());
     write_safetensors(tmp, refs, {{"format", "pt"}, {"architecture", arch}});
-    std::error_code ec;
     fs::rename(tmp, out, ec);
     if (ec) user_error("export: cannot rename {} to {} ({})", tmp, out, ec.message());
     return arch;
+}
+
+}  // namespace
+
+std::string export_checkpoint(const std::string& path, const std::string& out, const HfExportOptions& options) {
+    // A checkpoint's folder holds the checkpoint's files only: an export written into one (or over its
+    // model.safetensors, save_safetensors' copy) would mix another model into it.
+    const fs::path parent = fs::absolute(out).lexically_normal().parent_path();
+    std::error_code ec;
+    if (fs::exists(parent / "metadata.json", ec) && fs::exists(parent / "rank0.bin", ec)) {
+        user_error(
+            "export -o {}: {} is a checkpoint's folder, whose files are the checkpoint's; write the export "
+            "outside it",
+            out, parent.string());
+    }
+    return export_weights(path, out, options);
 }
 
 }  // namespace trainer

@@ -82,7 +82,8 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
 // or its initialisation).
 void read_checkpoint_params(const std::string& path, TrainConfig* config, std::vector<std::vector<float>>* units);
 // Refuses (user_error naming the key and both values) a checkpoint at `path` whose config (`saved`, its metadata's,
-// validated) describes another model than `config`'s: every model key but the initialisation's must agree.
+// validated) describes another model than `config`'s: every model key but the initialisation's must agree, and so
+// must LoRA's keys that shape or scale the adapters (all but dropout and init_from), targets as a set.
 void check_model_matches(const TrainConfig& saved, const TrainConfig& config, const std::string& path);
 // Writes a checkpoint's full weights with Hugging Face names: to `out` as one safetensors file when it ends
 // in .safetensors (through a temporary file and a rename), else as a Hugging Face model directory

@@ -99,8 +99,6 @@ Json hf_config_json(const TrainConfig& config) {
 std::string export_hf_directory(const TrainConfig& config, const ParamLayout& layout,
                                 const std::vector<std::vector<float>>& units, const std::string& out,
                                 const HfExportOptions& options) {
-    std::error_code ec;
-    if (fs::exists(out, ec)) user_error("export: {} already exists; remove it or choose another folder", out);
     if (options.max_shard_bytes < 1)
         user_error("export --max-shard-size: {}; expected >= 1 byte", options.max_shard_bytes);
     if (!options.tokenizer.empty() && options.tokenizer != "gpt2") {
@@ -110,10 +108,7 @@ std::string export_hf_directory(const TrainConfig& config, const ParamLayout& la
     const std::string arch = hf_config["architectures"][0];
     const auto tensors = to_hf_tensors(config, layout, units);
 
-    const std::string tmp = out + fmt::format(".tmp-{}", ::getpid());
-    fs::remove_all(tmp, ec);
-    if (!fs::create_directories(tmp, ec) || ec) user_error("export: cannot create {} ({})", tmp, ec.message());
-    try {
+    write_new_directory(out, "export", [&](const std::string& tmp) {
         write_text(tmp + "/config.json", hf_config.dump(2) + "\n");
         Json generation = {{"eos_token_id", config.model.eos_token_id}};
         if (arch == "GPT2LMHeadModel") generation["bos_token_id"] = config.model.eos_token_id;
@@ -163,12 +158,7 @@ std::string export_hf_directory(const TrainConfig& config, const ParamLayout& la
             write_text(tmp + "/tokenizer_config.json", tok.dump(2) + "\n");
             write_text(tmp + "/special_tokens_map.json", special.dump(2) + "\n");
         }
-        fs::rename(tmp, out, ec);
-        if (ec) user_error("export: cannot rename {} to {} ({})", tmp, out, ec.message());
-    } catch (...) {
-        fs::remove_all(tmp, ec);
-        throw;
-    }
+    });
     return arch;
 }
 
@@ -250,14 +240,7 @@ std::map<std::string, Tensor> read_hf_tensors(const TrainConfig& config, const s
 
 std::map<std::string, Tensor> read_hf_weights(const TrainConfig& config, const std::string& path) {
     std::map<std::string, Tensor> all = read_hf_tensors(config, path);
-    // Weights that are not finite would make the first loss NaN, blamed on the learning rate.
-    for (const auto& [name, t] : all) {
-        const auto bad = std::find_if(t.data.begin(), t.data.end(), [](float x) { return !std::isfinite(x); });
-        if (bad != t.data.end()) {
-            user_error("--init-from {}: tensor \"{}\" holds {} at element {}; the weights must be finite", path, name,
-                       *bad, bad - t.data.begin());
-        }
-    }
+    require_finite(all, "--init-from " + path);
     return all;
 }
 

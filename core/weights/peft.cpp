@@ -141,15 +141,14 @@ Json peft_adapter_config(const TrainConfig& config, const std::string& base) {
 
 void write_peft_adapter(const TrainConfig& config, const ParamLayout& layout,
                         const std::vector<std::vector<float>>& units, const std::string& dir) {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) user_error("export --adapter: cannot create {} ({})", dir, ec.message());
     const auto tensors = to_peft_tensors(config, layout, units);
     std::vector<TensorRef> refs;
     for (const auto& [name, t] : tensors) refs.push_back({name, t.shape, t.data.data()});
-    write_safetensors(dir + "/adapter_model.safetensors", refs, {{"format", "pt"}});
-    write_text_file(dir + "/adapter_config.json",
-                    peft_adapter_config(config, config.init_from.value_or("")).dump(2) + "\n", "export --adapter");
+    write_new_directory(dir, "export --adapter", [&](const std::string& tmp) {
+        write_safetensors(tmp + "/adapter_model.safetensors", refs, {{"format", "pt"}});
+        write_text_file(tmp + "/adapter_config.json",
+                        peft_adapter_config(config, config.init_from.value_or("")).dump(2) + "\n", "export --adapter");
+    });
 }
 
 void read_peft_adapter(const TrainConfig& config, const ParamLayout& layout, const std::string& path,
@@ -185,7 +184,9 @@ void read_peft_adapter(const TrainConfig& config, const ParamLayout& layout, con
     }
     if (!fs::exists(file))
         user_error("lora.init_from {}: no such file (a PEFT adapter directory or its safetensors)", file);
-    from_peft_tensors(config, layout, read_safetensors(file), file, units);
+    const std::map<std::string, Tensor> tensors = read_safetensors(file);
+    require_finite(tensors, "lora.init_from " + file);
+    from_peft_tensors(config, layout, tensors, file, units);
 }
 
 std::string tensors_checksum(const std::map<std::string, Tensor>& tensors) {

@@ -128,6 +128,16 @@ void check_tiling(const std::string& path, const std::vector<Entry>& entries, in
 
 }  // namespace
 
+void require_finite(const std::map<std::string, Tensor>& tensors, const std::string& what) {
+    for (const auto& [name, t] : tensors) {
+        const auto bad = std::find_if(t.data.begin(), t.data.end(), [](float x) { return !std::isfinite(x); });
+        if (bad != t.data.end()) {
+            user_error("{}: tensor \"{}\" holds {} at element {}; the weights must be finite", what, name, *bad,
+                       bad - t.data.begin());
+        }
+    }
+}
+
 std::map<std::string, Tensor> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
     std::FILE* f = std::fopen(path.c_str(), "rb");
     if (f == nullptr) user_error("safetensors file {}: cannot open: {}", path, std::strerror(errno));

@@ -33,6 +33,10 @@ struct Tensor {
 std::map<std::string, Tensor> read_safetensors(const std::string& path,
                                                std::map<std::string, std::string>* metadata = nullptr);
 
+// Refuses (UserError "<what>: tensor "<name>" holds <value> at element <i>; the weights must be finite") tensors with
+// a value that is not finite: weights read in that would make the first loss NaN, blamed on the learning rate.
+void require_finite(const std::map<std::string, Tensor>& tensors, const std::string& what);
+
 // A tensor to write: `data` points at the product of `shape` row-major floats (may be null when
 // that product is 0). Not owned.
 struct TensorRef {
