@@ -173,6 +173,14 @@ TEST_CASE("generate: the command continues prompts from a checkpoint and refuses
     CHECK(lines[0]["prompt_text"] == "The Congress");
     CHECK(lines[0]["ids"].size() == 12);
     CHECK(lines[1]["prompt_ids"] == Json::array({256}));  // an empty prompt starts after an EOS
+    CHECK_THAT(r.err, !Contains("untrained"));
+    // Without weights the model is its initialisation: allowed, and said.
+    const test_util::RunResult untrained = test_util::run_trainer(
+        {"generate", "--config", "configs/tiny.json", "--prompt", "The", "--max-new-tokens", "2"});
+    CHECK(untrained.exit_code == 0);
+    CHECK_THAT(untrained.err,
+               Contains("note: generate: no --load-path or --init-from: the model is the untrained initialisation of "
+                        "seed 7"));
     CHECK(lines[2]["new_tokens"] == 24);
     CHECK_THAT(r.err, Contains("generated 24 tokens for 2 prompts"));
     // Greedy is the same with and without the cache, and the same again.

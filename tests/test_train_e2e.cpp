@@ -605,6 +605,11 @@ TEST_CASE("errors: bad weights and checkpoints end with one error line and damag
     test_util::write_file(dir.path("junk.safetensors"), "not a safetensors file at all");
     expect_error(run_trainer({"--config", fixture("gpt2_tiny.json"), "--init-from", dir.path("junk.safetensors")}),
                  "junk.safetensors");
+    // A folder of another kind than a model's is named for what it is.
+    std::filesystem::create_directories(dir.path("adapter"));
+    test_util::write_file(dir.path("adapter/adapter_config.json"), "{}");
+    expect_error(run_trainer({"--config", fixture("gpt2_tiny.json"), "--init-from", dir.path("adapter")}),
+                 "it holds adapter_config.json: a PEFT adapter, which lora.init_from reads");
 
     // Checkpoints: a missing folder, an empty save folder, and a fresh run into a folder with checkpoints.
     expect_error(run_trainer(concat(tiny_args("2"), {"--load-path", dir.path("nowhere")})), "no such folder");
@@ -612,6 +617,8 @@ TEST_CASE("errors: bad weights and checkpoints end with one error line and damag
                  "no complete checkpoint");
     require_ok(run_trainer(concat(tiny_args("2"), {"--save-folder", dir.path("ck")})));
     const std::string before = test_util::read_file(dir.path("ck/step2/rank0.bin"));
+    expect_error(run_trainer(concat(tiny_args("2"), {"--init-from", dir.path("ck/step2")})),
+                 "it holds metadata.json: a checkpoint, which --load-path resumes");
     expect_error(run_trainer(concat(tiny_args("3"), {"--save-folder", dir.path("ck")})), "already holds checkpoints");
     CHECK(test_util::read_file(dir.path("ck/step2/rank0.bin")) == before);
     expect_error(run_trainer(concat(tiny_args("3"), {"--save-folder", dir.path("ck"), "--load-path", "latest", "--set",

@@ -456,7 +456,7 @@ TokenDataset::TokenDataset(std::vector<std::string> paths, TokenDtype memmap_dty
             if (in_instances > 0 && !masks_.back()->mask_marks_any(in_instances)) {
                 user_error(
                     "config {}[{}]: the label mask file {} marks no token of {}'s instances for the loss (every "
-                    "byte 0): nothing of it would be trained on; check the mask (1: in the loss), or leave the file "
+                    "byte 0): nothing of it would be in the loss; check the mask (1: in the loss), or leave the file "
                     "out",
                     masks_key, i, label_mask_paths[i], paths[i]);
             }

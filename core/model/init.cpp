@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #include "base/common.h"
@@ -186,6 +187,10 @@ void load_inference_params(const TrainConfig& config, const ParamLayout& layout,
         const std::map<std::string, Tensor> tensors = read_hf_weights(config, *config.init_from);
         load_initial_params(config, layout, strategy, &tensors, *config.init_from);
     } else {
+        // Allowed (a model's untrained outputs are a baseline), and said: a forgotten --load-path reads alike.
+        std::fprintf(stderr,
+                     "note: %s: no --load-path or --init-from: the %s is the untrained initialisation of seed %llu\n",
+                     command, config.lora.enabled ? "base" : "model", config.seed);
         load_initial_params(config, layout, strategy, nullptr, "");
     }
 }

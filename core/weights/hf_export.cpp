@@ -254,7 +254,16 @@ std::map<std::string, Tensor> read_hf_tensors(const TrainConfig& config, const s
     if (!fs::exists(index_path)) {
         const std::string single = path + "/model.safetensors";
         if (!fs::exists(single)) {
-            user_error("--init-from {}: a directory without model.safetensors or model.safetensors.index.json", path);
+            const std::string what = fs::exists(path + "/adapter_config.json")
+                                         ? "; it holds adapter_config.json: a PEFT adapter, which lora.init_from reads "
+                                           "(with lora.enabled) beside its base"
+                                     : fs::exists(path + "/metadata.json")
+                                         ? "; it holds metadata.json: a checkpoint, which --load-path resumes (or "
+                                           "export it with trainer export --checkpoint DIR -o FILE.safetensors to "
+                                           "start from its weights)"
+                                         : "";
+            user_error("--init-from {}: a directory without model.safetensors or model.safetensors.index.json{}", path,
+                       what);
         }
         return read_safetensors(single);
     }
