@@ -515,15 +515,29 @@ std::string closest_config_key(const std::string& path) {
         const size_t gap = a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
         return gap > limit ? limit + 1 : edit_distance(a, b);
     };
+    const size_t ndot = normalized.rfind('.');
+    const std::string nleaf = ndot == std::string::npos ? normalized : normalized.substr(ndot + 1);
+    const std::string nparent = ndot == std::string::npos ? "" : normalized.substr(0, ndot);
+    // Whether `word` is one of the '_'-separated words of `leaf` ("name" of "source_name").
+    const auto has_word = [](const std::string& leaf, const std::string& word) {
+        for (size_t at = leaf.find(word); at != std::string::npos; at = leaf.find(word, at + 1)) {
+            const size_t end = at + word.size();
+            if ((at == 0 || leaf[at - 1] == '_') && (end == leaf.size() || leaf[end] == '_')) return true;
+        }
+        return false;
+    };
     for (const auto& k : schema()) {
         size_t d = distance(normalized, k.path);
         // A key typed without its section ("learning_rate") is close to "optimizer.learning_rate".
         const size_t dot = k.path.rfind('.');
         if (dot != std::string::npos) {
             const std::string leaf = k.path.substr(dot + 1);
-            const size_t ndot = normalized.rfind('.');
-            const std::string nleaf = ndot == std::string::npos ? normalized : normalized.substr(ndot + 1);
             d = std::min(d, distance(nleaf, leaf) + 1);
+            // A word of a key of the same object ("data.sources[].name") is nearer than the same word elsewhere.
+            if (!nleaf.empty() && k.path.compare(0, dot, nparent) == 0 && dot == nparent.size() &&
+                has_word(leaf, nleaf)) {
+                d = 0;
+            }
         }
         if (d < best_d) {
             best_d = d;

@@ -67,6 +67,10 @@ TEST_CASE("config: unknown keys suggest the closest key") {
     d = minimal();
     d["evaluators"] = Json::parse(R"([{"lable": "v", "data": {"paths": ["v.bin"]}}])");
     REQUIRE_THROWS_WITH(validate_config(d), Contains("evaluators[0].lable") && Contains("evaluators[].label"));
+    // A word of a key of the same object beats the same word in another section (optimizer.name).
+    d = minimal();
+    d["data"]["sources"] = Json::parse(R"([{"name": "a", "target_ratio": 1.0, "paths": ["a.bin"]}])");
+    REQUIRE_THROWS_WITH(validate_config(d), Contains("did you mean \"data.sources[].source_name\""));
     Json e = minimal();
     REQUIRE_THROWS_WITH(apply_override(e, "model.dmodel=64"), Contains("model.d_model"));
 }
