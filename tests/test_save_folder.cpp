@@ -546,6 +546,17 @@ TEST_CASE("save folder: continuations that would silently go wrong are refused o
         CHECK_THAT(r.err, Contains("note: resuming " + folder + "/step2 with data.paths"));
         CHECK_THAT(r.err, Contains("goes on at instance 16 of this data's order"));
     }
+    SECTION("resuming with other label masks on the same data is said") {
+        const std::string tokens = test_util::fixture("olmo_tiny_tokens.u16");
+        const std::string mask = dir.path("ones.mask");
+        test_util::write_file(mask, std::string(test_util::read_file(tokens).size() / 2, '\1'));
+        const auto r = test_util::run_trainer(
+            tiny(folder, 3, {"--load-path", "latest", "--set", "data.label_mask_paths=[\"" + mask + "\"]"}));
+        INFO(r.out << r.err);
+        CHECK(r.exit_code == 0);
+        CHECK_THAT(r.err, Contains("note: resuming " + folder + "/step2 with data.label_mask_paths [\"" + mask +
+                                   "\"]; it was written with null"));
+    }
     SECTION("max_grad_norm 0 and a warmup longer than the run") {
         const auto zero = test_util::run_trainer(tiny(dir.path("z"), 2, {"--set", "max_grad_norm=0"}));
         CHECK(zero.exit_code == 1);

@@ -516,6 +516,12 @@ CheckpointInfo load_checkpoint(const TrainConfig& config, const ParamLayout& lay
                      path.c_str(), json_text(now_data["paths"]).c_str(), json_text(now_data["sources"]).c_str(),
                      json_text(saved_data["paths"]).c_str(), json_text(saved_data["sources"]).c_str(),
                      data["instances_consumed"].get<long>());
+    } else if (saved_data["label_mask_paths"] != now_data["label_mask_paths"]) {
+        std::fprintf(stderr,
+                     "note: resuming %s with data.label_mask_paths %s; it was written with %s: the same tokens go on "
+                     "with another choice of what is in the loss\n",
+                     path.c_str(), json_text(now_data["label_mask_paths"]).c_str(),
+                     json_text(saved_data["label_mask_paths"]).c_str());
     }
     // Each unit this rank owns part of is assembled once per state from the checkpoint's pieces.
     std::vector<std::vector<ShardView>> by_unit(layout.units().size());
