@@ -133,7 +133,7 @@ const std::vector<KeySpec>& schema() {
         {"save_folder", KeyType::kString, nullptr, true, {}, -kInf, kInf, "folder of checkpoints step<N>/ (created)"},
         {"save_interval", KeyType::kInt, 0, false, {}, 0, 9e18, "checkpoint every N steps; 0: only at the end (when save_folder is set)"},
         {"save_overwrite", KeyType::kBool, false, false, {}, -kInf, kInf, "allow a fresh run to write into a save_folder that already holds checkpoints"},
-        {"save_safetensors", KeyType::kBool, false, false, {}, -kInf, kInf, "rank 0 also writes the full weights as model.safetensors (Hugging Face names) into every checkpoint folder"},
+        {"save_safetensors", KeyType::kBool, false, false, {}, -kInf, kInf, "rank 0 also writes the full weights as model.safetensors (Hugging Face names) into every checkpoint folder; a LoRA fine-tune's, its PEFT adapter (adapter_model.safetensors and adapter_config.json)"},
         {"save_async", KeyType::kBool, true, false, {}, -kInf, kInf, "save_interval checkpoints copy the state to host memory at the end of the step (pinned on GPUs; host_checkpoint_snapshot in the memory report) and are written by a background thread while training goes on; false: every rank stops for the whole write"},
         {"save_num_checkpoints_to_keep", KeyType::kInt, -1, false, {}, -1, 9e18, "keep the newest N checkpoints; -1: all"},
         {"load_path", KeyType::kString, nullptr, true, {}, -kInf, kInf, "resume from this checkpoint folder, or \"latest\" in save_folder"},

@@ -779,9 +779,25 @@ TEST_CASE("lora: a checkpoint resumes and is read for inference only with the ad
         more.insert(more.begin(), run.begin(), run.end());
         return test_util::run_trainer(more);
     };
-    const auto first = with({"--max-duration", "2"});
+    const auto first = with({"--max-duration", "2", "--set", "save_safetensors=true", "--set", "save_interval=1"});
     INFO(first.out << first.err);
     REQUIRE(first.exit_code == 0);
+    // save_safetensors: a fine-tune's checkpoint holds its PEFT adapter (what export --adapter writes), not the base.
+    const std::string step2 = dir.path("saves") + "/step2";
+    CHECK_FALSE(std::filesystem::exists(step2 + "/model.safetensors"));
+    REQUIRE(
+        test_util::run_trainer({"export", "--checkpoint", step2, "--adapter", "-o", dir.path("adapter")}).exit_code ==
+        0);
+    for (const char* file : {"/adapter_model.safetensors", "/adapter_config.json"}) {
+        CAPTURE(file);
+        CHECK(test_util::read_file(step2 + file) == test_util::read_file(dir.path("adapter") + file));
+    }
+    CHECK(test_util::read_file(dir.path("saves") + "/step1/adapter_model.safetensors") !=
+          test_util::read_file(step2 + "/adapter_model.safetensors"));
+    const auto from_folder = with(
+        {"--max-duration", "1", "--set", "lora.init_from=" + step2, "--set", "save_folder=" + dir.path("from_folder")});
+    INFO(from_folder.out << from_folder.err);
+    CHECK(from_folder.exit_code == 0);
     // Each of these would load: the adapters' sizes are the same (k_proj's are v_proj's here), or only the scale
     // differs. Each is another model, refused by its key.
     for (const auto& [set, key] :

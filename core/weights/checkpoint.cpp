@@ -395,13 +395,21 @@ std::string publish_save(const TrainConfig& config, const ParamLayout& layout, c
         w.close();
     }
     // Rank 0's unsharded copy of the weights, assembled from the checkpoint's pieces (their checksums verified) in
-    // the temporary folder: part of the checkpoint, published with it or not at all.
+    // the temporary folder: part of the checkpoint, published with it or not at all. A fine-tune's trained weights
+    // are its adapters: their copy is the PEFT adapter (the folder then loads as one), never the base again.
     if (config.save_safetensors) {
+        const char* file = config.lora.enabled ? "adapter_model.safetensors" : "model.safetensors";
         try {
-            export_weights(tmp_dir, (fs::path(tmp_dir) / "model.safetensors").string(), {});
+            if (config.lora.enabled) {
+                TrainConfig saved;
+                std::vector<std::vector<float>> units;
+                read_checkpoint_params(tmp_dir, &saved, &units);
+                write_peft_adapter_files(saved, ParamLayout(saved), units, tmp_dir, "save_safetensors");
+            } else {
+                export_weights(tmp_dir, (fs::path(tmp_dir) / file).string(), {});
+            }
         } catch (const UserError& e) {
-            user_error("checkpoint step {}: not published: its model.safetensors (save_safetensors) failed: {}", step,
-                       e.what());
+            user_error("checkpoint step {}: not published: its {} (save_safetensors) failed: {}", step, file, e.what());
         }
     }
     fsync_path(tmp_dir);

@@ -54,7 +54,7 @@ bool shard_lists_complete(const SavePaths& save, int files);
 // Test hook (TRAINER_DEBUG_KILL_IN_SAVE=<step>): the process dies between its shard file and the metadata.
 void debug_kill_in_save(long step);
 // 3. Rank 0, once every writer's files are complete: metadata.json from the `files` lists and save_safetensors'
-//    model.safetensors in the temporary folder, the rename to step<N>/, `latest` and save_num_checkpoints_to_keep;
+//    model.safetensors (a fine-tune's PEFT adapter) in the temporary folder, the rename to step<N>/, `latest` and save_num_checkpoints_to_keep;
 //    returns step<N>/'s path. Removes the temporary folder when it fails (nothing is published then). `rotate` false
 //    leaves the rotation to the caller (remove_excess_checkpoints).
 std::string publish_save(const TrainConfig& config, const ParamLayout& layout, const SavePaths& save, int files,

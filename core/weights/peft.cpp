@@ -139,15 +139,21 @@ Json peft_adapter_config(const TrainConfig& config, const std::string& base) {
             {"revision", nullptr}};
 }
 
-void write_peft_adapter(const TrainConfig& config, const ParamLayout& layout,
-                        const std::vector<std::vector<float>>& units, const std::string& dir) {
+void write_peft_adapter_files(const TrainConfig& config, const ParamLayout& layout,
+                              const std::vector<std::vector<float>>& units, const std::string& dir,
+                              const std::string& what) {
     const auto tensors = to_peft_tensors(config, layout, units);
     std::vector<TensorRef> refs;
     for (const auto& [name, t] : tensors) refs.push_back({name, t.shape, t.data.data()});
+    write_safetensors(dir + "/adapter_model.safetensors", refs, {{"format", "pt"}});
+    write_text_file(dir + "/adapter_config.json",
+                    peft_adapter_config(config, config.init_from.value_or("")).dump(2) + "\n", what);
+}
+
+void write_peft_adapter(const TrainConfig& config, const ParamLayout& layout,
+                        const std::vector<std::vector<float>>& units, const std::string& dir) {
     write_new_directory(dir, "export --adapter", [&](const std::string& tmp) {
-        write_safetensors(tmp + "/adapter_model.safetensors", refs, {{"format", "pt"}});
-        write_text_file(tmp + "/adapter_config.json",
-                        peft_adapter_config(config, config.init_from.value_or("")).dump(2) + "\n", "export --adapter");
+        write_peft_adapter_files(config, layout, units, tmp, "export --adapter");
     });
 }
 

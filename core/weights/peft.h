@@ -27,6 +27,11 @@ void from_peft_tensors(const TrainConfig& config, const ParamLayout& layout,
                        std::vector<std::vector<float>>& units);
 // adapter_config.json for the run's lora keys (base: the base model's path, or "").
 Json peft_adapter_config(const TrainConfig& config, const std::string& base);
+// Writes a PEFT adapter's two files (adapter_model.safetensors, adapter_config.json) into the directory `dir` (a
+// LoRA checkpoint's folder with save_safetensors); `what` names them in errors.
+void write_peft_adapter_files(const TrainConfig& config, const ParamLayout& layout,
+                              const std::vector<std::vector<float>>& units, const std::string& dir,
+                              const std::string& what);
 // Writes a PEFT adapter directory (adapter_config.json, adapter_model.safetensors) as the new directory `dir`,
 // whole or not at all (one that exists is refused).
 void write_peft_adapter(const TrainConfig& config, const ParamLayout& layout,
