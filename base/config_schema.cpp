@@ -129,7 +129,7 @@ const std::vector<KeySpec>& schema() {
         {"sample.temperature", KeyType::kFloat, 1.0, false, {}, 0, 1e6, "the sample's temperature; 0: greedy (draws seeded by the seed and the step)"},
         {"sample.top_k", KeyType::kInt, 0, false, {}, 0, 1e9, "the sample draws among the k most likely tokens; 0: all"},
         {"sample.tokenizer", KeyType::kString, nullptr, true, choice_names<Tokenizer>(), -kInf, kInf, "the tokenizer of the sample's prompt and text; null: the run's (tokenizer.identifier)"},
-        {"tokenizer.identifier", KeyType::kString, "bytes", false, {}, -kInf, kInf, "the run's tokenizer (OLMo's key; \"tokenizer\": \"NAME\" is short for it): bytes, gpt2, cl100k or dolma2, or the Hugging Face or OLMo identifier of one (openai-community/gpt2, cl100k_base, allenai/dolma2-tokenizer, tokenizers/allenai_dolma2.json); the sample, trainer generate and downstream evaluators tokenize text with it. Another identifier (OLMo-1B's GPT-NeoX one) is kept and refused by name wherever text must be tokenized: token ids still work"},
+        {"tokenizer.identifier", KeyType::kString, "bytes", false, {}, -kInf, kInf, "the run's tokenizer (OLMo's key; \"tokenizer\": \"NAME\" is short for it, as is --set tokenizer=NAME): bytes, gpt2, cl100k or dolma2, or the Hugging Face or OLMo identifier of one (openai-community/gpt2, cl100k_base, allenai/dolma2-tokenizer, tokenizers/allenai_dolma2.json); the sample, trainer generate and downstream evaluators tokenize text with it. Another identifier (OLMo-1B's GPT-NeoX one) is kept and refused by name wherever text must be tokenized: token ids still work"},
         {"save_folder", KeyType::kString, nullptr, true, {}, -kInf, kInf, "folder of checkpoints step<N>/ (created)"},
         {"save_interval", KeyType::kInt, 0, false, {}, 0, 9e18, "checkpoint every N steps; 0: only at the end (when save_folder is set)"},
         {"save_overwrite", KeyType::kBool, false, false, {}, -kInf, kInf, "allow a fresh run to write into a save_folder that already holds checkpoints"},
@@ -565,7 +565,9 @@ void apply_override(Json& doc, const std::string& assignment) {
     if (eq == std::string::npos || eq == 0) {
         user_error("--set \"{}\": expected key.path=value, e.g. --set optimizer.learning_rate=3e-4", assignment);
     }
-    const std::string path = assignment.substr(0, eq);
+    // "tokenizer" is short for "tokenizer.identifier", as in a config file ("tokenizer": "gpt2").
+    const std::string path =
+        assignment.substr(0, eq) == "tokenizer" ? "tokenizer.identifier" : assignment.substr(0, eq);
     const std::string text = assignment.substr(eq + 1);
     const KeySpec* spec = find_spec(path);
     if (!spec) unknown_key(path, "--set: ");

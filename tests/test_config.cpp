@@ -199,6 +199,9 @@ TEST_CASE("config: set overrides are typed by the schema") {
     REQUIRE_THROWS_WITH(apply_override(d, "model.rope=yes"), Contains("true or false"));
     REQUIRE_THROWS_WITH(apply_override(d, "seed"), Contains("expected key.path=value"));
     REQUIRE_THROWS_WITH(apply_override(d, "model.d_model=null"), Contains("null is not allowed"));
+    // "tokenizer" is tokenizer.identifier's short form, as in a config file.
+    apply_override(d, "tokenizer=gpt2");
+    CHECK(d["tokenizer"]["identifier"] == "gpt2");
     // A JSON string literal, as a config file spells it, is its string: not a path with quotes in it.
     apply_override(d, "data.paths=\"c,d.bin\"");
     apply_override(d, "run_name=\"quoted\"");
