@@ -440,6 +440,15 @@ TEST_CASE("label masks: prepare-data --instruct writes a token file and mask tha
         test_util::run_trainer({"prepare-data", "--instruct", dir.path("sft.jsonl"), "-o", dir.path("n.bin")});
     CHECK(no_len.exit_code != 0);
     CHECK_THAT(no_len.err, Contains("--seq-len is required"));
+    // Examples whose answers are all cut away leave nothing in the loss: refused, and nothing written.
+    test_util::write_file(dir.path("long.jsonl"),
+                          R"({"instruction": ")" + std::string(200, 'a') + R"(", "output": "b"})" + "\n");
+    const auto cut = test_util::run_trainer(
+        {"prepare-data", "--instruct", "--seq-len", "32", dir.path("long.jsonl"), "-o", dir.path("cut.bin")});
+    CHECK(cut.exit_code == 1);
+    CHECK_THAT(cut.err, Contains("no token of the 1 examples is in the loss: 1 of them lost every answer token"));
+    CHECK_FALSE(std::filesystem::exists(dir.path("cut.bin")));
+    CHECK_FALSE(std::filesystem::exists(dir.path("cut.bin.mask")));
     // tiny.json (bytes, 65 tokens an instance) trains on it: tokens_in_loss is the batch's mask count.
     const std::string metrics = dir.path("m.jsonl");
     const auto rows =

@@ -397,6 +397,13 @@ std::string prepare_instruct_data(const std::vector<std::string>& inputs, const 
     }
     if (examples.empty()) user_error("prepare data: the inputs hold no record (JSONL: one JSON object a line)");
     const InstructLayout laid = lay_out_examples(examples, options.seq_len, options.pack, pad);
+    if (laid.tokens_in_loss == 0) {
+        // The training would be refused on this mask (it marks nothing); say why here, before anything is written.
+        user_error(
+            "prepare data: no token of the {} examples is in the loss: {} of them lost every answer token to the "
+            "cut at --seq-len {}; a longer --seq-len keeps their answers",
+            laid.examples, laid.emptied, options.seq_len);
+    }
     const std::string mask_path = output + ".mask";
     TempOutput tokens_out(output), mask_out(mask_path);
     const int64_t n = static_cast<int64_t>(laid.tokens.size());
