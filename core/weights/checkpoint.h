@@ -54,9 +54,9 @@ bool shard_lists_complete(const SavePaths& save, int files);
 // Test hook (TRAINER_DEBUG_KILL_IN_SAVE=<step>): the process dies between its shard file and the metadata.
 void debug_kill_in_save(long step);
 // 3. Rank 0, once every writer's files are complete: metadata.json from the `files` lists and save_safetensors'
-//    model.safetensors (a fine-tune's PEFT adapter) in the temporary folder, the rename to step<N>/, `latest` and save_num_checkpoints_to_keep;
-//    returns step<N>/'s path. Removes the temporary folder when it fails (nothing is published then). `rotate` false
-//    leaves the rotation to the caller (remove_excess_checkpoints).
+//    model.safetensors (a fine-tune's PEFT adapter) in the temporary folder, the rename to step<N>/, `latest` and
+//    save_num_checkpoints_to_keep; returns step<N>/'s path. Removes the temporary folder when it fails (nothing is
+//    published then). `rotate` false leaves the rotation to the caller (remove_excess_checkpoints).
 std::string publish_save(const TrainConfig& config, const ParamLayout& layout, const SavePaths& save, int files,
                          bool rotate = true);
 // Removes the oldest complete checkpoints in save_folder beyond save_num_checkpoints_to_keep.
