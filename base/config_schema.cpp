@@ -407,10 +407,12 @@ void require(const Json& doc, const std::string& path) {
 
 // An override's string as written, or the string a JSON string literal spells ("a.bin" with its quotes, as a user
 // copying from a config file writes it); a literal that is not valid JSON is refused.
+// An override's text as messages show it: cut to 60 characters.
+std::string shown_text(const std::string& text) { return text.size() > 60 ? text.substr(0, 57) + "..." : text; }
+
 std::string unquoted(const std::string& text) {
     if (text.size() < 2 || text.front() != '"') return text;
-    const Json v =
-        parse_json(text, fmt::format("--set value {}", text.size() > 60 ? text.substr(0, 57) + "..." : text));
+    const Json v = parse_json(text, fmt::format("--set value {}", shown_text(text)));
     if (!v.is_string()) user_error("--set value {}: expected one JSON string", text);
     return v.get<std::string>();
 }
@@ -454,8 +456,7 @@ Json parse_typed(const KeySpec& spec, const std::string& path, const std::string
         case KeyType::kFloatPair:
         case KeyType::kObjectList: {
             if (!text.empty() && text[0] == '[') {
-                return parse_json(
-                    text, fmt::format("--set {}={}", path, text.size() > 60 ? text.substr(0, 57) + "..." : text));
+                return parse_json(text, fmt::format("--set {}={}", path, shown_text(text)));
             }
             if (spec.type != KeyType::kStringList) return fail();
             if (text.size() >= 2 && text.front() == '"') return Json::array({unquoted(text)});

@@ -149,13 +149,13 @@ void check_model_matches(const TrainConfig& saved, const TrainConfig& config, co
                                  "DIR -o base.safetensors) and give that as init_from");
     }
     if (!now.enabled) return;
-    std::vector<std::string> was_targets = was.targets, now_targets = now.targets;
-    std::sort(was_targets.begin(), was_targets.end());
-    std::sort(now_targets.begin(), now_targets.end());
-    const Json a_lora = config_json(saved)["lora"], b_lora = config_json(config)["lora"];
+    Json a_lora = config_json(saved)["lora"], b_lora = config_json(config)["lora"];
+    for (Json* lora : {&a_lora, &b_lora}) {
+        Json& targets = (*lora)["targets"];  // resolved (never null) where LoRA is enabled; a set: sorted
+        std::sort(targets.begin(), targets.end());
+    }
     for (const char* key : {"r", "alpha", "use_rslora", "quantize", "double_quant", "targets"}) {
-        const bool same = std::string(key) == "targets" ? was_targets == now_targets : a_lora[key] == b_lora[key];
-        if (!same) {
+        if (a_lora[key] != b_lora[key]) {
             user_error(
                 "checkpoint {}: lora.{} is {} in the checkpoint but {} in this run's config: the adapters "
                 "were trained as another model",
