@@ -163,36 +163,83 @@ void naive_attention(Vec& out, Vec& lse, const Vec& qkv, int B, int T, int NH, i
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------
-TEST_CASE("kernels: gemm matches a naive product for every transpose") {
+TEST_CASE("kernels: gemm matches a naive product for every transpose and partition") {
     std::mt19937_64 rng(1);
-    const int M = 7, N = 9, K = 13;
-    const int pad = 3;  // leading dimensions larger than the logical width
-    for (int ta = 0; ta < 2; ++ta) {
-        for (int tb = 0; tb < 2; ++tb) {
-            const int a_rows = ta ? K : M, a_cols = ta ? M : K;
-            const int b_rows = tb ? N : K, b_cols = tb ? K : N;
-            const int lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
-            const Vec A = random_vec(rng, static_cast<size_t>(a_rows) * lda);
-            const Vec Bm = random_vec(rng, static_cast<size_t>(b_rows) * ldb);
-            Vec Cm = random_vec(rng, static_cast<size_t>(M) * ldc);
-            Vec ref = Cm;
-            const double alpha = 0.7, beta = 0.3;
-            for (int i = 0; i < M; ++i) {
-                for (int j = 0; j < N; ++j) {
-                    double acc = 0.0;
-                    for (int k = 0; k < K; ++k) {
-                        const double a = ta ? A[static_cast<size_t>(k) * lda + i] : A[static_cast<size_t>(i) * lda + k];
-                        const double b =
-                            tb ? Bm[static_cast<size_t>(j) * ldb + k] : Bm[static_cast<size_t>(k) * ldb + j];
-                        acc += a * b;
+    const int saved = cpu::gemm_partition();
+    // A product too small to cut, then one cut into tiles with short last ones (67 = 4 x 16 + 3 rows).
+    struct Case {
+        int M, N, K, partition;
+    };
+    for (const Case c :
+         {Case{7, 9, 13, 1}, Case{67, 83, 61, 1}, Case{67, 83, 61, 2}, Case{67, 83, 61, 5}, Case{67, 83, 61, 16}}) {
+        const int M = c.M, N = c.N, K = c.K;
+        cpu::set_gemm_partition(c.partition);
+        const int pad = 3;  // leading dimensions larger than the logical width
+        for (int ta = 0; ta < 2; ++ta) {
+            for (int tb = 0; tb < 2; ++tb) {
+                const int a_rows = ta ? K : M, a_cols = ta ? M : K;
+                const int b_rows = tb ? N : K, b_cols = tb ? K : N;
+                const int lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
+                const Vec A = random_vec(rng, static_cast<size_t>(a_rows) * lda);
+                const Vec Bm = random_vec(rng, static_cast<size_t>(b_rows) * ldb);
+                Vec Cm = random_vec(rng, static_cast<size_t>(M) * ldc);
+                Vec ref = Cm;
+                const double alpha = 0.7, beta = 0.3;
+                for (int i = 0; i < M; ++i) {
+                    for (int j = 0; j < N; ++j) {
+                        double acc = 0.0;
+                        for (int k = 0; k < K; ++k) {
+                            const double a =
+                                ta ? A[static_cast<size_t>(k) * lda + i] : A[static_cast<size_t>(i) * lda + k];
+                            const double b =
+                                tb ? Bm[static_cast<size_t>(j) * ldb + k] : Bm[static_cast<size_t>(k) * ldb + j];
+                            acc += a * b;
+                        }
+                        ref[static_cast<size_t>(i) * ldc + j] =
+                            alpha * acc + beta * Cm[static_cast<size_t>(i) * ldc + j];
                     }
-                    ref[static_cast<size_t>(i) * ldc + j] = alpha * acc + beta * Cm[static_cast<size_t>(i) * ldc + j];
                 }
+                cpu::gemm<double>(ta, tb, M, N, K, alpha, A.data(), lda, Bm.data(), ldb, beta, Cm.data(), ldc);
+                check_close(
+                    fmt::format("gemm {}x{}x{} partition {} trans_a={} trans_b={}", M, N, K, c.partition, ta, tb), ref,
+                    Cm, 1e-12, 1e-13);
             }
-            cpu::gemm<double>(ta, tb, M, N, K, alpha, A.data(), lda, Bm.data(), ldb, beta, Cm.data(), ldc);
-            check_close(fmt::format("gemm trans_a={} trans_b={}", ta, tb), ref, Cm, 1e-13, 1e-13);
         }
     }
+    cpu::set_gemm_partition(saved);
+}
+
+TEST_CASE("kernels: a gemm gives the same bits on any thread count for its partition") {
+    // OpenBLAS's own threading sums differently per thread count on most of its x86 kernel sets (Haswell's, which
+    // CI machines pin, among them); the tiles keep the bits whatever runs them.
+    std::mt19937_64 rng(2);
+    const int saved_partition = cpu::gemm_partition(), saved_threads = omp_get_max_threads();
+    const int M = 200, N = 190, K = 150;
+    for (int ta = 0; ta < 2; ++ta) {
+        for (int tb = 0; tb < 2; ++tb) {
+            const VecF A = to_float(random_vec(rng, static_cast<size_t>(M) * K));
+            const VecF Bm = to_float(random_vec(rng, static_cast<size_t>(K) * N));
+            const VecF C0 = to_float(random_vec(rng, static_cast<size_t>(M) * N));
+            for (int partition : {2, 4}) {
+                cpu::set_gemm_partition(partition);
+                VecF first;
+                for (int threads = 1; threads <= partition; ++threads) {
+                    omp_set_num_threads(threads);
+                    VecF Cm = C0;
+                    cpu::gemm<float>(ta, tb, M, N, K, 1.0f, A.data(), ta ? M : K, Bm.data(), tb ? K : N, 1.0f,
+                                     Cm.data(), N);
+                    if (threads == 1)
+                        first = Cm;
+                    else
+                        check_bitwise(
+                            fmt::format("trans_a={} trans_b={} partition {} on {} threads", ta, tb, partition, threads),
+                            first, Cm);
+                }
+            }
+        }
+    }
+    omp_set_num_threads(saved_threads);
+    cpu::set_gemm_partition(saved_partition);
 }
 
 TEST_CASE("kernels: matmul backward matches finite differences") {

@@ -20,6 +20,7 @@
 #endif
 
 #include "base/common.h"
+#include "kernels/cpu/ops.h"
 
 namespace trainer {
 namespace {
@@ -181,8 +182,18 @@ int ThreadGovernor::poll() {
         return 0;
     }
     pending_ = 0;
-    threads_ = configure_threads(usable);
+    threads_ = set_thread_count(usable);
     return threads_;
+}
+
+int set_thread_count(int threads) {
+    threads = std::max(1, threads);
+    omp_set_num_threads(threads);
+    // OpenBLAS's own threads stay at one: the GEMMs run their tiles on OpenMP's (kernels/cpu/matmul.cpp). Its
+    // OpenMP build follows the calling task's OpenMP count, which the tiles set to one; its pthreads build keeps
+    // this count.
+    if (openblas_get_parallel() != 2) openblas_set_num_threads(1);
+    return threads;
 }
 
 int configure_threads(int threads) {
@@ -195,9 +206,8 @@ int configure_threads(int threads) {
                                                               : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
         if (threads <= 0) threads = 1;
     }
-    omp_set_num_threads(threads);
-    openblas_set_num_threads(threads);
-    return threads;
+    cpu::set_gemm_partition(threads);
+    return set_thread_count(threads);
 }
 
 double measure_clock_hz() {

@@ -8,9 +8,11 @@
 
 namespace trainer {
 
-// Sets the OpenMP and BLAS thread counts (0: OMP_NUM_THREADS if set, e.g. the launcher's share of the
-// cores, else one per available core); returns the count used.
+// Sets the run's thread count (0: OMP_NUM_THREADS if set, e.g. the launcher's share of the cores, else one per
+// available core) and with it the GEMMs' partition (kernels/cpu/ops.h gemm); returns the count used.
 int configure_threads(int threads);
+// Changes the thread count only (>= 1), the partition kept, so the numbers stay the same bits; returns it.
+int set_thread_count(int threads);
 
 // The thread count that tracks the cores other processes leave (threads: 0 without OMP_NUM_THREADS).
 // OpenMP's workers wait for each other at every parallel region's end; when another process takes a core,
@@ -18,8 +20,8 @@ int configure_threads(int threads);
 // process, the waiting workers spinning). Sampled at most every half second of wall time: the cores this
 // process received (its CPU time over the wall time) plus the idle time of the cores it may run on
 // (/proc/stat, within its affinity mask) is what it can use; the count follows that, between 1 and the
-// starting count, when two samples in a row agree. The CPU kernels give the same bits on any thread count,
-// so a change does not change the numbers.
+// starting count, when two samples in a row agree. The CPU kernels give the same bits on any thread count (the
+// GEMMs' tiles stay those of the starting count), so a change does not change the numbers.
 class ThreadGovernor {
    public:
     explicit ThreadGovernor(int max_threads);

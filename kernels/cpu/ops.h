@@ -8,8 +8,9 @@
 //
 // Each kernel implements the Backend op of the same name: its contract (shapes in the legend there, what
 // accumulates, what is overwritten, what may be null) is written once, in kernels/backend.h. Here, only
-// what is particular to the CPU twins: every reduction uses a fixed partition over the threads, so the
-// same inputs and thread count give bitwise the same outputs.
+// what is particular to the CPU twins: every reduction uses a partition fixed by its sizes (the GEMMs' by the
+// partition set at the run's start too), not by the threads running it, so the same inputs give bitwise the same
+// outputs on any thread count.
 #pragma once
 
 #include <cstddef>
@@ -21,10 +22,16 @@
 namespace trainer::cpu {
 
 // ---- matmul.cpp: GEMMs through OpenBLAS (cblas_sgemm / cblas_dgemm), row-major. ----
-// C(M,N) = alpha * op(A) @ op(B) + beta * C, op = transpose when trans_*; lda/ldb/ldc row strides.
+// C(M,N) = alpha * op(A) @ op(B) + beta * C, op = transpose when trans_*; lda/ldb/ldc row strides. The product is
+// cut into at most gemm_partition() tiles, fixed by its shape, each one single-threaded BLAS call: the bits
+// depend on the shape and the partition, not on how many threads run the tiles.
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb, T beta,
           T* C, int ldc);
+// The partition: configure_threads (kernels/cpu/machine.h) sets it to the run's starting thread count; the thread
+// governor leaves it. 1 until set.
+void set_gemm_partition(int ways);
+int gemm_partition();
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int M, int K, int N);
 template <typename T>
