@@ -106,7 +106,8 @@ void set_from_flag(Json& doc, const std::string& flag, const std::string& key, c
 // The training flags: the config, its overrides and the named shortcuts, taken by training and by every
 // subcommand that runs a configuration (bench-kernels, bench-comm, logits, show-config, plan).
 struct TrainingFlags {
-    // A named CLI shortcut for a config key: its value is typed and checked by the schema.
+    // A named CLI shortcut for a config key: its value is typed and checked by the schema. A key with a fixed set
+    // of values lists them in its help from the schema, followed by `help` (so a new value is never left out).
     struct Shortcut {
         const char* flag;
         const char* key;
@@ -117,7 +118,7 @@ struct TrainingFlags {
     bool strict = false;
     std::vector<std::string> sets, data_paths;
     std::vector<Shortcut> shortcuts = {
-        {"--device", "device", "auto | cpu | cuda", ""},
+        {"--device", "device", "", ""},
         {"--save-folder", "save_folder", "checkpoint folder", ""},
         {"--load-path", "load_path", "resume from a checkpoint folder or \"latest\"", ""},
         {"--init-from", "init_from", "initial weights, safetensors with Hugging Face names", ""},
@@ -127,10 +128,10 @@ struct TrainingFlags {
         {"--seed", "seed", "run seed", ""},
         {"--max-duration", "max_duration", "steps, tokens (2e9T) or epochs (1ep)", ""},
         {"--threads", "threads", "compute threads, 0 = one per core", ""},
-        {"--strategy", "distributed_strategy", "single | ddp | fsdp | auto (the plan chooses)", ""},
-        {"--sharding-strategy", "fsdp.sharding_strategy", "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD", ""},
-        {"--wrapping-strategy", "fsdp.wrapping_strategy", "FSDP wrap policy, OLMo's names", ""},
-        {"--precision", "precision", "fp32 | amp_bf16", ""},
+        {"--strategy", "distributed_strategy", "auto lets the plan choose", ""},
+        {"--sharding-strategy", "fsdp.sharding_strategy", "", ""},
+        {"--wrapping-strategy", "fsdp.wrapping_strategy", "FSDP's wrap policy, OLMo's names", ""},
+        {"--precision", "precision", "", ""},
     };
 
     void add_to(CLI::App& app) {
@@ -141,7 +142,13 @@ struct TrainingFlags {
                      "with a YAML config: OLMo keys that have no effect here are errors, not a warning");
         app.add_option("--set", sets, "override any config key: --set key.path=value (repeatable)");
         app.add_option("--data", data_paths, "token files (config: data.paths)");
-        for (auto& s : shortcuts) app.add_option(s.flag, s.value, fmt::format("{} (config: {})", s.help, s.key));
+        for (auto& s : shortcuts) {
+            const std::vector<std::string> choices = trainer::config_key_choices(s.key);
+            const std::string help = choices.empty() ? std::string(s.help)
+                                     : *s.help       ? fmt::format("{}; {}", fmt::join(choices, " | "), s.help)
+                                                     : fmt::format("{}", fmt::join(choices, " | "));
+            app.add_option(s.flag, s.value, fmt::format("{} (config: {})", help, s.key));
+        }
     }
 
     // Schema defaults <- config file <- --set overrides <- named shortcuts, validated.

@@ -313,6 +313,9 @@ std::string config_keys_markdown();
 // The schema's default of a key (dotted path; a key the schema lacks is an internal error): what a config
 // written before the key existed meant by its absence.
 Json config_key_default(const std::string& path);
+// A string key's allowed values, in the schema's order (empty for a key without a fixed set; a key the schema lacks
+// is an internal error): what a CLI shortcut's help lists.
+std::vector<std::string> config_key_choices(const std::string& path);
 // The closest schema key to `path` (for "did you mean"), or "" when none is close.
 std::string closest_config_key(const std::string& path);
 

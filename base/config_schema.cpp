@@ -496,6 +496,12 @@ Json config_key_default(const std::string& path) {
     return spec->default_value;
 }
 
+std::vector<std::string> config_key_choices(const std::string& path) {
+    const KeySpec* spec = find_spec(path);
+    TRAINER_CHECK(spec != nullptr, "no config key {}", path);
+    return spec->choices;
+}
+
 std::string closest_config_key(const std::string& path) {
     std::string best;
     size_t best_d = std::numeric_limits<size_t>::max();

@@ -1,4 +1,4 @@
-// The command line's own flags: trainer --version.
+// The command line's own flags: trainer --version, and the help's list of a choice flag's values.
 #include <sstream>
 #include <string>
 #include <vector>
@@ -35,4 +35,15 @@ TEST_CASE("cli: trainer --version names the version and commit and build and eac
     CHECK_THAT(lines[4], StartsWith("CUDA: none"));
     CHECK_THAT(lines[5], StartsWith("NCCL: none"));
 #endif
+}
+
+TEST_CASE("cli: a choice flag's help lists every value its config key takes") {
+    const auto r = test_util::run_trainer({"--help"});
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Contains("fp32 | amp_bf16 | amp_fp8 (config: precision)"));
+    CHECK_THAT(r.out, Contains("single | ddp | fsdp | auto; auto lets the plan choose (config: distributed_strategy)"));
+    CHECK_THAT(r.out,
+               Contains("FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD (config: fsdp.sharding_strategy)"));
+    CHECK_THAT(r.out, Contains("auto | cpu | cuda (config: device)"));
 }
