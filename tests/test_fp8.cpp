@@ -282,6 +282,57 @@ TEST_CASE("fp8: per-tensor scales from the amax and the quantized values an FP8 
     }
 }
 
+TEST_CASE("fp8: the CPU's cast loop equals fp8_round on every bf16 value and every rounding boundary") {
+    // cpu::fp8_quantize_dequantize rounds without branches (so that it vectorizes); fp8_round is the reference the
+    // tests above hold to the specification and to cuda_fp8.h. Scale 1 shows the rounding itself, bit for bit.
+    for (const Fp8Format format : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+        CAPTURE(fp8_name(format));
+        std::vector<float> x;
+        for (uint32_t bits = 0; bits < 65536; ++bits) x.push_back(bf16_value(static_cast<uint16_t>(bits)));
+        // Each code's value and each midpoint between neighbours, with the eight floats around them, both signs
+        // (the subnormals' steps, the normals' ties, the saturation past the largest finite value, fp32's own
+        // subnormals and zero among them).
+        std::vector<double> points = {0.0, 1e-45, 1.2e-38, INFINITY};
+        for (int c = 0; c < 127; ++c) {
+            const double lo = fp8_decode(static_cast<uint8_t>(c), format),
+                         hi = fp8_decode(static_cast<uint8_t>(c + 1), format);
+            if (!std::isfinite(lo)) break;
+            points.push_back(lo);
+            points.push_back(std::isfinite(hi) ? (lo + hi) / 2 : lo * 1.0625);
+        }
+        for (const double p : points) {
+            for (const float sign : {1.0f, -1.0f}) {
+                float v = sign * static_cast<float>(p);
+                for (int k = 0; k < 4; ++k) v = std::nextafter(v, 0.0f);
+                for (int k = 0; k < 9; ++k, v = std::nextafter(v, sign * INFINITY)) x.push_back(v);
+            }
+        }
+        std::mt19937 rng(12);
+        for (int i = 0; i < 1'000'000; ++i) x.push_back(bits_float(static_cast<uint32_t>(rng())));
+        for (const float scale : {1.0f, 0.75f, 3.0e5f}) {
+            CAPTURE(scale);
+            std::vector<float> got(x.size());
+            cpu::fp8_quantize_dequantize(got.data(), x.data(), x.size(), scale, format);
+            long mismatches = 0;
+            for (size_t i = 0; i < x.size(); ++i) {
+                const float want = fp8_round(x[i] * scale, format) / scale;
+                const bool same = std::isnan(want) ? std::isnan(got[i]) : float_bits(got[i]) == float_bits(want);
+                if (!same && ++mismatches <= 5)
+                    UNSCOPED_INFO(x[i] << " (0x" << std::hex << float_bits(x[i]) << "): 0x" << float_bits(got[i])
+                                       << ", fp8_round 0x" << float_bits(want));
+            }
+            CHECK(mismatches == 0);
+        }
+    }
+    // The amax: the largest magnitude, a NaN where there is one (whichever sign and place), an infinity otherwise.
+    const std::vector<float> v = {1.0f, -7.5f, 2.0f, -0.0f};
+    CHECK(cpu::fp8_amax(v.data(), v.size()) == 7.5f);
+    const std::vector<float> inf = {1.0f, -INFINITY, 3.0f}, nan = {1.0f, -std::nanf(""), INFINITY, 3.0f};
+    CHECK(cpu::fp8_amax(inf.data(), inf.size()) == INFINITY);
+    CHECK(std::isnan(cpu::fp8_amax(nan.data(), nan.size())));
+    CHECK(cpu::fp8_amax(nan.data(), 0) == 0.0f);
+}
+
 TEST_CASE("fp8: the CPU's FP8 Linear reads e4m3 inputs and weights and e5m2 gradients and keeps the bias exact") {
     const int M = 6, K = 5, N = 4;
     std::mt19937 rng(3);
