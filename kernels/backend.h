@@ -72,6 +72,10 @@ struct GemmOperand {
 
 // The GEMM operands of the Linear layers that follow (Backend::set_linear_precision).
 enum class LinearPrecision { kDefault, kFp8 };
+// Whether a Linear of K inputs and N outputs computes in FP8 under kFp8: cuBLASLt's FP8 GEMMs sum over multiples of
+// 16 and write rows of them (the tokens, M, are padded where a GEMM sums over them). Every backend holds to it (the
+// CPU's emulation and the plan's dry backend too): another shape runs as kDefault, said once a shape.
+inline bool fp8_linear_shape(int K, int N) { return K % 16 == 0 && N % 16 == 0; }
 
 // LoRA's dropout of an adapter's input (training only): element (m, k) is kept, and scaled by 1 / (1 - p), where
 // lora_dropout_keep(row_keys[m], adapter, k, threshold) (kernels/element.h): masks keyed by each row's (seed, step,

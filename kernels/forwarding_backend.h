@@ -197,8 +197,9 @@ class ForwardingBackend : public Backend {
    private:
     // amp_fp8: the Linear layers' precision as set_linear_precision last set it. A GEMM called under kFp8 is its FP8
     // op ("matmul_fp8_forward", "matmul_fp8_backward": the GEMMs at the FP8 peak, their operands' amax and casts
-    // as "fp8_cast"), and its call sets the precision on the backend it runs on (fp8_call), so that a recorded call
-    // run again (bench-kernels' timer, the recorder's cost model) runs as it ran in the step.
+    // as "fp8_cast") where its shape has FP8 GEMMs (fp8_linear_shape), else its plain op; its call sets the
+    // precision on the backend it runs on (fp8_call), so that a recorded call run again (bench-kernels' timer, the
+    // recorder's cost model) runs as it ran in the step.
     LinearPrecision linear_ = LinearPrecision::kDefault;
     std::function<void(Backend&)> fp8_call(std::function<void(Backend&)> run) const {
         if (linear_ != LinearPrecision::kFp8) return run;
@@ -256,7 +257,7 @@ inline std::string shared_heads_shape(int N, int NH, int KVH, int HS, std::initi
 
 inline void ForwardingBackend::matmul_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias,
                                               int M, int K, int N) {
-    if (linear_ == LinearPrecision::kFp8) {
+    if (linear_ == LinearPrecision::kFp8 && fp8_linear_shape(K, N)) {
         // e4m3 codes of inp and weight (each an amax pass, unless its producer wrote inp's, and a cast pass), one
         // byte an element in the GEMM.
         const double mk = double(M) * K, nk = double(N) * K;
@@ -274,7 +275,7 @@ inline void ForwardingBackend::matmul_forward(GemmOperand out, GemmOperand inp, 
         op_shapes::row("matmul_forward", op_shapes::gemm_shape(M, K, N, bias, {out, inp}), GemmShape{M, K, N, false})
             .cost(2.0 * M * K * N, op_shapes::bytes_of(inp) * M * K + op_shapes::bytes_of(out) * M * N +
                                        4.0 * (double(N) * K + (bias ? N : 0))),
-        [=](Backend& b) { b.matmul_forward(out, inp, weight, bias, M, K, N); });
+        fp8_call([=](Backend& b) { b.matmul_forward(out, inp, weight, bias, M, K, N); }));
 }
 
 inline void ForwardingBackend::matmul_backward(GemmOperand dinp, float* dweight, float* dbias, GemmOperand dout,
@@ -284,7 +285,7 @@ inline void ForwardingBackend::matmul_backward(GemmOperand dinp, float* dweight,
                                                : accumulate_dinp ? ", input gradient +="
                                                                  : "") +
                                    (dweight == nullptr ? ", frozen weight" : "");
-    if (linear_ == LinearPrecision::kFp8) {
+    if (linear_ == LinearPrecision::kFp8 && fp8_linear_shape(K, N)) {
         // e5m2 codes of dout (row-major for the input gradient, transposed for the weight's, from one pass), e4m3
         // of weight transposed (the input gradient) and of inp transposed (the weight gradient); an operand whose
         // producer wrote its amax is read once, not twice.
@@ -316,7 +317,9 @@ inline void ForwardingBackend::matmul_backward(GemmOperand dinp, float* dweight,
                        (dweight ? op_shapes::bytes_of(inp) * M * K : 0) + op_shapes::bytes_of(dout) * M * N +
                            (dinp.p ? op_shapes::bytes_of(dinp) * M * K : 0) +
                            4.0 * ((dweight ? 3.0 : 1.0) * N * K + (dbias ? 2 * N : 0))),
-             [=](Backend& b) { b.matmul_backward(dinp, dweight, dbias, dout, inp, weight, M, K, N, accumulate_dinp); });
+             fp8_call([=](Backend& b) {
+                 b.matmul_backward(dinp, dweight, dbias, dout, inp, weight, M, K, N, accumulate_dinp);
+             }));
 }
 
 // QLoRA's unpacking: codes, absmaxes and the values (fp32, or bf16 words), a pass over each. Not a row of

@@ -574,6 +574,46 @@ TEST_CASE("fp8: amp_fp8 is refused by name where there is no FP8: the plan of a 
     CHECK(h100.exit_code == 0);
 }
 
+TEST_CASE("fp8: a block Linear whose K or N is not a multiple of 16 runs unrounded as a GPU runs it in bf16") {
+    // cuBLASLt's FP8 GEMMs take K and N in multiples of 16: d_model 40 gives none (its emulation is then fp32, bit for
+    // bit, each shape said once), 48 every one; bench-kernels (the plan's op recorder) prices them alike.
+    test_util::TempDir dir;
+    auto train = [&](const std::string& precision, int d_model) {
+        const std::string metrics = dir.path(fmt::format("{}_{}.jsonl", precision, d_model));
+        const auto r = test_util::run_trainer({"--config", "configs/tiny.json", "--data",
+                                               test_util::fixture("olmo_tiny_tokens.u16"), "--max-duration", "3",
+                                               "--precision", precision, "--metrics-file", metrics, "--set",
+                                               "model.d_model=" + std::to_string(d_model)});
+        INFO(r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+        return std::pair{test_util::read_metrics(metrics), r.err};
+    };
+    const auto [fp32_40, quiet] = train("fp32", 40);
+    const auto [fp8_40, warned] = train("amp_fp8", 40);
+    test_util::check_losses(fp32_40, fp8_40, 0, 0.0);
+    CHECK(quiet.find("warning: amp_fp8") == std::string::npos);
+    // att_proj (40 -> 120), attn_out (40 -> 40), ff_proj (40 -> 320), ff_out (160 -> 40): each once, every step alike.
+    for (const char* shape : {"256 x 120 x 40", "256 x 40 x 40", "256 x 320 x 40", "256 x 40 x 160"}) {
+        CAPTURE(shape);
+        const std::string line = fmt::format("warning: amp_fp8: the Linear forward of {} runs in fp32", shape);
+        const size_t at = warned.find(line);
+        CHECK(at != std::string::npos);
+        CHECK(warned.find(line, at + 1) == std::string::npos);
+    }
+    const auto [fp32_48, quiet48] = train("fp32", 48);
+    const auto [fp8_48, fp8_err48] = train("amp_fp8", 48);
+    CHECK(fp8_err48.find("warning: amp_fp8") == std::string::npos);
+    CHECK(fp8_48.back()["loss"].get<double>() != fp32_48.back()["loss"].get<double>());
+    for (const int d_model : {40, 48}) {
+        const auto r = test_util::run_trainer({"bench-kernels", "--config", "configs/tiny.json", "--precision",
+                                               "amp_fp8", "--set", "model.d_model=" + std::to_string(d_model)});
+        INFO(r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+        CHECK((r.out.find("| matmul_fp8_forward |") != std::string::npos) == (d_model == 48));
+        CHECK((r.out.find("| matmul_fp8_backward |") != std::string::npos) == (d_model == 48));
+    }
+}
+
 TEST_CASE("fp8: DDP and every FSDP mode on 2 and 4 CPU ranks train amp_fp8 as the single process on one instance") {
     // A per-tensor scale comes from its tensor's amax over a rank's micro-batch, and rank r of W takes entries r,
     // r + W, ... of the global batch, so the ranks' micro-batches are not the single process's and neither are their

@@ -587,10 +587,9 @@ class CudaBackend final : public CudaRuntime {
         }
         return false;
     }
-    // cuBLASLt's FP8 GEMMs sum over a multiple of 16 and write rows of one: a Linear's K and N must be (its M, the
-    // tokens, is padded where the weight gradient sums over it).
+    // cuBLASLt's FP8 GEMMs take the Linear's K and N as fp8_linear_shape says (kernels/backend.h).
     bool fp8_runs(const char* what, int M, int N, int K) {
-        return (N % 16 == 0 && K % 16 == 0) ||
+        return fp8_linear_shape(K, N) ||
                fp8_fallback(what, M, N, K, "cuBLASLt's FP8 GEMMs take K and N that are multiples of 16");
     }
     static int fp8_padded(int rows) { return (rows + 15) / 16 * 16; }
