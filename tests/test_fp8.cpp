@@ -558,20 +558,39 @@ TEST_CASE("fp8: the plan prices amp_fp8's block GEMMs at the FP8 peak with their
     CHECK(t8 > 0.5 * t16);
 }
 
-TEST_CASE("fp8: amp_fp8 is refused by name where there is no FP8: the plan of a GPU without it and of the CPU") {
-    for (const std::string hw : {"a100-80gb", "cpu"}) {
-        CAPTURE(hw);
-        const auto plan = test_util::run_trainer(
-            {"plan", "--all", "--config", "configs/olmo_1b.json", "--precision", "amp_fp8", "--hardware", hw});
-        CHECK(plan.exit_code != 0);
-        CHECK_THAT(plan.err, Catch::Matchers::Contains("plan: precision amp_fp8 runs its Linear layers at an FP8 "
-                                                       "peak, and " +
-                                                       hw + " has none"));
-    }
+TEST_CASE("fp8: the plan prices amp_fp8 at an FP8 peak or from FP8 GEMM times measured and refuses it elsewhere") {
+    using Catch::Matchers::Contains;
+    const auto a100 = test_util::run_trainer(
+        {"plan", "--all", "--config", "configs/olmo_1b.json", "--precision", "amp_fp8", "--hardware", "a100-80gb"});
+    CHECK(a100.exit_code != 0);
+    CHECK_THAT(a100.err, Contains("plan: precision amp_fp8 runs its Linear layers at an FP8 peak, and a100-80gb has "
+                                  "none"));
     const auto h100 = test_util::run_trainer(
         {"plan", "--all", "--config", "configs/olmo_1b.json", "--precision", "amp_fp8", "--hardware", "h100-sxm"});
     INFO(h100.out << h100.err);
     CHECK(h100.exit_code == 0);
+    // The CPU has no peaks: its plan needs the op times measured, and under amp_fp8 the FP8 GEMMs' among them, as a
+    // CPU run with distributed_strategy auto (which plans) does.
+    test_util::TempDir dir;
+    const auto cpu = test_util::run_trainer({"plan", "--config", "configs/tiny.json", "--precision", "amp_fp8"});
+    CHECK(cpu.exit_code != 0);
+    CHECK_THAT(cpu.err, Contains("needs --calibration FILE") && Contains("--precision amp_fp8 --calibration-out"));
+    for (const std::string precision : {"fp32", "amp_fp8"}) {
+        const auto bench = test_util::run_trainer({"bench-kernels", "--config", "configs/tiny.json", "--precision",
+                                                   precision, "--calibration-out", dir.path(precision + ".json")});
+        INFO(bench.out << bench.err);
+        REQUIRE(bench.exit_code == 0);
+    }
+    const auto unpriced = test_util::run_trainer(
+        {"plan", "--config", "configs/tiny.json", "--precision", "amp_fp8", "--calibration", dir.path("fp32.json")});
+    CHECK(unpriced.exit_code != 0);
+    CHECK_THAT(unpriced.err, Contains("precision amp_fp8, and the file timed no matmul_fp8_forward"));
+    const auto run = test_util::run_trainer(
+        {"--config", "configs/tiny.json", "--data", test_util::fixture("olmo_tiny_tokens.u16"), "--max-duration", "2",
+         "--precision", "amp_fp8", "--strategy", "auto", "--set", "plan.calibration=" + dir.path("amp_fp8.json")});
+    INFO(run.out << run.err);
+    CHECK(run.exit_code == 0);
+    CHECK_THAT(run.out, Contains("distributed_strategy auto (plan on cpu): single"));
 }
 
 TEST_CASE("fp8: a block Linear whose K or N is not a multiple of 16 runs unrounded as a GPU runs it in bf16") {

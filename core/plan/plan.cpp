@@ -186,14 +186,6 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
                    hw_name, hardware_names(), hardware_dir());
     }
     plan.hw = *entry;
-    // amp_fp8: the FP8 GEMMs at the entry's FP8 peak. Hardware without one (GPUs before compute capability 8.9,
-    // the CPU, whose amp_fp8 is an emulation and no speed to plan for) is refused.
-    if (config.precision == Precision::kAmpFp8 && entry->fp8_flops <= 0.0) {
-        user_error(
-            "plan: precision amp_fp8 runs its Linear layers at an FP8 peak, and {} has none (its hardware file's "
-            "fp8_tflops; FP8 tensor cores come with compute capability 8.9{}); plan amp_bf16 there",
-            entry->name, entry->name == "cpu" ? ", and the CPU's amp_fp8 is an emulation of their numerics" : "");
-    }
     // The links measured on the machine in place of the entry's, and the entry's attention share for the
     // model's heads.
     if (!o.comm_calibration.empty()) {
@@ -207,8 +199,8 @@ Plan make_plan(const TrainConfig& config, const RankEnv& env, Device device, con
     if (hw.bf16_flops <= 0.0 && hw.fp32_flops <= 0.0 && !plan.calibration) {  // the CPU's entry: no peaks
         user_error(
             "plan --hardware {}: needs --calibration FILE (plan.calibration), the op times measured on this machine "
-            "(trainer bench-kernels --config C --threads T --calibration-out FILE, T the threads each rank gets)",
-            hw.name);
+            "(trainer bench-kernels --config C --threads T{} --calibration-out FILE, T the threads each rank gets)",
+            hw.name, config.precision == Precision::kAmpFp8 ? " --precision amp_fp8" : "");
     }
     const Calibration* cal = plan.calibration ? &*plan.calibration : nullptr;
     // CPU ranks share the node's cores: each op slows by the calibration's threads over the rank's, and again

@@ -43,6 +43,11 @@ StepTimer::StepTimer(const Hardware& hw, const Calibration* calibration, bool bf
       pid_(pid) {}
 
 double StepTimer::op_seconds(const StepEvent& e) const {
+    // amp_fp8's block GEMMs are priced from the calibration's FP8 GEMM times where it has them (bench-kernels under
+    // amp_fp8: a GPU's, or the CPU's emulation, which a CPU run with distributed_strategy auto plans with), else at
+    // the hardware entry's FP8 peak; neither is refused by name (a calibration's copy speed is no GEMM's, and GPUs
+    // before compute capability 8.9 have no FP8).
+    const bool fp8 = std::strncmp(e.what, "matmul_fp8", 10) == 0;
     // The calibration entry of the same op whose work is closest; its time scaled by the work.
     if (cal_ != nullptr) {
         const bool by_flops = e.flops > 0.0;
@@ -56,6 +61,13 @@ double StepTimer::op_seconds(const StepEvent& e) const {
             if (best == nullptr || d < best_d) best = &c, best_d = d;
         }
         if (best != nullptr) return cal_->step_scale * best->seconds * work / (by_flops ? best->flops : best->bytes);
+        if (fp8) {
+            user_error(
+                "plan --calibration {}: precision amp_fp8, and the file timed no {} (it was measured without "
+                "amp_fp8); measure one with trainer bench-kernels --config C --precision amp_fp8 --calibration-out "
+                "FILE, or plan without it",
+                cal_->path, e.what);
+        }
         // An op the file has not: a copy's speed.
         if (cal_->bandwidth > 0.0) return cal_->step_scale * e.bytes / cal_->bandwidth;
     }
@@ -64,7 +76,13 @@ double StepTimer::op_seconds(const StepEvent& e) const {
     const bool gemm = std::strncmp(e.what, "matmul", 6) == 0, attention = std::strncmp(e.what, "attention", 9) == 0;
     const double eff = gemm ? hw_.gemm_efficiency : attention ? hw_.attention_efficiency : 1.0;
     // amp_fp8's GEMMs at the FP8 peak (their casts are ops of their own: "fp8_cast", memory-bound).
-    const double peak = std::strncmp(e.what, "matmul_fp8", 10) == 0 ? hw_.fp8_flops : peak_;
+    if (fp8 && hw_.fp8_flops <= 0.0) {
+        user_error(
+            "plan: precision amp_fp8 runs its Linear layers at an FP8 peak, and {} has none (its hardware file's "
+            "fp8_tflops; FP8 tensor cores come with compute capability 8.9); plan amp_bf16 there",
+            hw_.name);
+    }
+    const double peak = fp8 ? hw_.fp8_flops : peak_;
     const double t_flops = peak > 0.0 ? e.flops / (peak * eff) : 0.0;
     const double t_bytes = hw_.bandwidth > 0.0 ? e.bytes / (hw_.bandwidth * hw_.memory_efficiency) : 0.0;
     return std::max(t_flops, t_bytes) + hw_.op_overhead + (gemm ? hw_.gemm_overhead : 0.0);
