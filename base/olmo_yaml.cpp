@@ -55,7 +55,12 @@ Json plain_scalar(const std::string& s) {
         try {
             return std::stoll(plain);
         } catch (const std::out_of_range&) {
-            return std::stod(plain);
+            // Beyond an int64: a double where one holds it, else text (over 308 digits), for the schema to refuse.
+            try {
+                return std::stod(plain);
+            } catch (const std::out_of_range&) {
+                return s;
+            }
         }
     }
     bool is_float = false;

@@ -191,6 +191,11 @@ TEST_CASE("olmo yaml: values the trainer cannot honour URLs typos and bad YAML a
     // A typo is refused with the closest key.
     expect_error(with("  d_model: 2048", "  d_modle: 2048", data), "did you mean \"model.d_model\"");
     expect_error(with("run_name: OLMo-1B", "run_name: [unclosed", data), "not valid YAML at line");
+    // An integer beyond an int64 reads as a double, and one beyond a double (over 308 digits) as text: each refused
+    // by the schema, by name (the second threw out of the reader, found by fuzzing).
+    expect_error(with("  d_model: 2048", "  d_model: " + std::string(30, '9'), data),
+                 "model.d_model: 1e+30 is out of range");
+    expect_error(with("  d_model: 2048", "  d_model: " + std::string(400, '9'), data), "model.d_model: \"999999");
     expect_error(with("eval_interval: ${save_interval}", "eval_interval: ${save_intervall}", data),
                  "eval_interval: ${save_intervall} names no key of the config");
     // scheduler.units: tokens becomes steps of 2048 x 2048 tokens, fractional where they do not divide (OLMo
