@@ -144,9 +144,8 @@ struct TrainingFlags {
         app.add_option("--data", data_paths, "token files (config: data.paths)");
         for (auto& s : shortcuts) {
             const std::vector<std::string> choices = trainer::config_key_choices(s.key);
-            const std::string help = choices.empty() ? std::string(s.help)
-                                     : *s.help       ? fmt::format("{}; {}", fmt::join(choices, " | "), s.help)
-                                                     : fmt::format("{}", fmt::join(choices, " | "));
+            std::string help = s.help;
+            if (!choices.empty()) help = fmt::format("{}{}{}", fmt::join(choices, " | "), *s.help ? "; " : "", s.help);
             app.add_option(s.flag, s.value, fmt::format("{} (config: {})", help, s.key));
         }
     }

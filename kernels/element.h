@@ -188,7 +188,7 @@ struct Fp8Spec {
     float max_finite;
     uint8_t max_code;  // the largest finite value's positive code
 };
-TRAINER_HD Fp8Spec fp8_spec(Fp8Format f) {
+TRAINER_HD constexpr Fp8Spec fp8_spec(Fp8Format f) {
     return f == Fp8Format::kE4M3 ? Fp8Spec{3, 7, 448.0f, 0x7E} : Fp8Spec{2, 15, 57344.0f, 0x7B};
 }
 inline const char* fp8_name(Fp8Format f) { return f == Fp8Format::kE4M3 ? "e4m3" : "e5m2"; }

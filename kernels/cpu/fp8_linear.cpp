@@ -33,10 +33,11 @@ namespace {
 // magnitudes at or past the largest finite value saturate to it; a NaN stays itself. Tested equal to fp8_round.
 template <Fp8Format F>
 inline float round_to_fp8(float x) {
-    constexpr int m = F == Fp8Format::kE4M3 ? 3 : 2, min_exp = F == Fp8Format::kE4M3 ? -6 : -14, shift = 23 - m;
-    constexpr float max_finite = F == Fp8Format::kE4M3 ? 448.0f : 57344.0f;
-    // 2^(min_exp - m + 23): its last place is 2^(min_exp - m).
-    constexpr float magic = F == Fp8Format::kE4M3 ? 16384.0f : 128.0f;
+    constexpr Fp8Spec spec = fp8_spec(F);
+    constexpr int m = spec.mantissa_bits, min_exp = 1 - spec.bias, shift = 23 - m;
+    constexpr float max_finite = spec.max_finite;
+    // 2^(min_exp - m + 23) (16384 for e4m3, 128 for e5m2): its last place is 2^(min_exp - m).
+    constexpr float magic = static_cast<float>(1u << (min_exp - m + 23));
     uint32_t bits;
     std::memcpy(&bits, &x, sizeof bits);
     const uint32_t sign = bits & 0x80000000u, a = bits & 0x7FFFFFFFu;
