@@ -36,8 +36,10 @@
 #                   at step 0 (fp32, no compile) on tiny.json and the OLMo-2 and Llama-shaped fixtures
 #   fp8_speed       scripts/bench_gpu.sh --fp8 on OLMo-1B micro-batch 8 and OLMo-2 1B (4 x 4096): amp_fp8's tokens/s
 #                   against the trainer's amp_bf16 and PyTorch's _scaled_mm FP8 peer (the note carries each
-#                   shape's ratios), then bench-kernels in amp_fp8 on OLMo-1B micro-batch 8 (the FP8 GEMMs' and
-#                   casts' share of a step)
+#                   shape's ratios)
+#   fp8_kernels     bench-kernels on OLMo-1B micro-batch 8 in amp_bf16 and in amp_fp8: where each step's time goes
+#                   (the blocks' Linear layers with their FP8 casts, attention, the head, ...; the note carries
+#                   each precision's shares), so the ceiling FP8 sets on the step is known
 #   lora_peft       LoRA (r 16 on every Linear of the blocks) on the Llama-1B shape, micro-batch 4: the trainer in
 #                   amp_bf16 against transformers + PEFT (scripts/bench_peft_gpu.py: bf16 base, SDPA, autocast,
 #                   fused AdamW), tokens/s and peak memory of each; then QLoRA (NF4, double-quantized) against our
@@ -121,6 +123,13 @@ print(f"{s['tokens_per_second_per_device']:,.0f} tokens/s, MFU {100 * s['mfu']:.
       f"device pool {peak.get('device_pool', 0) / gib:.1f} GiB, activations {peak.get('activations', 0) / gib:.1f} GiB, "
       f"host {peak.get('host_total', 0) / gib:.1f} GiB")
 PY
+}
+# bench-kernels' "where a step's time goes" in one line: the step's ops' milliseconds, then each part's share.
+step_parts() {
+    local total
+    total=$(grep -oE "each timed alone: [0-9.]+ ms" "$1" | grep -oE "[0-9.]+ ms")
+    echo "step's ops $total: $(grep -E '^\| [A-Za-z, ]+ \| [0-9.]+ \| [0-9.]+% \|$' "$1" |
+        awk -F' [|] ' '{sub(/ [|]$/, "", $3); printf "%s%s %s", (n++ ? "; " : ""), substr($1, 3), $3}')"
 }
 # A short training run of a config on the bench tokens, no checkpoint: name, config, micro-batch, steps, extra flags
 # (TRAIN_LIMIT: its time limit in seconds, default 300). Its summary becomes a figure.
@@ -323,9 +332,16 @@ PY
             grep -E "^\|" "$logs/fp8_speed.log"
             while read -r line; do figure "$(echo "$line" | tr -s ' ')"; done < <(
                 grep -E "^\| (olmo_1b_mb8|olmo2_1b_mb4) \| [0-9,]+ \| " "$logs/fp8_speed.log" | awk -F'|' 'NF == 8')
-            step fp8_kernels 120 "$trainer" bench-kernels --config configs/olmo_1b.json --device cuda \
-                --precision amp_fp8 --set device_train_microbatch_size=8 --set global_train_batch_size=8
-            grep -E "^\| matmul|^\| attention|^\| classifier" "$logs/fp8_kernels.log" | head -20
+            ;;
+        fp8_kernels)
+            for precision in amp_bf16 amp_fp8; do
+                step "kernels_olmo_1b_mb8_$precision" 200 "$trainer" bench-kernels --config configs/olmo_1b.json \
+                    --device cuda --precision "$precision" --set device_train_microbatch_size=8 \
+                    --set global_train_batch_size=8 || continue
+                log=$logs/kernels_olmo_1b_mb8_$precision.log
+                grep -E "^\| (matmul|attention|classifier)" "$log" | head -16
+                figure "$precision: $(step_parts "$log")"
+            done
             ;;
         bench_*)
             shape=${stage#bench_}

@@ -63,6 +63,7 @@ def paths(root):
         "ledger": os.path.join(root, "docs", "gpu_runs.tsv"),
         "stages": os.path.join(root, "dev", "gpu_stages.tsv"),
         "gpus_md": os.path.join(root, "docs", "gpus.md"),
+        "dev_readme": os.path.join(root, "dev", "README.md"),
     }
 
 
@@ -588,12 +589,53 @@ def check_covers(stages, set_rows, blobs):
                 raise LedgerError(f"{s['_where']}: stage {s['stage']}: !{g} excludes nothing it covers")
 
 
+def check_readme_stages(root, stages):
+    """Raises LedgerError where dev/README.md's table of the stages ("| priority | stage | what |": each row a
+    priority, or - for on demand, and the stages of that priority in backticks) names other stages or priorities
+    than dev/gpu_stages.tsv. Returns the number of stages it lists; 0 where the repository has no dev/README.md."""
+    path = paths(root)["dev_readme"]
+    if not os.path.exists(path):
+        return 0
+    listed, where_of, in_table = {}, {}, False
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.startswith("| priority | stage | what |"):
+                in_table = True
+                continue
+            if not in_table or line.startswith("|---"):
+                continue
+            if not line.startswith("|"):
+                break
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            for name in re.findall(r"`([a-z0-9_]+)`", cells[1] if len(cells) > 1 else ""):
+                if name in listed:
+                    raise LedgerError(f"dev/README.md:{n}: stage {name} is listed twice in the table of stages")
+                listed[name], where_of[name] = cells[0], n
+    if not in_table:
+        raise LedgerError("dev/README.md: no table of the stages (a line \"| priority | stage | what |\")")
+    for s in stages:
+        priority = "-" if s["priority"] is None else str(s["priority"])
+        if s["stage"] not in listed:
+            raise LedgerError(f"dev/README.md: the table of stages lacks {s['stage']} (priority {priority} in "
+                              "dev/gpu_stages.tsv)")
+        if listed[s["stage"]] != priority:
+            raise LedgerError(f"dev/README.md:{where_of[s['stage']]}: stage {s['stage']} has priority "
+                              f"{listed[s['stage']]}, dev/gpu_stages.tsv {priority}")
+    known = {s["stage"] for s in stages}
+    for name in listed:
+        if name not in known:
+            raise LedgerError(f"dev/README.md:{where_of[name]}: stage {name} is not in dev/gpu_stages.tsv")
+    return len(listed)
+
+
 def cmd_check(a):
     stages, set_rows = read_stage_file(a.root)
     rows = read_ledger(a.root, stages)
     check_covers(stages, set_rows, tree_blobs(a.root))
+    listed = check_readme_stages(a.root, stages)
     print(f"dev/gpu_stages.tsv: {len(stages)} stages ({len(queued_stages(stages))} queued), {len(set_rows)} sets, "
-          f"every glob matching a file; docs/gpu_runs.tsv: {len(rows)} rows, every one well formed")
+          f"every glob matching a file{', each in dev/README.md with its priority' if listed else ''}; "
+          f"docs/gpu_runs.tsv: {len(rows)} rows, every one well formed")
     return 0
 
 

@@ -220,6 +220,28 @@ class LedgerTest(unittest.TestCase):
                 self.assertEqual(rc, 2)
                 self.assertRegex(err, what)
 
+    def test_check_holds_the_readme_table_of_stages_to_the_stages_file(self):
+        # dev/README.md's table lists each stage once with its priority (- on demand); `check` names a stage it
+        # lacks, one it lists with another priority, one the stages file has not, and one listed twice.
+        table = ("# dev\n\n| priority | stage | what |\n|---|---|---|\n| 1 | `fast` | quick |\n"
+                 "| 2 | `slow` | slow |\n| 3 | `mid` | mid |\n| - | `demand` | on demand |\n\nafter `other`\n")
+        self.repo.write("dev/README.md", table)
+        rc, out, _ = self.repo.run("check")
+        self.assertEqual(rc, 0)
+        self.assertIn("each in dev/README.md with its priority", out)
+        for text, what in [
+                (table.replace("| 3 | `mid` | mid |\n", ""), "lacks mid \\(priority 3"),
+                (table.replace("| 3 | `mid`", "| 4 | `mid`"), "README.md:7: stage mid has priority 4, "
+                                                               "dev/gpu_stages.tsv 3"),
+                (table.replace("`demand` |", "`demand`, `gone` |"), "README.md:8: stage gone is not in"),
+                (table.replace("`slow` |", "`slow`, `fast` |"), "README.md:6: stage fast is listed twice"),
+                (table.replace("| priority | stage | what |", "| stage | what |"), "no table of the stages")]:
+            with self.subTest(what=what):
+                self.repo.write("dev/README.md", text)
+                rc, _, err = self.repo.run("check")
+                self.assertEqual(rc, 2)
+                self.assertRegex(err, what)
+
     def test_stale_report(self):
         h = self.repo.covered("HEAD")
         self.repo.ledger([row(stage="fast", covered=h["fast"]), row(stage="mid", covered="0" * 16),

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <set>
 #include <thread>
 
@@ -664,6 +665,21 @@ TEST_CASE("bench-kernels: times the ops of a real step at the config's shapes ag
         CHECK_THAT(r.out, Contains(row));
     }
     CHECK_THAT(r.out, Contains("a step's ops, each timed alone: "));
+    // Where the step's time goes: its parts' milliseconds add up to the step's (each printed to 0.01 ms, the step's
+    // to 0.1), and the Linear layers' share sets the ceiling of faster GEMMs.
+    {
+        std::smatch step;
+        REQUIRE(std::regex_search(r.out, step, std::regex(R"(each timed alone: ([0-9.]+) ms)")));
+        double parts = 0.0;
+        int rows = 0;
+        const std::regex part(R"(\n\| ([a-zA-Z, ]+) \| ([0-9.]+) \| ([0-9.]+)% \|)");
+        for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), part); it != std::sregex_iterator(); ++it) {
+            parts += std::stod((*it)[2]), ++rows;
+        }
+        CHECK(rows == 6);  // embedding, Linear layers, attention, norms..., head and loss, optimizer
+        CHECK(std::abs(parts - std::stod(step[1])) <= 0.05 + 0.005 * rows);
+        CHECK_THAT(r.out, Contains("the blocks' Linear layers take "));
+    }
     // Every row ends in a share of the roofline. The GEMMs' bf16 Linear ceilings are rows on CUDA only.
     CHECK_THAT(r.out, Contains("% |"));
     CHECK_THAT(r.out, !Contains("bf16 Linear (ceiling)"));
@@ -718,6 +734,60 @@ TEST_CASE("bench-kernels: its rows count every compute op call of a step on each
                     if (e.kind == trainer::StepEvent::kOp && !by_bytes.count(e.what)) ++from_step[e.what];
                 }
                 CHECK(from_rows == from_step);
+            }
+        }
+    }
+}
+
+TEST_CASE("bench-kernels: each row's calls are split by the part of the step that makes them") {
+    // tiny.json with an embedding as wide as the query, key and value projection (192): the tied LM head's forward
+    // GEMM has att_proj's shape, so that row is called by two parts. With activation checkpointing the blocks run
+    // their forward twice; with LoRA (q_proj and v_proj) each block runs two adapters.
+    for (const bool recompute : {false, true}) {
+        for (const bool lora : {false, true}) {
+            CAPTURE(recompute, lora);
+            trainer::Json doc = trainer::read_config_file(test_util::source_dir() + "/configs/tiny.json");
+            doc["data"]["paths"] = trainer::Json::array({"unused.bin"});
+            doc["model"]["vocab_size"] = 192, doc["model"]["embedding_size"] = 192, doc["model"]["eos_token_id"] = 191;
+            if (recompute) doc["activation_checkpointing"] = "whole_layer";
+            if (lora) doc["lora"]["enabled"] = true;
+            const trainer::TrainConfig config = trainer::validate_config(doc);
+            const long L = config.model.n_layers, passes = recompute ? 2 : 1;
+            std::map<std::string, std::map<std::string, long>> parts;  // op and shape -> part -> calls
+            for (const trainer::RecordedOp& r : trainer::bench_kernel_rows(config, trainer::Device::kCpu)) {
+                long calls = 0;
+                for (const auto& [part, n] : r.part_calls) {
+                    CHECK(n > 0);
+                    CHECK(parts[r.op + " | " + r.shape].count(part) == 0);
+                    parts[r.op + " | " + r.shape][part] += n;
+                    calls += n;
+                }
+                CHECK(calls == r.calls);
+                CHECK((r.calls > 0 || r.part_calls.empty()));
+            }
+            using Parts = std::map<std::string, long>;
+            CHECK(parts.at("embedding_forward | N 256, C 64") == Parts{{"embedding", 1}});
+            CHECK(parts.at("attention_forward | B 4, T 64, 4 heads of 16") == Parts{{"attention", L * passes}});
+            CHECK(parts.at("rope_backward | B 4, T 64, 4 heads of 16") == Parts{{"attention", L}});
+            CHECK(parts.at("swiglu_forward | N 256, H 256") == Parts{{"norms, activations, residuals", L * passes}});
+            CHECK(parts.at("classifier_forward_backward | N 256, V 192") == Parts{{"head and loss", 1}});
+            CHECK(parts.at("matmul_forward | M 256, K 64, N 192") ==
+                  Parts{{"Linear layers", L * passes}, {"head and loss", 1}});
+            CHECK(parts.at("matmul_forward | M 256, K 64, N 512") == Parts{{"Linear layers", L * passes}});
+            long optimizer = 0;
+            for (const auto& [row, by_part] : parts) {
+                if (row.rfind("adamw_update_multi", 0) == 0 || row.rfind("squared_norm_multi", 0) == 0) {
+                    CHECK(by_part == Parts{{"optimizer", 1}});
+                    ++optimizer;
+                }
+            }
+            CHECK(optimizer == 2);
+            if (lora) {
+                long adapters = 0;
+                for (const auto& [row, by_part] : parts) {
+                    if (row.rfind("lora_forward", 0) == 0) adapters += by_part.at("LoRA adapters");
+                }
+                CHECK(adapters == 2 * L * passes);
             }
         }
     }

@@ -236,6 +236,37 @@ double print_rows(const std::vector<RecordedOp>& rows, const Roofs& roofs) {
     return step;
 }
 
+// Where a step's time goes: the rows' time (calls times the time of one) summed by the part of the step that calls
+// them (step_part), with the ceiling the blocks' Linear layers set on what faster GEMMs can give (Amdahl's law).
+void print_parts(const std::vector<RecordedOp>& rows, double step) {
+    static const char* const kOrder[] = {"embedding",     "Linear layers", "attention", "norms, activations, residuals",
+                                         "LoRA adapters", "head and loss", "optimizer", "other"};
+    std::map<std::string, double> seconds;
+    for (const RecordedOp& r : rows) {
+        for (const auto& [part, calls] : r.part_calls) seconds[part] += static_cast<double>(calls) * r.seconds;
+    }
+    if (step <= 0.0) return;
+    std::printf(
+        "\nwhere a step's time goes (the rows above by the part of the step that calls them; Linear layers: the "
+        "blocks' GEMMs, with an FP8 GEMM's operand casts):\n\n| part | ms | share |\n|---|---|---|\n");
+    size_t printed = 0;
+    for (const char* part : kOrder) {
+        const auto at = seconds.find(part);
+        if (at == seconds.end()) continue;
+        std::printf("| %s | %.2f | %.1f%% |\n", part, at->second * 1e3, 100.0 * at->second / step);
+        ++printed;
+    }
+    TRAINER_CHECK(printed == seconds.size(), "bench-kernels: a part of the step has no place in its table");
+    const auto linears = seconds.find("Linear layers");
+    const double share = linears != seconds.end() ? linears->second / step : 0.0;
+    if (share > 0.0 && share < 1.0) {
+        std::printf(
+            "\nthe blocks' Linear layers take %.1f%% of it: at twice their speed (FP8's tensor-core rate against "
+            "bf16's) the step would run %.2fx as fast, and %.2fx were they free\n",
+            100.0 * share, 1.0 / (1.0 - share / 2.0), 1.0 / (1.0 - share));
+    }
+}
+
 // `trainer plan --calibration`'s file: each op's measured time at its FLOPs and bytes, and the factor a real step
 // of the timed model runs slower than its ops alone (caches shared with the rest of the step, the allocator, the
 // hooks): one optimizer step of one micro-batch, timed, against the same step predicted from the ops just measured.
@@ -336,6 +367,7 @@ int run_kernel_bench(const TrainConfig& config, int reps, const std::string& cal
     const std::vector<RecordedOp> rows = step_rows(config, device, timed_ops);
     const double step = print_rows(rows, roofs);
     std::printf("\na step's ops, each timed alone: %.1f ms (the calls times the times)\n", step * 1e3);
+    print_parts(rows, step);
     if (!calibration_out.empty())
         write_calibration(config, device, be, rows, roofs, threads, env, calibration_out, together);
     together();

@@ -11,10 +11,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "base/config.h"
+#include "base/trace.h"
 #include "kernels/backend.h"
 #include "kernels/forwarding_backend.h"
 
@@ -32,13 +34,26 @@ struct RecordedOp {
     // Their one name where they have one (a fused op has none): what `trainer plan` prices the op by in a
     // calibration file.
     std::string cost_op() const;
-    long calls = 0;                 // calls in the step; 0: a part of a fused op the step runs, recorded for the plan
+    long calls = 0;  // calls in the step; 0: a part of a fused op the step runs, recorded for the plan
+    // Those calls by the part of the step that made them (step_part), in the order first made; a key that two
+    // parts call at the same shape (the LM head's GEMM as wide as a block's) has both.
+    std::vector<std::pair<std::string, long>> part_calls;
     double seconds = -1.0;          // one call, where the recorder had a timer
     double ceiling_seconds = -1.0;  // GEMMs on a backend with a bf16 Linear reference: the reference at this shape
     using Gemm = GemmShape;
     std::optional<Gemm> gemm;
     std::string key() const;  // op, shape and costs: equal keys are the same work
 };
+
+// The part of a training step an op call belongs to, from the model's trace spans around it (innermost last:
+// "forward block.3", "head forward+backward", "optimizer step", ...) and the op: "embedding", the blocks' "Linear
+// layers" (their GEMMs, bf16 or FP8), "attention" (with RoPE and the shared heads' expansion), "LoRA adapters",
+// "norms, activations, residuals" (the rest of a block), "head and loss" (the final norm, the LM head's GEMMs and the
+// loss), "optimizer" (the gradient norm and AdamW), or "other". bench-kernels sums a step's time by these parts.
+struct SpanFrame {
+    std::string category, name;
+};
+std::string step_part(const std::vector<SpanFrame>& spans, const std::string& op);
 
 // Runs one call again and again and returns the mean seconds of one (bench-kernels' timer).
 using OpTimer = std::function<double(const std::function<void()>&)>;
@@ -48,6 +63,8 @@ class OpRecorder final : public ForwardingBackend {
     // Forwards to `inner`; with `timer`, times each op (and each GEMM's bf16 Linear reference, where `inner` has
     // one) the first time it sees its key, on the buffers of that call, before running the call itself. The
     // repeated calls leave the step's values unlike a real step's: a timed step computes nothing to keep.
+    // The recorder observes the calling thread's trace spans while it lives (step_part), so it is made and used on
+    // the thread that runs the step.
     explicit OpRecorder(Backend& inner, OpTimer timer = {});
     ~OpRecorder() override;
     // The step's ops in the order first called, each once.
@@ -64,7 +81,17 @@ class OpRecorder final : public ForwardingBackend {
    private:
     void time_ceiling(RecordedOp& r);
 
+    // The trace spans open on the recording thread (trace::observe_spans), passed on to the observer that was
+    // there before, if any.
+    struct Spans final : trace::SpanObserver {
+        void begin(const char* category, std::string_view name) override;
+        void end() override;
+        trace::SpanObserver* previous = nullptr;
+        std::vector<SpanFrame> open;
+    };
+
     OpTimer timer_;
+    Spans spans_;
     std::unique_ptr<Backend> costs_backend_;  // the dry backend: each call's costs
     std::vector<OpCost> costs_;
     std::vector<RecordedOp> ops_;
