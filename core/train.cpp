@@ -201,6 +201,13 @@ class TrainingRun {
                 "FLOPs per token = 4F + 6A + 12*L*d*T = 4*%zu + 6*%zu + 12*%d*%d*%ld = %.4g (LoRA: F frozen matmul "
                 "parameters, no weight gradient; A adapter parameters; T = %ld predicted positions)\n",
                 layout_->matmul_numel() - adapters, adapters, m_.n_layers, m_.d_model, T, flops_per_token_, T);
+            if (!use_init_from_) {
+                // Allowed (tests and trials), and said: a forgotten --init-from fine-tunes a random model.
+                std::printf(
+                    "note: lora.enabled without --init-from: the frozen base is the untrained initialisation of seed "
+                    "%llu, so the adapters fine-tune a random model (--init-from names the base's weights)\n",
+                    static_cast<unsigned long long>(config_.seed));
+            }
         } else {
             std::printf(
                 "FLOPs per token = 6N + 12*L*d*T = 6*%zu + 12*%d*%d*%ld = %.4g (N: matmul parameters, T = %ld "

@@ -759,6 +759,14 @@ TEST_CASE("lora: a fine-tune's checkpoint records its base and resuming on anoth
     REQUIRE(first.exit_code == 0);
     const Json meta = Json::parse(test_util::read_file(dir.path("saves") + "/step2/metadata.json"));
     CHECK_THAT(meta["lora_base"].get<std::string>(), Contains("tensors of checksum "));
+    CHECK_THAT(first.out, !Contains("without --init-from"));
+    // A fine-tune of no base trains, and says that its base is random.
+    const auto random = test_util::run_trainer({"--config", fixture("olmo_tiny.json"), "--set", "lora.enabled=true",
+                                                "--set", "save_folder=null", "--max-duration", "1"});
+    INFO(random.out << random.err);
+    CHECK(random.exit_code == 0);
+    CHECK_THAT(random.out, Contains("note: lora.enabled without --init-from: the frozen base is the untrained "
+                                    "initialisation of seed 4321"));
     // The same base resumes; the seed's initialisation instead of it, or another file, does not.
     const auto same = with(
         {"--init-from", fixture("olmo_tiny_init.safetensors"), "--max-duration", "3", "--set", "load_path=latest"});

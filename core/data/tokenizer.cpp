@@ -424,9 +424,10 @@ std::string prepare_instruct_data(const std::vector<std::string>& inputs, const 
         "instances' tokens examples', {} tokens marked for the loss{}",
         output, format, choice_name(dtype), mask_path, laid.examples, laid.instances, options.seq_len,
         options.pack ? "packed" : "one an instance, padded", 100.0 * laid.efficiency(), laid.tokens_in_loss,
-        laid.truncated > 0 ? fmt::format("; {} examples longer than an instance were cut to it ({} of them left with "
-                                         "nothing in the loss: a longer --seq-len keeps their answers)",
-                                         laid.truncated, laid.emptied)
+        laid.truncated > 0 ? fmt::format("; {} longer than an instance {} cut to it ({} of them left with nothing in "
+                                         "the loss: a longer --seq-len keeps their answers)",
+                                         laid.truncated == 1 ? "1 example" : fmt::format("{} examples", laid.truncated),
+                                         laid.truncated == 1 ? "was" : "were", laid.emptied)
                            : std::string());
 }
 
