@@ -637,7 +637,10 @@ TEST_CASE("fp8: DDP and every FSDP mode on 2 and 4 CPU ranks train amp_fp8 as th
     // A per-tensor scale comes from its tensor's amax over a rank's micro-batch, and rank r of W takes entries r,
     // r + W, ... of the global batch, so the ranks' micro-batches are not the single process's and neither are their
     // scales: with micro-batches of one instance they are, and the runs must agree as fp32's do. fp32 on the wire
-    // (bf16 parameters round the weights the casts read: near, not equal).
+    // (bf16 parameters round the weights the casts read: near, not equal). One thread everywhere: the CPU GEMMs'
+    // tiles follow a run's starting thread count (kernels/cpu/ops.h: gemm_partition), so a 2-thread single process and
+    // 1-thread ranks differ in the last bits, which FP8's casts amplify (on OpenBLAS's Zen kernels 0.2% by step 4,
+    // where fp32's runs stayed within 1e-8); on one thread each they agree to 1e-9.
     test_util::TempDir dir;
     auto run = [&](int nproc, const std::string& name, std::vector<std::string> more) {
         std::vector<std::string> a = {
@@ -648,7 +651,8 @@ TEST_CASE("fp8: DDP and every FSDP mode on 2 and 4 CPU ranks train amp_fp8 as th
             "--metrics-file", dir.path(name),
             "--set",          "device_train_microbatch_size=1",
             "--set",          "global_train_batch_size=" + std::to_string(nproc == 1 ? 4 : nproc),
-            "--set",          "fsdp.precision=fp32"};
+            "--set",          "fsdp.precision=fp32",
+            "--threads",      "1"};
         a.insert(a.end(), more.begin(), more.end());
         const auto r = nproc == 1 ? test_util::run_trainer(a) : test_util::launch(nproc, a);
         INFO(r.out << r.err);
