@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -21,6 +22,7 @@
 #include "core/plan/dry_run.h"
 #include "core/plan/host_memory.h"
 #include "core/plan/plan.h"
+#include "core/plan/step_parts.h"
 #include "core/plan/step_time.h"
 #include "test_util.h"
 
@@ -915,4 +917,111 @@ TEST_CASE(
         full_rows += line.rfind("| ddp", 0) == 0 || line.rfind("| fsdp", 0) == 0 || line.rfind("| -> ", 0) == 0 ? 1 : 0;
     CHECK(full_rows == 52);
     CHECK_THAT(full.out, Contains("| gradients | optimizer state |"));
+    for (const std::string& out : {r.out, full.out}) CHECK_THAT(out, Contains("where its predicted step goes ("));
+}
+
+TEST_CASE(
+    "plan: a predicted step is split by the part of the step that runs each op and FP8 moves only its Linear layers") {
+    // Each part holds the ops the model's spans put in it (core/plan/step_parts.h): together the compute's ops and
+    // the optimizer's, so no less than the compute and no more than it and the optimizer step. amp_fp8 changes the
+    // blocks' Linear layers alone (faster at the FP8 peak, their casts in them), every other part staying the same.
+    std::map<std::string, std::map<std::string, double>> parts;  // precision -> part -> ms
+    for (const char* precision : {"amp_bf16", "amp_fp8"}) {
+        CAPTURE(precision);
+        const auto r = test_util::run_trainer({"plan", "--config", "configs/olmo_1b.json", "--device", "cuda",
+                                               "--nproc-per-node", "8", "--json", "--precision", precision});
+        INFO(r.err);
+        REQUIRE(r.exit_code == 0);
+        int rows = 0;
+        std::istringstream in(r.out);
+        for (std::string line; std::getline(in, line);) {
+            const trainer::Json row = trainer::Json::parse(line);
+            double sum = 0.0;
+            for (const auto& [part, ms] : row["predicted_parts_ms"].items()) {
+                CHECK(std::find(trainer::step_part_order().begin(), trainer::step_part_order().end(), part) !=
+                      trainer::step_part_order().end());
+                CHECK(ms.get<double>() > 0.0);
+                sum += ms.get<double>();
+            }
+            const double compute = row["predicted_compute_ms"].get<double>();
+            CHECK(sum >= compute * (1 - 1e-9));
+            CHECK(sum <= (compute + row["predicted_optimizer_ms"].get<double>()) * (1 + 1e-9));
+            CHECK(sum <= row["predicted_step_ms"].get<double>() * (1 + 1e-9));
+            const trainer::Json& c = row["config"];
+            if (c["distributed_strategy"] == "ddp" && c["ddp.grad_sync_mode"] == "batch" &&
+                c["activation_checkpointing"].is_null() && !c["cpu_offload.optimizer_state"].get<bool>()) {
+                for (const auto& [part, ms] : row["predicted_parts_ms"].items()) parts[precision][part] = ms;
+                ++rows;
+            }
+        }
+        CHECK(rows == 1);
+        const std::map<std::string, double>& p = parts[precision];
+        // OLMo-1B: the GEMMs are most of the step, attention and the head a share each.
+        CHECK(p.at("Linear layers") > p.at("attention") + p.at("head and loss"));
+        CHECK(p.at("attention") > 0.0);
+        CHECK(p.at("head and loss") > 0.0);
+        CHECK(p.at("embedding") > 0.0);
+        CHECK(p.at("optimizer") > 0.0);
+    }
+    for (const auto& [part, ms] : parts["amp_bf16"]) {
+        CAPTURE(part);
+        if (part == "Linear layers") {
+            CHECK(parts["amp_fp8"].at(part) < 0.9 * ms);
+        } else {
+            CHECK(parts["amp_fp8"].at(part) == Approx(ms).epsilon(1e-12));
+        }
+    }
+}
+
+TEST_CASE("plan: each op is put in the part of the step its spans and its name say") {
+    using trainer::StepSpan, trainer::step_part;
+    const auto in = [](const char* category, const char* name) { return trainer::step_span(category, name); };
+    CHECK(in("forward", "forward block.3") == StepSpan::kBlock);
+    CHECK(in("recompute", "recompute block.12") == StepSpan::kBlock);
+    CHECK(in("backward", "head forward+backward") == StepSpan::kHead);
+    CHECK(in("forward", "forward head") == StepSpan::kHead);
+    CHECK(in("backward", "backward embedding") == StepSpan::kEmbedding);
+    CHECK(in("optimizer", "optimizer step") == StepSpan::kOptimizer);
+    CHECK(in("micro-batch", "micro-batch 3") == StepSpan::kOther);
+    CHECK(in("comm", "finish backward") == StepSpan::kOther);
+    trainer::StepSpans spans;
+    CHECK(spans.where() == StepSpan::kOther);
+    spans.begin("micro-batch", "micro-batch 0");
+    spans.begin("backward", "backward block.1");
+    spans.begin("comm", "reduce_scatter");  // says nothing: the block's
+    CHECK(spans.where() == StepSpan::kBlock);
+    spans.end();
+    spans.end();
+    CHECK(spans.where() == StepSpan::kOther);
+    for (const auto& [op, part] :
+         std::vector<std::pair<const char*, const char*>>{{"matmul_fp8_backward", "Linear layers"},
+                                                          {"fp8_cast", "Linear layers"},
+                                                          {"matmul_residual_forward", "Linear layers"},
+                                                          {"attention_backward", "attention"},
+                                                          {"rope_forward", "attention"},
+                                                          {"kv_heads_expand", "attention"},
+                                                          {"lora_forward", "LoRA adapters"},
+                                                          {"cast_bf16_to_float", "copies and casts"},
+                                                          {"copy_device_to_device", "copies and casts"},
+                                                          {"fill_zero", "copies and casts"},
+                                                          {"swiglu_backward", "norms and pointwise ops"},
+                                                          {"layernorm_forward", "norms and pointwise ops"},
+                                                          {"qk_norm_forward", "norms and pointwise ops"}}) {
+        CAPTURE(op);
+        CHECK(step_part(StepSpan::kBlock, op) == part);
+    }
+    CHECK(step_part(StepSpan::kHead, "matmul_forward") == "head and loss");
+    CHECK(step_part(StepSpan::kEmbedding, "embedding_backward") == "embedding");
+    CHECK(step_part(StepSpan::kOptimizer, "fill_zero") == "optimizer");
+    CHECK(step_part(StepSpan::kOther, "adamw_update_multi") == "optimizer");
+    CHECK(step_part(StepSpan::kOther, "squared_norm_multi") == "optimizer");
+    CHECK(step_part(StepSpan::kOther, "fill_zero") == "other");
+    // Every place and op lands in one of the parts the tables print.
+    for (const StepSpan where :
+         {StepSpan::kOther, StepSpan::kEmbedding, StepSpan::kBlock, StepSpan::kHead, StepSpan::kOptimizer}) {
+        for (const char* op : {"matmul_forward", "sum", "lora_backward", "embedding_forward", "unknown_op"})
+            CHECK(trainer::step_part_index(where, op) < trainer::step_part_order().size());
+    }
+    CHECK(trainer::describe_step_parts({{"attention", 0.25}, {"Linear layers", 0.5}}, 1.0) ==
+          "Linear layers 50.0%; attention 25.0%");
 }

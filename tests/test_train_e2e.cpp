@@ -676,7 +676,7 @@ TEST_CASE("bench-kernels: times the ops of a real step at the config's shapes ag
         for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), part); it != std::sregex_iterator(); ++it) {
             parts += std::stod((*it)[2]), ++rows;
         }
-        CHECK(rows == 6);  // embedding, Linear layers, attention, norms..., head and loss, optimizer
+        CHECK(rows == 6);  // embedding, Linear layers, attention, norms and pointwise ops, head and loss, optimizer
         CHECK(std::abs(parts - std::stod(step[1])) <= 0.05 + 0.005 * rows);
         CHECK_THAT(r.out, Contains("the blocks' Linear layers take "));
     }
@@ -769,7 +769,7 @@ TEST_CASE("bench-kernels: each row's calls are split by the part of the step tha
             CHECK(parts.at("embedding_forward | N 256, C 64") == Parts{{"embedding", 1}});
             CHECK(parts.at("attention_forward | B 4, T 64, 4 heads of 16") == Parts{{"attention", L * passes}});
             CHECK(parts.at("rope_backward | B 4, T 64, 4 heads of 16") == Parts{{"attention", L}});
-            CHECK(parts.at("swiglu_forward | N 256, H 256") == Parts{{"norms, activations, residuals", L * passes}});
+            CHECK(parts.at("swiglu_forward | N 256, H 256") == Parts{{"norms and pointwise ops", L * passes}});
             CHECK(parts.at("classifier_forward_backward | N 256, V 192") == Parts{{"head and loss", 1}});
             CHECK(parts.at("matmul_forward | M 256, K 64, N 192") ==
                   Parts{{"Linear layers", L * passes}, {"head and loss", 1}});

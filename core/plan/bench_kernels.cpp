@@ -239,8 +239,6 @@ double print_rows(const std::vector<RecordedOp>& rows, const Roofs& roofs) {
 // Where a step's time goes: the rows' time (calls times the time of one) summed by the part of the step that calls
 // them (step_part), with the ceiling the blocks' Linear layers set on what faster GEMMs can give (Amdahl's law).
 void print_parts(const std::vector<RecordedOp>& rows, double step) {
-    static const char* const kOrder[] = {"embedding",     "Linear layers", "attention", "norms, activations, residuals",
-                                         "LoRA adapters", "head and loss", "optimizer", "other"};
     std::map<std::string, double> seconds;
     for (const RecordedOp& r : rows) {
         for (const auto& [part, calls] : r.part_calls) seconds[part] += static_cast<double>(calls) * r.seconds;
@@ -249,14 +247,11 @@ void print_parts(const std::vector<RecordedOp>& rows, double step) {
     std::printf(
         "\nwhere a step's time goes (the rows above by the part of the step that calls them; Linear layers: the "
         "blocks' GEMMs, with an FP8 GEMM's operand casts):\n\n| part | ms | share |\n|---|---|---|\n");
-    size_t printed = 0;
-    for (const char* part : kOrder) {
-        const auto at = seconds.find(part);
-        if (at == seconds.end()) continue;
-        std::printf("| %s | %.2f | %.1f%% |\n", part, at->second * 1e3, 100.0 * at->second / step);
-        ++printed;
+    for (const std::string& part : step_part_order()) {
+        if (const auto at = seconds.find(part); at != seconds.end()) {
+            std::printf("| %s | %.2f | %.1f%% |\n", part.c_str(), at->second * 1e3, 100.0 * at->second / step);
+        }
     }
-    TRAINER_CHECK(printed == seconds.size(), "bench-kernels: a part of the step has no place in its table");
     const auto linears = seconds.find("Linear layers");
     const double share = linears != seconds.end() ? linears->second / step : 0.0;
     if (share > 0.0 && share < 1.0) {

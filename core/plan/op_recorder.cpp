@@ -20,32 +20,13 @@ std::string RecordedOp::cost_op() const {
 
 std::string RecordedOp::key() const { return fmt::format("{}|{}|{}|{}", op, shape, flops, bytes); }
 
-std::string step_part(const std::vector<SpanFrame>& spans, const std::string& op) {
-    const auto starts = [&op](const char* prefix) { return op.rfind(prefix, 0) == 0; };
-    for (auto frame = spans.rbegin(); frame != spans.rend(); ++frame) {
-        const std::string& name = frame->name;
-        if (frame->category == "optimizer") return "optimizer";
-        if (name.find("embedding") != std::string::npos) return "embedding";
-        if (name.find("head") != std::string::npos) return "head and loss";
-        if (name.find("block.") == std::string::npos) continue;
-        if (starts("matmul_")) return "Linear layers";
-        if (starts("attention_") || starts("rope_") || starts("kv_heads_")) return "attention";
-        if (starts("lora_")) return "LoRA adapters";
-        return "norms, activations, residuals";
-    }
-    // Outside the model's spans: the gradient norm (for clipping) and AdamW, whether or not the step's own span
-    // is open.
-    if (starts("adamw_") || starts("squared_norm")) return "optimizer";
-    return "other";
-}
-
 void OpRecorder::Spans::begin(const char* category, std::string_view name) {
-    open.push_back({category, std::string(name)});
+    open.begin(category, name);
     if (previous != nullptr) previous->begin(category, name);
 }
 
 void OpRecorder::Spans::end() {
-    if (!open.empty()) open.pop_back();
+    open.end();
     if (previous != nullptr) previous->end();
 }
 
@@ -82,7 +63,7 @@ void OpRecorder::dispatch(const OpCall& call, const std::function<void(Backend&)
     if (in_parts_) return;
     RecordedOp& op = ops_[at->second];
     ++op.calls;
-    const std::string part = step_part(spans_.open, op.op);
+    const std::string& part = step_part(spans_.open.where(), op.op);
     const auto same = [&part](const std::pair<std::string, long>& p) { return p.first == part; };
     if (const auto p = std::find_if(op.part_calls.begin(), op.part_calls.end(), same); p != op.part_calls.end()) {
         ++p->second;

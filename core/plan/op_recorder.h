@@ -17,6 +17,7 @@
 
 #include "base/config.h"
 #include "base/trace.h"
+#include "core/plan/step_parts.h"
 #include "kernels/backend.h"
 #include "kernels/forwarding_backend.h"
 
@@ -44,16 +45,6 @@ struct RecordedOp {
     std::optional<Gemm> gemm;
     std::string key() const;  // op, shape and costs: equal keys are the same work
 };
-
-// The part of a training step an op call belongs to, from the model's trace spans around it (innermost last:
-// "forward block.3", "head forward+backward", "optimizer step", ...) and the op: "embedding", the blocks' "Linear
-// layers" (their GEMMs, bf16 or FP8), "attention" (with RoPE and the shared heads' expansion), "LoRA adapters",
-// "norms, activations, residuals" (the rest of a block), "head and loss" (the final norm, the LM head's GEMMs and the
-// loss), "optimizer" (the gradient norm and AdamW), or "other". bench-kernels sums a step's time by these parts.
-struct SpanFrame {
-    std::string category, name;
-};
-std::string step_part(const std::vector<SpanFrame>& spans, const std::string& op);
 
 // Runs one call again and again and returns the mean seconds of one (bench-kernels' timer).
 using OpTimer = std::function<double(const std::function<void()>&)>;
@@ -87,7 +78,7 @@ class OpRecorder final : public ForwardingBackend {
         void begin(const char* category, std::string_view name) override;
         void end() override;
         trace::SpanObserver* previous = nullptr;
-        std::vector<SpanFrame> open;
+        StepSpans open;
     };
 
     OpTimer timer_;

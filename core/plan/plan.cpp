@@ -19,6 +19,7 @@
 #include "core/metrics.h"
 #include "core/model/model.h"
 #include "core/optimizer.h"
+#include "core/plan/step_parts.h"
 #include "core/plan/step_time.h"
 #include "kernels/backend.h"
 #include "parallel/setup.h"
@@ -368,6 +369,19 @@ std::string wrapped(const std::string& text, size_t width, const std::string& in
     return out + line + "\n";
 }
 
+// Where a row's predicted step goes: each part's share of the step (step_parts.h), and the rest, the compute clock
+// waiting for collectives and copies (and on a CPU the collectives' cycles).
+std::string predicted_parts(const Row& r, int world) {
+    double ops = 0.0;
+    for (const auto& [part, seconds] : r.time.parts) ops += seconds;
+    const double rest = std::max(r.time.total - ops, 0.0);
+    return fmt::format("where its predicted step goes ({}): {}{}", describe(r.config, world),
+                       describe_step_parts(r.time.parts, r.time.total),
+                       r.time.total > 0.0
+                           ? fmt::format("; waiting on communication {:.1f}%", 100.0 * rest / r.time.total)
+                           : std::string());
+}
+
 // The plan in one screen (at most 25 lines of 160 columns): the recommended row, the config as given and the two
 // fastest rows that fit of each strategy (the smallest where none of it fits), with each one's device peak; how many
 // rows were planned and how many do not fit. --all prints every row with its memory by category.
@@ -430,6 +444,8 @@ int print_plan_summary(const TrainConfig& config, const Plan& plan, const PlanOp
         plan.recommended >= 0 ? "recommended: " + describe(rows[plan.recommended].config, world) + ": " + plan.reasons
                               : "no recommendation: " + plan.reasons;
     std::printf("%s", wrapped(verdict, 160, "  ").c_str());
+    if (plan.recommended >= 0)
+        std::printf("%s", wrapped(predicted_parts(rows[plan.recommended], world), 160, "  ").c_str());
     std::printf(
         "-> the recommendation, * the config as given; --all: every row, its memory by category and the links\n");
     return 0;
@@ -485,6 +501,8 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
                 peak[mem_category_name(static_cast<MemCategory>(m))] = r.dry.peak[m];
             peak["total"] = r.dry.total_peak;
             peak["host_total"] = r.dry.host_peak;
+            Json parts_ms = Json::object();  // the ops' milliseconds by the part of the step (step_parts.h)
+            for (const auto& [part, seconds] : r.time.parts) parts_ms[part] = seconds * 1e3;
             Json row = {{"config", keys},
                         {"is_config", r.is_config},
                         {"world_size", world},
@@ -493,6 +511,7 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
                         {"predicted_compute_ms", r.time.compute * 1e3},
                         {"predicted_exposed_comm_ms", r.time.exposed_comm * 1e3},
                         {"predicted_optimizer_ms", r.time.optimizer * 1e3},
+                        {"predicted_parts_ms", parts_ms},
                         {"predicted_tokens_per_second_per_device", r.tokens_per_s},
                         {"predicted_mfu", r.mfu},
                         {"predicted_peak_bytes", peak},
@@ -557,6 +576,7 @@ int run_plan(const TrainConfig& config, const PlanOptions& options) {
     if (plan.recommended >= 0) {
         std::printf("\nrecommended: %s: %s\n", describe(plan.rows[plan.recommended].config, world).c_str(),
                     plan.reasons.c_str());
+        std::printf("%s\n", predicted_parts(plan.rows[plan.recommended], world).c_str());
     } else {
         std::printf("\nno recommendation: %s\n", plan.reasons.c_str());
     }

@@ -40,7 +40,8 @@ StepTimer::StepTimer(const Hardware& hw, const Calibration* calibration, bool bf
       peak_(bf16 ? hw.bf16_flops : hw.fp32_flops),
       slowdown_(slowdown),
       trace_(trace),
-      pid_(pid) {}
+      pid_(pid),
+      part_seconds_(step_part_order().size(), 0.0) {}
 
 double StepTimer::op_seconds(const StepEvent& e) const {
     // amp_fp8's block GEMMs are priced from the calibration's FP8 GEMM times where it has them (bench-kernels under
@@ -99,10 +100,12 @@ void StepTimer::emit(const std::string& name, const char* category, double begin
 void StepTimer::add(const StepEvent& e, bool optimizer) {
     double& clock = r_.total;
     if (e.kind == StepEvent::kSpanBegin) {
+        spans_.begin(e.what, e.label);
         if (trace_ != nullptr) open_.emplace_back(e.label, e.what, clock);
         return;
     }
     if (e.kind == StepEvent::kSpanEnd) {
+        spans_.end();
         if (trace_ != nullptr) {
             TRAINER_CHECK(!open_.empty(), "a span ended that did not begin");
             const auto& [name, category, begin] = open_.back();
@@ -121,6 +124,7 @@ void StepTimer::add(const StepEvent& e, bool optimizer) {
         const double t = it->second * slowdown_;
         clock += t;
         (optimizer ? r_.optimizer : r_.compute) += t;
+        part_seconds_[step_part_index(optimizer ? StepSpan::kOptimizer : spans_.where(), e.what)] += t;
         return;
     }
     if (e.kind == StepEvent::kCopy) {  // on the host link's queue, after the work queued before it
@@ -173,6 +177,9 @@ void StepTimer::add(const StepEvent& e, bool optimizer) {
 
 StepTime StepTimer::result() const {
     StepTime r = r_;
+    for (size_t p = 0; p < part_seconds_.size(); ++p) {
+        if (part_seconds_[p] > 0.0) r.parts[step_part_order()[p]] = part_seconds_[p];
+    }
     if (uploads_end_ > r.total) r.optimizer += uploads_end_ - r.total, r.total = uploads_end_;
     return r;
 }

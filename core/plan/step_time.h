@@ -24,6 +24,7 @@
 #include "core/plan/calibration.h"
 #include "core/plan/dry_run.h"
 #include "core/plan/hardware.h"
+#include "core/plan/step_parts.h"
 
 namespace trainer {
 
@@ -42,6 +43,9 @@ struct StepTime {
     double compute = 0.0;       // the ops of forward and backward
     double exposed_comm = 0.0;  // the compute clock waiting for collectives (and, on a CPU, their cycles)
     double optimizer = 0.0;     // the optimizer step's ops and its waits
+    // The ops' seconds (compute's and the optimizer's) by the part of the step that runs them (step_parts.h); what
+    // the total holds beyond their sum is waiting (for collectives and copies) and, on a CPU, collectives' cycles.
+    std::map<std::string, double> parts;
 };
 
 // The time model, fed a step's events in order (dry_run_step streams them, so a step of a thousand
@@ -70,6 +74,8 @@ class StepTimer final : public StepEventSink {
     // Every micro-batch repeats the same ops: each distinct one is costed once (op names are the dry
     // backend's literals, so their addresses identify them).
     std::map<std::tuple<const char*, double, double, bool>, double> costed_;
+    StepSpans spans_;                             // the step's spans open now, which put each op in its part
+    std::vector<double> part_seconds_;            // by step_part_index
     std::map<const void*, double> channel_free_;  // when each communicator's queue is next free
     std::map<const void*, int> track_;            // trace: each communicator's track (compute's is 0)
     std::map<uint64_t, double> done_;             // when each issued collective completes
