@@ -44,7 +44,12 @@ std::vector<std::string> matrix_base(Flavour f) {
                                   "--set",          "model.d_model=32",
                                   "--set",          "global_train_batch_size=24",
                                   "--set",          "device_train_microbatch_size=2",
-                                  "--set",          "save_interval=0"};
+                                  "--set",          "save_interval=0",
+                                  "--threads",      "1"};
+    // One thread in the single process and in every rank: the CPU GEMMs' tiles follow a run's starting thread count
+    // (kernels/cpu/ops.h: gemm_partition), and a 2-thread reference against 1-thread ranks added its last-bit
+    // differences to the reduction order's (HYBRID_SHARD's GPT-2 run on OpenBLAS's Zen kernels under the sanitizers:
+    // an attention bias 1.2x past the 1e-5 tolerance; on one thread each, 0.6x).
     // kOlmoTied is OLMo-1B's shape: tied head, parameter-free norms (the head unit holds nothing).
     // kOlmoUntied: the LM head is its own unit (OLMo-7B's shape). kGpt2: tied, affine norms, biases, wpe.
     std::vector<const char*> sets;

@@ -378,7 +378,7 @@ std::string predicted_parts(const Row& r, int world) {
     return fmt::format("where its predicted step goes ({}): {}{}", describe(r.config, world),
                        describe_step_parts(r.time.parts, r.time.total),
                        r.time.total > 0.0
-                           ? fmt::format("; waiting on communication {:.1f}%", 100.0 * rest / r.time.total)
+                           ? fmt::format("; waiting on collectives and copies {:.1f}%", 100.0 * rest / r.time.total)
                            : std::string());
 }
 
