@@ -13,6 +13,13 @@ StepSpan step_span(std::string_view category, std::string_view name) {
     return StepSpan::kOther;
 }
 
+namespace {
+
+// The parts, in step_part_order's order: each one's index there.
+enum Part : size_t { kEmbedding, kLinear, kAttention, kPointwise, kLora, kCopies, kHead, kOptimizer, kOther };
+
+}  // namespace
+
 const std::vector<std::string>& step_part_order() {
     static const std::vector<std::string> order = {
         "embedding",     "Linear layers", "attention", "norms and pointwise ops", "LoRA adapters", "copies and casts",
@@ -22,25 +29,25 @@ const std::vector<std::string>& step_part_order() {
 
 size_t step_part_index(StepSpan where, std::string_view op) {
     const auto starts = [op](std::string_view prefix) { return op.substr(0, prefix.size()) == prefix; };
-    switch (where) {  // indices into step_part_order
+    switch (where) {
         case StepSpan::kEmbedding:
-            return 0;
+            return kEmbedding;
         case StepSpan::kHead:
-            return 6;
+            return kHead;
         case StepSpan::kOptimizer:
-            return 7;
+            return kOptimizer;
         case StepSpan::kBlock:
-            if (starts("matmul_") || op == "fp8_cast") return 1;
-            if (starts("attention_") || starts("rope_") || starts("kv_heads_")) return 2;
-            if (starts("lora_")) return 4;
+            if (starts("matmul_") || op == "fp8_cast") return kLinear;
+            if (starts("attention_") || starts("rope_") || starts("kv_heads_")) return kAttention;
+            if (starts("lora_")) return kLora;
             if (starts("cast_") || starts("copy") || op == "round_to_bf16" || op == "fill_zero" || op == "sum" ||
                 op == "scale_inplace")
-                return 5;
-            return 3;
+                return kCopies;
+            return kPointwise;
         case StepSpan::kOther:
             break;
     }
-    return starts("adamw_") || starts("squared_norm") ? 7 : 8;
+    return starts("adamw_") || starts("squared_norm") ? kOptimizer : kOther;
 }
 
 const std::string& step_part(StepSpan where, std::string_view op) {
