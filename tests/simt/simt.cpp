@@ -1,10 +1,16 @@
-// The CUDA execution model emulated on fibers (ucontext): see simt.h.
+// The CUDA execution model emulated on fibers: see simt.h.
 #include "simt.h"
 
 #include <fmt/format.h>
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
+// SIMT_UCONTEXT: glibc's switch on x86-64 too (to check that path where it is the only one).
+#if !defined(__x86_64__) || defined(SIMT_UCONTEXT)
+#define SIMT_OWN_SWITCH 0
+#include <ucontext.h>
+#else
+#define SIMT_OWN_SWITCH 1
+#endif
 
 #include <algorithm>
 #include <array>
@@ -30,6 +36,43 @@
 #ifdef SIMT_ASAN
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
+#endif
+
+// A fiber switch on x86-64: the callee-saved registers, the SSE and x87 control words pushed on the stack being left,
+// its stack pointer stored at *from, and the same popped from the stack at `to`. glibc's swapcontext also saves and
+// restores the signal mask, one system call each way, and the whole floating-point environment: 90% of the emulated
+// kernel tests' time went there (the fibers switch at every barrier and warp collective).
+#if SIMT_OWN_SWITCH
+extern "C" void simt_switch_stack(void** from, void* to);
+asm(R"(
+    .pushsection .text
+    .p2align 4
+    .type simt_switch_stack, @function
+simt_switch_stack:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size simt_switch_stack, .-simt_switch_stack
+    .popsection
+)");
 #endif
 
 namespace simt {
@@ -127,8 +170,17 @@ class Stack {
     size_t page_ = 0;
 };
 
+// Where a switch resumes a thread or the scheduler: a saved stack pointer on x86-64, a ucontext elsewhere.
+#if SIMT_OWN_SWITCH
+using Context = void*;
+void switch_context(Context* from, Context* to) { simt_switch_stack(from, *to); }
+#else
+using Context = ucontext_t;
+void switch_context(Context* from, Context* to) { swapcontext(from, to); }
+#endif
+
 struct Fiber {
-    ucontext_t ctx{};
+    Context ctx{};
     std::unique_ptr<Stack> stack = std::make_unique<Stack>();
     Dim3 tid;
     State state = State::kDone;
@@ -154,7 +206,7 @@ struct Fault {};
 struct Emulator {
     std::vector<Fiber> fibers;
     std::vector<WarpSlots> warps;
-    ucontext_t scheduler{};
+    Context scheduler{};
     const void* scheduler_stack = nullptr;
     size_t scheduler_stack_size = 0;
     Fiber* current = nullptr;
@@ -202,7 +254,7 @@ void resume(Fiber& f) {
     void* fake = nullptr;
     __sanitizer_start_switch_fiber(&fake, f.stack->bottom(), kStackBytes);
 #endif
-    swapcontext(&e.scheduler, &f.ctx);
+    switch_context(&e.scheduler, &f.ctx);
 #ifdef SIMT_ASAN
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
@@ -218,7 +270,7 @@ void wait_as(State s) {
     __sanitizer_start_switch_fiber(s == State::kDone ? nullptr : &f.asan_fake_stack, e.scheduler_stack,
                                    e.scheduler_stack_size);
 #endif
-    swapcontext(&f.ctx, &e.scheduler);
+    switch_context(&f.ctx, &e.scheduler);
 #ifdef SIMT_ASAN
     __sanitizer_finish_switch_fiber(f.asan_fake_stack, nullptr, nullptr);
 #endif
@@ -243,6 +295,33 @@ void fiber_main() {
         if (e.error.empty()) e.error = fmt::format("block {} thread {}: an exception", block_name(), self().tid.x);
     }
     wait_as(State::kDone);
+}
+
+// f's context set to enter fiber_main on its own stack at its next switch.
+void start_context(Fiber& f) {
+#if SIMT_OWN_SWITCH
+    // What simt_switch_stack pops, from the stack's top down: a null return address above fiber_main's (its caller:
+    // none, for unwinders), fiber_main's, six zero registers (rbp null ends frame-pointer walks), then the control
+    // words as this thread has them. fiber_main is entered as if called: with the stack 8 bytes past a 16-byte
+    // boundary.
+    auto* top = reinterpret_cast<uint64_t*>(f.stack->bottom() + kStackBytes);
+    uint64_t* sp = top - 2;
+    sp[1] = 0;
+    sp[0] = reinterpret_cast<uint64_t>(&fiber_main);
+    for (int i = 0; i < 6; ++i) *--sp = 0;
+    uint32_t mxcsr = 0;
+    uint16_t x87 = 0;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(x87));
+    *--sp = static_cast<uint64_t>(mxcsr) | static_cast<uint64_t>(x87) << 32;
+    f.ctx = sp;
+#else
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack->bottom();
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_main, 0);
+#endif
 }
 
 // A lane's entry into a warp collective: its input into its slot, then wait for the warp's 32 lanes; returns
@@ -326,14 +405,13 @@ void run_block(Dim3 b, unsigned n) {
         f.warpgroup_ops.clear();
         f.asan_fake_stack = nullptr;
 #ifdef SIMT_ASAN
-        // A fiber of the block before that faulted never unwound: its frames' redzones are still poisoned.
+        // A fiber's frames of the block before keep their redzones poisoned where the fiber never unwound them (a
+        // fault, a deadlock, or the frames below its last switch): the whole stack is cleared, since code of
+        // uninstrumented libraries (fmt, libstdc++) reaches ASan's checks through its interceptors from frames that
+        // set no shadow of their own.
         __asan_unpoison_memory_region(f.stack->bottom(), kStackBytes);
 #endif
-        getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp = f.stack->bottom();
-        f.ctx.uc_stack.ss_size = kStackBytes;
-        f.ctx.uc_link = nullptr;
-        makecontext(&f.ctx, fiber_main, 0);
+        start_context(f);
     }
     // Each warp's chance of going on in a pass where it can, drawn again at every barrier.
     std::vector<double> speed(n / 32);

@@ -31,8 +31,8 @@
 //     plain stores to shared memory (only cp.async's writes are tracked for the proxy fence).
 // Reports are exceptions thrown by launch() naming the block, thread and instruction.
 //
-// Under AddressSanitizer the fiber switches are annotated (__sanitizer_start_switch_fiber); ASan still prints its
-// one-line warning that it does not fully support swapcontext.
+// A fiber switch is a few instructions of our own on x86-64 (simt.cpp's simt_switch_stack) and glibc's swapcontext
+// elsewhere. Under AddressSanitizer the switches are annotated (__sanitizer_start_switch_fiber).
 //
 // The arithmetic of mma.sync is fp32 fused multiply-adds in k order (the tensor cores' products of bf16 are
 // exact in fp32; their order of accumulation is not specified), so results agree with a GPU's to rounding,
