@@ -675,7 +675,9 @@ int run_main(int argc, char** argv) {
 #else
                     "g++ " __VERSION__,
 #endif
-#ifdef TRAINER_HAVE_CUDA
+#if defined(TRAINER_SIMT_DEVICE)
+                    "emulated on the CPU (a test build)"
+#elif defined(TRAINER_HAVE_CUDA)
                     "built"
 #else
                     "not built"

@@ -490,6 +490,14 @@ Device resolve_device(Device device);
 // The native CUDA attention kernels' largest head (kernels/cuda/attention.cu).
 constexpr int kCudaNativeAttentionMaxHeadSize = 256;
 
+// Whether this build has cuDNN's fused attention: every CUDA build but the emulated one (TRAINER_CUDA=EMULATED,
+// tests/simt), where kernels.attention auto picks the native kernels and "cudnn" is refused.
+#ifdef TRAINER_SIMT_DEVICE
+constexpr bool kCudnnAttentionBuilt = false;
+#else
+constexpr bool kCudnnAttentionBuilt = true;
+#endif
+
 // Empty when cuDNN's fused attention (kernels.attention=cudnn) runs a sequence of T positions with
 // heads of HS channels; else what it cannot run (cuDNN needs HS a multiple of 8 and at most 128 on every
 // GPU generation, and T >= 2 for its backward).

@@ -371,7 +371,8 @@ namespace {
 AttentionKernel resolve_attention(const TrainConfig& c, Device device) {
     if (c.kernels_attention != AttentionKernel::kAuto) return c.kernels_attention;
     const int T = c.model.predicted_positions(), HS = c.model.head_size();
-    const bool fast = device == Device::kCuda && bf16_mixed(c.precision) && cudnn_attention_unsupported(T, HS).empty();
+    const bool fast = device == Device::kCuda && bf16_mixed(c.precision) && kCudnnAttentionBuilt &&
+                      cudnn_attention_unsupported(T, HS).empty();
     return fast ? AttentionKernel::kCudnn : AttentionKernel::kNative;
 }
 
@@ -405,6 +406,11 @@ ComputeTarget resolve_compute(const TrainConfig& c) {
             user_error(
                 "kernels.attention \"cudnn\" computes attention in bf16; use it with --precision amp_bf16 or amp_fp8 "
                 "(fp32 runs use the native kernels)");
+        }
+        if (!kCudnnAttentionBuilt) {
+            user_error(
+                "kernels.attention \"cudnn\": this build has no cuDNN (an emulated build: the CPU emulator of "
+                "tests/simt runs our own kernels); use kernels.attention=native or flash");
         }
         const std::string why = cudnn_attention_unsupported(T, HS);
         if (!why.empty())

@@ -2,6 +2,8 @@
 # Installs everything, builds, and runs every test: format check -> script checks -> the GPU stages' report (what
 # the GPU has not yet seen, docs/gpus.md) -> release build (warnings as errors, CUDA parts compiled when nvcc is
 # found) + all tests -> address/undefined sanitizer build + all tests -> the fuzz targets for 10 s each (dev/fuzz.sh).
+# The sanitizer build is also the emulated build: its CUDA parts are compiled onto the CPU emulator of tests/simt,
+# and its "emulated gpu: ..." cases run gpu_tests' [emulated] cases on an emulated GPU.
 # Usage: scripts/test.sh [--fast]   (--fast: skip the sanitizer pass and the fuzzing)
 # Builds use Ninja (the presets): it compiles the objects of every target at once, where Make waited for each
 # library before the next and for the trainer before the tests (one core idle at every step). Under the

@@ -2,9 +2,12 @@
 // one global batch, shared by the CPU model test and the GPU tests.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "base/layout.h"
 #include "core/data/data.h"
@@ -25,6 +28,63 @@ inline trainer::TrainConfig fixture_config(const std::string& name) {
     Json doc = read_config_file(fixture(name + "_tiny.json"));
     doc["data"]["paths"] = Json::array({fixture(name + "_tiny_tokens.u16")});
     return validate_config(doc);
+}
+
+// The model of fixture `name` with its initial weights on `device` (fp32), one process.
+struct FixtureModel {
+    TrainConfig config;
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<ParamLayout> layout;
+    std::unique_ptr<Strategy> strategy;
+    explicit FixtureModel(const std::string& name, Device device = Device::kCpu)
+        : config(fixture_config(name)), backend(make_backend(device)) {
+        layout = std::make_unique<ParamLayout>(config);
+        strategy = make_single_strategy(backend.get(), *layout);
+        const std::string init = fixture(name + "_tiny_init.safetensors");
+        const auto tensors = read_safetensors(init);
+        load_initial_params(config, *layout, *strategy, &tensors, init);
+    }
+};
+
+// Decoding with a KV cache on `device` gives the model's forward logits at every position (within `rel` of their
+// largest magnitude): the fixture's first two sequences, their first 5 tokens as one call (a prompt), then one token
+// each a call.
+inline void check_decode_against_forward(const std::string& name, Device device, double rel) {
+    FixtureModel m(name, device);
+    const int L = m.config.model.max_sequence_length, T = L - 1, V = m.config.model.embedding_size;
+    TokenDataset data(m.config.data.paths, TokenDtype::kUint16, L, m.config.model.vocab_size);
+    std::vector<int32_t> tokens(2 * static_cast<size_t>(L));
+    for (int i = 0; i < 2; ++i) data.read_instance(i, tokens.data() + static_cast<size_t>(i) * L);
+    Model model(m.config, *m.layout, m.backend.get(), m.strategy.get(), 2);
+    std::vector<float> want(2 * static_cast<size_t>(T) * V);
+    model.forward_logits(tokens.data(), 2, [&](int r0, int rows, const float* logits) {
+        std::copy_n(logits, static_cast<size_t>(rows) * V, want.begin() + static_cast<std::ptrdiff_t>(r0) * V);
+    });
+    Model::DecodeCache cache = model.make_decode_cache(2, T, 10);
+    std::vector<float> got(want.size(), NAN);
+    const auto sink_into = [&](const std::vector<int32_t>& seqs, const std::vector<int32_t>& pos) {
+        return [&, seqs, pos](int row, int, const float* logits) {
+            const size_t at = (static_cast<size_t>(seqs[row]) * T + pos[row]) * V;
+            std::copy_n(logits, V, got.begin() + static_cast<std::ptrdiff_t>(at));
+        };
+    };
+    std::vector<int32_t> tok, seqs, pos;
+    for (int b = 0; b < 2; ++b) {
+        for (int t = 0; t < 5; ++t) tok.push_back(tokens[b * L + t]), seqs.push_back(b), pos.push_back(t);
+    }
+    model.decode(cache, tok.data(), seqs.data(), pos.data(), 10, nullptr, sink_into(seqs, pos));
+    for (int t = 5; t < T; ++t) {
+        tok = {tokens[t], tokens[L + t]}, seqs = {0, 1}, pos = {t, t};
+        model.decode(cache, tok.data(), seqs.data(), pos.data(), 2, nullptr, sink_into(seqs, pos));
+    }
+    double scale = 0.0, worst = 0.0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        REQUIRE(std::isfinite(got[i]));
+        scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
+        worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])));
+    }
+    CAPTURE(worst, scale);
+    CHECK(worst <= rel * scale);
 }
 
 // The mean loss of the fixture's global batch 0, its gradients accumulated into the strategy's (zeroed first), with

@@ -15,7 +15,7 @@ TEST_CASE("cli: trainer --version names the version and commit and build and eac
     std::vector<std::string> lines;
     std::istringstream in(r.out);
     for (std::string line; std::getline(in, line);) lines.push_back(line);
-#ifdef TRAINER_HAVE_CUDA
+#if defined(TRAINER_HAVE_CUDA) && !defined(TRAINER_SIMT_DEVICE)
     REQUIRE(lines.size() == 7);
 #else
     REQUIRE(lines.size() == 6);
@@ -25,7 +25,11 @@ TEST_CASE("cli: trainer --version names the version and commit and build and eac
     CHECK(lines[1].size() > 20);  // a hash of 40 digits, or why there is none
     CHECK_THAT(lines[2], StartsWith("build: ") && Contains("C++17"));
     CHECK_THAT(lines[3], StartsWith("OpenBLAS: 0."));
-#ifdef TRAINER_HAVE_CUDA
+#if defined(TRAINER_SIMT_DEVICE)  // the emulated build (tests/simt)
+    CHECK_THAT(lines[2], Contains("CUDA parts emulated on the CPU"));
+    CHECK_THAT(lines[4], StartsWith("CUDA: none; an emulated build"));
+    CHECK_THAT(lines[5], StartsWith("NCCL: none; an emulated build"));
+#elif defined(TRAINER_HAVE_CUDA)
     CHECK_THAT(lines[2], Contains("CUDA parts built"));
     CHECK_THAT(lines[4], StartsWith("CUDA: built with ") && Contains("runtime") && Contains("driver"));
     CHECK_THAT(lines[5], StartsWith("cuDNN: built with ") && Contains("loaded"));

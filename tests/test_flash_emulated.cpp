@@ -20,12 +20,19 @@
 // After the shim (TRAINER_SIMT_EMULATION): the layout and descriptor helpers of Hopper's wgmma.
 #include "kernels/cuda/wgmma.cuh"
 
-// The emulated build's declarations: kernels/cuda/ops.h read with the token `cuda` renamed; and the flash
-// kernels' grid (flash_tile.cuh), whose L2 budget a test shrinks.
+// The emulated kernels' declarations: kernels/cuda/ops.h read with the token `cuda` renamed; and the flash
+// kernels' grid (flash_tile.cuh), whose L2 budget a test shrinks. In the emulated build (TRAINER_CUDA=EMULATED)
+// the trainer's own trainer::cuda is the emulated code.
+#ifdef TRAINER_SIMT_DEVICE
+#define simt_cuda cuda
+#include "kernels/cuda/flash_tile.cuh"
+#include "kernels/cuda/ops.h"
+#else
 #define cuda simt_cuda
 #include "kernels/cuda/flash_tile.cuh"
 #include "kernels/cuda/ops.h"
 #undef cuda
+#endif
 
 namespace {
 
@@ -61,27 +68,42 @@ struct FlashRun {
     std::vector<uint16_t> out, dqkv;
     std::vector<float> lse;
 };
+// A copy of host data in (emulated) device memory, read back by get(): the kernels' queued work runs when the copy
+// back waits for it.
+template <typename T>
+struct DeviceCopy {
+    T* p = nullptr;
+    size_t n;
+    explicit DeviceCopy(const std::vector<T>& h) : n(h.size()) {
+        REQUIRE(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)) == cudaSuccess);
+        REQUIRE(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+    }
+    ~DeviceCopy() { cudaFree(p); }
+    std::vector<T> get() const {
+        std::vector<T> h(n);
+        REQUIRE(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+        return h;
+    }
+};
+
 // Forward and backward on wgmma (attention_flash_sm90a.cu) or on mma.sync (attention_flash.cu).
 FlashRun run_flash(const std::vector<uint16_t>& qkv, const std::vector<uint16_t>& dout, int B, int T, int NH, int HS,
                    bool wgmma) {
-    FlashRun r;
-    r.out.assign(dout.size(), 0);
-    r.lse.assign(static_cast<size_t>(B) * NH * T, 0.0f);
-    r.dqkv.assign(qkv.size(), 0);
-    std::vector<uint8_t> scratch(trainer::simt_cuda::flash_attention_backward_scratch_bytes(B, T, NH, HS));
+    DeviceCopy<uint16_t> d_qkv(qkv), d_dout(dout), out(std::vector<uint16_t>(dout.size(), 0)),
+        dqkv(std::vector<uint16_t>(qkv.size(), 0));
+    DeviceCopy<float> lse(std::vector<float>(static_cast<size_t>(B) * NH * T, 0.0f));
+    DeviceCopy<uint8_t> scratch(
+        std::vector<uint8_t>(trainer::simt_cuda::flash_attention_backward_scratch_bytes(B, T, NH, HS)));
     if (wgmma) {
-        trainer::simt_cuda::flash_attention_forward_sm90(r.out.data(), r.lse.data(), qkv.data(), B, T, NH, HS, nullptr);
+        trainer::simt_cuda::flash_attention_forward_sm90(out.p, lse.p, d_qkv.p, B, T, NH, HS, nullptr);
+        trainer::simt_cuda::flash_attention_backward_sm90(dqkv.p, d_dout.p, d_qkv.p, out.p, lse.p, B, T, NH, HS,
+                                                          scratch.p, nullptr);
     } else {
-        trainer::simt_cuda::flash_attention_forward_sm80(r.out.data(), r.lse.data(), qkv.data(), B, T, NH, HS, nullptr);
+        trainer::simt_cuda::flash_attention_forward_sm80(out.p, lse.p, d_qkv.p, B, T, NH, HS, nullptr);
+        trainer::simt_cuda::flash_attention_backward_sm80(dqkv.p, d_dout.p, d_qkv.p, out.p, lse.p, B, T, NH, HS,
+                                                          scratch.p, nullptr);
     }
-    if (wgmma) {
-        trainer::simt_cuda::flash_attention_backward_sm90(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(),
-                                                          r.lse.data(), B, T, NH, HS, scratch.data(), nullptr);
-    } else {
-        trainer::simt_cuda::flash_attention_backward_sm80(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(),
-                                                          r.lse.data(), B, T, NH, HS, scratch.data(), nullptr);
-    }
-    return r;
+    return {out.get(), dqkv.get(), lse.get()};
 }
 
 }  // namespace

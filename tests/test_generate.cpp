@@ -16,24 +16,7 @@ using Catch::Matchers::Contains;
 using test_util::fixture;
 using test_util::fixture_config;
 
-namespace {
-
-// The model of fixture `name` with its initial weights, on the CPU.
-struct Loaded {
-    TrainConfig config;
-    std::unique_ptr<Backend> backend;
-    std::unique_ptr<ParamLayout> layout;
-    std::unique_ptr<Strategy> strategy;
-    explicit Loaded(const std::string& name) : config(fixture_config(name)), backend(make_backend(Device::kCpu)) {
-        layout = std::make_unique<ParamLayout>(config);
-        strategy = make_single_strategy(backend.get(), *layout);
-        const std::string init = fixture(name + "_tiny_init.safetensors");
-        const auto tensors = read_safetensors(init);
-        load_initial_params(config, *layout, *strategy, &tensors, init);
-    }
-};
-
-}  // namespace
+using Loaded = test_util::FixtureModel;
 
 TEST_CASE("generate: the KV cache path gives the forward's logits at every position of every shape") {
     // OLMo (RoPE, SwiGLU, parameter-free LayerNorm), GPT-2 (learned positions, GELU, biases, affine LayerNorm),
@@ -41,42 +24,7 @@ TEST_CASE("generate: the KV cache path gives the forward's logits at every posit
     // 2 heads for 4 query heads) and OLMo-2 with one key/value head.
     for (const std::string name : {"olmo", "gpt2", "olmo2", "llama", "olmo2mqa"}) {
         CAPTURE(name);
-        Loaded m(name);
-        const int L = m.config.model.max_sequence_length, T = L - 1, V = m.config.model.embedding_size;
-        TokenDataset data(m.config.data.paths, TokenDtype::kUint16, L, m.config.model.vocab_size);
-        std::vector<int32_t> tokens(2 * static_cast<size_t>(L));
-        for (int i = 0; i < 2; ++i) data.read_instance(i, tokens.data() + static_cast<size_t>(i) * L);
-        Model model(m.config, *m.layout, m.backend.get(), m.strategy.get(), 2);
-        std::vector<float> want(2 * static_cast<size_t>(T) * V);
-        model.forward_logits(tokens.data(), 2, [&](int r0, int rows, const float* logits) {
-            std::copy_n(logits, static_cast<size_t>(rows) * V, want.begin() + static_cast<std::ptrdiff_t>(r0) * V);
-        });
-        // The two sequences: their first 5 tokens as one call (a prompt), then one token each per call.
-        Model::DecodeCache cache = model.make_decode_cache(2, T, 10);
-        std::vector<float> got(want.size(), NAN);
-        const auto sink_into = [&](const std::vector<int32_t>& seqs, const std::vector<int32_t>& pos) {
-            return [&, seqs, pos](int row, int, const float* logits) {
-                const size_t at = (static_cast<size_t>(seqs[row]) * T + pos[row]) * V;
-                std::copy_n(logits, V, got.begin() + static_cast<std::ptrdiff_t>(at));
-            };
-        };
-        std::vector<int32_t> tok, seqs, pos;
-        for (int b = 0; b < 2; ++b) {
-            for (int t = 0; t < 5; ++t) tok.push_back(tokens[b * L + t]), seqs.push_back(b), pos.push_back(t);
-        }
-        model.decode(cache, tok.data(), seqs.data(), pos.data(), 10, nullptr, sink_into(seqs, pos));
-        for (int t = 5; t < T; ++t) {
-            tok = {tokens[t], tokens[L + t]}, seqs = {0, 1}, pos = {t, t};
-            model.decode(cache, tok.data(), seqs.data(), pos.data(), 2, nullptr, sink_into(seqs, pos));
-        }
-        double scale = 0.0, worst = 0.0;
-        for (size_t i = 0; i < want.size(); ++i) {
-            REQUIRE(std::isfinite(got[i]));
-            scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
-            worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])));
-        }
-        CAPTURE(worst, scale);
-        CHECK(worst <= 1e-5 * scale);
+        test_util::check_decode_against_forward(name, Device::kCpu, 1e-5);
     }
 }
 

@@ -17,9 +17,14 @@
 #include "kernels/cpu/ops.h"
 #include "simt/cuda_shim.h"
 
+#ifdef TRAINER_SIMT_DEVICE
+// The emulated build (TRAINER_CUDA=EMULATED): the trainer's own CUDA kernels are the emulated ones.
+#include "gpu/gpu_kernels.cu"
+#else
 #define cuda simt_cuda
 #include "gpu/gpu_kernels.cu"
 #undef cuda
+#endif
 
 namespace {
 
@@ -37,3 +42,9 @@ void check(void (*family)()) {
 #define TRAINER_EMULATED_KERNEL_CASE(function, what, tags) \
     TEST_CASE("emulated kernel: " what, tags) { check(gpu_kernel_tests::function); }
 TRAINER_OWN_KERNEL_FAMILIES(TRAINER_EMULATED_KERNEL_CASE)
+#ifdef TRAINER_SIMT_DEVICE
+// The emulated build: the kernel files that call cuBLASLt and CUB run too, against the emulator's stand-ins.
+#define TRAINER_EMULATED_LIBRARY_CASE(function, what, tags) \
+    TEST_CASE("emulated library: " what, tags) { check(gpu_kernel_tests::function); }
+TRAINER_LIBRARY_KERNEL_FAMILIES(TRAINER_EMULATED_LIBRARY_CASE)
+#endif

@@ -61,6 +61,14 @@ constexpr bool sanitized = true;
 constexpr bool sanitized = false;
 #endif
 
+// True in the emulated build (TRAINER_CUDA=EMULATED), whose GPU is the CPU emulator of tests/simt: the CUDA backend's
+// code runs there, but not cuDNN's attention, and the device's times and counters are the emulator's.
+#ifdef TRAINER_SIMT_DEVICE
+constexpr bool emulated_gpu = true;
+#else
+constexpr bool emulated_gpu = false;
+#endif
+
 inline std::string source_dir() { return TRAINER_SOURCE_DIR; }
 inline std::string fixture(const std::string& name) { return source_dir() + "/tests/fixtures/" + name; }
 inline std::string trainer_binary() { return TRAINER_BINARY; }

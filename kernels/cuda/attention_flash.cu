@@ -42,9 +42,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ptx.cuh"
 #endif
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_tile.cuh"
 #include "kernels/cuda/ops.h"
 

@@ -1,11 +1,14 @@
-// Shared by the CUDA kernel files: launch checking and launch-shape helpers. Under TRAINER_SIMT_EMULATION (the
-// CPU suite's emulated kernels, tests/simt/cuda_shim.h) the CUDA runtime's part is the shim's.
+// Shared by the CUDA kernel files: launch checking and launch-shape helpers. Under TRAINER_SIMT_EMULATION (g++ onto
+// the CPU emulator, tests/simt/cuda_shim.h) the launch syntax and the runtime are the emulator's; in the emulated
+// build (TRAINER_SIMT_DEVICE) the checks are check.h's, as with nvcc.
 #pragma once
 
 #ifndef TRAINER_SIMT_EMULATION
 #include <cuda_runtime.h>
-
+#endif
+#if !defined(TRAINER_SIMT_EMULATION) || defined(TRAINER_SIMT_DEVICE)
 #include "kernels/cuda/check.h"
+#define TRAINER_CUDA_RUNTIME_CHECKS 1
 #endif
 
 #include <array>
@@ -25,11 +28,13 @@ namespace trainer::cuda {
 // (tests/simt) replaces.
 #define TRAINER_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
 #define TRAINER_DYNAMIC_SHARED(name) extern __shared__ __align__(128) uint8_t name[]
+#endif  // TRAINER_SIMT_EMULATION
 
+#ifdef TRAINER_CUDA_RUNTIME_CHECKS
 // The runtime's statuses for TRAINER_CUDA_CHECK (check.h): a runtime call, or cudaGetLastError() after a launch.
 inline bool succeeded(cudaError_t e) { return e == cudaSuccess; }
 inline std::string status_message(cudaError_t e) { return cudaGetErrorString(e); }
-#endif  // TRAINER_SIMT_EMULATION
+#endif
 
 // A value asked of the current device once: the first call on a device runs ask(device) and keeps its answer,
 // later calls there return it (devices past the 64th ask every time). For answers a launch path needs on every
@@ -61,7 +66,7 @@ inline unsigned grid_for(size_t work, unsigned block) {
     return static_cast<unsigned>(blocks == 0 ? 1 : (blocks < 65535 ? blocks : 65535));
 }
 
-#ifndef TRAINER_SIMT_EMULATION
+#ifdef TRAINER_CUDA_RUNTIME_CHECKS
 // True for host memory (pageable or pinned), false for device or managed memory.
 inline bool is_host_pointer(const void* p) {
     cudaPointerAttributes a{};
@@ -71,7 +76,7 @@ inline bool is_host_pointer(const void* p) {
     }
     return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
 }
-#endif  // TRAINER_SIMT_EMULATION
+#endif  // TRAINER_CUDA_RUNTIME_CHECKS
 
 // An element read as fp32: itself, or a bf16 widened (exactly).
 __device__ __forceinline__ float load_as_float(float x) { return x; }

@@ -18,6 +18,11 @@
 namespace trainer {
 
 std::vector<std::string> cuda_library_versions() {
+#ifdef TRAINER_SIMT_DEVICE
+    return {
+        "CUDA: none; an emulated build (the CPU emulator of tests/simt stands in for the runtime, cuBLASLt, CUB "
+        "and NCCL; no cuDNN)"};
+#endif
     const auto dotted = [](int v, int major_div) {  // 13000 -> 13.0, 90800 -> 9.8.0 (cuDNN 9's)
         return major_div == 1000 ? fmt::format("{}.{}", v / 1000, v % 1000 / 10)
                                  : fmt::format("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100);

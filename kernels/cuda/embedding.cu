@@ -112,8 +112,8 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
                        cudaStream_t stream) {
     const size_t total = static_cast<size_t>(N) * C;
     if (total == 0) return;
-    embedding_forward_kernel<<<grid_for(total, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(out, tokens, wte, wpe, N,
-                                                                                               T, C);
+    TRAINER_LAUNCH(embedding_forward_kernel, grid_for(total, kPointwiseBlock), kPointwiseBlock, 0, stream, out, tokens,
+                   wte, wpe, N, T, C);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -126,7 +126,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
                         void* scratch, cudaStream_t stream) {
     if (N == 0 || C == 0) return;
     const GroupScratch g = carve(scratch, N);
-    iota_kernel<<<grid_for(N, kPointwiseBlock), kPointwiseBlock, 0, stream>>>(g.rows_in, N);
+    TRAINER_LAUNCH(iota_kernel, grid_for(N, kPointwiseBlock), kPointwiseBlock, 0, stream, g.rows_in, N);
     TRAINER_CUDA_CHECK(cudaGetLastError());
     size_t temp = g.temp_bytes;
     // Stable: the rows of one token stay in row order. Token ids are non-negative int32.
@@ -144,18 +144,18 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
     const unsigned per_block = kRunBlock * (vec ? 4 : 1);
     const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>((C + per_block - 1) / per_block));
     if (vec) {
-        embedding_backward_runs_kernel<4>
-            <<<grid, kRunBlock, 0, stream>>>(dwte, dout, g.unique, g.counts, g.offsets, g.rows_out, g.num_runs, C);
+        TRAINER_LAUNCH(embedding_backward_runs_kernel<4>, grid, kRunBlock, 0, stream, dwte, dout, g.unique, g.counts,
+                       g.offsets, g.rows_out, g.num_runs, C);
     } else {
-        embedding_backward_runs_kernel<1>
-            <<<grid, kRunBlock, 0, stream>>>(dwte, dout, g.unique, g.counts, g.offsets, g.rows_out, g.num_runs, C);
+        TRAINER_LAUNCH(embedding_backward_runs_kernel<1>, grid, kRunBlock, 0, stream, dwte, dout, g.unique, g.counts,
+                       g.offsets, g.rows_out, g.num_runs, C);
     }
     TRAINER_CUDA_CHECK(cudaGetLastError());
     if (dwpe != nullptr) {
         constexpr unsigned kBlock = 128;
         const unsigned cblocks = static_cast<unsigned>((C + kBlock - 1) / kBlock);
-        embedding_backward_wpe_kernel<<<dim3(cblocks, static_cast<unsigned>(T < 65535 ? T : 65535)), kBlock, 0,
-                                        stream>>>(dwpe, dout, N, T, C);
+        TRAINER_LAUNCH(embedding_backward_wpe_kernel, dim3(cblocks, static_cast<unsigned>(T < 65535 ? T : 65535)),
+                       kBlock, 0, stream, dwpe, dout, N, T, C);
         TRAINER_CUDA_CHECK(cudaGetLastError());
     }
 }

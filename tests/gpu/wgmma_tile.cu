@@ -9,9 +9,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ptx.cuh"
 #endif
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_tile.cuh"
 #include "kernels/cuda/wgmma.cuh"
 #include "wgmma_tile.h"

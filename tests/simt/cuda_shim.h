@@ -1,7 +1,10 @@
 // The CUDA names a kernel source uses, for compiling it with g++ onto the emulator of simt.h: include this first,
 // then the kernel source, which under TRAINER_SIMT_EMULATION leaves out its CUDA includes and PTX wrappers and
-// takes these. Only what the emulated kernel files and tests/gpu's checks use is here. Device memory is host
-// memory: cudaMalloc is an aligned allocation, and copies happen at the call.
+// takes these. The runtime's calls are those of the emulated runtime (cuda_runtime_api.h): device memory is host
+// memory, and a launch queues the kernel on its stream, to run when the host or another stream waits for it.
+// Two uses: the CPU suite's emulated kernels (tests/CMakeLists.txt, the token `cuda` renamed), where
+// TRAINER_CUDA_CHECK is this file's; and the emulated build (TRAINER_CUDA=EMULATED, TRAINER_SIMT_DEVICE defined),
+// where every CUDA source of the trainer is compiled onto it and kernels/cuda/check.h's is used, as with nvcc.
 #pragma once
 
 #include <algorithm>
@@ -9,9 +12,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/element.h"
-#include "simt.h"
+#include "simt/cuda_runtime_api.h"
+#include "simt/simt.h"
 
 #define TRAINER_SIMT_EMULATION 1
 
@@ -20,6 +26,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __align__(n) alignas(n)
 // A static local is one object for every thread of the block (blocks run one at a time), as __shared__ is.
 #define __shared__ static
 #define threadIdx (::simt::thread_idx())
@@ -27,59 +34,21 @@
 #define blockDim (::simt::block_dim())
 #define gridDim (::simt::grid_dim())
 #define TRAINER_DYNAMIC_SHARED(name) uint8_t* name = ::simt::dynamic_shared()
-#define TRAINER_LAUNCH(kernel, grid, block, smem, stream, ...) \
-    ((void)(stream), ::simt::launch(grid, block, smem, [&] { kernel(__VA_ARGS__); }))
-#define TRAINER_CUDA_CHECK(stmt) (void)(stmt)
+// kernel<<<grid, block, smem, stream>>>(args...): the arguments evaluated now, the kernel queued on the stream.
+#define TRAINER_LAUNCH(kernel, grid, block, smem, stream, ...)         \
+    ::simt::rt::launch_kernel(                                         \
+        #kernel, (stream), (grid), (block), static_cast<size_t>(smem), \
+        [=](auto... simt_args_) { kernel(simt_args_...); }, __VA_ARGS__)
+#ifndef TRAINER_SIMT_DEVICE
+#define TRAINER_CUDA_CHECK(stmt) ::simt::rt::check_status((stmt), #stmt)
+namespace simt::rt {
+inline void check_status(cudaError_t e, const char* call) {
+    if (e != cudaSuccess) throw std::runtime_error(std::string(call) + ": " + cudaGetErrorString(e));
+}
+}  // namespace simt::rt
+#endif
 
-using cudaStream_t = void*;
-using cudaError_t = int;
-constexpr cudaError_t cudaSuccess = 0;
-inline const char* cudaGetErrorString(cudaError_t) { return "an emulated CUDA call failed"; }
-enum cudaDataType_t { CUDA_R_32F, CUDA_R_16BF };  // named in kernels/cuda/ops.h's GEMM declarations
 using dim3 = ::simt::Dim3;
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
-enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
-template <class F>
-inline cudaError_t cudaFuncSetAttribute(F*, cudaFuncAttribute, int) {
-    return 0;
-}
-// The emulated device's shared memory a block may opt in to: an H100's (227 KiB).
-enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin };
-inline cudaError_t cudaGetDevice(int* device) {
-    *device = 0;
-    return 0;
-}
-inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr, int) {
-    *value = 232448;
-    return 0;
-}
-inline cudaError_t cudaGetLastError() { return 0; }
-inline cudaError_t cudaDeviceSynchronize() { return 0; }
-template <class T>
-inline cudaError_t cudaMalloc(T** p, size_t bytes) {
-    *p = static_cast<T*>(std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256));
-    return *p ? 0 : 2;
-}
-inline cudaError_t cudaFree(void* p) {
-    std::free(p);
-    return 0;
-}
-inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
-    std::memmove(dst, src, bytes);
-    return 0;
-}
-inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
-    std::memmove(dst, src, bytes);
-    return 0;
-}
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return 0; }
-inline cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
-                                     size_t height, cudaMemcpyKind, cudaStream_t) {
-    for (size_t r = 0; r < height; ++r) {
-        std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
-    }
-    return 0;
-}
 
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
@@ -108,10 +77,6 @@ inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
 }
 inline float2 __bfloat1622float2(__nv_bfloat162 v) {
     return {trainer::bf16_to_float(v.x.bits), trainer::bf16_to_float(v.y.bits)};
-}
-inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
-    std::memset(p, value, bytes);
-    return 0;
 }
 inline unsigned __float_as_uint(float x) {
     unsigned u;

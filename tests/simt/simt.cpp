@@ -181,7 +181,7 @@ void switch_context(Context* from, Context* to) { swapcontext(from, to); }
 
 struct Fiber {
     Context ctx{};
-    std::unique_ptr<Stack> stack = std::make_unique<Stack>();
+    Stack* stack = nullptr;  // from the emulator's pool while the thread runs (started and not yet ended)
     Dim3 tid;
     State state = State::kDone;
     unsigned collectives = 0;              // warp collectives entered: the parity of the slots it uses
@@ -205,6 +205,11 @@ struct Fault {};
 
 struct Emulator {
     std::vector<Fiber> fibers;
+    // Thread stacks: a thread takes one when it first runs and gives it back when it ends, so the threads of a
+    // kernel that never wait for one another run one after another on the same stack (in cache), and a block whose
+    // threads all wait at a barrier holds one a thread.
+    std::vector<std::unique_ptr<Stack>> stacks;
+    std::vector<Stack*> free_stacks;
     std::vector<WarpSlots> warps;
     Context scheduler{};
     const void* scheduler_stack = nullptr;
@@ -218,10 +223,8 @@ struct Emulator {
     std::string error;  // the block's first fault
     std::mt19937_64 rng{1};
 };
-Emulator& emu() {
-    static Emulator e;
-    return e;
-}
+Emulator the_emulator;
+Emulator& emu() { return the_emulator; }
 
 Fiber& self() {
     Fiber* f = emu().current;
@@ -246,10 +249,43 @@ std::string block_name() {
     throw Fault{};
 }
 
-// The scheduler into fiber f, until f waits or ends.
+void start_context(Fiber& f);
+
+// A stack for f from the pool.
+void take_stack(Fiber& f) {
+    Emulator& e = emu();
+    if (e.free_stacks.empty()) {
+        e.stacks.push_back(std::make_unique<Stack>());
+        e.free_stacks.push_back(e.stacks.back().get());
+    }
+    f.stack = e.free_stacks.back();
+    e.free_stacks.pop_back();
+    start_context(f);
+}
+
+// f's stack back to the pool. A thread that ended (kDone) unwound every frame but the few of its last switch
+// (fiber_main's, wait_as's), which lie between its saved stack pointer and the top: under ASan only their shadow is
+// cleared. One stopped on the way (a fault or a deadlock ended its block) has its whole stack cleared.
+void give_back_stack(Fiber& f) {
+    if (f.stack == nullptr) return;
+#ifdef SIMT_ASAN
+    char* low = f.stack->bottom();
+#if SIMT_OWN_SWITCH
+    if (f.state == State::kDone) low = std::max(low, static_cast<char*>(f.ctx) - 256);
+#endif
+    __asan_unpoison_memory_region(low, static_cast<size_t>(f.stack->bottom() + kStackBytes - low));
+#endif
+    emu().free_stacks.push_back(f.stack);
+    f.stack = nullptr;
+}
+
+// The scheduler into fiber f, until f waits or ends; f takes a stack when it first runs and gives it back when it
+// ends.
 void resume(Fiber& f) {
     Emulator& e = emu();
+    if (f.stack == nullptr) take_stack(f);
     e.current = &f;
+    detail::current_thread = &f.tid;
 #ifdef SIMT_ASAN
     void* fake = nullptr;
     __sanitizer_start_switch_fiber(&fake, f.stack->bottom(), kStackBytes);
@@ -259,6 +295,8 @@ void resume(Fiber& f) {
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
     e.current = nullptr;
+    detail::current_thread = nullptr;
+    if (f.state == State::kDone) give_back_stack(f);
 }
 
 // The current fiber back to the scheduler, in state s; returns when the scheduler resumes it (never for kDone).
@@ -390,6 +428,7 @@ void check_warpgroups(unsigned n) {
 void run_block(Dim3 b, unsigned n) {
     Emulator& e = emu();
     e.block_idx = b;
+    detail::current_block = b;
     e.error.clear();
     std::fill(e.smem.begin(), e.smem.end(), uint8_t{0xFF});  // bf16 NaNs
     std::fill(e.unfenced.begin(), e.unfenced.end(), -1);
@@ -404,14 +443,10 @@ void run_block(Dim3 b, unsigned n) {
         f.wgmma_groups.clear();
         f.warpgroup_ops.clear();
         f.asan_fake_stack = nullptr;
-#ifdef SIMT_ASAN
-        // A fiber's frames of the block before keep their redzones poisoned where the fiber never unwound them (a
-        // fault, a deadlock, or the frames below its last switch): the whole stack is cleared, since code of
-        // uninstrumented libraries (fmt, libstdc++) reaches ASan's checks through its interceptors from frames that
-        // set no shadow of their own.
-        __asan_unpoison_memory_region(f.stack->bottom(), kStackBytes);
-#endif
-        start_context(f);
+        // A thread of the block before that never ended (a fault or a deadlock stopped it): its stack is cleared
+        // whole, since code of uninstrumented libraries (fmt, libstdc++) reaches ASan's checks through its
+        // interceptors from frames that set no shadow of their own.
+        give_back_stack(f);
     }
     // Each warp's chance of going on in a pass where it can, drawn again at every barrier.
     std::vector<double> speed(n / 32);
@@ -508,6 +543,8 @@ void launch(Dim3 grid, Dim3 block, size_t smem, const std::function<void()>& bod
     e.unfenced.assign((smem + 15) / 16, -1);
     e.block_dim = Dim3(block.x);
     e.grid_dim = grid;
+    detail::current_block_dim = e.block_dim;
+    detail::current_grid_dim = grid;
     e.body = &body;
     for (unsigned z = 0; z < grid.z; ++z) {
         for (unsigned y = 0; y < grid.y; ++y) {
@@ -517,10 +554,13 @@ void launch(Dim3 grid, Dim3 block, size_t smem, const std::function<void()>& bod
     e.body = nullptr;
 }
 
-const Dim3& thread_idx() { return self().tid; }
-const Dim3& block_idx() { return emu().block_idx; }
-const Dim3& block_dim() { return emu().block_dim; }
-const Dim3& grid_dim() { return emu().grid_dim; }
+namespace detail {
+const Dim3* current_thread = nullptr;
+Dim3 current_block, current_block_dim, current_grid_dim;
+void outside_kernel() {
+    throw std::logic_error("simt: a CUDA built-in called outside a kernel launched by simt::launch");
+}
+}  // namespace detail
 uint8_t* dynamic_shared() { return emu().smem.empty() ? nullptr : emu().smem.data(); }
 
 void syncthreads() {

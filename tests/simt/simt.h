@@ -59,10 +59,19 @@ void launch(Dim3 grid, Dim3 block, size_t smem, const std::function<void()>& bod
 void set_schedule_seed(uint64_t seed);
 
 // Inside body(): the CUDA built-ins.
-const Dim3& thread_idx();
-const Dim3& block_idx();
-const Dim3& block_dim();
-const Dim3& grid_dim();
+// (Read inline: a kernel reads them at every index computation.)
+namespace detail {
+extern const Dim3* current_thread;  // the running thread's index; null outside a kernel
+extern Dim3 current_block, current_block_dim, current_grid_dim;
+[[noreturn]] void outside_kernel();
+}  // namespace detail
+inline const Dim3& thread_idx() {
+    if (detail::current_thread == nullptr) detail::outside_kernel();
+    return *detail::current_thread;
+}
+inline const Dim3& block_idx() { return detail::current_block; }
+inline const Dim3& block_dim() { return detail::current_block_dim; }
+inline const Dim3& grid_dim() { return detail::current_grid_dim; }
 uint8_t* dynamic_shared();
 void syncthreads();
 float shfl_xor(unsigned mask, float v, int lane_mask);
