@@ -214,8 +214,8 @@ int run_generate(const TrainConfig& config, const GenerateOptions& o) {
                               {"device", backend->name()}};
         std::printf("%s\n", summary.dump().c_str());
     }
-    std::fprintf(stderr, "generated %ld tokens for %zu prompts in %.3f s: %.1f tokens/s (%s, %s%s)\n", r.new_tokens,
-                 prompts.size(), r.seconds, rate, backend->name().c_str(),
+    std::fprintf(stderr, "generated %ld tokens for %zu prompt%s in %.3f s: %.1f tokens/s (%s, %s%s)\n", r.new_tokens,
+                 prompts.size(), prompts.size() == 1 ? "" : "s", r.seconds, rate, backend->name().c_str(),
                  o.kv_cache ? "KV cache" : "no KV cache: the prefix recomputed every token",
                  sampling.temperature > 0.0 ? ", sampled" : ", greedy");
     return 0;

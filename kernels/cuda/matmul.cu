@@ -11,6 +11,7 @@
 #include <set>
 #include <tuple>
 
+#include "base/common.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -64,7 +65,24 @@ struct Gemm::State {
 Gemm::Gemm(size_t workspace_bytes) : s_(new State) {
     TRAINER_CUDA_CHECK(cublasLtCreate(&s_->handle));
     s_->workspace_bytes = workspace_bytes;
-    if (workspace_bytes > 0) TRAINER_CUDA_CHECK(cudaMalloc(&s_->workspace, workspace_bytes));
+    if (workspace_bytes == 0) return;
+    const cudaError_t err = cudaMalloc(&s_->workspace, workspace_bytes);
+    if (err == cudaErrorMemoryAllocation) {
+        // The backend's first allocation: a GPU that other processes fill fails here, before any plan could say so.
+        (void)cudaGetLastError();
+        int device = 0;
+        size_t free_b = 0, total_b = 0;
+        cudaGetDevice(&device);
+        cudaMemGetInfo(&free_b, &total_b);
+        cublasLtDestroy(s_->handle);
+        delete s_;
+        user_error(
+            "out of GPU memory on device {} allocating cuBLASLt's workspace of {:.1f} MiB ({:.1f} MiB free of {:.1f} "
+            "MiB) before training starts: is another process using the GPU? (nvidia-smi; CUDA_VISIBLE_DEVICES picks "
+            "another)",
+            device, workspace_bytes / 1048576.0, free_b / 1048576.0, total_b / 1048576.0);
+    }
+    TRAINER_CUDA_CHECK(err);
 }
 
 Gemm::~Gemm() {

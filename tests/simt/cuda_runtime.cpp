@@ -715,6 +715,31 @@ cudaError_t cudaDeviceSynchronize() {
     return ret(state().sticky);
 }
 
+cudaError_t cudaDeviceReset() {
+    SIMT_API_ENTRY();
+    Runtime& r = state();
+    const int d = current_device;
+    for (auto& [raw, s] : r.streams) {
+        if (s->device == d) s->pending.clear(), s->done = s->enqueued, s->capture.reset();
+    }
+    Device& dev = device(d);
+    dev.legacy->pending.clear();
+    dev.legacy->done = dev.legacy->enqueued;
+    for (auto it = r.allocations.begin(); it != r.allocations.end();) {
+        if (it->second.device != d) {
+            ++it;
+            continue;
+        }
+        std::free(reinterpret_cast<void*>(it->first));
+        it = r.allocations.erase(it);
+    }
+    dev.used = dev.pool_used = dev.pool_high = 0;
+    r.sticky = cudaSuccess;
+    r.sticky_message.clear();
+    last_error = cudaSuccess;
+    return cudaSuccess;
+}
+
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
     SIMT_API_ENTRY();
     const Device& d = device(current_device);

@@ -146,6 +146,9 @@ cudaError_t cudaPeekAtLastError();
 const char* cudaGetErrorString(cudaError_t error);
 const char* cudaGetErrorName(cudaError_t error);
 cudaError_t cudaDeviceSynchronize();
+// Ends the current device's queued work unrun and frees its memory, streams' queues and sticky error, as CUDA's
+// does (the emulator's own tests start afresh with it after a fault).
+cudaError_t cudaDeviceReset();
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes);
