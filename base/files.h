@@ -7,6 +7,9 @@
 
 namespace trainer {
 
+// Whether a path is a URL (it has "://"): OLMo's configs name remote data so, which the trainer does not fetch.
+inline bool is_url(const std::string& path) { return path.find("://") != std::string::npos; }
+
 // The whole of the file at `path`, bytes as they are; a file that cannot be read is a UserError
 // "<what> <path>: cannot be read (<reason>)", with "; <hint>" after it where a hint is given.
 std::string read_file(const std::string& path, const std::string& what, const std::string& hint = "");

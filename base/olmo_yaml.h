@@ -34,6 +34,10 @@ bool is_yaml_config_path(const std::string& path);
 
 Json read_yaml_config(const std::string& path);
 
+// Step 2 (base/olmo_keys.cpp), after the overrides.
 void finish_olmo_config(Json& doc, const std::string& path, bool strict);
+
+// Step 2's first part: every ${...} of the document resolved in place.
+void resolve_olmo_interpolations(Json& doc, const std::string& path);
 
 }  // namespace trainer
