@@ -1,7 +1,7 @@
 // The CUDA backend: the Backend interface's ops over the kernels of kernels/cuda, each queued on the compute stream
-// of its runtime half (cuda_runtime.cuh: device, memory, copies, graphs). Operands are cast to bf16 or widened to
-// fp32 where a kernel needs them, into scratch buffers that grow on demand and are then reused (the LayerNorm and
-// attention partials, the bf16 operand copies of amp_bf16, the norm partials).
+// of its runtime (cuda_runtime.cuh: device, memory, copies, graphs). How the ops read their operands (bf16 aliases,
+// the held weight, casts, widenings and FP8 casts) is cuda_operands.cuh's. Scratch buffers grow on demand and are then
+// reused (the LayerNorm and attention partials, the bf16 operand copies of amp_bf16, the norm partials).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,7 +18,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_runtime.cuh"
+#include "kernels/cuda/cuda_operands.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/timeline.h"
 
@@ -26,9 +26,9 @@ namespace trainer {
 namespace cuda {
 namespace {
 
-class CudaBackend final : public CudaRuntime {
+class CudaBackend final : public CudaOperands {
    public:
-    explicit CudaBackend(const BackendOptions& options) : CudaRuntime(options) {
+    explicit CudaBackend(const BackendOptions& options) : CudaOperands(options) {
         if (options.fp8_linears) {
             int major = 0, minor = 0;
             TRAINER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
@@ -48,13 +48,11 @@ class CudaBackend final : public CudaRuntime {
     }
     ~CudaBackend() override {
         for (auto& [key, t] : rope_tables_) free(t.first), free(t.second);
-        for (Scratch* s :
-             {&ln_scratch_, &att_scratch_, &emb_scratch_, &cudnn_ws_, &bias_scratch_, &segments_, &norm_segments_,
-              &a16_,        &b16_,         &c16_,         &held16_,   &bias16_,       &att16_[0], &att16_[1],
-              &att16_[2],   &att16_[3],    &wide_[0],     &wide_[1],  &wide_[2],      &wide_[3],  &fp8_scalars_}) {
+        for (Scratch* s : {&ln_scratch_, &att_scratch_, &emb_scratch_, &cudnn_ws_, &bias_scratch_, &segments_,
+                           &norm_segments_, &a16_, &c16_, &att16_[0], &att16_[1], &att16_[2], &att16_[3], &wide_[0],
+                           &wide_[1], &wide_[2], &wide_[3]}) {
             release(*s);
         }
-        for (auto& pair : fp8_codes_) release(pair[0]), release(pair[1]);
         cudnn_attention_.reset();
         free(norm_scratch_);
         gemm_.reset();
@@ -531,54 +529,6 @@ class CudaBackend final : public CudaRuntime {
     float* norm_scratch(int N, int C) {
         return static_cast<float*>(grow(ln_scratch_, cuda::layernorm_backward_scratch_floats(N, C) * sizeof(float)));
     }
-    // ---- amp_fp8: the blocks' Linear layers on FP8 operands (the CPU's emulation: kernels/cpu/fp8_linear.cpp) ----
-    void set_linear_precision(LinearPrecision p) override {
-        TRAINER_CHECK(p == LinearPrecision::kDefault || options_.fp8_linears,
-                      "FP8 Linear layers on a backend made without amp_fp8");
-        linear_ = p;
-    }
-    // What an operand is cast for (its scratch and its scale's slot).
-    enum Fp8Slot { kFp8Input, kFp8Weight, kFp8Gradient, kFp8Slots };
-    struct Fp8Cast {
-        Gemm::Fp8Matrix rows{}, cols{};  // the codes as stored (rows x cols) and transposed (cols x rows), or null
-    };
-    // x (rows x cols, fp32 or bf16) as FP8 codes of `f` with the per-tensor scale of its current amax: row-major
-    // and/or transposed (one pass for both; the transposed rows padded with zero codes to a multiple of 16, for a
-    // GEMM that sums over x's rows), the amax and the descale in the slot's two device floats.
-    Fp8Cast to_fp8(Fp8Slot slot, GemmOperand x, int rows, int cols, Fp8Format f, bool row_major, bool transposed) {
-        float *amax = fp8_scalars() + 2 * slot, *descale = amax + 1;
-        const size_t n = static_cast<size_t>(rows) * cols;
-        const int ld_t = fp8_padded(rows);
-        auto* out = row_major ? static_cast<uint8_t*>(grow(fp8_codes_[slot][0], n)) : nullptr;
-        auto* out_t =
-            transposed ? static_cast<uint8_t*>(grow(fp8_codes_[slot][1], static_cast<size_t>(ld_t) * cols)) : nullptr;
-        // The amax its producer wrote beside it (GemmOperand::amax), else a pass of its own.
-        if (x.amax != nullptr) {
-            amax = x.amax;
-        } else {
-            amax_pass(amax, x, n);
-        }
-        if (x.bf16) {
-            cuda::fp8_cast_transpose(out, out_t, x.b16(), rows, cols, amax, f, descale, stream_, ld_t);
-        } else {
-            cuda::fp8_cast_transpose(out, out_t, x.f32(), rows, cols, amax, f, descale, stream_, ld_t);
-        }
-        return Fp8Cast{{out, f, descale}, {out_t, f, descale}};
-    }
-    // Each slot's amax and descale, then the amax pass's partials.
-    float* fp8_scalars() {
-        return static_cast<float*>(grow(fp8_scalars_, (2 * kFp8Slots + kNormBlocks) * sizeof(float)));
-    }
-    // *amax = the largest |value| of x's n elements, by a pass of its own.
-    void amax_pass(float* amax, GemmOperand x, size_t n) {
-        float* partials = fp8_scalars() + 2 * kFp8Slots;
-        if (x.bf16) return cuda::fp8_amax(amax, x.b16(), n, partials, stream_);
-        cuda::fp8_amax(amax, x.f32(), n, partials, stream_);
-    }
-    // A producer's output amax (GemmOperand::amax) where its kernel does not write one.
-    void producer_amax(GemmOperand out, size_t n) {
-        if (out.amax != nullptr) amax_pass(out.amax, out, n);
-    }
     // A Linear that cuBLASLt has no FP8 kernel for runs in bf16, said once a shape; false.
     bool fp8_fallback(const char* what, int M, int N, int K, const char* why) {
         if (fp8_fallbacks_.insert(std::make_tuple(M, N, K)).second) {
@@ -592,7 +542,6 @@ class CudaBackend final : public CudaRuntime {
         return fp8_linear_shape(K, N) ||
                fp8_fallback(what, M, N, K, "cuBLASLt's FP8 GEMMs take K and N that are multiples of 16");
     }
-    static int fp8_padded(int rows) { return (rows + 15) / 16 * 16; }
     // out = inp weight^T + bias (with resid: fp32 out = resid + that) on e4m3 codes of inp and weight, fp32
     // accumulation, the scales applied by cuBLASLt. False, with no product queued, where it has no FP8 kernel.
     bool fp8_forward(GemmOperand out, GemmOperand inp, const float* weight, const float* bias, int M, int K, int N,
@@ -635,60 +584,6 @@ class CudaBackend final : public CudaRuntime {
         return true;
     }
 
-    void hold_weight(const float* w) override {
-        const OpMark mark(*timeline_, "hold_weight");
-        held_ = w;
-        held_numel_ = 0;  // cast on first use
-    }
-    bool gemms_read_aliases() const override { return options_.bf16_matmuls; }
-    void alias_bf16(const float* w, const uint16_t* bf16, size_t n) override {
-        const auto at = reinterpret_cast<uintptr_t>(w);
-        aliases_.erase(std::remove_if(aliases_.begin(), aliases_.end(), [&](const Alias& a) { return a.at == at; }),
-                       aliases_.end());
-        if (bf16 != nullptr && n > 0) aliases_.push_back({at, n, bf16});
-    }
-    // The bf16 words a weight of n elements is an alias of (alias_bf16), or null.
-    const uint16_t* aliased(const float* w, size_t n) const {
-        const auto at = reinterpret_cast<uintptr_t>(w);
-        for (const Alias& a : aliases_) {
-            if (at >= a.at && at + n * sizeof(float) <= a.at + a.n * sizeof(float))
-                return a.bf16 + (at - a.at) / sizeof(float);
-        }
-        return nullptr;
-    }
-    // A weight as the FP8 casts read it: its aliased bf16 words (whose fp32 copy may be unwritten), else itself.
-    GemmOperand weight_operand(const float* w, size_t n) const {
-        const uint16_t* words = aliased(w, n);
-        return words != nullptr ? GemmOperand::in_bf16(const_cast<uint16_t*>(words)) : GemmOperand(w);
-    }
-    // A GEMM weight in bf16: the words it is an alias of (alias_bf16); else the held weight's copy, cast once while
-    // it is held; any other, cast now.
-    const uint16_t* weight_bf16(const float* w, size_t n) {
-        if (const uint16_t* words = aliased(w, n)) return words;
-        if (w == nullptr || w != held_) return to_bf16(b16_, w, n);
-        if (held_numel_ != n) {
-            to_bf16(held16_, w, n);
-            held_numel_ = n;
-        }
-        return static_cast<const uint16_t*>(held16_.ptr);
-    }
-    const uint16_t* to_bf16(Scratch& s, const float* x, size_t n) {
-        auto* out = static_cast<uint16_t*>(grow(s, n * sizeof(uint16_t)));
-        cuda::cast_float_to_bf16(out, x, n, stream_);
-        return out;
-    }
-    // A GEMM operand as bf16: itself where stored so, else cast into `scratch`.
-    const uint16_t* operand_bf16(Scratch& scratch, GemmOperand x, size_t n) {
-        return x.bf16 ? x.b16() : to_bf16(scratch, x.f32(), n);
-    }
-    // An fp32 operand (the fp32 GEMMs and the native attention): itself, or widened into `scratch`.
-    const float* operand_f32(Scratch& scratch, GemmOperand x, size_t n) {
-        if (!x.bf16) return x.f32();
-        auto* wide = static_cast<float*>(grow(scratch, n * sizeof(float)));
-        cuda::cast_bf16_to_float(wide, x.b16(), n, stream_);
-        return wide;
-    }
-
     // The (T, HS/2) cos and sin tables of cpu::rope_table_f32, uploaded once per (T, HS, theta).
     const std::pair<float*, float*>& rope_table(int T, int HS, float theta) {
         const auto key = std::make_tuple(T, HS, theta);
@@ -708,26 +603,12 @@ class CudaBackend final : public CudaRuntime {
 
     std::unique_ptr<Gemm> gemm_;
     double* norm_scratch_ = nullptr;
-    Scratch ln_scratch_, att_scratch_, emb_scratch_, a16_, b16_, c16_, cudnn_ws_, bias_scratch_;
-    Scratch bias16_;                    // a bias rounded to bf16 for a bf16-output GEMM's epilogue
-    Scratch segments_, norm_segments_;  // the multi-tensor AdamW and norm descriptors
-    Scratch held16_;                    // the held weight's bf16 copy (hold_weight)
-    struct Alias {
-        uintptr_t at;  // the fp32 region's address
-        size_t n;      // its elements
-        const uint16_t* bf16;
-    };
-    std::vector<Alias> aliases_;  // alias_bf16's regions (a replica's frozen unit's bf16 parts while it is held)
-    const float* held_ = nullptr;
-    size_t held_numel_ = 0;
-    // amp_fp8 (set_linear_precision): the Linear layers' precision now, each slot's codes (row-major, transposed),
-    // the slots' amaxes and descales with the amax's partials, and the shapes said to run in bf16.
-    LinearPrecision linear_ = LinearPrecision::kDefault;
-    Scratch fp8_codes_[kFp8Slots][2];
-    Scratch fp8_scalars_;
-    std::set<std::tuple<int, int, int>> fp8_fallbacks_;
-    Scratch att16_[4];  // the bf16 attentions' qkv, out, dout and dqkv
-    Scratch wide_[4];   // bf16 operands widened for fp32 kernels (the native attention), and fp32 products
+    Scratch ln_scratch_, att_scratch_, emb_scratch_, a16_, c16_, cudnn_ws_, bias_scratch_;
+    Scratch bias16_;                                     // a bias rounded to bf16 for a bf16-output GEMM's epilogue
+    Scratch segments_, norm_segments_;                   // the multi-tensor AdamW and norm descriptors
+    std::set<std::tuple<int, int, int>> fp8_fallbacks_;  // the shapes said to run in bf16
+    Scratch att16_[4];                                   // the bf16 attentions' qkv, out, dout and dqkv
+    Scratch wide_[4];  // bf16 operands widened for fp32 kernels (the native attention), and fp32 products
     std::unique_ptr<CudnnAttention> cudnn_attention_;
     std::map<std::tuple<int, int, float>, std::pair<float*, float*>> rope_tables_;
 };

@@ -1,5 +1,6 @@
 // The CUDA backend's runtime half: its device, compute stream, memory, copies, CUDA graphs and peak figures
-// (cuda_runtime.cu). The ops derive from it (CudaBackend, cuda_backend.cu), so that a new op is one member there.
+// (cuda_runtime.cu). The operand layer derives from it (CudaOperands, cuda_operands.cuh) and the ops from that
+// (CudaBackend, cuda_backend.cu), so that a new op is one member there.
 // The CUDA backend is the Backend interface over the kernels of kernels/cuda, queued in order on one compute stream.
 //
 // Memory comes from the device's stream-ordered pool (cudaMallocAsync on the compute stream, its release
