@@ -170,59 +170,19 @@ class TrainingRun {
     }
 
     void print_header() const {
-        const long L = m_.max_sequence_length, T = m_.predicted_positions();
-        // The precision, and on GPUs the attention kernels (kernels.attention auto resolved).
-        std::string compute = choice_name(config_.precision);
-        if (device_ == Device::kCuda) compute += fmt::format(", attention {}", choice_name(target_.attention));
-        if (config_.kernels_cuda_graphs) compute += ", micro-batches replayed as CUDA graphs";
-        std::printf(
-            "run %s: %s parameters (%s in matmuls) in %d units, strategy %s, device %s (%s), collectives %s, %d "
-            "threads\n",
-            config_.run_name.c_str(), human_count(static_cast<double>(layout_->total_numel())).c_str(),
-            human_count(static_cast<double>(layout_->matmul_numel())).c_str(), layout_->num_units(),
-            world_.strategy->name().c_str(), backend_->name().c_str(), compute.c_str(), choice_name(world_.collectives),
-            threads_);
-        std::printf(
-            "data: %ld instances of %ld tokens; %ld steps of %ld instances (micro-batch %ld x %ld accumulation)\n",
-            static_cast<long>(data_.train->num_instances()), L, total_steps_, config_.global_train_batch_size,
-            config_.device_train_microbatch_size, config_.accumulation_steps(world_.size()));
-        if (!data_.warmup_note.empty()) std::printf("%s\n", data_.warmup_note.c_str());
-        if (const std::string downstream = evaluation_->describe(); !downstream.empty())
-            std::printf("%s\n", downstream.c_str());
-        if (config_.precision == Precision::kAmpFp8 && device_ == Device::kCpu) {
-            std::printf(
-                "amp_fp8 on the CPU: the emulation of the FP8 recipe, for its numerics and not its speed (slower than "
-                "fp32): the blocks' Linear layers read their operands rounded to e4m3 (e5m2 gradients) with "
-                "per-tensor scales, and accumulate in fp32\n");
+        RunHeader h = run_header(config_, *layout_, *backend_, device_);
+        h.threads = threads_, h.strategy = world_.strategy->name(), h.collectives = choice_name(world_.collectives);
+        if (device_ == Device::kCuda) h.compute += fmt::format(", attention {}", choice_name(target_.attention));
+        if (config_.kernels_cuda_graphs) h.compute += ", micro-batches replayed as CUDA graphs";
+        h.instances = static_cast<long>(data_.train->num_instances()), h.steps = total_steps_;
+        h.accumulation = config_.accumulation_steps(world_.size());
+        for (const std::string& note : {data_.warmup_note, evaluation_->describe()}) {
+            if (!note.empty()) h.notes.push_back(note);
         }
-        if (layout_->has_adapters()) {
-            const size_t adapters = layout_->trainable_numel();
-            std::printf(
-                "FLOPs per token = 4F + 6A + 12*L*d*T = 4*%zu + 6*%zu + 12*%d*%d*%ld = %.4g (LoRA: F frozen matmul "
-                "parameters, no weight gradient; A adapter parameters; T = %ld predicted positions)\n",
-                layout_->matmul_numel() - adapters, adapters, m_.n_layers, m_.d_model, T, flops_per_token_, T);
-            if (!use_init_from_) {
-                // Allowed (tests and trials), and said: a forgotten --init-from fine-tunes a random model.
-                std::printf(
-                    "note: lora.enabled without --init-from: the frozen base is the untrained initialisation of seed "
-                    "%llu, so the adapters fine-tune a random model (--init-from names the base's weights)\n",
-                    static_cast<unsigned long long>(config_.seed));
-            }
-        } else {
-            std::printf(
-                "FLOPs per token = 6N + 12*L*d*T = 6*%zu + 12*%d*%d*%ld = %.4g (N: matmul parameters, T = %ld "
-                "predicted positions)\n",
-                layout_->matmul_numel(), m_.n_layers, m_.d_model, T, flops_per_token_, T);
-        }
-        std::printf("MFU peak: %.1f GFLOP/s = %s\n", peak_flops_ / 1e9, peak_how_.c_str());
-        if (config_.cpu_offload.optimizer_state) {
-            std::printf("cpu offload: %s in host memory, %.1f MiB per rank; AdamW on the host\n",
-                        config_.cpu_offload.parameters ? "optimizer state and parameters" : "optimizer state",
-                        memory_snapshot().host_current / 1048576.0);
-        }
-        const std::string libraries = backend_->library_description();
-        if (!libraries.empty()) std::printf("GEMMs: %s\n", libraries.c_str());
-        std::fflush(stdout);
+        h.lora_on_random_base = layout_->has_adapters() && !use_init_from_;
+        h.flops_per_token = flops_per_token_, h.peak_flops = peak_flops_, h.peak_how = peak_how_;
+        h.host_mib = memory_snapshot().host_current / 1048576.0;
+        print_run_header(h);
     }
 
     // Forward and backward of this rank's micro-batches of global batch `step`, the gradient reduction
@@ -422,15 +382,8 @@ class TrainingRun {
             summary["save_stall_s"] = saves_->stall_seconds();
             summary["save_async"] = saves_->saver() != nullptr;
         }
-        {
-            // Every rank's mean compute time a step over the run (its step less its waits on collectives).
-            std::vector<double> per_rank(world, 0.0);
-            per_rank[world_.rank()] = stats_->run_compute();
-            if (world > 1) world_.strategy->all_reduce_sum(per_rank.data(), world);
-            Json ms = Json::array();
-            for (const double c : per_rank) ms.push_back(c * 1e3);
-            summary["compute_ms_per_rank"] = ms;
-        }
+        // Every rank's mean compute time a step over the run (its step less its waits on collectives).
+        summary["compute_ms_per_rank"] = stats_->compute_ms_per_rank(*world_.strategy, world_.rank(), world);
         // trainer launch --max-restarts: how often the job was started again after a failure before this round.
         if (env_.restart_count > 0) summary["restarts"] = env_.restart_count;
         if (model_->graphs().enabled()) {  // kernels.cuda_graphs: micro-batches recorded, and launched as graphs

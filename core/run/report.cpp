@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "base/common.h"
+#include "base/config.h"
+#include "base/layout.h"
 #include "base/memory.h"
 #include "kernels/backend.h"
 #include "parallel/comm/communicator.h"
@@ -94,6 +96,69 @@ std::string trace_path(const std::string& path, int rank, int world) {
     const bool has_ext = dot != std::string::npos && (slash == std::string::npos || dot > slash);
     const std::string stem = has_ext ? path.substr(0, dot) : path, ext = has_ext ? path.substr(dot) : "";
     return fmt::format("{}.rank{}{}", stem, rank, ext);
+}
+
+RunHeader run_header(const TrainConfig& config, const ParamLayout& layout, const Backend& backend, Device device) {
+    const ModelConfig& m = config.model;
+    RunHeader h;
+    h.run_name = config.run_name;
+    h.parameters = layout.total_numel(), h.matmul_parameters = layout.matmul_numel();
+    h.adapter_parameters = layout.has_adapters() ? layout.trainable_numel() : 0;
+    h.units = layout.num_units(), h.layers = m.n_layers, h.d_model = m.d_model;
+    h.device = backend.name(), h.compute = choice_name(config.precision);
+    h.sequence = m.max_sequence_length, h.predicted = m.predicted_positions();
+    h.global_batch = config.global_train_batch_size, h.micro_batch = config.device_train_microbatch_size;
+    h.fp8_on_cpu = config.precision == Precision::kAmpFp8 && device == Device::kCpu;
+    h.seed = config.seed;
+    if (config.cpu_offload.optimizer_state)
+        h.offload = config.cpu_offload.parameters ? "optimizer state and parameters" : "optimizer state";
+    h.gemms = backend.library_description();
+    return h;
+}
+
+void print_run_header(const RunHeader& h) {
+    std::printf(
+        "run %s: %s parameters (%s in matmuls) in %d units, strategy %s, device %s (%s), collectives %s, %d "
+        "threads\n",
+        h.run_name.c_str(), human_count(static_cast<double>(h.parameters)).c_str(),
+        human_count(static_cast<double>(h.matmul_parameters)).c_str(), h.units, h.strategy.c_str(), h.device.c_str(),
+        h.compute.c_str(), h.collectives.c_str(), h.threads);
+    std::printf("data: %ld instances of %ld tokens; %ld steps of %ld instances (micro-batch %ld x %ld accumulation)\n",
+                h.instances, h.sequence, h.steps, h.global_batch, h.micro_batch, h.accumulation);
+    for (const std::string& note : h.notes) std::printf("%s\n", note.c_str());
+    if (h.fp8_on_cpu) {
+        std::printf(
+            "amp_fp8 on the CPU: the emulation of the FP8 recipe, for its numerics and not its speed (slower than "
+            "fp32): the blocks' Linear layers read their operands rounded to e4m3 (e5m2 gradients) with per-tensor "
+            "scales, and accumulate in fp32\n");
+    }
+    const long T = h.predicted;
+    if (h.adapter_parameters > 0) {
+        std::printf(
+            "FLOPs per token = 4F + 6A + 12*L*d*T = 4*%zu + 6*%zu + 12*%d*%d*%ld = %.4g (LoRA: F frozen matmul "
+            "parameters, no weight gradient; A adapter parameters; T = %ld predicted positions)\n",
+            h.matmul_parameters - h.adapter_parameters, h.adapter_parameters, h.layers, h.d_model, T, h.flops_per_token,
+            T);
+        if (h.lora_on_random_base) {
+            // Allowed (tests and trials), and said: a forgotten --init-from fine-tunes a random model.
+            std::printf(
+                "note: lora.enabled without --init-from: the frozen base is the untrained initialisation of seed %llu, "
+                "so the adapters fine-tune a random model (--init-from names the base's weights)\n",
+                h.seed);
+        }
+    } else {
+        std::printf(
+            "FLOPs per token = 6N + 12*L*d*T = 6*%zu + 12*%d*%d*%ld = %.4g (N: matmul parameters, T = %ld predicted "
+            "positions)\n",
+            h.matmul_parameters, h.layers, h.d_model, T, h.flops_per_token, T);
+    }
+    std::printf("MFU peak: %.1f GFLOP/s = %s\n", h.peak_flops / 1e9, h.peak_how.c_str());
+    if (!h.offload.empty()) {
+        std::printf("cpu offload: %s in host memory, %.1f MiB per rank; AdamW on the host\n", h.offload.c_str(),
+                    h.host_mib);
+    }
+    if (!h.gemms.empty()) std::printf("GEMMs: %s\n", h.gemms.c_str());
+    std::fflush(stdout);
 }
 
 }  // namespace trainer

@@ -5,6 +5,7 @@
 
 #include "base/common.h"
 #include "core/metrics.h"
+#include "parallel/strategy/strategy.h"
 
 namespace trainer {
 
@@ -110,6 +111,15 @@ std::vector<std::string> report_stragglers(long step, const StepOutcome& r, doub
             r.compute_per_rank[k] / median, median * 1e3, factor));
     }
     return lines;
+}
+
+Json RunStats::compute_ms_per_rank(Strategy& strategy, int rank, int world) const {
+    std::vector<double> per_rank(static_cast<size_t>(world), 0.0);
+    per_rank[static_cast<size_t>(rank)] = run_compute();
+    if (world > 1) strategy.all_reduce_sum(per_rank.data(), world);
+    Json ms = Json::array();
+    for (const double c : per_rank) ms.push_back(c * 1e3);
+    return ms;
 }
 
 }  // namespace trainer

@@ -13,6 +13,8 @@
 
 namespace trainer {
 
+class Strategy;
+
 // One optimizer step's results, as the log and the metrics file report them.
 struct StepOutcome {
     double loss = 0.0;          // the cross-entropy, mean over the global batch's predicted tokens
@@ -58,6 +60,9 @@ class RunStats {
     void reset_interval() { interval_compute_ = 0.0, interval_steps_ = 0; }
     // The same over the whole run.
     double run_compute() const { return run_compute_steps_ > 0 ? run_compute_ / run_compute_steps_ : 0.0; }
+    // Every rank's run_compute() in ms (the summary's compute_ms_per_rank): a collective over `strategy`, which every
+    // rank calls.
+    Json compute_ms_per_rank(Strategy& strategy, int rank, int world) const;
 
     // The summary record's measured part for the steps up to `last_step`: steps, final_step, final_loss,
     // tokens_per_second_per_device, mfu, mean_step_time_ms, mean_comm_wait_ms, mean_device_busy_fraction.
