@@ -8,14 +8,15 @@
 # Builds use Ninja (the presets): it compiles the objects of every target at once, where Make waited for each
 # library before the next and for the trainer before the tests (one core idle at every step). Under the
 # sanitizers the test cases' own code is not instrumented (tests/CMakeLists.txt): the code under test is.
-# The sanitizer pass leaves out the FSDP wrap-policy matrix, the 4-rank cpu_bench memory check, the
+# The sanitizer pass leaves out, among others, the FSDP wrap-policy matrix, the 4-rank cpu_bench memory check, the
 # activation-checkpointing strategy matrix, the FSDP precision matrix (16 runs), the shared-node thread test
 # (300 steps beside busy processes), the chaos run (scripts/chaos.sh: the restart tests' paths, many times), the
 # preemption test under mpirun and trainer launch (the restart and save folder tests signal the same paths) and
-# the emulated attention kernels' shape sweeps and the six runs that check each learning-rate schedule's every
-# step against its reference formula: the cases tagged [heavy], a CTest label CMakePresets.json's cpu-asan filter
-# leaves out (`ctest --preset ci -N -L heavy` lists them). They run the code paths of the other multi-rank, one-rank
-# and emulator tests (every run schedules its learning rate), at sizes too slow there.
+# the six runs that check each learning-rate schedule's every step against its reference formula: the cases tagged
+# [heavy], a CTest label CMakePresets.json's cpu-asan filter leaves out (`ctest --preset ci -N -L heavy` lists
+# them all, the FP8 300-step run and the store and lab-node chaos cases with them). They run the code paths of the
+# other multi-rank and one-rank tests (every run schedules its learning rate), at sizes too slow there. The
+# emulated attention kernels (native and flash) run under the sanitizers too.
 # Tests run with OMP_WAIT_POLICY=PASSIVE (CMakePresets.json): ctest runs two at once on two cores, and OpenMP
 # threads spinning at barriers would take the cores from the other test (a 0.2 s test took 13 s).
 set -euo pipefail

@@ -111,7 +111,7 @@ FlashRun run_flash(const std::vector<uint16_t>& qkv, const std::vector<uint16_t>
 // The shapes of tests/gpu's flash case that fit a CPU run: T spans partial and whole tiles of 32, 64 and 128
 // queries and keys (1 to 3 forward blocks, 1 to 5 key tiles), two heads and two sequences, heads of 64 and 128;
 // both kernel pairs (wgmma, what an H100 runs, and mma.sync).
-TEST_CASE("flash attention kernels emulated on the CPU match the CPU attention forward and backward", "[heavy]") {
+TEST_CASE("flash attention kernels emulated on the CPU match the CPU attention forward and backward") {
     simt::set_schedule_seed(1);
     const int NH = 2;
     for (const auto& [B, T] : std::vector<std::pair<int, int>>{{1, 2}, {2, 37}, {1, 64}, {1, 130}, {1, 300}}) {
@@ -140,7 +140,7 @@ TEST_CASE("flash attention kernels emulated on the CPU match the CPU attention f
 
 // Every sum has one owner that adds in a fixed order, so no interleaving of the threads changes a bit (the GPU
 // case checks two runs repeat; here the order in which waiting threads resume is drawn anew).
-TEST_CASE("flash attention kernels emulated under other thread schedules give the same bits", "[heavy]") {
+TEST_CASE("flash attention kernels emulated under other thread schedules give the same bits") {
     const int B = 1, T = 130, NH = 2;
     for (int HS : {64, 128}) {
         const auto qkv16 = bf16_rounded(wave(static_cast<size_t>(B) * T * 3 * NH * HS, 1.0f, 0.4f)).first;
@@ -178,7 +178,7 @@ TEST_CASE("flash attention's grid puts the heads in sections that fit L2 and div
 // The order of the blocks changes no bit: with the L2 budget shrunk to two heads (three sections of B x NH = 6)
 // and to none (one head a section), both kernel pairs give what one section gives, so every block is computed once
 // with its own head and tile.
-TEST_CASE("flash attention kernels emulated give the same bits with the heads in several sections", "[heavy]") {
+TEST_CASE("flash attention kernels emulated give the same bits with the heads in several sections") {
     namespace flash = trainer::simt_cuda::flash;
     simt::set_schedule_seed(1);
     const int B = 3, T = 70, NH = 2;

@@ -44,7 +44,7 @@
     X(test_qk_norm, "qk_norm_forward and its in-place backward (QK-norm; fp32 and bf16) match the CPU", "")        \
     X(test_rope, "rope_forward and rope_backward (fp32 and bf16) match the CPU", "")                               \
     X(test_classifier, "classifier_forward_backward (fp32 and bf16 logits; z-loss) matches the CPU", "")           \
-    X(test_attention, "native attention forward and backward match the CPU", "[heavy]")                            \
+    X(test_attention, "native attention forward and backward match the CPU", "")                                   \
     X(test_kv_cache, "rope at positions and attention with a KV cache match the CPU", "")                          \
     X(test_kv_heads, "shared key/value heads expand and reduce as the CPU does", "")                               \
     X(test_bias_gradient, "the bias gradient (fp32 and bf16 dout) matches the CPU and repeats bitwise", "")        \
