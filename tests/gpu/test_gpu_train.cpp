@@ -311,7 +311,7 @@ TEST_CASE("gpu: training steps with our flash attention match the CPU backend an
     CHECK_THAT(refused.err, Catch::Matchers::Contains("kernels.attention \"flash\" cannot run a head size of 16"));
 }
 
-TEST_CASE("gpu: micro-batches replayed as CUDA graphs train to bitwise the eager losses") {
+TEST_CASE("gpu: micro-batches replayed as CUDA graphs train to bitwise the eager losses", "[emulated]") {
     // kernels.cuda_graphs: micro-batch 1 eager, 2 recorded, the others (2 a step) launched as the graph; the
     // same kernels with the same arguments, so the deterministic paths (fp32 native attention, our flash
     // attention, whole_layer recompute) repeat the eager losses bit for bit, and cuDNN's (not bitwise
@@ -370,7 +370,7 @@ TEST_CASE("gpu: every strategy over a one-rank NCCL communicator trains to the s
     }
 }
 
-TEST_CASE("gpu: distributed_strategy auto plans for this GPU's hardware entry and memory") {
+TEST_CASE("gpu: distributed_strategy auto plans for this GPU's hardware entry and memory", "[emulated]") {
     const std::optional<CudaDeviceInfo> gpu = cuda_device_info(0);
     REQUIRE(gpu.has_value());
     const Hardware* entry = hardware_for_gpu(gpu->name);
@@ -407,7 +407,7 @@ TEST_CASE("gpu multigpu: two ranks on two GPUs (DDP and FULL_SHARD over NCCL) ma
     }
 }
 
-TEST_CASE("gpu: cpu offload trains to the losses of the resident run") {
+TEST_CASE("gpu: cpu offload trains to the losses of the resident run", "[emulated]") {
     // The host AdamW (the CPU backend's kernels on pinned memory) against the device's, with the copies on
     // the copy stream: the same element math, rounded alike up to the compilers' FMA contraction (g++ and
     // nvcc may differ in the last bit of an update). In fp32 that stays at rounding level; where the
