@@ -27,7 +27,8 @@ function(list_cases out)
 endfunction()
 
 # TEST_SPEC (optional): the cases registered; PREFIX: a word before each CTest name; ENVIRONMENT and EXTRA_LABELS:
-# comma-separated, for every case; TIMEOUT: each case's seconds (300 by default).
+# comma-separated, for every case; TIMEOUT: each case's seconds (300 by default); COST (optional): each case's
+# expected seconds, for ctest's order.
 if(NOT TIMEOUT)
   set(TIMEOUT 300)
 endif()
@@ -72,6 +73,9 @@ foreach(name IN LISTS all)
   if(ENVIRONMENT)
     string(REPLACE "," ";" env "${ENVIRONMENT}")
     string(APPEND script " ENVIRONMENT [==[${env}]==]")
+  endif()
+  if(COST)
+    string(APPEND script " COST ${COST}")
   endif()
   if("serial" IN_LIST labels_${index})
     string(APPEND script " RUN_SERIAL TRUE")
