@@ -12,6 +12,21 @@
 
 namespace trainer {
 
+bool path_exists(const std::string& path) {
+    std::error_code ec;
+    return std::filesystem::exists(path, ec);
+}
+
+bool is_directory_path(const std::string& path) {
+    std::error_code ec;
+    return std::filesystem::is_directory(path, ec);
+}
+
+bool is_regular_file_path(const std::string& path) {
+    std::error_code ec;
+    return std::filesystem::is_regular_file(path, ec);
+}
+
 std::string read_file(const std::string& path, const std::string& what, const std::string& hint) {
     std::FILE* f = std::fopen(path.c_str(), "rb");
     const auto fail = [&](int err) {

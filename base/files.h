@@ -10,6 +10,13 @@ namespace trainer {
 // Whether a path is a URL (it has "://"): OLMo's configs name remote data so, which the trainer does not fetch.
 inline bool is_url(const std::string& path) { return path.find("://") != std::string::npos; }
 
+// Whether `path` names an existing file system entry, a directory, a regular file (symbolic links followed). A path
+// that cannot be looked up (a name too long for the file system, a folder on the way that cannot be searched) is
+// false here, not the library's exception: the caller's own error names the path and what was expected.
+bool path_exists(const std::string& path);
+bool is_directory_path(const std::string& path);
+bool is_regular_file_path(const std::string& path);
+
 // The whole of the file at `path`, bytes as they are; a file that cannot be read is a UserError
 // "<what> <path>: cannot be read (<reason>)", with "; <hint>" after it where a hint is given.
 std::string read_file(const std::string& path, const std::string& what, const std::string& hint = "");

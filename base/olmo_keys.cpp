@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -161,12 +160,12 @@ void finish_evaluators(Json& doc, std::vector<std::string>& ignored) {
                 if (given) {
                     for (const auto& p : ev["data"]["paths"]) {
                         if (!p.is_string()) continue;  // validate_config names it
-                        if (!std::filesystem::is_regular_file(p.get<std::string>())) missing.push_back(p);
+                        if (!is_regular_file_path(p.get<std::string>())) missing.push_back(p);
                         paths.push_back(p);
                     }
                 } else {
                     const std::string file = downstream_dir() + "/" + label + ".jsonl";
-                    if (!std::filesystem::is_regular_file(file)) missing.push_back(file);
+                    if (!is_regular_file_path(file)) missing.push_back(file);
                     paths.push_back(file);
                 }
                 if (!missing.empty()) {

@@ -8,7 +8,6 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <functional>
 #include <optional>
 #include <sstream>
@@ -247,7 +246,7 @@ class Resolver {
             std::vector<std::string> paths;
             for (const auto& a : split_args(expr.substr(colon + 1))) {
                 const std::string p = text_of(a, key, depth);
-                if (is_url(p) || std::filesystem::exists(p)) return p;
+                if (is_url(p) || path_exists(p)) return p;
                 paths.push_back(p);
             }
             user_error(

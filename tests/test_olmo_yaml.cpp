@@ -151,6 +151,11 @@ TEST_CASE("olmo yaml: interpolations resolve after the overrides from keys the e
     TempDir dir;
     // Without --save-folder, path.choose finds none of its paths: refused naming the key, as OLMo stops.
     expect_error(show({}), "save_folder: ${path.choose:...} found none of no_exist/checkpoints, /no/results");
+    // A path the file system cannot look up (a name past its length limit) is one it did not find, not the
+    // library's exception: that was an internal error (exit 70), found by fuzzing.
+    const std::string too_long = "/tmp/" + std::string(5000, 'a');
+    expect_error(show({}, {"TRAINER_TEST_SCRATCH=" + too_long}),
+                 "save_folder: ${path.choose:...} found none of " + too_long + "/checkpoints, /no/results");
     // With the scratch folder present, it is chosen and SLURM_JOB_ID fills the rest.
     std::filesystem::create_directories(dir.path("scratch/checkpoints"));
     const RunResult r = show({}, {"TRAINER_TEST_SCRATCH=" + dir.path("scratch"), "SLURM_JOB_ID=4242",

@@ -167,7 +167,7 @@ namespace {
 // A directory's config.json against the trainer's: every key that decides the tensors or their meaning.
 void check_hf_config(const TrainConfig& config, const std::string& dir) {
     const std::string path = dir + "/config.json";
-    if (!fs::exists(path)) return;  // weights alone: their names and shapes are checked tensor by tensor
+    if (!path_exists(path)) return;  // weights alone: their names and shapes are checked tensor by tensor
     Json have = read_json_file(path, "--init-from");
     const Json want = hf_config_json(config);
     if (json_field<std::string>(have, "model_type", "", "--init-from " + path) != want["model_type"]) {
@@ -251,13 +251,13 @@ std::map<std::string, Tensor> read_hf_tensors(const TrainConfig& config, const s
     if (!fs::is_directory(path, ec)) return read_safetensors(path);
     check_hf_config(config, path);
     const std::string index_path = path + "/model.safetensors.index.json";
-    if (!fs::exists(index_path)) {
+    if (!path_exists(index_path)) {
         const std::string single = path + "/model.safetensors";
-        if (!fs::exists(single)) {
-            const std::string what = fs::exists(path + "/adapter_config.json")
+        if (!path_exists(single)) {
+            const std::string what = path_exists(path + "/adapter_config.json")
                                          ? "; it holds adapter_config.json: a PEFT adapter, which lora.init_from reads "
                                            "(with lora.enabled) beside its base"
-                                     : fs::exists(path + "/metadata.json")
+                                     : path_exists(path + "/metadata.json")
                                          ? "; it holds metadata.json: a checkpoint, which --load-path resumes (or "
                                            "export it with trainer export --checkpoint DIR -o FILE.safetensors to "
                                            "start from its weights)"

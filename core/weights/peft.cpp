@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <set>
 
 #include "base/common.h"
@@ -13,7 +12,6 @@
 #include "kernels/element.h"
 
 namespace trainer {
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -160,10 +158,10 @@ void write_peft_adapter(const TrainConfig& config, const ParamLayout& layout,
 void read_peft_adapter(const TrainConfig& config, const ParamLayout& layout, const std::string& path,
                        std::vector<std::vector<float>>& units) {
     std::string file = path;
-    if (fs::is_directory(path)) {
+    if (is_directory_path(path)) {
         file = path + "/adapter_model.safetensors";
         const std::string cfg_path = path + "/adapter_config.json";
-        if (fs::exists(cfg_path)) {
+        if (path_exists(cfg_path)) {
             const std::string what = "lora.init_from " + cfg_path;
             const Json c = parse_json(read_file(cfg_path, "lora.init_from"), what);
             require_json_object(c, what);
@@ -188,7 +186,7 @@ void read_peft_adapter(const TrainConfig& config, const ParamLayout& layout, con
                 user_error("lora.init_from {}: a DoRA adapter (use_dora); expected LoRA", cfg_path);
         }
     }
-    if (!fs::exists(file))
+    if (!path_exists(file))
         user_error("lora.init_from {}: no such file (a PEFT adapter directory or its safetensors)", file);
     const std::map<std::string, Tensor> tensors = read_safetensors(file);
     require_finite(tensors, "lora.init_from " + file);

@@ -407,7 +407,7 @@ TEST_CASE("gpu multigpu: two ranks on two GPUs (DDP and FULL_SHARD over NCCL) ma
     }
 }
 
-TEST_CASE("gpu: cpu offload trains to the losses of the resident run", "[emulated]") {
+TEST_CASE("gpu: cpu offload trains to the losses of the resident run") {
     // The host AdamW (the CPU backend's kernels on pinned memory) against the device's, with the copies on
     // the copy stream: the same element math, rounded alike up to the compilers' FMA contraction (g++ and
     // nvcc may differ in the last bit of an update). In fp32 that stays at rounding level; where the
