@@ -181,7 +181,7 @@ class TrainingRun {
         }
         h.lora_on_random_base = layout_->has_adapters() && !use_init_from_;
         h.flops_per_token = flops_per_token_, h.peak_flops = peak_flops_, h.peak_how = peak_how_;
-        h.host_mib = memory_snapshot().host_current / 1048576.0;
+        if (config_.cpu_offload.optimizer_state) h.host_mib = memory_snapshot().host_current / 1048576.0;
         print_run_header(h);
     }
 

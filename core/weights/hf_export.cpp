@@ -247,8 +247,7 @@ std::map<std::string, Tensor> read_hf_weights(const TrainConfig& config, const s
 namespace {
 
 std::map<std::string, Tensor> read_hf_tensors(const TrainConfig& config, const std::string& path) {
-    std::error_code ec;
-    if (!fs::is_directory(path, ec)) return read_safetensors(path);
+    if (!is_directory_path(path)) return read_safetensors(path);
     check_hf_config(config, path);
     const std::string index_path = path + "/model.safetensors.index.json";
     if (!path_exists(index_path)) {
