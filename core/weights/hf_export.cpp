@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -17,7 +16,6 @@
 #include "core/weights/hf_names.h"
 
 namespace trainer {
-namespace fs = std::filesystem;
 
 namespace {
 
